@@ -1,0 +1,42 @@
+# pgrelay — make targets. `make test` is the test command CI runs.
+SHELL := /bin/bash
+GO    ?= go
+export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+
+.PHONY: test check unit generate lint fmt tidy-check sqlc-check build
+
+## test: every check CI runs, then the whole suite with the race detector.
+test: check unit
+
+## unit: go test -race over every package (needs PostgreSQL, see README).
+unit:
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+## check: formatting, vet, staticcheck, generated code and go.mod up to date.
+check: fmt lint sqlc-check tidy-check
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+lint:
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+## generate: regenerate internal/db from queries/*.sql and migrations/.
+generate:
+	$(GO) tool sqlc generate
+
+sqlc-check:
+	$(GO) tool sqlc diff
+
+tidy-check:
+	@cp go.mod /tmp/pgrelay-go.mod.bak; cp go.sum /tmp/pgrelay-go.sum.bak; \
+	$(GO) mod tidy; \
+	if ! git diff --quiet -- go.mod go.sum; then \
+		echo "go mod tidy changed go.mod/go.sum:"; git --no-pager diff -- go.mod go.sum; \
+		cp /tmp/pgrelay-go.mod.bak go.mod; cp /tmp/pgrelay-go.sum.bak go.sum; exit 1; fi
+
+build:
+	$(GO) build -o bin/ ./cmd/...

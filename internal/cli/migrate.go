@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/pgrelay/pgrelay/migrations"
+)
+
+// MigrateCommand returns the `migrate` subcommand (up, down, status) over the
+// embedded migrations. databaseURL is read when the command runs.
+func MigrateCommand(databaseURL *string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply, roll back or list the database migrations",
+		Long: `Apply, roll back or list pgrelay's database migrations.
+
+The migrations are embedded in the binary. A session-level advisory lock makes
+concurrent runs safe: each migration is applied exactly once. The same files
+work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
+	}
+	run := func(f func(ctx context.Context, p *goose.Provider) error) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, _ []string) error {
+			if *databaseURL == "" {
+				return errors.New("--database-url (DATABASE_URL) is required")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+			defer cancel()
+			pool, err := pgxpool.New(ctx, *databaseURL)
+			if err != nil {
+				return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+			}
+			defer pool.Close()
+			db := stdlib.OpenDBFromPool(pool)
+			defer db.Close()
+			p, err := migrations.NewProvider(db)
+			if err != nil {
+				return err
+			}
+			return f(ctx, p)
+		}
+	}
+	out := func(cmd *cobra.Command, results []*goose.MigrationResult) {
+		for _, r := range results {
+			fmt.Fprintln(cmd.OutOrStdout(), r.String())
+		}
+		if len(results) == 0 {
+			fmt.Fprintln(cmd.OutOrStdout(), "no migrations to run")
+		}
+	}
+	up := &cobra.Command{Use: "up", Short: "Apply every pending migration", Args: cobra.NoArgs}
+	up.RunE = run(func(ctx context.Context, p *goose.Provider) error {
+		res, err := p.Up(ctx)
+		out(up, res)
+		return err
+	})
+	down := &cobra.Command{Use: "down", Short: "Roll back the most recent migration", Args: cobra.NoArgs}
+	down.RunE = run(func(ctx context.Context, p *goose.Provider) error {
+		res, err := p.Down(ctx)
+		if res != nil {
+			out(down, []*goose.MigrationResult{res})
+		}
+		return err
+	})
+	status := &cobra.Command{Use: "status", Short: "List migrations and whether each is applied", Args: cobra.NoArgs}
+	status.RunE = run(func(ctx context.Context, p *goose.Provider) error {
+		sts, err := p.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, s := range sts {
+			applied := "pending"
+			if s.State == goose.StateApplied {
+				applied = "applied " + s.AppliedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(status.OutOrStdout(), "%-6d %-40s %s\n", s.Source.Version, s.Source.Path, applied)
+		}
+		return nil
+	})
+	cmd.AddCommand(up, down, status)
+	return cmd
+}

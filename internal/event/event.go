@@ -1,0 +1,74 @@
+// Package event defines the message that flows through pgrelay's outbox, the
+// broker and the inbox, its validation, and how it maps onto broker headers.
+// The public package at the module root re-exports these types.
+package event
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// Message is one event: the unit the outbox publishes and the inbox receives.
+type Message struct {
+	// EventID identifies the event and is its idempotency key end to end
+	// (outbox row, broker dedup id, inbox row). Required; at most 255 bytes of
+	// valid UTF-8 (a UUID is the usual choice).
+	EventID string
+	// Topic names the stream of events (for example "orders"). The relay maps
+	// it onto a broker subject.
+	Topic string
+	// Key is the ordering key: events with the same key are published in
+	// commit order (for example the order id).
+	Key string
+	// EventType names the event's schema (for example "OrderPaid").
+	EventType string
+	// Payload is the event body, usually JSON.
+	Payload []byte
+	// Headers are free-form string metadata carried alongside the payload.
+	Headers map[string]string
+	// OccurredAt is when the event happened in the producer's domain.
+	OccurredAt time.Time
+}
+
+// MaxEventIDLen is the longest accepted event id, in bytes.
+const MaxEventIDLen = 255
+
+// Errors returned by ValidateEventID.
+var (
+	ErrMissingEventID = errors.New("event_id is required")
+	ErrInvalidEventID = errors.New("event_id is invalid")
+)
+
+// ValidateEventID checks that id is usable as an idempotency key.
+func ValidateEventID(id string) error {
+	switch {
+	case id == "":
+		return ErrMissingEventID
+	case len(id) > MaxEventIDLen:
+		return fmt.Errorf("%w: longer than %d bytes", ErrInvalidEventID, MaxEventIDLen)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidEventID)
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: contains control characters", ErrInvalidEventID)
+		}
+	}
+	return nil
+}
+
+// Broker header names. The relay writes them on every published message and
+// the consumer reads them back; the payload travels as the message body.
+const (
+	// HeaderMsgID is JetStream's dedup header; pgrelay sets it to the event id.
+	HeaderMsgID      = "Nats-Msg-Id"
+	HeaderEventID    = "Pgrelay-Event-Id"
+	HeaderEventType  = "Pgrelay-Event-Type"
+	HeaderTopic      = "Pgrelay-Topic"
+	HeaderKey        = "Pgrelay-Key"
+	HeaderOccurredAt = "Pgrelay-Occurred-At" // RFC 3339 with nanoseconds
+	// HeaderPrefix prefixes the message's own Headers on the broker.
+	HeaderPrefix = "Pgrelay-H-"
+)
