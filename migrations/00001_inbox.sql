@@ -33,6 +33,14 @@ CREATE INDEX inbox_waiting_idx ON inbox (waiting_for) WHERE status = 'pending' A
 CREATE INDEX inbox_processed_idx ON inbox (finished_at) WHERE status = 'processed';
 CREATE INDEX inbox_dead_idx ON inbox (finished_at) WHERE status = 'dead';
 
+-- inbox_releases remembers which dependencies were released (see inbox.Release),
+-- so that an event deferring on a dependency released concurrently by another
+-- transaction is made due at once instead of waiting for its fallback.
+CREATE TABLE inbox_releases (
+    waiting_for text        PRIMARY KEY,
+    released_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- +goose StatementBegin
 CREATE FUNCTION inbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -46,5 +54,6 @@ CREATE TRIGGER inbox_notify_insert AFTER INSERT ON inbox
     FOR EACH STATEMENT EXECUTE FUNCTION inbox_notify();
 
 -- +goose Down
+DROP TABLE inbox_releases;
 DROP TABLE inbox;
 DROP FUNCTION inbox_notify();

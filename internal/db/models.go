@@ -31,6 +31,11 @@ type Inbox struct {
 	Deferrals     int32
 }
 
+type InboxRelease struct {
+	WaitingFor string
+	ReleasedAt time.Time
+}
+
 type LedgerEntry struct {
 	ID          int64
 	EventID     string

@@ -1,0 +1,127 @@
+-- name: InsertInbox :many
+-- InsertInbox stores a batch of received messages in one statement. Rows whose
+-- event_id is already stored are skipped; the returned ids are the rows
+-- actually inserted. A non-empty dead reason stores the row directly as dead.
+INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
+                   status, last_error, finished_at)
+SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
+       CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+       NULLIF(m.dead_reason, ''),
+       CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+FROM (
+    -- Set-returning functions in one select list advance in lockstep: row k
+    -- takes element k of every array.
+    SELECT unnest(@event_ids::text[]) AS event_id,
+           unnest(@topics::text[]) AS topic,
+           unnest(@keys::text[]) AS key,
+           unnest(@event_types::text[]) AS event_type,
+           unnest(@payloads::bytea[]) AS payload,
+           unnest(@headers::jsonb[]) AS headers,
+           unnest(@occurred_ats::timestamptz[]) AS occurred_at,
+           unnest(@dead_reasons::text[]) AS dead_reason
+) AS m
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id;
+
+-- name: ClaimInbox :many
+-- ClaimInbox moves up to @batch_size due events to processing under a new
+-- fencing version: pending events whose next attempt is due, and processing
+-- events whose lease expired (their worker is presumed lost). The attempt is
+-- counted here, before any handler runs. An event already at the attempt limit
+-- goes dead instead of running again.
+WITH due AS (
+    SELECT i.event_id, i.status AS prev_status
+    FROM inbox i
+    WHERE (i.status = 'pending' AND i.next_attempt_at <= now())
+       OR (i.status = 'processing' AND i.locked_until < now())
+    ORDER BY i.next_attempt_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE inbox
+SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' ELSE 'processing' END,
+    attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
+    lock_version = inbox.lock_version + 1,
+    locked_by    = @worker_id::text,
+    locked_until = now() + @lease::interval,
+    started_at   = now(),
+    finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN now() END,
+    last_error   = CASE
+        WHEN inbox.attempts < @max_attempts::int THEN inbox.last_error
+        WHEN due.prev_status = 'processing' THEN
+            'attempts exhausted: worker lost during attempt ' || inbox.attempts
+            || ' of ' || @max_attempts::int
+        ELSE 'attempts exhausted: ' || inbox.attempts || ' of ' || @max_attempts::int
+            || coalesce(' (last error: ' || inbox.last_error || ')', '')
+    END
+FROM due
+WHERE inbox.event_id = due.event_id
+RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+          inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
+          inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
+          inbox.last_error, due.prev_status;
+
+-- name: MarkInboxProcessed :execrows
+-- MarkInboxProcessed records that the event's handler committed. It matches
+-- nothing when another worker has since taken the event over (the fencing
+-- check): the caller then rolls back the handler's side effect.
+UPDATE inbox
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL
+WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+
+-- name: RetryInbox :execrows
+-- RetryInbox puts a failed event back to pending, due after @delay.
+UPDATE inbox
+SET status = 'pending', next_attempt_at = now() + @delay::interval, last_error = @last_error,
+    locked_until = NULL, waiting_for = NULL
+WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+
+-- name: KillInbox :execrows
+-- KillInbox moves an event to the dead letter state with a reason.
+UPDATE inbox
+SET status = 'dead', finished_at = now(), last_error = @last_error, locked_until = NULL
+WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+
+-- name: DeferInbox :execrows
+-- DeferInbox puts an event back to pending until @waiting_for is released,
+-- refunding its attempt. It is due after @fallback at the latest, or at once
+-- when the dependency was already released (by a transaction that committed
+-- while the handler ran). The caller holds the dependency's advisory lock.
+UPDATE inbox
+SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
+    waiting_for = @waiting_for::text, locked_until = NULL,
+    last_error = 'deferred: waiting for ' || @waiting_for::text,
+    next_attempt_at = CASE
+        WHEN EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = @waiting_for::text) THEN now()
+        ELSE now() + @fallback::interval
+    END
+WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+
+-- name: LockInboxDependency :exec
+-- LockInboxDependency serializes Release and Defer of one dependency until the
+-- end of the transaction, so that a deferral never misses a release.
+SELECT pg_advisory_xact_lock(hashtextextended('pgrelay_inbox:' || @waiting_for::text, 0));
+
+-- name: RecordInboxRelease :exec
+INSERT INTO inbox_releases (waiting_for) VALUES (@waiting_for::text)
+ON CONFLICT (waiting_for) DO UPDATE SET released_at = now();
+
+-- name: ReleaseInbox :execrows
+-- ReleaseInbox makes the events waiting for @waiting_for due at once.
+UPDATE inbox
+SET next_attempt_at = now(), waiting_for = NULL
+WHERE status = 'pending' AND waiting_for = @waiting_for::text;
+
+-- name: UnclaimInbox :execrows
+-- UnclaimInbox hands claimed events back (graceful shutdown, or a batch that
+-- could not run): pending, due at once, the attempt refunded.
+UPDATE inbox
+SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
+    locked_until = NULL
+FROM (SELECT unnest(@event_ids::text[]) AS event_id,
+             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+  AND inbox.status = 'processing';
+
+-- name: GetInbox :one
+SELECT * FROM inbox WHERE event_id = @event_id;
