@@ -1,0 +1,208 @@
+package consumer
+
+import (
+	"bytes"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+var testOpts = DecodeOptions{SubjectPrefix: "pgrelay", MaxPayloadBytes: 1024}
+
+func goodDelivery() Delivery {
+	return Delivery{
+		Subject: "pgrelay.orders",
+		Header: map[string][]string{
+			event.HeaderMsgID:      {"evt-1"},
+			event.HeaderEventID:    {"evt-1"},
+			event.HeaderEventType:  {"OrderPaid"},
+			event.HeaderTopic:      {"orders"},
+			event.HeaderKey:        {"order-1"},
+			event.HeaderOccurredAt: {"2026-01-02T03:04:05.123456789Z"},
+			"Pgrelay-H-trace":      {"abc"},
+		},
+		Data:      []byte(`{"order_id":"order-1","amount_cents":100,"currency":"EUR"}`),
+		Stream:    "PGRELAY",
+		StreamSeq: 42,
+		Timestamp: time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC),
+	}
+}
+
+func TestDecodeGoodMessage(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	got := Decode(d, testOpts)
+	require.Empty(t, got.DeadReason)
+	require.Equal(t, event.Message{
+		EventID:    "evt-1",
+		Topic:      "orders",
+		Key:        "order-1",
+		EventType:  "OrderPaid",
+		Payload:    d.Data,
+		Headers:    map[string]string{"trace": "abc"},
+		OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC),
+	}, got.Message)
+}
+
+func TestDecodeFallbacks(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	delete(d.Header, event.HeaderEventID)
+	delete(d.Header, event.HeaderTopic)
+	delete(d.Header, event.HeaderOccurredAt)
+	got := Decode(d, testOpts)
+	require.Empty(t, got.DeadReason)
+	require.Equal(t, "evt-1", got.Message.EventID, "Nats-Msg-Id stands in for Pgrelay-Event-Id")
+	require.Equal(t, "orders", got.Message.Topic, "topic from the subject without its prefix")
+	require.Equal(t, d.Timestamp, got.Message.OccurredAt, "the stream timestamp stands in for occurred-at")
+}
+
+func TestDecodeMalformed(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		mutate func(d *Delivery)
+		reason string
+		id     string // expected event id; empty means the fallback id
+	}{
+		{"missing event id", func(d *Delivery) {
+			delete(d.Header, event.HeaderEventID)
+			delete(d.Header, event.HeaderMsgID)
+		}, ReasonMissingEventID, ""},
+		{"empty event id", func(d *Delivery) {
+			d.Header[event.HeaderEventID] = []string{""}
+			d.Header[event.HeaderMsgID] = []string{""}
+		}, ReasonMissingEventID, ""},
+		{"event id too long", func(d *Delivery) {
+			d.Header[event.HeaderEventID] = []string{strings.Repeat("x", 300)}
+		}, ReasonInvalidEventID, ""},
+		{"event id with control characters", func(d *Delivery) {
+			d.Header[event.HeaderEventID] = []string{"a\x00b"}
+		}, ReasonInvalidEventID, ""},
+		{"event id not UTF-8", func(d *Delivery) {
+			d.Header[event.HeaderEventID] = []string{"a\xffb"}
+		}, ReasonInvalidEventID, ""},
+		{"missing event type", func(d *Delivery) {
+			delete(d.Header, event.HeaderEventType)
+		}, ReasonMissingEventType, "evt-1"},
+		{"event type not UTF-8", func(d *Delivery) {
+			d.Header[event.HeaderEventType] = []string{"Order\xc3Paid"}
+		}, ReasonInvalidHeader, "evt-1"},
+		{"key with NUL", func(d *Delivery) {
+			d.Header[event.HeaderKey] = []string{"k\x00"}
+		}, ReasonInvalidHeader, "evt-1"},
+		{"own header not UTF-8", func(d *Delivery) {
+			d.Header["Pgrelay-H-x"] = []string{"\xfe"}
+		}, ReasonInvalidHeader, "evt-1"},
+		{"bad occurred-at", func(d *Delivery) {
+			d.Header[event.HeaderOccurredAt] = []string{"yesterday"}
+		}, ReasonInvalidOccurredAt, "evt-1"},
+		{"oversized payload", func(d *Delivery) {
+			d.Data = bytes.Repeat([]byte("a"), 1025)
+		}, ReasonPayloadTooLarge, "evt-1"},
+		{"payload not UTF-8", func(d *Delivery) {
+			d.Data = []byte{'{', 0xff, 0xfe, '}'}
+		}, ReasonPayloadNotUTF8, "evt-1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d := goodDelivery()
+			tc.mutate(&d)
+			got := Decode(d, testOpts)
+			require.True(t, strings.HasPrefix(got.DeadReason, tc.reason), "reason %q", got.DeadReason)
+			want := tc.id
+			if want == "" {
+				want = FallbackEventID("PGRELAY", 42)
+			}
+			require.Equal(t, want, got.Message.EventID)
+			require.Equal(t, d.Data, got.Message.Payload, "raw bytes kept")
+			requireStorable(t, got)
+		})
+	}
+}
+
+func TestDecodeKeepsRawInvalidID(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	d.Header[event.HeaderEventID] = []string{"bad\x01id"}
+	got := Decode(d, testOpts)
+	require.Equal(t, `bad\x01id`, got.Message.Headers[RawEventIDHeader])
+}
+
+func TestDecodeNoStreamSequence(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	delete(d.Header, event.HeaderEventID)
+	delete(d.Header, event.HeaderMsgID)
+	d.StreamSeq = 0
+	got := Decode(d, testOpts)
+	require.Contains(t, got.DeadReason, ReasonNoStreamSequence)
+}
+
+// requireStorable checks what the inbox needs of every decoded message, dead
+// or not: text PostgreSQL accepts, and a valid idempotency key.
+func requireStorable(t *testing.T, got Decoded) {
+	t.Helper()
+	require.NoError(t, event.ValidateEventID(got.Message.EventID))
+	for _, s := range []string{got.Message.Topic, got.Message.Key, got.Message.EventType} {
+		require.True(t, utf8.ValidString(s) && !strings.ContainsRune(s, 0), "unstorable text %q", s)
+	}
+	for k, v := range got.Message.Headers {
+		require.True(t, utf8.ValidString(k) && !strings.ContainsRune(k, 0), "unstorable header name %q", k)
+		require.True(t, utf8.ValidString(v) && !strings.ContainsRune(v, 0), "unstorable header value %q", v)
+	}
+	require.False(t, got.Message.OccurredAt.IsZero())
+}
+
+// FuzzDecode checks that Decode never panics, is deterministic, keeps the raw
+// payload, always yields a storable message, and only accepts a message whose
+// id came from its headers.
+func FuzzDecode(f *testing.F) {
+	g := goodDelivery()
+	f.Add("pgrelay.orders", "evt-1", "evt-1", "OrderPaid", "orders", "order-1", "2026-01-02T03:04:05Z", "trace", "abc", g.Data, "PGRELAY", uint64(42))
+	f.Add("pgrelay.orders", "", "", "OrderPaid", "", "", "", "", "", []byte(`{}`), "PGRELAY", uint64(1))
+	f.Add("x", "a\x00b", "", "", "", "k\x00", "nope", "h\xff", "\x00", []byte{0xff, 0xfe}, "S", uint64(7))
+	f.Add("pgrelay.", strings.Repeat("é", 200), "m", "T", "t\xc3", "", "2026-13-01T00:00:00Z", "", "", []byte(nil), "", uint64(0))
+	f.Fuzz(func(t *testing.T, subject, eventID, msgID, eventType, topic, key, occurredAt, hname, hval string, data []byte, stream string, seq uint64) {
+		h := map[string][]string{}
+		set := func(k, v string) {
+			if v != "" {
+				h[k] = []string{v}
+			}
+		}
+		set(event.HeaderEventID, eventID)
+		set(event.HeaderMsgID, msgID)
+		set(event.HeaderEventType, eventType)
+		set(event.HeaderTopic, topic)
+		set(event.HeaderKey, key)
+		set(event.HeaderOccurredAt, occurredAt)
+		set(event.HeaderPrefix+hname, hval)
+		d := Delivery{Subject: subject, Header: h, Data: data, Stream: stream, StreamSeq: seq, Timestamp: time.Unix(1, 0)}
+
+		got := Decode(d, testOpts)
+		require.True(t, reflect.DeepEqual(got, Decode(d, testOpts)), "Decode is not deterministic")
+		require.True(t, bytes.Equal(data, got.Message.Payload), "payload changed")
+		if !strings.Contains(got.DeadReason, ReasonNoStreamSequence) {
+			requireStorable(t, got)
+		}
+		if got.DeadReason == "" {
+			want := eventID
+			if want == "" {
+				want = msgID
+			}
+			require.Equal(t, want, got.Message.EventID)
+			require.NotEmpty(t, got.Message.EventType)
+			require.LessOrEqual(t, len(data), testOpts.MaxPayloadBytes)
+			require.True(t, utf8.Valid(data))
+		} else if got.Message.EventID != eventID && got.Message.EventID != msgID {
+			require.True(t, strings.HasPrefix(got.Message.EventID, "nats:"), "id %q is neither received nor a fallback", got.Message.EventID)
+		}
+	})
+}
