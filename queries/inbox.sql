@@ -24,16 +24,14 @@ ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id;
 
 -- name: ClaimInbox :many
--- ClaimInbox moves up to @batch_size due events to processing under a new
--- fencing version: pending events whose next attempt is due, and processing
--- events whose lease expired (their worker is presumed lost). The attempt is
--- counted here, before any handler runs. An event already at the attempt limit
--- goes dead instead of running again.
+-- ClaimInbox moves up to @batch_size due pending events to processing under a
+-- new fencing version (lock_version) and a lease. The attempt is counted here,
+-- before any handler runs, and committed at once. An event already at the
+-- attempt limit (only possible when the limit was lowered) goes dead instead.
 WITH due AS (
-    SELECT i.event_id, i.status AS prev_status
+    SELECT i.event_id
     FROM inbox i
-    WHERE (i.status = 'pending' AND i.next_attempt_at <= now())
-       OR (i.status = 'processing' AND i.locked_until < now())
+    WHERE i.status = 'pending' AND i.next_attempt_at <= now()
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -46,20 +44,50 @@ SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' EL
     locked_until = now() + @lease::interval,
     started_at   = now(),
     finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN now() END,
-    last_error   = CASE
-        WHEN inbox.attempts < @max_attempts::int THEN inbox.last_error
-        WHEN due.prev_status = 'processing' THEN
-            'attempts exhausted: worker lost during attempt ' || inbox.attempts
-            || ' of ' || @max_attempts::int
-        ELSE 'attempts exhausted: ' || inbox.attempts || ' of ' || @max_attempts::int
-            || coalesce(' (last error: ' || inbox.last_error || ')', '')
-    END
+    last_error   = CASE WHEN inbox.attempts >= @max_attempts::int
+        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || @max_attempts::int
+             || coalesce(' (last error: ' || inbox.last_error || ')', '')
+        ELSE inbox.last_error END
 FROM due
 WHERE inbox.event_id = due.event_id
 RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error, due.prev_status;
+          inbox.last_error;
+
+-- name: ClaimInboxLost :many
+-- ClaimInboxLost takes over up to @batch_size events whose lease expired while
+-- processing: their worker is presumed lost (crashed, partitioned, stalled).
+-- Oldest leases first, so that the events of a crashed batch are retried before
+-- the one retried last, which is the likeliest culprit. An event whose lost
+-- attempt was its last goes dead with the reason instead of running again:
+-- that is how an event that kills its process every time ends.
+WITH lost AS (
+    SELECT i.event_id
+    FROM inbox i
+    WHERE i.status = 'processing' AND i.locked_until < now()
+    ORDER BY i.locked_until
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE inbox
+SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' ELSE 'processing' END,
+    attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
+    lock_version = inbox.lock_version + 1,
+    locked_by    = @worker_id::text,
+    locked_until = now() + @lease::interval,
+    started_at   = now(),
+    finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN now() END,
+    last_error   = CASE WHEN inbox.attempts >= @max_attempts::int
+        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts
+             || ' of ' || @max_attempts::int
+        ELSE 'worker lost during attempt ' || inbox.attempts END
+FROM lost
+WHERE inbox.event_id = lost.event_id
+RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+          inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
+          inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
+          inbox.last_error;
 
 -- name: MarkInboxProcessed :execrows
 -- MarkInboxProcessed records that the event's handler committed. It matches
@@ -72,14 +100,14 @@ WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'proces
 -- name: RetryInbox :execrows
 -- RetryInbox puts a failed event back to pending, due after @delay.
 UPDATE inbox
-SET status = 'pending', next_attempt_at = now() + @delay::interval, last_error = @last_error,
+SET status = 'pending', next_attempt_at = now() + @delay::interval, last_error = @last_error::text,
     locked_until = NULL, waiting_for = NULL
 WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
 
 -- name: KillInbox :execrows
 -- KillInbox moves an event to the dead letter state with a reason.
 UPDATE inbox
-SET status = 'dead', finished_at = now(), last_error = @last_error, locked_until = NULL
+SET status = 'dead', finished_at = now(), last_error = @last_error::text, locked_until = NULL
 WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
 
 -- name: DeferInbox :execrows
@@ -105,6 +133,10 @@ SELECT pg_advisory_xact_lock(hashtextextended('pgrelay_inbox:' || @waiting_for::
 -- name: RecordInboxRelease :exec
 INSERT INTO inbox_releases (waiting_for) VALUES (@waiting_for::text)
 ON CONFLICT (waiting_for) DO UPDATE SET released_at = now();
+
+-- name: NotifyInbox :exec
+-- NotifyInbox wakes the listening workers when the transaction commits.
+SELECT pg_notify('pgrelay_inbox', '');
 
 -- name: ReleaseInbox :execrows
 -- ReleaseInbox makes the events waiting for @waiting_for due at once.

@@ -15,10 +15,9 @@ import (
 
 const claimInbox = `-- name: ClaimInbox :many
 WITH due AS (
-    SELECT i.event_id, i.status AS prev_status
+    SELECT i.event_id
     FROM inbox i
-    WHERE (i.status = 'pending' AND i.next_attempt_at <= now())
-       OR (i.status = 'processing' AND i.locked_until < now())
+    WHERE i.status = 'pending' AND i.next_attempt_at <= now()
     ORDER BY i.next_attempt_at
     LIMIT $4
     FOR UPDATE SKIP LOCKED
@@ -31,20 +30,16 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
     locked_until = now() + $3::interval,
     started_at   = now(),
     finished_at  = CASE WHEN inbox.attempts >= $1::int THEN now() END,
-    last_error   = CASE
-        WHEN inbox.attempts < $1::int THEN inbox.last_error
-        WHEN due.prev_status = 'processing' THEN
-            'attempts exhausted: worker lost during attempt ' || inbox.attempts
-            || ' of ' || $1::int
-        ELSE 'attempts exhausted: ' || inbox.attempts || ' of ' || $1::int
-            || coalesce(' (last error: ' || inbox.last_error || ')', '')
-    END
+    last_error   = CASE WHEN inbox.attempts >= $1::int
+        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || $1::int
+             || coalesce(' (last error: ' || inbox.last_error || ')', '')
+        ELSE inbox.last_error END
 FROM due
 WHERE inbox.event_id = due.event_id
 RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error, due.prev_status
+          inbox.last_error
 `
 
 type ClaimInboxParams struct {
@@ -69,14 +64,12 @@ type ClaimInboxRow struct {
 	LockVersion int64
 	WaitingFor  *string
 	LastError   *string
-	PrevStatus  string
 }
 
-// ClaimInbox moves up to @batch_size due events to processing under a new
-// fencing version: pending events whose next attempt is due, and processing
-// events whose lease expired (their worker is presumed lost). The attempt is
-// counted here, before any handler runs. An event already at the attempt limit
-// goes dead instead of running again.
+// ClaimInbox moves up to @batch_size due pending events to processing under a
+// new fencing version (lock_version) and a lease. The attempt is counted here,
+// before any handler runs, and committed at once. An event already at the
+// attempt limit (only possible when the limit was lowered) goes dead instead.
 func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams) ([]ClaimInboxRow, error) {
 	rows, err := db.Query(ctx, claimInbox,
 		arg.MaxAttempts,
@@ -106,7 +99,105 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 			&i.LockVersion,
 			&i.WaitingFor,
 			&i.LastError,
-			&i.PrevStatus,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const claimInboxLost = `-- name: ClaimInboxLost :many
+WITH lost AS (
+    SELECT i.event_id
+    FROM inbox i
+    WHERE i.status = 'processing' AND i.locked_until < now()
+    ORDER BY i.locked_until
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE inbox
+SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'processing' END,
+    attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
+    lock_version = inbox.lock_version + 1,
+    locked_by    = $2::text,
+    locked_until = now() + $3::interval,
+    started_at   = now(),
+    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN now() END,
+    last_error   = CASE WHEN inbox.attempts >= $1::int
+        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts
+             || ' of ' || $1::int
+        ELSE 'worker lost during attempt ' || inbox.attempts END
+FROM lost
+WHERE inbox.event_id = lost.event_id
+RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+          inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
+          inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
+          inbox.last_error
+`
+
+type ClaimInboxLostParams struct {
+	MaxAttempts int32
+	WorkerID    string
+	Lease       pgtype.Interval
+	BatchSize   int32
+}
+
+type ClaimInboxLostRow struct {
+	EventID     string
+	Topic       string
+	Key         string
+	EventType   string
+	Payload     []byte
+	Headers     json.RawMessage
+	OccurredAt  time.Time
+	ReceivedAt  time.Time
+	Status      string
+	Attempts    int32
+	Deferrals   int32
+	LockVersion int64
+	WaitingFor  *string
+	LastError   *string
+}
+
+// ClaimInboxLost takes over up to @batch_size events whose lease expired while
+// processing: their worker is presumed lost (crashed, partitioned, stalled).
+// Oldest leases first, so that the events of a crashed batch are retried before
+// the one retried last, which is the likeliest culprit. An event whose lost
+// attempt was its last goes dead with the reason instead of running again:
+// that is how an event that kills its process every time ends.
+func (q *Queries) ClaimInboxLost(ctx context.Context, db DBTX, arg ClaimInboxLostParams) ([]ClaimInboxLostRow, error) {
+	rows, err := db.Query(ctx, claimInboxLost,
+		arg.MaxAttempts,
+		arg.WorkerID,
+		arg.Lease,
+		arg.BatchSize,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ClaimInboxLostRow{}
+	for rows.Next() {
+		var i ClaimInboxLostRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.Topic,
+			&i.Key,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.OccurredAt,
+			&i.ReceivedAt,
+			&i.Status,
+			&i.Attempts,
+			&i.Deferrals,
+			&i.LockVersion,
+			&i.WaitingFor,
+			&i.LastError,
 		); err != nil {
 			return nil, err
 		}
@@ -253,12 +344,12 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 
 const killInbox = `-- name: KillInbox :execrows
 UPDATE inbox
-SET status = 'dead', finished_at = now(), last_error = $1, locked_until = NULL
+SET status = 'dead', finished_at = now(), last_error = $1::text, locked_until = NULL
 WHERE event_id = $2 AND lock_version = $3 AND status = 'processing'
 `
 
 type KillInboxParams struct {
-	LastError   *string
+	LastError   string
 	EventID     string
 	LockVersion int64
 }
@@ -305,6 +396,16 @@ func (q *Queries) MarkInboxProcessed(ctx context.Context, db DBTX, arg MarkInbox
 	return result.RowsAffected(), nil
 }
 
+const notifyInbox = `-- name: NotifyInbox :exec
+SELECT pg_notify('pgrelay_inbox', '')
+`
+
+// NotifyInbox wakes the listening workers when the transaction commits.
+func (q *Queries) NotifyInbox(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, notifyInbox)
+	return err
+}
+
 const recordInboxRelease = `-- name: RecordInboxRelease :exec
 INSERT INTO inbox_releases (waiting_for) VALUES ($1::text)
 ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
@@ -332,14 +433,14 @@ func (q *Queries) ReleaseInbox(ctx context.Context, db DBTX, waitingFor string) 
 
 const retryInbox = `-- name: RetryInbox :execrows
 UPDATE inbox
-SET status = 'pending', next_attempt_at = now() + $1::interval, last_error = $2,
+SET status = 'pending', next_attempt_at = now() + $1::interval, last_error = $2::text,
     locked_until = NULL, waiting_for = NULL
 WHERE event_id = $3 AND lock_version = $4 AND status = 'processing'
 `
 
 type RetryInboxParams struct {
 	Delay       pgtype.Interval
-	LastError   *string
+	LastError   string
 	EventID     string
 	LockVersion int64
 }

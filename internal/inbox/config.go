@@ -1,0 +1,176 @@
+package inbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// Config configures a Worker. Zero fields take the documented defaults.
+type Config struct {
+	// Pool is the database the inbox lives in. Required.
+	Pool *pgxpool.Pool
+	// Handler runs each event's side effect. Required.
+	Handler Handler
+	// Logger receives the worker's logs. Default: a no-op logger.
+	Logger *zap.Logger
+	// Observer is told about every state change, for metrics. Default: NopObserver.
+	Observer Observer
+	// WorkerID is recorded as locked_by on claimed rows. Default:
+	// "hostname-pid-random".
+	WorkerID string
+	// Workers is how many batches run concurrently, each on its own
+	// connection. Default: 4.
+	Workers int
+	// BatchSize is the most events claimed and processed in one transaction.
+	// Default: 50. Maximum: 10000.
+	BatchSize int
+	// Lease is how long a claim is exclusive; an event still processing after
+	// it may be taken over by another worker, and this worker is then fenced.
+	// Default: 30s. Must exceed HandlerTimeout.
+	Lease time.Duration
+	// HandlerTimeout bounds one handler call. Default: 10s.
+	HandlerTimeout time.Duration
+	// MaxAttempts is the number of attempts before an event goes dead.
+	// Default: 10.
+	MaxAttempts int
+	// BackoffMin is the wait after the first failed attempt. Default: 1s.
+	BackoffMin time.Duration
+	// BackoffMax caps the exponential backoff between attempts. Default: 5m.
+	BackoffMax time.Duration
+	// MaxDeferrals is how often one event may be deferred before it goes dead.
+	// Default: 20.
+	MaxDeferrals int
+	// DeferFallback is when a deferred event runs again if its dependency is
+	// never released. Default: 1m.
+	DeferFallback time.Duration
+	// PollInterval is the mean interval between polls for due events (jittered
+	// ±50%), the fallback behind LISTEN/NOTIFY and for retries coming due.
+	// Default: 1s.
+	PollInterval time.Duration
+	// QueryTimeout bounds each inbox query outside handlers. Default: 10s.
+	QueryTimeout time.Duration
+	// ShutdownTimeout is how long in-flight batches may run on after Run's
+	// context is cancelled; then they are rolled back and their claims handed
+	// back (pending, attempt refunded). Default: 10s.
+	ShutdownTimeout time.Duration
+}
+
+// Defaults for Config.
+const (
+	DefaultWorkers         = 4
+	DefaultBatchSize       = 50
+	MaxBatchSize           = 10000
+	DefaultLease           = 30 * time.Second
+	DefaultHandlerTimeout  = 10 * time.Second
+	DefaultMaxAttempts     = 10
+	DefaultBackoffMin      = time.Second
+	DefaultBackoffMax      = 5 * time.Minute
+	DefaultMaxDeferrals    = 20
+	DefaultDeferFallback   = time.Minute
+	DefaultPollInterval    = time.Second
+	DefaultQueryTimeout    = 10 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Observer == nil {
+		c.Observer = NopObserver{}
+	}
+	if c.WorkerID == "" {
+		c.WorkerID = defaultWorkerID()
+	}
+	setDefault(&c.Workers, DefaultWorkers)
+	setDefault(&c.BatchSize, DefaultBatchSize)
+	setDefault(&c.Lease, DefaultLease)
+	setDefault(&c.HandlerTimeout, DefaultHandlerTimeout)
+	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.BackoffMin, DefaultBackoffMin)
+	setDefault(&c.BackoffMax, DefaultBackoffMax)
+	setDefault(&c.MaxDeferrals, DefaultMaxDeferrals)
+	setDefault(&c.DeferFallback, DefaultDeferFallback)
+	setDefault(&c.PollInterval, DefaultPollInterval)
+	setDefault(&c.QueryTimeout, DefaultQueryTimeout)
+	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	return c
+}
+
+func setDefault[T int | time.Duration](p *T, def T) {
+	if *p == 0 {
+		*p = def
+	}
+}
+
+// validate checks a Config that WithDefaults has filled; errors name the field.
+func (c Config) validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("inbox: Config.%s %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.Pool == nil {
+		bad("Pool", "is required")
+	}
+	if c.Handler == nil {
+		bad("Handler", "is required")
+	}
+	if len(c.WorkerID) > 200 {
+		bad("WorkerID", "is longer than 200 bytes")
+	}
+	if c.Workers < 1 || c.Workers > 1000 {
+		bad("Workers", "must be between 1 and 1000, got %d", c.Workers)
+	}
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		bad("BatchSize", "must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize)
+	}
+	positive := map[string]time.Duration{
+		"Lease": c.Lease, "HandlerTimeout": c.HandlerTimeout, "BackoffMin": c.BackoffMin,
+		"BackoffMax": c.BackoffMax, "DeferFallback": c.DeferFallback, "PollInterval": c.PollInterval,
+		"QueryTimeout": c.QueryTimeout, "ShutdownTimeout": c.ShutdownTimeout,
+	}
+	for _, name := range []string{"Lease", "HandlerTimeout", "BackoffMin", "BackoffMax", "DeferFallback",
+		"PollInterval", "QueryTimeout", "ShutdownTimeout"} {
+		if positive[name] < 0 {
+			bad(name, "must be positive, got %s", positive[name])
+		}
+	}
+	if c.HandlerTimeout >= c.Lease {
+		bad("HandlerTimeout", "(%s) must be shorter than Config.Lease (%s)", c.HandlerTimeout, c.Lease)
+	}
+	if c.BackoffMax < c.BackoffMin {
+		bad("BackoffMax", "(%s) must not be below Config.BackoffMin (%s)", c.BackoffMax, c.BackoffMin)
+	}
+	if c.MaxAttempts < 1 {
+		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.MaxDeferrals < 1 {
+		bad("MaxDeferrals", "must be at least 1, got %d", c.MaxDeferrals)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) policy() policy {
+	return policy{
+		maxAttempts: c.MaxAttempts, maxDeferrals: c.MaxDeferrals,
+		backoffMin: c.BackoffMin, backoffMax: c.BackoffMax, deferFallback: c.DeferFallback,
+	}
+}
+
+func defaultWorkerID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

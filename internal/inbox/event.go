@@ -1,0 +1,82 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// Event is a claimed inbox event, as a handler sees it.
+type Event struct {
+	event.Message
+	// ReceivedAt is when the inbox stored the event.
+	ReceivedAt time.Time
+	// Attempts counts the attempts so far, this one included (1 on the first).
+	Attempts int
+	// Deferrals counts how often the event was deferred (see Defer).
+	Deferrals int
+	// LockVersion is the fencing version of this claim.
+	LockVersion int64
+	// LastError is the error recorded by the previous attempt, if any.
+	LastError string
+}
+
+// Handler runs an event's side effect. It must do all its database work in tx:
+// that transaction also records the event as processed, so the effect and the
+// mark commit together or not at all. A nil error means success; any other
+// error is retried with backoff, except Permanent errors (dead at once) and
+// Defer (wait for a dependency). A panic is recovered and treated like a
+// transient error. ctx expires after Config.HandlerTimeout.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, ev *Event) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev *Event) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, ev *Event) error { return f(ctx, tx, ev) }
+
+// claimed is the part of a claim row the worker needs, whichever claim query
+// produced it.
+type claimed struct {
+	ev     Event
+	status string
+}
+
+func fromClaimRow(r db.ClaimInboxRow) claimed {
+	return claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
+		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
+}
+
+func fromLostRow(r db.ClaimInboxLostRow) claimed {
+	return claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
+		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
+}
+
+func newEvent(id, topic, key, typ string, payload []byte, headers json.RawMessage, occurred, received time.Time,
+	attempts, deferrals int32, version int64, lastErr *string) Event {
+	ev := Event{
+		Message: event.Message{
+			EventID: id, Topic: topic, Key: key, EventType: typ, Payload: payload, OccurredAt: occurred,
+		},
+		ReceivedAt:  received,
+		Attempts:    int(attempts),
+		Deferrals:   int(deferrals),
+		LockVersion: version,
+	}
+	if len(headers) > 0 {
+		// Headers were written by Receive from a map[string]string; a row edited
+		// by hand into another shape just yields no headers.
+		_ = json.Unmarshal(headers, &ev.Headers)
+	}
+	if lastErr != nil {
+		ev.LastError = *lastErr
+	}
+	return ev
+}

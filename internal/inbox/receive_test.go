@@ -1,0 +1,102 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// TestDuplicateDeliveriesCreditOnce delivers one OrderPaid five times (four
+// separate redeliveries, one of them repeated inside a batch): the inbox counts
+// four duplicates and the ledger gets exactly one entry.
+func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	createOrders(t, pool, "o1")
+	paid := orderPaid("pay-1", "o1", 500)
+
+	res := receive(t, pool, paid)
+	require.Equal(t, 1, res.Inserted)
+	dups := 0
+	for range 2 {
+		res = receive(t, pool, paid)
+		require.Zero(t, res.Inserted)
+		dups += len(res.Duplicates)
+	}
+	// A batch that repeats the event, plus an unrelated one.
+	res = receive(t, pool, paid, orderPaid("pay-2", "o1", 1), paid)
+	require.Equal(t, 1, res.Inserted)
+	require.Equal(t, []string{"pay-1", "pay-1"}, res.Duplicates)
+	dups += len(res.Duplicates)
+	require.Equal(t, 4, dups)
+
+	stats := &inbox.Stats{}
+	cfg := fastConfig(t, pool, ledger.Handler{})
+	cfg.Observer = stats
+	startWorker(t, cfg)
+	waitAllDone(t, pool, 10*time.Second)
+
+	require.Equal(t, 1, entries(t, pool, "pay-1"))
+	require.Equal(t, 1, entries(t, pool, "pay-2"))
+	require.Equal(t, 1, stats.ProcessedCount("pay-1"))
+	// Redelivered after processing: still a duplicate, still one credit.
+	res = receive(t, pool, paid)
+	require.Equal(t, []string{"pay-1"}, res.Duplicates)
+	require.Equal(t, 1, entries(t, pool, "pay-1"))
+}
+
+// TestReceiveInCallerTransaction shows Receive joining the caller's
+// transaction: rolled back, nothing is stored.
+func TestReceiveInCallerTransaction(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	res, err := inbox.Receive(ctx, tx, []inbox.Incoming{orderPaid("e1", "o1", 1)})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Inserted)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox`))
+}
+
+// TestReceiveDeadAndInvalid stores malformed input directly as dead, and
+// refuses a batch holding an unusable message without storing any of it.
+func TestReceiveDeadAndInvalid(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+
+	raw := []byte{0xff, 0x00, 'x'}
+	res := receive(t, pool, inbox.Incoming{
+		Message:    event.Message{EventID: "bad-1", Topic: "orders", Payload: raw},
+		DeadReason: "malformed: no event type header",
+	})
+	require.Equal(t, 1, res.Inserted)
+	r := inboxRow(t, pool, "bad-1")
+	require.Equal(t, "dead", r.Status)
+	require.Equal(t, "malformed: no event type header", r.LastError)
+	var payload []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT payload FROM inbox WHERE event_id = 'bad-1' AND finished_at IS NOT NULL`).Scan(&payload))
+	require.Equal(t, raw, payload)
+
+	for _, bad := range []inbox.Incoming{
+		{Message: event.Message{EventID: ""}},
+		{Message: event.Message{EventID: "ok", EventType: "a\x00b"}},
+		{Message: event.Message{EventID: "ok", Headers: map[string]string{"h": "\xff"}}},
+	} {
+		_, err := inbox.Receive(ctx, pool, []inbox.Incoming{orderPaid("fine", "o", 1), bad})
+		var inv *inbox.InvalidMessageError
+		require.True(t, errors.As(err, &inv), "got %v", err)
+		require.Equal(t, 1, inv.Index)
+	}
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'fine'`))
+}

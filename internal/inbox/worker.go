@@ -1,0 +1,505 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+)
+
+// NotifyChannel is the PostgreSQL channel the inbox table's insert trigger
+// notifies, and that workers listen on.
+const NotifyChannel = "pgrelay_inbox"
+
+// Worker claims due inbox events and runs the handler on them, each event's
+// side effect committing with its processed mark. Several workers, in one
+// process or many, share the inbox safely.
+type Worker struct {
+	cfg     Config
+	q       *db.Queries
+	log     *zap.Logger
+	wake    *waker
+	running atomic.Bool
+}
+
+// NewWorker checks cfg (after WithDefaults) and returns a worker.
+func NewWorker(cfg Config) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Worker{
+		cfg:  cfg,
+		q:    db.New(),
+		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID)),
+		wake: newWaker(),
+	}, nil
+}
+
+// Run processes events until ctx is cancelled, then stops gracefully: batches
+// in flight finish within Config.ShutdownTimeout or are rolled back and their
+// claims handed back. It returns nil after a graceful stop.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("inbox: worker is already running")
+	}
+	defer w.running.Store(false)
+	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
+	var wg sync.WaitGroup
+	wg.Go(func() { w.listen(ctx) })
+	for range w.cfg.Workers {
+		wg.Go(func() { w.loop(ctx) })
+	}
+	wg.Wait()
+	w.log.Info("inbox worker stopped")
+	return nil
+}
+
+// loop is one worker goroutine: claim and process until ctx is done, waiting
+// for a notification or the jittered poll when there is nothing to do.
+func (w *Worker) loop(ctx context.Context) {
+	for ctx.Err() == nil {
+		full, err := w.runOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			w.log.Warn("inbox batch failed", zap.Error(err))
+		}
+		if full && err == nil {
+			continue
+		}
+		wake := w.wake.channel()
+		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// runOnce takes over at most one event whose worker was lost and processes it
+// alone (if it killed its last worker, it is the likeliest culprit, and alone
+// it cannot take others down with it again), then claims and processes one
+// batch of pending events. It reports whether the batch was full.
+func (w *Worker) runOnce(ctx context.Context) (full bool, err error) {
+	lost, err := w.claimLost(ctx)
+	if err != nil {
+		return false, err
+	}
+	if len(lost) > 0 {
+		if err := w.processBatch(ctx, lost); err != nil {
+			return false, err
+		}
+	}
+	batch, err := w.claim(ctx)
+	if err != nil {
+		return false, err
+	}
+	if len(batch) == 0 {
+		return len(lost) > 0, nil
+	}
+	return len(batch) == w.cfg.BatchSize || len(lost) > 0, w.processBatch(ctx, batch)
+}
+
+func interval(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
+}
+
+// claim claims a batch of due pending events, in its own committed statement.
+func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := w.q.ClaimInbox(qctx, w.cfg.Pool, db.ClaimInboxParams{
+		MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
+		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim: %w", err)
+	}
+	cs := make([]claimed, len(rows))
+	for i, r := range rows {
+		cs[i] = fromClaimRow(r)
+	}
+	return w.claimedEvents(cs, false), nil
+}
+
+// claimLost takes over one event whose lease expired.
+func (w *Worker) claimLost(ctx context.Context) ([]*Event, error) {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := w.q.ClaimInboxLost(qctx, w.cfg.Pool, db.ClaimInboxLostParams{
+		MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
+		Lease: interval(w.cfg.Lease), BatchSize: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim lost events: %w", err)
+	}
+	cs := make([]claimed, len(rows))
+	for i, r := range rows {
+		cs[i] = fromLostRow(r)
+	}
+	return w.claimedEvents(cs, true), nil
+}
+
+// claimedEvents reports a claim and returns the events to process; events the
+// claim moved to dead (attempts exhausted) are reported and left out.
+func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
+	if len(cs) == 0 {
+		return nil
+	}
+	evs := make([]*Event, 0, len(cs))
+	for i := range cs {
+		ev := &cs[i].ev
+		if cs[i].status == "dead" {
+			w.log.Warn("inbox event dead", zap.String("event_id", ev.EventID), zap.String("reason", ev.LastError))
+			w.cfg.Observer.Dead(ev, ev.LastError)
+			continue
+		}
+		if takeover {
+			w.log.Info("inbox event taken over from a lost worker",
+				zap.String("event_id", ev.EventID), zap.Int("attempt", ev.Attempts))
+		}
+		evs = append(evs, ev)
+	}
+	takeovers := 0
+	if takeover {
+		takeovers = len(cs)
+	}
+	w.cfg.Observer.Claimed(len(cs), takeovers)
+	return evs
+}
+
+// result is what happened to one event of a batch, reported once the batch
+// transaction committed.
+type result struct {
+	ev        *Event
+	fenced    bool
+	processed bool
+	dur       time.Duration
+	d         decision
+}
+
+// errBatchBroken means the batch transaction can no longer be used; culprit
+// is the event whose handler broke it, if known.
+type errBatchBroken struct {
+	err     error
+	culprit *Event
+	cause   error // the culprit's handler error
+}
+
+func (e *errBatchBroken) Error() string { return "inbox: batch transaction broken: " + e.err.Error() }
+func (e *errBatchBroken) Unwrap() error { return e.err }
+
+// processBatch runs the events of one claim in one transaction, a savepoint
+// each. Cancelling ctx leaves the batch Config.ShutdownTimeout to finish;
+// after that it is rolled back and the claims handed back.
+func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(w.cfg.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-pctx.Done():
+		}
+	})
+	defer stop()
+
+	results, err := w.runBatch(pctx, evs)
+	if err != nil {
+		// pctx ends only when the shutdown timeout ran out: then every claim is
+		// handed back, whatever failed first.
+		w.recover(evs, err, pctx.Err() != nil)
+		return err
+	}
+	for _, r := range results {
+		w.report(r)
+	}
+	return nil
+}
+
+func (w *Worker) runBatch(ctx context.Context, evs []*Event) ([]result, error) {
+	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	tx, err := w.cfg.Pool.Begin(bctx)
+	cancel()
+	if err != nil {
+		// Nothing ran: the claims are handed back by recover.
+		return nil, fmt.Errorf("inbox: begin batch: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	results := make([]result, 0, len(evs))
+	for _, ev := range evs {
+		r, err := w.processOne(ctx, tx, ev)
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, r)
+	}
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return nil, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
+	}
+	return results, nil
+}
+
+// processOne runs one event's handler inside a savepoint of the batch
+// transaction and records the outcome, fenced by the claim's lock_version.
+func (w *Worker) processOne(ctx context.Context, tx pgx.Tx, ev *Event) (result, error) {
+	r := result{ev: ev}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return r, &errBatchBroken{err: fmt.Errorf("savepoint: %w", err)}
+	}
+	start := time.Now()
+	herr := w.callHandler(ctx, sp, ev)
+	r.dur = time.Since(start)
+	if herr == nil {
+		n, err := w.q.MarkInboxProcessed(ctx, sp, db.MarkInboxProcessedParams{
+			EventID: ev.EventID, LockVersion: ev.LockVersion,
+		})
+		switch {
+		case err != nil:
+			// Typically the handler swallowed an error that aborted its
+			// savepoint; the attempt failed.
+			herr = fmt.Errorf("mark processed: %w", err)
+		case n == 0:
+			// Another worker took the event over: undo this side effect.
+			if err := sp.Rollback(ctx); err != nil {
+				return r, &errBatchBroken{err: fmt.Errorf("rollback fenced event: %w", err)}
+			}
+			r.fenced = true
+			return r, nil
+		default:
+			if err := sp.Commit(ctx); err != nil {
+				return r, &errBatchBroken{err: fmt.Errorf("release savepoint: %w", err)}
+			}
+			r.processed = true
+			return r, nil
+		}
+	}
+	// The handler failed: undo whatever it did, then record the failure.
+	if err := sp.Rollback(ctx); err != nil {
+		return r, &errBatchBroken{err: fmt.Errorf("rollback failed event: %w", err), culprit: ev, cause: herr}
+	}
+	r.d = decide(w.cfg.policy(), herr, ev.Attempts, ev.Deferrals, rand.Float64)
+	n, err := w.applyDecision(ctx, tx, ev, r.d)
+	if err != nil {
+		return r, &errBatchBroken{err: fmt.Errorf("record failure: %w", err), culprit: ev, cause: herr}
+	}
+	r.fenced = n == 0
+	return r, nil
+}
+
+func (w *Worker) applyDecision(ctx context.Context, q db.DBTX, ev *Event, d decision) (int64, error) {
+	switch d.outcome {
+	case outcomeRetry:
+		return w.q.RetryInbox(ctx, q, db.RetryInboxParams{
+			Delay: interval(d.delay), LastError: d.reason, EventID: ev.EventID, LockVersion: ev.LockVersion,
+		})
+	case outcomeDefer:
+		if err := w.q.LockInboxDependency(ctx, q, d.waitingFor); err != nil {
+			return 0, err
+		}
+		return w.q.DeferInbox(ctx, q, db.DeferInboxParams{
+			WaitingFor: d.waitingFor, Fallback: interval(d.delay), EventID: ev.EventID, LockVersion: ev.LockVersion,
+		})
+	default:
+		return w.q.KillInbox(ctx, q, db.KillInboxParams{
+			LastError: d.reason, EventID: ev.EventID, LockVersion: ev.LockVersion,
+		})
+	}
+}
+
+// callHandler runs the handler with its timeout, turning a panic into an error.
+func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, ev *Event) (err error) {
+	hctx, cancel := context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			w.log.Error("inbox handler panicked", zap.String("event_id", ev.EventID),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	err = w.cfg.Handler.Handle(hctx, tx, ev)
+	if err != nil && hctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+		err = fmt.Errorf("handler timed out after %s: %w", w.cfg.HandlerTimeout, err)
+	}
+	return err
+}
+
+// report logs a committed outcome and tells the observer.
+func (w *Worker) report(r result) {
+	ev := r.ev
+	switch {
+	case r.fenced:
+		w.log.Warn("inbox event fenced: another worker took it over; its side effect here was rolled back",
+			zap.String("event_id", ev.EventID), zap.Int64("lock_version", ev.LockVersion))
+		w.cfg.Observer.Fenced(ev)
+	case r.processed:
+		w.cfg.Observer.Processed(ev, r.dur)
+	case r.d.outcome == outcomeRetry:
+		w.log.Info("inbox event will be retried", zap.String("event_id", ev.EventID),
+			zap.Int("attempt", ev.Attempts), zap.Duration("delay", r.d.delay), zap.String("error", r.d.reason))
+		w.cfg.Observer.Retried(ev, r.d.reason)
+	case r.d.outcome == outcomeDefer:
+		w.log.Debug("inbox event deferred", zap.String("event_id", ev.EventID), zap.String("waiting_for", r.d.waitingFor))
+		w.cfg.Observer.Deferred(ev)
+	case r.d.outcome == outcomeDead:
+		w.log.Warn("inbox event dead", zap.String("event_id", ev.EventID), zap.String("reason", r.d.reason))
+		w.cfg.Observer.Dead(ev, r.d.reason)
+	}
+}
+
+// recover repairs the state of a batch whose transaction failed: nothing of it
+// committed. The event whose handler broke the transaction (a timeout that
+// killed the connection, say) gets its failure recorded; the others are
+// handed back with their attempt refunded. When no culprit is known (the
+// commit itself failed) every event is retried with its attempt counted, so a
+// batch that can never commit still reaches the attempt limit.
+func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.QueryTimeout)
+	defer cancel()
+	var broken *errBatchBroken
+	errors.As(batchErr, &broken)
+	w.log.Warn("inbox batch rolled back", zap.Error(batchErr), zap.Int("events", len(evs)))
+
+	var handBack []*Event
+	for _, ev := range evs {
+		switch {
+		case shutdown:
+			handBack = append(handBack, ev)
+		case broken != nil && broken.culprit == ev:
+			d := decide(w.cfg.policy(), broken.cause, ev.Attempts, ev.Deferrals, rand.Float64)
+			n, err := w.applyDecision(ctx, w.cfg.Pool, ev, d)
+			if err != nil {
+				w.log.Error("inbox: record failure", zap.String("event_id", ev.EventID), zap.Error(err))
+				continue
+			}
+			w.report(result{ev: ev, fenced: n == 0, d: d})
+		case broken != nil && broken.culprit == nil:
+			d := decide(w.cfg.policy(), batchErr, ev.Attempts, ev.Deferrals, rand.Float64)
+			if d.outcome == outcomeDefer {
+				d = decision{outcome: outcomeRetry, delay: w.cfg.BackoffMin, reason: batchErr.Error()}
+			}
+			n, err := w.applyDecision(ctx, w.cfg.Pool, ev, d)
+			if err != nil {
+				w.log.Error("inbox: record failure", zap.String("event_id", ev.EventID), zap.Error(err))
+				continue
+			}
+			w.report(result{ev: ev, fenced: n == 0, d: d})
+		default:
+			handBack = append(handBack, ev)
+		}
+	}
+	if len(handBack) > 0 {
+		w.unclaim(ctx, handBack)
+	}
+}
+
+// unclaim hands claimed events back: pending, due now, attempt refunded.
+func (w *Worker) unclaim(ctx context.Context, evs []*Event) {
+	p := db.UnclaimInboxParams{EventIds: make([]string, len(evs)), LockVersions: make([]int64, len(evs))}
+	for i, ev := range evs {
+		p.EventIds[i], p.LockVersions[i] = ev.EventID, ev.LockVersion
+	}
+	n, err := w.q.UnclaimInbox(ctx, w.cfg.Pool, p)
+	if err != nil {
+		w.log.Error("inbox: hand back claims; they return when their lease expires", zap.Error(err))
+		return
+	}
+	w.log.Info("inbox claims handed back", zap.Int64("events", n))
+	w.wake.broadcast()
+}
+
+// listen wakes the worker goroutines on each notification of NotifyChannel,
+// on a dedicated connection, reconnecting with backoff when it drops.
+func (w *Worker) listen(ctx context.Context) {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := w.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			delay = 100 * time.Millisecond
+		}
+		w.log.Warn("inbox listener disconnected; polling meanwhile", zap.Error(err), zap.Duration("retry_in", delay))
+		t := time.NewTimer(jitter(delay))
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		delay = min(delay*2, 30*time.Second)
+	}
+}
+
+func (w *Worker) listenOnce(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, w.cfg.Pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	// LISTEN is a utility statement sqlc cannot generate code for.
+	if _, err := conn.Exec(cctx, "LISTEN "+NotifyChannel); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	// Anything inserted while the listener was down is picked up now.
+	w.wake.broadcast()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		w.wake.broadcast()
+	}
+}
+
+// waker wakes every goroutine waiting on the current channel at once.
+type waker struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newWaker() *waker { return &waker{ch: make(chan struct{})} }
+
+func (w *waker) channel() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ch
+}
+
+func (w *waker) broadcast() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	close(w.ch)
+	w.ch = make(chan struct{})
+}
+
+// jitter returns d scaled by a random factor in [0.5, 1.5).
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.5 + rand.Float64()))
+}

@@ -1,0 +1,120 @@
+// Package ledger is pgrelay's worked example domain: a ledger that records
+// orders (OrderCreated) and credits them once per payment (OrderPaid). Its
+// Handler runs inside the inbox, so each credit commits with the inbox row's
+// processed mark and happens exactly once per event.
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// Event types the ledger handles.
+const (
+	EventOrderCreated = "OrderCreated"
+	EventOrderPaid    = "OrderPaid"
+)
+
+// OrderCreated is the payload of an OrderCreated event.
+type OrderCreated struct {
+	OrderID     string `json:"order_id"`
+	CustomerID  string `json:"customer_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+// OrderPaid is the payload of an OrderPaid event.
+type OrderPaid struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+// DependencyKey is the name OrderPaid events defer on until their order
+// exists, and that OrderCreated releases.
+func DependencyKey(orderID string) string { return "order:" + orderID }
+
+// Handler handles OrderCreated and OrderPaid events. Malformed payloads and
+// unknown event types are permanent errors (the event goes dead with the
+// reason); an OrderPaid for an order not created yet is deferred until it is.
+type Handler struct{}
+
+var _ inbox.Handler = Handler{}
+
+// Handle applies one event to the ledger inside tx.
+func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	switch ev.EventType {
+	case EventOrderCreated:
+		var p OrderCreated
+		if err := decode(ev.Payload, &p, "order_id", "customer_id", "amount_cents", "currency"); err != nil {
+			return inbox.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
+		}
+		if p.AmountCents < 0 {
+			return inbox.Permanent(fmt.Errorf("%s payload: amount_cents is negative (%d)", ev.EventType, p.AmountCents))
+		}
+		if _, err := db.New().CreateLedgerOrder(ctx, tx, db.CreateLedgerOrderParams{
+			OrderID: p.OrderID, CustomerID: p.CustomerID, AmountCents: p.AmountCents,
+			Currency: p.Currency, EventID: ev.EventID,
+		}); err != nil {
+			return fmt.Errorf("ledger: create order %s: %w", p.OrderID, err)
+		}
+		return inbox.Release(ctx, tx, DependencyKey(p.OrderID))
+	case EventOrderPaid:
+		var p OrderPaid
+		if err := decode(ev.Payload, &p, "order_id", "amount_cents", "currency"); err != nil {
+			return inbox.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
+		}
+		order, err := db.New().GetLedgerOrder(ctx, tx, p.OrderID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return inbox.Defer(DependencyKey(p.OrderID))
+		}
+		if err != nil {
+			return fmt.Errorf("ledger: get order %s: %w", p.OrderID, err)
+		}
+		if _, err := db.New().CreditLedger(ctx, tx, db.CreditLedgerParams{
+			EventID: ev.EventID, OrderID: p.OrderID, CustomerID: order.CustomerID,
+			AmountCents: p.AmountCents, Currency: p.Currency,
+		}); err != nil {
+			return fmt.Errorf("ledger: credit order %s: %w", p.OrderID, err)
+		}
+		return nil
+	default:
+		return inbox.Permanent(fmt.Errorf("unknown event type %q", ev.EventType))
+	}
+}
+
+// decode unmarshals a JSON object into v, requiring the named fields to be
+// present and non-null, and string fields to be non-empty.
+func decode(payload []byte, v any, required ...string) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &fields); err != nil {
+		return fmt.Errorf("not a JSON object: %w", err)
+	}
+	var missing []string
+	for _, f := range required {
+		raw, ok := fields[f]
+		if !ok || bytes.Equal(raw, []byte("null")) || bytes.Equal(raw, []byte(`""`)) {
+			missing = append(missing, f)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing or empty field(s): %s", strings.Join(missing, ", "))
+	}
+	if err := json.Unmarshal(payload, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("field %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
+		}
+		return err
+	}
+	return nil
+}
