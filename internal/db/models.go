@@ -54,3 +54,15 @@ type LedgerOrder struct {
 	EventID     string
 	CreatedAt   time.Time
 }
+
+type ReplayAudit struct {
+	ID               int64
+	At               time.Time
+	Source           string
+	Action           string
+	EventID          string
+	Actor            string
+	Reason           string
+	PreviousAttempts int32
+	PreviousError    *string
+}

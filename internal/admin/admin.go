@@ -1,0 +1,495 @@
+// Package admin holds pgrelay's operator operations (statistics, dead-letter
+// listing, requeue and purge, the replay audit trail), the HTTP admin API that
+// serves them and the cobra subcommands that run them against the database
+// directly. The API and the CLI call the same Service methods, so they behave
+// identically.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+)
+
+// Source names the table a dead letter lives in.
+type Source string
+
+// The sources of dead letters.
+const (
+	SourceInbox  Source = "inbox"
+	SourceOutbox Source = "outbox"
+)
+
+// Errors returned by Service methods. The HTTP API maps them onto status codes.
+var (
+	// ErrNotFound is returned when no event has the requested id.
+	ErrNotFound = errors.New("admin: event not found")
+	// ErrInvalid wraps every error caused by a bad request.
+	ErrInvalid = errors.New("admin: invalid request")
+	// ErrUnsupported is returned for operations on a source whose schema is
+	// not installed.
+	ErrUnsupported = errors.New("admin: not supported")
+)
+
+// Config configures a Service.
+type Config struct {
+	// Pool is the database the operations run against. Required.
+	Pool *pgxpool.Pool
+	// Logger receives one line per changing operation. Default: a no-op logger.
+	Logger *zap.Logger
+	// QueryTimeout bounds each operation's database work. Default: 30s.
+	QueryTimeout time.Duration
+	// MaxRows caps how many events one list, requeue or purge touches; a
+	// request may ask for fewer. Default: 1000.
+	MaxRows int
+	// Counters, when set, returns the process's delivery counters (messages
+	// received from the broker, and how many of them were duplicates), from
+	// which Stats derives the dedup hit rate. The database does not record
+	// duplicates, so without it the rate is omitted. Default: nil.
+	Counters func() (received, duplicates float64, ok bool)
+	// Now returns the current time; purge cut-offs are computed from it.
+	// Default: time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns a copy of c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = 30 * time.Second
+	}
+	if c.MaxRows == 0 {
+		c.MaxRows = 1000
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("admin: Config.Pool is required")
+	case c.QueryTimeout < 0:
+		return fmt.Errorf("admin: Config.QueryTimeout must be positive, got %s", c.QueryTimeout)
+	case c.MaxRows < 0 || c.MaxRows > math.MaxInt32:
+		return fmt.Errorf("admin: Config.MaxRows must be between 1 and %d, got %d", math.MaxInt32, c.MaxRows)
+	}
+	return nil
+}
+
+// Service runs the operator operations. It is safe for concurrent use.
+type Service struct {
+	cfg Config
+	q   *db.Queries
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Service{cfg: cfg, q: db.New()}, nil
+}
+
+// Filter selects dead letters. Every field is optional; the zero Filter
+// matches every dead letter.
+type Filter struct {
+	// EventID matches one event.
+	EventID string `json:"event_id,omitempty"`
+	// Topic matches the topic exactly.
+	Topic string `json:"topic,omitempty"`
+	// EventType matches the event type exactly.
+	EventType string `json:"event_type,omitempty"`
+	// ErrorContains matches a substring of the recorded error, ignoring case.
+	ErrorContains string `json:"error_contains,omitempty"`
+	// DeadAfter matches events that went dead at or after this time.
+	DeadAfter *time.Time `json:"dead_after,omitempty"`
+	// DeadBefore matches events that went dead before this time.
+	DeadBefore *time.Time `json:"dead_before,omitempty"`
+	// Limit caps the number of events returned or touched; 0 means
+	// Config.MaxRows, and larger values are capped at it.
+	Limit int `json:"limit,omitempty"`
+}
+
+// IsEmpty reports whether f selects every dead letter.
+func (f Filter) IsEmpty() bool {
+	return f.EventID == "" && f.Topic == "" && f.EventType == "" && f.ErrorContains == "" &&
+		f.DeadAfter == nil && f.DeadBefore == nil
+}
+
+func (f Filter) validate() error {
+	if f.Limit < 0 {
+		return fmt.Errorf("%w: limit must not be negative, got %d", ErrInvalid, f.Limit)
+	}
+	if f.DeadAfter != nil && f.DeadBefore != nil && !f.DeadAfter.Before(*f.DeadBefore) {
+		return fmt.Errorf("%w: dead_after (%s) must be before dead_before (%s)", ErrInvalid,
+			f.DeadAfter.Format(time.RFC3339), f.DeadBefore.Format(time.RFC3339))
+	}
+	return nil
+}
+
+func (s *Service) limit(f Filter) int32 {
+	if f.Limit > 0 && f.Limit < s.cfg.MaxRows {
+		return int32(f.Limit)
+	}
+	return int32(s.cfg.MaxRows)
+}
+
+// DeadLetter is one dead (or, from Show, any) event.
+type DeadLetter struct {
+	Source     Source     `json:"source"`
+	EventID    string     `json:"event_id"`
+	Status     string     `json:"status"`
+	Topic      string     `json:"topic"`
+	Key        string     `json:"key"`
+	EventType  string     `json:"event_type"`
+	Attempts   int32      `json:"attempts"`
+	ReceivedAt time.Time  `json:"received_at"`
+	DeadAt     *time.Time `json:"dead_at,omitempty"`
+	LastError  string     `json:"last_error,omitempty"`
+	// The fields below are filled by Show only.
+
+	OccurredAt *time.Time        `json:"occurred_at,omitempty"`
+	Headers    map[string]string `json:"headers,omitempty"`
+	// Payload is the body as text when it is valid UTF-8, else base64
+	// (PayloadEncoding says which).
+	Payload         string `json:"payload,omitempty"`
+	PayloadEncoding string `json:"payload_encoding,omitempty"`
+	LockVersion     int64  `json:"lock_version,omitempty"`
+	Deferrals       int32  `json:"deferrals,omitempty"`
+	WaitingFor      string `json:"waiting_for,omitempty"`
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func narg(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func (s *Service) checkSource(src Source) error {
+	switch src {
+	case SourceInbox:
+		return nil
+	case SourceOutbox:
+		return fmt.Errorf("%w: outbox dead letters (the outbox schema is not installed in this version)", ErrUnsupported)
+	default:
+		return fmt.Errorf("%w: unknown source %q: want inbox or outbox", ErrInvalid, src)
+	}
+}
+
+// ListDead returns the dead letters f selects, oldest first.
+func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLetter, error) {
+	if err := s.checkSource(src); err != nil {
+		return nil, err
+	}
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := s.q.AdminListInboxDead(ctx, s.cfg.Pool, db.AdminListInboxDeadParams{
+		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
+		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
+		MaxRows: s.limit(f),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: list dead %s events: %w", src, err)
+	}
+	out := make([]DeadLetter, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, DeadLetter{
+			Source: src, EventID: r.EventID, Status: "dead", Topic: r.Topic, Key: r.Key,
+			EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: r.ReceivedAt,
+			DeadAt: r.FinishedAt, LastError: deref(r.LastError),
+		})
+	}
+	return out, nil
+}
+
+// Show returns one event, whatever its status, with its payload and headers.
+func (s *Service) Show(ctx context.Context, src Source, eventID string) (*DeadLetter, error) {
+	if err := s.checkSource(src); err != nil {
+		return nil, err
+	}
+	if eventID == "" {
+		return nil, fmt.Errorf("%w: an event id is required", ErrInvalid)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	r, err := s.q.AdminGetInboxEvent(ctx, s.cfg.Pool, eventID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %s event %q", ErrNotFound, src, eventID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("admin: show %s event %q: %w", src, eventID, err)
+	}
+	d := &DeadLetter{
+		Source: src, EventID: r.EventID, Status: r.Status, Topic: r.Topic, Key: r.Key,
+		EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: r.ReceivedAt,
+		LastError: deref(r.LastError), OccurredAt: &r.OccurredAt, LockVersion: r.LockVersion,
+		Deferrals: r.Deferrals, WaitingFor: deref(r.WaitingFor),
+	}
+	if r.Status == "dead" || r.Status == "processed" {
+		d.DeadAt = r.FinishedAt
+	}
+	d.Payload, d.PayloadEncoding = encodePayload(r.Payload)
+	d.Headers = decodeHeaders(r.Headers)
+	return d, nil
+}
+
+// RequeueRequest asks for dead letters to go back to pending.
+type RequeueRequest struct {
+	// Filter selects the dead letters. An empty filter is refused unless All
+	// is set.
+	Filter Filter `json:"filter"`
+	// All confirms that an empty Filter means every dead letter (up to the
+	// limit).
+	All bool `json:"all,omitempty"`
+	// Actor names who asks (a person or system). Required; it is recorded in
+	// the audit table.
+	Actor string `json:"actor"`
+	// Reason says why. Required; it is recorded in the audit table.
+	Reason string `json:"reason"`
+	// DryRun runs the operation and rolls it back: the result shows exactly
+	// what would change, and nothing does.
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// PurgeRequest asks for dead letters to be deleted.
+type PurgeRequest struct {
+	// Filter selects the dead letters, further narrowed by OlderThan.
+	Filter Filter `json:"filter"`
+	// OlderThan restricts the purge to events dead for at least this long.
+	// Required (zero means "dead before now").
+	OlderThan *time.Duration `json:"older_than"`
+	// Actor names who asks. Required; it is recorded in the audit table.
+	Actor string `json:"actor"`
+	// Reason says why. Optional; it is recorded in the audit table.
+	Reason string `json:"reason,omitempty"`
+	// DryRun runs the operation and rolls it back.
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// Affected is one event a requeue or purge touched.
+type Affected struct {
+	EventID          string    `json:"event_id"`
+	AuditID          int64     `json:"audit_id,omitempty"`
+	At               time.Time `json:"at"`
+	PreviousAttempts int32     `json:"previous_attempts"`
+	PreviousError    string    `json:"previous_error,omitempty"`
+}
+
+// Result reports a requeue or purge.
+type Result struct {
+	Source Source `json:"source"`
+	Action string `json:"action"`
+	DryRun bool   `json:"dry_run"`
+	// Count is how many events were (or, in a dry run, would be) touched.
+	Count int `json:"count"`
+	// Limit is the cap that applied; when Count equals it, more events may
+	// match and the operation can be repeated.
+	Limit  int        `json:"limit"`
+	More   bool       `json:"more"`
+	Events []Affected `json:"events"`
+}
+
+func validateActor(actor, reason string, reasonRequired bool) error {
+	switch {
+	case actor == "":
+		return fmt.Errorf("%w: actor is required (who asks; it is recorded in the audit table)", ErrInvalid)
+	case !utf8.ValidString(actor) || len(actor) > 200:
+		return fmt.Errorf("%w: actor must be valid UTF-8 of at most 200 bytes", ErrInvalid)
+	case reasonRequired && reason == "":
+		return fmt.Errorf("%w: reason is required (why; it is recorded in the audit table)", ErrInvalid)
+	case !utf8.ValidString(reason) || len(reason) > 2000:
+		return fmt.Errorf("%w: reason must be valid UTF-8 of at most 2000 bytes", ErrInvalid)
+	}
+	return nil
+}
+
+// Requeue moves the selected dead letters back to pending with the same
+// event id, attempts reset, and records each one in the replay audit table
+// (who, when, why, and the error it had), all in one transaction. Inbox
+// workers are woken so the events are claimed at once.
+func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (*Result, error) {
+	if err := s.checkSource(src); err != nil {
+		return nil, err
+	}
+	if err := req.Filter.validate(); err != nil {
+		return nil, err
+	}
+	if err := validateActor(req.Actor, req.Reason, true); err != nil {
+		return nil, err
+	}
+	if req.Filter.IsEmpty() && !req.All {
+		return nil, fmt.Errorf("%w: refusing to requeue every dead letter without a filter; give an event id or a filter, or set all", ErrInvalid)
+	}
+	f := req.Filter
+	limit := s.limit(f)
+	res := &Result{Source: src, Action: "requeue", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
+	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := s.q.AdminRequeueInboxDead(ctx, tx, db.AdminRequeueInboxDeadParams{
+			Actor: req.Actor, Reason: req.Reason,
+			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
+			ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
+			MaxRows: limit,
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			res.Events = append(res.Events, Affected{EventID: r.EventID, AuditID: r.ID, At: r.At,
+				PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
+		}
+		if len(rows) > 0 {
+			return s.q.AdminNotifyInbox(ctx, tx)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: requeue dead %s events: %w", src, err)
+	}
+	s.finish(res, req.Actor, req.Reason)
+	return res, nil
+}
+
+// Purge deletes the selected dead letters that have been dead for at least
+// OlderThan, and records each one in the replay audit table, in one
+// transaction. A purged inbox event no longer deduplicates: a later
+// redelivery of the same event id is received as new.
+func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Result, error) {
+	if err := s.checkSource(src); err != nil {
+		return nil, err
+	}
+	if err := req.Filter.validate(); err != nil {
+		return nil, err
+	}
+	if err := validateActor(req.Actor, req.Reason, false); err != nil {
+		return nil, err
+	}
+	if req.OlderThan == nil {
+		return nil, fmt.Errorf("%w: older_than is required (for example 720h; 0s purges every match)", ErrInvalid)
+	}
+	if *req.OlderThan < 0 {
+		return nil, fmt.Errorf("%w: older_than must not be negative, got %s", ErrInvalid, *req.OlderThan)
+	}
+	f := req.Filter
+	cutoff := s.cfg.Now().Add(-*req.OlderThan)
+	if f.DeadBefore == nil || cutoff.Before(*f.DeadBefore) {
+		f.DeadBefore = &cutoff
+	}
+	limit := s.limit(f)
+	res := &Result{Source: src, Action: "purge", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
+	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := s.q.AdminPurgeInboxDead(ctx, tx, db.AdminPurgeInboxDeadParams{
+			Actor: req.Actor, Reason: req.Reason,
+			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
+			ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
+			MaxRows: limit,
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			res.Events = append(res.Events, Affected{EventID: r.EventID, AuditID: r.ID, At: r.At,
+				PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: purge dead %s events: %w", src, err)
+	}
+	s.finish(res, req.Actor, req.Reason)
+	return res, nil
+}
+
+func (s *Service) finish(res *Result, actor, reason string) {
+	res.Count = len(res.Events)
+	res.More = res.Count >= res.Limit
+	if res.DryRun {
+		// The audit rows were rolled back with everything else.
+		for i := range res.Events {
+			res.Events[i].AuditID = 0
+		}
+		return
+	}
+	s.cfg.Logger.Info("dead letters "+res.Action+"d",
+		zap.String("source", string(res.Source)), zap.Int("count", res.Count),
+		zap.String("actor", actor), zap.String("reason", reason))
+}
+
+// inTx runs f in a transaction that commits, or rolls back when dryRun is set.
+func (s *Service) inTx(ctx context.Context, dryRun bool, f func(context.Context, pgx.Tx) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	if err := f(ctx, tx); err != nil {
+		return err
+	}
+	if dryRun {
+		return tx.Rollback(ctx)
+	}
+	return tx.Commit(ctx)
+}
+
+// AuditEntry is one row of the replay audit table.
+type AuditEntry struct {
+	ID               int64     `json:"id"`
+	At               time.Time `json:"at"`
+	Source           string    `json:"source"`
+	Action           string    `json:"action"`
+	EventID          string    `json:"event_id"`
+	Actor            string    `json:"actor"`
+	Reason           string    `json:"reason"`
+	PreviousAttempts int32     `json:"previous_attempts"`
+	PreviousError    string    `json:"previous_error,omitempty"`
+}
+
+// Audit returns the most recent audit entries, newest first, optionally for
+// one event id and one source.
+func (s *Service) Audit(ctx context.Context, eventID string, src Source, limit int) ([]AuditEntry, error) {
+	if src != "" && src != SourceInbox && src != SourceOutbox {
+		return nil, fmt.Errorf("%w: unknown source %q: want inbox or outbox", ErrInvalid, src)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := s.q.AdminListReplayAudit(ctx, s.cfg.Pool, db.AdminListReplayAuditParams{
+		EventID: narg(eventID), Source: narg(string(src)), MaxRows: s.limit(Filter{Limit: limit}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: list audit: %w", err)
+	}
+	out := make([]AuditEntry, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, AuditEntry{ID: r.ID, At: r.At, Source: r.Source, Action: r.Action,
+			EventID: r.EventID, Actor: r.Actor, Reason: r.Reason,
+			PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
+	}
+	return out, nil
+}

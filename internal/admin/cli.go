@@ -1,0 +1,429 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+// Commands returns the operator subcommands (stats, dead, outbox, audit). They
+// connect to the database at *databaseURL (read when a command runs) and call
+// the same Service methods as the HTTP API. Output is a table, or JSON with
+// --json.
+func Commands(databaseURL *string) []*cobra.Command {
+	c := &cliEnv{databaseURL: databaseURL}
+	outbox := &cobra.Command{
+		Use:   "outbox",
+		Short: "Operate on the outbox (dead letters)",
+	}
+	outbox.AddCommand(c.deadCommand(SourceOutbox))
+	return []*cobra.Command{c.statsCommand(), c.deadCommand(SourceInbox), outbox, c.auditCommand()}
+}
+
+type cliEnv struct {
+	databaseURL *string
+	// newService is replaced in tests; by default it connects to databaseURL.
+	newService func(ctx context.Context) (*Service, func(), error)
+}
+
+func (c *cliEnv) service(ctx context.Context) (*Service, func(), error) {
+	if c.newService != nil {
+		return c.newService(ctx)
+	}
+	if *c.databaseURL == "" {
+		return nil, nil, errors.New("--database-url (DATABASE_URL) is required")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(cctx, *c.databaseURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	svc, err := New(Config{Pool: pool})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return svc, pool.Close, nil
+}
+
+// run wraps a command body with the service's set-up and tear-down.
+func (c *cliEnv) run(f func(cmd *cobra.Command, args []string, svc *Service) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		svc, closeFn, err := c.service(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		return f(cmd, args, svc)
+	}
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *cliEnv) statsCommand() *cobra.Command {
+	var asJSON bool
+	var metricsURL string
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show inbox counts by status, table sizes, oldest pending event and dedup hit rate",
+		Long: `Show inbox counts by status, table sizes, the oldest pending event and the
+consumer's lag (the oldest event ready to run). The dedup hit rate comes from a
+running consumer's counters: pass its metrics endpoint with --metrics-url.`,
+		Args: cobra.NoArgs,
+	}
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+		if metricsURL != "" {
+			svc.cfg.Counters = ScrapeCounters(cmd.Context(), metricsURL)
+		}
+		st, err := svc.Stats(cmd.Context())
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), st)
+		}
+		return writeStats(cmd.OutOrStdout(), st)
+	})
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().StringVar(&metricsURL, "metrics-url", "", "a consumer's /metrics URL, for the dedup hit rate (for example http://127.0.0.1:9090/metrics)")
+	return cmd
+}
+
+func writeStats(w io.Writer, st *Stats) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INBOX\tVALUE")
+	for _, status := range InboxStatuses {
+		fmt.Fprintf(tw, "%s\t%d\n", status, st.Inbox.ByStatus[status])
+	}
+	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Inbox.TableBytes))
+	fmt.Fprintf(tw, "oldest pending\t%s\n", secs(st.Inbox.OldestPendingSeconds))
+	fmt.Fprintf(tw, "lag (oldest claimable)\t%s\n", secs(st.Inbox.OldestClaimableSeconds))
+	if st.Dedup != nil {
+		fmt.Fprintf(tw, "dedup hit rate\t%.2f%% (%.0f of %.0f deliveries)\n", st.Dedup.HitRate*100, st.Dedup.Duplicates, st.Dedup.Received)
+	} else {
+		fmt.Fprintf(tw, "dedup hit rate\tunknown (pass --metrics-url)\n")
+	}
+	fmt.Fprintf(tw, "audit table size\t%s\n", humanBytes(st.AuditTableBytes))
+	return tw.Flush()
+}
+
+func secs(s float64) string {
+	return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// filterFlags binds the dead-letter filter flags.
+type filterFlags struct {
+	topic, eventType, errorContains, since, until string
+	limit                                         int
+}
+
+func (ff *filterFlags) bind(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&ff.topic, "topic", "", "only events of this topic")
+	cmd.Flags().StringVar(&ff.eventType, "type", "", "only events of this event type")
+	cmd.Flags().StringVar(&ff.errorContains, "error", "", "only events whose error contains this text (case-insensitive)")
+	cmd.Flags().StringVar(&ff.since, "since", "", "only events that went dead at or after this time (RFC 3339, or a duration ago such as 24h)")
+	cmd.Flags().StringVar(&ff.until, "until", "", "only events that went dead before this time (RFC 3339, or a duration ago)")
+	cmd.Flags().IntVar(&ff.limit, "limit", 0, "at most this many events (default and maximum: 1000)")
+}
+
+func (ff *filterFlags) filter(now time.Time) (Filter, error) {
+	f := Filter{Topic: ff.topic, EventType: ff.eventType, ErrorContains: ff.errorContains, Limit: ff.limit}
+	for _, p := range []struct {
+		flag, v string
+		dst     **time.Time
+	}{{"--since", ff.since, &f.DeadAfter}, {"--until", ff.until, &f.DeadBefore}} {
+		if p.v == "" {
+			continue
+		}
+		t, err := parseWhen(p.v, now)
+		if err != nil {
+			return f, fmt.Errorf("%s %q: want an RFC 3339 time or a duration ago (24h)", p.flag, p.v)
+		}
+		*p.dst = &t
+	}
+	if ff.limit < 0 {
+		return f, fmt.Errorf("--limit %d: must not be negative", ff.limit)
+	}
+	return f, nil
+}
+
+func parseWhen(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return now.Add(-d), nil
+}
+
+func defaultActor() string {
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	if name == "" {
+		name = "unknown"
+	}
+	return "cli:" + name + "@" + host
+}
+
+func (c *cliEnv) deadCommand(src Source) *cobra.Command {
+	dead := &cobra.Command{
+		Use:   "dead",
+		Short: fmt.Sprintf("List, show, requeue or purge dead %s events", src),
+	}
+	dead.AddCommand(c.deadList(src), c.deadShow(src), c.deadRequeue(src), c.deadPurge(src))
+	return dead
+}
+
+func (c *cliEnv) deadList(src Source) *cobra.Command {
+	var ff filterFlags
+	var asJSON bool
+	cmd := &cobra.Command{Use: "list", Short: fmt.Sprintf("List dead %s events, oldest first", src), Args: cobra.NoArgs}
+	ff.bind(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+		f, err := ff.filter(svc.cfg.Now())
+		if err != nil {
+			return err
+		}
+		list, err := svc.ListDead(cmd.Context(), src, f)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), list)
+		}
+		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "EVENT_ID\tTOPIC\tTYPE\tATTEMPTS\tDEAD_AT\tERROR")
+		for _, d := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.EventID, d.Topic, d.EventType, d.Attempts,
+				timeOrDash(d.DeadAt), oneLine(d.LastError, 80))
+		}
+		return tw.Flush()
+	})
+	return cmd
+}
+
+func timeOrDash(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func (c *cliEnv) deadShow(src Source) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{Use: "show EVENT_ID", Short: fmt.Sprintf("Show one %s event with its payload and error", src), Args: cobra.ExactArgs(1)}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *Service) error {
+		d, err := svc.Show(cmd.Context(), src, args[0])
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), d)
+		}
+		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+		row("event_id", d.EventID)
+		row("status", d.Status)
+		row("topic", d.Topic)
+		row("key", d.Key)
+		row("event_type", d.EventType)
+		row("attempts", fmt.Sprint(d.Attempts))
+		row("received_at", d.ReceivedAt.UTC().Format(time.RFC3339Nano))
+		row("finished_at", timeOrDash(d.DeadAt))
+		row("last_error", d.LastError)
+		keys := make([]string, 0, len(d.Headers))
+		for k := range d.Headers {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			row("header "+k, d.Headers[k])
+		}
+		row("payload ("+d.PayloadEncoding+")", d.Payload)
+		return tw.Flush()
+	})
+	return cmd
+}
+
+func writeResult(w io.Writer, res *Result) error {
+	verb := map[string]string{"requeue": "requeued", "purge": "purged"}[res.Action]
+	if res.DryRun {
+		fmt.Fprintf(w, "dry run: would have %s %d dead %s event(s); nothing changed\n", verb, res.Count, res.Source)
+	} else {
+		fmt.Fprintf(w, "%s %d dead %s event(s)\n", verb, res.Count, res.Source)
+	}
+	if res.Count > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "EVENT_ID\tPREVIOUS_ATTEMPTS\tPREVIOUS_ERROR")
+		for _, e := range res.Events {
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", e.EventID, e.PreviousAttempts, oneLine(e.PreviousError, 80))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if res.More {
+		fmt.Fprintf(w, "the limit of %d was reached: more events may match; run the command again\n", res.Limit)
+	}
+	return nil
+}
+
+func (c *cliEnv) deadRequeue(src Source) *cobra.Command {
+	var ff filterFlags
+	var asJSON, dryRun, all bool
+	var actor, reason string
+	cmd := &cobra.Command{
+		Use:   "requeue [EVENT_ID]",
+		Short: fmt.Sprintf("Put dead %s events back to pending (same event id, attempts reset), audited", src),
+		Long: fmt.Sprintf(`Put dead %s events back to pending with the same event id and their attempts
+reset. Give one EVENT_ID, or a filter (--topic, --type, --error, --since,
+--until), or --all. Every requeued event is recorded in the replay_audit table
+with --actor and --reason. --dry-run shows what would be requeued and changes
+nothing.`, src),
+		Args: cobra.MaximumNArgs(1),
+	}
+	ff.bind(cmd)
+	cmd.Flags().BoolVar(&all, "all", false, "requeue every dead event when no filter is given (up to --limit)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why the events are requeued (required; recorded in the audit table)")
+	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who requeues (recorded in the audit table)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be requeued; change nothing")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *Service) error {
+		f, err := ff.filter(svc.cfg.Now())
+		if err != nil {
+			return err
+		}
+		if len(args) == 1 {
+			f.EventID = args[0]
+		}
+		if reason == "" {
+			return errors.New("--reason is required: say why the events are requeued (it is recorded in the audit table)")
+		}
+		res, err := svc.Requeue(cmd.Context(), src, RequeueRequest{Filter: f, All: all, Actor: actor, Reason: reason, DryRun: dryRun})
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), res)
+		}
+		return writeResult(cmd.OutOrStdout(), res)
+	})
+	return cmd
+}
+
+func (c *cliEnv) deadPurge(src Source) *cobra.Command {
+	var ff filterFlags
+	var asJSON, dryRun bool
+	var actor, reason string
+	var olderThan time.Duration
+	cmd := &cobra.Command{
+		Use:   "purge --older-than DURATION",
+		Short: fmt.Sprintf("Delete dead %s events older than a duration, audited", src),
+		Long: fmt.Sprintf(`Delete dead %s events that have been dead for at least --older-than
+(further narrowed by the filter flags). Every purged event is recorded in the
+replay_audit table. A purged inbox event no longer deduplicates: a later
+redelivery of it is received as new. --dry-run shows what would be deleted and
+changes nothing.`, src),
+		Args: cobra.NoArgs,
+	}
+	ff.bind(cmd)
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "only events dead for at least this long (required; 0s means all)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why the events are purged (recorded in the audit table)")
+	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who purges (recorded in the audit table)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be deleted; change nothing")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+		if !cmd.Flags().Changed("older-than") {
+			return errors.New("--older-than is required (for example --older-than 720h; 0s purges every match)")
+		}
+		f, err := ff.filter(svc.cfg.Now())
+		if err != nil {
+			return err
+		}
+		res, err := svc.Purge(cmd.Context(), src, PurgeRequest{Filter: f, OlderThan: &olderThan, Actor: actor, Reason: reason, DryRun: dryRun})
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), res)
+		}
+		return writeResult(cmd.OutOrStdout(), res)
+	})
+	return cmd
+}
+
+func (c *cliEnv) auditCommand() *cobra.Command {
+	var asJSON bool
+	var eventID, source string
+	var limit int
+	cmd := &cobra.Command{Use: "audit", Short: "List the replay audit trail (requeues and purges), newest first", Args: cobra.NoArgs}
+	cmd.Flags().StringVar(&eventID, "event-id", "", "only entries for this event id")
+	cmd.Flags().StringVar(&source, "source", "", "only entries for this source (inbox or outbox)")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many entries")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+		list, err := svc.Audit(cmd.Context(), eventID, Source(source), limit)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), list)
+		}
+		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tAT\tSOURCE\tACTION\tEVENT_ID\tACTOR\tREASON")
+		for _, a := range list {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.At.UTC().Format(time.RFC3339), a.Source,
+				a.Action, a.EventID, a.Actor, oneLine(a.Reason, 60))
+		}
+		return tw.Flush()
+	})
+	return cmd
+}

@@ -1,0 +1,346 @@
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// ServerConfig configures the admin HTTP API.
+type ServerConfig struct {
+	// Service runs the operations. Required.
+	Service *Service
+	// Addr is the listen address. Default: 127.0.0.1:9091 (loopback only).
+	Addr string
+	// Token is the bearer token every request must present
+	// ("Authorization: Bearer TOKEN"). Optional on a loopback address;
+	// required on any other (the server refuses to start without it). When
+	// set, it is required on loopback too. Default: empty.
+	Token string
+	// Logger receives request errors. Default: a no-op logger.
+	Logger *zap.Logger
+	// ShutdownTimeout bounds the graceful shutdown. Default: 10s.
+	ShutdownTimeout time.Duration
+}
+
+// WithDefaults returns a copy of c with every unset field at its default.
+func (c ServerConfig) WithDefaults() ServerConfig {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:9091"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	return c
+}
+
+func (c ServerConfig) validate() error {
+	if c.Service == nil {
+		return errors.New("admin: ServerConfig.Service is required")
+	}
+	loopback, err := IsLoopback(c.Addr)
+	if err != nil {
+		return fmt.Errorf("admin: invalid admin address %q (--admin-addr / ADMIN_ADDR): %w", c.Addr, err)
+	}
+	if !loopback && c.Token == "" {
+		return fmt.Errorf("admin: the admin API listens on %q, which is not loopback: set a bearer token (--admin-token / ADMIN_TOKEN) or bind it to 127.0.0.1", c.Addr)
+	}
+	if c.Token != "" && len(c.Token) < 16 {
+		return errors.New("admin: the admin token (--admin-token / ADMIN_TOKEN) must be at least 16 characters")
+	}
+	return nil
+}
+
+// IsLoopback reports whether a listen address (host:port) binds only the
+// loopback interface. An empty host binds every interface, so it is not
+// loopback; of host names only "localhost" is.
+func IsLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, err
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// Server is the admin HTTP API.
+type Server struct {
+	cfg       ServerConfig
+	tokenHash [32]byte
+	handler   http.Handler
+}
+
+// NewServer checks the configuration and returns a Server. It fails when the
+// address is not loopback and no token is set.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.Token))}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Handler returns the API's handler (authentication included).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Run listens on Addr and serves until ctx is cancelled, then shuts down
+// gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("admin: listen on %s (--admin-addr / ADMIN_ADDR): %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on ln until ctx is cancelled.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      2 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.cfg.Logger.Info("admin API listening", zap.String("addr", ln.Addr().String()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("admin: shutdown: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/stats", s.handleStats)
+	mux.HandleFunc("GET /v1/{source}/dead", s.handleList)
+	mux.HandleFunc("GET /v1/{source}/dead/{id}", s.handleShow)
+	mux.HandleFunc("POST /v1/{source}/dead/requeue", s.handleRequeue)
+	mux.HandleFunc("POST /v1/{source}/dead/purge", s.handlePurge)
+	mux.HandleFunc("GET /v1/audit", s.handleAudit)
+	return s.recoverer(s.authenticate(mux))
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			// Hashing both sides first makes the comparison constant-time
+			// in the token's length as well as its content.
+			h := sha256.Sum256([]byte(got))
+			if !ok || subtle.ConstantTimeCompare(h[:], s.tokenHash[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="pgrelay-admin"`)
+				writeError(w, http.StatusUnauthorized, "a valid bearer token is required")
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.cfg.Logger.Error("admin API handler panicked", zap.Any("panic", v),
+					zap.String("method", r.Method), zap.String("path", r.URL.Path))
+				writeError(w, http.StatusInternalServerError, "internal error")
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{Error: msg})
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, ErrUnsupported):
+		writeError(w, http.StatusNotImplemented, err.Error())
+	default:
+		s.cfg.Logger.Error("admin API request failed", zap.Error(err),
+			zap.String("method", r.Method), zap.String("path", r.URL.Path))
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
+	st, err := s.cfg.Service.Stats(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// filterFromQuery reads a Filter from URL parameters: event_id, topic, type,
+// error, since, until (RFC 3339) and limit.
+func filterFromQuery(r *http.Request) (Filter, error) {
+	q := r.URL.Query()
+	f := Filter{EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
+		ErrorContains: q.Get("error")}
+	for name, dst := range map[string]**time.Time{"since": &f.DeadAfter, "until": &f.DeadBefore} {
+		if v := q.Get(name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return f, fmt.Errorf("%w: %s=%q: want an RFC 3339 time", ErrInvalid, name, v)
+			}
+			*dst = &t
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return f, fmt.Errorf("%w: limit=%q: want a non-negative integer", ErrInvalid, v)
+		}
+		f.Limit = n
+	}
+	return f, nil
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
+	f, err := filterFromQuery(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	list, err := s.cfg.Service.ListDead(r.Context(), Source(r.PathValue("source")), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
+	d, err := s.cfg.Service.Show(r.Context(), Source(r.PathValue("source")), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+const maxBody = 1 << 20
+
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+func (s *Server) handleRequeue(w http.ResponseWriter, r *http.Request) {
+	var req RequeueRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.cfg.Service.Requeue(r.Context(), Source(r.PathValue("source")), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// purgeBody is PurgeRequest on the wire: older_than is a Go duration string.
+type purgeBody struct {
+	Filter    Filter `json:"filter"`
+	OlderThan string `json:"older_than"`
+	Actor     string `json:"actor"`
+	Reason    string `json:"reason,omitempty"`
+	DryRun    bool   `json:"dry_run,omitempty"`
+}
+
+func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
+	var body purgeBody
+	if err := decodeBody(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	req := PurgeRequest{Filter: body.Filter, Actor: body.Actor, Reason: body.Reason, DryRun: body.DryRun}
+	if body.OlderThan != "" {
+		d, err := time.ParseDuration(body.OlderThan)
+		if err != nil {
+			s.fail(w, r, fmt.Errorf("%w: older_than=%q: want a duration such as 720h", ErrInvalid, body.OlderThan))
+			return
+		}
+		req.OlderThan = &d
+	}
+	res, err := s.cfg.Service.Purge(r.Context(), Source(r.PathValue("source")), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			s.fail(w, r, fmt.Errorf("%w: limit=%q: want a non-negative integer", ErrInvalid, v))
+			return
+		}
+		limit = n
+	}
+	list, err := s.cfg.Service.Audit(r.Context(), q.Get("event_id"), Source(q.Get("source")), limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}

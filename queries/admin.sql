@@ -1,0 +1,146 @@
+-- Operator queries: statistics, dead letters (list, show, requeue, purge),
+-- the replay audit trail, inbox retention and the gauges behind /metrics.
+--
+-- The dead-letter filter is repeated in AdminListInboxDead,
+-- AdminRequeueInboxDead and AdminPurgeInboxDead (sqlc has no shared
+-- fragments); every parameter is optional (NULL matches everything) and the
+-- three copies must stay identical.
+
+-- name: AdminInboxStatusCounts :many
+-- AdminInboxStatusCounts counts inbox rows by status (exact; a full scan on a big
+-- table, so it is for on-demand statistics, not for every metrics scrape).
+SELECT status, count(*)::bigint AS row_count
+FROM inbox
+GROUP BY status
+ORDER BY status;
+
+-- name: AdminInboxGauges :one
+-- AdminInboxGauges returns the inbox figures exported as gauges. Every part is
+-- served by a partial index or the catalog, so it stays cheap however many
+-- processed rows the dedup window holds. The oldest claimable row ignores rows
+-- backing off (next_attempt_at in the future): it measures how long ready work
+-- has waited for a worker, including work whose lease expired.
+SELECT
+    (SELECT count(*) FROM inbox WHERE status = 'pending')::bigint    AS pending,
+    (SELECT count(*) FROM inbox WHERE status = 'processing')::bigint AS processing,
+    (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint       AS dead,
+    coalesce(extract(epoch FROM now() - least(
+        (SELECT min(next_attempt_at) FROM inbox WHERE status = 'pending' AND next_attempt_at <= now()),
+        (SELECT min(locked_until) FROM inbox WHERE status = 'processing' AND locked_until <= now())
+    )), 0)::float8 AS oldest_claimable_seconds,
+    coalesce(extract(epoch FROM now() - (SELECT min(received_at) FROM inbox WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds,
+    (SELECT greatest(c.reltuples, 0) FROM pg_catalog.pg_class c WHERE c.oid = 'inbox'::regclass)::bigint AS rows_estimate,
+    pg_total_relation_size('inbox'::regclass)::bigint AS table_bytes;
+
+-- name: AdminTableSize :one
+-- AdminTableSize returns a table's total size on disk (with indexes and TOAST), or
+-- NULL when no such table exists.
+SELECT pg_total_relation_size(to_regclass(@table_name::text))::bigint AS table_bytes;
+
+-- name: AdminListInboxDead :many
+SELECT event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
+FROM inbox
+WHERE status = 'dead'
+  AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
+  AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
+  AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
+  AND (sqlc.narg(error_contains)::text IS NULL
+       OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+  AND (sqlc.narg(dead_after)::timestamptz IS NULL OR finished_at >= sqlc.narg(dead_after)::timestamptz)
+  AND (sqlc.narg(dead_before)::timestamptz IS NULL OR finished_at < sqlc.narg(dead_before)::timestamptz)
+ORDER BY finished_at, event_id
+LIMIT @max_rows;
+
+-- name: AdminGetInboxEvent :one
+SELECT * FROM inbox WHERE event_id = @event_id;
+
+-- name: AdminRequeueInboxDead :many
+-- AdminRequeueInboxDead puts matching dead events back to pending, with the same
+-- event_id, attempts reset and no lock, and writes one replay_audit row per
+-- event in the same statement. lock_version is kept: it only ever grows, so a
+-- worker that held the event before it died stays fenced.
+WITH picked AS (
+    SELECT d.event_id, d.attempts, d.last_error
+    FROM inbox d
+    WHERE d.status = 'dead'
+      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
+      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
+      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
+      AND (sqlc.narg(error_contains)::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR d.finished_at >= sqlc.narg(dead_after)::timestamptz)
+      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR d.finished_at < sqlc.narg(dead_before)::timestamptz)
+    ORDER BY d.finished_at, d.event_id
+    LIMIT @max_rows
+    FOR UPDATE
+), moved AS (
+    UPDATE inbox i
+    SET status = 'pending', attempts = 0, next_attempt_at = now(),
+        locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
+        last_error = NULL, waiting_for = NULL, deferrals = 0
+    FROM picked p
+    WHERE i.event_id = p.event_id
+    RETURNING i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
+)
+INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+SELECT 'inbox', 'requeue', m.event_id, @actor::text, @reason::text, m.previous_attempts, m.previous_error
+FROM moved m
+RETURNING id, at, event_id, previous_attempts, previous_error;
+
+-- name: AdminPurgeInboxDead :many
+-- AdminPurgeInboxDead deletes matching dead events and writes one replay_audit row
+-- per event in the same statement. A purged event_id no longer deduplicates:
+-- a later redelivery of it is received as new.
+WITH picked AS (
+    SELECT d.event_id
+    FROM inbox d
+    WHERE d.status = 'dead'
+      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
+      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
+      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
+      AND (sqlc.narg(error_contains)::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR d.finished_at >= sqlc.narg(dead_after)::timestamptz)
+      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR d.finished_at < sqlc.narg(dead_before)::timestamptz)
+    ORDER BY d.finished_at, d.event_id
+    LIMIT @max_rows
+    FOR UPDATE
+), gone AS (
+    DELETE FROM inbox i
+    USING picked p
+    WHERE i.event_id = p.event_id AND i.status = 'dead'
+    RETURNING i.event_id, i.attempts, i.last_error
+)
+INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+SELECT 'inbox', 'purge', g.event_id, @actor::text, @reason::text, g.attempts, g.last_error
+FROM gone g
+RETURNING id, at, event_id, previous_attempts, previous_error;
+
+-- name: AdminNotifyInbox :exec
+-- AdminNotifyInbox wakes inbox workers (the channel the inbox insert trigger uses),
+-- so requeued events are claimed without waiting for the next poll.
+SELECT pg_notify('pgrelay_inbox', '');
+
+-- name: AdminListReplayAudit :many
+SELECT id, at, source, action, event_id, actor, reason, previous_attempts, previous_error
+FROM replay_audit
+WHERE (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
+  AND (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)
+ORDER BY id DESC
+LIMIT @max_rows;
+
+-- name: AdminDeleteExpiredInboxBatch :execrows
+-- AdminDeleteExpiredInboxBatch deletes up to batch_size processed inbox rows whose
+-- dedup window (window_seconds) has passed, by key. SKIP LOCKED means it never
+-- waits on a row another transaction holds; the status is checked again on
+-- the row itself.
+DELETE FROM inbox
+WHERE event_id IN (
+    SELECT e.event_id FROM inbox e
+    WHERE e.status = 'processed'
+      AND e.finished_at < now() - make_interval(secs => @window_seconds::float8)
+    ORDER BY e.finished_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+AND status = 'processed';
