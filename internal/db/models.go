@@ -55,6 +55,37 @@ type LedgerOrder struct {
 	CreatedAt   time.Time
 }
 
+type Outbox struct {
+	ID            int64
+	EventID       string
+	Topic         string
+	Key           string
+	EventType     string
+	Payload       []byte
+	Headers       json.RawMessage
+	OccurredAt    time.Time
+	CreatedAt     time.Time
+	Status        string
+	Attempts      int32
+	NextAttemptAt *time.Time
+	PublishedAt   *time.Time
+	LastError     *string
+	Partition     int32
+}
+
+type RelayNode struct {
+	NodeID   string
+	LastSeen time.Time
+}
+
+type RelayPartition struct {
+	Partition  int32
+	Owner      *string
+	Epoch      int64
+	LeaseUntil time.Time
+	AcquiredAt *time.Time
+}
+
 type ReplayAudit struct {
 	ID               int64
 	At               time.Time

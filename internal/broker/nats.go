@@ -1,0 +1,227 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// NATSConfig configures a NATS JetStream publisher.
+type NATSConfig struct {
+	// URL is the NATS server URL (for example nats://127.0.0.1:4222).
+	// Required.
+	URL string
+	// SubjectPrefix prefixes every subject: an event of topic "orders" is
+	// published to "<SubjectPrefix>.orders". Default: "pgrelay".
+	SubjectPrefix string
+	// Stream is the JetStream stream that stores the subjects; it is created
+	// when CreateStream is set. Default: "PGRELAY".
+	Stream string
+	// CreateStream creates the stream (subjects "<SubjectPrefix>.>", file
+	// storage) when it does not exist. Default: false.
+	CreateStream bool
+	// DuplicateWindow is the stream's dedup window when it is created.
+	// Default: 2 minutes (JetStream's default).
+	DuplicateWindow time.Duration
+	// AckTimeout bounds the wait for each acknowledgement. Default: 5s.
+	AckTimeout time.Duration
+	// ReconnectWait is the pause between reconnection attempts; the client
+	// reconnects forever. Default: 500ms.
+	ReconnectWait time.Duration
+	// Logger receives connection events. Default: a no-op logger.
+	Logger *zap.Logger
+}
+
+// WithDefaults returns the config with every zero field set to its default.
+func (c NATSConfig) WithDefaults() NATSConfig {
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = "pgrelay"
+	}
+	if c.Stream == "" {
+		c.Stream = "PGRELAY"
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = 2 * time.Minute
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = 5 * time.Second
+	}
+	if c.ReconnectWait == 0 {
+		c.ReconnectWait = 500 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+func (c NATSConfig) validate() error {
+	switch {
+	case c.URL == "":
+		return errors.New("broker: NATSConfig.URL is required")
+	case strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasPrefix(c.SubjectPrefix, ".") || strings.HasSuffix(c.SubjectPrefix, "."):
+		return fmt.Errorf("broker: NATSConfig.SubjectPrefix %q is not a valid subject prefix", c.SubjectPrefix)
+	case strings.ContainsAny(c.Stream, " \t\r\n.*>/\\"):
+		return fmt.Errorf("broker: NATSConfig.Stream %q is not a valid stream name", c.Stream)
+	case c.AckTimeout < 0:
+		return errors.New("broker: NATSConfig.AckTimeout must not be negative")
+	case c.DuplicateWindow < 0:
+		return errors.New("broker: NATSConfig.DuplicateWindow must not be negative")
+	}
+	return nil
+}
+
+// NATS publishes to NATS JetStream. Each message goes to
+// "<SubjectPrefix>.<topic>" with the event id as JetStream's dedup id
+// (Nats-Msg-Id), the event's metadata in Pgrelay-* headers and the payload
+// as the body.
+type NATS struct {
+	cfg NATSConfig
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *zap.Logger
+}
+
+// NewNATS connects to NATS and, when cfg.CreateStream is set, creates the
+// stream. The connection reconnects on its own after a network failure.
+func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.Named("nats")
+	nc, err := nats.Connect(cfg.URL,
+		nats.Name("pgrelay-relay"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(cfg.ReconnectWait),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("disconnected from NATS", zap.Error(err))
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			log.Info("reconnected to NATS", zap.String("url", c.ConnectedUrlRedacted()))
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("broker: connect to NATS (%s): %w", cfg.URL, err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("broker: jetstream: %w", err)
+	}
+	p := &NATS{cfg: cfg, nc: nc, js: js, log: log}
+	if cfg.CreateStream {
+		if err := p.ensureStream(ctx); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (p *NATS) ensureStream(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       p.cfg.Stream,
+		Subjects:   []string{p.cfg.SubjectPrefix + ".>"},
+		Storage:    jetstream.FileStorage,
+		Duplicates: p.cfg.DuplicateWindow,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: create stream %s for %s.>: %w", p.cfg.Stream, p.cfg.SubjectPrefix, err)
+	}
+	return nil
+}
+
+// Subject returns the subject an event of topic is published to.
+func (p *NATS) Subject(topic string) string { return p.cfg.SubjectPrefix + "." + topic }
+
+// Conn returns the underlying NATS connection.
+func (p *NATS) Conn() *nats.Conn { return p.nc }
+
+// Publish implements Publisher with asynchronous publishes, then waits for
+// every acknowledgement.
+func (p *NATS) Publish(ctx context.Context, msgs []Message) []Result {
+	results := make([]Result, len(msgs))
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	for i, m := range msgs {
+		nm := p.toNATS(m)
+		f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(m.EventID))
+		if err != nil {
+			results[i].Err = p.classify(ctx, nm.Subject, err)
+			continue
+		}
+		futures[i] = f
+	}
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			results[i].Duplicate = ack.Duplicate
+		case err := <-f.Err():
+			results[i].Err = p.classify(ctx, f.Msg().Subject, err)
+		case <-ctx.Done():
+			results[i].Err = fmt.Errorf("waiting for the acknowledgement: %w", ctx.Err())
+		}
+	}
+	return results
+}
+
+func (p *NATS) toNATS(m Message) *nats.Msg {
+	h := nats.Header{}
+	h[event.HeaderEventID] = []string{m.EventID}
+	h[event.HeaderTopic] = []string{m.Topic}
+	h[event.HeaderKey] = []string{m.Key}
+	if m.EventType != "" {
+		h[event.HeaderEventType] = []string{m.EventType}
+	}
+	if !m.OccurredAt.IsZero() {
+		h[event.HeaderOccurredAt] = []string{m.OccurredAt.UTC().Format(time.RFC3339Nano)}
+	}
+	for k, v := range m.Headers {
+		h[event.HeaderPrefix+k] = []string{v}
+	}
+	return &nats.Msg{Subject: p.Subject(m.Topic), Header: h, Data: m.Payload}
+}
+
+// classify turns a publish error into a permanent one when no retry can fix
+// it; everything else (timeouts, disconnections) stays transient.
+func (p *NATS) classify(ctx context.Context, subject string, err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		return Permanentf("message too large for the NATS server: %w", err)
+	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, jetstream.ErrInvalidSubject):
+		return Permanentf("invalid subject %q: %w", subject, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return Permanentf("message too large for the stream: %w", err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		// No responders: either no stream stores the subject (permanent) or
+		// the server is restarting (transient). Ask JetStream which.
+		lctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
+		defer cancel()
+		if _, lerr := p.js.StreamNameBySubject(lctx, subject); errors.Is(lerr, jetstream.ErrStreamNotFound) {
+			return Permanentf("no stream stores subject %q", subject)
+		}
+	}
+	return err
+}
+
+// Close drains nothing: callers wait for their acknowledgements in Publish.
+// It closes the connection.
+func (p *NATS) Close() error {
+	p.nc.Close()
+	return nil
+}

@@ -1,0 +1,190 @@
+// Package outbox writes events into the outbox table inside the caller's
+// transaction. The relay (internal/relay) publishes them once that transaction
+// commits.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// DefaultMaxPayloadBytes is the default limit on a message's payload: 1 MiB,
+// NATS's default maximum message size.
+const DefaultMaxPayloadBytes = 1 << 20
+
+// Errors returned by Enqueue, wrapped with the offending message's position.
+var (
+	ErrMissingTopic    = errors.New("topic is required")
+	ErrPayloadTooLarge = errors.New("payload too large")
+	ErrInvalidHeader   = errors.New("header is invalid")
+)
+
+// Config configures an Outbox.
+type Config struct {
+	// MaxPayloadBytes is the largest payload Enqueue accepts, in bytes.
+	// Default: DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+}
+
+// WithDefaults returns the config with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.MaxPayloadBytes < 0 {
+		return fmt.Errorf("outbox: MaxPayloadBytes must not be negative, got %d", c.MaxPayloadBytes)
+	}
+	return nil
+}
+
+// Outbox enqueues events. It holds no connection: every call runs in the
+// transaction it is given. It is safe for concurrent use.
+type Outbox struct {
+	cfg Config
+	q   *db.Queries
+}
+
+// New returns an Outbox, or an error naming the invalid Config field.
+func New(cfg Config) (*Outbox, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Outbox{cfg: cfg, q: db.New()}, nil
+}
+
+// Enqueue writes msgs to the outbox inside tx, in one statement. The events
+// are published if and only if tx commits. Defaults, applied to a copy:
+// EventID a new UUIDv7, Key the EventID (no ordering with other events),
+// OccurredAt now. Messages sharing a Key are published in commit order, and in
+// slice order within one call. Enqueue validates every message before writing
+// any; a validation error names the message's index and the problem.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	n := len(msgs)
+	p := db.EnqueueOutboxParams{
+		EventIds:    make([]string, n),
+		Topics:      make([]string, n),
+		Keys:        make([]string, n),
+		EventTypes:  make([]string, n),
+		Payloads:    make([][]byte, n),
+		Headers:     make([]json.RawMessage, n),
+		OccurredAts: make([]time.Time, n),
+	}
+	now := time.Now()
+	keyed := 0
+	for i, m := range msgs {
+		if err := o.validate(m); err != nil {
+			return fmt.Errorf("outbox: message %d: %w", i, err)
+		}
+		id := m.EventID
+		if id == "" {
+			u, err := uuid.NewV7()
+			if err != nil {
+				return fmt.Errorf("outbox: message %d: generate event id: %w", i, err)
+			}
+			id = u.String()
+		}
+		key := m.Key
+		if key == "" {
+			key = id
+		} else {
+			keyed++
+		}
+		headers := json.RawMessage(`{}`)
+		if len(m.Headers) > 0 {
+			b, err := json.Marshal(m.Headers)
+			if err != nil {
+				return fmt.Errorf("outbox: message %d: headers: %w", i, err)
+			}
+			headers = b
+		}
+		occurred := m.OccurredAt
+		if occurred.IsZero() {
+			occurred = now
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		p.EventIds[i], p.Topics[i], p.Keys[i], p.EventTypes[i] = id, m.Topic, key, m.EventType
+		p.Payloads[i], p.Headers[i], p.OccurredAts[i] = payload, headers, occurred
+	}
+	if keyed > 1 {
+		// Take the key locks in one global order before the insert takes them
+		// in message order, so concurrent batches cannot deadlock.
+		if err := o.q.LockOutboxKeys(ctx, tx, p.Keys); err != nil {
+			return fmt.Errorf("outbox: lock keys: %w", err)
+		}
+	}
+	if err := o.q.EnqueueOutbox(ctx, tx, p); err != nil {
+		return fmt.Errorf("outbox: insert %d messages: %w", n, err)
+	}
+	return nil
+}
+
+func (o *Outbox) validate(m event.Message) error {
+	if m.Topic == "" {
+		return ErrMissingTopic
+	}
+	if !validToken(m.Topic, true) {
+		return fmt.Errorf("topic %q is invalid: use letters, digits, '-', '_' and '.' between non-empty parts", m.Topic)
+	}
+	if m.EventID != "" {
+		if err := event.ValidateEventID(m.EventID); err != nil {
+			return err
+		}
+	}
+	if len(m.Payload) > o.cfg.MaxPayloadBytes {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
+	}
+	for k, v := range m.Headers {
+		if !validToken(k, false) {
+			return fmt.Errorf("%w: name %q: use letters, digits, '-' and '_'", ErrInvalidHeader, k)
+		}
+		for _, r := range v {
+			if r == '\r' || r == '\n' {
+				return fmt.Errorf("%w: value of %q contains a line break", ErrInvalidHeader, k)
+			}
+		}
+	}
+	return nil
+}
+
+// validToken reports whether s is usable as a broker subject part (dots
+// allowed when dots is set, then with no empty part) or header name.
+func validToken(s string, dots bool) bool {
+	if s == "" || len(s) > 255 {
+		return false
+	}
+	prevDot := true
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			prevDot = false
+		case r == '.' && dots:
+			if prevDot {
+				return false
+			}
+			prevDot = true
+		default:
+			return false
+		}
+	}
+	return !prevDot || !dots
+}

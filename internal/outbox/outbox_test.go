@@ -1,0 +1,227 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+func enqueue(t *testing.T, pool *pgxpool.Pool, o *outbox.Outbox, msgs ...event.Message) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return o.Enqueue(ctx, tx, msgs...) })
+}
+
+type row struct {
+	ID        int64
+	EventID   string
+	Topic     string
+	Key       string
+	EventType string
+	Payload   []byte
+	Headers   map[string]string
+	Status    string
+	Partition int32
+}
+
+func rows(t *testing.T, pool *pgxpool.Pool) []row {
+	t.Helper()
+	rs, err := pool.Query(context.Background(), `SELECT id, event_id, topic, key, event_type, payload, headers, status, partition FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		var h []byte
+		err := r.Scan(&x.ID, &x.EventID, &x.Topic, &x.Key, &x.EventType, &x.Payload, &h, &x.Status, &x.Partition)
+		if err == nil {
+			err = json.Unmarshal(h, &x.Headers)
+		}
+		return x, err
+	})
+	require.NoError(t, err)
+	return out
+}
+
+func TestEnqueueDefaultsAndOrder(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+
+	require.NoError(t, enqueue(t, pool, o,
+		event.Message{Topic: "orders", Key: "order-1", EventType: "OrderCreated", Payload: []byte(`{"n":1}`), Headers: map[string]string{"trace-id": "abc"}},
+		event.Message{EventID: "evt-2", Topic: "orders", Key: "order-1", EventType: "OrderPaid", Payload: []byte(`{"n":2}`)},
+		event.Message{Topic: "orders.audit"},
+	))
+	got := rows(t, pool)
+	require.Len(t, got, 3)
+	require.Len(t, got[0].EventID, 36, "a UUIDv7 is generated")
+	require.Equal(t, byte('7'), got[0].EventID[14], "version 7")
+	require.Equal(t, "evt-2", got[1].EventID)
+	require.Less(t, got[0].ID, got[1].ID, "ids follow slice order")
+	require.Equal(t, "abc", got[0].Headers["trace-id"])
+	require.Equal(t, got[2].EventID, got[2].Key, "an empty key defaults to the event id")
+	require.Equal(t, got[0].Partition, got[1].Partition, "one key, one partition")
+	for _, r := range got {
+		require.Equal(t, "pending", r.Status)
+	}
+}
+
+func TestEnqueueRollbackWritesNothing(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, o.Enqueue(ctx, tx, event.Message{Topic: "orders", Key: "k"}))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Empty(t, rows(t, pool))
+}
+
+func TestEnqueueValidation(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	o, err := outbox.New(outbox.Config{MaxPayloadBytes: 10})
+	require.NoError(t, err)
+	ok := event.Message{Topic: "orders"}
+	cases := []struct {
+		name string
+		msg  event.Message
+		want string
+	}{
+		{"missing topic", event.Message{}, "message 1: topic is required"},
+		{"bad topic", event.Message{Topic: "orders.*"}, `topic "orders.*" is invalid`},
+		{"empty topic part", event.Message{Topic: "orders..x"}, "is invalid"},
+		{"control chars in event id", event.Message{Topic: "t", EventID: "a\nb"}, "event_id is invalid"},
+		{"long event id", event.Message{Topic: "t", EventID: strings.Repeat("x", 256)}, "longer than 255"},
+		{"payload over limit", event.Message{Topic: "t", Payload: make([]byte, 11)}, "payload too large: 11 bytes, the limit is 10"},
+		{"header name", event.Message{Topic: "t", Headers: map[string]string{"a b": "x"}}, "header is invalid"},
+		{"header value", event.Message{Topic: "t", Headers: map[string]string{"a": "x\r\ny"}}, "line break"},
+	}
+	for _, c := range cases {
+		err := enqueue(t, pool, o, ok, c.msg)
+		require.ErrorContains(t, err, c.want, c.name)
+	}
+	require.Empty(t, rows(t, pool), "a rejected batch writes nothing, not even its valid messages")
+
+	_, err = outbox.New(outbox.Config{MaxPayloadBytes: -1})
+	require.ErrorContains(t, err, "MaxPayloadBytes")
+}
+
+func TestEnqueueDuplicateEventID(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	require.NoError(t, enqueue(t, pool, o, event.Message{EventID: "same", Topic: "t"}))
+	err = enqueue(t, pool, o, event.Message{EventID: "same", Topic: "t"})
+	require.ErrorContains(t, err, "outbox_event_id_key")
+	require.Len(t, rows(t, pool), 1)
+}
+
+// TestPlainSQLContract is the contract for producers in any language: four
+// columns are enough, the defaults and the trigger fill in the rest.
+func TestPlainSQLContract(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key, event_type, payload) VALUES ('orders', 'order-9', 'OrderCreated', '{"id":9}')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, key, event_type, payload, event_id, headers, occurred_at)
+		VALUES ('orders', 'order-9', 'OrderPaid', '{"id":9}', 'evt-paid-9', '{"trace":"t1"}', '2026-01-02T03:04:05Z')`)
+	require.NoError(t, err)
+	// Someone trying to force an id or a status gets the trigger's instead.
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (id, topic, status) VALUES (1000000, 'orders', 'published')`)
+	require.NoError(t, err)
+
+	got := rows(t, pool)
+	require.Len(t, got, 3)
+	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, got[0].EventID)
+	require.Equal(t, "evt-paid-9", got[1].EventID)
+	require.Equal(t, "t1", got[1].Headers["trace"])
+	require.Equal(t, got[0].Partition, got[1].Partition)
+	require.Less(t, got[2].ID, int64(1000000))
+	require.Equal(t, "pending", got[2].Status)
+	var p int32
+	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('order-9')`).Scan(&p))
+	require.Equal(t, p, got[0].Partition)
+}
+
+// TestSameKeyWritersGetIDsInCommitOrder proves the enqueue lock: a second
+// writer of a key blocks until the first commits, so it gets the larger id
+// even though it started inserting while the first was still open.
+func TestSameKeyWritersGetIDsInCommitOrder(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+
+	tx1, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx) //nolint:errcheck
+	require.NoError(t, o.Enqueue(ctx, tx1, event.Message{EventID: "first", Topic: "t", Key: "k"}))
+
+	done := make(chan error, 1)
+	go func() { done <- enqueue(t, pool, o, event.Message{EventID: "second", Topic: "t", Key: "k"}) }()
+	// Wait until the second writer is blocked on the key's lock in this
+	// database, or (without the lock) has already committed.
+	waiting := func() bool {
+		var w bool
+		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted)`).Scan(&w)
+		return w
+	}
+	require.Eventually(t, func() bool { return waiting() || len(done) > 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, done, "the second writer of a key must wait for the first to commit")
+	// An unrelated key is not blocked.
+	require.NoError(t, enqueue(t, pool, o, event.Message{EventID: "other", Topic: "t", Key: "other-key"}))
+	require.NoError(t, tx1.Commit(ctx))
+	require.NoError(t, <-done)
+
+	got := rows(t, pool)
+	ids := map[string]int64{}
+	for _, r := range got {
+		ids[r.EventID] = r.ID
+	}
+	require.Less(t, ids["first"], ids["second"], "the later commit has the larger id")
+}
+
+// TestConcurrentBatchesDoNotDeadlock enqueues the same keys in opposite
+// orders from concurrent transactions.
+func TestConcurrentBatchesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	errs := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			msgs := make([]event.Message, len(keys))
+			for j, k := range keys {
+				if i%2 == 1 {
+					k = keys[len(keys)-1-j]
+				}
+				msgs[j] = event.Message{Topic: "t", Key: k}
+			}
+			errs <- enqueue(t, pool, o, msgs...)
+		}()
+	}
+	for range 20 {
+		require.NoError(t, <-errs)
+	}
+	require.Len(t, rows(t, pool), 20*len(keys))
+}

@@ -1,0 +1,149 @@
+package relay
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+)
+
+// Config configures a Relay.
+type Config struct {
+	// Pool is the PostgreSQL pool holding the outbox. Required. The relay
+	// holds one of its connections for LISTEN.
+	Pool *pgxpool.Pool
+	// Publisher publishes the events. Required. The relay does not close it.
+	Publisher broker.Publisher
+	// Logger receives the relay's logs. Default: a no-op logger.
+	Logger *zap.Logger
+	// Observer receives metrics events. Default: NopObserver.
+	Observer Observer
+	// NodeID names this relay in relay_partitions.owner; it must be unique
+	// among running relays. Default: "<hostname>-<pid>-<random>".
+	NodeID string
+	// BatchSize is the most rows read, published and marked at once per
+	// partition. Default: 500; at most 10,000.
+	BatchSize int
+	// LeaseDuration is how long a partition lease lasts without renewal;
+	// a crashed relay's partitions are taken over after it. Default: 15s.
+	LeaseDuration time.Duration
+	// HeartbeatInterval is how often leases are renewed and partitions
+	// rebalanced; at most half of LeaseDuration. Default: LeaseDuration/3.
+	HeartbeatInterval time.Duration
+	// PollInterval is how often an idle partition looks for rows when no
+	// notification arrives (LISTEN/NOTIFY is the fast path). Default: 1s.
+	PollInterval time.Duration
+	// PublishTimeout bounds publishing one batch and awaiting its
+	// acknowledgements. Default: 30s.
+	PublishTimeout time.Duration
+	// QueryTimeout bounds each database statement. Default: 10s.
+	QueryTimeout time.Duration
+	// BackoffMin is the first pause of a partition after a transient
+	// failure; it doubles up to BackoffMax, with jitter. Default: 100ms.
+	BackoffMin time.Duration
+	// BackoffMax caps the pause after repeated failures. Default: 30s.
+	BackoffMax time.Duration
+	// Retention is how long published rows are kept before deletion; dead
+	// rows are never deleted. A negative value disables deletion.
+	// Default: 24h.
+	Retention time.Duration
+	// RetentionInterval is how often published rows past Retention are
+	// deleted. Default: 1m.
+	RetentionInterval time.Duration
+	// RetentionBatchSize is how many rows one delete statement removes, so
+	// deletion never holds long locks. Default: 1,000.
+	RetentionBatchSize int
+
+	hooks hooks
+}
+
+// hooks lets tests stop the relay at precise points.
+type hooks struct {
+	afterPublish    func(partition int32, ids []int64)
+	beforeHeartbeat func()
+}
+
+// WithDefaults returns the config with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Observer == nil {
+		c.Observer = NopObserver{}
+	}
+	if c.NodeID == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 3)
+		_, _ = rand.Read(b)
+		c.NodeID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = 15 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.LeaseDuration / 3
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
+	if c.QueryTimeout == 0 {
+		c.QueryTimeout = 10 * time.Second
+	}
+	if c.BackoffMin == 0 {
+		c.BackoffMin = 100 * time.Millisecond
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 30 * time.Second
+	}
+	if c.Retention == 0 {
+		c.Retention = 24 * time.Hour
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = time.Minute
+	}
+	if c.RetentionBatchSize == 0 {
+		c.RetentionBatchSize = 1000
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("relay: Config.Pool is required")
+	case c.Publisher == nil:
+		return errors.New("relay: Config.Publisher is required")
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("relay: Config.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
+	case c.LeaseDuration < 100*time.Millisecond:
+		return fmt.Errorf("relay: Config.LeaseDuration must be at least 100ms, got %s", c.LeaseDuration)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval > c.LeaseDuration/2:
+		return fmt.Errorf("relay: Config.HeartbeatInterval must be positive and at most half of LeaseDuration (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)
+	case c.PollInterval <= 0:
+		return fmt.Errorf("relay: Config.PollInterval must be positive, got %s", c.PollInterval)
+	case c.PublishTimeout <= 0:
+		return fmt.Errorf("relay: Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
+	case c.QueryTimeout <= 0:
+		return fmt.Errorf("relay: Config.QueryTimeout must be positive, got %s", c.QueryTimeout)
+	case c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("relay: Config.BackoffMin (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffMin, c.BackoffMax)
+	case c.RetentionInterval <= 0:
+		return fmt.Errorf("relay: Config.RetentionInterval must be positive, got %s", c.RetentionInterval)
+	case c.RetentionBatchSize < 1:
+		return fmt.Errorf("relay: Config.RetentionBatchSize must be positive, got %d", c.RetentionBatchSize)
+	}
+	return nil
+}

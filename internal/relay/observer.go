@@ -1,0 +1,45 @@
+package relay
+
+import "time"
+
+// Observer receives the relay's metrics events. Implementations must be safe
+// for concurrent use and return quickly.
+type Observer interface {
+	// Published reports n events acknowledged by the broker and marked
+	// published, duplicates of them reported as such by the broker, and the
+	// lag between the oldest one's commit and its publication.
+	Published(partition int, n, duplicates int, lag time.Duration)
+	// PublishFailed reports a transient failure that left n events pending.
+	PublishFailed(partition int, n int, err error)
+	// Dead reports n events rejected permanently and marked dead.
+	Dead(partition int, n int)
+	// Fenced reports a mark refused because another relay took the
+	// partition over (its epoch moved on).
+	Fenced(partition int)
+	// LeaseAcquired reports a partition acquired at epoch; takenOver is set
+	// when it was taken from a relay whose lease had expired.
+	LeaseAcquired(partition int, epoch int64, takenOver bool)
+	// LeaseLost reports a partition this relay found owned by another.
+	LeaseLost(partition int)
+}
+
+// NopObserver is an Observer that ignores everything.
+type NopObserver struct{}
+
+// Published implements Observer.
+func (NopObserver) Published(int, int, int, time.Duration) {}
+
+// PublishFailed implements Observer.
+func (NopObserver) PublishFailed(int, int, error) {}
+
+// Dead implements Observer.
+func (NopObserver) Dead(int, int) {}
+
+// Fenced implements Observer.
+func (NopObserver) Fenced(int) {}
+
+// LeaseAcquired implements Observer.
+func (NopObserver) LeaseAcquired(int, int64, bool) {}
+
+// LeaseLost implements Observer.
+func (NopObserver) LeaseLost(int) {}

@@ -1,0 +1,535 @@
+// Package relay publishes committed outbox rows to a broker. The outbox is
+// split into partitions (by key); a relay leases partitions, and for each one
+// publishes pending rows in id order, waits for every acknowledgement, then
+// marks them published in one statement fenced by the lease's epoch. Several
+// relays share the partitions fairly; a crashed relay's partitions are taken
+// over when its leases expire.
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// NotifyChannel is the channel the outbox insert trigger notifies.
+const NotifyChannel = "pgrelay_outbox"
+
+// Relay is the outbox relay service.
+type Relay struct {
+	cfg Config
+	q   *db.Queries
+	log *zap.Logger
+
+	mu      sync.Mutex
+	workers map[int32]*worker
+	wg      sync.WaitGroup
+}
+
+// New returns a Relay, or an error naming the invalid Config field.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{
+		cfg:     cfg,
+		q:       db.New(),
+		log:     cfg.Logger.Named("relay").With(zap.String("node", cfg.NodeID)),
+		workers: map[int32]*worker{},
+	}, nil
+}
+
+// NodeID returns the name this relay owns partitions under.
+func (r *Relay) NodeID() string { return r.cfg.NodeID }
+
+// Run relays until ctx is cancelled, then finishes the batches in flight,
+// releases its leases and returns nil. Database and broker failures are
+// retried with backoff; they never end Run.
+func (r *Relay) Run(ctx context.Context) error {
+	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.LeaseDuration))
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); r.listen(ctx) }()
+	go func() { defer bg.Done(); r.retain(ctx) }()
+
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.shutdown()
+			bg.Wait()
+			r.log.Info("relay stopped")
+			return nil
+		case <-t.C:
+		}
+		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("lease heartbeat failed", zap.Error(err))
+		}
+		t.Reset(jitter(r.cfg.HeartbeatInterval))
+	}
+}
+
+// tick registers this relay, renews its leases, and gives up or acquires
+// partitions so that it owns its fair share.
+func (r *Relay) tick(ctx context.Context) error {
+	if h := r.cfg.hooks.beforeHeartbeat; h != nil {
+		h()
+	}
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	pool := r.cfg.Pool
+	if err := r.q.HeartbeatNode(qctx, pool, r.cfg.NodeID); err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	leaseSecs := r.cfg.LeaseDuration.Seconds()
+	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
+	if err != nil {
+		return fmt.Errorf("renew leases: %w", err)
+	}
+	held := make(map[int32]int64, len(renewed))
+	for _, l := range renewed {
+		held[l.Partition] = l.Epoch
+	}
+
+	r.mu.Lock()
+	var owned []int32
+	for p, w := range r.workers {
+		if w.stopping() {
+			continue
+		}
+		if e, ok := held[p]; !ok || e != w.epoch {
+			r.log.Warn("partition lease lost", zap.Int32("partition", p), zap.Int64("epoch", w.epoch))
+			r.cfg.Observer.LeaseLost(int(p))
+			w.stop(false)
+			continue
+		}
+		owned = append(owned, p)
+	}
+	r.mu.Unlock()
+
+	live, err := r.q.CountLiveNodes(qctx, pool, leaseSecs)
+	if err != nil {
+		return fmt.Errorf("count relays: %w", err)
+	}
+	total, err := r.q.CountPartitions(qctx, pool)
+	if err != nil {
+		return fmt.Errorf("count partitions: %w", err)
+	}
+	if live < 1 {
+		live = 1
+	}
+	share := (int(total) + int(live) - 1) / int(live)
+
+	switch {
+	case len(owned) > share:
+		// Give up the highest partitions beyond the fair share; each worker
+		// finishes its batch, then releases its lease.
+		sort.Slice(owned, func(i, j int) bool { return owned[i] > owned[j] })
+		r.mu.Lock()
+		for _, p := range owned[:len(owned)-share] {
+			r.log.Info("releasing partition to rebalance", zap.Int32("partition", p), zap.Int("share", share))
+			r.workers[p].stop(true)
+		}
+		r.mu.Unlock()
+	case len(owned) < share:
+		got, err := r.q.AcquirePartitions(qctx, pool, db.AcquirePartitionsParams{
+			Owner: r.cfg.NodeID, LeaseSeconds: leaseSecs, MaxCount: int32(share - len(owned)),
+		})
+		if err != nil {
+			return fmt.Errorf("acquire partitions: %w", err)
+		}
+		for _, a := range got {
+			takenOver := a.PreviousOwner != nil
+			r.log.Info("partition acquired", zap.Int32("partition", a.Partition), zap.Int64("epoch", a.Epoch), zap.Bool("taken_over", takenOver))
+			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
+			r.startWorker(ctx, a.Partition, a.Epoch)
+		}
+	}
+	if rand.IntN(20) == 0 {
+		if err := r.q.DeleteStaleNodes(qctx, pool, 10*leaseSecs); err != nil {
+			return fmt.Errorf("delete stale relays: %w", err)
+		}
+	}
+	return nil
+}
+
+// shutdown stops every worker, waits for the batches in flight, and releases
+// the leases so that other relays take the partitions over at once.
+func (r *Relay) shutdown() {
+	r.mu.Lock()
+	var parts []int32
+	for p, w := range r.workers {
+		if !w.stopping() {
+			parts = append(parts, p)
+		}
+		w.stop(false)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	if len(parts) > 0 {
+		if _, err := r.q.ReleasePartitions(ctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
+			r.log.Warn("release leases", zap.Error(err))
+		}
+	}
+	if err := r.q.DeleteNode(ctx, r.cfg.Pool, r.cfg.NodeID); err != nil {
+		r.log.Warn("unregister relay", zap.Error(err))
+	}
+}
+
+// wakeAll nudges every partition worker to look for rows now.
+func (r *Relay) wakeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.workers {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// listen wakes the workers on every outbox insert notification, reconnecting
+// with backoff when the connection drops.
+func (r *Relay) listen(ctx context.Context) {
+	bo := r.newBackoff()
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, bo)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("LISTEN connection failed; polling until it is back", zap.Error(err))
+		sleepCtx(ctx, bo.next())
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
+	actx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	pc, err := r.cfg.Pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	conn := pc.Hijack()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	_, err = conn.Exec(lctx, "LISTEN "+NotifyChannel) // LISTEN takes no parameters; sqlc has nothing to generate.
+	cancel()
+	if err != nil {
+		return err
+	}
+	bo.reset()
+	r.wakeAll() // notifications sent while not listening are lost
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.wakeAll()
+	}
+}
+
+// retain deletes published rows past the retention, in bounded batches.
+func (r *Relay) retain(ctx context.Context) {
+	if r.cfg.Retention < 0 {
+		return
+	}
+	t := time.NewTicker(r.cfg.RetentionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		total := int64(0)
+		for ctx.Err() == nil {
+			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+			n, err := r.q.DeletePublished(qctx, r.cfg.Pool, db.DeletePublishedParams{
+				RetentionSeconds: r.cfg.Retention.Seconds(), BatchSize: int32(r.cfg.RetentionBatchSize),
+			})
+			cancel()
+			if err != nil {
+				r.log.Warn("retention delete failed", zap.Error(err))
+				break
+			}
+			total += n
+			if n < int64(r.cfg.RetentionBatchSize) {
+				break
+			}
+		}
+		if total > 0 {
+			r.log.Debug("deleted published rows past retention", zap.Int64("rows", total))
+		}
+	}
+}
+
+// worker publishes one leased partition.
+type worker struct {
+	partition int32
+	epoch     int64
+	ctx       context.Context // cancelled to stop between batches
+	cancel    context.CancelFunc
+	release   bool // set before cancel: release the lease when done
+	wake      chan struct{}
+	done      chan struct{}
+}
+
+func (w *worker) stopping() bool { return w.ctx.Err() != nil }
+
+// stop asks the worker to stop after its current batch; with release it then
+// gives its lease up. Called with Relay.mu held.
+func (w *worker) stop(release bool) {
+	if w.ctx.Err() == nil {
+		w.release = release
+		w.cancel()
+	}
+}
+
+// startWorker starts publishing partition p at epoch. Called without r.mu.
+func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	r.mu.Lock()
+	prev := r.workers[p]
+	r.workers[p] = w
+	if prev != nil {
+		prev.stop(false)
+	}
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(w.done)
+		if prev != nil {
+			<-prev.done
+		}
+		r.work(w)
+		r.mu.Lock()
+		if r.workers[p] == w {
+			delete(r.workers, p)
+		}
+		release := w.release
+		r.mu.Unlock()
+		if release {
+			qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+			defer cancel()
+			if _, err := r.q.ReleasePartitions(qctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}}); err != nil {
+				r.log.Warn("release lease", zap.Int32("partition", p), zap.Error(err))
+			}
+		}
+	}()
+}
+
+// errFenced reports a mark refused because the partition has a new owner.
+var errFenced = errors.New("fenced: the partition was taken over")
+
+func (r *Relay) work(w *worker) {
+	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
+	bo := r.newBackoff()
+	for w.ctx.Err() == nil {
+		n, err := r.runBatch(w, log)
+		switch {
+		case errors.Is(err, errFenced):
+			w.cancel()
+			return
+		case err != nil:
+			d := bo.next()
+			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
+			sleepCtx(w.ctx, d)
+			continue
+		}
+		bo.reset()
+		if n == r.cfg.BatchSize {
+			continue
+		}
+		t := time.NewTimer(jitter(r.cfg.PollInterval))
+		select {
+		case <-w.ctx.Done():
+		case <-w.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// runBatch publishes the next batch of the partition and marks it. It returns
+// the number of rows read.
+func (r *Relay) runBatch(w *worker, log *zap.Logger) (int, error) {
+	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize)})
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("read pending rows: %w", err)
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+
+	// Rows whose headers cannot be carried are dead before publishing.
+	results := make([]broker.Result, len(rows))
+	msgs := make([]broker.Message, 0, len(rows))
+	idx := make([]int, 0, len(rows))
+	for i, row := range rows {
+		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
+		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
+			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
+				results[i].Err = broker.Permanentf("headers must be a JSON object of strings: %v", err)
+				continue
+			}
+		}
+		msgs = append(msgs, m)
+		idx = append(idx, i)
+	}
+	if len(msgs) > 0 {
+		for j, res := range r.publish(msgs) {
+			results[idx[j]] = res
+		}
+	}
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	if h := r.cfg.hooks.afterPublish; h != nil {
+		h(w.partition, ids)
+	}
+
+	// Mark the prefix up to the first transient failure: published or dead.
+	// The rest stays pending and is retried, in order, after a backoff.
+	var markIDs []int64
+	var reasons []string
+	published, dead, dups := 0, 0, 0
+	var transient error
+	for i, res := range results {
+		if res.Err != nil && !broker.IsPermanent(res.Err) {
+			transient = res.Err
+			break
+		}
+		markIDs = append(markIDs, rows[i].ID)
+		if res.Err != nil {
+			reasons = append(reasons, res.Err.Error())
+			dead++
+			log.Warn("event rejected permanently; marked dead", zap.String("event_id", rows[i].EventID), zap.Error(res.Err))
+			continue
+		}
+		reasons = append(reasons, "")
+		published++
+		if res.Duplicate {
+			dups++
+		}
+	}
+	if len(markIDs) > 0 {
+		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+		n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
+			Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: markIDs, Reasons: reasons,
+		})
+		cancel()
+		if err != nil {
+			return len(rows), fmt.Errorf("mark %d rows: %w", len(markIDs), err)
+		}
+		if n == 0 {
+			log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(markIDs)))
+			r.cfg.Observer.Fenced(int(w.partition))
+			return len(rows), errFenced
+		}
+		if published > 0 {
+			r.cfg.Observer.Published(int(w.partition), published, dups, time.Since(rows[0].CreatedAt))
+		}
+		if dead > 0 {
+			r.cfg.Observer.Dead(int(w.partition), dead)
+		}
+	}
+	if transient != nil {
+		rest := ids[len(markIDs):]
+		r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
+		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+		_, err := r.q.RecordPublishFailure(qctx, r.cfg.Pool, db.RecordPublishFailureParams{
+			LastError: transient.Error(), Ids: rest, Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch,
+		})
+		cancel()
+		if err != nil {
+			log.Warn("record publish failure", zap.Error(err))
+		}
+		return len(rows), fmt.Errorf("publish: %w", transient)
+	}
+	return len(rows), nil
+}
+
+// publish calls the Publisher, turning a panic into a transient failure of
+// the whole batch.
+func (r *Relay) publish(msgs []broker.Message) (results []broker.Result) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("publisher panicked", zap.Any("panic", p))
+			results = make([]broker.Result, len(msgs))
+			for i := range results {
+				results[i].Err = fmt.Errorf("publisher panicked: %v", p)
+			}
+		}
+	}()
+	results = r.cfg.Publisher.Publish(ctx, msgs)
+	if len(results) != len(msgs) {
+		err := fmt.Errorf("publisher returned %d results for %d messages", len(results), len(msgs))
+		results = make([]broker.Result, len(msgs))
+		for i := range results {
+			results[i].Err = err
+		}
+	}
+	return results
+}
+
+// backoff is an exponential backoff with jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (r *Relay) newBackoff() *backoff {
+	return &backoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return jitter(b.cur)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// jitter returns d plus or minus up to 10%.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/5+1)) - d/10
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

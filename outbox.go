@@ -1,0 +1,40 @@
+package pgrelay
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgrelay/pgrelay/internal/outbox"
+)
+
+// Outbox validation errors, wrapped with the offending message's index.
+var (
+	ErrMissingTopic    = outbox.ErrMissingTopic
+	ErrPayloadTooLarge = outbox.ErrPayloadTooLarge
+	ErrInvalidHeader   = outbox.ErrInvalidHeader
+)
+
+// DefaultMaxPayloadBytes is the payload limit Enqueue applies: 1 MiB.
+const DefaultMaxPayloadBytes = outbox.DefaultMaxPayloadBytes
+
+// OutboxConfig configures an Outbox.
+type OutboxConfig = outbox.Config
+
+// Outbox enqueues events with a chosen configuration; Enqueue uses the
+// defaults.
+type Outbox = outbox.Outbox
+
+// NewOutbox returns an Outbox, or an error naming the invalid field.
+func NewOutbox(cfg OutboxConfig) (*Outbox, error) { return outbox.New(cfg) }
+
+var defaultOutbox, _ = outbox.New(outbox.Config{})
+
+// Enqueue writes msgs to the outbox inside tx: they are published if and only
+// if tx commits. An empty EventID becomes a new UUIDv7, an empty Key the
+// EventID (the event is then ordered with no other), a zero OccurredAt now.
+// Events sharing a Key are published in commit order. Every message is
+// validated before any is written; the error names the message's index.
+func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	return defaultOutbox.Enqueue(ctx, tx, msgs...)
+}

@@ -1,0 +1,102 @@
+-- name: PendingBatch :many
+-- PendingBatch reads the oldest pending rows of one partition, in id order.
+-- It reads only the outbox_pending_idx partial index.
+SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
+FROM outbox
+WHERE partition = @partition AND status = 'pending'
+ORDER BY id
+LIMIT @batch_size;
+
+-- name: MarkOutcomes :execrows
+-- MarkOutcomes marks a published batch in one statement: rows with an empty
+-- reason become published, the others dead with the reason. The lease CTE
+-- locks the partition's lease row (FOR SHARE) and requires the caller's owner
+-- and epoch, so a relay that lost the partition marks nothing, and a takeover
+-- waits for an in-flight mark to commit.
+WITH lease AS (
+    SELECT rp.partition FROM relay_partitions rp
+    WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
+    FOR SHARE
+), outcome AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@reasons::text[]) AS reason
+)
+UPDATE outbox o
+SET status       = CASE WHEN outcome.reason = '' THEN 'published' ELSE 'dead' END,
+    published_at = CASE WHEN outcome.reason = '' THEN now() END,
+    last_error   = NULLIF(outcome.reason, ''),
+    attempts     = o.attempts + 1
+FROM lease, outcome
+WHERE o.partition = lease.partition AND o.id = outcome.id AND o.status = 'pending';
+
+-- name: RecordPublishFailure :execrows
+-- RecordPublishFailure notes a transient failure on the rows of a batch that
+-- stay pending, under the same fencing as MarkOutcomes.
+WITH lease AS (
+    SELECT rp.partition FROM relay_partitions rp
+    WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
+    FOR SHARE
+)
+UPDATE outbox o
+SET attempts = o.attempts + 1, last_error = @last_error::text, next_attempt_at = @next_attempt_at
+FROM lease
+WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND o.status = 'pending';
+
+-- name: HeartbeatNode :exec
+INSERT INTO relay_nodes (node_id, last_seen) VALUES (@node_id, now())
+ON CONFLICT (node_id) DO UPDATE SET last_seen = now();
+
+-- name: CountLiveNodes :one
+SELECT count(*)::int FROM relay_nodes
+WHERE last_seen > now() - make_interval(secs => @ttl_seconds::float8);
+
+-- name: DeleteNode :exec
+DELETE FROM relay_nodes WHERE node_id = @node_id;
+
+-- name: DeleteStaleNodes :exec
+DELETE FROM relay_nodes
+WHERE last_seen < now() - make_interval(secs => @ttl_seconds::float8);
+
+-- name: CountPartitions :one
+SELECT count(*)::int FROM relay_partitions;
+
+-- name: RenewLeases :many
+-- RenewLeases extends every lease the relay still owns and returns them; a
+-- partition missing from the result was taken over.
+UPDATE relay_partitions
+SET lease_until = now() + make_interval(secs => @lease_seconds::float8)
+WHERE owner = @owner::text
+RETURNING partition, epoch;
+
+-- name: AcquirePartitions :many
+-- AcquirePartitions takes up to max_count free or expired partitions, bumping
+-- each one's epoch, and returns the previous owner of each (NULL when free).
+WITH free AS (
+    SELECT rp.partition, rp.owner FROM relay_partitions rp
+    WHERE rp.owner IS NULL OR rp.lease_until < now()
+    ORDER BY rp.partition
+    LIMIT @max_count
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE relay_partitions p
+SET owner = @owner::text, epoch = p.epoch + 1,
+    lease_until = now() + make_interval(secs => @lease_seconds::float8), acquired_at = now()
+FROM free
+WHERE p.partition = free.partition
+RETURNING p.partition, p.epoch, free.owner AS previous_owner;
+
+-- name: ReleasePartitions :execrows
+UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'
+WHERE owner = @owner::text AND partition = ANY(@partitions::int[]);
+
+-- name: DeletePublished :execrows
+-- DeletePublished removes up to batch_size published rows older than the
+-- retention, oldest first; dead rows are kept for inspection.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT o.id FROM outbox o
+    WHERE o.status = 'published'
+      AND o.published_at < now() - make_interval(secs => @retention_seconds::float8)
+    ORDER BY o.published_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);
