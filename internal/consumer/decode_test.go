@@ -151,7 +151,7 @@ func TestDecodeNoStreamSequence(t *testing.T) {
 func requireStorable(t *testing.T, got Decoded) {
 	t.Helper()
 	require.NoError(t, event.ValidateEventID(got.Message.EventID))
-	for _, s := range []string{got.Message.Topic, got.Message.Key, got.Message.EventType} {
+	for _, s := range []string{got.Message.Topic, got.Message.Key, got.Message.EventType, got.DeadReason} {
 		require.True(t, utf8.ValidString(s) && !strings.ContainsRune(s, 0), "unstorable text %q", s)
 	}
 	for k, v := range got.Message.Headers {

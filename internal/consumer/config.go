@@ -1,0 +1,172 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// Config configures a Consumer. The zero value of every optional field means
+// its documented default; WithDefaults fills them in.
+type Config struct {
+	// Pool is the PostgreSQL pool holding the inbox. Required.
+	Pool *pgxpool.Pool
+	// NATSURL is the NATS server to consume from, for example
+	// "nats://127.0.0.1:4222". Several URLs may be separated by commas.
+	// Required.
+	NATSURL string
+	// Stream is the JetStream stream to consume. Default "PGRELAY".
+	Stream string
+	// SubjectPrefix is the prefix the relay puts before each topic; the
+	// consumer strips it to recover the topic of a message that carries no
+	// topic header. Default "pgrelay".
+	SubjectPrefix string
+	// CreateStream makes the consumer create Stream (subjects
+	// "<SubjectPrefix>.>", file storage) when it does not exist yet, instead
+	// of waiting for the relay to create it. Default false.
+	CreateStream bool
+	// Durable is the durable pull consumer's name: consumers sharing it share
+	// the work. Default "pgrelay-consumer".
+	Durable string
+	// FilterSubject selects which subjects of the stream to consume. Default
+	// "<SubjectPrefix>.>" (everything the relay publishes).
+	FilterSubject string
+	// BatchSize is how many messages one fetch asks for; each fetched batch is
+	// stored in one transaction. Default 100.
+	BatchSize int
+	// MaxWait is how long one fetch waits for BatchSize messages before
+	// storing what it has. It also bounds how long shutdown waits for the
+	// fetch in flight. Default 500ms.
+	MaxWait time.Duration
+	// AckWait is how long JetStream waits for an acknowledgement before it
+	// redelivers a message. Default 30s.
+	AckWait time.Duration
+	// MaxAckPending caps the unacknowledged messages JetStream hands out to
+	// this durable consumer. Default 10 × BatchSize.
+	MaxAckPending int
+	// MaxPayloadBytes is the largest accepted payload; a larger message is
+	// stored dead with its reason. Default 1 MiB.
+	MaxPayloadBytes int
+	// StoreTimeout bounds one batch's inbox transaction. Default 15s.
+	StoreTimeout time.Duration
+	// RetryMin and RetryMax bound the exponential backoff (with jitter) after
+	// a failed fetch, store or connect. Defaults 100ms and 5s.
+	RetryMin, RetryMax time.Duration
+	// StatsInterval is how often the consumer logs its counters; negative
+	// disables the log. Default 30s.
+	StatsInterval time.Duration
+	// Inbox configures the inbox workers that run the handler in the same
+	// process. Its Handler is required; its Pool and Logger default to this
+	// Config's.
+	Inbox inbox.Config
+	// DisableWorkers runs only the ingest side (JetStream into the inbox),
+	// for deployments that run the inbox workers elsewhere. Default false.
+	DisableWorkers bool
+	// Logger receives the consumer's logs. Default: a no-op logger.
+	Logger *zap.Logger
+}
+
+// WithDefaults returns a copy of c with every unset optional field set to its
+// default.
+func (c Config) WithDefaults() Config {
+	if c.Stream == "" {
+		c.Stream = "PGRELAY"
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = "pgrelay"
+	}
+	if c.Durable == "" {
+		c.Durable = "pgrelay-consumer"
+	}
+	if c.FilterSubject == "" {
+		c.FilterSubject = c.SubjectPrefix + ".>"
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 500 * time.Millisecond
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = 10 * c.BatchSize
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 15 * time.Second
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Inbox.Pool == nil {
+		c.Inbox.Pool = c.Pool
+	}
+	if c.Inbox.Logger == nil {
+		c.Inbox.Logger = c.Logger.Named("inbox")
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Pool == nil {
+		bad("consumer: Config.Pool is required")
+	}
+	if strings.TrimSpace(c.NATSURL) == "" {
+		bad("consumer: Config.NATSURL is required")
+	}
+	if strings.ContainsAny(c.Stream, " \t\r\n.*>") {
+		bad("consumer: Config.Stream %q must not contain spaces, '.', '*' or '>'", c.Stream)
+	}
+	if strings.ContainsAny(c.Durable, " \t\r\n.*>") {
+		bad("consumer: Config.Durable %q must not contain spaces, '.', '*' or '>'", c.Durable)
+	}
+	if strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasSuffix(c.SubjectPrefix, ".") {
+		bad("consumer: Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		bad("consumer: Config.BatchSize %d must be between 1 and 10000", c.BatchSize)
+	}
+	if c.MaxWait < 10*time.Millisecond {
+		bad("consumer: Config.MaxWait %s must be at least 10ms", c.MaxWait)
+	}
+	if c.AckWait < time.Second {
+		bad("consumer: Config.AckWait %s must be at least 1s", c.AckWait)
+	}
+	if c.MaxAckPending < c.BatchSize {
+		bad("consumer: Config.MaxAckPending %d must be at least Config.BatchSize %d", c.MaxAckPending, c.BatchSize)
+	}
+	if c.MaxPayloadBytes < 0 {
+		bad("consumer: Config.MaxPayloadBytes %d must not be negative", c.MaxPayloadBytes)
+	}
+	if c.StoreTimeout <= 0 {
+		bad("consumer: Config.StoreTimeout %s must be positive", c.StoreTimeout)
+	}
+	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
+		bad("consumer: Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+	}
+	if !c.DisableWorkers && c.Inbox.Handler == nil {
+		bad("consumer: Config.Inbox.Handler is required (or set Config.DisableWorkers)")
+	}
+	return errors.Join(errs...)
+}

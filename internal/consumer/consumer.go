@@ -1,0 +1,451 @@
+// Package consumer is the consumer service: it pulls messages from a
+// JetStream durable consumer, stores each fetched batch in the inbox in one
+// transaction (deduplicated by event id), commits, and only then acknowledges
+// the batch. The inbox workers, running in the same process, then apply each
+// event's side effect exactly once.
+//
+// A crash between the commit and the acknowledgement only causes a
+// redelivery, which the inbox absorbs. A message the consumer cannot use is
+// never dropped: it is stored dead with the reason and its raw bytes, then
+// acknowledged.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// Consumer moves messages from JetStream into the inbox and runs the inbox
+// workers. Create it with New and start it with Run.
+type Consumer struct {
+	cfg    Config
+	log    *zap.Logger
+	worker *inbox.Worker // nil when Config.DisableWorkers
+	stats  counters
+	ready  atomic.Bool
+
+	// crashAfterCommit, when set (tests only), is called after a batch
+	// committed and before it is acknowledged; returning true abandons the
+	// batch unacknowledged, as a process crash at that point would.
+	crashAfterCommit func() bool
+}
+
+// Stats are the consumer's running counters since it started.
+type Stats struct {
+	// Fetched counts messages fetched from JetStream, redeliveries included.
+	Fetched int64 `json:"fetched"`
+	// Inserted counts messages stored as new inbox rows (dead ones included).
+	Inserted int64 `json:"inserted"`
+	// Duplicates counts fetched messages whose event id the inbox already held.
+	Duplicates int64 `json:"duplicates"`
+	// Dead counts new inbox rows stored dead at ingest (malformed input).
+	Dead int64 `json:"dead"`
+	// Acked counts messages acknowledged after their batch committed.
+	Acked int64 `json:"acked"`
+	// StoreErrors counts failed attempts to store a batch.
+	StoreErrors int64 `json:"store_errors"`
+	// FetchErrors counts failed fetches (broker unreachable, for example).
+	FetchErrors int64 `json:"fetch_errors"`
+}
+
+type counters struct {
+	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors atomic.Int64
+}
+
+// New validates cfg (after WithDefaults) and builds a consumer. It does not
+// connect to anything yet: Run does, and keeps retrying.
+func New(cfg Config) (*Consumer, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.Named("consumer")}
+	if !cfg.DisableWorkers {
+		w, err := inbox.NewWorker(cfg.Inbox)
+		if err != nil {
+			return nil, fmt.Errorf("consumer: inbox worker: %w", err)
+		}
+		c.worker = w
+	}
+	return c, nil
+}
+
+// Stats returns a snapshot of the consumer's counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Fetched:     c.stats.fetched.Load(),
+		Inserted:    c.stats.inserted.Load(),
+		Duplicates:  c.stats.duplicates.Load(),
+		Dead:        c.stats.dead.Load(),
+		Acked:       c.stats.acked.Load(),
+		StoreErrors: c.stats.storeErrors.Load(),
+		FetchErrors: c.stats.fetchErrors.Load(),
+	}
+}
+
+// Ready reports whether the consumer is attached to its JetStream consumer
+// and fetching.
+func (c *Consumer) Ready() bool { return c.ready.Load() }
+
+// Run consumes until ctx is cancelled, then shuts down gracefully: it stops
+// fetching, stores and acknowledges the batch in hand, and stops the inbox
+// workers. It returns nil after a graceful shutdown. Broker and database
+// outages are retried with backoff, never returned.
+func (c *Consumer) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	var workerErr error
+	if c.worker != nil {
+		wg.Go(func() {
+			if err := c.worker.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				workerErr = fmt.Errorf("consumer: inbox worker: %w", err)
+			}
+		})
+	}
+	if c.cfg.StatsInterval > 0 {
+		wg.Go(func() { c.logStats(ctx) })
+	}
+	err := c.ingest(ctx)
+	wg.Wait()
+	c.log.Info("consumer stopped", c.statsFields()...)
+	return errors.Join(err, workerErr)
+}
+
+// ingest connects to NATS and moves batches into the inbox until ctx ends.
+func (c *Consumer) ingest(ctx context.Context) error {
+	nc, err := nats.Connect(c.cfg.NATSURL,
+		nats.Name("pgrelay-consumer"),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			c.log.Warn("disconnected from NATS", zap.Error(err))
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			c.log.Info("reconnected to NATS", zap.String("url", nc.ConnectedUrlRedacted()))
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("consumer: NATS URL %q: %w", c.cfg.NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("consumer: jetstream: %w", err)
+	}
+
+	var cons jetstream.Consumer
+	for attempt := 0; ; attempt++ {
+		cons, err = c.attach(ctx, js)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
+		if !c.sleep(ctx, attempt) {
+			return nil
+		}
+	}
+	c.ready.Store(true)
+	defer c.ready.Store(false)
+	c.log.Info("consuming",
+		zap.String("stream", c.cfg.Stream), zap.String("durable", c.cfg.Durable),
+		zap.String("filter", c.cfg.FilterSubject), zap.Int("batch_size", c.cfg.BatchSize))
+
+	failures := 0
+	for ctx.Err() == nil {
+		msgs, err := c.fetch(ctx, cons)
+		if err != nil {
+			c.stats.fetchErrors.Add(1)
+			c.log.Warn("fetch failed; retrying", zap.Error(err))
+			if !c.sleep(ctx, failures) {
+				break
+			}
+			failures++
+		} else {
+			failures = 0
+		}
+		if len(msgs) == 0 {
+			continue
+		}
+		// The batch in hand is stored and acknowledged even when shutdown has
+		// begun: that is what a graceful stop means.
+		c.handle(ctx, msgs)
+	}
+	return nil
+}
+
+// attach finds (or creates) the stream and creates or updates the durable
+// pull consumer.
+func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.Stream(ctx, c.cfg.Stream); err != nil {
+		if !errors.Is(err, jetstream.ErrStreamNotFound) || !c.cfg.CreateStream {
+			return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
+		}
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:     c.cfg.Stream,
+			Subjects: []string{c.cfg.SubjectPrefix + ".>"},
+			Storage:  jetstream.FileStorage,
+		})
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("create stream %q: %w", c.cfg.Stream, err)
+		}
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       c.cfg.Durable,
+		FilterSubject: c.cfg.FilterSubject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.cfg.AckWait,
+		// Unlimited redeliveries: JetStream would otherwise drop a message
+		// silently after MaxDeliver attempts, and nothing may be lost.
+		MaxDeliver:    -1,
+		MaxAckPending: c.cfg.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	return cons, nil
+}
+
+// fetch pulls one batch, waiting at most MaxWait, and returns early when ctx
+// is cancelled. Messages received before an error are returned with it.
+func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.Msg, error) {
+	fctx, cancel := context.WithTimeout(ctx, c.cfg.MaxWait)
+	defer cancel()
+	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchContext(fctx))
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	c.stats.fetched.Add(int64(len(msgs)))
+	switch err := batch.Error(); {
+	case err == nil, ctx.Err() != nil,
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoMessages):
+		return msgs, nil
+	default:
+		return msgs, err
+	}
+}
+
+// handle decodes a fetched batch, stores it in the inbox in one transaction
+// and acknowledges it after the commit. Storing is retried until it succeeds
+// or the consumer stops; unacknowledged messages are redelivered by JetStream.
+func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
+	opts := DecodeOptions{SubjectPrefix: c.cfg.SubjectPrefix, MaxPayloadBytes: c.cfg.MaxPayloadBytes}
+	incoming := make([]inbox.Incoming, 0, len(msgs))
+	acks := make([]jetstream.Msg, 0, len(msgs))
+	for _, m := range msgs {
+		d := Delivery{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
+		if meta, err := m.Metadata(); err == nil {
+			d.Stream, d.StreamSeq, d.Timestamp = meta.Stream, meta.Sequence.Stream, meta.Timestamp
+		}
+		dec := Decode(d, opts)
+		if d.StreamSeq == 0 && dec.DeadReason != "" {
+			// Without a stream position a broken message has no stable id;
+			// leave it unacknowledged rather than store it under a guess.
+			c.log.Error("message without JetStream metadata left unacknowledged", zap.String("subject", d.Subject), zap.String("reason", dec.DeadReason))
+			continue
+		}
+		if dec.DeadReason != "" {
+			c.log.Warn("malformed message stored dead",
+				zap.String("event_id", dec.Message.EventID), zap.String("subject", d.Subject),
+				zap.Uint64("stream_seq", d.StreamSeq), zap.String("reason", dec.DeadReason))
+		}
+		incoming = append(incoming, inbox.Incoming{Message: dec.Message, DeadReason: dec.DeadReason})
+		acks = append(acks, m)
+	}
+	if len(incoming) == 0 {
+		return
+	}
+
+	// Storing outlives cancellation: the batch in hand is finished on a
+	// graceful stop. A stop during an outage gives up after one more attempt.
+	sctx := context.WithoutCancel(ctx)
+	for attempt := 0; ; attempt++ {
+		err := c.store(sctx, incoming)
+		if err == nil {
+			break
+		}
+		c.stats.storeErrors.Add(1)
+		if isRefused(err) {
+			// One message the database refuses must not block the others:
+			// store the batch one by one, dead if need be.
+			c.log.Error("batch refused by the database; storing one by one", zap.Error(err))
+			incoming = c.storeEach(sctx, incoming, acks)
+			break
+		}
+		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
+		if ctx.Err() != nil {
+			c.log.Warn("stopping with a batch not stored; JetStream will redeliver it", zap.Int("messages", len(incoming)))
+			return
+		}
+		for _, m := range acks {
+			_ = m.InProgress() // keep JetStream from redelivering while we retry
+		}
+		if !c.sleep(ctx, attempt) {
+			return
+		}
+	}
+	if c.crashAfterCommit != nil && c.crashAfterCommit() {
+		return
+	}
+	for i, m := range acks {
+		if incoming != nil && incoming[i].EventID == "" {
+			continue // not stored (see storeEach)
+		}
+		if err := m.Ack(); err != nil {
+			// Harmless: the redelivery is absorbed by the inbox.
+			c.log.Warn("ack failed; the message will be redelivered and deduplicated", zap.Error(err))
+			continue
+		}
+		c.stats.acked.Add(1)
+	}
+}
+
+// store writes one batch into the inbox in one transaction.
+func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	defer cancel()
+	var res inbox.ReceiveResult
+	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = inbox.Receive(ctx, tx, incoming)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.stats.inserted.Add(int64(res.Inserted))
+	c.stats.duplicates.Add(int64(len(res.Duplicates)))
+	var dead int64
+	dups := make(map[string]bool, len(res.Duplicates))
+	for _, id := range res.Duplicates {
+		dups[id] = true
+	}
+	for _, in := range incoming {
+		if in.DeadReason != "" && !dups[in.EventID] {
+			dead++
+		}
+	}
+	c.stats.dead.Add(dead)
+	if len(res.Duplicates) > 0 {
+		c.log.Debug("duplicates absorbed", zap.Int("count", len(res.Duplicates)))
+	}
+	return nil
+}
+
+// storeEach stores messages one at a time after the database refused their
+// batch. A message refused on its own is stored dead with the database's
+// reason and only its id and raw payload. It returns incoming with the
+// EventID of any message that could not be stored at all cleared, so that it
+// is left unacknowledged.
+func (c *Consumer) storeEach(ctx context.Context, incoming []inbox.Incoming, msgs []jetstream.Msg) []inbox.Incoming {
+	out := make([]inbox.Incoming, len(incoming))
+	for i, in := range incoming {
+		out[i] = in
+		err := c.store(ctx, []inbox.Incoming{in})
+		if err == nil {
+			continue
+		}
+		dead := inbox.Incoming{
+			Message: event.Message{
+				EventID:    in.EventID,
+				Payload:    in.Payload,
+				OccurredAt: in.OccurredAt,
+				Headers:    map[string]string{},
+			},
+			DeadReason: printable(truncate("refused at ingest: "+err.Error(), 2000)),
+		}
+		if err2 := c.store(ctx, []inbox.Incoming{dead}); err2 != nil {
+			c.log.Error("message could not be stored; left unacknowledged",
+				zap.String("event_id", in.EventID), zap.Uint64("stream_seq", streamSeq(msgs[i])), zap.Error(err2))
+			out[i].EventID = ""
+		}
+	}
+	return out
+}
+
+func streamSeq(m jetstream.Msg) uint64 {
+	if meta, err := m.Metadata(); err == nil {
+		return meta.Sequence.Stream
+	}
+	return 0
+}
+
+// isRefused reports whether the batch itself was refused, by inbox.Receive's
+// checks or by the database (a data exception or constraint violation), as
+// opposed to the database being unreachable: retrying would not help.
+func isRefused(err error) bool {
+	var inv *inbox.InvalidMessageError
+	if errors.As(err, &inv) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+}
+
+// sleep waits for the attempt's backoff (exponential, with jitter, capped) or
+// until ctx ends, and reports whether ctx is still live.
+func (c *Consumer) sleep(ctx context.Context, attempt int) bool {
+	d := c.cfg.RetryMin << min(attempt, 20)
+	if d > c.cfg.RetryMax || d <= 0 {
+		d = c.cfg.RetryMax
+	}
+	d = d/2 + rand.N(d/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (c *Consumer) logStats(ctx context.Context) {
+	t := time.NewTicker(c.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.log.Info("consumer stats", c.statsFields()...)
+		}
+	}
+}
+
+func (c *Consumer) statsFields() []zap.Field {
+	s := c.Stats()
+	return []zap.Field{
+		zap.Int64("fetched", s.Fetched), zap.Int64("inserted", s.Inserted),
+		zap.Int64("duplicates", s.Duplicates), zap.Int64("dead_at_ingest", s.Dead),
+		zap.Int64("acked", s.Acked), zap.Int64("store_errors", s.StoreErrors),
+		zap.Int64("fetch_errors", s.FetchErrors),
+	}
+}

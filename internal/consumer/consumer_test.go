@@ -1,0 +1,221 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/internal/testnats"
+)
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	js     jetstream.JetStream
+	stream string
+	prefix string
+	cfg    Config
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool := testdb.New(t)
+	url := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, url)
+	_, js := testnats.Connect(t, url)
+	return &testBundle{pool: pool, js: js, stream: stream, prefix: prefix, cfg: Config{
+		Pool:          pool,
+		NATSURL:       url,
+		Stream:        stream,
+		SubjectPrefix: prefix,
+		Durable:       "test",
+		BatchSize:     20,
+		MaxWait:       100 * time.Millisecond,
+		AckWait:       time.Second,
+		RetryMin:      10 * time.Millisecond,
+		RetryMax:      200 * time.Millisecond,
+		StatsInterval: -1,
+		Inbox: inbox.Config{
+			Handler:       ledger.Handler{},
+			PollInterval:  50 * time.Millisecond,
+			BackoffMin:    10 * time.Millisecond,
+			BackoffMax:    100 * time.Millisecond,
+			DeferFallback: 200 * time.Millisecond,
+		},
+		Logger: zaptest.NewLogger(t),
+	}}
+}
+
+// publish sends one event the way the relay does.
+func (b *testBundle) publish(t *testing.T, id, msgID, eventType string, payload any) {
+	t.Helper()
+	data, err := json.Marshal(payload)
+	require.NoError(t, err)
+	m := nats.NewMsg(b.prefix + ".orders")
+	m.Data = data
+	m.Header.Set(event.HeaderMsgID, msgID)
+	m.Header.Set(event.HeaderEventID, id)
+	m.Header.Set(event.HeaderEventType, eventType)
+	m.Header.Set(event.HeaderTopic, "orders")
+	m.Header.Set(event.HeaderOccurredAt, time.Now().UTC().Format(time.RFC3339Nano))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = b.js.PublishMsg(ctx, m)
+	require.NoError(t, err)
+}
+
+// publishOrders publishes n OrderCreated and n OrderPaid events and returns
+// the total credited.
+func (b *testBundle) publishOrders(t *testing.T, n int) int64 {
+	var total int64
+	for i := range n {
+		order := fmt.Sprintf("o-%d", i)
+		amount := int64(100 + i)
+		total += amount
+		b.publish(t, "created-"+order, "created-"+order, ledger.EventOrderCreated,
+			ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: amount, Currency: "EUR"})
+		b.publish(t, "paid-"+order, "paid-"+order, ledger.EventOrderPaid,
+			ledger.OrderPaid{OrderID: order, AmountCents: amount, Currency: "EUR"})
+	}
+	return total
+}
+
+func (b *testBundle) start(t *testing.T, c *Consumer) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var stopped bool
+	stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("consumer did not stop within 30s")
+		}
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// settled reports whether the ledger holds want entries worth total, the
+// inbox has rows inbox rows all processed, and JetStream has nothing left
+// unacknowledged.
+func (b *testBundle) settled(t *testing.T, entries, total int64, rows int) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		tot, err := db.New().LedgerTotals(ctx, b.pool)
+		if err != nil || tot.Entries != entries || tot.TotalCents != total {
+			return false
+		}
+		var n, processed int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processed') FROM inbox`).Scan(&n, &processed); err != nil {
+			return false
+		}
+		if n != rows || processed != rows {
+			return false
+		}
+		cons, err := b.js.Consumer(ctx, b.stream, b.cfg.Durable)
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	}
+}
+
+// TestCrashBetweenCommitAndAck abandons batches after their inbox commit and
+// before their acknowledgement, as a crash would: JetStream redelivers them,
+// the inbox absorbs the redeliveries, and every order is credited once.
+func TestCrashBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const orders = 60
+	total := b.publishOrders(t, orders)
+
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	var crashes atomic.Int32
+	c.crashAfterCommit = func() bool { return crashes.Add(1) <= 3 }
+	stop := b.start(t, c)
+
+	require.Eventually(t, b.settled(t, orders, total, 2*orders), 30*time.Second, 50*time.Millisecond)
+	require.NoError(t, stop())
+	s := c.Stats()
+	require.Positive(t, s.Duplicates, "abandoned batches were redelivered and absorbed")
+	require.Equal(t, int64(2*orders), s.Inserted)
+	require.Equal(t, s.Fetched, s.Inserted+s.Duplicates, "every fetched message was stored or recognised as a duplicate")
+}
+
+// TestDuplicatesAbsorbed delivers every event twice through JetStream (the
+// second copy under another broker message id, so the broker cannot drop it):
+// the inbox stores each once and the ledger credits each order once.
+func TestDuplicatesAbsorbed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const orders = 30
+	total := b.publishOrders(t, orders)
+	for i := range orders {
+		order := fmt.Sprintf("o-%d", i)
+		b.publish(t, "paid-"+order, "again-paid-"+order, ledger.EventOrderPaid,
+			ledger.OrderPaid{OrderID: order, AmountCents: int64(100 + i), Currency: "EUR"})
+	}
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	require.Eventually(t, b.settled(t, orders, total, 2*orders), 30*time.Second, 50*time.Millisecond)
+	require.NoError(t, stop())
+	require.Equal(t, int64(orders), c.Stats().Duplicates)
+}
+
+// TestGracefulStop cancels a running consumer: Run returns nil promptly and
+// leaves nothing it fetched unacknowledged.
+func TestGracefulStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
+	total := b.publishOrders(t, 5)
+	require.Eventually(t, b.settled(t, 5, total, 10), 30*time.Second, 50*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, stop())
+	require.Less(t, time.Since(start), 15*time.Second)
+	require.False(t, c.Ready())
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{})
+	require.ErrorContains(t, err, "Config.Pool is required")
+	require.ErrorContains(t, err, "Config.NATSURL is required")
+	require.ErrorContains(t, err, "Config.Inbox.Handler is required")
+
+	pool := &pgxpool.Pool{}
+	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, BatchSize: 50, MaxAckPending: 10})
+	require.ErrorContains(t, err, "Config.MaxAckPending 10 must be at least Config.BatchSize 50")
+	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, Stream: "a.b"})
+	require.ErrorContains(t, err, "Config.Stream")
+	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, AckWait: time.Millisecond})
+	require.ErrorContains(t, err, "Config.AckWait")
+}
