@@ -97,3 +97,13 @@ type ReplayAudit struct {
 	PreviousAttempts int32
 	PreviousError    *string
 }
+
+type ShopOrder struct {
+	OrderID     string
+	CustomerID  string
+	AmountCents int64
+	Currency    string
+	Paid        bool
+	CreatedAt   time.Time
+	PaidAt      *time.Time
+}
