@@ -60,12 +60,6 @@ func startWorker(t testing.TB, cfg inbox.Config) (stop func()) {
 	return stop
 }
 
-func orderCreated(eventID, orderID string) inbox.Incoming {
-	b, _ := json.Marshal(ledger.OrderCreated{OrderID: orderID, CustomerID: "c-" + orderID, AmountCents: 1000, Currency: "EUR"})
-	return inbox.Incoming{Message: event.Message{EventID: eventID, Topic: "orders", Key: orderID,
-		EventType: ledger.EventOrderCreated, Payload: b}}
-}
-
 func orderPaid(eventID, orderID string, cents int64) inbox.Incoming {
 	b, _ := json.Marshal(ledger.OrderPaid{OrderID: orderID, AmountCents: cents, Currency: "EUR"})
 	return inbox.Incoming{Message: event.Message{EventID: eventID, Topic: "orders", Key: orderID,

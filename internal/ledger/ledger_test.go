@@ -1,0 +1,178 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+func created(eventID, orderID string) inbox.Incoming {
+	b, _ := json.Marshal(ledger.OrderCreated{OrderID: orderID, CustomerID: "cust-7", AmountCents: 4200, Currency: "EUR"})
+	return inbox.Incoming{Message: event.Message{EventID: eventID, Topic: "orders", Key: orderID,
+		EventType: ledger.EventOrderCreated, Payload: b}}
+}
+
+func paid(eventID, orderID string) inbox.Incoming {
+	b, _ := json.Marshal(ledger.OrderPaid{OrderID: orderID, AmountCents: 4200, Currency: "EUR"})
+	return inbox.Incoming{Message: event.Message{EventID: eventID, Topic: "orders", Key: orderID,
+		EventType: ledger.EventOrderPaid, Payload: b}}
+}
+
+func raw(eventID, eventType, payload string) inbox.Incoming {
+	return inbox.Incoming{Message: event.Message{EventID: eventID, EventType: eventType, Payload: []byte(payload)}}
+}
+
+func config(t *testing.T, pool *pgxpool.Pool, h inbox.Handler, workerID string) inbox.Config {
+	return inbox.Config{
+		Pool: pool, Handler: h, Logger: zaptest.NewLogger(t).Named(workerID), WorkerID: workerID,
+		Workers: 1, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, DeferFallback: time.Minute,
+	}
+}
+
+func run(t *testing.T, cfg inbox.Config) {
+	w, err := inbox.NewWorker(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func receive(t *testing.T, pool *pgxpool.Pool, msgs ...inbox.Incoming) {
+	t.Helper()
+	_, err := inbox.Receive(context.Background(), pool, msgs)
+	require.NoError(t, err)
+}
+
+type state struct {
+	Status    string
+	Attempts  int
+	Deferrals int
+	LastError string
+}
+
+func get(t *testing.T, pool *pgxpool.Pool, id string) state {
+	t.Helper()
+	var s state
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT status, attempts, deferrals, coalesce(last_error, '') FROM inbox WHERE event_id = $1`, id).
+		Scan(&s.Status, &s.Attempts, &s.Deferrals, &s.LastError))
+	return s
+}
+
+func waitFor(t *testing.T, pool *pgxpool.Pool, id string, cond func(state) bool) state {
+	t.Helper()
+	var s state
+	require.Eventually(t, func() bool { s = get(t, pool, id); return cond(s) }, 10*time.Second, 10*time.Millisecond,
+		"event %s: last state %+v", id, s)
+	return s
+}
+
+func credits(t *testing.T, pool *pgxpool.Pool, orderID string) int {
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM ledger_entries WHERE order_id = $1`, orderID).Scan(&n))
+	return n
+}
+
+// TestPaidBeforeCreated: an OrderPaid arriving before its OrderCreated is
+// deferred without burning attempts, then credited exactly once as soon as the
+// order exists (woken by Release, long before the one-minute fallback).
+func TestPaidBeforeCreated(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	run(t, config(t, pool, ledger.Handler{}, "w"))
+
+	receive(t, pool, paid("pay-1", "o1"))
+	s := waitFor(t, pool, "pay-1", func(s state) bool { return s.Deferrals >= 1 })
+	require.Equal(t, state{Status: "pending", Attempts: 0, Deferrals: 1, LastError: "deferred: waiting for order:o1"}, s)
+
+	receive(t, pool, created("create-1", "o1"))
+	s = waitFor(t, pool, "pay-1", func(s state) bool { return s.Status == "processed" })
+	require.Equal(t, 1, s.Attempts, "deferrals do not count as attempts")
+	require.Equal(t, 1, s.Deferrals)
+	require.Equal(t, 1, credits(t, pool, "o1"))
+	var customer string
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT customer_id FROM ledger_entries WHERE event_id = 'pay-1'`).Scan(&customer))
+	require.Equal(t, "cust-7", customer)
+}
+
+// TestReleaseDuringDeferral: the OrderCreated commits (and releases) while the
+// OrderPaid handler, which did not see the order yet, is about to defer. The
+// deferral must not miss that release: the OrderPaid runs again at once, not
+// after the one-minute fallback.
+func TestReleaseDuringDeferral(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	inHandler := make(chan struct{})
+	createdCommitted := make(chan struct{})
+	var once sync.Once
+	slowPaid := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		err := ledger.Handler{}.Handle(ctx, tx, ev)
+		var d *inbox.DeferError
+		if errors.As(err, &d) {
+			once.Do(func() {
+				close(inHandler)
+				<-createdCommitted
+			})
+		}
+		return err
+	})
+	run(t, config(t, pool, slowPaid, "A"))
+	receive(t, pool, paid("pay-1", "o1"))
+	<-inHandler
+
+	stats := &inbox.Stats{}
+	cfgB := config(t, pool, ledger.Handler{}, "B")
+	cfgB.Observer = stats
+	run(t, cfgB)
+	receive(t, pool, created("create-1", "o1"))
+	require.Eventually(t, func() bool { return stats.ProcessedCount("create-1") == 1 }, 10*time.Second, 5*time.Millisecond)
+	close(createdCommitted)
+
+	s := waitFor(t, pool, "pay-1", func(s state) bool { return s.Status == "processed" })
+	require.Equal(t, 1, s.Deferrals)
+	require.Equal(t, 1, credits(t, pool, "o1"))
+}
+
+// TestMalformedEventsAreDead: malformed JSON, missing fields, wrong types and
+// unknown event types go dead at the first attempt with a clear reason.
+func TestMalformedEventsAreDead(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	run(t, config(t, pool, ledger.Handler{}, "w"))
+	cases := map[string]struct {
+		msg    inbox.Incoming
+		reason string
+	}{
+		"json":     {raw("json", ledger.EventOrderPaid, `{"order_id": `), "permanent: OrderPaid payload: not a JSON object: unexpected end of JSON input"},
+		"missing":  {raw("missing", ledger.EventOrderCreated, `{"order_id":"o1","amount_cents":1}`), "permanent: OrderCreated payload: missing or empty field(s): customer_id, currency"},
+		"type":     {raw("type", ledger.EventOrderPaid, `{"order_id":"o1","amount_cents":"12","currency":"EUR"}`), "permanent: OrderPaid payload: field amount_cents: want int64, got JSON string"},
+		"negative": {raw("negative", ledger.EventOrderCreated, `{"order_id":"o1","customer_id":"c","amount_cents":-5,"currency":"EUR"}`), "permanent: OrderCreated payload: amount_cents is negative (-5)"},
+		"unknown":  {raw("unknown", "OrderShipped", `{}`), `permanent: unknown event type "OrderShipped"`},
+	}
+	for _, c := range cases {
+		receive(t, pool, c.msg)
+	}
+	for id, c := range cases {
+		s := waitFor(t, pool, id, func(s state) bool { return s.Status == "dead" })
+		require.Equal(t, 1, s.Attempts, id)
+		require.Equal(t, c.reason, s.LastError, id)
+	}
+}
