@@ -1,0 +1,47 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+)
+
+// The test binary re-executes itself as a relay process (childEnv=1) so that
+// a test can SIGKILL a real relay at a precise point.
+const childEnv = "PGRELAY_TEST_RELAY_CHILD"
+
+// runChild runs a relay that, after its first publish is acknowledged and
+// before it marks anything, prints "PUBLISHED" and blocks until it is killed.
+func runChild() int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("CHILD_DATABASE_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	pub, err := broker.NewNATS(ctx, broker.NATSConfig{
+		URL: os.Getenv("CHILD_NATS_URL"), SubjectPrefix: os.Getenv("CHILD_PREFIX"), Stream: os.Getenv("CHILD_STREAM"),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	r, err := New(Config{
+		Pool: pool, Publisher: pub, NodeID: "child", LeaseDuration: time.Second, HeartbeatInterval: 200 * time.Millisecond,
+		hooks: hooks{afterPublish: func(int32, []int64) {
+			fmt.Println("PUBLISHED")
+			select {}
+		}},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	_ = r.Run(ctx)
+	return 0
+}
