@@ -40,3 +40,14 @@ tidy-check:
 
 build:
 	$(GO) build -o bin/ ./cmd/...
+
+## bench: the full benchmark (about ten minutes): floors, relay, inbox, end to
+## end, scale and cost; table on stdout, JSON/SVG in bench-results/.
+.PHONY: bench bench-quick
+BENCH_NATS_URL ?= nats://127.0.0.1:4222
+bench:
+	$(GO) run ./bench -nats-url "$(BENCH_NATS_URL)" -out bench-results
+
+## bench-quick: a small run that only proves the benchmark works (well under 2 minutes).
+bench-quick:
+	$(GO) run ./bench -quick -nats-url "$(BENCH_NATS_URL)" -out bench-results

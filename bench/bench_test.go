@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// TestQuick runs the benchmark's quick mode against the test server and
+// checks that it measured every figure it declared and wrote its outputs.
+func TestQuick(t *testing.T) {
+	t.Parallel()
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Config{
+		DatabaseURL: testdb.ServerURL(t),
+		NATSURL:     os.Getenv("NATS_URL"),
+		OutDir:      out,
+		Quick:       true,
+		Events:      500,
+		Prefill:     2_000,
+		Logger:      zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Figures)
+	for _, f := range res.Figures {
+		if f.Error == errNotAvailable.Error() {
+			continue
+		}
+		require.Empty(t, f.Error, "figure %s", f.ID)
+		require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
+		require.Greater(t, f.Median, 0.0, "figure %s", f.ID)
+	}
+	for _, name := range []string{"results.json", "results.txt", "results.svg"} {
+		b, err := os.ReadFile(filepath.Join(out, name))
+		require.NoError(t, err)
+		require.NotEmpty(t, b, name)
+	}
+	var decoded Results
+	b, _ := os.ReadFile(filepath.Join(out, "results.json"))
+	require.NoError(t, json.Unmarshal(b, &decoded))
+	require.Len(t, decoded.Figures, len(res.Figures))
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Config holds the benchmark's settings. The zero value of every field means
+// its default, filled in by WithDefaults; Quick switches the sizes to a small
+// run that only proves the benchmark works.
+type Config struct {
+	// DatabaseURL points at the PostgreSQL server's maintenance database. The
+	// benchmark creates its own databases there (CREATE DATABASE, migrated
+	// with the embedded migrations) and drops them when it ends. Required.
+	DatabaseURL string
+	// NATSURL is the NATS JetStream server. Empty means an in-process
+	// nats-server started for the run (labelled as such in the results).
+	NATSURL string
+	// OutDir is where results.json, results.svg and results.txt are written.
+	// Default "bench-results".
+	OutDir string
+	// Quick runs small sizes and one repeat: a smoke run, not a measurement.
+	Quick bool
+	// Repeats is how many times each figure is measured; the report shows the
+	// median, min and max. Default 3 (1 in quick mode).
+	Repeats int
+	// Events is the backlog size of the drain measurements and the number of
+	// events the end-to-end flat-out runs push through. Default 20,000 (1,000
+	// in quick mode).
+	Events int
+	// BatchSize is the batch size of the floors (events per transaction).
+	// Default 100.
+	BatchSize int
+	// Workers is the number of concurrent connections the floors and the
+	// producers use. Default 4.
+	Workers int
+	// Prefill is the number of finished rows put in the outbox and the inbox
+	// for the scale measurements. Default 1,000,000 (20,000 in quick mode).
+	Prefill int
+	// LoadDuration is how long each fixed-load latency run offers its load.
+	// Default 15s (2s in quick mode).
+	LoadDuration time.Duration
+	// Loads are the offered loads of the latency runs, in events per second.
+	// Default 500 and 2,000 (quick mode: 200).
+	Loads []int
+	// RelayInstances are the relay counts of the scale measurement. Default
+	// 1, 2 and 4 (quick mode: 1 and 2).
+	RelayInstances []int
+	// Only, when not empty, restricts the run to these groups: floor, relay,
+	// inbox, e2e, scale, cost.
+	Only []string
+	// Timeout bounds each single measurement; a measurement that does not
+	// finish in time is reported as failed and the run goes on. Default 5m
+	// (1m in quick mode).
+	Timeout time.Duration
+	// BinDir, when set, holds prebuilt relay and consumer binaries for the
+	// cost measurement; otherwise they are built with `go build` into a
+	// temporary directory. Default "".
+	BinDir string
+	// Logger receives progress messages. Default zap.NewNop().
+	Logger *zap.Logger
+}
+
+// Groups the benchmark knows, in the order it runs them.
+var allGroups = []string{"floor", "relay", "inbox", "e2e", "scale", "cost"}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.OutDir == "" {
+		c.OutDir = "bench-results"
+	}
+	if c.Repeats == 0 {
+		c.Repeats = pick(c.Quick, 1, 3)
+	}
+	if c.Events == 0 {
+		c.Events = pick(c.Quick, 1_000, 20_000)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.Workers == 0 {
+		c.Workers = 4
+	}
+	if c.Prefill == 0 {
+		c.Prefill = pick(c.Quick, 20_000, 1_000_000)
+	}
+	if c.LoadDuration == 0 {
+		c.LoadDuration = time.Duration(pick(c.Quick, 2, 15)) * time.Second
+	}
+	if len(c.Loads) == 0 {
+		if c.Quick {
+			c.Loads = []int{200}
+		} else {
+			c.Loads = []int{500, 2_000}
+		}
+	}
+	if len(c.RelayInstances) == 0 {
+		if c.Quick {
+			c.RelayInstances = []int{1, 2}
+		} else {
+			c.RelayInstances = []int{1, 2, 4}
+		}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = time.Duration(pick(c.Quick, 1, 5)) * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.DatabaseURL == "":
+		return errors.New("bench: DatabaseURL (-database-url / BENCH_DATABASE_URL) is required")
+	case c.Repeats < 1:
+		return fmt.Errorf("bench: Repeats (-repeats) must be at least 1, got %d", c.Repeats)
+	case c.Events < c.BatchSize:
+		return fmt.Errorf("bench: Events (-events) must be at least BatchSize (%d), got %d", c.BatchSize, c.Events)
+	case c.BatchSize < 1 || c.BatchSize > 10_000:
+		return fmt.Errorf("bench: BatchSize (-batch) must be in 1..10000, got %d", c.BatchSize)
+	case c.Workers < 1 || c.Workers > 32:
+		return fmt.Errorf("bench: Workers (-workers) must be in 1..32, got %d", c.Workers)
+	case c.Prefill < 0:
+		return fmt.Errorf("bench: Prefill (-prefill) must not be negative, got %d", c.Prefill)
+	case c.LoadDuration < 100*time.Millisecond:
+		return fmt.Errorf("bench: LoadDuration (-load-duration) must be at least 100ms, got %s", c.LoadDuration)
+	case c.Timeout < time.Second:
+		return fmt.Errorf("bench: Timeout (-timeout) must be at least 1s, got %s", c.Timeout)
+	}
+	for _, l := range c.Loads {
+		if l < 1 || l > 1_000_000 {
+			return fmt.Errorf("bench: Loads (-loads) must be in 1..1000000 events/s, got %d", l)
+		}
+	}
+	for _, n := range c.RelayInstances {
+		if n < 1 || n > 16 {
+			return fmt.Errorf("bench: RelayInstances (-relays) must be in 1..16, got %d", n)
+		}
+	}
+	for _, g := range c.Only {
+		if !contains(allGroups, g) {
+			return fmt.Errorf("bench: Only (-only) names unknown group %q; known: %v", g, allGroups)
+		}
+	}
+	return nil
+}
+
+// runs reports whether the group is part of this run.
+func (c Config) runs(group string) bool {
+	return len(c.Only) == 0 || contains(c.Only, group)
+}
+
+func pick(quick bool, small, full int) int {
+	if quick {
+		return small
+	}
+	return full
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+
+	"go.uber.org/zap"
+)
+
+// declareFigures lists every figure of the selected groups up front, so that
+// one the run could not measure still appears in the report with the reason.
+func (b *bench) declareFigures() {
+	r := b.res
+	add := func(id, group, name, unit, mode, floor string, target *Target, note string) {
+		if !b.cfg.runs(group) {
+			return
+		}
+		f := r.figure(id, group, name, unit)
+		f.Mode, f.Floor, f.Target, f.Note = mode, floor, target, note
+	}
+	ratio := func(v float64, text string) *Target { return &Target{Kind: "ratio>=", Value: v, Text: text} }
+	atMost := func(v float64, text string) *Target { return &Target{Kind: "<=", Value: v, Text: text} }
+	batch := strconv.Itoa(b.cfg.BatchSize)
+	workers := strconv.Itoa(b.cfg.Workers)
+
+	add("floor_outbox_batch", "floor", "outbox floor: insert + read&mark, "+batch+"/tx", unitRate, "sql", "", nil,
+		"events / (insert time + mark time); "+workers+" connections; minimal table")
+	add("floor_outbox_insert_batch", "floor", "  outbox insert, "+batch+"/tx", unitRate, "sql", "", nil, "")
+	add("floor_outbox_mark_batch", "floor", "  outbox read & mark published, "+batch+"/stmt", unitRate, "sql", "", nil, "")
+	add("floor_outbox_one", "floor", "outbox floor: insert 1/tx + read&mark", unitRate, "sql", "", nil, "")
+	add("floor_outbox_insert_one", "floor", "  outbox insert, 1/tx", unitRate, "sql", "", nil, "")
+	add("floor_inbox_batch", "floor", "inbox floor: insert + credit + mark, "+batch+"/tx", unitRate, "sql", "", nil,
+		"receive tx (insert) then process tx (select, ledger insert, status update)")
+	add("floor_inbox_insert_batch", "floor", "  inbox insert, "+batch+"/tx", unitRate, "sql", "", nil, "")
+	add("floor_inbox_process_batch", "floor", "  inbox select + ledger insert + mark, "+batch+"/tx", unitRate, "sql", "", nil, "")
+	add("floor_combined_batch", "floor", "combined floor, "+batch+"/tx", unitRate, "sql", "", nil, "events / (sum of outbox and inbox floor phase times)")
+	add("floor_combined_one", "floor", "combined floor, 1/tx", unitRate, "sql", "", nil, "")
+
+	// A drain starts from a backlog, so it is compared with the floor of the
+	// same work (the read & mark phase, the process phase), not with a floor
+	// that also pays for writing the backlog: that would flatter it.
+	add("relay_drain", "relay", "relay drain (backlog → NATS, marked)", unitRate, "in-process", "floor_outbox_mark_batch", ratio(0.8, "≥ 0.8× outbox floor"), "")
+	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.6, "≥ 0.6× inbox floor"), "")
+
+	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.7, "≥ 0.7× combined floor"), "")
+	add("e2e_one", "e2e", "end to end, 1 event/tx", unitRate, "process", "floor_combined_one", ratio(0.7, "≥ 0.7× 1-event floor"), "")
+	var loads []string
+	for _, l := range b.cfg.Loads {
+		loads = append(loads, strconv.Itoa(l))
+	}
+	for _, l := range append(loads, "max") {
+		label := "at " + l + " events/s offered"
+		if l == "max" {
+			label = "flat out (1/tx)"
+		}
+		var p50, p99 *Target
+		if l == "500" {
+			p50, p99 = atMost(10, "p50 ≤ 10 ms"), atMost(50, "p99 ≤ 50 ms")
+		}
+		add("latency_"+l+"_p50", "e2e", "commit→ledger p50, "+label, unitMs, "process", "", p50, "")
+		add("latency_"+l+"_p99", "e2e", "commit→ledger p99, "+label, unitMs, "process", "", p99, "")
+		add("latency_"+l+"_max", "e2e", "commit→ledger max, "+label, unitMs, "process", "", nil, "")
+		if l != "max" {
+			add("achieved_"+l, "e2e", "  achieved rate, "+label, unitRate, "process", "", nil, "")
+		}
+	}
+
+	prefill := strconv.Itoa(b.cfg.Prefill)
+	add("scale_relay_prefilled", "scale", "relay drain, "+prefill+" published rows in table", unitRate, "in-process", "relay_drain", ratio(0.9, "≥ 0.9× empty"), "")
+	add("scale_inbox_prefilled", "scale", "inbox drain, "+prefill+" processed rows in table", unitRate, "in-process", "inbox_drain", ratio(0.9, "≥ 0.9× empty"), "")
+	add("scale_inbox_retention", "scale", "inbox drain during retention cleanup", unitRate, "in-process", "scale_inbox_prefilled", nil, "")
+	add("scale_relay_retention", "scale", "relay drain during retention cleanup", unitRate, "in-process", "scale_relay_prefilled", nil, "")
+	for _, n := range b.cfg.RelayInstances {
+		add("scale_relays_"+strconv.Itoa(n), "scale", "relay drain, "+strconv.Itoa(n)+" relay instance(s)", unitRate, "in-process", "relay_drain", nil, "")
+	}
+
+	add("rss_relay", "cost", "relay peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
+	add("rss_consumer", "cost", "consumer peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
+	add("cpu_relay", "cost", "relay CPU per 10k events", unitCPU, "process", "", nil, "")
+	add("cpu_consumer", "cost", "consumer CPU per 10k events", unitCPU, "process", "", nil, "")
+}
+
+// runGroup measures one group, cfg.Repeats times.
+func (b *bench) runGroup(ctx context.Context, group string) {
+	switch group {
+	case "floor":
+		for i := range b.cfg.Repeats {
+			b.attempt(ctx, "floors", []string{"floor_outbox_batch", "floor_inbox_batch", "floor_outbox_one", "floor_combined_batch", "floor_combined_one"}, func(ctx context.Context) error {
+				ft, err := b.runFloors(ctx)
+				if err != nil {
+					return err
+				}
+				n := b.cfg.Events
+				b.sample("floor_outbox_batch", rate(n, ft.outboxInsertBatch+ft.outboxMarkBatch))
+				b.sample("floor_outbox_insert_batch", rate(n, ft.outboxInsertBatch))
+				b.sample("floor_outbox_mark_batch", rate(n, ft.outboxMarkBatch))
+				b.sample("floor_outbox_one", rate(n, ft.outboxInsertOne+ft.outboxMarkOne))
+				b.sample("floor_outbox_insert_one", rate(n, ft.outboxInsertOne))
+				b.sample("floor_inbox_batch", rate(n, ft.inboxInsert+ft.inboxProcess))
+				b.sample("floor_inbox_insert_batch", rate(n, ft.inboxInsert))
+				b.sample("floor_inbox_process_batch", rate(n, ft.inboxProcess))
+				b.sample("floor_combined_batch", rate(n, ft.outboxInsertBatch+ft.outboxMarkBatch+ft.inboxInsert+ft.inboxProcess))
+				b.sample("floor_combined_one", rate(n, ft.outboxInsertOne+ft.outboxMarkOne+ft.inboxInsert+ft.inboxProcess))
+				b.log.Info("floors", zap.Int("repeat", i+1))
+				return nil
+			})
+		}
+	default:
+		b.runPipelineGroup(ctx, group)
+	}
+}
+
+// sample records one measurement of a figure.
+func (b *bench) sample(id string, v float64) {
+	if f := b.res.lookup(id); f != nil {
+		f.add(v)
+	}
+}
+
+// fail records why figures could not be measured (the first reason wins).
+func (b *bench) fail(ids []string, err error) {
+	for _, id := range ids {
+		if f := b.res.lookup(id); f != nil && f.Error == "" {
+			f.Error = err.Error()
+		}
+	}
+}
+
+// attempt runs one measurement under the per-measurement timeout, turning an
+// error or a panic into a recorded failure of the given figures.
+func (b *bench) attempt(ctx context.Context, what string, ids []string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	defer cancel()
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+			}
+		}()
+		return fn(ctx)
+	}()
+	if err != nil {
+		b.log.Warn("measurement failed", zap.String("what", what), zap.Error(err))
+		b.fail(ids, fmt.Errorf("%s: %w", what, err))
+	}
+}

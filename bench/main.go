@@ -1,0 +1,169 @@
+// Command bench measures pgrelay's throughput, latency, scale and cost against
+// floors measured on the same machine in the same run: the same work done with
+// plain SQL through pgx. It prints a table of every figure next to its floor
+// and the ratio, and writes results.json, results.txt and results.svg to the
+// output directory.
+//
+//	go run ./bench                 # the full run (about ten minutes)
+//	go run ./bench -quick          # a small run that proves it works
+//
+// The benchmark never fails on a figure: it exits non-zero only when it cannot
+// run (no database, bad settings).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/cli"
+)
+
+func main() {
+	if err := mainErr(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func mainErr() error {
+	if err := cli.ValidateEnv(map[string]string{"BENCH_QUICK": "bool"}); err != nil {
+		return err
+	}
+	var cfg Config
+	var loads, relays, only, logLevel string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.EnvString("BENCH_DATABASE_URL", cli.EnvString("DATABASE_URL", os.Getenv("TEST_DATABASE_URL"))),
+		"PostgreSQL server (maintenance database) where the run creates and drops its databases (BENCH_DATABASE_URL, else DATABASE_URL, else TEST_DATABASE_URL)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS JetStream server (NATS_URL); empty starts one in-process")
+	fs.StringVar(&cfg.OutDir, "out", "bench-results", "output directory")
+	fs.BoolVar(&cfg.Quick, "quick", cli.EnvBool("BENCH_QUICK", false), "small sizes and one repeat: proves the benchmark runs (BENCH_QUICK)")
+	fs.IntVar(&cfg.Repeats, "repeats", 0, "repeats per figure (default 3, quick 1)")
+	fs.IntVar(&cfg.Events, "events", 0, "backlog size of the drains and events per end-to-end run (default 20000, quick 1000)")
+	fs.IntVar(&cfg.BatchSize, "batch", 0, "events per transaction of the floors and the batched producers (default 100)")
+	fs.IntVar(&cfg.Workers, "workers", 0, "connections of the floors and producers (default 4)")
+	fs.IntVar(&cfg.Prefill, "prefill", 0, "finished rows prefilled for the scale figures (default 1000000, quick 20000)")
+	fs.DurationVar(&cfg.LoadDuration, "load-duration", 0, "duration of each fixed-load latency run (default 15s, quick 2s)")
+	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,2000; quick 200)")
+	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
+	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, relay, inbox, e2e, scale, cost (default all)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
+	fs.StringVar(&cfg.BinDir, "bin", "", "directory with prebuilt relay and consumer binaries (default: go build them)")
+	fs.StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and the in-process services")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Loads, err = parseInts("-loads", loads); err != nil {
+		return err
+	}
+	if cfg.RelayInstances, err = parseInts("-relays", relays); err != nil {
+		return err
+	}
+	if only != "" {
+		cfg.Only = strings.Split(only, ",")
+	}
+	if cfg.Logger, err = cli.NewLogger(logLevel, "console"); err != nil {
+		return err
+	}
+	defer cfg.Logger.Sync() //nolint:errcheck
+
+	ctx, cancel := cli.SignalContext(context.Background())
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Print(renderTable(res))
+	cfg = cfg.WithDefaults()
+	fmt.Printf("\nwritten to %s/ (results.json, results.txt, results.svg)\n", cfg.OutDir)
+	return nil
+}
+
+func parseInts(flagName, s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s %q: want comma-separated integers", flagName, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// bench is one run's state.
+type bench struct {
+	cfg  Config
+	log  *zap.Logger
+	dbs  *databases
+	res  *Results
+	nats *natsEnv
+}
+
+// Run measures every selected group and writes the results. It returns an
+// error only when the benchmark cannot run at all; a measurement that fails
+// is recorded in its figures and the run goes on.
+func Run(ctx context.Context, cfg Config) (*Results, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	b := &bench{cfg: cfg, log: cfg.Logger, res: &Results{Started: time.Now().UTC(), Quick: cfg.Quick, Machine: describeMachine()}}
+	b.res.Settings = map[string]any{
+		"repeats": cfg.Repeats, "events": cfg.Events, "batch_size": cfg.BatchSize, "workers": cfg.Workers,
+		"prefill": cfg.Prefill, "load_duration": cfg.LoadDuration.String(), "loads": cfg.Loads,
+		"relay_instances": cfg.RelayInstances, "only": cfg.Only,
+	}
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, fmt.Errorf("output directory (-out): %w", err)
+	}
+
+	setupCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	version, settings, err := postgresSettings(setupCtx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL at %s (-database-url): %w", redact(cfg.DatabaseURL), err)
+	}
+	b.res.Machine.Postgres, b.res.Postgres = version, settings
+	b.dbs, err = newDatabases(setupCtx, cfg.DatabaseURL, b.log)
+	if b.dbs != nil {
+		defer b.dbs.dropAll()
+	}
+	if err != nil {
+		return nil, err
+	}
+	b.nats, err = startNATS(setupCtx, cfg.NATSURL, b.log)
+	if err != nil {
+		return nil, err
+	}
+	defer b.nats.close()
+	b.res.Machine.NATS, b.res.Machine.NATSServer = b.nats.version, b.nats.where
+
+	b.declareFigures()
+	for _, g := range allGroups {
+		if !cfg.runs(g) || ctx.Err() != nil {
+			continue
+		}
+		b.log.Info("group", zap.String("group", g))
+		b.runGroup(ctx, g)
+	}
+	b.res.Finished = time.Now().UTC()
+	b.res.finish()
+	if err := writeResults(cfg.OutDir, b.res); err != nil {
+		return b.res, err
+	}
+	if ctx.Err() != nil {
+		return b.res, fmt.Errorf("interrupted: %w", ctx.Err())
+	}
+	return b.res, nil
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/relay"
+)
+
+const (
+	// seedOutboxPending writes a backlog of $2 OrderPaid events, ids $1 || i,
+	// in one statement (through the outbox's insert trigger, like any
+	// producer).
+	seedOutboxPending = `INSERT INTO outbox (event_id, topic, key, event_type, payload)
+SELECT $1::text || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
+       convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
+                                    'currency', 'EUR')::text, 'UTF8')
+FROM generate_series(0, $2::int - 1) AS i`
+	// seedOutboxPublished writes $1 rows published two days ago. The insert
+	// trigger (which forces new rows to pending) is bypassed for this fixture
+	// only; ids still come from the outbox's sequence.
+	seedOutboxPublished = `INSERT INTO outbox (id, event_id, topic, key, event_type, payload, status, attempts, published_at, created_at, occurred_at)
+SELECT nextval('outbox_id_seq'), 'done-' || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
+       convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
+                                    'currency', 'EUR')::text, 'UTF8'),
+       'published', 1, t, t, t
+FROM generate_series(0, $1::int - 1) AS i,
+     LATERAL (SELECT now() - interval '2 days' + i * interval '1 ms') AS x(t)`
+	outboxPending = `SELECT count(*) FROM outbox WHERE status = 'pending'`
+	outboxDead    = `SELECT count(*) FROM outbox WHERE status = 'dead'`
+	// relayOwners counts the partitions each live relay holds.
+	relayOwners = `SELECT coalesce(array_agg(n ORDER BY n), '{}') FROM (
+    SELECT count(*)::int AS n FROM relay_partitions WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner) s`
+	relayPartitions = `SELECT count(*)::int FROM relay_partitions`
+)
+
+// relayOptions shape one relay drain.
+type relayOptions struct {
+	instances int
+	// retention, when set, makes the relays delete published rows older than
+	// a day, checking every 100 ms, while they drain.
+	retention bool
+}
+
+// outboxDB is a fresh database for relay drains, optionally holding prefill
+// published rows (vacuumed and analyzed).
+func (b *bench) outboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error) {
+	pool, _, err := b.dbs.fresh(ctx, 4)
+	if err != nil {
+		return nil, err
+	}
+	if prefill > 0 {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "ALTER TABLE outbox DISABLE TRIGGER USER"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, seedOutboxPublished, prefill); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ALTER TABLE outbox ENABLE TRIGGER USER")
+			return err
+		})
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("prefill outbox: %w", err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) outbox"); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("vacuum outbox: %w", err)
+	}
+	return pool, nil
+}
+
+// relayDrain starts opts.instances in-process relays (each with its own pool
+// and NATS connection, publishing to a fresh stream), waits until they have
+// shared the partitions, then commits a backlog of n events in one
+// transaction and returns the time from that commit until no row is pending.
+func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts relayOptions) (time.Duration, error) {
+	streamName, prefix, err := b.nats.stream(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer b.nats.dropStream(streamName)
+	url := pool.Config().ConnString()
+
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	failed := make(chan error, opts.instances)
+	defer func() { stop(); wg.Wait() }()
+	for i := range opts.instances {
+		rpool, err := openPool(ctx, url, 6)
+		if err != nil {
+			return 0, err
+		}
+		pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: b.nats.url, SubjectPrefix: prefix, Stream: streamName,
+			// The publisher reports its own close as a disconnection.
+			Logger: b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+		if err != nil {
+			rpool.Close()
+			return 0, err
+		}
+		cfg := relay.Config{
+			Pool: rpool, Publisher: pub, Logger: b.log.Named("relay"), BatchSize: b.cfg.BatchSize,
+			NodeID: fmt.Sprintf("bench-relay-%d", i),
+			// Short leases so that several relays share the partitions within
+			// a second or two of starting.
+			LeaseDuration: 3 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
+		}
+		if opts.retention {
+			cfg.Retention, cfg.RetentionInterval = 24*time.Hour, 100*time.Millisecond
+		}
+		r, err := relay.New(cfg)
+		if err != nil {
+			pub.Close()
+			rpool.Close()
+			return 0, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer rpool.Close()
+			defer pub.Close()
+			if err := r.Run(runCtx); err != nil {
+				failed <- err
+			}
+		}()
+	}
+
+	// Wait for the relays to share every partition fairly.
+	var total int
+	if err := pool.QueryRow(ctx, relayPartitions).Scan(&total); err != nil {
+		return 0, err
+	}
+	if _, err := waitUntil(ctx, failed, func(ctx context.Context) (bool, error) {
+		var owned []int32
+		if err := pool.QueryRow(ctx, relayOwners).Scan(&owned); err != nil {
+			return false, err
+		}
+		sum := 0
+		for _, k := range owned {
+			sum += int(k)
+			if int(k) > (total+opts.instances-1)/opts.instances {
+				return false, nil
+			}
+		}
+		return len(owned) == opts.instances && sum == total, nil
+	}); err != nil {
+		return 0, fmt.Errorf("relays sharing partitions: %w", err)
+	}
+
+	if _, err := pool.Exec(ctx, seedOutboxPending, "bench-"+randomHex(4)+"-", n); err != nil {
+		return 0, fmt.Errorf("outbox backlog: %w", err)
+	}
+	committed := time.Now()
+	end, err := waitUntil(ctx, failed, func(ctx context.Context) (bool, error) {
+		left, err := count(ctx, pool, outboxPending)
+		return left == 0, err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if dead, _ := count(ctx, pool, outboxDead); dead > 0 {
+		return 0, fmt.Errorf("relay drain: %d events went dead", dead)
+	}
+	info, err := b.nats.js.Stream(ctx, streamName)
+	if err != nil {
+		return 0, fmt.Errorf("stream info: %w", err)
+	}
+	if got := info.CachedInfo().State.Msgs; got != uint64(n) {
+		return 0, fmt.Errorf("relay drain: the stream holds %d messages for %d events", got, n)
+	}
+	return end.Sub(committed), nil
+}
+
+func openPool(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(maxConns)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func (b *bench) runRelayGroup(ctx context.Context) {
+	n := b.cfg.Events
+	for range b.cfg.Repeats {
+		b.attempt(ctx, "relay drain", []string{"relay_drain"}, func(ctx context.Context) error {
+			pool, err := b.outboxDB(ctx, 0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			d, err := b.relayDrain(ctx, pool, n, relayOptions{instances: 1})
+			if err != nil {
+				return err
+			}
+			b.sample("relay_drain", rate(n, d))
+			return nil
+		})
+	}
+	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d; time from commit to none pending; stream message count checked", n, b.cfg.BatchSize))
+}
+
+func (b *bench) runRelayScale(ctx context.Context) {
+	n, prefill := b.cfg.Events, b.cfg.Prefill
+	b.attempt(ctx, "relay drain, prefilled", []string{"scale_relay_prefilled"}, func(ctx context.Context) error {
+		pool, err := b.outboxDB(ctx, prefill)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		for range b.cfg.Repeats {
+			d, err := b.relayDrain(ctx, pool, n, relayOptions{instances: 1})
+			if err != nil {
+				return err
+			}
+			b.sample("scale_relay_prefilled", rate(n, d))
+		}
+		return nil
+	})
+	b.note("scale_relay_prefilled", fmt.Sprintf("%d published rows (vacuumed) before the first drain", prefill))
+
+	var deletedNote string
+	b.attempt(ctx, "relay drain during retention", []string{"scale_relay_retention"}, func(ctx context.Context) error {
+		pool, err := b.outboxDB(ctx, prefill)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		var before, after int64
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&before); err != nil {
+			return err
+		}
+		for range b.cfg.Repeats {
+			d, err := b.relayDrain(ctx, pool, n, relayOptions{instances: 1, retention: true})
+			if err != nil {
+				return err
+			}
+			b.sample("scale_relay_retention", rate(n, d))
+		}
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&after); err != nil {
+			return err
+		}
+		deletedNote = fmt.Sprintf("; %d rows deleted over the drains", before+int64(b.cfg.Repeats*n)-after)
+		return nil
+	})
+	b.note("scale_relay_retention", "the relay's own retention (Retention 24h, checked every 100ms) on "+itoa(prefill)+" rows published two days ago"+deletedNote)
+
+	for _, k := range b.cfg.RelayInstances {
+		id := "scale_relays_" + itoa(k)
+		for range b.cfg.Repeats {
+			b.attempt(ctx, fmt.Sprintf("relay drain, %d relays", k), []string{id}, func(ctx context.Context) error {
+				pool, err := b.outboxDB(ctx, 0)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				d, err := b.relayDrain(ctx, pool, n, relayOptions{instances: k})
+				if err != nil {
+					return err
+				}
+				b.sample(id, rate(n, d))
+				return nil
+			})
+		}
+		b.note(id, fmt.Sprintf("%d in-process relays, each with its own pool and NATS connection, partitions shared before the backlog commits", k))
+	}
+}
