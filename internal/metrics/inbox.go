@@ -1,0 +1,145 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// InboxObserver implements inbox.Observer with Prometheus collectors. Pass it
+// as inbox.Config.Observer (consumer.Config.Inbox.Observer).
+type InboxObserver struct {
+	received   prometheus.Counter
+	dedup      prometheus.Counter
+	claimed    prometheus.Counter
+	takeovers  prometheus.Counter
+	processed  prometheus.Counter
+	retries    *prometheus.CounterVec
+	deferrals  prometheus.Counter
+	dead       *prometheus.CounterVec
+	fenced     prometheus.Counter
+	handlerDur prometheus.Histogram
+}
+
+var _ inbox.Observer = (*InboxObserver)(nil)
+
+// InboxObserverOptions configures NewInboxObserver.
+type InboxObserverOptions struct {
+	// IngestStats, when set, is read at every scrape for the received and
+	// duplicate counts (consumer_received_total, consumer_dedup_total) instead
+	// of counting Received calls: use it when the ingest side keeps its own
+	// counters (consumer.Consumer.Stats). Default: nil, counting Received.
+	IngestStats func() IngestStats
+}
+
+// IngestStats are the ingest side's running totals.
+type IngestStats struct {
+	// Received counts messages delivered by the broker, redeliveries
+	// included.
+	Received int64
+	// Duplicates counts delivered messages whose event id the inbox already
+	// held (absorbed by the unique key).
+	Duplicates int64
+}
+
+// NewInboxObserver registers the consumer's inbox metrics on reg and returns
+// the observer that drives them.
+func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *InboxObserver {
+	o := &InboxObserver{
+		claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "consumer_claimed_total",
+			Help: "Inbox events claimed by a worker (each attempt counts once).",
+		}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "consumer_lease_takeovers_total",
+			Help: "Inbox events claimed from a worker whose lease expired (stale-lock recovery).",
+		}),
+		processed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "consumer_processed_total",
+			Help: "Inbox events whose handler committed together with the processed mark.",
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_retries_total",
+			Help: "Inbox events put back for another attempt after a transient failure, by reason (error, timeout, panic).",
+		}, []string{"reason"}),
+		deferrals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "consumer_deferrals_total",
+			Help: "Inbox events put back to wait for a dependency (attempt refunded).",
+		}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_dlq_total",
+			Help: "Inbox events moved to the dead letter state, by reason (permanent, attempts_exhausted, worker_lost, deferrals_exhausted, other).",
+		}, []string{"reason"}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "consumer_fenced_total",
+			Help: "Inbox commits refused because another worker took the event over; the stale side effect was rolled back.",
+		}),
+		handlerDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "consumer_handler_duration_seconds",
+			Help:    "Time a handler ran for an event that was then processed.",
+			Buckets: latencyBuckets,
+		}),
+	}
+	const receivedHelp = "Messages delivered by the broker to the inbox, duplicates included."
+	const dedupHelp = "Delivered messages absorbed as duplicates by the inbox's unique event_id."
+	if opts.IngestStats != nil {
+		reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_received_total", Help: receivedHelp},
+				func() float64 { return float64(opts.IngestStats().Received) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_dedup_total", Help: dedupHelp},
+				func() float64 { return float64(opts.IngestStats().Duplicates) }),
+		)
+	} else {
+		o.received = prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_received_total", Help: receivedHelp})
+		o.dedup = prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_dedup_total", Help: dedupHelp})
+		reg.MustRegister(o.received, o.dedup)
+	}
+	for _, r := range RetryReasons {
+		o.retries.WithLabelValues(r)
+	}
+	for _, r := range DeadReasons {
+		o.dead.WithLabelValues(r)
+	}
+	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur)
+	return o
+}
+
+// Received counts a Receive call's stored rows and duplicates. It does
+// nothing when the counts come from InboxObserverOptions.IngestStats.
+func (o *InboxObserver) Received(inserted, duplicates int) {
+	if o.received == nil {
+		return
+	}
+	o.received.Add(float64(inserted + duplicates))
+	o.dedup.Add(float64(duplicates))
+}
+
+// Claimed counts claims and lease takeovers.
+func (o *InboxObserver) Claimed(n, takeovers int) {
+	o.claimed.Add(float64(n))
+	o.takeovers.Add(float64(takeovers))
+}
+
+// Processed counts a processed event and observes its handler's duration.
+func (o *InboxObserver) Processed(_ *inbox.Event, d time.Duration) {
+	o.processed.Inc()
+	o.handlerDur.Observe(seconds(d))
+}
+
+// Retried counts a retry by its classified reason.
+func (o *InboxObserver) Retried(_ *inbox.Event, reason string) {
+	o.retries.WithLabelValues(ClassifyRetry(reason)).Inc()
+}
+
+// Deferred counts a deferral.
+func (o *InboxObserver) Deferred(*inbox.Event) { o.deferrals.Inc() }
+
+// Dead counts a dead letter by its classified reason.
+func (o *InboxObserver) Dead(_ *inbox.Event, reason string) {
+	o.dead.WithLabelValues(ClassifyDead(reason)).Inc()
+}
+
+// Fenced counts a fenced commit.
+func (o *InboxObserver) Fenced(*inbox.Event) { o.fenced.Inc() }

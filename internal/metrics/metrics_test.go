@@ -1,0 +1,301 @@
+package metrics
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// scrape reads a Prometheus text endpoint into name{labels} -> value.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, line)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+type bundle struct {
+	pool *pgxpool.Pool
+	obs  *InboxObserver
+	url  string
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	pool := testdb.New(t)
+	reg := NewRegistry()
+	obs := NewInboxObserver(reg, InboxObserverOptions{})
+	coll, err := NewInboxCollector(DBCollectorConfig{Pool: pool, CacheFor: time.Nanosecond})
+	require.NoError(t, err)
+	reg.MustRegister(coll)
+	NewRelayObserver(reg)
+	srv, err := NewServer(ServerConfig{Registry: reg, Checks: map[string]Check{"database": PingCheck(pool)}})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return &bundle{pool: pool, obs: obs, url: hs.URL}
+}
+
+// TestSeriesPresentFromStartUp: every series, including every value of the
+// reason labels, is exported as zero before anything happened.
+func TestSeriesPresentFromStartUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := scrape(t, b.url+"/metrics")
+	want := []string{
+		"consumer_received_total", "consumer_dedup_total", "consumer_processed_total",
+		"consumer_claimed_total", "consumer_lease_takeovers_total", "consumer_fenced_total",
+		"consumer_deferrals_total", "consumer_handler_duration_seconds_count",
+		"relay_published_total", "relay_publish_errors_total", "relay_publish_duplicates_total",
+		"relay_dead_total", "relay_fenced_total", "relay_lease_takeovers_total",
+		"relay_lease_acquired_total", "relay_lease_lost_total", "relay_outbox_lag_seconds_count",
+		"inbox_pending_rows", "inbox_processing_rows", "inbox_dead_rows",
+		"inbox_oldest_claimable_age_seconds", "inbox_oldest_pending_age_seconds",
+		"inbox_dedup_table_rows",
+	}
+	for _, r := range RetryReasons {
+		want = append(want, fmt.Sprintf(`consumer_retries_total{reason=%q}`, r))
+	}
+	for _, r := range DeadReasons {
+		want = append(want, fmt.Sprintf(`consumer_dlq_total{reason=%q}`, r))
+	}
+	for _, name := range want {
+		v, ok := m[name]
+		require.True(t, ok, "series %s missing at start-up", name)
+		require.Zero(t, v, name)
+	}
+	require.Equal(t, 1.0, m["inbox_db_stats_up"])
+	require.Positive(t, m["inbox_dedup_table_bytes"])
+	require.Contains(t, m, "go_goroutines", "runtime collectors are registered")
+}
+
+func msg(id string) inbox.Incoming {
+	return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: id, EventType: "OrderPaid", Payload: []byte(`{}`)}}
+}
+
+// TestMetricsFollowTheRealInbox drives duplicates, retries and dead letters
+// through the real inbox (Receive and a running Worker) and reads /metrics
+// over HTTP until the counters say what happened.
+func TestMetricsFollowTheRealInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+
+	receive := func(msgs ...inbox.Incoming) {
+		res, err := inbox.Receive(ctx, b.pool, msgs)
+		require.NoError(t, err)
+		b.obs.Received(res.Inserted, len(res.Duplicates)) // as the consumer reports each batch
+	}
+	receive(msg("ok"), msg("flaky"), msg("poison"), msg("hopeless"))
+	receive(msg("ok"), msg("flaky")) // redeliveries: absorbed
+
+	m := scrape(t, b.url+"/metrics")
+	require.Equal(t, 6.0, m["consumer_received_total"])
+	require.Equal(t, 2.0, m["consumer_dedup_total"])
+	require.Equal(t, 4.0, m["inbox_pending_rows"])
+
+	var mu sync.Mutex
+	calls := map[string]int{}
+	handler := inbox.HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *inbox.Event) error {
+		mu.Lock()
+		calls[ev.EventID]++
+		n := calls[ev.EventID]
+		mu.Unlock()
+		switch ev.EventID {
+		case "flaky":
+			if n == 1 {
+				return errors.New("ledger unavailable")
+			}
+		case "poison":
+			return inbox.Permanent(errors.New("unknown order"))
+		case "hopeless":
+			return errors.New("still broken")
+		}
+		return nil
+	})
+	w, err := inbox.NewWorker(inbox.Config{
+		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: zaptest.NewLogger(t),
+		Workers: 1, MaxAttempts: 2, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	require.Eventually(t, func() bool {
+		m = scrape(t, b.url+"/metrics")
+		return m["consumer_processed_total"] == 2 && m["inbox_dead_rows"] == 2 && m["inbox_pending_rows"] == 0
+	}, 20*time.Second, 20*time.Millisecond, "processed=%v dead=%v", m["consumer_processed_total"], m["inbox_dead_rows"])
+
+	require.Equal(t, 2.0, m[`consumer_retries_total{reason="error"}`], "flaky once, hopeless once")
+	require.Equal(t, 0.0, m[`consumer_retries_total{reason="panic"}`])
+	require.Equal(t, 1.0, m[`consumer_dlq_total{reason="permanent"}`])
+	require.Equal(t, 1.0, m[`consumer_dlq_total{reason="attempts_exhausted"}`])
+	require.Equal(t, 0.0, m[`consumer_dlq_total{reason="other"}`])
+	require.Equal(t, 2.0, m["consumer_handler_duration_seconds_count"])
+	require.Equal(t, 0.0, m["consumer_fenced_total"])
+	require.GreaterOrEqual(t, m["consumer_claimed_total"], 6.0)
+	require.Equal(t, 0.0, m["inbox_oldest_claimable_age_seconds"])
+}
+
+// TestOldestClaimableIgnoresBackoff: the age gauge counts rows that are due,
+// and not rows waiting out a backoff.
+func TestOldestClaimableIgnoresBackoff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, received_at, next_attempt_at) VALUES
+		('due', now() - interval '2 minutes', now() - interval '90 seconds'),
+		('backing-off', now() - interval '1 hour', now() + interval '1 hour')`)
+	require.NoError(t, err)
+	m := scrape(t, b.url+"/metrics")
+	require.InDelta(t, 90, m["inbox_oldest_claimable_age_seconds"], 30)
+	require.InDelta(t, 3600, m["inbox_oldest_pending_age_seconds"], 30)
+	require.Equal(t, 2.0, m["inbox_pending_rows"])
+}
+
+// TestDBGaugesSurviveAnOutage: when the database cannot be queried the gauges
+// keep their last values (no series disappears) and inbox_db_stats_up is 0.
+func TestDBGaugesSurviveAnOutage(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), testdb.NewURL(t))
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), `INSERT INTO inbox (event_id) VALUES ('a'), ('b')`)
+	require.NoError(t, err)
+	reg := NewRegistry()
+	coll, err := NewInboxCollector(DBCollectorConfig{Pool: pool, CacheFor: time.Nanosecond, Timeout: time.Second})
+	require.NoError(t, err)
+	reg.MustRegister(coll)
+	srv, err := NewServer(ServerConfig{Registry: reg})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+
+	m := scrape(t, hs.URL+"/metrics")
+	require.Equal(t, 2.0, m["inbox_pending_rows"])
+	require.Equal(t, 1.0, m["inbox_db_stats_up"])
+	pool.Close()
+	m = scrape(t, hs.URL+"/metrics")
+	require.Equal(t, 2.0, m["inbox_pending_rows"], "last known value")
+	require.Equal(t, 0.0, m["inbox_db_stats_up"])
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	brokerDown := errors.New("nats: no servers available")
+	var brokerErr error
+	var mu sync.Mutex
+	srv, err := NewServer(ServerConfig{Registry: NewRegistry(), Checks: map[string]Check{
+		"database": PingCheck(pool),
+		"broker": func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return brokerErr
+		},
+		"slow": func(ctx context.Context) error { <-ctx.Done(); return nil },
+	}, CheckTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get(hs.URL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	code, _ := get("/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, body := get("/readyz")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"database":"ok"`)
+
+	mu.Lock()
+	brokerErr = brokerDown
+	mu.Unlock()
+	code, body = get("/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, `"broker":"nats: no servers available"`)
+	code, _ = get("/healthz")
+	require.Equal(t, http.StatusOK, code, "liveness does not depend on the broker")
+}
+
+func TestServerConfigValidation(t *testing.T) {
+	t.Parallel()
+	_, err := NewServer(ServerConfig{})
+	require.ErrorContains(t, err, "Registry")
+	_, err = NewServer(ServerConfig{Registry: NewRegistry(), Addr: "nonsense"})
+	require.ErrorContains(t, err, "--metrics-addr")
+	_, err = NewServer(ServerConfig{Registry: NewRegistry(), Checks: map[string]Check{"db": nil}})
+	require.ErrorContains(t, err, `Checks["db"]`)
+	_, err = NewInboxCollector(DBCollectorConfig{})
+	require.ErrorContains(t, err, "DBCollectorConfig.Pool")
+}
+
+// TestServerRunsAndStops: Run serves until its context is cancelled, then
+// returns nil.
+func TestServerRunsAndStops(t *testing.T) {
+	t.Parallel()
+	srv, err := NewServer(ServerConfig{Registry: NewRegistry(), Addr: "127.0.0.1:0"})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("server did not stop")
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, RetryPanic, ClassifyRetry("handler panicked: boom"))
+	require.Equal(t, RetryTimeout, ClassifyRetry("handler timed out after 10s: context deadline exceeded"))
+	require.Equal(t, RetryError, ClassifyRetry("connection refused"))
+	require.Equal(t, DeadPermanent, ClassifyDead("permanent: unknown order"))
+	require.Equal(t, DeadWorkerLost, ClassifyDead("attempts exhausted: worker lost during attempt 10 of 10"))
+	require.Equal(t, DeadAttemptsExhausted, ClassifyDead("attempts exhausted: 10 of 10: boom"))
+	require.Equal(t, DeadDeferralsExhausted, ClassifyDead("deferrals exhausted: still waiting for order:1 after 20 deferrals"))
+	require.Equal(t, DeadOther, ClassifyDead("something else"))
+}

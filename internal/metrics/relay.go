@@ -1,0 +1,105 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RelayObserver implements relay.Observer with Prometheus collectors. Pass it
+// as relay.Config.Observer.
+type RelayObserver struct {
+	published     prometheus.Counter
+	duplicates    prometheus.Counter
+	publishErrors prometheus.Counter
+	failedEvents  prometheus.Counter
+	dead          prometheus.Counter
+	fenced        prometheus.Counter
+	acquired      prometheus.Counter
+	takeovers     prometheus.Counter
+	lost          prometheus.Counter
+	lag           prometheus.Histogram
+}
+
+// NewRelayObserver registers the relay's metrics on reg and returns the
+// observer that drives them.
+func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
+	o := &RelayObserver{
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_published_total",
+			Help: "Outbox events acknowledged by the broker and marked published.",
+		}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_publish_duplicates_total",
+			Help: "Published events the broker reported as duplicates of an earlier publish (a republish after a crash or a fenced mark).",
+		}),
+		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_publish_errors_total",
+			Help: "Transient publish failures (each backs its partition off; the events stay pending).",
+		}),
+		failedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_publish_failed_events_total",
+			Help: "Events left pending by transient publish failures (counted once per failure).",
+		}),
+		dead: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_dead_total",
+			Help: "Outbox events rejected permanently by the broker and marked dead.",
+		}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_fenced_total",
+			Help: "Marks refused because another relay took the partition over (its epoch moved on).",
+		}),
+		acquired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_lease_acquired_total",
+			Help: "Partition leases acquired by this relay.",
+		}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_lease_takeovers_total",
+			Help: "Partition leases taken from a relay whose lease had expired.",
+		}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_lease_lost_total",
+			Help: "Partitions this relay found owned by another relay.",
+		}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_outbox_lag_seconds",
+			Help:    "Time from an outbox row's commit to its broker acknowledgement (the oldest row of each published batch).",
+			Buckets: lagBuckets,
+		}),
+	}
+	reg.MustRegister(o.published, o.duplicates, o.publishErrors, o.failedEvents, o.dead, o.fenced,
+		o.acquired, o.takeovers, o.lost, o.lag)
+	return o
+}
+
+// Published counts published events and observes the batch's lag.
+func (o *RelayObserver) Published(_ int, n, duplicates int, lag time.Duration) {
+	o.published.Add(float64(n))
+	o.duplicates.Add(float64(duplicates))
+	if n > 0 {
+		o.lag.Observe(seconds(lag))
+	}
+}
+
+// PublishFailed counts a transient failure.
+func (o *RelayObserver) PublishFailed(_ int, n int, _ error) {
+	o.publishErrors.Inc()
+	o.failedEvents.Add(float64(n))
+}
+
+// Dead counts events marked dead.
+func (o *RelayObserver) Dead(_ int, n int) { o.dead.Add(float64(n)) }
+
+// Fenced counts a refused mark.
+func (o *RelayObserver) Fenced(int) { o.fenced.Inc() }
+
+// LeaseAcquired counts an acquired lease, and a takeover when it was one.
+func (o *RelayObserver) LeaseAcquired(_ int, _ int64, takenOver bool) {
+	o.acquired.Inc()
+	if takenOver {
+		o.takeovers.Inc()
+	}
+}
+
+// LeaseLost counts a lost partition.
+func (o *RelayObserver) LeaseLost(int) { o.lost.Inc() }

@@ -1,0 +1,148 @@
+package retention
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+const day = 24 * time.Hour
+
+// seed inserts inbox rows: id -> (status, age of finished_at or received_at).
+func seed(t *testing.T, pool *pgxpool.Pool, rows map[string]struct {
+	status string
+	age    time.Duration
+}) {
+	t.Helper()
+	for id, r := range rows {
+		at := time.Now().Add(-r.age)
+		var finished *time.Time
+		if r.status == "processed" || r.status == "dead" {
+			finished = &at
+		}
+		_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, received_at, finished_at)
+			VALUES ($1, $2, $3, $4)`, id, r.status, at, finished)
+		require.NoError(t, err)
+	}
+}
+
+func remaining(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT event_id FROM inbox`)
+	require.NoError(t, err)
+	var ids []string
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	sort.Strings(ids)
+	return ids
+}
+
+type row = struct {
+	status string
+	age    time.Duration
+}
+
+// TestDeletesOnlyRowsPastTheWindow: processed rows older than the window go,
+// in several batches; younger processed rows, and pending, processing and
+// dead rows of any age, stay.
+func TestDeletesOnlyRowsPastTheWindow(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	seed(t, pool, map[string]row{
+		"old-1": {"processed", 8 * day}, "old-2": {"processed", 9 * day}, "old-3": {"processed", 30 * day},
+		"old-4": {"processed", 7*day + time.Hour}, "old-5": {"processed", 100 * day},
+		"young":      {"processed", 7*day - time.Hour},
+		"dead-old":   {"dead", 60 * day},
+		"pending":    {"pending", 60 * day},
+		"processing": {"processing", 60 * day},
+	})
+	c, err := New(Config{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
+	require.NoError(t, err)
+	n, err := c.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(5), n)
+	require.Equal(t, []string{"dead-old", "pending", "processing", "young"}, remaining(t, pool))
+
+	n, err = c.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// TestNeverWaitsOnLockedRows: a row held by another transaction is skipped,
+// not waited for; the rest of the batch is deleted.
+func TestNeverWaitsOnLockedRows(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	seed(t, pool, map[string]row{"held": {"processed", 8 * day}, "free": {"processed", 8 * day}})
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM inbox WHERE event_id = 'held' FOR UPDATE`)
+	require.NoError(t, err)
+
+	c, err := New(Config{Pool: pool, QueryTimeout: 3 * time.Second})
+	require.NoError(t, err)
+	start := time.Now()
+	n, err := c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	require.Less(t, time.Since(start), 2*time.Second)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, []string{"held"}, remaining(t, pool))
+}
+
+type countingObserver struct{ deleted chan int64 }
+
+func (o countingObserver) Deleted(n int64) { o.deleted <- n }
+func (o countingObserver) Failed(error)    {}
+
+// TestRunLoopsUntilCancelled: Run deletes on its schedule and returns nil on
+// cancel.
+func TestRunLoopsUntilCancelled(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	seed(t, pool, map[string]row{"old": {"processed", 8 * day}})
+	obs := countingObserver{deleted: make(chan int64, 100)}
+	c, err := New(Config{Pool: pool, Interval: 10 * time.Millisecond, Observer: obs})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Equal(t, int64(1), <-obs.deleted)
+	require.Equal(t, int64(0), <-obs.deleted, "a second run finds nothing")
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	require.Empty(t, remaining(t, pool))
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	pool := &pgxpool.Pool{}
+	_, err := New(Config{})
+	require.ErrorContains(t, err, "Config.Pool")
+	_, err = New(Config{Pool: pool, Window: time.Second})
+	require.ErrorContains(t, err, "Config.Window")
+	_, err = New(Config{Pool: pool, BatchSize: -1})
+	require.ErrorContains(t, err, "Config.BatchSize")
+	_, err = New(Config{Pool: pool, Interval: -time.Second})
+	require.ErrorContains(t, err, "Config.Interval")
+	c, err := New(Config{Pool: pool})
+	require.NoError(t, err)
+	require.Equal(t, DefaultWindow, c.cfg.Window)
+}
