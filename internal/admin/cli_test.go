@@ -1,0 +1,120 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// runCLI runs the operator subcommands against the database at url, as the
+// binaries do, and returns stdout and the error.
+func runCLI(t *testing.T, url string, args ...string) (string, error) {
+	t.Helper()
+	root := &cobra.Command{Use: "consumer", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(Commands(&url)...)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestCLI(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	svcPool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(svcPool.Close)
+	fixtures(t, svcPool)
+
+	out, err := runCLI(t, url, "dead", "list")
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 4, out)
+	require.True(t, strings.HasPrefix(lines[0], "EVENT_ID"), out)
+	require.Contains(t, lines[1], "d-users-1")
+
+	out, err = runCLI(t, url, "dead", "list", "--topic", "orders", "--error", "eof", "--json")
+	require.NoError(t, err)
+	var list []DeadLetter
+	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+	require.Equal(t, []string{"d-orders-2"}, ids(list))
+
+	out, err = runCLI(t, url, "dead", "list", "--since", "50h")
+	require.NoError(t, err)
+	require.Contains(t, out, "d-orders-1")
+	require.NotContains(t, out, "d-users-1")
+
+	out, err = runCLI(t, url, "dead", "show", "d-orders-2")
+	require.NoError(t, err)
+	require.Contains(t, out, "bad payload: unexpected EOF")
+	require.Contains(t, out, `{"n":1}`)
+	_, err = runCLI(t, url, "dead", "show", "missing")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	before := snapshot(t, svcPool)
+	_, err = runCLI(t, url, "dead", "requeue", "d-orders-2")
+	require.ErrorContains(t, err, "--reason is required")
+	_, err = runCLI(t, url, "dead", "requeue", "--reason", "x")
+	require.ErrorContains(t, err, "without a filter")
+	out, err = runCLI(t, url, "dead", "requeue", "d-orders-2", "--reason", "fixed parser", "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "dry run: would have requeued 1")
+	_, err = runCLI(t, url, "dead", "purge")
+	require.ErrorContains(t, err, "--older-than is required")
+	out, err = runCLI(t, url, "dead", "purge", "--older-than", "1h", "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, out, "dry run: would have purged 3")
+	require.Equal(t, before, snapshot(t, svcPool), "dry runs change nothing")
+
+	out, err = runCLI(t, url, "dead", "requeue", "d-orders-2", "--reason", "fixed parser", "--actor", "carol", "--json")
+	require.NoError(t, err)
+	var res Result
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, 1, res.Count)
+	st, _, _ := statusOf(t, svcPool, "d-orders-2")
+	require.Equal(t, "pending", st)
+
+	out, err = runCLI(t, url, "dead", "purge", "--older-than", "60h", "--reason", "stale")
+	require.NoError(t, err)
+	require.Contains(t, out, "purged 1 dead inbox event(s)")
+	st, _, _ = statusOf(t, svcPool, "d-users-1")
+	require.Equal(t, "absent", st)
+
+	out, err = runCLI(t, url, "audit")
+	require.NoError(t, err)
+	require.Contains(t, out, "carol")
+	require.Contains(t, out, "purge")
+
+	out, err = runCLI(t, url, "stats")
+	require.NoError(t, err)
+	require.Contains(t, out, "dead")
+	require.Contains(t, out, "unknown (pass --metrics-url)")
+
+	// The dedup hit rate from a consumer's metrics endpoint.
+	ms := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("# TYPE consumer_received_total counter\nconsumer_received_total 40\n# TYPE consumer_dedup_total counter\nconsumer_dedup_total 10\n"))
+	}))
+	defer ms.Close()
+	out, err = runCLI(t, url, "stats", "--metrics-url", ms.URL, "--json")
+	require.NoError(t, err)
+	var stats Stats
+	require.NoError(t, json.Unmarshal([]byte(out), &stats), out)
+	require.NotNil(t, stats.Dedup)
+	require.InDelta(t, 0.25, stats.Dedup.HitRate, 1e-9)
+	require.Equal(t, int64(1), stats.Inbox.ByStatus["dead"])
+
+	_, err = runCLI(t, "", "stats")
+	require.ErrorContains(t, err, "DATABASE_URL")
+}

@@ -1,0 +1,246 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+const token = "s3cret-token-0123456789"
+
+func do(t *testing.T, method, url, bearer string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, url, r)
+	require.NoError(t, err)
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, out
+}
+
+// TestServerRefusesToStartOffLoopbackWithoutToken: any address that is not
+// loopback needs a token; loopback does not.
+func TestServerRefusesToStartOffLoopbackWithoutToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, addr := range []string{"0.0.0.0:9091", ":9091", "10.1.2.3:9091", "[::]:9091", "example.com:9091"} {
+		_, err := NewServer(ServerConfig{Service: b.svc, Addr: addr})
+		require.ErrorContains(t, err, "--admin-token", addr)
+	}
+	for _, addr := range []string{"127.0.0.1:0", "localhost:9091", "[::1]:9091", "127.1.2.3:80"} {
+		_, err := NewServer(ServerConfig{Service: b.svc, Addr: addr})
+		require.NoError(t, err, addr)
+	}
+	_, err := NewServer(ServerConfig{Service: b.svc, Addr: "0.0.0.0:9091", Token: "short"})
+	require.ErrorContains(t, err, "at least 16")
+	_, err = NewServer(ServerConfig{Service: b.svc, Addr: "nonsense"})
+	require.ErrorContains(t, err, "--admin-addr")
+	srv, err := NewServer(ServerConfig{Service: b.svc})
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9091", srv.cfg.Addr, "loopback by default")
+}
+
+// TestAPIRequiresTheToken: bound off loopback, every endpoint refuses a
+// request without the right bearer token and changes nothing.
+func TestAPIRequiresTheToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fixtures(t, b.pool)
+	srv, err := NewServer(ServerConfig{Service: b.svc, Addr: "0.0.0.0:0", Token: token})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	base := "http://" + ln.Addr().String()
+	before := snapshot(t, b.pool)
+
+	requeue := RequeueRequest{All: true, Actor: "mallory", Reason: "r"}
+	for _, bearer := range []string{"", "wrong-token-0123456789", token + "x", strings.ToUpper(token)} {
+		for _, c := range []struct {
+			method, path string
+			body         any
+		}{
+			{"GET", "/v1/stats", nil},
+			{"GET", "/v1/inbox/dead", nil},
+			{"GET", "/v1/inbox/dead/d-orders-1", nil},
+			{"POST", "/v1/inbox/dead/requeue", requeue},
+			{"POST", "/v1/inbox/dead/purge", map[string]any{"older_than": "0s", "actor": "mallory"}},
+			{"GET", "/v1/audit", nil},
+		} {
+			code, body := do(t, c.method, base+c.path, bearer, c.body)
+			require.Equal(t, http.StatusUnauthorized, code, "%s %s with %q: %s", c.method, c.path, bearer, body)
+		}
+	}
+	require.Equal(t, before, snapshot(t, b.pool), "refused requests change nothing")
+
+	code, body := do(t, "GET", base+"/v1/inbox/dead?topic=orders", token, nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var list []DeadLetter
+	require.NoError(t, json.Unmarshal(body, &list))
+	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, ids(list))
+}
+
+// TestAPIOperations exercises every endpoint on a loopback server without a
+// token: list, show, dry-run and real requeue, purge, audit, stats, and the
+// error mapping.
+func TestAPIOperations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fixtures(t, b.pool)
+	srv, err := NewServer(ServerConfig{Service: b.svc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+
+	code, body := do(t, "GET", hs.URL+"/v1/inbox/dead/d-users-1", "", nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var d DeadLetter
+	require.NoError(t, json.Unmarshal(body, &d))
+	require.Equal(t, "timeout", d.LastError)
+
+	code, _ = do(t, "GET", hs.URL+"/v1/inbox/dead/nope", "", nil)
+	require.Equal(t, http.StatusNotFound, code)
+	code, body = do(t, "GET", hs.URL+"/v1/inbox/dead?since=yesterday", "", nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, string(body), "since")
+	code, _ = do(t, "GET", hs.URL+"/v1/bogus/dead", "", nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", map[string]any{"actor": "a", "reason": "r", "bogus": 1})
+	require.Equal(t, http.StatusBadRequest, code, "unknown fields are refused: %s", body)
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{Actor: "a", Reason: "r"})
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, string(body), "without a filter")
+
+	before := snapshot(t, b.pool)
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{
+		Filter: Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed", DryRun: true})
+	require.Equal(t, http.StatusOK, code, string(body))
+	var res Result
+	require.NoError(t, json.Unmarshal(body, &res))
+	require.True(t, res.DryRun)
+	require.Equal(t, []string{"d-users-1"}, affectedIDs(&res))
+	require.Equal(t, before, snapshot(t, b.pool))
+
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{
+		Filter: Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed"})
+	require.Equal(t, http.StatusOK, code, string(body))
+	st, _, _ := statusOf(t, b.pool, "d-users-1")
+	require.Equal(t, "pending", st)
+
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{"older_than": "24h", "actor": "ops", "dry_run": true})
+	require.Equal(t, http.StatusOK, code, string(body))
+	require.NoError(t, json.Unmarshal(body, &res))
+	require.Equal(t, []string{"d-orders-1"}, affectedIDs(&res))
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{"older_than": "soon", "actor": "ops"})
+	require.Equal(t, http.StatusBadRequest, code, string(body))
+
+	code, body = do(t, "GET", hs.URL+"/v1/audit?event_id=d-users-1", "", nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var audit []AuditEntry
+	require.NoError(t, json.Unmarshal(body, &audit))
+	require.Len(t, audit, 1)
+	require.Equal(t, "ops", audit[0].Actor)
+
+	code, body = do(t, "GET", hs.URL+"/v1/stats", "", nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var stats Stats
+	require.NoError(t, json.Unmarshal(body, &stats))
+	require.Equal(t, int64(2), stats.Inbox.ByStatus["dead"])
+}
+
+// TestRequeuedEventIsProcessedOnce: a dead event requeued through the API is
+// claimed by the real inbox worker and its side effect happens exactly once,
+// with the same event id.
+func TestRequeuedEventIsProcessedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
+	require.NoError(t, err)
+
+	// The handler fails permanently until it is "fixed".
+	var mu sync.Mutex
+	fixed := false
+	handler := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		mu.Lock()
+		ok := fixed
+		mu.Unlock()
+		if !ok {
+			return inbox.Permanent(io.ErrUnexpectedEOF)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.EventID)
+		return err
+	})
+	stats := &inbox.Stats{}
+	w, err := inbox.NewWorker(inbox.Config{Pool: b.pool, Handler: handler, Observer: stats, Logger: zaptest.NewLogger(t),
+		Workers: 1, PollInterval: 20 * time.Millisecond, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	in := inbox.Incoming{}
+	in.EventID, in.Topic, in.EventType, in.Payload = "evt-42", "orders", "OrderPaid", []byte(`{}`)
+	_, err = inbox.Receive(ctx, b.pool, []inbox.Incoming{in})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { st, _, _ := statusOf(t, b.pool, "evt-42"); return st == "dead" },
+		10*time.Second, 10*time.Millisecond)
+
+	mu.Lock()
+	fixed = true
+	mu.Unlock()
+	srv, err := NewServer(ServerConfig{Service: b.svc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	code, body := do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{
+		Filter: Filter{EventID: "evt-42"}, Actor: "ops", Reason: "handler fixed"})
+	require.Equal(t, http.StatusOK, code, string(body))
+
+	require.Eventually(t, func() bool { st, _, _ := statusOf(t, b.pool, "evt-42"); return st == "processed" },
+		10*time.Second, 10*time.Millisecond)
+	// A second requeue finds nothing dead, and a redelivery is absorbed.
+	res, err := b.svc.Requeue(ctx, SourceInbox, RequeueRequest{Filter: Filter{EventID: "evt-42"}, Actor: "ops", Reason: "again"})
+	require.NoError(t, err)
+	require.Zero(t, res.Count)
+	rr, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{in})
+	require.NoError(t, err)
+	require.Equal(t, []string{"evt-42"}, rr.Duplicates)
+
+	var effects int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE event_id = 'evt-42'`).Scan(&effects))
+	require.Equal(t, 1, effects, "the side effect happens exactly once")
+	require.Equal(t, 1, stats.ProcessedCount("evt-42"))
+	st, attempts, _ := statusOf(t, b.pool, "evt-42")
+	require.Equal(t, "processed", st)
+	require.Equal(t, 1, attempts, "attempts were reset by the requeue")
+}
