@@ -89,15 +89,18 @@ CREATE TRIGGER outbox_before_insert BEFORE INSERT ON outbox
     FOR EACH ROW EXECUTE FUNCTION outbox_before_insert();
 
 -- +goose StatementBegin
+-- outbox_notify wakes the relays, naming the partitions that got rows (a
+-- comma-separated list), so only those partitions' workers look for work.
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('pgrelay_outbox', '');
+    PERFORM pg_notify('pgrelay_outbox', (SELECT string_agg(DISTINCT partition::text, ',') FROM new_rows));
     RETURN NULL;
 END;
 $$;
 -- +goose StatementEnd
 
 CREATE TRIGGER outbox_notify_insert AFTER INSERT ON outbox
+    REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
 
 -- +goose Down

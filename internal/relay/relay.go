@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -196,9 +198,25 @@ func (r *Relay) wakeAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.workers {
-		select {
-		case w.wake <- struct{}{}:
-		default:
+		w.nudge()
+	}
+}
+
+// wakePartitions nudges the workers of the partitions named in a
+// notification payload ("3,7,12"); a payload it cannot parse wakes them all.
+func (r *Relay) wakePartitions(payload string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range strings.Split(payload, ",") {
+		p, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			for _, w := range r.workers {
+				w.nudge()
+			}
+			return
+		}
+		if w := r.workers[int32(p)]; w != nil {
+			w.nudge()
 		}
 	}
 }
@@ -239,10 +257,11 @@ func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
 	bo.reset()
 	r.wakeAll() // notifications sent while not listening are lost
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		r.wakeAll()
+		r.wakePartitions(n.Payload)
 	}
 }
 
@@ -293,6 +312,14 @@ type worker struct {
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
+
+// nudge wakes the worker if it is idle; nudges coalesce.
+func (w *worker) nudge() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
 
 // stop asks the worker to stop after its current batch; with release it then
 // gives its lease up. Called with Relay.mu held.
