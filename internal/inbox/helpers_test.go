@@ -140,3 +140,10 @@ func ids(prefix string, n int) []string {
 	}
 	return out
 }
+
+// onceChan returns a channel and a function closing it, safe to call twice.
+func onceChan() (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return ch, func() { once.Do(func() { close(ch) }) }
+}

@@ -37,6 +37,10 @@ func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
 	require.Equal(t, []string{"pay-1", "pay-1"}, res.Duplicates)
 	dups += len(res.Duplicates)
 	require.Equal(t, 4, dups)
+	// A new event repeated inside one batch: stored once, reported once.
+	res = receive(t, pool, orderPaid("pay-3", "o1", 1), orderPaid("pay-3", "o1", 1))
+	require.Equal(t, 1, res.Inserted)
+	require.Equal(t, []string{"pay-3"}, res.Duplicates)
 
 	stats := &inbox.Stats{}
 	cfg := fastConfig(t, pool, ledger.Handler{})
@@ -46,6 +50,7 @@ func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
 
 	require.Equal(t, 1, entries(t, pool, "pay-1"))
 	require.Equal(t, 1, entries(t, pool, "pay-2"))
+	require.Equal(t, 1, entries(t, pool, "pay-3"))
 	require.Equal(t, 1, stats.ProcessedCount("pay-1"))
 	// Redelivered after processing: still a duplicate, still one credit.
 	res = receive(t, pool, paid)

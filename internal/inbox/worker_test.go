@@ -177,8 +177,8 @@ func TestZombieWorkerIsFenced(t *testing.T) {
 	receive(t, pool, orderPaid("e1", "o1", 1))
 
 	aWrote := make(chan struct{})
-	bStarted := make(chan struct{})
-	aDone := make(chan struct{})
+	bStarted, closeBStarted := onceChan()
+	aDone, closeADone := onceChan()
 	effect := func(who string) inbox.HandlerFunc {
 		return func(_ context.Context, tx pgx.Tx, ev *inbox.Event) error {
 			// The zombie ignores its context, as a stalled process would.
@@ -191,7 +191,7 @@ func TestZombieWorkerIsFenced(t *testing.T) {
 				close(aWrote)
 				<-bStarted // stalled past the lease
 			case "B":
-				close(bStarted)
+				closeBStarted()
 				<-aDone // A commits (or tries to) while B is still working
 			}
 			return nil
@@ -207,9 +207,12 @@ func TestZombieWorkerIsFenced(t *testing.T) {
 	cfgB := fastConfig(t, pool, effect("B"))
 	cfgB.WorkerID, cfgB.Workers, cfgB.Observer = "B", 1, statsB
 	startWorker(t, cfgB)
+	// Cleanups run last-in first-out: unblock the handlers before stopping
+	// the workers, should the test fail half-way.
+	t.Cleanup(func() { closeADone(); closeBStarted() })
 
 	require.Eventually(t, func() bool { return statsA.Snapshot().Fenced == 1 }, 10*time.Second, 10*time.Millisecond)
-	close(aDone)
+	closeADone()
 	stopA()
 	waitStatus(t, pool, "e1", "processed", 10*time.Second)
 

@@ -79,7 +79,7 @@ func waitFor(t *testing.T, pool *pgxpool.Pool, id string, cond func(state) bool)
 	t.Helper()
 	var s state
 	require.Eventually(t, func() bool { s = get(t, pool, id); return cond(s) }, 10*time.Second, 10*time.Millisecond,
-		"event %s: last state %+v", id, s)
+		"event %s: last state %+v", id, &s)
 	return s
 }
 
