@@ -144,3 +144,112 @@ WHERE event_id IN (
     FOR UPDATE SKIP LOCKED
 )
 AND status = 'processed';
+
+-- The outbox's dead letters. The filter is the inbox's, on the outbox's
+-- columns: the dead time is dead_at (created_at for rows that went dead
+-- before dead_at existed).
+
+-- name: AdminOutboxStatusCounts :many
+SELECT status, count(*)::bigint AS row_count
+FROM outbox
+GROUP BY status
+ORDER BY status;
+
+-- name: AdminOutboxGauges :one
+-- AdminOutboxGauges returns the outbox figures exported as gauges, from the
+-- partial indexes and the catalog. The oldest pending age ignores rows backing
+-- off after a transient publish failure: it is the relay's lag.
+SELECT
+    (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS pending,
+    (SELECT count(*) FROM outbox WHERE status = 'dead')::bigint    AS dead,
+    coalesce(extract(epoch FROM now() - (
+        SELECT min(created_at) FROM outbox
+        WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+    )), 0)::float8 AS oldest_pending_seconds,
+    pg_total_relation_size('outbox'::regclass)::bigint AS table_bytes;
+
+-- name: AdminListOutboxDead :many
+SELECT id, event_id, topic, key, event_type, attempts, created_at,
+       coalesce(dead_at, created_at)::timestamptz AS dead_at, last_error
+FROM outbox
+WHERE status = 'dead'
+  AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
+  AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
+  AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
+  AND (sqlc.narg(error_contains)::text IS NULL
+       OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+  AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(dead_at, created_at) >= sqlc.narg(dead_after)::timestamptz)
+  AND (sqlc.narg(dead_before)::timestamptz IS NULL OR coalesce(dead_at, created_at) < sqlc.narg(dead_before)::timestamptz)
+ORDER BY coalesce(dead_at, created_at), id
+LIMIT @max_rows;
+
+-- name: AdminGetOutboxEvent :one
+SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, status,
+       attempts, published_at, dead_at, last_error, partition
+FROM outbox WHERE event_id = @event_id;
+
+-- name: AdminRequeueOutboxDead :many
+-- AdminRequeueOutboxDead puts matching dead outbox rows back to pending (same
+-- id and event_id, attempts reset) and audits each one, in one statement. The
+-- relay publishes them with the broker dedup id they always had.
+WITH picked AS (
+    SELECT d.id, d.attempts, d.last_error
+    FROM outbox d
+    WHERE d.status = 'dead'
+      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
+      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
+      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
+      AND (sqlc.narg(error_contains)::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= sqlc.narg(dead_after)::timestamptz)
+      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < sqlc.narg(dead_before)::timestamptz)
+    ORDER BY coalesce(d.dead_at, d.created_at), d.id
+    LIMIT @max_rows
+    FOR UPDATE
+), moved AS (
+    UPDATE outbox o
+    SET status = 'pending', attempts = 0, next_attempt_at = NULL, last_error = NULL, dead_at = NULL
+    FROM picked p
+    WHERE o.id = p.id
+    RETURNING o.event_id, o.partition, p.attempts AS previous_attempts, p.last_error AS previous_error
+), audited AS (
+    INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+    SELECT 'outbox', 'requeue', m.event_id, @actor::text, @reason::text, m.previous_attempts, m.previous_error
+    FROM moved m
+    RETURNING id, at, event_id, previous_attempts, previous_error
+)
+SELECT a.id, a.at, a.event_id, a.previous_attempts, a.previous_error, m.partition
+FROM audited a JOIN moved m ON m.event_id = a.event_id;
+
+-- name: AdminPurgeOutboxDead :many
+-- AdminPurgeOutboxDead deletes matching dead outbox rows and audits each one,
+-- in one statement.
+WITH picked AS (
+    SELECT d.id
+    FROM outbox d
+    WHERE d.status = 'dead'
+      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
+      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
+      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
+      AND (sqlc.narg(error_contains)::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= sqlc.narg(dead_after)::timestamptz)
+      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < sqlc.narg(dead_before)::timestamptz)
+    ORDER BY coalesce(d.dead_at, d.created_at), d.id
+    LIMIT @max_rows
+    FOR UPDATE
+), gone AS (
+    DELETE FROM outbox o
+    USING picked p
+    WHERE o.id = p.id AND o.status = 'dead'
+    RETURNING o.event_id, o.attempts, o.last_error
+)
+INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+SELECT 'outbox', 'purge', g.event_id, @actor::text, @reason::text, g.attempts, g.last_error
+FROM gone g
+RETURNING id, at, event_id, previous_attempts, previous_error;
+
+-- name: AdminNotifyOutbox :exec
+-- AdminNotifyOutbox wakes the relays for the given partitions (the payload
+-- format of the outbox insert trigger: a comma-separated partition list).
+SELECT pg_notify('pgrelay_outbox', array_to_string(@partitions::int[], ','));

@@ -151,16 +151,25 @@ func (s *Service) limit(f Filter) int32 {
 
 // DeadLetter is one dead (or, from Show, any) event.
 type DeadLetter struct {
-	Source     Source     `json:"source"`
-	EventID    string     `json:"event_id"`
-	Status     string     `json:"status"`
-	Topic      string     `json:"topic"`
-	Key        string     `json:"key"`
-	EventType  string     `json:"event_type"`
-	Attempts   int32      `json:"attempts"`
-	ReceivedAt time.Time  `json:"received_at"`
-	DeadAt     *time.Time `json:"dead_at,omitempty"`
-	LastError  string     `json:"last_error,omitempty"`
+	Source    Source `json:"source"`
+	EventID   string `json:"event_id"`
+	Status    string `json:"status"`
+	Topic     string `json:"topic"`
+	Key       string `json:"key"`
+	EventType string `json:"event_type"`
+	Attempts  int32  `json:"attempts"`
+	// ReceivedAt is when the inbox stored the event (inbox only).
+	ReceivedAt *time.Time `json:"received_at,omitempty"`
+	// CreatedAt is when the outbox row was committed (outbox only).
+	CreatedAt *time.Time `json:"created_at,omitempty"`
+	// DeadAt is when the event went dead (for Show of a processed inbox
+	// event: when it was processed; of a published outbox row: when it was
+	// published).
+	DeadAt    *time.Time `json:"dead_at,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+	// ID and Partition are the outbox row's id and relay partition.
+	ID        int64 `json:"id,omitempty"`
+	Partition int32 `json:"partition,omitempty"`
 	// The fields below are filled by Show only.
 
 	OccurredAt *time.Time        `json:"occurred_at,omitempty"`
@@ -193,7 +202,7 @@ func (s *Service) checkSource(src Source) error {
 	case SourceInbox:
 		return nil
 	case SourceOutbox:
-		return fmt.Errorf("%w: outbox dead letters (the outbox schema is not installed in this version)", ErrUnsupported)
+		return nil
 	default:
 		return fmt.Errorf("%w: unknown source %q: want inbox or outbox", ErrInvalid, src)
 	}
@@ -209,6 +218,9 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
+	if src == SourceOutbox {
+		return s.listOutboxDead(ctx, f)
+	}
 	rows, err := s.q.AdminListInboxDead(ctx, s.cfg.Pool, db.AdminListInboxDeadParams{
 		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
 		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
@@ -221,7 +233,7 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 	for _, r := range rows {
 		out = append(out, DeadLetter{
 			Source: src, EventID: r.EventID, Status: "dead", Topic: r.Topic, Key: r.Key,
-			EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: r.ReceivedAt,
+			EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: &r.ReceivedAt,
 			DeadAt: r.FinishedAt, LastError: deref(r.LastError),
 		})
 	}
@@ -238,6 +250,9 @@ func (s *Service) Show(ctx context.Context, src Source, eventID string) (*DeadLe
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
+	if src == SourceOutbox {
+		return s.showOutbox(ctx, eventID)
+	}
 	r, err := s.q.AdminGetInboxEvent(ctx, s.cfg.Pool, eventID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %s event %q", ErrNotFound, src, eventID)
@@ -247,7 +262,7 @@ func (s *Service) Show(ctx context.Context, src Source, eventID string) (*DeadLe
 	}
 	d := &DeadLetter{
 		Source: src, EventID: r.EventID, Status: r.Status, Topic: r.Topic, Key: r.Key,
-		EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: r.ReceivedAt,
+		EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: &r.ReceivedAt,
 		LastError: deref(r.LastError), OccurredAt: &r.OccurredAt, LockVersion: r.LockVersion,
 		Deferrals: r.Deferrals, WaitingFor: deref(r.WaitingFor),
 	}
@@ -332,7 +347,10 @@ func validateActor(actor, reason string, reasonRequired bool) error {
 // Requeue moves the selected dead letters back to pending with the same
 // event id, attempts reset, and records each one in the replay audit table
 // (who, when, why, and the error it had), all in one transaction. Inbox
-// workers are woken so the events are claimed at once.
+// workers (or relays) are woken so the events are picked up at once. A
+// requeued outbox row keeps its id, so the relay publishes it before any
+// pending row of its partition: it is, by nature, out of order with the
+// events of its key published since it went dead.
 func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (*Result, error) {
 	if err := s.checkSource(src); err != nil {
 		return nil, err
@@ -350,6 +368,9 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 	limit := s.limit(f)
 	res := &Result{Source: src, Action: "requeue", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
 	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+		if src == SourceOutbox {
+			return s.requeueOutbox(ctx, tx, f, limit, req, res)
+		}
 		rows, err := s.q.AdminRequeueInboxDead(ctx, tx, db.AdminRequeueInboxDeadParams{
 			Actor: req.Actor, Reason: req.Reason,
 			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
@@ -403,6 +424,9 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 	limit := s.limit(f)
 	res := &Result{Source: src, Action: "purge", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
 	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+		if src == SourceOutbox {
+			return s.purgeOutbox(ctx, tx, f, limit, req, res)
+		}
 		rows, err := s.q.AdminPurgeInboxDead(ctx, tx, db.AdminPurgeInboxDeadParams{
 			Actor: req.Actor, Reason: req.Reason,
 			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),

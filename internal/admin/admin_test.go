@@ -2,8 +2,6 @@ package admin
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -326,13 +324,105 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Config.MaxRows")
 }
 
-func TestOutboxUnsupportedIsClear(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	_, err := b.svc.ListDead(context.Background(), SourceOutbox, Filter{})
-	if errors.Is(err, ErrUnsupported) {
-		require.ErrorContains(t, err, "outbox")
+// outboxRow inserts an outbox row as a producer would and, when dead is set,
+// marks it dead as the relay does, deadAgo in the past.
+func outboxRow(t *testing.T, pool *pgxpool.Pool, id, topic, typ string, dead bool, deadAgo time.Duration, lastErr string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $1, $3, '{"o":1}')`, id, topic, typ)
+	require.NoError(t, err)
+	if !dead {
 		return
 	}
-	require.NoError(t, err, fmt.Sprint("outbox listing failed: ", err))
+	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = attempts + 1, last_error = $2 WHERE event_id = $1`, id, lastErr)
+	require.NoError(t, err)
+	var deadAt *time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dead_at FROM outbox WHERE event_id = $1`, id).Scan(&deadAt))
+	require.NotNil(t, deadAt, "the trigger records when a row goes dead")
+	require.WithinDuration(t, time.Now(), *deadAt, time.Minute)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET dead_at = now() - make_interval(secs => $2) WHERE event_id = $1`, id, deadAgo.Seconds())
+	require.NoError(t, err)
+}
+
+func outboxStatus(t *testing.T, pool *pgxpool.Pool, id string) string {
+	t.Helper()
+	var st string
+	if err := pool.QueryRow(context.Background(), `SELECT status FROM outbox WHERE event_id = $1`, id).Scan(&st); err != nil {
+		return "absent"
+	}
+	return st
+}
+
+// TestOutboxDeadLetters: the outbox's dead letters are listed, shown,
+// requeued (dry run first) and purged with the inbox's semantics, and audited
+// with source outbox.
+func TestOutboxDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	outboxRow(t, b.pool, "o-old", "orders", "OrderPaid", true, 48*time.Hour, "nats: maximum payload exceeded")
+	outboxRow(t, b.pool, "o-new", "orders", "OrderCreated", true, time.Hour, "nats: no stream matches subject")
+	outboxRow(t, b.pool, "o-live", "orders", "OrderPaid", false, 0, "")
+
+	list, err := b.svc.ListDead(ctx, SourceOutbox, Filter{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-old", "o-new"}, ids(list))
+	list, err = b.svc.ListDead(ctx, SourceOutbox, Filter{ErrorContains: "STREAM"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-new"}, ids(list))
+	require.NotZero(t, list[0].ID)
+
+	d, err := b.svc.Show(ctx, SourceOutbox, "o-old")
+	require.NoError(t, err)
+	require.Equal(t, "dead", d.Status)
+	require.Equal(t, `{"o":1}`, d.Payload)
+	require.WithinDuration(t, time.Now().Add(-48*time.Hour), *d.DeadAt, time.Minute)
+
+	before := snapshotOutbox(t, b.pool)
+	res, err := b.svc.Requeue(ctx, SourceOutbox, RequeueRequest{Filter: Filter{EventID: "o-new"}, Actor: "ops", Reason: "stream created", DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-new"}, affectedIDs(res))
+	require.Equal(t, before, snapshotOutbox(t, b.pool), "a dry run changes nothing")
+
+	res, err = b.svc.Requeue(ctx, SourceOutbox, RequeueRequest{Filter: Filter{EventID: "o-new"}, Actor: "ops", Reason: "stream created"})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Count)
+	var attempts int
+	var lastErr *string
+	var deadAt *time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT attempts, last_error, dead_at FROM outbox WHERE event_id = 'o-new' AND status = 'pending'`).
+		Scan(&attempts, &lastErr, &deadAt))
+	require.Zero(t, attempts)
+	require.Nil(t, lastErr)
+	require.Nil(t, deadAt)
+
+	day := 24 * time.Hour
+	res, err = b.svc.Purge(ctx, SourceOutbox, PurgeRequest{OlderThan: &day, Actor: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-old"}, affectedIDs(res))
+	require.Equal(t, "absent", outboxStatus(t, b.pool, "o-old"))
+	require.Equal(t, "pending", outboxStatus(t, b.pool, "o-new"))
+	require.Equal(t, "pending", outboxStatus(t, b.pool, "o-live"))
+
+	audit, err := b.svc.Audit(ctx, "", SourceOutbox, 0)
+	require.NoError(t, err)
+	require.Len(t, audit, 2)
+	require.Equal(t, "purge", audit[0].Action)
+	require.Equal(t, "requeue", audit[1].Action)
+	require.Equal(t, "nats: no stream matches subject", audit[1].PreviousError)
+
+	st, err := b.svc.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"pending": 2, "published": 0, "dead": 0}, st.Outbox.ByStatus)
+	require.Positive(t, st.Outbox.TableBytes)
+}
+
+func snapshotOutbox(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var s string
+	err := pool.QueryRow(context.Background(), `SELECT
+		coalesce((SELECT string_agg(o::text, E'\n' ORDER BY id) FROM outbox o), '') || '|' ||
+		coalesce((SELECT string_agg(a::text, E'\n' ORDER BY id) FROM replay_audit a), '')`).Scan(&s)
+	require.NoError(t, err)
+	return s
 }

@@ -85,9 +85,10 @@ func (c *cliEnv) statsCommand() *cobra.Command {
 	var metricsURL string
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Show inbox counts by status, table sizes, oldest pending event and dedup hit rate",
-		Long: `Show inbox counts by status, table sizes, the oldest pending event and the
-consumer's lag (the oldest event ready to run). The dedup hit rate comes from a
+		Short: "Show inbox and outbox counts by status, table sizes, lag and dedup hit rate",
+		Long: `Show inbox and outbox counts by status, table sizes, the oldest pending
+events, the consumer's lag (the oldest inbox event ready to run) and the
+relay's lag (the oldest outbox row waiting to be published). The dedup hit rate comes from a
 running consumer's counters: pass its metrics endpoint with --metrics-url.`,
 		Args: cobra.NoArgs,
 	}
@@ -123,6 +124,14 @@ func writeStats(w io.Writer, st *Stats) error {
 	} else {
 		fmt.Fprintf(tw, "dedup hit rate\tunknown (pass --metrics-url)\n")
 	}
+	fmt.Fprintln(tw, "\t")
+	fmt.Fprintln(tw, "OUTBOX\tVALUE")
+	for _, status := range OutboxStatuses {
+		fmt.Fprintf(tw, "%s\t%d\n", status, st.Outbox.ByStatus[status])
+	}
+	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Outbox.TableBytes))
+	fmt.Fprintf(tw, "lag (oldest pending)\t%s\n", secs(st.Outbox.OldestPendingSeconds))
+	fmt.Fprintln(tw, "\t")
 	fmt.Fprintf(tw, "audit table size\t%s\n", humanBytes(st.AuditTableBytes))
 	return tw.Flush()
 }
@@ -276,7 +285,13 @@ func (c *cliEnv) deadShow(src Source) *cobra.Command {
 		row("key", d.Key)
 		row("event_type", d.EventType)
 		row("attempts", fmt.Sprint(d.Attempts))
-		row("received_at", d.ReceivedAt.UTC().Format(time.RFC3339Nano))
+		if d.Source == SourceOutbox {
+			row("id", fmt.Sprint(d.ID))
+			row("partition", fmt.Sprint(d.Partition))
+			row("created_at", timeOrDash(d.CreatedAt))
+		} else {
+			row("received_at", timeOrDash(d.ReceivedAt))
+		}
 		row("finished_at", timeOrDash(d.DeadAt))
 		row("last_error", d.LastError)
 		keys := make([]string, 0, len(d.Headers))

@@ -11,6 +11,8 @@ import (
 // Stats is a snapshot of the inbox (and, where installed, the outbox).
 type Stats struct {
 	Inbox InboxStats `json:"inbox"`
+	// Outbox describes the outbox table.
+	Outbox OutboxStats `json:"outbox"`
 	// Dedup is derived from the process's counters; nil when Config.Counters
 	// is not set (the database does not record duplicates).
 	Dedup *DedupStats `json:"dedup,omitempty"`
@@ -33,6 +35,20 @@ type InboxStats struct {
 	// consumer's lag. Rows backing off are not counted.
 	OldestClaimableSeconds float64 `json:"oldest_claimable_seconds"`
 }
+
+// OutboxStats describes the outbox table.
+type OutboxStats struct {
+	// ByStatus counts rows by status; every status is present.
+	ByStatus map[string]int64 `json:"by_status"`
+	// TableBytes is the table's size on disk, indexes and TOAST included.
+	TableBytes int64 `json:"table_bytes"`
+	// OldestPendingSeconds is the age of the oldest pending row not backing
+	// off (since its commit): the relay's lag. 0 when none.
+	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+}
+
+// OutboxStatuses lists the outbox statuses in their natural order.
+var OutboxStatuses = []string{"pending", "published", "dead"}
 
 // DedupStats reports how many deliveries the inbox absorbed as duplicates.
 type DedupStats struct {
@@ -67,6 +83,23 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 	st.Inbox.TableBytes = g.TableBytes
 	st.Inbox.OldestPendingSeconds = g.OldestPendingSeconds
 	st.Inbox.OldestClaimableSeconds = g.OldestClaimableSeconds
+	st.Outbox.ByStatus = map[string]int64{}
+	for _, status := range OutboxStatuses {
+		st.Outbox.ByStatus[status] = 0
+	}
+	ocounts, err := s.q.AdminOutboxStatusCounts(ctx, s.cfg.Pool)
+	if err != nil {
+		return nil, fmt.Errorf("admin: stats: count outbox rows: %w", err)
+	}
+	for _, c := range ocounts {
+		st.Outbox.ByStatus[c.Status] = c.RowCount
+	}
+	og, err := s.q.AdminOutboxGauges(ctx, s.cfg.Pool)
+	if err != nil {
+		return nil, fmt.Errorf("admin: stats: outbox gauges: %w", err)
+	}
+	st.Outbox.TableBytes = og.TableBytes
+	st.Outbox.OldestPendingSeconds = og.OldestPendingSeconds
 	audit, err := s.q.AdminTableSize(ctx, s.cfg.Pool, "replay_audit")
 	if err != nil {
 		return nil, fmt.Errorf("admin: stats: audit table size: %w", err)

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 )
 
@@ -67,6 +68,53 @@ func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, eventID strin
 		&i.LastError,
 		&i.WaitingFor,
 		&i.Deferrals,
+	)
+	return i, err
+}
+
+const adminGetOutboxEvent = `-- name: AdminGetOutboxEvent :one
+SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, status,
+       attempts, published_at, dead_at, last_error, partition
+FROM outbox WHERE event_id = $1
+`
+
+type AdminGetOutboxEventRow struct {
+	ID          int64
+	EventID     string
+	Topic       string
+	Key         string
+	EventType   string
+	Payload     []byte
+	Headers     json.RawMessage
+	OccurredAt  time.Time
+	CreatedAt   time.Time
+	Status      string
+	Attempts    int32
+	PublishedAt *time.Time
+	DeadAt      *time.Time
+	LastError   *string
+	Partition   int32
+}
+
+func (q *Queries) AdminGetOutboxEvent(ctx context.Context, db DBTX, eventID string) (AdminGetOutboxEventRow, error) {
+	row := db.QueryRow(ctx, adminGetOutboxEvent, eventID)
+	var i AdminGetOutboxEventRow
+	err := row.Scan(
+		&i.ID,
+		&i.EventID,
+		&i.Topic,
+		&i.Key,
+		&i.EventType,
+		&i.Payload,
+		&i.Headers,
+		&i.OccurredAt,
+		&i.CreatedAt,
+		&i.Status,
+		&i.Attempts,
+		&i.PublishedAt,
+		&i.DeadAt,
+		&i.LastError,
+		&i.Partition,
 	)
 	return i, err
 }
@@ -230,6 +278,82 @@ func (q *Queries) AdminListInboxDead(ctx context.Context, db DBTX, arg AdminList
 	return items, nil
 }
 
+const adminListOutboxDead = `-- name: AdminListOutboxDead :many
+SELECT id, event_id, topic, key, event_type, attempts, created_at,
+       coalesce(dead_at, created_at)::timestamptz AS dead_at, last_error
+FROM outbox
+WHERE status = 'dead'
+  AND ($1::text IS NULL OR event_id = $1::text)
+  AND ($2::text IS NULL OR topic = $2::text)
+  AND ($3::text IS NULL OR event_type = $3::text)
+  AND ($4::text IS NULL
+       OR strpos(lower(coalesce(last_error, '')), lower($4::text)) > 0)
+  AND ($5::timestamptz IS NULL OR coalesce(dead_at, created_at) >= $5::timestamptz)
+  AND ($6::timestamptz IS NULL OR coalesce(dead_at, created_at) < $6::timestamptz)
+ORDER BY coalesce(dead_at, created_at), id
+LIMIT $7
+`
+
+type AdminListOutboxDeadParams struct {
+	EventID       *string
+	Topic         *string
+	EventType     *string
+	ErrorContains *string
+	DeadAfter     *time.Time
+	DeadBefore    *time.Time
+	MaxRows       int32
+}
+
+type AdminListOutboxDeadRow struct {
+	ID        int64
+	EventID   string
+	Topic     string
+	Key       string
+	EventType string
+	Attempts  int32
+	CreatedAt time.Time
+	DeadAt    time.Time
+	LastError *string
+}
+
+func (q *Queries) AdminListOutboxDead(ctx context.Context, db DBTX, arg AdminListOutboxDeadParams) ([]AdminListOutboxDeadRow, error) {
+	rows, err := db.Query(ctx, adminListOutboxDead,
+		arg.EventID,
+		arg.Topic,
+		arg.EventType,
+		arg.ErrorContains,
+		arg.DeadAfter,
+		arg.DeadBefore,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminListOutboxDeadRow{}
+	for rows.Next() {
+		var i AdminListOutboxDeadRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.EventID,
+			&i.Topic,
+			&i.Key,
+			&i.EventType,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.DeadAt,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const adminListReplayAudit = `-- name: AdminListReplayAudit :many
 SELECT id, at, source, action, event_id, actor, reason, previous_attempts, previous_error
 FROM replay_audit
@@ -284,6 +408,86 @@ SELECT pg_notify('pgrelay_inbox', '')
 func (q *Queries) AdminNotifyInbox(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, adminNotifyInbox)
 	return err
+}
+
+const adminNotifyOutbox = `-- name: AdminNotifyOutbox :exec
+SELECT pg_notify('pgrelay_outbox', array_to_string($1::int[], ','))
+`
+
+// AdminNotifyOutbox wakes the relays for the given partitions (the payload
+// format of the outbox insert trigger: a comma-separated partition list).
+func (q *Queries) AdminNotifyOutbox(ctx context.Context, db DBTX, partitions []int32) error {
+	_, err := db.Exec(ctx, adminNotifyOutbox, partitions)
+	return err
+}
+
+const adminOutboxGauges = `-- name: AdminOutboxGauges :one
+SELECT
+    (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS pending,
+    (SELECT count(*) FROM outbox WHERE status = 'dead')::bigint    AS dead,
+    coalesce(extract(epoch FROM now() - (
+        SELECT min(created_at) FROM outbox
+        WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+    )), 0)::float8 AS oldest_pending_seconds,
+    pg_total_relation_size('outbox'::regclass)::bigint AS table_bytes
+`
+
+type AdminOutboxGaugesRow struct {
+	Pending              int64
+	Dead                 int64
+	OldestPendingSeconds float64
+	TableBytes           int64
+}
+
+// AdminOutboxGauges returns the outbox figures exported as gauges, from the
+// partial indexes and the catalog. The oldest pending age ignores rows backing
+// off after a transient publish failure: it is the relay's lag.
+func (q *Queries) AdminOutboxGauges(ctx context.Context, db DBTX) (AdminOutboxGaugesRow, error) {
+	row := db.QueryRow(ctx, adminOutboxGauges)
+	var i AdminOutboxGaugesRow
+	err := row.Scan(
+		&i.Pending,
+		&i.Dead,
+		&i.OldestPendingSeconds,
+		&i.TableBytes,
+	)
+	return i, err
+}
+
+const adminOutboxStatusCounts = `-- name: AdminOutboxStatusCounts :many
+
+SELECT status, count(*)::bigint AS row_count
+FROM outbox
+GROUP BY status
+ORDER BY status
+`
+
+type AdminOutboxStatusCountsRow struct {
+	Status   string
+	RowCount int64
+}
+
+// The outbox's dead letters. The filter is the inbox's, on the outbox's
+// columns: the dead time is dead_at (created_at for rows that went dead
+// before dead_at existed).
+func (q *Queries) AdminOutboxStatusCounts(ctx context.Context, db DBTX) ([]AdminOutboxStatusCountsRow, error) {
+	rows, err := db.Query(ctx, adminOutboxStatusCounts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminOutboxStatusCountsRow{}
+	for rows.Next() {
+		var i AdminOutboxStatusCountsRow
+		if err := rows.Scan(&i.Status, &i.RowCount); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const adminPurgeInboxDead = `-- name: AdminPurgeInboxDead :many
@@ -355,6 +559,91 @@ func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPur
 	items := []AdminPurgeInboxDeadRow{}
 	for rows.Next() {
 		var i AdminPurgeInboxDeadRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.EventID,
+			&i.PreviousAttempts,
+			&i.PreviousError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminPurgeOutboxDead = `-- name: AdminPurgeOutboxDead :many
+WITH picked AS (
+    SELECT d.id
+    FROM outbox d
+    WHERE d.status = 'dead'
+      AND ($3::text IS NULL OR d.event_id = $3::text)
+      AND ($4::text IS NULL OR d.topic = $4::text)
+      AND ($5::text IS NULL OR d.event_type = $5::text)
+      AND ($6::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower($6::text)) > 0)
+      AND ($7::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $7::timestamptz)
+      AND ($8::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $8::timestamptz)
+    ORDER BY coalesce(d.dead_at, d.created_at), d.id
+    LIMIT $9
+    FOR UPDATE
+), gone AS (
+    DELETE FROM outbox o
+    USING picked p
+    WHERE o.id = p.id AND o.status = 'dead'
+    RETURNING o.event_id, o.attempts, o.last_error
+)
+INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+SELECT 'outbox', 'purge', g.event_id, $1::text, $2::text, g.attempts, g.last_error
+FROM gone g
+RETURNING id, at, event_id, previous_attempts, previous_error
+`
+
+type AdminPurgeOutboxDeadParams struct {
+	Actor         string
+	Reason        string
+	EventID       *string
+	Topic         *string
+	EventType     *string
+	ErrorContains *string
+	DeadAfter     *time.Time
+	DeadBefore    *time.Time
+	MaxRows       int32
+}
+
+type AdminPurgeOutboxDeadRow struct {
+	ID               int64
+	At               time.Time
+	EventID          string
+	PreviousAttempts int32
+	PreviousError    *string
+}
+
+// AdminPurgeOutboxDead deletes matching dead outbox rows and audits each one,
+// in one statement.
+func (q *Queries) AdminPurgeOutboxDead(ctx context.Context, db DBTX, arg AdminPurgeOutboxDeadParams) ([]AdminPurgeOutboxDeadRow, error) {
+	rows, err := db.Query(ctx, adminPurgeOutboxDead,
+		arg.Actor,
+		arg.Reason,
+		arg.EventID,
+		arg.Topic,
+		arg.EventType,
+		arg.ErrorContains,
+		arg.DeadAfter,
+		arg.DeadBefore,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminPurgeOutboxDeadRow{}
+	for rows.Next() {
+		var i AdminPurgeOutboxDeadRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.At,
@@ -451,6 +740,98 @@ func (q *Queries) AdminRequeueInboxDead(ctx context.Context, db DBTX, arg AdminR
 			&i.EventID,
 			&i.PreviousAttempts,
 			&i.PreviousError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminRequeueOutboxDead = `-- name: AdminRequeueOutboxDead :many
+WITH picked AS (
+    SELECT d.id, d.attempts, d.last_error
+    FROM outbox d
+    WHERE d.status = 'dead'
+      AND ($1::text IS NULL OR d.event_id = $1::text)
+      AND ($2::text IS NULL OR d.topic = $2::text)
+      AND ($3::text IS NULL OR d.event_type = $3::text)
+      AND ($4::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower($4::text)) > 0)
+      AND ($5::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $5::timestamptz)
+      AND ($6::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $6::timestamptz)
+    ORDER BY coalesce(d.dead_at, d.created_at), d.id
+    LIMIT $7
+    FOR UPDATE
+), moved AS (
+    UPDATE outbox o
+    SET status = 'pending', attempts = 0, next_attempt_at = NULL, last_error = NULL, dead_at = NULL
+    FROM picked p
+    WHERE o.id = p.id
+    RETURNING o.event_id, o.partition, p.attempts AS previous_attempts, p.last_error AS previous_error
+), audited AS (
+    INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+    SELECT 'outbox', 'requeue', m.event_id, $8::text, $9::text, m.previous_attempts, m.previous_error
+    FROM moved m
+    RETURNING id, at, event_id, previous_attempts, previous_error
+)
+SELECT a.id, a.at, a.event_id, a.previous_attempts, a.previous_error, m.partition
+FROM audited a JOIN moved m ON m.event_id = a.event_id
+`
+
+type AdminRequeueOutboxDeadParams struct {
+	EventID       *string
+	Topic         *string
+	EventType     *string
+	ErrorContains *string
+	DeadAfter     *time.Time
+	DeadBefore    *time.Time
+	MaxRows       int32
+	Actor         string
+	Reason        string
+}
+
+type AdminRequeueOutboxDeadRow struct {
+	ID               int64
+	At               time.Time
+	EventID          string
+	PreviousAttempts int32
+	PreviousError    *string
+	Partition        int32
+}
+
+// AdminRequeueOutboxDead puts matching dead outbox rows back to pending (same
+// id and event_id, attempts reset) and audits each one, in one statement. The
+// relay publishes them with the broker dedup id they always had.
+func (q *Queries) AdminRequeueOutboxDead(ctx context.Context, db DBTX, arg AdminRequeueOutboxDeadParams) ([]AdminRequeueOutboxDeadRow, error) {
+	rows, err := db.Query(ctx, adminRequeueOutboxDead,
+		arg.EventID,
+		arg.Topic,
+		arg.EventType,
+		arg.ErrorContains,
+		arg.DeadAfter,
+		arg.DeadBefore,
+		arg.MaxRows,
+		arg.Actor,
+		arg.Reason,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminRequeueOutboxDeadRow{}
+	for rows.Next() {
+		var i AdminRequeueOutboxDeadRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.EventID,
+			&i.PreviousAttempts,
+			&i.PreviousError,
+			&i.Partition,
 		); err != nil {
 			return nil, err
 		}

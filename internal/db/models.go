@@ -71,6 +71,7 @@ type Outbox struct {
 	PublishedAt   *time.Time
 	LastError     *string
 	Partition     int32
+	DeadAt        *time.Time
 }
 
 type RelayNode struct {

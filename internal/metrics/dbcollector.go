@@ -140,3 +140,24 @@ func NewInboxCollector(cfg DBCollectorConfig) (prometheus.Collector, error) {
 				g.OldestClaimableSeconds, g.OldestPendingSeconds, float64(g.RowsEstimate), float64(g.TableBytes)}, nil
 		})
 }
+
+// NewOutboxCollector returns the collector of the outbox's DB-derived gauges:
+// pending and dead rows, the relay's lag (age of the oldest pending row not
+// backing off) and the table's size. Register it on the relay's registry.
+func NewOutboxCollector(cfg DBCollectorConfig) (prometheus.Collector, error) {
+	q := db.New()
+	descs := []*prometheus.Desc{
+		prometheus.NewDesc("outbox_pending_rows", "Outbox rows committed and not yet published.", nil, nil),
+		prometheus.NewDesc("outbox_dead_rows", "Outbox rows the broker rejected permanently (dead letters).", nil, nil),
+		prometheus.NewDesc("outbox_oldest_pending_age_seconds", "Age since commit of the oldest pending outbox row not backing off (the relay's lag). 0 when none.", nil, nil),
+		prometheus.NewDesc("outbox_table_bytes", "Size of the outbox table on disk, indexes and TOAST included.", nil, nil),
+	}
+	return newCachedCollector(cfg, "outbox_db_stats_up", "1 when the last query for the outbox gauges succeeded, 0 when it failed (the gauges then hold their last known values).",
+		descs, func(ctx context.Context) ([]float64, error) {
+			g, err := q.AdminOutboxGauges(ctx, cfg.Pool)
+			if err != nil {
+				return nil, err
+			}
+			return []float64{float64(g.Pending), float64(g.Dead), g.OldestPendingSeconds, float64(g.TableBytes)}, nil
+		})
+}

@@ -180,10 +180,16 @@ func TestOldestClaimableIgnoresBackoff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, received_at, next_attempt_at) VALUES
-		('due', now() - interval '2 minutes', now() - interval '90 seconds'),
 		('backing-off', now() - interval '1 hour', now() + interval '1 hour')`)
 	require.NoError(t, err)
 	m := scrape(t, b.url+"/metrics")
+	require.Equal(t, 0.0, m["inbox_oldest_claimable_age_seconds"], "nothing is claimable")
+	require.InDelta(t, 3600, m["inbox_oldest_pending_age_seconds"], 30)
+
+	_, err = b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, received_at, next_attempt_at) VALUES
+		('due', now() - interval '2 minutes', now() - interval '90 seconds')`)
+	require.NoError(t, err)
+	m = scrape(t, b.url+"/metrics")
 	require.InDelta(t, 90, m["inbox_oldest_claimable_age_seconds"], 30)
 	require.InDelta(t, 3600, m["inbox_oldest_pending_age_seconds"], 30)
 	require.Equal(t, 2.0, m["inbox_pending_rows"])
@@ -298,4 +304,41 @@ func TestClassify(t *testing.T) {
 	require.Equal(t, DeadAttemptsExhausted, ClassifyDead("attempts exhausted: 10 of 10: boom"))
 	require.Equal(t, DeadDeferralsExhausted, ClassifyDead("deferrals exhausted: still waiting for order:1 after 20 deferrals"))
 	require.Equal(t, DeadOther, ClassifyDead("something else"))
+}
+
+// TestOutboxGauges: the relay's DB gauges count pending and dead rows and the
+// age of the oldest pending row, ignoring rows backing off.
+func TestOutboxGauges(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	reg := NewRegistry()
+	coll, err := NewOutboxCollector(DBCollectorConfig{Pool: pool, CacheFor: time.Nanosecond})
+	require.NoError(t, err)
+	reg.MustRegister(coll)
+	srv, err := NewServer(ServerConfig{Registry: reg})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+
+	m := scrape(t, hs.URL+"/metrics")
+	for _, name := range []string{"outbox_pending_rows", "outbox_dead_rows", "outbox_oldest_pending_age_seconds"} {
+		v, ok := m[name]
+		require.True(t, ok, name)
+		require.Zero(t, v, name)
+	}
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ('a', 't', 'a'), ('b', 't', 'b'), ('c', 't', 'c'), ('d', 't', 'd')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 minutes' WHERE event_id = 'a'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '1 hour', next_attempt_at = now() + interval '1 minute' WHERE event_id = 'b'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'dead', last_error = 'too large' WHERE event_id = 'c'`)
+	require.NoError(t, err)
+	m = scrape(t, hs.URL+"/metrics")
+	require.Equal(t, 3.0, m["outbox_pending_rows"])
+	require.Equal(t, 1.0, m["outbox_dead_rows"])
+	require.InDelta(t, 120, m["outbox_oldest_pending_age_seconds"], 30, "the row backing off is ignored")
+	require.Positive(t, m["outbox_table_bytes"])
+	require.Equal(t, 1.0, m["outbox_db_stats_up"])
 }
