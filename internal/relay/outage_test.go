@@ -165,4 +165,3 @@ func (n planNode) uses(index string) bool {
 	}
 	return false
 }
-
