@@ -27,7 +27,11 @@ import (
 
 func main() {
 	if err := mainErr(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "bench:") {
+			msg = "bench: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
 	}
 }
@@ -108,6 +112,9 @@ type bench struct {
 	dbs  *databases
 	res  *Results
 	nats *natsEnv
+	// bins are the relay and consumer binaries; nil runs the services in
+	// this process instead (labelled so in the results).
+	bins *binaries
 }
 
 // Run measures every selected group and writes the results. It returns an
@@ -148,6 +155,19 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	defer b.nats.close()
 	b.res.Machine.NATS, b.res.Machine.NATSServer = b.nats.version, b.nats.where
+
+	b.res.Settings["services"] = "not needed"
+	if cfg.runs("e2e") || cfg.runs("cost") {
+		bins, err := buildBinaries(setupCtx, cfg.BinDir)
+		if err != nil {
+			b.log.Warn("services run in-process: no binaries", zap.Error(err))
+			b.res.Settings["services"] = "in-process (" + err.Error() + ")"
+		} else {
+			defer bins.remove()
+			b.bins = bins
+			b.res.Settings["services"] = "processes: cmd/relay and cmd/consumer"
+		}
+	}
 
 	b.declareFigures()
 	for _, g := range allGroups {

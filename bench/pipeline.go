@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -10,11 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/retention"
 )
-
-// errNotAvailable marks figures whose pgrelay component is not built yet.
-var errNotAvailable = errors.New("not measured: the component it needs is not available in this build")
 
 // runPipelineGroup measures the groups that run pgrelay itself.
 func (b *bench) runPipelineGroup(ctx context.Context, group string) {
@@ -83,7 +79,7 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 		defer pool.Close()
 		for range b.cfg.Repeats {
 			d, err := b.inboxDrain(ctx, pool, n, func(ctx context.Context) error {
-				return inboxRetention(ctx, pool, &deleted)
+				return b.inboxRetention(ctx, pool, &deleted)
 			})
 			if err != nil {
 				return err
@@ -92,36 +88,26 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 		}
 		return nil
 	})
-	b.note("scale_inbox_retention", fmt.Sprintf("AdminDeleteExpiredInboxBatch (1,000 rows/stmt) back to back; %d rows deleted during the drains", deleted.Load()))
+	b.note("scale_inbox_retention", fmt.Sprintf("retention.Cleaner (7-day window, 1,000 rows/batch, 10 ms pause) every 100 ms; %d expired rows deleted during the drains", deleted.Load()))
 }
 
-// inboxRetention deletes processed rows past a seven-day dedup window with
-// pgrelay's retention statement, back to back, until ctx ends.
-func inboxRetention(ctx context.Context, pool *pgxpool.Pool, deleted *atomic.Int64) error {
-	q := db.New()
-	for ctx.Err() == nil {
-		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		k, err := q.AdminDeleteExpiredInboxBatch(qctx, pool, db.AdminDeleteExpiredInboxBatchParams{
-			WindowSeconds: (7 * 24 * time.Hour).Seconds(), BatchSize: 1000,
-		})
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		deleted.Add(k)
-		if k == 0 {
-			// Nothing left to delete: wait like a retention loop would.
-			select {
-			case <-ctx.Done():
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+// inboxRetention runs pgrelay's inbox retention (a seven-day dedup window,
+// default batches and pause) every 100 ms until ctx ends, counting the rows
+// it deleted.
+func (b *bench) inboxRetention(ctx context.Context, pool *pgxpool.Pool, deleted *atomic.Int64) error {
+	c, err := retention.New(retention.Config{
+		Pool: pool, Interval: 100 * time.Millisecond, Observer: deleteCounter{deleted}, Logger: b.log,
+	})
+	if err != nil {
+		return err
 	}
-	return nil
+	return c.Run(ctx)
 }
+
+type deleteCounter struct{ n *atomic.Int64 }
+
+func (d deleteCounter) Deleted(n int64) { d.n.Add(n) }
+func (d deleteCounter) Failed(error)    {}
 
 // note sets a figure's note.
 func (b *bench) note(id, text string) {

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// startProcesses runs the relay and the consumer binaries against the
+// pipeline's database and stream, with their default settings otherwise.
+func (p *pipeline) startProcesses(ctx context.Context) error {
+	b := p.b
+	p.mode = "process"
+	p.procs = map[string]*process{}
+	common := []string{"LOG_LEVEL=warn", "LOG_FORMAT=console", "DATABASE_URL=" + p.url, "NATS_URL=" + b.nats.url}
+	relayProc, err := startProcess("relay", b.bins.relay, []string{"run",
+		"--database-url", p.url, "--nats-url", b.nats.url, "--stream", p.stream, "--subject-prefix", p.prefix,
+		"--http-addr", "",
+	}, common)
+	if err != nil {
+		return err
+	}
+	p.procs["relay"] = relayProc
+	consumerProc, err := startProcess("consumer", b.bins.consumer, []string{"run",
+		"--database-url", p.url, "--nats-url", b.nats.url, "--stream", p.stream, "--subject-prefix", p.prefix,
+		"--durable", "bench", "--http-addr", "",
+	}, append(common, "CONSUMER_STATS_INTERVAL_SEC=-1"))
+	if err != nil {
+		relayProc.stop()
+		return err
+	}
+	p.procs["consumer"] = consumerProc
+	stopped := make(chan struct{})
+	p.stop = func() {
+		close(stopped)
+		relayProc.stop()
+		consumerProc.stop()
+	}
+	// A service that exits on its own ends the measurement with its last
+	// words.
+	for _, proc := range p.procs {
+		go func() {
+			select {
+			case <-proc.done:
+				select {
+				case <-stopped:
+				default:
+					p.failed <- proc.exited()
+				}
+			case <-stopped:
+			}
+		}()
+	}
+	return nil
+}
+
+// runCostGroup measures the services' peak RSS and CPU per 10,000 events,
+// from /proc, over a flat-out batched run of cfg.Events events.
+func (b *bench) runCostGroup(ctx context.Context) {
+	ids := []string{"rss_relay", "rss_consumer", "cpu_relay", "cpu_consumer"}
+	if b.bins == nil {
+		b.fail(ids, errors.New("needs the relay and consumer binaries: "+fmt.Sprint(b.res.Settings["services"])))
+		return
+	}
+	n := b.cfg.Events
+	for range b.cfg.Repeats {
+		b.attempt(ctx, "cost", ids, func(ctx context.Context) error {
+			p, err := b.startPipeline(ctx)
+			if err != nil {
+				return err
+			}
+			defer p.close()
+			before := map[string]float64{}
+			for name, proc := range p.procs {
+				if before[name], err = proc.cpuSeconds(); err != nil {
+					return err
+				}
+			}
+			if _, err := p.run(ctx, n, b.cfg.BatchSize, b.cfg.Workers, 0); err != nil {
+				return err
+			}
+			for name, proc := range p.procs {
+				cpu, err := proc.cpuSeconds()
+				if err != nil {
+					return err
+				}
+				rss, err := proc.peakRSS()
+				if err != nil {
+					return err
+				}
+				b.sample("cpu_"+name, (cpu-before[name])/float64(n)*10_000)
+				b.sample("rss_"+name, rss)
+			}
+			return nil
+		})
+	}
+	for _, id := range ids {
+		b.note(id, fmt.Sprintf("binaries with default settings; %d events at %d/tx flat out from %d producers; /proc/<pid>/status VmHWM, /proc/<pid>/stat utime+stime", n, b.cfg.BatchSize, b.cfg.Workers))
+	}
+}

@@ -1,0 +1,441 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/relay"
+)
+
+// observePoll is how often the observer looks for new ledger credits. An
+// event's latency is measured to the poll that first saw its credit, so it
+// overstates the true commit→ledger time by at most this plus one query.
+const observePoll = time.Millisecond
+
+// ledgerSince lists the credits newer than an id: the observer's poll, served
+// by the primary key.
+const ledgerSince = `SELECT id, event_id FROM ledger_entries WHERE id > $1 ORDER BY id`
+
+// pipeline is one running relay → NATS → consumer → inbox → ledger chain over
+// a fresh database and stream.
+type pipeline struct {
+	b      *bench
+	pool   *pgxpool.Pool // the producers' and the observer's pool
+	url    string
+	stream string
+	prefix string
+	mode   string
+	failed chan error
+	stop   func()
+	procs  map[string]*process // the services, when run as processes
+}
+
+// startPipeline starts the relay and the consumer (as processes when the
+// binaries are available, otherwise in this process) on a fresh database and
+// stream, with the product's default settings.
+func (b *bench) startPipeline(ctx context.Context) (*pipeline, error) {
+	pool, url, err := b.dbs.fresh(ctx, b.cfg.Workers+8)
+	if err != nil {
+		return nil, err
+	}
+	if err := seedOrders(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	stream, prefix, err := b.nats.stream(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	p := &pipeline{b: b, pool: pool, url: url, stream: stream, prefix: prefix, failed: make(chan error, 4)}
+	if b.bins != nil {
+		err = p.startProcesses(ctx)
+	} else {
+		err = p.startInProcess(ctx)
+	}
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	// Warm up: a few events through the whole chain before measuring.
+	if _, err := p.run(ctx, 10, 10, 1, 0); err != nil {
+		p.close()
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+	return p, nil
+}
+
+func (p *pipeline) startInProcess(ctx context.Context) error {
+	b := p.b
+	p.mode = "in-process"
+	runCtx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	p.stop = func() { cancel(); wg.Wait() }
+
+	rpool, err := openPool(ctx, p.url, 10)
+	if err != nil {
+		return err
+	}
+	pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: b.nats.url, SubjectPrefix: p.prefix, Stream: p.stream,
+		Logger: b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+	if err != nil {
+		rpool.Close()
+		return err
+	}
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: pub, Logger: b.log.Named("relay")})
+	if err != nil {
+		pub.Close()
+		rpool.Close()
+		return err
+	}
+	cpool, err := openPool(ctx, p.url, inbox.DefaultWorkers+2)
+	if err != nil {
+		pub.Close()
+		rpool.Close()
+		return err
+	}
+	c, err := consumer.New(consumer.Config{
+		Pool: cpool, NATSURL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix, Durable: "bench",
+		StatsInterval: -1, Logger: b.log.Named("consumer"), Inbox: inbox.Config{Handler: ledger.Handler{}},
+	})
+	if err != nil {
+		pub.Close()
+		rpool.Close()
+		cpool.Close()
+		return err
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer rpool.Close()
+		defer pub.Close()
+		if err := r.Run(runCtx); err != nil || runCtx.Err() == nil {
+			p.failed <- fmt.Errorf("relay stopped: %v", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		defer cpool.Close()
+		if err := c.Run(runCtx); err != nil || runCtx.Err() == nil {
+			p.failed <- fmt.Errorf("consumer stopped: %v", err)
+		}
+	}()
+	return nil
+}
+
+func (p *pipeline) close() {
+	if p.stop != nil {
+		p.stop()
+	}
+	p.b.nats.dropStream(p.stream)
+	p.pool.Close()
+}
+
+// pipelineState is where the events are, for error messages.
+const pipelineState = `SELECT format('outbox: %s; inbox: %s; ledger: %s',
+    (SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) AS n FROM outbox GROUP BY status) s),
+    (SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) AS n FROM inbox GROUP BY status) s),
+    (SELECT count(*) FROM ledger_entries))`
+
+func (p *pipeline) state() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var s string
+	if err := p.pool.QueryRow(ctx, pipelineState).Scan(&s); err != nil {
+		return "state unknown: " + err.Error()
+	}
+	return s
+}
+
+// runResult is what one run through the pipeline measured.
+type runResult struct {
+	events    int
+	elapsed   time.Duration   // first produce to last credit seen
+	latencies []time.Duration // commit→ledger, sorted
+	achieved  float64         // the producers' achieved rate (events/s)
+}
+
+// run produces n events through the pipeline, perTx events per transaction
+// from producers goroutines, at offered events/s (0: flat out), and waits
+// until every one is credited in the ledger.
+func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered float64) (runResult, error) {
+	gen := newGenerator("e2e")
+	commitAt := make([]atomic.Int64, n)
+	res := runResult{events: n}
+
+	obsCtx, stopObs := context.WithCancel(ctx)
+	defer stopObs()
+	seen := make(chan []time.Duration, 1)
+	obsErr := make(chan error, 1)
+	var lastSeen atomic.Int64
+	go func() {
+		lat, err := p.observe(obsCtx, gen, n, commitAt, &lastSeen)
+		if err != nil {
+			obsErr <- err
+			return
+		}
+		seen <- lat
+	}()
+
+	// Tickets hand out the transactions: one per perTx events, released on
+	// schedule when a rate is offered, all at once otherwise.
+	txs := (n + perTx - 1) / perTx
+	tickets := make(chan int, txs)
+	start := time.Now()
+	go func() {
+		defer close(tickets)
+		for i := range txs {
+			if offered > 0 {
+				due := start.Add(time.Duration(float64(i*perTx) / offered * float64(time.Second)))
+				if d := time.Until(due); d > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(d):
+					}
+				}
+			}
+			tickets <- i
+		}
+	}()
+	err := fanOut(ctx, producers, func(ctx context.Context, _ int) error {
+		msgs := make([]pgrelay.Message, 0, perTx)
+		for i := range tickets {
+			from, to := i*perTx, min((i+1)*perTx, n)
+			msgs = msgs[:0]
+			for j := from; j < to; j++ {
+				e := gen.event(j)
+				msgs = append(msgs, pgrelay.Message{EventID: e.id, Topic: topic, Key: e.key, EventType: eventType, Payload: e.payload})
+			}
+			tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := pgx.BeginFunc(tctx, p.pool, func(tx pgx.Tx) error { return pgrelay.Enqueue(tctx, tx, msgs...) })
+			cancel()
+			if err != nil {
+				return fmt.Errorf("produce: %w", err)
+			}
+			now := time.Now().UnixNano()
+			for j := from; j < to; j++ {
+				commitAt[j].Store(now)
+			}
+		}
+		return nil
+	})
+	produced := time.Since(start)
+	if err != nil {
+		return res, err
+	}
+	res.achieved = rate(n, produced)
+	select {
+	case lat := <-seen:
+		res.latencies = lat
+	case err := <-obsErr:
+		return res, err
+	case err := <-p.failed:
+		return res, err
+	case <-ctx.Done():
+		return res, fmt.Errorf("waiting for the ledger: %w (%s)", context.Cause(ctx), p.state())
+	}
+	res.elapsed = time.Duration(lastSeen.Load()) - time.Duration(start.UnixNano())
+	return res, nil
+}
+
+// observe polls the ledger until it has seen the n events of gen credited,
+// and returns their commit→ledger latencies, sorted.
+//
+// Ledger ids are taken when a credit is inserted, not when it commits, so
+// concurrent inbox batches commit out of id order: a cursor on the highest id
+// seen would skip a batch that commits late. The observer keeps instead the
+// lowest id not seen yet (low) and re-reads from there, skipping ids it has
+// seen; an id missing for more than gapTimeout is a rolled-back insert and
+// is passed over.
+func (p *pipeline) observe(ctx context.Context, gen generator, n int, commitAt []atomic.Int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
+	const gapTimeout = 5 * time.Second
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	var low int64
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(id), 0) + 1 FROM ledger_entries").Scan(&low); err != nil {
+		return nil, err
+	}
+	seen := map[int64]bool{}
+	stalledSince := time.Now()
+	lat := make([]time.Duration, 0, n)
+	t := time.NewTicker(observePoll)
+	defer t.Stop()
+	for len(lat) < n {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		rows, err := conn.Query(ctx, ledgerSince, low-1)
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for rows.Next() {
+			var id int64
+			var eventID string
+			if err := rows.Scan(&id, &eventID); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, eventID)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		for _, id := range ids {
+			idx, ok := strings.CutPrefix(id, gen.prefix)
+			if !ok {
+				continue // another run's event
+			}
+			i, err := strconv.Atoi(idx)
+			if err != nil || i < 0 || i >= n {
+				return nil, fmt.Errorf("observer: unexpected event id %q", id)
+			}
+			c := commitAt[i].Load()
+			if c == 0 {
+				// The credit was seen before the producer's commit returned:
+				// count the latency as zero rather than guess.
+				c = now.UnixNano()
+			}
+			lat = append(lat, time.Duration(now.UnixNano()-c))
+		}
+		if len(ids) > 0 {
+			lastSeen.Store(now.UnixNano())
+		}
+		// Advance low over the ids seen, and over a gap that has lasted.
+		moved := false
+		for {
+			if seen[low] {
+				delete(seen, low)
+				low++
+				moved = true
+				continue
+			}
+			if len(seen) > 0 && now.Sub(stalledSince) > gapTimeout {
+				low++
+				moved = true
+				continue
+			}
+			break
+		}
+		if moved || len(seen) == 0 {
+			stalledSince = now
+		}
+	}
+	slices.Sort(lat)
+	return lat, nil
+}
+
+// percentile returns the p-th percentile (0..100) of sorted durations, by the
+// nearest-rank method.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank = max(1, min(rank, len(sorted)))
+	return sorted[rank-1]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func (b *bench) runE2EGroup(ctx context.Context) {
+	n, w := b.cfg.Events, b.cfg.Workers
+	mode := "in-process"
+	if b.bins != nil {
+		mode = "process"
+	}
+	for _, f := range b.res.Figures {
+		if f.Group == "e2e" {
+			f.Mode = mode
+		}
+	}
+	latIDs := func(l string) []string {
+		ids := []string{"latency_" + l + "_p50", "latency_" + l + "_p99", "latency_" + l + "_max"}
+		if l != "max" {
+			ids = append(ids, "achieved_"+l)
+		}
+		return ids
+	}
+	recordLatency := func(l string, r runResult) {
+		b.sample("latency_"+l+"_p50", ms(percentile(r.latencies, 50)))
+		b.sample("latency_"+l+"_p99", ms(percentile(r.latencies, 99)))
+		b.sample("latency_"+l+"_max", ms(percentile(r.latencies, 100)))
+		if l != "max" {
+			b.sample("achieved_"+l, r.achieved)
+		}
+	}
+	for range b.cfg.Repeats {
+		all := append([]string{"e2e_batch", "e2e_one"}, latIDs("max")...)
+		for _, l := range b.cfg.Loads {
+			all = append(all, latIDs(itoa(l))...)
+		}
+		b.attempt(ctx, "end to end", all, func(ctx context.Context) error {
+			p, err := b.startPipeline(ctx)
+			if err != nil {
+				return err
+			}
+			defer p.close()
+			var errs []error
+			// Flat out, batched producers.
+			if r, err := p.run(ctx, n, b.cfg.BatchSize, w, 0); err != nil {
+				errs = append(errs, fmt.Errorf("flat out, %d/tx: %w", b.cfg.BatchSize, err))
+				b.fail([]string{"e2e_batch"}, errs[len(errs)-1])
+			} else {
+				b.sample("e2e_batch", rate(r.events, r.elapsed))
+			}
+			// Flat out, one event per transaction: throughput and latency.
+			if r, err := p.run(ctx, n, 1, w, 0); err != nil {
+				errs = append(errs, fmt.Errorf("flat out, 1/tx: %w", err))
+				b.fail(append([]string{"e2e_one"}, latIDs("max")...), errs[len(errs)-1])
+			} else {
+				b.sample("e2e_one", rate(r.events, r.elapsed))
+				recordLatency("max", r)
+			}
+			// Fixed offered loads, one event per transaction.
+			for _, l := range b.cfg.Loads {
+				events := max(1, int(float64(l)*b.cfg.LoadDuration.Seconds()))
+				r, err := p.run(ctx, events, 1, max(w, 8), float64(l))
+				if err != nil {
+					errs = append(errs, fmt.Errorf("at %d/s: %w", l, err))
+					b.fail(latIDs(itoa(l)), errs[len(errs)-1])
+					continue
+				}
+				recordLatency(itoa(l), r)
+			}
+			return errors.Join(errs...)
+		})
+	}
+	b.note("e2e_batch", fmt.Sprintf("%d events, %d producers × %d/tx via pgrelay.Enqueue; relay and consumer with default settings; first produce to last credit", n, w, b.cfg.BatchSize))
+	b.note("e2e_one", fmt.Sprintf("%d events, %d producers × 1/tx", n, w))
+	for _, l := range b.cfg.Loads {
+		b.note("latency_"+itoa(l)+"_p50", fmt.Sprintf("%s of open-loop load, 1 event/tx; latency from the producer's commit to the observer's 1 ms ledger poll", b.cfg.LoadDuration))
+	}
+}
