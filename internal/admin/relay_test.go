@@ -1,0 +1,62 @@
+package admin
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/testnats"
+)
+
+// TestRequeuedOutboxRowIsPublishedOnce: a dead outbox row requeued by an
+// operator is published by the real relay, once, with its event id as the
+// broker's dedup id.
+func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// The row went dead before this relay started (a broker rejection).
+	outboxRow(t, b.pool, "o-dead", "orders", "OrderPaid", true, time.Hour, "nats: maximum payload exceeded")
+
+	natsURL := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, natsURL)
+	_, js := testnats.Connect(t, natsURL)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pub, err := broker.NewNATS(cctx, broker.NATSConfig{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	r, err := relay.New(relay.Config{Pool: b.pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), LeaseDuration: 3 * time.Second})
+	require.NoError(t, err)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	// A live row proves the relay runs; the dead one stays unpublished.
+	outboxRow(t, b.pool, "o-live", "orders", "OrderPaid", false, 0, "")
+	require.Eventually(t, func() bool { return outboxStatus(t, b.pool, "o-live") == "published" }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, "dead", outboxStatus(t, b.pool, "o-dead"))
+
+	res, err := b.svc.Requeue(ctx, SourceOutbox, RequeueRequest{Filter: Filter{EventID: "o-dead"}, Actor: "ops", Reason: "limit raised"})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Count)
+	require.Eventually(t, func() bool { return outboxStatus(t, b.pool, "o-dead") == "published" }, 20*time.Second, 10*time.Millisecond)
+
+	s, err := js.Stream(cctx, stream)
+	require.NoError(t, err)
+	info, err := s.Info(cctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), info.State.Msgs, "each event is in the stream once")
+	msg, err := s.GetLastMsgForSubject(cctx, prefix+".orders")
+	require.NoError(t, err)
+	require.Equal(t, "o-dead", msg.Header.Get(event.HeaderMsgID))
+}
