@@ -126,6 +126,15 @@ func (c Config) validate() error {
 		return errors.New("relay: Config.Pool is required")
 	case c.Publisher == nil:
 		return errors.New("relay: Config.Publisher is required")
+	}
+	return c.Validate()
+}
+
+// Validate checks every field but Pool and Publisher (which New requires as
+// well), so that a service can reject bad settings before it connects. Call
+// it on the result of WithDefaults.
+func (c Config) Validate() error {
+	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("relay: Config.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
 	case c.LeaseDuration < 100*time.Millisecond:

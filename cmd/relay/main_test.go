@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+func execute(ctx context.Context, args ...string) error {
+	cmd := newRootCommand()
+	cmd.SetArgs(args)
+	cmd.SilenceErrors = true
+	return cmd.ExecuteContext(ctx)
+}
+
+// TestSettingsErrorsNameTheSetting: bad configuration fails at start-up with
+// an error naming the flag and environment variable to fix.
+func TestSettingsErrorsNameTheSetting(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	ctx := context.Background()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run"}, "--database-url (DATABASE_URL) is required"},
+		{[]string{"run", "--database-url", "postgres://x", "--batch-size", "-1"}, "--batch-size (RELAY_BATCH_SIZE)"},
+		{[]string{"run", "--database-url", "postgres://x", "--lease", "5s", "--heartbeat", "10s"}, "--heartbeat (RELAY_HEARTBEAT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--retention-batch", "-1"}, "--retention-batch (RELAY_RETENTION_BATCH)"},
+		{[]string{"run", "--database-url", "postgres://x", "--ack-timeout", "-1s"}, "--ack-timeout (RELAY_ACK_TIMEOUT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--log-level", "loud"}, "--log-level"},
+		{[]string{"run", "--database-url", "::not a url::"}, "--database-url (DATABASE_URL)"},
+		{[]string{"run", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, "--database-url (DATABASE_URL): cannot reach PostgreSQL"},
+	}
+	for _, c := range cases {
+		err := execute(ctx, c.args...)
+		require.ErrorContains(t, err, c.want, "%v", c.args)
+	}
+	t.Setenv("RELAY_BATCH_SIZE", "lots")
+	require.ErrorContains(t, execute(ctx, "run", "--database-url", "postgres://x"), `invalid RELAY_BATCH_SIZE="lots"`)
+}
+
+// TestRunWithEmbeddedNATS: with no NATS URL the relay starts its own NATS
+// JetStream server, publishes, and on shutdown releases its leases.
+func TestRunWithEmbeddedNATS(t *testing.T) {
+	pool := testdb.New(t)
+	url := pool.Config().ConnString()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- execute(ctx, "run", "--database-url", url, "--nats-url", "", "--embedded-nats-dir", t.TempDir(),
+			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn")
+	}()
+	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE status = 'published'`).Scan(&n)
+		return n == 1
+	}, 20*time.Second, 20*time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop")
+	}
+	var owned int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`).Scan(&owned))
+	require.Zero(t, owned, "a stopped relay releases its leases")
+}
