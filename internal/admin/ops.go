@@ -1,0 +1,182 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/retention"
+)
+
+// OpsFlags are the operator settings both services take on their command
+// line.
+type OpsFlags struct {
+	// MetricsAddr serves /metrics, /healthz and /readyz; empty disables.
+	MetricsAddr string
+	// AdminAddr serves the admin API; empty disables.
+	AdminAddr string
+	// AdminToken is the admin API's bearer token.
+	AdminToken string
+	// DedupWindow is how long processed inbox rows are kept (consumer only).
+	DedupWindow time.Duration
+}
+
+// BindOpsFlags registers --metrics-addr, --admin-addr and --admin-token (and,
+// when withRetention is set, --dedup-window) on fs, defaulted from
+// METRICS_ADDR, ADMIN_ADDR, ADMIN_TOKEN and DEDUP_WINDOW.
+func BindOpsFlags(fs *pflag.FlagSet, f *OpsFlags, metricsAddr, adminAddr string, withRetention bool) {
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", metricsAddr), "address serving /metrics, /healthz and /readyz; empty disables (METRICS_ADDR)")
+	fs.StringVar(&f.AdminAddr, "admin-addr", cli.EnvString("ADMIN_ADDR", adminAddr), "address of the admin API (loopback unless --admin-token is set); empty disables (ADMIN_ADDR)")
+	fs.StringVar(&f.AdminToken, "admin-token", cli.EnvString("ADMIN_TOKEN", ""), "bearer token the admin API requires; required off loopback (ADMIN_TOKEN)")
+	if withRetention {
+		fs.DurationVar(&f.DedupWindow, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", retention.DefaultWindow), "how long processed inbox rows are kept to absorb redeliveries; must exceed the broker's redelivery horizon (DEDUP_WINDOW)")
+	}
+}
+
+// OpsEnvKinds lists the typed environment variables of BindOpsFlags, for
+// cli.ValidateEnv.
+var OpsEnvKinds = map[string]string{"DEDUP_WINDOW": "duration"}
+
+// OpsConfig configures StartOps.
+type OpsConfig struct {
+	// Flags are the operator settings.
+	Flags OpsFlags
+	// Pool is the service's database. Required.
+	Pool *pgxpool.Pool
+	// Registry is the service's registry; the DB gauges are registered on
+	// it. Required.
+	Registry *prometheus.Registry
+	// Checks are the readiness checks of /readyz. Default: none.
+	Checks map[string]metrics.Check
+	// Inbox registers the inbox gauges and runs inbox retention (consumer).
+	Inbox bool
+	// Outbox registers the outbox gauges (relay).
+	Outbox bool
+	// Counters feeds the admin API's dedup hit rate. Default: nil.
+	Counters func() (received, duplicates float64, ok bool)
+	// Logger receives the servers' logs. Default: a no-op logger.
+	Logger *zap.Logger
+}
+
+// Ops runs a service's operator endpoints and maintenance: the metrics and
+// health server, the admin API and inbox retention.
+type Ops struct {
+	wg          sync.WaitGroup
+	mu          sync.Mutex
+	errs        []error
+	metricsAddr net.Addr
+	adminAddr   net.Addr
+}
+
+// StartOps checks cfg, binds the listeners (so a bad or busy address fails
+// here, naming its flag) and starts serving until ctx is cancelled. Wait
+// returns once everything stopped.
+func StartOps(ctx context.Context, cfg OpsConfig) (*Ops, error) {
+	if cfg.Pool == nil || cfg.Registry == nil {
+		return nil, errors.New("admin: OpsConfig.Pool and OpsConfig.Registry are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	o := &Ops{}
+	type runner func(context.Context) error
+	var runners []runner
+
+	if cfg.Inbox {
+		coll, err := metrics.NewInboxCollector(metrics.DBCollectorConfig{Pool: cfg.Pool, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Registry.MustRegister(coll)
+		cleaner, err := retention.New(retention.Config{Pool: cfg.Pool, Window: cfg.Flags.DedupWindow,
+			Observer: metrics.NewRetentionObserver(cfg.Registry), Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		runners = append(runners, cleaner.Run)
+	}
+	if cfg.Outbox {
+		coll, err := metrics.NewOutboxCollector(metrics.DBCollectorConfig{Pool: cfg.Pool, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Registry.MustRegister(coll)
+	}
+
+	var listeners []net.Listener
+	closeAll := func() {
+		for _, ln := range listeners {
+			_ = ln.Close()
+		}
+	}
+	if cfg.Flags.MetricsAddr != "" {
+		srv, err := metrics.NewServer(metrics.ServerConfig{Addr: cfg.Flags.MetricsAddr, Registry: cfg.Registry,
+			Checks: cfg.Checks, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", cfg.Flags.MetricsAddr)
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-addr (METRICS_ADDR) %q: %w", cfg.Flags.MetricsAddr, err)
+		}
+		listeners = append(listeners, ln)
+		o.metricsAddr = ln.Addr()
+		runners = append(runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+	}
+	if cfg.Flags.AdminAddr != "" {
+		svc, err := New(Config{Pool: cfg.Pool, Logger: cfg.Logger, Counters: cfg.Counters})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		srv, err := NewServer(ServerConfig{Service: svc, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken, Logger: cfg.Logger})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", cfg.Flags.AdminAddr)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("--admin-addr (ADMIN_ADDR) %q: %w", cfg.Flags.AdminAddr, err)
+		}
+		listeners = append(listeners, ln)
+		o.adminAddr = ln.Addr()
+		runners = append(runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+	}
+	for _, run := range runners {
+		o.wg.Go(func() {
+			if err := run(ctx); err != nil && ctx.Err() == nil {
+				cfg.Logger.Error("operator endpoint stopped", zap.Error(err))
+				o.mu.Lock()
+				o.errs = append(o.errs, err)
+				o.mu.Unlock()
+			}
+		})
+	}
+	return o, nil
+}
+
+// MetricsAddr returns the metrics server's bound address, or nil.
+func (o *Ops) MetricsAddr() net.Addr { return o.metricsAddr }
+
+// AdminAddr returns the admin API's bound address, or nil.
+func (o *Ops) AdminAddr() net.Addr { return o.adminAddr }
+
+// Wait blocks until everything StartOps started has stopped (after its
+// context was cancelled) and returns the errors of those that failed.
+func (o *Ops) Wait() error {
+	o.wg.Wait()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return errors.Join(o.errs...)
+}

@@ -1,0 +1,93 @@
+package admin
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/metrics"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// TestOpsServeAndStop: StartOps serves metrics (with the DB gauges and the
+// retention counter), readiness and the admin API, runs retention, and stops
+// when its context is cancelled.
+func TestOpsServeAndStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
+		VALUES ('expired', 'processed', now() - interval '8 days'), ('kept', 'processed', now())`)
+	require.NoError(t, err)
+
+	var f OpsFlags
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	BindOpsFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
+	require.NoError(t, fs.Parse(nil))
+	require.Equal(t, 7*24*time.Hour, f.DedupWindow)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ops, err := StartOps(ctx, OpsConfig{Flags: f, Pool: b.pool, Registry: metrics.NewRegistry(), Inbox: true, Outbox: true,
+		Checks: map[string]metrics.Check{"database": metrics.PingCheck(b.pool)}})
+	require.NoError(t, err)
+
+	base := "http://" + ops.MetricsAddr().String()
+	require.Eventually(t, func() bool {
+		st, _, _ := statusOf(t, b.pool, "expired")
+		return st == "absent"
+	}, 10*time.Second, 10*time.Millisecond, "retention runs at start-up")
+	st, _, _ := statusOf(t, b.pool, "kept")
+	require.Equal(t, "processed", st)
+	code, body := get(t, base+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	for _, name := range []string{"inbox_pending_rows", "outbox_pending_rows", "inbox_retention_deleted_total"} {
+		require.Contains(t, body, "\n"+name+" ", name)
+	}
+	code, _ = get(t, base+"/readyz")
+	require.Equal(t, http.StatusOK, code)
+	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats")
+	require.Equal(t, http.StatusOK, code, body)
+
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- ops.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("ops did not stop")
+	}
+}
+
+// TestOpsRefuseBadSettings: an admin API off loopback without a token, a busy
+// address and a too-short dedup window fail at start-up, naming the setting.
+func TestOpsRefuseBadSettings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := StartOps(ctx, OpsConfig{Flags: OpsFlags{AdminAddr: "0.0.0.0:0"}, Pool: b.pool, Registry: metrics.NewRegistry()})
+	require.ErrorContains(t, err, "--admin-token")
+	_, err = StartOps(ctx, OpsConfig{Flags: OpsFlags{DedupWindow: time.Second}, Pool: b.pool, Registry: metrics.NewRegistry(), Inbox: true})
+	require.ErrorContains(t, err, "--dedup-window")
+
+	ops, err := StartOps(ctx, OpsConfig{Flags: OpsFlags{MetricsAddr: "127.0.0.1:0"}, Pool: b.pool, Registry: metrics.NewRegistry()})
+	require.NoError(t, err)
+	_, err = StartOps(ctx, OpsConfig{Flags: OpsFlags{MetricsAddr: ops.MetricsAddr().String()}, Pool: b.pool, Registry: metrics.NewRegistry()})
+	require.ErrorContains(t, err, "--metrics-addr")
+	cancel()
+	require.NoError(t, ops.Wait())
+}
