@@ -1,0 +1,75 @@
+package pgrelay
+
+import (
+	"context"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// DBTX is what Receive and Release run on: a *pgxpool.Pool, a *pgx.Conn or a
+// pgx.Tx.
+type DBTX = db.DBTX
+
+// Incoming is a message to store in the inbox. DeadReason, when non-empty,
+// stores it directly as dead with that reason (malformed input, raw bytes kept
+// in Payload), so that nothing received is lost.
+type Incoming = inbox.Incoming
+
+// ReceiveResult reports what Receive stored and which event ids were
+// duplicates.
+type ReceiveResult = inbox.ReceiveResult
+
+// InboxEvent is a claimed inbox event, as a handler sees it.
+type InboxEvent = inbox.Event
+
+// InboxHandler runs an event's side effect inside the transaction that marks
+// the event processed. See HandlerFunc.
+type InboxHandler = inbox.Handler
+
+// HandlerFunc adapts a function to InboxHandler. Return nil on success,
+// Permanent(err) for input that can never succeed, Defer(key) to wait for a
+// dependency, and any other error to retry with backoff.
+type HandlerFunc = inbox.HandlerFunc
+
+// InboxConfig configures an inbox worker; every field documents its default.
+type InboxConfig = inbox.Config
+
+// InboxWorker runs handlers over the inbox; see NewInboxWorker.
+type InboxWorker = inbox.Worker
+
+// InboxObserver is told about every inbox state change, for metrics.
+type InboxObserver = inbox.Observer
+
+// InvalidMessageError reports a message Receive refused (its whole batch was
+// not stored).
+type InvalidMessageError = inbox.InvalidMessageError
+
+// DeferError is the error Defer returns.
+type DeferError = inbox.DeferError
+
+// Receive stores a batch of received messages in the inbox in one statement,
+// deduplicated by event id, on a pool or inside the caller's transaction.
+// Acknowledge the broker only after it committed.
+func Receive(ctx context.Context, q DBTX, msgs []Incoming) (ReceiveResult, error) {
+	return inbox.Receive(ctx, q, msgs)
+}
+
+// NewInboxWorker returns a worker that processes the inbox with cfg.Handler
+// once Run is called. It fails if cfg is invalid, naming the field.
+func NewInboxWorker(cfg InboxConfig) (*InboxWorker, error) { return inbox.NewWorker(cfg) }
+
+// Permanent marks a handler error as permanent: the event goes dead with the
+// error as its reason instead of being retried.
+func Permanent(err error) error { return inbox.Permanent(err) }
+
+// Defer is returned by a handler whose event must wait for a dependency (for
+// example "order:42"); the event runs again once Release is called with the
+// same key, without using up an attempt.
+func Defer(waitingFor string) error { return inbox.Defer(waitingFor) }
+
+// Release makes the events deferred on waitingFor due at once; call it from a
+// handler, with its transaction, when it creates what they wait for.
+func Release(ctx context.Context, q DBTX, waitingFor string) error {
+	return inbox.Release(ctx, q, waitingFor)
+}
