@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -43,7 +42,9 @@ type bundle struct {
 	js      jetstream.JetStream
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t *testing.T) *bundle { return setupB(t) }
+
+func setupB(t testing.TB) *bundle {
 	t.Helper()
 	dbURL := testdb.NewURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -57,7 +58,9 @@ func setup(t *testing.T) *bundle {
 	return &bundle{pool: pool, dbURL: dbURL, natsURL: natsURL, stream: stream, prefix: prefix, js: js}
 }
 
-func (b *bundle) publisher(t *testing.T) *broker.NATS {
+func (b *bundle) publisher(t *testing.T) *broker.NATS { return b.publisherB(t) }
+
+func (b *bundle) publisherB(t testing.TB) *broker.NATS {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -68,11 +71,16 @@ func (b *bundle) publisher(t *testing.T) *broker.NATS {
 }
 
 // testConfig is a relay config with short timings for tests.
+// A nil t gives a silent logger.
 func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs Observer) Config {
+	log := zap.NewNop()
+	if t != nil {
+		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	}
 	return Config{
 		Pool:              b.pool,
 		Publisher:         pub,
-		Logger:            zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Logger:            log,
 		Observer:          obs,
 		LeaseDuration:     time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
@@ -214,6 +222,5 @@ func msgs(n int, key string, prefix string) []event.Message {
 	return out
 }
 
-var _ = json.Marshal
 
 func newOutboxForTest() (*outbox.Outbox, error) { return outbox.New(outbox.Config{}) }
