@@ -196,9 +196,16 @@ func healthcheck(ctx context.Context, addr string) error {
 	if addr == "" {
 		return errors.New("--http-addr (CONSUMER_HTTP_ADDR) is empty: nothing to probe")
 	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--http-addr (CONSUMER_HTTP_ADDR) %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1" // a listener on all interfaces is probed on loopback
+	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
 	if err != nil {
 		return err
 	}
