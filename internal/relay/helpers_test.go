@@ -222,5 +222,4 @@ func msgs(n int, key string, prefix string) []event.Message {
 	return out
 }
 
-
 func newOutboxForTest() (*outbox.Outbox, error) { return outbox.New(outbox.Config{}) }
