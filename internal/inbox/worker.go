@@ -201,12 +201,17 @@ func (e *errBatchBroken) Error() string { return "inbox: batch transaction broke
 func (e *errBatchBroken) Unwrap() error { return e.err }
 
 // processBatch runs the events of one claim in one transaction, a savepoint
-// each. Cancelling ctx leaves the batch Config.ShutdownTimeout to finish;
-// after that it is rolled back and the claims handed back.
+// each. It starts no new handler once ctx is cancelled (graceful stop) or half
+// the lease has gone (so that the claims do not expire under it): it commits
+// what is done and hands the rest back. Cancelling ctx leaves the handler in
+// flight Config.ShutdownTimeout to finish; after that the batch is rolled back
+// and every claim handed back.
 func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	leaseHalf := time.Now().Add(w.cfg.Lease / 2)
+	stopEarly := func() bool { return ctx.Err() != nil || time.Now().After(leaseHalf) }
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
@@ -220,7 +225,7 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	})
 	defer stop()
 
-	results, err := w.runBatch(pctx, evs)
+	results, rest, err := w.runBatch(pctx, evs, stopEarly)
 	if err != nil {
 		// pctx ends only when the shutdown timeout ran out: then every claim is
 		// handed back, whatever failed first.
@@ -230,32 +235,43 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	for _, r := range results {
 		w.report(r)
 	}
+	if len(rest) > 0 {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+		defer cancel()
+		w.unclaim(uctx, rest)
+	}
 	return nil
 }
 
-func (w *Worker) runBatch(ctx context.Context, evs []*Event) ([]result, error) {
+// runBatch processes evs in one transaction until stopEarly says so, and
+// returns the outcomes and the events it did not start.
+func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bool) (results []result, rest []*Event, err error) {
 	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	tx, err := w.cfg.Pool.Begin(bctx)
 	cancel()
 	if err != nil {
 		// Nothing ran: the claims are handed back by recover.
-		return nil, fmt.Errorf("inbox: begin batch: %w", err)
+		return nil, nil, fmt.Errorf("inbox: begin batch: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	results := make([]result, 0, len(evs))
-	for _, ev := range evs {
+	results = make([]result, 0, len(evs))
+	for i, ev := range evs {
+		if i > 0 && stopEarly() {
+			rest = evs[i:]
+			break
+		}
 		r, err := w.processOne(ctx, tx, ev)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		results = append(results, r)
 	}
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
-		return nil, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
+		return nil, nil, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
 	}
-	return results, nil
+	return results, rest, nil
 }
 
 // processOne runs one event's handler inside a savepoint of the batch

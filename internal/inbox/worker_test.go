@@ -298,3 +298,73 @@ func TestConfigValidation(t *testing.T) {
 	require.NoError(t, err, "defaults are valid")
 	require.NotNil(t, w)
 }
+
+// TestGracefulStopCommitsDoneWork: stopping a worker mid-batch lets the
+// handler in flight finish, commits the events done, starts no new handler,
+// and hands the rest back with their attempts refunded.
+func TestGracefulStopCommitsDoneWork(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	createOrders(t, pool, "o1")
+	for _, id := range ids("e", 6) {
+		receive(t, pool, orderPaid(id, "o1", 1)) // one by one: claim order = receive order
+	}
+	inThird, stopping := make(chan struct{}), make(chan struct{})
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		if ev.EventID == "e-00002" {
+			close(inThird)
+			<-stopping
+		}
+		return ledger.Handler{}.Handle(ctx, tx, ev)
+	})
+	cfg := fastConfig(t, pool, h)
+	cfg.Workers, cfg.BatchSize = 1, 10
+	w, err := inbox.NewWorker(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-inThird
+	cancel()
+	close(stopping)
+	require.NoError(t, <-done)
+
+	for i, id := range ids("e", 6) {
+		r := inboxRow(t, pool, id)
+		if i <= 2 {
+			require.Equal(t, "processed", r.Status, id)
+			require.Equal(t, 1, entries(t, pool, id), id)
+		} else {
+			require.Equal(t, "pending", r.Status, id)
+			require.Zero(t, r.Attempts, id)
+			require.Zero(t, entries(t, pool, id), id)
+		}
+	}
+}
+
+// TestLongBatchStopsAtHalfLease: a batch whose handlers are slow stops
+// starting new handlers once half the lease has passed and hands the rest
+// back, so no claim expires under it and no work is fenced and wasted.
+func TestLongBatchStopsAtHalfLease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	createOrders(t, pool, "o1")
+	var msgs []inbox.Incoming
+	for _, id := range ids("e", 8) {
+		msgs = append(msgs, orderPaid(id, "o1", 1))
+	}
+	receive(t, pool, msgs...)
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		time.Sleep(150 * time.Millisecond) // slow work, not a wait for the test
+		return ledger.Handler{}.Handle(ctx, tx, ev)
+	})
+	stats := &inbox.Stats{}
+	cfg := fastConfig(t, pool, h)
+	cfg.Workers, cfg.BatchSize, cfg.Lease, cfg.HandlerTimeout, cfg.Observer = 2, 8, 500*time.Millisecond, 400*time.Millisecond, stats
+	startWorker(t, cfg)
+	waitAllDone(t, pool, 20*time.Second)
+	require.Zero(t, stats.Snapshot().Fenced)
+	require.Zero(t, stats.Snapshot().Takeovers)
+	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
+	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE attempts = 1`))
+}
