@@ -372,13 +372,13 @@ func (r *Relay) work(w *worker) {
 	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
 	bo := r.newBackoff()
 	for w.ctx.Err() == nil {
-		n, err := r.runBatch(w, log)
+		n, err := r.runBatch(w, log, bo)
 		switch {
 		case errors.Is(err, errFenced):
 			w.cancel()
 			return
 		case err != nil:
-			d := bo.next()
+			d := bo.current()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
 			sleepCtx(w.ctx, d)
 			continue
@@ -399,7 +399,18 @@ func (r *Relay) work(w *worker) {
 
 // runBatch publishes the next batch of the partition and marks it. It returns
 // the number of rows read.
-func (r *Relay) runBatch(w *worker, log *zap.Logger) (int, error) {
+// A failure advances bo, so that the retry time recorded on the rows is the
+// one the worker waits for.
+func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff) (int, error) {
+	n, err := r.runBatchOnce(w, log, bo)
+	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
+		bo.next()
+	}
+	bo.advanced = false
+	return n, err
+}
+
+func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, error) {
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize)})
 	cancel()
@@ -486,9 +497,11 @@ func (r *Relay) runBatch(w *worker, log *zap.Logger) (int, error) {
 	if transient != nil {
 		rest := ids[len(markIDs):]
 		r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
+		retryAt := time.Now().Add(bo.next())
+		bo.advanced = true
 		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 		_, err := r.q.RecordPublishFailure(qctx, r.cfg.Pool, db.RecordPublishFailureParams{
-			LastError: transient.Error(), Ids: rest, Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch,
+			LastError: transient.Error(), NextAttemptAt: &retryAt, Ids: rest, Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch,
 		})
 		cancel()
 		if err != nil {
@@ -527,6 +540,8 @@ func (r *Relay) publish(msgs []broker.Message) (results []broker.Result) {
 // backoff is an exponential backoff with jitter.
 type backoff struct {
 	min, max, cur time.Duration
+	last          time.Duration // the last duration next returned
+	advanced      bool          // next was called during the current batch
 }
 
 func (r *Relay) newBackoff() *backoff {
@@ -539,10 +554,14 @@ func (b *backoff) next() time.Duration {
 	} else {
 		b.cur = min(b.cur*2, b.max)
 	}
-	return jitter(b.cur)
+	b.last = jitter(b.cur)
+	return b.last
 }
 
-func (b *backoff) reset() { b.cur = 0 }
+// current returns the duration next returned last.
+func (b *backoff) current() time.Duration { return b.last }
+
+func (b *backoff) reset() { b.cur, b.last = 0, 0 }
 
 // jitter returns d plus or minus up to 10%.
 func jitter(d time.Duration) time.Duration {
