@@ -3,7 +3,8 @@
 //
 //	consumer run             consume until SIGTERM
 //	consumer migrate up      apply the database migrations
-//	consumer healthcheck     probe a running consumer's /healthz
+//	consumer healthcheck     probe a running consumer's /readyz
+//	consumer stats | dead | outbox | audit   operate on the database
 //
 // Every flag can also be set through the environment variable named in its
 // help text.
@@ -19,13 +20,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/metrics"
 )
 
 func main() {
@@ -51,7 +54,8 @@ type settings struct {
 	workers         int
 	workerBatchSize int
 	maxAttempts     int
-	httpAddr        string
+	statsInterval   time.Duration
+	ops             admin.OpsFlags
 	logLevel        string
 	logFormat       string
 }
@@ -66,7 +70,7 @@ var envKinds = map[string]string{
 	"CONSUMER_WORKERS":            "int",
 	"CONSUMER_WORKER_BATCH_SIZE":  "int",
 	"CONSUMER_MAX_ATTEMPTS":       "int",
-	"CONSUMER_STATS_INTERVAL_SEC": "int",
+	"CONSUMER_STATS_INTERVAL":     "duration",
 }
 
 func newRootCommand() *cobra.Command {
@@ -86,7 +90,6 @@ the reason and acknowledged, never dropped.`,
 	pf.StringVar(&s.databaseURL, "database-url", cli.EnvString("DATABASE_URL", ""), "PostgreSQL URL (DATABASE_URL)")
 	pf.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "log level: debug, info, warn, error (LOG_LEVEL)")
 	pf.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "log format: json or console (LOG_FORMAT)")
-	pf.StringVar(&s.httpAddr, "http-addr", cli.EnvString("CONSUMER_HTTP_ADDR", "127.0.0.1:8081"), "address serving /healthz and /stats; empty disables (CONSUMER_HTTP_ADDR)")
 
 	run := &cobra.Command{
 		Use:   "run",
@@ -108,20 +111,28 @@ the reason and acknowledged, never dropped.`,
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", inbox.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
 	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", inbox.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
 	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", inbox.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
+	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
 
+	var probeAddr string
 	health := &cobra.Command{
 		Use:   "healthcheck",
-		Short: "Exit 0 when the consumer at --http-addr reports healthy (for container health checks)",
+		Short: "Exit 0 when the consumer serving --metrics-addr is ready (for container health checks)",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return healthcheck(cmd.Context(), s.httpAddr) },
+		RunE:  func(cmd *cobra.Command, _ []string) error { return healthcheck(cmd.Context(), probeAddr) },
 	}
+	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", ":9091"), "the consumer's --metrics-addr (METRICS_ADDR)")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), health)
+	root.AddCommand(admin.Commands(&s.databaseURL)...)
 	return root
 }
 
 func runConsumer(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(envKinds); err != nil {
+		return err
+	}
+	if err := cli.ValidateEnv(admin.OpsEnvKinds); err != nil {
 		return err
 	}
 	if s.databaseURL == "" {
@@ -140,8 +151,9 @@ func runConsumer(parent context.Context, s settings) error {
 	if err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
-	// Inbox workers each hold a connection; ingest needs one more.
-	if min := int32(s.workers + 2); poolCfg.MaxConns < min {
+	// Inbox workers each hold a connection; ingest, LISTEN, the metrics
+	// collector and retention need a few more.
+	if min := int32(s.workers + 4); poolCfg.MaxConns < min {
 		poolCfg.MaxConns = min
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
@@ -150,7 +162,19 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	defer pool.Close()
 
-	c, err := consumer.New(consumer.Config{
+	reg := metrics.NewRegistry()
+	var c *consumer.Consumer
+	observer := metrics.NewInboxObserver(reg, metrics.InboxObserverOptions{
+		IngestStats: func() metrics.IngestStats {
+			st := c.Stats()
+			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates}
+		},
+	})
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "consumer_ingest_dead_total",
+		Help: "Malformed messages stored dead at ingest (bad or missing headers, event id, size, UTF-8), then acknowledged.",
+	}, func() float64 { return float64(c.Stats().Dead) }))
+	c, err = consumer.New(consumer.Config{
 		Pool:            pool,
 		NATSURL:         s.natsURL,
 		Stream:          s.stream,
@@ -162,12 +186,13 @@ func runConsumer(parent context.Context, s settings) error {
 		MaxWait:         s.maxWait,
 		AckWait:         s.ackWait,
 		MaxPayloadBytes: s.maxPayloadBytes,
-		StatsInterval:   time.Duration(cli.EnvInt("CONSUMER_STATS_INTERVAL_SEC", 30)) * time.Second,
+		StatsInterval:   s.statsInterval,
 		Inbox: inbox.Config{
 			Handler:     ledger.Handler{},
 			Workers:     s.workers,
 			BatchSize:   s.workerBatchSize,
 			MaxAttempts: s.maxAttempts,
+			Observer:    observer,
 		},
 		Logger: log,
 	})
@@ -175,37 +200,44 @@ func runConsumer(parent context.Context, s settings) error {
 		return err
 	}
 
-	if s.httpAddr != "" {
-		ln, err := net.Listen("tcp", s.httpAddr)
-		if err != nil {
-			return fmt.Errorf("--http-addr (CONSUMER_HTTP_ADDR) %q: %w", s.httpAddr, err)
-		}
-		srv := &http.Server{Handler: c.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		log.Info("serving health and stats", zap.String("addr", ln.Addr().String()))
+	ops, err := admin.StartOps(ctx, admin.OpsConfig{
+		Flags: s.ops, Pool: pool, Registry: reg, Inbox: true, Logger: log,
+		Checks: map[string]metrics.Check{
+			"database": metrics.PingCheck(pool),
+			"broker": func(context.Context) error {
+				if !c.Ready() {
+					return errors.New("not attached to the JetStream consumer")
+				}
+				return nil
+			},
+		},
+		Counters: func() (float64, float64, bool) {
+			st := c.Stats()
+			return float64(st.Fetched), float64(st.Duplicates), true
+		},
+	})
+	if err != nil {
+		return err
 	}
-	return c.Run(ctx)
+	runErr := c.Run(ctx)
+	stop() // Run returned on its own: stop the operator endpoints too
+	return errors.Join(runErr, ops.Wait())
 }
 
 func healthcheck(ctx context.Context, addr string) error {
 	if addr == "" {
-		return errors.New("--http-addr (CONSUMER_HTTP_ADDR) is empty: nothing to probe")
+		return errors.New("--metrics-addr (METRICS_ADDR) is empty: nothing to probe")
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("--http-addr (CONSUMER_HTTP_ADDR) %q: %w", addr, err)
+		return fmt.Errorf("--metrics-addr (METRICS_ADDR) %q: %w", addr, err)
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "127.0.0.1" // a listener on all interfaces is probed on loopback
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
 	if err != nil {
 		return err
 	}

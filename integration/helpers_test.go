@@ -1,0 +1,180 @@
+// Package integration tests pgrelay's binaries as real processes against a
+// real PostgreSQL and NATS JetStream.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// binaries are built once per test binary run.
+var binaries struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// bins builds relay, consumer and demo into a temporary directory, once.
+func bins(t *testing.T) string {
+	t.Helper()
+	binaries.once.Do(func() {
+		binaries.dir, binaries.err = os.MkdirTemp("", "pgrelay-it-bin-")
+		if binaries.err != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binaries.dir+string(os.PathSeparator), "../cmd/relay", "../cmd/consumer", "../cmd/demo")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			binaries.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, binaries.err)
+	return binaries.dir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaries.dir != "" {
+		os.RemoveAll(binaries.dir)
+	}
+	os.Exit(code)
+}
+
+// service is a binary running as a child process for one test.
+type service struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// startService runs bin with args and env (added to the test's environment);
+// it is stopped with SIGTERM when the test ends.
+func startService(t *testing.T, bin string, env []string, args ...string) *service {
+	t.Helper()
+	s := &service{t: t, name: filepath.Base(bin), out: &syncBuffer{}, done: make(chan struct{})}
+	s.cmd = exec.Command(bin, args...)
+	s.cmd.Env = append(os.Environ(), env...)
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	require.NoError(t, s.cmd.Start())
+	go func() {
+		s.err = s.cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(func() {
+		s.stop()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", s.name, tail(s.out.String(), 8000))
+		}
+	})
+	return s
+}
+
+func (s *service) running() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop sends SIGTERM and waits for a graceful exit (killing after 30s).
+func (s *service) stop() error {
+	if !s.running() {
+		return s.err
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		return s.err
+	case <-time.After(30 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		return fmt.Errorf("%s: no exit within 30s of SIGTERM", s.name)
+	}
+}
+
+// kill sends SIGKILL and waits for the process to die.
+func (s *service) kill() {
+	if s.running() {
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+// freeAddr returns a free loopback address for a service's HTTP listener.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func newPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int64
+	require.NoError(t, pool.QueryRow(ctx, sql, args...).Scan(&n))
+	return n
+}
+
+func consumerEnv(dbURL, natsURL, stream, prefix string, extra ...string) []string {
+	return append([]string{
+		"DATABASE_URL=" + dbURL, "NATS_URL=" + natsURL,
+		"CONSUMER_STREAM=" + stream, "CONSUMER_SUBJECT_PREFIX=" + prefix,
+		"CONSUMER_DURABLE=it", "CONSUMER_MAX_WAIT=100ms", "CONSUMER_ACK_WAIT=2s",
+		"LOG_LEVEL=info", "LOG_FORMAT=json", "METRICS_ADDR=", "ADMIN_ADDR=", "CONSUMER_STATS_INTERVAL=2s",
+	}, extra...)
+}
