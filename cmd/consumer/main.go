@@ -62,15 +62,15 @@ type settings struct {
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"CONSUMER_CREATE_STREAM":      "bool",
-	"CONSUMER_BATCH_SIZE":         "int",
-	"CONSUMER_MAX_WAIT":           "duration",
-	"CONSUMER_ACK_WAIT":           "duration",
-	"CONSUMER_MAX_PAYLOAD_BYTES":  "int",
-	"CONSUMER_WORKERS":            "int",
-	"CONSUMER_WORKER_BATCH_SIZE":  "int",
-	"CONSUMER_MAX_ATTEMPTS":       "int",
-	"CONSUMER_STATS_INTERVAL":     "duration",
+	"CONSUMER_CREATE_STREAM":     "bool",
+	"CONSUMER_BATCH_SIZE":        "int",
+	"CONSUMER_MAX_WAIT":          "duration",
+	"CONSUMER_ACK_WAIT":          "duration",
+	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
+	"CONSUMER_WORKERS":           "int",
+	"CONSUMER_WORKER_BATCH_SIZE": "int",
+	"CONSUMER_MAX_ATTEMPTS":      "int",
+	"CONSUMER_STATS_INTERVAL":    "duration",
 }
 
 func newRootCommand() *cobra.Command {
