@@ -15,16 +15,19 @@ func (p *pipeline) startProcesses(ctx context.Context) error {
 	common := []string{"LOG_LEVEL=warn", "LOG_FORMAT=console", "DATABASE_URL=" + p.url, "NATS_URL=" + b.nats.url}
 	relayProc, err := startProcess("relay", b.bins.relay, []string{"run",
 		"--database-url", p.url, "--nats-url", b.nats.url, "--stream", p.stream, "--subject-prefix", p.prefix,
-		"--http-addr", "",
 	}, common)
 	if err != nil {
 		return err
 	}
 	p.procs["relay"] = relayProc
-	consumerProc, err := startProcess("consumer", b.bins.consumer, []string{"run",
+	consumerArgs := []string{"run",
 		"--database-url", p.url, "--nats-url", b.nats.url, "--stream", p.stream, "--subject-prefix", p.prefix,
 		"--durable", "bench", "--http-addr", "",
-	}, append(common, "CONSUMER_STATS_INTERVAL_SEC=-1"))
+	}
+	if p.maxWait > 0 {
+		consumerArgs = append(consumerArgs, "--max-wait", p.maxWait.String())
+	}
+	consumerProc, err := startProcess("consumer", b.bins.consumer, consumerArgs, append(common, "CONSUMER_STATS_INTERVAL_SEC=-1"))
 	if err != nil {
 		relayProc.stop()
 		return err
@@ -65,7 +68,7 @@ func (b *bench) runCostGroup(ctx context.Context) {
 	n := b.cfg.Events
 	for range b.cfg.Repeats {
 		b.attempt(ctx, "cost", ids, func(ctx context.Context) error {
-			p, err := b.startPipeline(ctx)
+			p, err := b.startPipeline(ctx, 0)
 			if err != nil {
 				return err
 			}

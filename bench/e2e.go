@@ -24,6 +24,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
+// tunedMaxWait is the consumer's fetch wait in the tuned latency run.
+const tunedMaxWait = 10 * time.Millisecond
+
 // observePoll is how often the observer looks for new ledger credits. An
 // event's latency is measured to the poll that first saw its credit, so it
 // overstates the true commit→ledger time by at most this plus one query.
@@ -45,12 +48,15 @@ type pipeline struct {
 	failed chan error
 	stop   func()
 	procs  map[string]*process // the services, when run as processes
+	// maxWait overrides the consumer's MaxWait when not zero.
+	maxWait time.Duration
 }
 
 // startPipeline starts the relay and the consumer (as processes when the
 // binaries are available, otherwise in this process) on a fresh database and
-// stream, with the product's default settings.
-func (b *bench) startPipeline(ctx context.Context) (*pipeline, error) {
+// stream, with the product's default settings except a consumer MaxWait
+// when maxWait is not zero.
+func (b *bench) startPipeline(ctx context.Context, maxWait time.Duration) (*pipeline, error) {
 	pool, url, err := b.dbs.fresh(ctx, b.cfg.Workers+8)
 	if err != nil {
 		return nil, err
@@ -64,7 +70,7 @@ func (b *bench) startPipeline(ctx context.Context) (*pipeline, error) {
 		pool.Close()
 		return nil, err
 	}
-	p := &pipeline{b: b, pool: pool, url: url, stream: stream, prefix: prefix, failed: make(chan error, 4)}
+	p := &pipeline{b: b, pool: pool, url: url, stream: stream, prefix: prefix, failed: make(chan error, 4), maxWait: maxWait}
 	if b.bins != nil {
 		err = p.startProcesses(ctx)
 	} else {
@@ -112,7 +118,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		return err
 	}
 	c, err := consumer.New(consumer.Config{
-		Pool: cpool, NATSURL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix, Durable: "bench",
+		Pool: cpool, NATSURL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix, Durable: "bench", MaxWait: p.maxWait,
 		StatsInterval: -1, Logger: b.log.Named("consumer"), Inbox: inbox.Config{Handler: ledger.Handler{}},
 	})
 	if err != nil {
@@ -170,6 +176,25 @@ type runResult struct {
 	elapsed   time.Duration   // first produce to last credit seen
 	latencies []time.Duration // commit→ledger, sorted
 	achieved  float64         // the producers' achieved rate (events/s)
+	prefix    string          // the run's event id prefix
+}
+
+// stageMedians splits the latency of a run's events into the stages the
+// tables record, by server timestamps (one clock): the producer's
+// transaction start (outbox.created_at) to the relay's mark (published_at,
+// after the broker acked); to the consumer storing it (inbox.received_at);
+// to the inbox batch that credited it starting (ledger created_at).
+const stageMedians = `SELECT
+    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.published_at - o.created_at)), 0) * 1000,
+    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM i.received_at - o.published_at)), 0) * 1000,
+    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM l.created_at - i.received_at)), 0) * 1000
+FROM outbox o JOIN inbox i USING (event_id) JOIN ledger_entries l USING (event_id)
+WHERE starts_with(o.event_id, $1)`
+
+// stages returns the median milliseconds of each stage for a run's events.
+func (p *pipeline) stages(ctx context.Context, prefix string) (relayMs, consumerMs, inboxMs float64, err error) {
+	err = p.pool.QueryRow(ctx, stageMedians, prefix).Scan(&relayMs, &consumerMs, &inboxMs)
+	return
 }
 
 // run produces n events through the pipeline, perTx events per transaction
@@ -178,7 +203,7 @@ type runResult struct {
 func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered float64) (runResult, error) {
 	gen := newGenerator("e2e")
 	commitAt := make([]atomic.Int64, n)
-	res := runResult{events: n}
+	res := runResult{events: n, prefix: gen.prefix}
 
 	obsCtx, stopObs := context.WithCancel(ctx)
 	defer stopObs()
@@ -379,8 +404,8 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 	}
 	latIDs := func(l string) []string {
 		ids := []string{"latency_" + l + "_p50", "latency_" + l + "_p99", "latency_" + l + "_max"}
-		if l != "max" {
-			ids = append(ids, "achieved_"+l)
+		if l != "max" && l != "tuned" {
+			ids = append(ids, "achieved_"+l, "stage_"+l+"_relay", "stage_"+l+"_consumer", "stage_"+l+"_inbox")
 		}
 		return ids
 	}
@@ -388,7 +413,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 		b.sample("latency_"+l+"_p50", ms(percentile(r.latencies, 50)))
 		b.sample("latency_"+l+"_p99", ms(percentile(r.latencies, 99)))
 		b.sample("latency_"+l+"_max", ms(percentile(r.latencies, 100)))
-		if l != "max" {
+		if l != "max" && l != "tuned" {
 			b.sample("achieved_"+l, r.achieved)
 		}
 	}
@@ -398,7 +423,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			all = append(all, latIDs(itoa(l))...)
 		}
 		b.attempt(ctx, "end to end", all, func(ctx context.Context) error {
-			p, err := b.startPipeline(ctx)
+			p, err := b.startPipeline(ctx, 0)
 			if err != nil {
 				return err
 			}
@@ -429,9 +454,36 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 					continue
 				}
 				recordLatency(itoa(l), r)
+				relayMs, consumerMs, inboxMs, err := p.stages(ctx, r.prefix)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("stages at %d/s: %w", l, err))
+					continue
+				}
+				b.sample("stage_"+itoa(l)+"_relay", relayMs)
+				b.sample("stage_"+itoa(l)+"_consumer", consumerMs)
+				b.sample("stage_"+itoa(l)+"_inbox", inboxMs)
 			}
 			return errors.Join(errs...)
 		})
+	}
+	if len(b.cfg.Loads) > 0 {
+		l := b.cfg.Loads[0]
+		for range b.cfg.Repeats {
+			b.attempt(ctx, "end to end, tuned", latIDs("tuned"), func(ctx context.Context) error {
+				p, err := b.startPipeline(ctx, tunedMaxWait)
+				if err != nil {
+					return err
+				}
+				defer p.close()
+				r, err := p.run(ctx, max(1, int(float64(l)*b.cfg.LoadDuration.Seconds())), 1, max(w, 8), float64(l))
+				if err != nil {
+					return err
+				}
+				recordLatency("tuned", r)
+				return nil
+			})
+		}
+		b.note("latency_tuned_p50", fmt.Sprintf("%d events/s offered, 1/tx, consumer --max-wait %s (default 500ms); everything else default", l, tunedMaxWait))
 	}
 	b.note("e2e_batch", fmt.Sprintf("%d events, %d producers × %d/tx via pgrelay.Enqueue; relay and consumer with default settings; first produce to last credit", n, w, b.cfg.BatchSize))
 	b.note("e2e_one", fmt.Sprintf("%d events, %d producers × 1/tx", n, w))

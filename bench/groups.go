@@ -64,7 +64,20 @@ func (b *bench) declareFigures() {
 		add("latency_"+l+"_max", "e2e", "commit→ledger max, "+label, unitMs, "process", "", nil, "")
 		if l != "max" {
 			add("achieved_"+l, "e2e", "  achieved rate, "+label, unitRate, "process", "", nil, "")
+			add("stage_"+l+"_relay", "e2e", "  stage p50: producer tx → relay marked published", unitMs, "process", "", nil,
+				"server timestamps: outbox.created_at (producer tx start) to published_at (mark after broker ack)")
+			add("stage_"+l+"_consumer", "e2e", "  stage p50: published → stored in inbox", unitMs, "process", "", nil,
+				"outbox.published_at to inbox.received_at (consumer fetch and store)")
+			add("stage_"+l+"_inbox", "e2e", "  stage p50: stored → inbox batch crediting it starts", unitMs, "process", "", nil,
+				"inbox.received_at to ledger_entries.created_at (claim wake-up)")
 		}
+	}
+
+	if len(b.cfg.Loads) > 0 {
+		label := "at " + strconv.Itoa(b.cfg.Loads[0]) + "/s, consumer --max-wait 10ms"
+		add("latency_tuned_p50", "e2e", "commit→ledger p50, "+label, unitMs, "process", "", nil, "")
+		add("latency_tuned_p99", "e2e", "commit→ledger p99, "+label, unitMs, "process", "", nil, "")
+		add("latency_tuned_max", "e2e", "commit→ledger max, "+label, unitMs, "process", "", nil, "")
 	}
 
 	prefill := strconv.Itoa(b.cfg.Prefill)

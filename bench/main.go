@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -41,7 +42,7 @@ func mainErr() error {
 		return err
 	}
 	var cfg Config
-	var loads, relays, only, logLevel string
+	var loads, relays, only, logLevel, cpuProfile string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.EnvString("BENCH_DATABASE_URL", cli.EnvString("DATABASE_URL", os.Getenv("TEST_DATABASE_URL"))),
 		"PostgreSQL server (maintenance database) where the run creates and drops its databases (BENCH_DATABASE_URL, else DATABASE_URL, else TEST_DATABASE_URL)")
@@ -60,6 +61,7 @@ func mainErr() error {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
 	fs.StringVar(&cfg.BinDir, "bin", "", "directory with prebuilt relay and consumer binaries (default: go build them)")
 	fs.StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and the in-process services")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (in-process services included) to this file, for go tool pprof")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -77,6 +79,18 @@ func mainErr() error {
 		return err
 	}
 	defer cfg.Logger.Sync() //nolint:errcheck
+
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	ctx, cancel := cli.SignalContext(context.Background())
 	defer cancel()
