@@ -33,14 +33,9 @@ func Commands(databaseURL *string) []*cobra.Command {
 
 type cliEnv struct {
 	databaseURL *string
-	// newService is replaced in tests; by default it connects to databaseURL.
-	newService func(ctx context.Context) (*Service, func(), error)
 }
 
 func (c *cliEnv) service(ctx context.Context) (*Service, func(), error) {
-	if c.newService != nil {
-		return c.newService(ctx)
-	}
 	if *c.databaseURL == "" {
 		return nil, nil, errors.New("--database-url (DATABASE_URL) is required")
 	}

@@ -42,6 +42,12 @@ type IngestStats struct {
 	// Duplicates counts delivered messages whose event id the inbox already
 	// held (absorbed by the unique key).
 	Duplicates int64
+	// Dead counts messages stored dead at ingest (malformed input).
+	Dead int64
+	// StoreErrors counts failed attempts to store a batch.
+	StoreErrors int64
+	// FetchErrors counts failed fetches from the broker.
+	FetchErrors int64
 }
 
 // NewInboxObserver registers the consumer's inbox metrics on reg and returns
@@ -90,6 +96,15 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 				func() float64 { return float64(opts.IngestStats().Received) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_dedup_total", Help: dedupHelp},
 				func() float64 { return float64(opts.IngestStats().Duplicates) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_ingest_dead_total",
+				Help: "Messages stored dead at ingest because they were malformed (kept with the reason, never dropped)."},
+				func() float64 { return float64(opts.IngestStats().Dead) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_store_errors_total",
+				Help: "Failed attempts to store a fetched batch in the inbox (retried; the batch stays unacknowledged)."},
+				func() float64 { return float64(opts.IngestStats().StoreErrors) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_fetch_errors_total",
+				Help: "Failed fetches from the broker (retried with backoff)."},
+				func() float64 { return float64(opts.IngestStats().FetchErrors) }),
 		)
 	} else {
 		o.received = prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_received_total", Help: receivedHelp})

@@ -342,3 +342,35 @@ func TestOutboxGauges(t *testing.T) {
 	require.Positive(t, m["outbox_table_bytes"])
 	require.Equal(t, 1.0, m["outbox_db_stats_up"])
 }
+
+// TestIngestStatsAreReadAtScrape: with IngestStats, the received, duplicate
+// and ingest error counters are the ingest side's own totals.
+func TestIngestStatsAreReadAtScrape(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	st := IngestStats{}
+	reg := NewRegistry()
+	obs := NewInboxObserver(reg, InboxObserverOptions{IngestStats: func() IngestStats {
+		mu.Lock()
+		defer mu.Unlock()
+		return st
+	}})
+	srv, err := NewServer(ServerConfig{Registry: reg})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	m := scrape(t, hs.URL+"/metrics")
+	require.Zero(t, m["consumer_received_total"])
+	require.Contains(t, m, "consumer_fetch_errors_total")
+
+	mu.Lock()
+	st = IngestStats{Received: 10, Duplicates: 3, Dead: 1, StoreErrors: 2, FetchErrors: 4}
+	mu.Unlock()
+	obs.Received(100, 100) // ignored: the ingest side's totals win
+	m = scrape(t, hs.URL+"/metrics")
+	require.Equal(t, 10.0, m["consumer_received_total"])
+	require.Equal(t, 3.0, m["consumer_dedup_total"])
+	require.Equal(t, 1.0, m["consumer_ingest_dead_total"])
+	require.Equal(t, 2.0, m["consumer_store_errors_total"])
+	require.Equal(t, 4.0, m["consumer_fetch_errors_total"])
+}
