@@ -9,6 +9,8 @@ import (
 // from the worker goroutines concurrently and must not block.
 type Observer interface {
 	// Received reports one Receive call: rows stored and duplicates skipped.
+	// Receive is a plain function with no worker, so its caller (the consumer)
+	// reports it.
 	Received(inserted, duplicates int)
 	// Claimed reports one claim: n events claimed, of which takeovers were
 	// taken over from a worker whose lease expired.
