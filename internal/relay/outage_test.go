@@ -165,3 +165,46 @@ func (n planNode) uses(index string) bool {
 	}
 	return false
 }
+
+// TestDatabaseConnectionsKilled: every connection of the relay is terminated
+// (as in a PostgreSQL restart or failover); the relay reconnects and goes on
+// publishing, its LISTEN connection included.
+func TestDatabaseConnectionsKilled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pcfg, err := pgxpool.ParseConfig(b.dbURL)
+	require.NoError(t, err)
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "relay-under-test"
+	relayPool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(relayPool.Close)
+
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.Pool = relayPool
+	cfg.PollInterval = time.Hour // only a notification (LISTEN re-established) wakes a partition
+	start(t, cfg)
+	b.enqueue(t, msgs(5, "k", "before")...)
+	b.waitCount(t, "published", 5, 10*time.Second)
+
+	terminate := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'relay-under-test'`).Scan(&n))
+		return n
+	}
+	began := time.Now()
+	require.Positive(t, terminate())
+	// Wait for the LISTEN connection to come back before writing.
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'relay-under-test' AND query LIKE 'LISTEN%'`).Scan(&n)
+		return n == 1
+	}, 15*time.Second, 20*time.Millisecond)
+	t.Logf("LISTEN back after %s", time.Since(began))
+	b.enqueue(t, msgs(5, "k2", "after")...)
+	b.waitCount(t, "published", 10, 15*time.Second)
+	t.Logf("published after %s", time.Since(began))
+}
