@@ -117,7 +117,10 @@ func interval(d time.Duration) pgtype.Interval {
 
 // claim claims a batch of due pending events, in its own committed statement.
 func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
-	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	// Not cancelled with ctx: a claim the server committed while the client
+	// gave up would hold its rows until the lease expired. Claimed events
+	// are handed back at once when the worker is stopping (processBatch).
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer cancel()
 	rows, err := w.q.ClaimInbox(qctx, w.cfg.Pool, db.ClaimInboxParams{
 		MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
@@ -135,7 +138,7 @@ func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
 
 // claimLost takes over one event whose lease expired.
 func (w *Worker) claimLost(ctx context.Context) ([]*Event, error) {
-	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer cancel()
 	rows, err := w.q.ClaimInboxLost(qctx, w.cfg.Pool, db.ClaimInboxLostParams{
 		MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
@@ -256,7 +259,7 @@ func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bo
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results = make([]result, 0, len(evs))
 	for i, ev := range evs {
-		if i > 0 && stopEarly() {
+		if stopEarly() {
 			rest = evs[i:]
 			break
 		}
