@@ -17,10 +17,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
@@ -54,6 +54,8 @@ type settings struct {
 	workers         int
 	workerBatchSize int
 	maxAttempts     int
+	lease           time.Duration
+	handlerTimeout  time.Duration
 	statsInterval   time.Duration
 	ops             admin.OpsFlags
 	logLevel        string
@@ -70,8 +72,29 @@ var envKinds = map[string]string{
 	"CONSUMER_WORKERS":           "int",
 	"CONSUMER_WORKER_BATCH_SIZE": "int",
 	"CONSUMER_MAX_ATTEMPTS":      "int",
+	"CONSUMER_LEASE":             "duration",
+	"CONSUMER_HANDLER_TIMEOUT":   "duration",
 	"CONSUMER_STATS_INTERVAL":    "duration",
 }
+
+// settingNames maps the Config fields named by validation errors onto the
+// flags and environment variables that set them.
+var settingNames = strings.NewReplacer(
+	"Config.Inbox.Handler", "the ledger handler",
+	"Config.NATSURL", "--nats-url (NATS_URL)",
+	"Config.Stream", "--stream (CONSUMER_STREAM)",
+	"Config.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
+	"Config.Durable", "--durable (CONSUMER_DURABLE)",
+	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE) / --worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Config.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
+	"Config.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
+	"Config.MaxAckPending", "10 × --batch-size",
+	"Config.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"Config.Workers", "--workers (CONSUMER_WORKERS)",
+	"Config.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"Config.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"Config.Lease", "--lease (CONSUMER_LEASE)",
+)
 
 func newRootCommand() *cobra.Command {
 	var s settings
@@ -111,6 +134,8 @@ the reason and acknowledged, never dropped.`,
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", inbox.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
 	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", inbox.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
 	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", inbox.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
+	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", inbox.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
+	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
 
@@ -167,13 +192,10 @@ func runConsumer(parent context.Context, s settings) error {
 	observer := metrics.NewInboxObserver(reg, metrics.InboxObserverOptions{
 		IngestStats: func() metrics.IngestStats {
 			st := c.Stats()
-			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates}
+			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
+				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors}
 		},
 	})
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "consumer_ingest_dead_total",
-		Help: "Malformed messages stored dead at ingest (bad or missing headers, event id, size, UTF-8), then acknowledged.",
-	}, func() float64 { return float64(c.Stats().Dead) }))
 	c, err = consumer.New(consumer.Config{
 		Pool:            pool,
 		NATSURL:         s.natsURL,
@@ -188,16 +210,18 @@ func runConsumer(parent context.Context, s settings) error {
 		MaxPayloadBytes: s.maxPayloadBytes,
 		StatsInterval:   s.statsInterval,
 		Inbox: inbox.Config{
-			Handler:     ledger.Handler{},
-			Workers:     s.workers,
-			BatchSize:   s.workerBatchSize,
-			MaxAttempts: s.maxAttempts,
-			Observer:    observer,
+			Handler:        ledger.Handler{},
+			Workers:        s.workers,
+			BatchSize:      s.workerBatchSize,
+			MaxAttempts:    s.maxAttempts,
+			Lease:          s.lease,
+			HandlerTimeout: s.handlerTimeout,
+			Observer:       observer,
 		},
 		Logger: log,
 	})
 	if err != nil {
-		return err
+		return errors.New(settingNames.Replace(err.Error()))
 	}
 
 	ops, err := admin.StartOps(ctx, admin.OpsConfig{

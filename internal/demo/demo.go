@@ -273,11 +273,12 @@ func (r *run) run(ctx context.Context) error {
 	// The services, as real processes.
 	r.relay = &proc{name: "relay", path: relayBin, args: []string{"run"}, logs: filepath.Join(work, "relay.log"),
 		env: append(dbEnv, "NATS_URL="+natsURL, "RELAY_STREAM="+r.stream, "RELAY_SUBJECT_PREFIX="+r.prefix,
-			"RELAY_LEASE_DURATION=3s", "RELAY_HTTP_ADDR=", "RELAY_METRICS_ADDR=")}
+			"RELAY_LEASE=3s", "METRICS_ADDR=", "ADMIN_ADDR=")}
 	r.consumer = &proc{name: "consumer", path: consumerBin, args: []string{"run"}, logs: filepath.Join(work, "consumer.log"),
 		env: append(dbEnv, "NATS_URL="+natsURL, "CONSUMER_STREAM="+r.stream, "CONSUMER_SUBJECT_PREFIX="+r.prefix,
-			"CONSUMER_DURABLE=demo", "CONSUMER_ACK_WAIT=2s", "CONSUMER_HTTP_ADDR=", "CONSUMER_MAX_PAYLOAD_BYTES=65536",
-			"CONSUMER_STATS_INTERVAL_SEC=5")}
+			"CONSUMER_DURABLE=demo", "CONSUMER_ACK_WAIT=2s", "CONSUMER_MAX_PAYLOAD_BYTES=65536",
+			"CONSUMER_STATS_INTERVAL=5s",
+			"CONSUMER_LEASE=5s", "CONSUMER_HANDLER_TIMEOUT=2s", "METRICS_ADDR=", "ADMIN_ADDR=")}
 	for _, p := range []*proc{r.relay, r.consumer} {
 		if err := p.start(); err != nil {
 			return err
@@ -712,7 +713,7 @@ func (r *run) print() {
 	fmt.Fprintf(w, "  events received (inbox rows)   %8d\n", rep.Received)
 	fmt.Fprintf(w, "  duplicates absorbed            %8d (plus redeliveries after the SIGKILLs)\n", rep.DuplicatesAbsorbed)
 	fmt.Fprintf(w, "  processed                      %8d\n", rep.Processed)
-	fmt.Fprintf(w, "  handler retries / deferrals    %8d / %d\n", rep.Retries, rep.Deferrals)
+	fmt.Fprintf(w, "  handler retries / deferrals    %8d / %d (retries include takeovers after a SIGKILL)\n", rep.Retries, rep.Deferrals)
 	fmt.Fprintf(w, "  SIGKILLs (consumer, relay)     %8d\n", rep.Kills)
 	fmt.Fprintf(w, "  dead letters                   %8d\n", rep.Dead)
 	for _, d := range rep.DeadLetters {
