@@ -161,7 +161,7 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 	require.Eventually(t, func() bool {
 		m = scrape(t, b.url+"/metrics")
 		return m["consumer_processed_total"] == 2 && m["inbox_dead_rows"] == 2 && m["inbox_pending_rows"] == 0
-	}, 20*time.Second, 20*time.Millisecond, "processed=%v dead=%v", m["consumer_processed_total"], m["inbox_dead_rows"])
+	}, 20*time.Second, 20*time.Millisecond, "the processed and dead counts never matched")
 
 	require.Equal(t, 2.0, m[`consumer_retries_total{reason="error"}`], "flaky once, hopeless once")
 	require.Equal(t, 0.0, m[`consumer_retries_total{reason="panic"}`])
@@ -373,4 +373,50 @@ func TestIngestStatsAreReadAtScrape(t *testing.T) {
 	require.Equal(t, 1.0, m["consumer_ingest_dead_total"])
 	require.Equal(t, 2.0, m["consumer_store_errors_total"])
 	require.Equal(t, 4.0, m["consumer_fetch_errors_total"])
+}
+
+// TestFencedAndTakeoverMetrics drives a lease takeover and a fenced commit
+// through the real inbox worker: a row left processing by a dead worker is
+// taken over, and a handler whose claim is taken over while it runs (the
+// fencing version moves on) has its commit refused.
+func TestFencedAndTakeoverMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// A worker died holding this event: its lease expired a minute ago.
+	_, err := b.pool.Exec(ctx, `INSERT INTO inbox (event_id, status, attempts, lock_version, locked_by, locked_until)
+		VALUES ('orphan', 'processing', 1, 1, 'dead-worker', now() - interval '1 minute')`)
+	require.NoError(t, err)
+	res, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{msg("overtaken")})
+	require.NoError(t, err)
+	b.obs.Received(res.Inserted, len(res.Duplicates))
+
+	var once sync.Once
+	handler := inbox.HandlerFunc(func(ctx context.Context, _ pgx.Tx, ev *inbox.Event) error {
+		if ev.EventID == "overtaken" {
+			once.Do(func() {
+				// Another worker takes the claim over while this one runs.
+				_, err := b.pool.Exec(ctx, `UPDATE inbox SET lock_version = lock_version + 1 WHERE event_id = 'overtaken'`)
+				require.NoError(t, err)
+			})
+		}
+		return nil
+	})
+	w, err := inbox.NewWorker(inbox.Config{
+		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: zaptest.NewLogger(t),
+		Workers: 1, Lease: 30 * time.Second, HandlerTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var m map[string]float64
+	require.Eventually(t, func() bool {
+		m = scrape(t, b.url+"/metrics")
+		return m["consumer_fenced_total"] == 1 && m["consumer_lease_takeovers_total"] == 1
+	}, 20*time.Second, 20*time.Millisecond, "the fenced and takeover counters never reached 1")
+	require.Equal(t, 1.0, m["consumer_processed_total"], "the orphan is processed; the overtaken commit is not")
+	require.Equal(t, 1.0, m["inbox_processing_rows"], "the overtaken event waits for its lease to expire")
 }
