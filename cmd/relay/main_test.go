@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -9,6 +14,16 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
+
+// TestMain runs the relay's main when re-executed by TestSIGTERMReleasesLeases.
+func TestMain(m *testing.M) {
+	if args := os.Getenv("RELAY_MAIN_ARGS"); args != "" {
+		os.Args = append([]string{"relay"}, strings.Split(args, " ")...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 func execute(ctx context.Context, args ...string) error {
 	cmd := newRootCommand()
@@ -71,4 +86,37 @@ func TestRunWithEmbeddedNATS(t *testing.T) {
 	var owned int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`).Scan(&owned))
 	require.Zero(t, owned, "a stopped relay releases its leases")
+}
+
+// TestSIGTERMReleasesLeases runs the relay as a real process and stops it with
+// SIGTERM: it exits 0 having released every lease.
+func TestSIGTERMReleasesLeases(t *testing.T) {
+	pool := testdb.New(t)
+	url := pool.Config().ConnString()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "RELAY_MAIN_ARGS=run --nats-url= --embedded-nats-listen 127.0.0.1:0 --embedded-nats-dir "+t.TempDir()+" --log-format console",
+		"DATABASE_URL="+url)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			t.Log(sc.Text())
+		}
+	}()
+	_, err = pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
+	require.NoError(t, err)
+	count := func(q string) int {
+		var n int
+		_ = pool.QueryRow(context.Background(), q).Scan(&n)
+		return n
+	}
+	require.Eventually(t, func() bool { return count(`SELECT count(*) FROM outbox WHERE status = 'published'`) == 1 }, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, 16, count(`SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "a SIGTERM is a clean exit")
+	require.Zero(t, count(`SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`), "leases released")
+	require.Zero(t, count(`SELECT count(*) FROM relay_nodes`))
 }
