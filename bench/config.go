@@ -46,6 +46,10 @@ type Config struct {
 	// Loads are the offered loads of the latency runs, in events per second.
 	// Default 500 and 2,000 (quick mode: 200).
 	Loads []int
+	// TunedMaxWait is the consumer's fetch wait (--max-wait) in an extra
+	// latency run at the first of Loads, next to the default 500ms. Default
+	// 10ms; negative skips that run.
+	TunedMaxWait time.Duration
 	// RelayInstances are the relay counts of the scale measurement. Default
 	// 1, 2 and 4 (quick mode: 1 and 2).
 	RelayInstances []int
@@ -96,6 +100,9 @@ func (c Config) WithDefaults() Config {
 		} else {
 			c.Loads = []int{500, 2_000}
 		}
+	}
+	if c.TunedMaxWait == 0 {
+		c.TunedMaxWait = 10 * time.Millisecond
 	}
 	if len(c.RelayInstances) == 0 {
 		if c.Quick {

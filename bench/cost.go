@@ -12,22 +12,23 @@ func (p *pipeline) startProcesses(ctx context.Context) error {
 	b := p.b
 	p.mode = "process"
 	p.procs = map[string]*process{}
-	common := []string{"LOG_LEVEL=warn", "LOG_FORMAT=console", "DATABASE_URL=" + p.url, "NATS_URL=" + b.nats.url}
-	relayProc, err := startProcess("relay", b.bins.relay, []string{"run",
-		"--database-url", p.url, "--nats-url", b.nats.url, "--stream", p.stream, "--subject-prefix", p.prefix,
-	}, common)
+	// Settings go through the environment, which both binaries read and
+	// which tolerates a setting one of them does not know; the metrics and
+	// health endpoints listen on free ports.
+	common := []string{"LOG_LEVEL=warn", "LOG_FORMAT=console", "DATABASE_URL=" + p.url, "NATS_URL=" + b.nats.url,
+		"METRICS_ADDR=127.0.0.1:0"}
+	relayProc, err := startProcess("relay", b.bins.relay, []string{"run"}, append(common,
+		"RELAY_STREAM="+p.stream, "RELAY_SUBJECT_PREFIX="+p.prefix))
 	if err != nil {
 		return err
 	}
 	p.procs["relay"] = relayProc
-	consumerArgs := []string{"run",
-		"--database-url", p.url, "--nats-url", b.nats.url, "--stream", p.stream, "--subject-prefix", p.prefix,
-		"--durable", "bench", "--http-addr", "",
-	}
+	consumerEnv := append(common, "CONSUMER_STREAM="+p.stream, "CONSUMER_SUBJECT_PREFIX="+p.prefix,
+		"CONSUMER_DURABLE=bench", "CONSUMER_HTTP_ADDR=127.0.0.1:0", "CONSUMER_STATS_INTERVAL_SEC=-1")
 	if p.maxWait > 0 {
-		consumerArgs = append(consumerArgs, "--max-wait", p.maxWait.String())
+		consumerEnv = append(consumerEnv, "CONSUMER_MAX_WAIT="+p.maxWait.String())
 	}
-	consumerProc, err := startProcess("consumer", b.bins.consumer, consumerArgs, append(common, "CONSUMER_STATS_INTERVAL_SEC=-1"))
+	consumerProc, err := startProcess("consumer", b.bins.consumer, []string{"run"}, consumerEnv)
 	if err != nil {
 		relayProc.stop()
 		return err

@@ -73,8 +73,8 @@ func (b *bench) declareFigures() {
 		}
 	}
 
-	if len(b.cfg.Loads) > 0 {
-		label := "at " + strconv.Itoa(b.cfg.Loads[0]) + "/s, consumer --max-wait 10ms"
+	if b.cfg.TunedMaxWait > 0 {
+		label := "at " + strconv.Itoa(b.cfg.Loads[0]) + "/s, consumer --max-wait " + b.cfg.TunedMaxWait.String()
 		add("latency_tuned_p50", "e2e", "commit→ledger p50, "+label, unitMs, "process", "", nil, "")
 		add("latency_tuned_p99", "e2e", "commit→ledger p99, "+label, unitMs, "process", "", nil, "")
 		add("latency_tuned_max", "e2e", "commit→ledger max, "+label, unitMs, "process", "", nil, "")

@@ -55,6 +55,7 @@ func mainErr() error {
 	fs.IntVar(&cfg.Workers, "workers", 0, "connections of the floors and producers (default 4)")
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "finished rows prefilled for the scale figures (default 1000000, quick 20000)")
 	fs.DurationVar(&cfg.LoadDuration, "load-duration", 0, "duration of each fixed-load latency run (default 15s, quick 2s)")
+	fs.DurationVar(&cfg.TunedMaxWait, "tuned-max-wait", 0, "consumer fetch wait of the extra latency run at the first load (default 10ms; negative skips it)")
 	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,2000; quick 200)")
 	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, relay, inbox, e2e, scale, cost (default all)")
@@ -143,7 +144,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	b.res.Settings = map[string]any{
 		"repeats": cfg.Repeats, "events": cfg.Events, "batch_size": cfg.BatchSize, "workers": cfg.Workers,
 		"prefill": cfg.Prefill, "load_duration": cfg.LoadDuration.String(), "loads": cfg.Loads,
-		"relay_instances": cfg.RelayInstances, "only": cfg.Only,
+		"relay_instances": cfg.RelayInstances, "only": cfg.Only, "tuned_max_wait": cfg.TunedMaxWait.String(),
 	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return nil, fmt.Errorf("output directory (-out): %w", err)
