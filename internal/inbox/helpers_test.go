@@ -147,3 +147,8 @@ func onceChan() (<-chan struct{}, func()) {
 	var once sync.Once
 	return ch, func() { once.Do(func() { close(ch) }) }
 }
+
+func orderCreatedMessage(eventID, orderID string) event.Message {
+	b, _ := json.Marshal(ledger.OrderCreated{OrderID: orderID, CustomerID: "c-" + orderID, AmountCents: 1000, Currency: "EUR"})
+	return event.Message{EventID: eventID, Topic: "orders", Key: orderID, EventType: ledger.EventOrderCreated, Payload: b}
+}

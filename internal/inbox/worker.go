@@ -69,6 +69,9 @@ func (w *Worker) Run(ctx context.Context) error {
 // for a notification or the jittered poll when there is nothing to do.
 func (w *Worker) loop(ctx context.Context) {
 	for ctx.Err() == nil {
+		// Taken before the claim, so that a notification arriving while the
+		// batch runs is not lost: it closes this channel.
+		wake := w.wake.channel()
 		full, err := w.runOnce(ctx)
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("inbox batch failed", zap.Error(err))
@@ -76,7 +79,6 @@ func (w *Worker) loop(ctx context.Context) {
 		if full && err == nil {
 			continue
 		}
-		wake := w.wake.channel()
 		t := time.NewTimer(jitter(w.cfg.PollInterval))
 		select {
 		case <-ctx.Done():

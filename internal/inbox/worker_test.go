@@ -368,3 +368,36 @@ func TestLongBatchStopsAtHalfLease(t *testing.T) {
 	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
 	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE attempts = 1`))
 }
+
+// TestWakeByNotification: with polling effectively off, inserts still reach
+// the worker at once through LISTEN/NOTIFY, also after the listening
+// connection was killed (the listener reconnects), and a Release wakes the
+// deferred event it releases.
+func TestWakeByNotification(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	cfg := fastConfig(t, pool, ledger.Handler{})
+	cfg.PollInterval = time.Hour
+	startWorker(t, cfg)
+
+	createOrders(t, pool, "o1")
+	receive(t, pool, orderPaid("e1", "o1", 1))
+	waitStatus(t, pool, "e1", "processed", 10*time.Second)
+
+	// Kill the listener's connection; the worker must listen again.
+	listener := `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN pgrelay_inbox'`
+	require.Eventually(t, func() bool { return queryInt(t, pool, `SELECT count(*) FROM (`+listener+`) l`) == 1 },
+		10*time.Second, 10*time.Millisecond)
+	_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM (`+listener+`) l`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND query = 'LISTEN pgrelay_inbox' AND backend_start > now() - interval '1 minute' AND state = 'idle'`) == 1
+	}, 10*time.Second, 10*time.Millisecond, "the listener never reconnected")
+	receive(t, pool, orderPaid("e2", "o2", 1)) // its order does not exist yet: deferred
+	require.Eventually(t, func() bool { return inboxRow(t, pool, "e2").Deferrals == 1 }, 10*time.Second, 10*time.Millisecond)
+	receive(t, pool, inbox.Incoming{Message: orderCreatedMessage("c2", "o2")})
+	r := waitStatus(t, pool, "e2", "processed", 10*time.Second)
+	require.Equal(t, 1, r.Attempts)
+}
