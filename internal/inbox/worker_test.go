@@ -355,12 +355,12 @@ func TestLongBatchStopsAtHalfLease(t *testing.T) {
 	}
 	receive(t, pool, msgs...)
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-		time.Sleep(150 * time.Millisecond) // slow work, not a wait for the test
+		time.Sleep(300 * time.Millisecond) // slow work, not a wait for the test
 		return ledger.Handler{}.Handle(ctx, tx, ev)
 	})
 	stats := &inbox.Stats{}
 	cfg := fastConfig(t, pool, h)
-	cfg.Workers, cfg.BatchSize, cfg.Lease, cfg.HandlerTimeout, cfg.Observer = 2, 8, 500*time.Millisecond, 400*time.Millisecond, stats
+	cfg.Workers, cfg.BatchSize, cfg.Lease, cfg.HandlerTimeout, cfg.Observer = 2, 8, 2*time.Second, time.Second, stats
 	startWorker(t, cfg)
 	waitAllDone(t, pool, 20*time.Second)
 	require.Zero(t, stats.Snapshot().Fenced)
