@@ -253,3 +253,18 @@ RETURNING id, at, event_id, previous_attempts, previous_error;
 -- AdminNotifyOutbox wakes the relays for the given partitions (the payload
 -- format of the outbox insert trigger: a comma-separated partition list).
 SELECT pg_notify('pgrelay_outbox', array_to_string(@partitions::int[], ','));
+
+-- name: AdminDeleteExpiredInboxReleases :execrows
+-- AdminDeleteExpiredInboxReleases deletes up to batch_size release records
+-- (inbox_releases) older than the dedup window. A release only matters to a
+-- deferral racing with it; one that old can race with nothing, and a handler
+-- deferring now on a dependency released that long ago finds it present.
+-- There is no index on released_at (it would cost every release a write):
+-- each batch scans the table, which the window keeps small.
+DELETE FROM inbox_releases
+WHERE waiting_for IN (
+    SELECT r.waiting_for FROM inbox_releases r
+    WHERE r.released_at < now() - make_interval(secs => @window_seconds::float8)
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);

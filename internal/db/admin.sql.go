@@ -41,6 +41,35 @@ func (q *Queries) AdminDeleteExpiredInboxBatch(ctx context.Context, db DBTX, arg
 	return result.RowsAffected(), nil
 }
 
+const adminDeleteExpiredInboxReleases = `-- name: AdminDeleteExpiredInboxReleases :execrows
+DELETE FROM inbox_releases
+WHERE waiting_for IN (
+    SELECT r.waiting_for FROM inbox_releases r
+    WHERE r.released_at < now() - make_interval(secs => $1::float8)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type AdminDeleteExpiredInboxReleasesParams struct {
+	WindowSeconds float64
+	BatchSize     int32
+}
+
+// AdminDeleteExpiredInboxReleases deletes up to batch_size release records
+// (inbox_releases) older than the dedup window. A release only matters to a
+// deferral racing with it; one that old can race with nothing, and a handler
+// deferring now on a dependency released that long ago finds it present.
+// There is no index on released_at (it would cost every release a write):
+// each batch scans the table, which the window keeps small.
+func (q *Queries) AdminDeleteExpiredInboxReleases(ctx context.Context, db DBTX, arg AdminDeleteExpiredInboxReleasesParams) (int64, error) {
+	result, err := db.Exec(ctx, adminDeleteExpiredInboxReleases, arg.WindowSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const adminGetInboxEvent = `-- name: AdminGetInboxEvent :one
 SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals FROM inbox WHERE event_id = $1
 `

@@ -138,17 +138,41 @@ func New(cfg Config) (*Cleaner, error) {
 // RunOnce deletes every expired processed row, batch by batch, and returns how
 // many it deleted. Each batch is one DELETE by primary key over rows picked
 // with FOR UPDATE SKIP LOCKED: it never waits on a row a worker holds, and
-// touches no pending, processing or dead row.
+// touches no pending, processing or dead row. Then it deletes the dependency
+// release records (inbox_releases) older than the window the same way.
 func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
+	total, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
+		return c.q.AdminDeleteExpiredInboxBatch(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxBatchParams{
+			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
+		})
+	})
+	if err != nil {
+		return total, fmt.Errorf("retention: delete expired inbox rows: %w", err)
+	}
+	releases, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
+		return c.q.AdminDeleteExpiredInboxReleases(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxReleasesParams{
+			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
+		})
+	})
+	if err != nil {
+		return total, fmt.Errorf("retention: delete expired inbox releases: %w", err)
+	}
+	if releases > 0 {
+		c.log.Debug("expired inbox releases deleted", zap.Int64("rows", releases))
+	}
+	return total, nil
+}
+
+// batches runs one batch after another, each with its own timeout, until a
+// batch deletes fewer than BatchSize rows, and returns the total.
+func (c *Cleaner) batches(ctx context.Context, batch func(context.Context) (int64, error)) (int64, error) {
 	var total int64
 	for {
 		qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
-		n, err := c.q.AdminDeleteExpiredInboxBatch(qctx, c.cfg.Pool, db.AdminDeleteExpiredInboxBatchParams{
-			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
-		})
+		n, err := batch(qctx)
 		cancel()
 		if err != nil {
-			return total, fmt.Errorf("retention: delete expired inbox rows: %w", err)
+			return total, err
 		}
 		total += n
 		if n < int64(c.cfg.BatchSize) {

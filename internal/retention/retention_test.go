@@ -146,3 +146,29 @@ func TestConfigValidation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultWindow, c.cfg.Window)
 }
+
+// TestDeletesExpiredReleaseRecords: dependency release records older than the
+// window go; younger ones stay.
+func TestDeletesExpiredReleaseRecords(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO inbox_releases (waiting_for, released_at) VALUES
+		('order:old-1', now() - interval '8 days'), ('order:old-2', now() - interval '30 days'),
+		('order:old-3', now() - interval '9 days'), ('order:young', now() - interval '6 days')`)
+	require.NoError(t, err)
+	c, err := New(Config{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
+	require.NoError(t, err)
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	var left []string
+	rows, err := pool.Query(ctx, `SELECT waiting_for FROM inbox_releases ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var w string
+		require.NoError(t, rows.Scan(&w))
+		left = append(left, w)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"order:young"}, left)
+}
