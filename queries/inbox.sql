@@ -157,3 +157,17 @@ WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
 
 -- name: GetInbox :one
 SELECT * FROM inbox WHERE event_id = @event_id;
+
+-- name: PruneInboxReleases :execrows
+-- PruneInboxReleases forgets releases older than @older_than, in batches. A
+-- release only matters to a deferral whose handler ran while it committed, and
+-- batches stop starting handlers at half a lease, so a release many leases
+-- old is never needed.
+DELETE FROM inbox_releases
+WHERE waiting_for IN (
+    SELECT r.waiting_for FROM inbox_releases r
+    WHERE r.released_at < now() - @older_than::interval
+    ORDER BY r.released_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);

@@ -406,6 +406,34 @@ func (q *Queries) NotifyInbox(ctx context.Context, db DBTX) error {
 	return err
 }
 
+const pruneInboxReleases = `-- name: PruneInboxReleases :execrows
+DELETE FROM inbox_releases
+WHERE waiting_for IN (
+    SELECT r.waiting_for FROM inbox_releases r
+    WHERE r.released_at < now() - $1::interval
+    ORDER BY r.released_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type PruneInboxReleasesParams struct {
+	OlderThan pgtype.Interval
+	BatchSize int32
+}
+
+// PruneInboxReleases forgets releases older than @older_than, in batches. A
+// release only matters to a deferral whose handler ran while it committed, and
+// batches stop starting handlers at half a lease, so a release many leases
+// old is never needed.
+func (q *Queries) PruneInboxReleases(ctx context.Context, db DBTX, arg PruneInboxReleasesParams) (int64, error) {
+	result, err := db.Exec(ctx, pruneInboxReleases, arg.OlderThan, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const recordInboxRelease = `-- name: RecordInboxRelease :exec
 INSERT INTO inbox_releases (waiting_for) VALUES ($1::text)
 ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()

@@ -57,6 +57,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
 	var wg sync.WaitGroup
 	wg.Go(func() { w.listen(ctx) })
+	wg.Go(func() { w.pruneReleases(ctx) })
 	for range w.cfg.Workers {
 		wg.Go(func() { w.loop(ctx) })
 	}
@@ -496,6 +497,43 @@ func (w *Worker) listenOnce(ctx context.Context) error {
 			return err
 		}
 		w.wake.broadcast()
+	}
+}
+
+// releaseRetention is how long Release records are kept: many leases, and
+// at least ten minutes.
+func (w *Worker) releaseRetention() time.Duration {
+	return max(10*w.cfg.Lease, 10*time.Minute)
+}
+
+// pruneReleases deletes old Release records at start-up and about every
+// minute, in batches of 1000.
+func (w *Worker) pruneReleases(ctx context.Context) {
+	const batch = 1000
+	for {
+		for ctx.Err() == nil {
+			qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+			n, err := w.q.PruneInboxReleases(qctx, w.cfg.Pool, db.PruneInboxReleasesParams{
+				OlderThan: interval(w.releaseRetention()), BatchSize: batch,
+			})
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					w.log.Warn("inbox: prune releases", zap.Error(err))
+				}
+				break
+			}
+			if n < batch {
+				break
+			}
+		}
+		t := time.NewTimer(jitter(time.Minute))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -401,3 +401,19 @@ func TestWakeByNotification(t *testing.T) {
 	r := waitStatus(t, pool, "e2", "processed", 10*time.Second)
 	require.Equal(t, 1, r.Attempts)
 }
+
+// TestWorkerPrunesOldReleases: Release records older than the retention are
+// deleted by the worker; recent ones stay.
+func TestWorkerPrunesOldReleases(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO inbox_releases (waiting_for, released_at)
+		SELECT 'old:' || g, now() - interval '11 minutes' FROM generate_series(1, 2500) g
+		UNION ALL SELECT 'recent', now() - interval '1 minute'`)
+	require.NoError(t, err)
+	startWorker(t, fastConfig(t, pool, ledger.Handler{}))
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM inbox_releases WHERE waiting_for LIKE 'old:%'`) == 0
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox_releases`))
+}
