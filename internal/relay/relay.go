@@ -120,7 +120,19 @@ func (r *Relay) tick(ctx context.Context) error {
 		}
 		owned = append(owned, p)
 	}
+	// A lease held with no worker (its release failed) is worked again
+	// rather than renewed forever with nobody publishing.
+	var orphans []db.RenewLeasesRow
+	for _, l := range renewed {
+		if r.workers[l.Partition] == nil {
+			orphans = append(orphans, l)
+			owned = append(owned, l.Partition)
+		}
+	}
 	r.mu.Unlock()
+	for _, l := range orphans {
+		r.startWorker(ctx, l.Partition, l.Epoch)
+	}
 
 	live, err := r.q.CountLiveNodes(qctx, pool, leaseSecs)
 	if err != nil {
@@ -350,18 +362,23 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
 		}
 		r.work(w)
 		r.mu.Lock()
-		if r.workers[p] == w {
-			delete(r.workers, p)
-		}
 		release := w.release
 		r.mu.Unlock()
+		// Release before leaving the map, so a heartbeat never sees the
+		// lease still held with no worker.
 		if release {
 			qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-			defer cancel()
-			if _, err := r.q.ReleasePartitions(qctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}}); err != nil {
+			_, err := r.q.ReleasePartitions(qctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}})
+			cancel()
+			if err != nil {
 				r.log.Warn("release lease", zap.Int32("partition", p), zap.Error(err))
 			}
 		}
+		r.mu.Lock()
+		if r.workers[p] == w {
+			delete(r.workers, p)
+		}
+		r.mu.Unlock()
 	}()
 }
 
