@@ -115,6 +115,13 @@ func TestCLI(t *testing.T) {
 	require.InDelta(t, 0.25, stats.Dedup.HitRate, 1e-9)
 	require.Equal(t, int64(1), stats.Inbox.ByStatus["dead"])
 
+	// An unreachable metrics endpoint leaves the rate unknown, not the command failed.
+	ms.Close()
+	out, err = runCLI(t, url, "stats", "--metrics-url", ms.URL)
+	require.NoError(t, err)
+	require.Contains(t, out, "dedup hit rate")
+	require.Contains(t, out, "unknown")
+
 	_, err = runCLI(t, "", "stats")
 	require.ErrorContains(t, err, "DATABASE_URL")
 }
