@@ -79,6 +79,10 @@ func (c NATSConfig) validate() error {
 	return nil
 }
 
+// maxPendingAcks bounds the publishes awaiting an acknowledgement on one
+// client: 16 partitions at the largest batch size fit.
+const maxPendingAcks = 1 << 18
+
 // NATS publishes to NATS JetStream. Each message goes to
 // "<SubjectPrefix>.<topic>" with the event id as JetStream's dedup id
 // (Nats-Msg-Id), the event's metadata in Pgrelay-* headers and the payload
@@ -113,7 +117,9 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: connect to NATS (%s): %w", cfg.URL, err)
 	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
+	// Every partition worker of a relay publishes through this one client,
+	// so allow far more messages in flight than the default 4,000.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.AckTimeout), jetstream.WithPublishAsyncMaxPending(maxPendingAcks))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("broker: jetstream: %w", err)

@@ -87,7 +87,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		OccurredAts: make([]time.Time, n),
 	}
 	now := time.Now()
-	keyed := 0
+	var keys []string // the explicit keys, whose locks the insert takes
 	for i, m := range msgs {
 		if err := o.validate(m); err != nil {
 			return fmt.Errorf("outbox: message %d: %w", i, err)
@@ -104,7 +104,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		if key == "" {
 			key = id
 		} else {
-			keyed++
+			keys = append(keys, key)
 		}
 		headers := json.RawMessage(`{}`)
 		if len(m.Headers) > 0 {
@@ -125,10 +125,10 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		p.EventIds[i], p.Topics[i], p.Keys[i], p.EventTypes[i] = id, m.Topic, key, m.EventType
 		p.Payloads[i], p.Headers[i], p.OccurredAts[i] = payload, headers, occurred
 	}
-	if keyed > 1 {
+	if len(keys) > 1 {
 		// Take the key locks in one global order before the insert takes them
 		// in message order, so concurrent batches cannot deadlock.
-		if err := o.q.LockOutboxKeys(ctx, tx, p.Keys); err != nil {
+		if err := o.q.LockOutboxKeys(ctx, tx, keys); err != nil {
 			return fmt.Errorf("outbox: lock keys: %w", err)
 		}
 	}
