@@ -167,7 +167,6 @@ DELETE FROM inbox_releases
 WHERE waiting_for IN (
     SELECT r.waiting_for FROM inbox_releases r
     WHERE r.released_at < now() - @older_than::interval
-    ORDER BY r.released_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );

@@ -411,7 +411,6 @@ DELETE FROM inbox_releases
 WHERE waiting_for IN (
     SELECT r.waiting_for FROM inbox_releases r
     WHERE r.released_at < now() - $1::interval
-    ORDER BY r.released_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
