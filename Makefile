@@ -51,3 +51,14 @@ bench:
 ## bench-quick: a small run that only proves the benchmark works (well under 2 minutes).
 bench-quick:
 	$(GO) run ./bench -quick -nats-url "$(BENCH_NATS_URL)" -out bench-results
+
+.PHONY: demo demo-short
+## demo: build the binaries and run the end-to-end demo with crashes, duplicates
+## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
+## unless NATS_URL is set).
+demo: build
+	./bin/demo
+
+## demo-short: the quick demo CI runs.
+demo-short: build
+	./bin/demo --short
