@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -218,4 +219,53 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Config.Stream")
 	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, AckWait: time.Millisecond})
 	require.ErrorContains(t, err, "Config.AckWait")
+}
+
+// TestReconnects restarts the NATS server (same port and store) and drops
+// every database connection mid-run: the consumer retries with backoff and
+// every order is still credited exactly once.
+func TestReconnects(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv := testnats.Start(t, dir, -1)
+	url := srv.ClientURL()
+	port := srv.Addr().(*net.TCPAddr).Port
+	b := setup(t)
+	b.cfg.NATSURL = url
+	b.stream, b.prefix = testnats.Stream(t, url)
+	b.cfg.Stream, b.cfg.SubjectPrefix = b.stream, b.prefix
+	nc, js := testnats.Connect(t, url)
+	b.js = js
+
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
+	total := b.publishOrders(t, 10)
+	require.Eventually(t, b.settled(t, 10, total, 20), 30*time.Second, 50*time.Millisecond)
+
+	// The broker goes away and comes back with its data.
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	testnats.Start(t, dir, port)
+	require.Eventually(t, nc.IsConnected, 10*time.Second, 10*time.Millisecond)
+
+	// Every database connection is dropped.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	require.NoError(t, err)
+
+	var more int64
+	for i := 10; i < 20; i++ {
+		order := fmt.Sprintf("o-%d", i)
+		amount := int64(100 + i)
+		more += amount
+		b.publish(t, "created-"+order, "created-"+order, ledger.EventOrderCreated,
+			ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: amount, Currency: "EUR"})
+		b.publish(t, "paid-"+order, "paid-"+order, ledger.EventOrderPaid,
+			ledger.OrderPaid{OrderID: order, AmountCents: amount, Currency: "EUR"})
+	}
+	require.Eventually(t, b.settled(t, 20, total+more, 40), 60*time.Second, 50*time.Millisecond)
 }
