@@ -360,7 +360,7 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
 		if prev != nil {
 			<-prev.done
 		}
-		r.work(w)
+		r.workSafely(w)
 		r.mu.Lock()
 		release := w.release
 		r.mu.Unlock()
@@ -384,6 +384,19 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
 
 // errFenced reports a mark refused because the partition has a new owner.
 var errFenced = errors.New("fenced: the partition was taken over")
+
+// workSafely runs the worker, turning a panic (in an Observer, say) into the
+// worker's end: the lease stays held, and the next heartbeat starts a new
+// worker for it.
+func (r *Relay) workSafely(w *worker) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("partition worker panicked; restarting it at the next heartbeat", zap.Int32("partition", w.partition), zap.Any("panic", p))
+			w.cancel()
+		}
+	}()
+	r.work(w)
+}
 
 func (r *Relay) work(w *worker) {
 	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
