@@ -28,7 +28,7 @@ type Config struct {
 	// median, min and max. Default 3 (1 in quick mode).
 	Repeats int
 	// Events is the backlog size of the drain measurements and the number of
-	// events the end-to-end flat-out runs push through. Default 20,000 (1,000
+	// events the end-to-end flat-out runs push through. Default 10,000 (1,000
 	// in quick mode).
 	Events int
 	// BatchSize is the batch size of the floors (events per transaction).
@@ -41,7 +41,7 @@ type Config struct {
 	// for the scale measurements. Default 1,000,000 (20,000 in quick mode).
 	Prefill int
 	// LoadDuration is how long each fixed-load latency run offers its load.
-	// Default 15s (2s in quick mode).
+	// Default 10s (2s in quick mode).
 	LoadDuration time.Duration
 	// Loads are the offered loads of the latency runs, in events per second.
 	// Default 500 and 2,000 (quick mode: 200).
@@ -80,7 +80,7 @@ func (c Config) WithDefaults() Config {
 		c.Repeats = pick(c.Quick, 1, 3)
 	}
 	if c.Events == 0 {
-		c.Events = pick(c.Quick, 1_000, 20_000)
+		c.Events = pick(c.Quick, 1_000, 10_000)
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
@@ -92,7 +92,7 @@ func (c Config) WithDefaults() Config {
 		c.Prefill = pick(c.Quick, 20_000, 1_000_000)
 	}
 	if c.LoadDuration == 0 {
-		c.LoadDuration = time.Duration(pick(c.Quick, 2, 15)) * time.Second
+		c.LoadDuration = time.Duration(pick(c.Quick, 2, 10)) * time.Second
 	}
 	if len(c.Loads) == 0 {
 		if c.Quick {

@@ -80,7 +80,7 @@ func (b *bench) runCostGroup(ctx context.Context) {
 					return err
 				}
 			}
-			if _, err := p.run(ctx, n, b.cfg.BatchSize, b.cfg.Workers, 0); err != nil {
+			if _, err := p.run(ctx, n, b.cfg.BatchSize, b.cfg.Workers, 0, 0); err != nil {
 				return err
 			}
 			for name, proc := range p.procs {

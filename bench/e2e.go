@@ -78,7 +78,7 @@ func (b *bench) startPipeline(ctx context.Context, maxWait time.Duration) (*pipe
 		return nil, err
 	}
 	// Warm up: a few events through the whole chain before measuring.
-	if _, err := p.run(ctx, 10, 10, 1, 0); err != nil {
+	if _, err := p.run(ctx, 10, 10, 1, 0, 0); err != nil {
 		p.close()
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
@@ -197,10 +197,16 @@ func (p *pipeline) stages(ctx context.Context, prefix string) (relayMs, consumer
 // run produces n events through the pipeline, perTx events per transaction
 // from producers goroutines, at offered events/s (0: flat out), and waits
 // until every one is credited in the ledger.
-func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered float64) (runResult, error) {
+//
+// With a rate offered, production stops after duration even when the
+// producers fell behind (an overload): then the events committed by that time
+// are the ones measured, and achieved reports the rate they reached.
+func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered float64, duration time.Duration) (runResult, error) {
 	gen := newGenerator("e2e")
 	commitAt := make([]atomic.Int64, n)
 	res := runResult{events: n, prefix: gen.prefix}
+	var target, committed atomic.Int64
+	target.Store(int64(n))
 
 	obsCtx, stopObs := context.WithCancel(ctx)
 	defer stopObs()
@@ -208,7 +214,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	obsErr := make(chan error, 1)
 	var lastSeen atomic.Int64
 	go func() {
-		lat, err := p.observe(obsCtx, gen, n, commitAt, &lastSeen)
+		lat, err := p.observe(obsCtx, gen, n, &target, commitAt, &lastSeen)
 		if err != nil {
 			obsErr <- err
 			return
@@ -221,9 +227,17 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	txs := (n + perTx - 1) / perTx
 	tickets := make(chan int, txs)
 	start := time.Now()
+	stopAt := time.Time{}
+	if offered > 0 && duration > 0 {
+		stopAt = start.Add(duration)
+	}
+	over := func() bool { return !stopAt.IsZero() && time.Now().After(stopAt) }
 	go func() {
 		defer close(tickets)
 		for i := range txs {
+			if over() {
+				return
+			}
 			if offered > 0 {
 				due := start.Add(time.Duration(float64(i*perTx) / offered * float64(time.Second)))
 				if d := time.Until(due); d > 0 {
@@ -240,6 +254,9 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	err := fanOut(ctx, producers, func(ctx context.Context, _ int) error {
 		msgs := make([]pgrelay.Message, 0, perTx)
 		for i := range tickets {
+			if over() {
+				continue // the load's time is up: leave the rest unproduced
+			}
 			from, to := i*perTx, min((i+1)*perTx, n)
 			msgs = msgs[:0]
 			for j := from; j < to; j++ {
@@ -256,6 +273,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 			for j := from; j < to; j++ {
 				commitAt[j].Store(now)
 			}
+			committed.Add(int64(to - from))
 		}
 		return nil
 	})
@@ -263,7 +281,9 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	if err != nil {
 		return res, err
 	}
-	res.achieved = rate(n, produced)
+	res.events = int(committed.Load())
+	target.Store(committed.Load())
+	res.achieved = rate(res.events, produced)
 	select {
 	case lat := <-seen:
 		res.latencies = lat
@@ -287,7 +307,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 // lowest id not seen yet (low) and re-reads from there, skipping ids it has
 // seen; an id missing for more than gapTimeout is a rolled-back insert and
 // is passed over.
-func (p *pipeline) observe(ctx context.Context, gen generator, n int, commitAt []atomic.Int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
+func (p *pipeline) observe(ctx context.Context, gen generator, n int, target *atomic.Int64, commitAt []atomic.Int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
 	const gapTimeout = 5 * time.Second
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
@@ -303,7 +323,7 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, commitAt [
 	lat := make([]time.Duration, 0, n)
 	t := time.NewTicker(observePoll)
 	defer t.Stop()
-	for len(lat) < n {
+	for len(lat) < int(target.Load()) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -430,14 +450,14 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			defer p.close()
 			var errs []error
 			// Flat out, batched producers.
-			if r, err := p.run(ctx, n, b.cfg.BatchSize, w, 0); err != nil {
+			if r, err := p.run(ctx, n, b.cfg.BatchSize, w, 0, 0); err != nil {
 				errs = append(errs, fmt.Errorf("flat out, %d/tx: %w", b.cfg.BatchSize, err))
 				b.fail([]string{"e2e_batch"}, errs[len(errs)-1])
 			} else {
 				b.sample("e2e_batch", rate(r.events, r.elapsed))
 			}
 			// Flat out, one event per transaction: throughput and latency.
-			if r, err := p.run(ctx, nOne, 1, w, 0); err != nil {
+			if r, err := p.run(ctx, nOne, 1, w, 0, 0); err != nil {
 				errs = append(errs, fmt.Errorf("flat out, 1/tx: %w", err))
 				b.fail(append([]string{"e2e_one"}, latIDs("max")...), errs[len(errs)-1])
 			} else {
@@ -447,7 +467,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			// Fixed offered loads, one event per transaction.
 			for _, l := range b.cfg.Loads {
 				events := max(1, int(float64(l)*b.cfg.LoadDuration.Seconds()))
-				r, err := p.run(ctx, events, 1, max(w, 8), float64(l))
+				r, err := p.run(ctx, events, 1, max(w, 8), float64(l), b.cfg.LoadDuration)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("at %d/s: %w", l, err))
 					b.fail(latIDs(itoa(l)), errs[len(errs)-1])
@@ -475,7 +495,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 					return err
 				}
 				defer p.close()
-				r, err := p.run(ctx, max(1, int(float64(l)*b.cfg.LoadDuration.Seconds())), 1, max(w, 8), float64(l))
+				r, err := p.run(ctx, max(1, int(float64(l)*b.cfg.LoadDuration.Seconds())), 1, max(w, 8), float64(l), b.cfg.LoadDuration)
 				if err != nil {
 					return err
 				}
