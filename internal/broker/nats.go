@@ -107,6 +107,11 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(cfg.ReconnectWait),
 		nats.RetryOnFailedConnect(false),
+		// No reconnect buffer: a publish made while the connection is down
+		// fails at once instead of leaving later, after a reconnect. Otherwise
+		// a message lost with the old connection could be overtaken by a later
+		// message of the same key sent from the buffer, breaking per-key order.
+		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("disconnected from NATS", zap.Error(err))
 		}),
