@@ -147,32 +147,27 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		return fmt.Errorf("consumer: jetstream: %w", err)
 	}
 
-	var cons jetstream.Consumer
-	for attempt := 0; ; attempt++ {
-		cons, err = c.attach(ctx, js)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
-		if !c.sleep(ctx, attempt) {
-			return nil
-		}
-	}
-	c.ready.Store(true)
 	defer c.ready.Store(false)
-	c.log.Info("consuming",
-		zap.String("stream", c.cfg.Stream), zap.String("durable", c.cfg.Durable),
-		zap.String("filter", c.cfg.FilterSubject), zap.Int("batch_size", c.cfg.BatchSize))
-
+	var cons jetstream.Consumer
 	failures := 0
 	for ctx.Err() == nil {
+		if cons == nil {
+			if cons, err = c.attachRetrying(ctx, js); err != nil || cons == nil {
+				return err
+			}
+		}
 		msgs, err := c.fetch(ctx, cons)
 		if err != nil {
 			c.stats.fetchErrors.Add(1)
 			c.log.Warn("fetch failed; retrying", zap.Error(err))
+			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+				errors.Is(err, jetstream.ErrStreamNotFound) {
+				// The durable consumer (or its stream) is gone, for example
+				// deleted by an operator or lost with a memory-backed server:
+				// attach again rather than fetch from nothing forever.
+				c.ready.Store(false)
+				cons = nil
+			}
 			if !c.sleep(ctx, failures) {
 				break
 			}
@@ -188,6 +183,28 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		c.handle(ctx, msgs)
 	}
 	return nil
+}
+
+// attachRetrying attaches with backoff until it succeeds or ctx ends (then it
+// returns a nil consumer and no error).
+func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+	for attempt := 0; ; attempt++ {
+		cons, err := c.attach(ctx, js)
+		if err == nil {
+			c.ready.Store(true)
+			c.log.Info("consuming",
+				zap.String("stream", c.cfg.Stream), zap.String("durable", c.cfg.Durable),
+				zap.String("filter", c.cfg.FilterSubject), zap.Int("batch_size", c.cfg.BatchSize))
+			return cons, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
+		if !c.sleep(ctx, attempt) {
+			return nil, nil
+		}
+	}
 }
 
 // attach finds (or creates) the stream and creates or updates the durable

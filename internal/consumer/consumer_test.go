@@ -269,3 +269,27 @@ func TestReconnects(t *testing.T) {
 	}
 	require.Eventually(t, b.settled(t, 20, total+more, 40), 60*time.Second, 50*time.Millisecond)
 }
+
+// TestReattachesAfterDurableDeleted deletes the durable consumer under a
+// running consumer: it attaches again (the new durable starts from the
+// beginning of the stream, and the inbox absorbs the replay) and keeps going.
+func TestReattachesAfterDurableDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
+	total := b.publishOrders(t, 5)
+	require.Eventually(t, b.settled(t, 5, total, 10), 30*time.Second, 50*time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.cfg.Durable))
+	b.publish(t, "created-late", "created-late", ledger.EventOrderCreated,
+		ledger.OrderCreated{OrderID: "late", CustomerID: "c", AmountCents: 7, Currency: "EUR"})
+	b.publish(t, "paid-late", "paid-late", ledger.EventOrderPaid,
+		ledger.OrderPaid{OrderID: "late", AmountCents: 7, Currency: "EUR"})
+	require.Eventually(t, b.settled(t, 6, total+7, 12), 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, int64(10), c.Stats().Duplicates, "the replayed stream was absorbed")
+}
