@@ -62,3 +62,14 @@ demo: build
 ## demo-short: the quick demo CI runs.
 demo-short: build
 	./bin/demo --short
+
+.PHONY: chaos fuzz
+## chaos: the fault suite with its exactly-once checker (real relay and
+## consumer processes, a private PostgreSQL cluster and NATS server, toxiproxy
+## links). Short by default (a fixed seed and a random one, about three
+## minutes); `make chaos DURATION=20m` runs one long run, SEED=n replays one.
+DURATION ?=
+SEED     ?=
+chaos:
+	$(GO) test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' ./integration/chaos/ \
+		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED))

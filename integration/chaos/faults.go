@@ -1,0 +1,347 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+)
+
+// faultRecord is one fault as it happened.
+type faultRecord struct {
+	At     time.Duration // since the run started
+	Kind   string
+	Detail string
+}
+
+// faultKinds are the faults the schedule draws from.
+var faultKinds = []string{
+	"kill-relay", "kill-consumer",
+	"pause-relay", "pause-consumer",
+	"pg-latency", "pg-timeout", "pg-reset", "pg-partition",
+	"nats-latency", "nats-timeout", "nats-reset", "nats-partition",
+	"nats-restart", "pg-restart",
+	"inject-duplicates", "inject-out-of-order", "inject-poison",
+}
+
+// faultPhase strikes faults one after another until the configured duration
+// has passed. The first len(faultKinds) faults are a seeded permutation of
+// every kind, so that even a short run sees each one; later ones are drawn
+// at random.
+func (r *run) faultPhase(ctx context.Context) error {
+	rng := newRand(r.cfg.Seed, 1)
+	end := time.Now().Add(r.cfg.Duration)
+	order := rng.Perm(len(faultKinds))
+	// Let the pipeline warm up before the first fault.
+	if err := sleepCtx(ctx, 2*time.Second); err != nil {
+		return err
+	}
+	for i := 0; time.Now().Before(end); i++ {
+		kind := faultKinds[rng.IntN(len(faultKinds))]
+		if i < len(order) {
+			kind = faultKinds[order[i]]
+		}
+		at := time.Since(r.started)
+		detail, err := r.strike(ctx, rng, kind)
+		if err != nil {
+			return fmt.Errorf("chaos: fault %s: %w", kind, err)
+		}
+		r.faults = append(r.faults, faultRecord{At: at, Kind: kind, Detail: detail})
+		r.say("fault #%d %-19s %s", len(r.faults), kind, detail)
+		if err := sleepCtx(ctx, time.Duration(200+rng.IntN(600))*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// strike applies one fault and, for the faults that last, ends it again.
+func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, error) {
+	hold := func(min, spread time.Duration) time.Duration {
+		return min + time.Duration(rng.Int64N(int64(spread)))
+	}
+	pick := func(s []*service) *service { return s[rng.IntN(len(s))] }
+	switch kind {
+	case "kill-relay", "kill-consumer":
+		s := pick(r.relay)
+		if kind == "kill-consumer" {
+			s = pick(r.cons)
+		}
+		s.scrape(ctx)
+		s.proc.Kill()
+		down := hold(0, time.Second)
+		if err := sleepCtx(ctx, down); err != nil {
+			return "", err
+		}
+		if err := s.start(); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("SIGKILL %s, restarted after %s", s.name, down.Round(time.Millisecond)), nil
+
+	case "pause-relay", "pause-consumer":
+		s, lease := pick(r.relay), r.cfg.RelayLease
+		if kind == "pause-consumer" {
+			s, lease = pick(r.cons), r.cfg.ConsumerLease
+		}
+		s.scrape(ctx)
+		d := lease + hold(500*time.Millisecond, time.Second)
+		s.setPaused(true)
+		if err := s.proc.Signal(syscall.SIGSTOP); err != nil {
+			s.setPaused(false)
+			return "skipped: " + err.Error(), nil
+		}
+		err := sleepCtx(ctx, d)
+		_ = s.proc.Signal(syscall.SIGCONT)
+		s.setPaused(false)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("SIGSTOP %s for %s (lease %s), then SIGCONT: a zombie holding stale claims", s.name, d.Round(time.Millisecond), lease), nil
+
+	case "pg-latency", "nats-latency", "pg-timeout", "nats-timeout", "pg-reset", "nats-reset", "pg-partition", "nats-partition":
+		px, link := r.px.pg, "PostgreSQL"
+		if kind[:4] == "nats" {
+			px, link = r.px.nats, "NATS"
+		}
+		var toxic, attrs, what string
+		d := hold(1500*time.Millisecond, 1500*time.Millisecond)
+		switch kind[len(kind)-4:] {
+		case "ency": // latency
+			ms := 100 + rng.IntN(400)
+			toxic, attrs, what = "latency", fmt.Sprintf(`{"latency":%d,"jitter":%d}`, ms, ms/4), fmt.Sprintf("%dms latency each way", ms)
+		case "eout": // timeout
+			ms := 500 + rng.IntN(1500)
+			toxic, attrs, what = "timeout", fmt.Sprintf(`{"timeout":%d}`, ms), fmt.Sprintf("data stops, connections closed after %dms", ms)
+		case "eset": // reset
+			toxic, attrs, what = "reset_peer", `{"timeout":0}`, "every connection reset (TCP RST)"
+			d = hold(500*time.Millisecond, time.Second)
+		default: // partition
+			toxic, attrs, what = "timeout", `{"timeout":0}`, "full partition: nothing gets through, connections hang"
+			d = hold(2500*time.Millisecond, 2*time.Second)
+		}
+		remove, err := r.px.addToxic(px, toxic, attrs)
+		if err != nil {
+			return "", err
+		}
+		err = sleepCtx(ctx, d)
+		remove()
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s link: %s for %s", link, what, d.Round(time.Millisecond)), nil
+
+	case "nats-restart":
+		down := hold(500*time.Millisecond, 2*time.Second)
+		if err := r.nats.restart(down); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("NATS server shut down, restarted after %s", down.Round(time.Millisecond)), nil
+
+	case "pg-restart":
+		mode := "fast"
+		if rng.IntN(2) == 0 {
+			mode = "immediate"
+		}
+		start := time.Now()
+		if err := r.pg.restart(ctx, mode); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("PostgreSQL stopped (-m %s) and restarted in %s", mode, time.Since(start).Round(time.Millisecond)), nil
+
+	case "inject-duplicates":
+		return r.injectDuplicates(ctx, rng)
+	case "inject-out-of-order":
+		return r.injectOutOfOrder(ctx, rng)
+	case "inject-poison":
+		return r.injectPoison(ctx)
+	}
+	return "", fmt.Errorf("unknown fault kind %q", kind)
+}
+
+// injectDuplicates republishes random stored messages straight to NATS:
+// each once under its own broker id (JetStream drops it within its window)
+// and once under a new one (it reaches the consumers; the inbox absorbs it).
+func (r *run) injectDuplicates(ctx context.Context, rng *rand.Rand) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	st, err := r.js.Stream(ctx, streamName)
+	if err != nil {
+		return "", err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.State.LastSeq == 0 {
+		return "skipped: the stream is still empty", nil
+	}
+	n, sent, dropped := 10+rng.IntN(20), 0, 0
+	for range n {
+		seq := info.State.FirstSeq + rng.Uint64N(info.State.LastSeq-info.State.FirstSeq+1)
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		for copyN, msgID := range []string{m.Header.Get(event.HeaderMsgID), fmt.Sprintf("chaos-dup-%d-%d-%d", r.cfg.Seed, seq, rng.Int64())} {
+			out := nats.NewMsg(m.Subject)
+			out.Data = m.Data
+			for k, v := range m.Header {
+				out.Header[k] = v
+			}
+			out.Header.Set(event.HeaderMsgID, msgID)
+			ack, err := r.js.PublishMsg(ctx, out)
+			if err != nil {
+				return "", err
+			}
+			if copyN == 0 && ack.Duplicate {
+				dropped++
+			}
+			if copyN == 1 {
+				sent++
+			}
+		}
+	}
+	r.injected.addDuplicates(sent)
+	return fmt.Sprintf("%d duplicates published under new broker ids (and %d under their own, %d of those dropped by JetStream)", sent, sent, dropped), nil
+}
+
+// injectOutOfOrder publishes OrderPaid events straight to NATS before their
+// orders exist; the producer then creates the orders (through the outbox).
+// Each payment must be credited once its order arrives.
+func (r *run) injectOutOfOrder(ctx context.Context, rng *rand.Rand) (string, error) {
+	n := 2 + rng.IntN(3)
+	for i := range n {
+		o := order{id: fmt.Sprintf("late%d-%d-%d", r.cfg.Seed, len(r.faults), i), customer: "late", amount: 100 + rng.Int64N(1000)}
+		id := newEventID()
+		if err := r.publishRaw(ctx, id, ledger.EventOrderPaid, o.id,
+			mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"})); err != nil {
+			return "", err
+		}
+		r.injected.add(id, expectCredit)
+		if !r.prod.retry(ctx, func() error { return r.prod.create(ctx, o, true) }) {
+			return "", fmt.Errorf("create late order %s", o.id)
+		}
+	}
+	return fmt.Sprintf("%d OrderPaid published ahead of their OrderCreated", n), nil
+}
+
+// injectPoison publishes malformed events straight to NATS; each must end
+// dead with its reason and stop nothing else.
+func (r *run) injectPoison(ctx context.Context) (string, error) {
+	bad := [][2]string{
+		{ledger.EventOrderPaid, `{"order_id":"nobody","amount_cents":"lots","currency":"EUR"}`},
+		{ledger.EventOrderCreated, `{"order_id": "x", oops`},
+		{"OrderRefunded", `{"order_id":"x"}`},
+	}
+	for _, b := range bad {
+		id := newEventID()
+		if err := r.publishRaw(ctx, id, b[0], "poison-"+id, []byte(b[1])); err != nil {
+			return "", err
+		}
+		r.injected.add(id, expectDead)
+	}
+	return fmt.Sprintf("%d malformed events (wrong JSON type, not JSON, unknown type)", len(bad)), nil
+}
+
+// publishRaw publishes one event straight to NATS with the relay's headers.
+func (r *run) publishRaw(ctx context.Context, id, typ, key string, payload []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	m := nats.NewMsg(subjectPrefix + ".orders")
+	m.Data = payload
+	m.Header.Set(event.HeaderMsgID, id)
+	m.Header.Set(event.HeaderEventID, id)
+	m.Header.Set(event.HeaderEventType, typ)
+	m.Header.Set(event.HeaderTopic, "orders")
+	m.Header.Set(event.HeaderKey, key)
+	m.Header.Set(event.HeaderOccurredAt, time.Now().UTC().Format(time.RFC3339Nano))
+	_, err := r.js.PublishMsg(ctx, m)
+	return err
+}
+
+func (r *run) faultCounts() map[string]int {
+	m := map[string]int{}
+	for _, f := range r.faults {
+		m[f.Kind]++
+	}
+	return m
+}
+
+// expectation is what must become of an event injected straight into NATS.
+type expectation int
+
+const (
+	expectCredit expectation = iota // applied exactly once
+	expectDead                      // dead with a reason
+)
+
+// injections records what was published straight into NATS.
+type injections struct {
+	mu     sync.Mutex
+	events map[string]expectation
+	dups   int
+}
+
+func newInjections() *injections { return &injections{events: map[string]expectation{}} }
+
+func (in *injections) add(id string, e expectation) {
+	in.mu.Lock()
+	in.events[id] = e
+	in.mu.Unlock()
+}
+
+func (in *injections) addDuplicates(n int) {
+	in.mu.Lock()
+	in.dups += n
+	in.mu.Unlock()
+}
+
+func (in *injections) duplicates() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.dups
+}
+
+func (in *injections) distinct() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return len(in.events)
+}
+
+func (in *injections) snapshot() map[string]expectation {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	m := make(map[string]expectation, len(in.events))
+	for k, v := range in.events {
+		m[k] = v
+	}
+	return m
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func sortedKeys(m map[string]int) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}

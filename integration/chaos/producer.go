@@ -1,0 +1,190 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+)
+
+// producer is the application: it creates orders and pays most of them, each
+// in a business transaction that writes the shop's row and enqueues the event
+// with pgrelay.Enqueue. It talks to PostgreSQL directly; its transactions
+// still fail while PostgreSQL restarts, and are then retried.
+type producer struct {
+	pool *pgxpool.Pool
+	seed uint64
+	rate int
+	say  func(string, ...any)
+
+	mu      sync.Mutex
+	acked   []string // event ids whose transaction committed
+	nOrders int
+	nFailed int
+	unpaid  []order
+}
+
+type order struct {
+	id, customer string
+	amount       int64
+}
+
+func newProducer(pool *pgxpool.Pool, seed uint64, rate int, say func(string, ...any)) *producer {
+	return &producer{pool: pool, seed: seed, rate: rate, say: say}
+}
+
+func (p *producer) run(ctx context.Context) {
+	rng := newRand(p.seed, 2)
+	tick := time.NewTicker(time.Second / time.Duration(p.rate))
+	defer tick.Stop()
+	next := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C: // pacing the producer
+		}
+		// Create a new order, or pay one created earlier, so that events of
+		// many keys interleave.
+		p.mu.Lock()
+		nUnpaid := len(p.unpaid)
+		p.mu.Unlock()
+		if nUnpaid > 0 && (rng.IntN(2) == 0 || nUnpaid > 50) {
+			p.mu.Lock()
+			i := rng.IntN(len(p.unpaid))
+			o := p.unpaid[i]
+			p.unpaid = append(p.unpaid[:i], p.unpaid[i+1:]...)
+			p.mu.Unlock()
+			p.retry(ctx, func() error { return p.pay(ctx, o, true) })
+			continue
+		}
+		o := order{id: fmt.Sprintf("o%d-%06d", p.seed, next), customer: fmt.Sprintf("c%03d", rng.IntN(200)), amount: 100 + rng.Int64N(100000)}
+		next++
+		if p.retry(ctx, func() error { return p.create(ctx, o, true) }) && rng.IntN(10) < 8 {
+			p.mu.Lock()
+			p.unpaid = append(p.unpaid, o)
+			p.mu.Unlock()
+		}
+	}
+}
+
+// retry runs f until it succeeds, ctx ends or a few attempts failed (an
+// abandoned order is fine: what counts is what committed).
+func (p *producer) retry(ctx context.Context, f func() error) bool {
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil {
+			return true
+		}
+		p.mu.Lock()
+		p.nFailed++
+		p.mu.Unlock()
+		if attempt >= 20 || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(250 * time.Millisecond): // back off while PostgreSQL is away
+		}
+	}
+}
+
+// create writes the order and, when withEvent, its OrderCreated event. A
+// retry after an ambiguous commit that did commit finds the order there
+// (unique violation) and writes nothing more.
+func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
+	id := newEventID()
+	err := p.tx(ctx, func(tx pgx.Tx) error {
+		err := db.New().CreateShopOrder(ctx, tx, db.CreateShopOrderParams{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"})
+		if err != nil || !withEvent {
+			return err
+		}
+		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
+			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
+			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
+		})
+	})
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return nil // an earlier, ambiguous attempt committed
+	}
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.nOrders++
+	if withEvent {
+		p.acked = append(p.acked, id)
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// pay marks the order paid and, when withEvent, enqueues its OrderPaid. An
+// order already paid (an earlier ambiguous commit) enqueues nothing.
+func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
+	id := newEventID()
+	enqueued := false
+	err := p.tx(ctx, func(tx pgx.Tx) error {
+		n, err := db.New().MarkShopOrderPaid(ctx, tx, o.id)
+		if err != nil || n == 0 || !withEvent {
+			return err
+		}
+		enqueued = true
+		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
+			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
+			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
+		})
+	})
+	if err == nil && enqueued {
+		p.mu.Lock()
+		p.acked = append(p.acked, id)
+		p.mu.Unlock()
+	}
+	return err
+}
+
+func (p *producer) tx(ctx context.Context, f func(pgx.Tx) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return pgx.BeginFunc(ctx, p.pool, f)
+}
+
+func (p *producer) acknowledged() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.acked...)
+}
+
+func (p *producer) orders() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nOrders
+}
+
+func (p *producer) failures() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nFailed
+}
+
+func newEventID() string { return uuid.Must(uuid.NewV7()).String() }
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only called with the ledger's plain structs
+	}
+	return b
+}

@@ -1,0 +1,29 @@
+-- name: ChaosOutboxEvents :many
+-- ChaosOutboxEvents lists every outbox row in id order for the fault-test
+-- checker: the produced events and their per-key commit order.
+SELECT id, event_id, key, event_type, status, last_error
+FROM outbox
+ORDER BY id;
+
+-- name: ChaosInboxEvents :many
+-- ChaosInboxEvents lists every inbox row's outcome for the fault-test checker.
+SELECT event_id, event_type, status, attempts, last_error,
+       (status = 'processing' AND locked_until < now())::boolean AS lease_expired
+FROM inbox;
+
+-- name: ChaosLedgerEntries :many
+-- ChaosLedgerEntries lists every ledger credit for the fault-test checker.
+SELECT event_id, order_id, amount_cents FROM ledger_entries;
+
+-- name: ChaosLedgerOrders :many
+-- ChaosLedgerOrders lists every order the ledger knows, with the event that
+-- created it, for the fault-test checker.
+SELECT event_id, order_id FROM ledger_orders;
+
+-- name: ChaosProgress :one
+-- ChaosProgress counts what is still in flight: outbox rows not published or
+-- dead, inbox rows, and inbox rows pending or processing.
+SELECT (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS outbox_pending,
+       (SELECT count(*) FROM outbox)::bigint AS outbox_total,
+       (SELECT count(*) FROM inbox)::bigint AS inbox_total,
+       (SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open;
