@@ -313,7 +313,7 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 			// One message the database refuses must not block the others:
 			// store the batch one by one, dead if need be.
 			c.log.Error("batch refused by the database; storing one by one", zap.Error(err))
-			incoming = c.storeEach(sctx, incoming, acks)
+			incoming = c.storeEach(sctx, incoming)
 			break
 		}
 		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
@@ -381,7 +381,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 // reason and only its id and raw payload. It returns incoming with the
 // EventID of any message that could not be stored at all cleared, so that it
 // is left unacknowledged.
-func (c *Consumer) storeEach(ctx context.Context, incoming []inbox.Incoming, msgs []jetstream.Msg) []inbox.Incoming {
+func (c *Consumer) storeEach(ctx context.Context, incoming []inbox.Incoming) []inbox.Incoming {
 	out := make([]inbox.Incoming, len(incoming))
 	for i, in := range incoming {
 		out[i] = in
@@ -400,18 +400,11 @@ func (c *Consumer) storeEach(ctx context.Context, incoming []inbox.Incoming, msg
 		}
 		if err2 := c.store(ctx, []inbox.Incoming{dead}); err2 != nil {
 			c.log.Error("message could not be stored; left unacknowledged",
-				zap.String("event_id", in.EventID), zap.Uint64("stream_seq", streamSeq(msgs[i])), zap.Error(err2))
+				zap.String("event_id", in.EventID), zap.Error(err2))
 			out[i].EventID = ""
 		}
 	}
 	return out
-}
-
-func streamSeq(m jetstream.Msg) uint64 {
-	if meta, err := m.Metadata(); err == nil {
-		return meta.Sequence.Stream
-	}
-	return 0
 }
 
 // isRefused reports whether the batch itself was refused, by inbox.Receive's

@@ -293,3 +293,64 @@ func TestReattachesAfterDurableDeleted(t *testing.T) {
 	require.Eventually(t, b.settled(t, 6, total+7, 12), 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, int64(10), c.Stats().Duplicates, "the replayed stream was absorbed")
 }
+
+// TestNoIDRedeliveryDedups abandons the batch holding a message without any
+// event id after its commit: the redelivery gets the same stream-sequence id
+// and is absorbed, so the message is stored dead exactly once.
+func TestNoIDRedeliveryDedups(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := nats.NewMsg(b.prefix + ".orders")
+	m.Header.Set(event.HeaderEventType, ledger.EventOrderPaid)
+	m.Data = []byte(`{"order_id":"x"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ack, err := b.js.PublishMsg(ctx, m)
+	require.NoError(t, err)
+
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	var crashes atomic.Int32
+	c.crashAfterCommit = func() bool { return crashes.Add(1) == 1 }
+	b.start(t, c)
+	require.Eventually(t, func() bool { return c.Stats().Duplicates == 1 && c.Stats().Acked == 1 },
+		30*time.Second, 20*time.Millisecond, "the redelivery was absorbed and acknowledged")
+	var id, reason string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM inbox WHERE status = 'dead'`).Scan(&id, &reason))
+	require.Equal(t, FallbackEventID(b.stream, ack.Sequence), id)
+	require.Contains(t, reason, ReasonMissingEventID)
+	var rows int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows))
+	require.Equal(t, 1, rows)
+}
+
+// TestStoreEachIsolatesARefusedMessage stores a batch that the inbox refuses
+// because of one message: the others are stored as they are, the refused one
+// is stored dead with the refusal as its reason, and nothing is left out.
+func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	msg := func(id, topic string) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: topic, EventType: "T", Payload: []byte("raw"), OccurredAt: time.Now()}}
+	}
+	batch := []inbox.Incoming{msg("a", "orders"), msg("b", "bad\x00topic"), msg("c", "orders")}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = c.store(ctx, batch)
+	require.True(t, isRefused(err), "the batch is refused as a whole: %v", err)
+	out := c.storeEach(ctx, batch)
+	for _, in := range out {
+		require.NotEmpty(t, in.EventID, "every message was stored and may be acknowledged")
+	}
+	var status, reason string
+	var payload []byte
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload FROM inbox WHERE event_id = 'b'`).Scan(&status, &reason, &payload))
+	require.Equal(t, "dead", status)
+	require.Contains(t, reason, "refused at ingest")
+	require.Equal(t, []byte("raw"), payload)
+	var pending int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id IN ('a', 'c') AND status <> 'dead'`).Scan(&pending))
+	require.Equal(t, 2, pending)
+}
