@@ -141,7 +141,10 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: NATS URL %q: %w", c.cfg.NATSURL, err)
 	}
-	defer nc.Close()
+	defer func() {
+		_ = nc.FlushTimeout(2 * time.Second) // the last batch's acks
+		nc.Close()
+	}()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("consumer: jetstream: %w", err)

@@ -354,3 +354,35 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id IN ('a', 'c') AND status <> 'dead'`).Scan(&pending))
 	require.Equal(t, 2, pending)
 }
+
+// TestStopFinishesBatchInHand stops the consumer between a batch's commit and
+// its acknowledgement: the stop is graceful, so the batch is still
+// acknowledged before Run returns and nothing is left for redelivery.
+func TestStopFinishesBatchInHand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.publishOrders(t, 5)
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var once atomic.Bool
+	c.crashAfterCommit = func() bool {
+		if once.CompareAndSwap(false, true) {
+			cancel() // SIGTERM arrives while the batch is in hand
+		}
+		return false
+	}
+	require.NoError(t, c.Run(ctx))
+	s := c.Stats()
+	require.Positive(t, s.Fetched)
+	require.Equal(t, s.Fetched, s.Acked, "the batch in hand was acknowledged")
+
+	ictx, icancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer icancel()
+	cons, err := b.js.Consumer(ictx, b.stream, b.cfg.Durable)
+	require.NoError(t, err)
+	info, err := cons.Info(ictx)
+	require.NoError(t, err)
+	require.Zero(t, info.NumAckPending)
+}
