@@ -33,7 +33,7 @@ import (
 
 func main() {
 	if err := newRootCommand().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
+		fmt.Fprintln(os.Stderr, "consumer:", strings.TrimPrefix(err.Error(), "consumer: "))
 		os.Exit(1)
 	}
 }
