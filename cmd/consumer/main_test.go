@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// run executes the command line and returns its error.
+func run(t *testing.T, args ...string) error {
+	t.Helper()
+	cmd := newRootCommand()
+	cmd.SetArgs(args)
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	return cmd.Execute()
+}
+
+// TestBadSettingsNameTheSetting checks that every bad setting stops the
+// consumer at start-up with an error naming the flag or variable to fix.
+func TestBadSettingsNameTheSetting(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	require.ErrorContains(t, run(t, "run"), "--database-url (DATABASE_URL) is required")
+
+	t.Setenv("DATABASE_URL", "postgres://127.0.0.1:1/none")
+	t.Setenv("CONSUMER_BATCH_SIZE", "many")
+	require.ErrorContains(t, run(t, "run"), `invalid CONSUMER_BATCH_SIZE="many"`)
+	t.Setenv("CONSUMER_BATCH_SIZE", "100")
+
+	t.Setenv("DEDUP_WINDOW", "forever")
+	require.ErrorContains(t, run(t, "run"), `invalid DEDUP_WINDOW="forever"`)
+	t.Setenv("DEDUP_WINDOW", "168h")
+
+	require.ErrorContains(t, run(t, "run", "--stream", "a.b"), "--stream (CONSUMER_STREAM)")
+	require.ErrorContains(t, run(t, "run", "--ack-wait", "10ms"), "--ack-wait (CONSUMER_ACK_WAIT)")
+	require.ErrorContains(t, run(t, "run", "--batch-size", "20000"), "--batch-size (CONSUMER_BATCH_SIZE)")
+	require.ErrorContains(t, run(t, "run", "--lease", "1s"), "--handler-timeout (CONSUMER_HANDLER_TIMEOUT) (10s) must be shorter than --lease (CONSUMER_LEASE) (1s)")
+	require.ErrorContains(t, run(t, "run", "--log-level", "loud"), "--log-level / LOG_LEVEL")
+	require.ErrorContains(t, run(t, "healthcheck", "--metrics-addr", ""), "--metrics-addr (METRICS_ADDR)")
+}
