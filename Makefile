@@ -7,7 +7,7 @@ export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 .PHONY: test check unit generate lint fmt tidy-check sqlc-check build
 
 ## test: every check CI runs, then the whole suite with the race detector.
-test: check unit
+test: check fuzz unit
 
 ## unit: go test -race over every package (needs PostgreSQL, see README).
 unit:
@@ -73,3 +73,15 @@ SEED     ?=
 chaos:
 	$(GO) test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' ./integration/chaos/ \
 		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED))
+
+## fuzz: a bounded run of every fuzz target over untrusted input (their seed
+## corpora also run as ordinary tests in unit); FUZZTIME per target.
+FUZZTIME ?= 4s
+FUZZ_TARGETS := FuzzDecode:./internal/consumer FuzzValidateEventID:./internal/event \
+	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
+	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} ($${t#*:}, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) "$${t#*:}" > /tmp/pgrelay-fuzz.log 2>&1 || { cat /tmp/pgrelay-fuzz.log; exit 1; }; \
+	done
