@@ -14,7 +14,9 @@ import (
 type Publisher interface {
 	// Publish sends every message and waits until each one is acknowledged
 	// (persisted by the broker) or has failed, or ctx is done. It returns one
-	// Result per message, in order. Messages are sent in slice order.
+	// Result per message, in order. Messages of one key are sent in slice
+	// order, and none of a key's later messages is stored once an earlier one
+	// failed transiently.
 	Publish(ctx context.Context, msgs []Message) []Result
 	// Close releases the publisher's connections.
 	Close() error

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -160,34 +161,57 @@ func (p *NATS) Subject(topic string) string { return p.cfg.SubjectPrefix + "." +
 // Conn returns the underlying NATS connection.
 func (p *NATS) Conn() *nats.Conn { return p.nc }
 
-// Publish implements Publisher with asynchronous publishes, then waits for
-// every acknowledgement.
+// Publish implements Publisher. Messages of different keys are in flight at
+// the same time; the messages of one key are sent one after another, each once
+// the previous one is acknowledged, and a key's remaining messages are not sent
+// after a transient failure. So a later event of a key is never stored while an
+// earlier one failed: the relay retries from the failed one, in order.
 func (p *NATS) Publish(ctx context.Context, msgs []Message) []Result {
 	results := make([]Result, len(msgs))
-	futures := make([]jetstream.PubAckFuture, len(msgs))
+	byKey := make(map[string][]int)
+	var keys []string
 	for i, m := range msgs {
-		nm := p.toNATS(m)
-		f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(m.EventID))
-		if err != nil {
-			results[i].Err = p.classify(ctx, nm.Subject, err)
-			continue
+		if _, ok := byKey[m.Key]; !ok {
+			keys = append(keys, m.Key)
 		}
-		futures[i] = f
+		byKey[m.Key] = append(byKey[m.Key], i)
 	}
-	for i, f := range futures {
-		if f == nil {
-			continue
-		}
-		select {
-		case ack := <-f.Ok():
-			results[i].Duplicate = ack.Duplicate
-		case err := <-f.Err():
-			results[i].Err = p.classify(ctx, f.Msg().Subject, err)
-		case <-ctx.Done():
-			results[i].Err = fmt.Errorf("waiting for the acknowledgement: %w", ctx.Err())
-		}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Go(func() { p.publishKey(ctx, msgs, byKey[k], results) })
 	}
+	wg.Wait()
 	return results
+}
+
+// publishKey publishes msgs[idx...] (one key's messages, in order) and writes
+// their outcomes into results.
+func (p *NATS) publishKey(ctx context.Context, msgs []Message, idx []int, results []Result) {
+	for n, i := range idx {
+		nm := p.toNATS(msgs[i])
+		f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].EventID))
+		if err == nil {
+			select {
+			case ack := <-f.Ok():
+				results[i].Duplicate = ack.Duplicate
+			case err = <-f.Err():
+			case <-ctx.Done():
+				err = fmt.Errorf("waiting for the acknowledgement: %w", ctx.Err())
+			}
+		}
+		if err == nil {
+			continue
+		}
+		results[i].Err = p.classify(ctx, nm.Subject, err)
+		if IsPermanent(results[i].Err) {
+			// The relay dead-letters this one and moves on to the next.
+			continue
+		}
+		for _, j := range idx[n+1:] {
+			results[j].Err = fmt.Errorf("not sent: an earlier event of key %q failed: %w", msgs[i].Key, results[i].Err)
+		}
+		return
+	}
 }
 
 func (p *NATS) toNATS(m Message) *nats.Msg {
