@@ -36,7 +36,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 	_, js := testnats.Connect(t, natsURL)
 	httpAddr := freeAddr(t)
 	svc := startService(t, filepath.Join(dir, "consumer"),
-		consumerEnv(dbURL, natsURL, stream, prefix, "CONSUMER_MAX_PAYLOAD_BYTES=4096", "METRICS_ADDR="+httpAddr), "run")
+		consumerEnv(dbURL, natsURL, stream, prefix, "CONSUMER_MAX_PAYLOAD_BYTES=4096", "METRICS_ADDR="+httpAddr, "CONSUMER_ACK_WAIT=30s"), "run")
 
 	type header = map[string]string
 	good := func(id, typ string) header {
@@ -128,6 +128,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 	// Dead at ingest: missing type, missing id, invalid id, oversized, not
 	// UTF-8, bad occurred-at; the other four went dead in the handler.
 	require.Contains(t, string(body), "\nconsumer_ingest_dead_total 6\n")
+	// Exactly one delivery each: nothing was redelivered (AckWait 30s).
 	require.Contains(t, string(body), "\nconsumer_received_total 12\n")
 
 	require.NoError(t, svc.stop(), "graceful exit on SIGTERM")
