@@ -231,6 +231,10 @@ func (p *NATS) toNATS(m Message) *nats.Msg {
 	return &nats.Msg{Subject: p.Subject(m.Topic), Header: h, Data: m.Payload}
 }
 
+// jsErrCodeHeaderExceedsMaximum is JetStream's error for headers over 64 KiB
+// (JSStreamHeaderExceedsMaximumErr); nats.go has no constant for it.
+const jsErrCodeHeaderExceedsMaximum jetstream.ErrorCode = 10097
+
 // classify turns a publish error into a permanent one when no retry can fix
 // it; everything else (timeouts, disconnections) stays transient.
 func (p *NATS) classify(ctx context.Context, subject string, err error) error {
@@ -242,6 +246,8 @@ func (p *NATS) classify(ctx context.Context, subject string, err error) error {
 		return Permanentf("invalid subject %q: %w", subject, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		return Permanentf("message too large for the stream: %w", err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeHeaderExceedsMaximum:
+		return Permanentf("message headers (key, event type and headers) too large for the stream: %w", err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		// No responders: either no stream stores the subject (permanent) or
 		// the server is restarting (transient). Ask JetStream which.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -149,6 +150,14 @@ func (o *Outbox) validate(m event.Message) error {
 		if err := event.ValidateEventID(m.EventID); err != nil {
 			return err
 		}
+	}
+	// The key and the event type travel as broker headers, which cannot
+	// carry a line break: refuse it rather than see it rewritten.
+	if strings.ContainsAny(m.Key, "\r\n") {
+		return fmt.Errorf("key %q contains a line break", m.Key)
+	}
+	if strings.ContainsAny(m.EventType, "\r\n") {
+		return fmt.Errorf("event type %q contains a line break", m.EventType)
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)

@@ -11,8 +11,8 @@ import (
 // FuzzValidate checks Enqueue's validation against arbitrary messages: it
 // never panics, and what it accepts is safe to publish: the topic is a broker
 // subject of non-empty plain tokens (no spaces, wildcards or control bytes),
-// a given event id passes ValidateEventID, header names are plain tokens and
-// header values hold no line break.
+// a given event id passes ValidateEventID, header names are plain tokens, and
+// header values, the key and the event type hold no line break.
 func FuzzValidate(f *testing.F) {
 	f.Add("orders", "evt-1", "Trace-Id", "abc", 10)
 	f.Add("", "", "", "", 0)
@@ -27,7 +27,7 @@ func FuzzValidate(f *testing.F) {
 		if size < 0 || size > 2<<20 {
 			return
 		}
-		m := event.Message{Topic: topic, EventID: id, Payload: make([]byte, size)}
+		m := event.Message{Topic: topic, EventID: id, Key: hval, EventType: hname, Payload: make([]byte, size)}
 		if hname != "" {
 			m.Headers = map[string]string{hname: hval}
 		}
@@ -48,7 +48,10 @@ func FuzzValidate(f *testing.F) {
 		if size > 1<<20 {
 			t.Fatalf("accepted a %d-byte payload", size)
 		}
-		if hname != "" && (strings.ContainsAny(hname, " :\r\n\x00") || strings.ContainsAny(hval, "\r\n")) {
+		if strings.ContainsAny(hname, "\r\n") || strings.ContainsAny(hval, "\r\n") {
+			t.Fatalf("accepted a line break in the key %q or event type %q", hval, hname)
+		}
+		if hname != "" && strings.ContainsAny(hname, " :\x00") {
 			t.Fatalf("accepted header %q: %q", hname, hval)
 		}
 	})
