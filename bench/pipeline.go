@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,14 +49,26 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 
 	// Inbox with prefill processed rows: one prefilled database, drained
 	// Repeats times (each drain adds n processed rows to the table).
-	b.attempt(ctx, "inbox drain, prefilled", []string{"scale_inbox_prefilled"}, func(ctx context.Context) error {
+	b.attempt(ctx, "inbox drain, prefilled", []string{"scale_inbox_empty", "scale_inbox_prefilled"}, func(ctx context.Context) error {
 		pool, err := b.inboxDB(ctx, prefill)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
 		for range b.cfg.Repeats {
-			d, err := b.inboxDrain(ctx, pool, n, nil)
+			// An empty-table drain right before each prefilled one (see
+			// runRelayScale).
+			empty, err := b.inboxDB(ctx, 0)
+			if err != nil {
+				return err
+			}
+			d, err := b.inboxDrain(ctx, empty, n, nil)
+			empty.Close()
+			if err != nil {
+				return err
+			}
+			b.sample("scale_inbox_empty", rate(n, d))
+			d, err = b.inboxDrain(ctx, pool, n, nil)
 			if err != nil {
 				return err
 			}
@@ -68,46 +79,46 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 	b.note("scale_inbox_prefilled", fmt.Sprintf("%d processed rows (vacuumed) before the first drain", prefill))
 
 	// Inbox during a retention cleanup: the processed rows are past the dedup
-	// window, and pgrelay's retention delete runs back to back alongside the
-	// drain.
-	var deleted atomic.Int64
+	// window, and pgrelay's inbox retention runs alongside the drain.
+	var deletedNote string
 	b.attempt(ctx, "inbox drain during retention", []string{"scale_inbox_retention"}, func(ctx context.Context) error {
 		pool, err := b.inboxDB(ctx, prefill)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
+		before, err := count(ctx, pool, "SELECT count(*) FROM inbox")
+		if err != nil {
+			return err
+		}
 		for range b.cfg.Repeats {
 			d, err := b.inboxDrain(ctx, pool, n, func(ctx context.Context) error {
-				return b.inboxRetention(ctx, pool, &deleted)
+				return b.inboxRetention(ctx, pool)
 			})
 			if err != nil {
 				return err
 			}
 			b.sample("scale_inbox_retention", rate(n, d))
 		}
+		after, err := count(ctx, pool, "SELECT count(*) FROM inbox")
+		if err != nil {
+			return err
+		}
+		deletedNote = fmt.Sprintf("; %d expired rows deleted over the drains", before+int64(b.cfg.Repeats*n)-after)
 		return nil
 	})
-	b.note("scale_inbox_retention", fmt.Sprintf("retention.Cleaner (7-day window, 1,000 rows/batch, 10 ms pause) every 100 ms; %d expired rows deleted during the drains", deleted.Load()))
+	b.note("scale_inbox_retention", "retention.Cleaner (7-day window, 1,000 rows/batch, 10 ms pause) started every 100 ms on "+itoa(prefill)+" rows processed eight days ago"+deletedNote)
 }
 
 // inboxRetention runs pgrelay's inbox retention (a seven-day dedup window,
-// default batches and pause) every 100 ms until ctx ends, counting the rows
-// it deleted.
-func (b *bench) inboxRetention(ctx context.Context, pool *pgxpool.Pool, deleted *atomic.Int64) error {
-	c, err := retention.New(retention.Config{
-		Pool: pool, Interval: 100 * time.Millisecond, Observer: deleteCounter{deleted}, Logger: b.log,
-	})
+// default batches and pause), starting a run every 100 ms, until ctx ends.
+func (b *bench) inboxRetention(ctx context.Context, pool *pgxpool.Pool) error {
+	c, err := retention.New(retention.Config{Pool: pool, Interval: 100 * time.Millisecond, Logger: b.log})
 	if err != nil {
 		return err
 	}
 	return c.Run(ctx)
 }
-
-type deleteCounter struct{ n *atomic.Int64 }
-
-func (d deleteCounter) Deleted(n int64) { d.n.Add(n) }
-func (d deleteCounter) Failed(error)    {}
 
 // note sets a figure's note.
 func (b *bench) note(id, text string) {

@@ -212,14 +212,26 @@ func (b *bench) runRelayGroup(ctx context.Context) {
 
 func (b *bench) runRelayScale(ctx context.Context) {
 	n, prefill := b.cfg.Events, b.cfg.Prefill
-	b.attempt(ctx, "relay drain, prefilled", []string{"scale_relay_prefilled"}, func(ctx context.Context) error {
+	b.attempt(ctx, "relay drain, prefilled", []string{"scale_relay_empty", "scale_relay_prefilled"}, func(ctx context.Context) error {
 		pool, err := b.outboxDB(ctx, prefill)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
 		for range b.cfg.Repeats {
-			d, err := b.relayDrain(ctx, pool, n, relayOptions{instances: 1})
+			// An empty-table drain right before each prefilled one: the
+			// machine's load drifts, so the pair shares the same moment.
+			empty, err := b.outboxDB(ctx, 0)
+			if err != nil {
+				return err
+			}
+			d, err := b.relayDrain(ctx, empty, n, relayOptions{instances: 1})
+			empty.Close()
+			if err != nil {
+				return err
+			}
+			b.sample("scale_relay_empty", rate(n, d))
+			d, err = b.relayDrain(ctx, pool, n, relayOptions{instances: 1})
 			if err != nil {
 				return err
 			}
