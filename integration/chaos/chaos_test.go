@@ -50,14 +50,7 @@ func TestChaos(t *testing.T) {
 	default:
 		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second}, {"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second}}
 	}
-	binDir := t.TempDir()
-	root, err := moduleRoot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buildBinaries(ctx, root, binDir); err != nil {
-		t.Fatal(err)
-	}
+	binDir := binaries(t)
 	for _, spec := range runs {
 		t.Run(spec.name, func(t *testing.T) {
 			t.Logf("chaos seed %d (rerun: make chaos SEED=%d)", spec.seed, spec.seed)
@@ -72,6 +65,15 @@ func TestChaos(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if testBinaries.dir != "" {
+		_ = os.RemoveAll(testBinaries.dir)
+	}
+	os.Exit(code)
 }
 
 // testWriter sends the run's output to the test log, line by line.

@@ -93,18 +93,42 @@ func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, 
 		}
 		s.scrape(ctx)
 		d := lease + hold(500*time.Millisecond, time.Second)
+		// A consumer is stopped while its database link is slow, so that it
+		// is caught in the middle of a batch transaction, handler effects
+		// done and the processed mark not yet committed: when it wakes up
+		// its commit must be fenced.
+		slow := kind == "pause-consumer"
+		var removeLatency func()
+		if slow {
+			var err error
+			if removeLatency, err = r.px.addToxic(r.px.pg, "latency", `{"latency":300}`); err != nil {
+				return "", err
+			}
+			if err := sleepCtx(ctx, time.Second); err != nil {
+				removeLatency()
+				return "", err
+			}
+		}
 		s.setPaused(true)
-		if err := s.proc.Signal(syscall.SIGSTOP); err != nil {
+		err := s.proc.Signal(syscall.SIGSTOP)
+		if slow {
+			removeLatency()
+		}
+		if err != nil {
 			s.setPaused(false)
 			return "skipped: " + err.Error(), nil
 		}
-		err := sleepCtx(ctx, d)
+		err = sleepCtx(ctx, d)
 		_ = s.proc.Signal(syscall.SIGCONT)
 		s.setPaused(false)
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("SIGSTOP %s for %s (lease %s), then SIGCONT: a zombie holding stale claims", s.name, d.Round(time.Millisecond), lease), nil
+		what := ""
+		if slow {
+			what = " (stopped mid-transaction on a 300ms PostgreSQL link)"
+		}
+		return fmt.Sprintf("SIGSTOP %s%s for %s (lease %s), then SIGCONT: a zombie holding stale claims", s.name, what, d.Round(time.Millisecond), lease), nil
 
 	case "pg-latency", "nats-latency", "pg-timeout", "nats-timeout", "pg-reset", "nats-reset", "pg-partition", "nats-partition":
 		px, link := r.px.pg, "PostgreSQL"

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +21,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
-// testBinaries builds the relay and consumer once per test binary.
+// testBinaries holds the relay and consumer, built once per test binary and
+// removed by TestMain.
 var testBinaries struct {
 	once sync.Once
 	dir  string
@@ -39,7 +39,10 @@ func binaries(t *testing.T) string {
 			testBinaries.err = err
 			return
 		}
-		testBinaries.dir = filepath.Join(os.TempDir(), fmt.Sprintf("pgrelay-chaos-bin-%d", time.Now().UnixNano()))
+		if testBinaries.dir, err = os.MkdirTemp("", "pgrelay-chaos-bin-"); err != nil {
+			testBinaries.err = err
+			return
+		}
 		testBinaries.err = buildBinaries(ctx, root, testBinaries.dir)
 	})
 	require.NoError(t, testBinaries.err)
