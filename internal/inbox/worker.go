@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,6 +165,14 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 	if len(cs) == 0 {
 		return nil
 	}
+	// RETURNING follows no order: run the batch in arrival order, so that
+	// events are handled first come, first served.
+	slices.SortStableFunc(cs, func(a, b claimed) int {
+		if c := a.ev.ReceivedAt.Compare(b.ev.ReceivedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ev.EventID, b.ev.EventID)
+	})
 	evs := make([]*Event, 0, len(cs))
 	for i := range cs {
 		ev := &cs[i].ev
