@@ -95,7 +95,7 @@ func TestSIGTERMReleasesLeases(t *testing.T) {
 	url := pool.Config().ConnString()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "RELAY_MAIN_ARGS=run --nats-url= --embedded-nats-listen 127.0.0.1:0 --embedded-nats-dir "+t.TempDir()+" --log-format console",
-		"DATABASE_URL="+url)
+		"DATABASE_URL="+url, "METRICS_ADDR=127.0.0.1:0", "ADMIN_ADDR=")
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

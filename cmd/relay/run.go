@@ -12,8 +12,10 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -40,6 +42,7 @@ type settings struct {
 	migrate            bool
 	logLevel           string
 	logFormat          string
+	ops                admin.OpsFlags
 }
 
 // envKinds lists the typed environment variables, checked at start-up.
@@ -132,7 +135,10 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
+	admin.BindOpsFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
+
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL))
+	root.AddCommand(admin.Commands(&s.databaseURL)...)
 	return root
 }
 
@@ -214,11 +220,29 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	defer pub.Close()
 
-	rcfg.Pool, rcfg.Publisher = pool, pub
+	reg := metrics.NewRegistry()
+	rcfg.Pool, rcfg.Publisher, rcfg.Observer = pool, pub, metrics.NewRelayObserver(reg)
 	r, err := relay.New(rcfg)
 	if err != nil {
 		return nameSetting(err)
 	}
+	ops, err := admin.StartOps(ctx, admin.OpsConfig{
+		Flags: s.ops, Pool: pool, Registry: reg, Outbox: true, Logger: log,
+		Checks: map[string]metrics.Check{
+			"database": metrics.PingCheck(pool),
+			"broker": func(context.Context) error {
+				if !pub.Conn().IsConnected() {
+					return errors.New("not connected to NATS")
+				}
+				return nil
+			},
+		},
+	})
+	if err != nil {
+		return err
+	}
 	cancel()
-	return r.Run(ctx)
+	runErr := r.Run(ctx)
+	stop() // Run returned on its own: stop the operator endpoints too
+	return errors.Join(runErr, ops.Wait())
 }
