@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -305,10 +306,10 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 // concurrent inbox batches commit out of id order: a cursor on the highest id
 // seen would skip a batch that commits late. The observer keeps instead the
 // lowest id not seen yet (low) and re-reads from there, skipping ids it has
-// seen; an id missing for more than gapTimeout is a rolled-back insert and
-// is passed over.
+// seen; an id missing for more than gapTimeout below one it has seen is a
+// rolled-back insert and is passed over.
 func (p *pipeline) observe(ctx context.Context, gen generator, n int, target *atomic.Int64, commitAt []atomic.Int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
-	const gapTimeout = 5 * time.Second
+	const gapTimeout = 10 * time.Second
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -371,21 +372,17 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, target *at
 		if len(ids) > 0 {
 			lastSeen.Store(now.UnixNano())
 		}
-		// Advance low over the ids seen, and over a gap that has lasted.
+		// Advance low over the ids seen. A gap below the lowest id seen that
+		// has lasted gapTimeout is a rolled-back insert: jump over it (only
+		// it: ids above the lowest seen may still be in flight).
 		moved := false
-		for {
-			if seen[low] {
-				delete(seen, low)
-				low++
-				moved = true
-				continue
-			}
-			if len(seen) > 0 && now.Sub(stalledSince) > gapTimeout {
-				low++
-				moved = true
-				continue
-			}
-			break
+		if len(seen) > 0 && !seen[low] && now.Sub(stalledSince) > gapTimeout {
+			low = slices.Min(slices.Collect(maps.Keys(seen)))
+		}
+		for seen[low] {
+			delete(seen, low)
+			low++
+			moved = true
 		}
 		if moved || len(seen) == 0 {
 			stalledSince = now
