@@ -48,7 +48,8 @@ type Config struct {
 	Loads []int
 	// TunedMaxWait is the consumer's fetch wait (--max-wait) in an extra
 	// latency run at the first of Loads, next to the default 500ms. Default
-	// 10ms; negative skips that run.
+	// 10ms (quick mode: skipped, as a stranded message can hold the run for
+	// the consumer's 30 s AckWait); negative skips that run.
 	TunedMaxWait time.Duration
 	// RelayInstances are the relay counts of the scale measurement. Default
 	// 1, 2 and 4 (quick mode: 1 and 2).
@@ -103,6 +104,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.TunedMaxWait == 0 {
 		c.TunedMaxWait = 10 * time.Millisecond
+		if c.Quick {
+			c.TunedMaxWait = -1
+		}
 	}
 	if len(c.RelayInstances) == 0 {
 		if c.Quick {
