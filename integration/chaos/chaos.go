@@ -303,6 +303,8 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		rep.InboxTakeovers += int64(m["consumer_lease_takeovers_total"])
 		rep.ScrapedRetries += int64(m["consumer_retries_total"])
 		rep.ScrapedDuplicates += int64(m["consumer_dedup_total"])
+		rep.RelayFencedScraped += int64(m["relay_fenced_total"])
+		rep.RelayTakeoversScraped += int64(m["relay_lease_takeovers_total"])
 		rep.Restarts += s.starts - 1
 	}
 	rep.InboxFencedLogLines, rep.RelayFenced, rep.RelayTakeovers = r.countLogLines()

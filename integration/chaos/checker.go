@@ -52,6 +52,7 @@ type Report struct {
 	InboxFenced, InboxFencedLogLines, InboxTakeovers int64
 	ScrapedRetries, ScrapedDuplicates                int64
 	RelayFenced, RelayTakeovers                      int64 // from the relays' logs
+	RelayFencedScraped, RelayTakeoversScraped        int64 // from the relays' metrics
 	Restarts                                         int
 
 	DeadLetters []string // "event_id (type): reason"
@@ -333,8 +334,8 @@ func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "  processed / dead               %8d / %d\n", r.Processed, r.Dead)
 	fmt.Fprintf(w, "  ledger credits                 %8d\n", r.Credits)
 	fmt.Fprintf(w, "  retries (attempts beyond 1st)  %8d (consumers counted %d handler retries)\n", r.Retries, r.ScrapedRetries)
-	fmt.Fprintf(w, "  fenced commits                 %8d inbox (%d logged), %d relay marks\n", r.InboxFenced, r.InboxFencedLogLines, r.RelayFenced)
-	fmt.Fprintf(w, "  lease takeovers                %8d inbox claims, %d relay partitions\n", r.InboxTakeovers, r.RelayTakeovers)
+	fmt.Fprintf(w, "  fenced commits                 %8d inbox (%d logged), %d relay marks logged (%d counted)\n", r.InboxFenced, r.InboxFencedLogLines, r.RelayFenced, r.RelayFencedScraped)
+	fmt.Fprintf(w, "  lease takeovers                %8d inbox claims, %d relay partitions logged (%d counted)\n", r.InboxTakeovers, r.RelayTakeovers, r.RelayTakeoversScraped)
 	fmt.Fprintf(w, "  service restarts               %8d\n", r.Restarts)
 	total := 0
 	for _, n := range r.Faults {
