@@ -245,14 +245,16 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 	return cons, nil
 }
 
-// fetch pulls one batch, waiting at most MaxWait, and returns early when ctx
-// is cancelled. Messages received before an error are returned with it.
+// fetch pulls one batch, waiting at most MaxWait. The wait is the pull
+// request's own expiry on the server (FetchMaxWait), not a client deadline: a
+// client that gave up before the server would leave the messages delivered in
+// between unacknowledged until AckWait. A stop therefore waits for the fetch in
+// progress (at most MaxWait); messages received before an error are returned
+// with it.
 func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.Msg, error) {
-	fctx, cancel := context.WithTimeout(ctx, c.cfg.MaxWait)
-	defer cancel()
-	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchContext(fctx))
+	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.MaxWait))
 	if err != nil {
-		if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+		if ctx.Err() != nil {
 			return nil, nil
 		}
 		return nil, err

@@ -388,3 +388,22 @@ func TestStopFinishesBatchInHand(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, info.NumAckPending)
 }
+
+// TestShortFetchWaitStrandsNothing publishes while the consumer fetches with a
+// very short wait: every message is stored and acknowledged promptly. A fetch
+// that gave up on the client before the server expired the pull request would
+// leave the messages delivered in between unacknowledged until AckWait.
+func TestShortFetchWaitStrandsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.cfg.MaxWait = 10 * time.Millisecond
+	b.cfg.AckWait = time.Minute
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+
+	const orders = 150
+	total := b.publishOrders(t, orders)
+	require.Eventually(t, b.settled(t, orders, total, 2*orders), 20*time.Second, 50*time.Millisecond,
+		"messages must not wait for AckWait (%s) to be redelivered", b.cfg.AckWait)
+}
