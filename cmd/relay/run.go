@@ -98,6 +98,8 @@ leases expire. A relay that lost a partition cannot mark its rows (fencing).
 Every event is published to <subject-prefix>.<topic> with the event id as
 JetStream's dedup id (Nats-Msg-Id) and its metadata in Pgrelay-* headers.`,
 		SilenceUsage: true,
+		// main prints the error once, prefixed with the command's name.
+		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&s.databaseURL, "database-url", cli.EnvString("DATABASE_URL", ""), "PostgreSQL URL of the database holding the outbox (env DATABASE_URL); required")
 
