@@ -128,7 +128,7 @@ the reason and acknowledged, never dropped.`,
 	f.StringVar(&s.durable, "durable", cli.EnvString("CONSUMER_DURABLE", "pgrelay-consumer"), "durable consumer name; instances sharing it share the work (CONSUMER_DURABLE)")
 	f.StringVar(&s.filterSubject, "filter-subject", cli.EnvString("CONSUMER_FILTER_SUBJECT", ""), "subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", 100), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
-	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", 500*time.Millisecond), "longest wait for a full batch (CONSUMER_MAX_WAIT)")
+	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", 500*time.Millisecond), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
 	f.DurationVar(&s.ackWait, "ack-wait", cli.EnvDuration("CONSUMER_ACK_WAIT", 30*time.Second), "JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
 	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", 1<<20), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", inbox.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")

@@ -40,9 +40,10 @@ type Config struct {
 	// BatchSize is how many messages one fetch asks for; each fetched batch is
 	// stored in one transaction. Default 100.
 	BatchSize int
-	// MaxWait is how long one fetch waits for BatchSize messages before
-	// storing what it has. It also bounds how long shutdown waits for the
-	// fetch in flight. Default 500ms.
+	// MaxWait is how long an idle fetch waits for a first message (a fetch
+	// takes what is available at once, up to BatchSize, without waiting for a
+	// full batch). It also bounds how long shutdown waits for the fetch in
+	// flight. Default 500ms.
 	MaxWait time.Duration
 	// AckWait is how long JetStream waits for an acknowledgement before it
 	// redelivers a message. Default 30s.

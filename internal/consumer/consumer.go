@@ -245,25 +245,43 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 	return cons, nil
 }
 
-// fetch pulls one batch, waiting at most MaxWait. The wait is the pull
-// request's own expiry on the server (FetchMaxWait), not a client deadline: a
-// client that gave up before the server would leave the messages delivered in
-// between unacknowledged until AckWait. A stop therefore waits for the fetch in
-// progress (at most MaxWait); messages received before an error are returned
-// with it.
+// fetch pulls one batch: whatever is available at once, up to BatchSize.
+// When nothing is, it waits up to MaxWait for the first message and then takes
+// whatever else is available, so a lone message is stored at once instead of
+// waiting for a full batch. The waits are pull-request expiries on the server
+// (FetchMaxWait), not client deadlines: a client that gave up before the server
+// would leave the messages delivered in between unacknowledged until AckWait.
+// A stop therefore waits for the fetch in progress (at most MaxWait); messages
+// received before an error are returned with it.
 func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.Msg, error) {
-	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.MaxWait))
+	msgs, err := c.pull(ctx, func() (jetstream.MessageBatch, error) { return cons.FetchNoWait(c.cfg.BatchSize) }, nil)
+	if err != nil || len(msgs) > 0 {
+		return msgs, err
+	}
+	msgs, err = c.pull(ctx, func() (jetstream.MessageBatch, error) {
+		return cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.MaxWait))
+	}, nil)
+	if err != nil || len(msgs) == 0 || c.cfg.BatchSize == 1 {
+		return msgs, err
+	}
+	return c.pull(ctx, func() (jetstream.MessageBatch, error) { return cons.FetchNoWait(c.cfg.BatchSize - 1) }, msgs)
+}
+
+// pull runs one fetch request and appends its messages to msgs. The end of a
+// request's wait, or an empty stream, is not an error.
+func (c *Consumer) pull(ctx context.Context, request func() (jetstream.MessageBatch, error), msgs []jetstream.Msg) ([]jetstream.Msg, error) {
+	batch, err := request()
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, nil
+			return msgs, nil
 		}
-		return nil, err
+		return msgs, err
 	}
-	var msgs []jetstream.Msg
+	n := len(msgs)
 	for m := range batch.Messages() {
 		msgs = append(msgs, m)
 	}
-	c.stats.fetched.Add(int64(len(msgs)))
+	c.stats.fetched.Add(int64(len(msgs) - n))
 	switch err := batch.Error(); {
 	case err == nil, ctx.Err() != nil,
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),

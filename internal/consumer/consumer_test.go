@@ -407,3 +407,19 @@ func TestShortFetchWaitStrandsNothing(t *testing.T) {
 	require.Eventually(t, b.settled(t, orders, total, 2*orders), 20*time.Second, 50*time.Millisecond,
 		"messages must not wait for AckWait (%s) to be redelivered", b.cfg.AckWait)
 }
+
+// TestLoneMessageIsNotHeldForABatch: with a long MaxWait and a batch far
+// larger than the traffic, a single message is stored as soon as it arrives,
+// not when the fetch's wait for a full batch runs out.
+func TestLoneMessageIsNotHeldForABatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.cfg.MaxWait = 6 * time.Second
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+
+	total := b.publishOrders(t, 1)
+	require.Eventually(t, b.settled(t, 1, total, 2), 3*time.Second, 20*time.Millisecond,
+		"a lone message must not wait for MaxWait (%s)", b.cfg.MaxWait)
+}
