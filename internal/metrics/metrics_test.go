@@ -82,7 +82,7 @@ func TestSeriesPresentFromStartUp(t *testing.T) {
 		"consumer_deferrals_total", "consumer_handler_duration_seconds_count",
 		"relay_published_total", "relay_publish_errors_total", "relay_publish_duplicates_total",
 		"relay_dead_total", "relay_fenced_total", "relay_lease_takeovers_total",
-		"relay_lease_acquired_total", "relay_lease_lost_total", "relay_outbox_lag_seconds_count",
+		"relay_lease_acquired_total", "relay_lease_lost_total", "relay_outbox_lag_seconds_count", "relay_publish_duration_seconds_count",
 		"inbox_pending_rows", "inbox_processing_rows", "inbox_dead_rows",
 		"inbox_oldest_claimable_age_seconds", "inbox_oldest_pending_age_seconds",
 		"inbox_dedup_table_rows",

@@ -19,6 +19,7 @@ type RelayObserver struct {
 	takeovers     prometheus.Counter
 	lost          prometheus.Counter
 	lag           prometheus.Histogram
+	publishTime   prometheus.Histogram
 }
 
 // NewRelayObserver registers the relay's metrics on reg and returns the
@@ -66,9 +67,14 @@ func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
 			Help:    "Time from an outbox row's commit to its broker acknowledgement (the oldest row of each published batch).",
 			Buckets: lagBuckets,
 		}),
+		publishTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "relay_publish_duration_seconds",
+			Help:    "Time to publish one batch to the broker, from the first send to the last acknowledgement or failure.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 	}
 	reg.MustRegister(o.published, o.duplicates, o.publishErrors, o.failedEvents, o.dead, o.fenced,
-		o.acquired, o.takeovers, o.lost, o.lag)
+		o.acquired, o.takeovers, o.lost, o.lag, o.publishTime)
 	return o
 }
 
@@ -79,6 +85,11 @@ func (o *RelayObserver) Published(_ int, n, duplicates int, lag time.Duration) {
 	if n > 0 {
 		o.lag.Observe(seconds(lag))
 	}
+}
+
+// PublishDuration observes how long a batch took to publish.
+func (o *RelayObserver) PublishDuration(_ int, _ int, d time.Duration) {
+	o.publishTime.Observe(seconds(d))
 }
 
 // PublishFailed counts a transient failure.

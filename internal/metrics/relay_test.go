@@ -66,6 +66,7 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 		return m["relay_published_total"] == 5 && m["outbox_pending_rows"] == 0
 	}, 20*time.Second, 20*time.Millisecond, "the relay never published the 5 rows")
 	require.GreaterOrEqual(t, m["relay_outbox_lag_seconds_count"], 1.0)
+	require.GreaterOrEqual(t, m["relay_publish_duration_seconds_count"], 1.0)
 	require.Positive(t, m["relay_lease_acquired_total"])
 	require.Zero(t, m["relay_publish_duplicates_total"])
 	require.Zero(t, m["relay_fenced_total"])

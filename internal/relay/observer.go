@@ -9,6 +9,9 @@ type Observer interface {
 	// published, duplicates of them reported as such by the broker, and the
 	// lag between the oldest one's commit and its publication.
 	Published(partition int, n, duplicates int, lag time.Duration)
+	// PublishDuration reports how long publishing a batch of n events took,
+	// from the first send to the last acknowledgement or failure.
+	PublishDuration(partition int, n int, d time.Duration)
 	// PublishFailed reports a transient failure that left n events pending.
 	PublishFailed(partition int, n int, err error)
 	// Dead reports n events rejected permanently and marked dead.
@@ -28,6 +31,9 @@ type NopObserver struct{}
 
 // Published implements Observer.
 func (NopObserver) Published(int, int, int, time.Duration) {}
+
+// PublishDuration implements Observer.
+func (NopObserver) PublishDuration(int, int, time.Duration) {}
 
 // PublishFailed implements Observer.
 func (NopObserver) PublishFailed(int, int, error) {}

@@ -467,9 +467,11 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		idx = append(idx, i)
 	}
 	if len(msgs) > 0 {
+		start := time.Now()
 		for j, res := range r.publish(msgs) {
 			results[idx[j]] = res
 		}
+		r.cfg.Observer.PublishDuration(int(w.partition), len(msgs), time.Since(start))
 	}
 	ids := make([]int64, len(rows))
 	for i, row := range rows {
