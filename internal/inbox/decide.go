@@ -3,6 +3,7 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -34,8 +35,15 @@ type policy struct {
 }
 
 // decide maps a handler error to the event's next state. attempts counts the
-// attempt that just failed; random returns a number in [0, 1).
+// attempt that just failed; random returns a number in [0, 1). The reason is
+// always storable as PostgreSQL text, whatever the handler's error says.
 func decide(p policy, err error, attempts, deferrals int, random func() float64) decision {
+	d := decideRaw(p, err, attempts, deferrals, random)
+	d.reason = storable(d.reason)
+	return d
+}
+
+func decideRaw(p policy, err error, attempts, deferrals int, random func() float64) decision {
 	var d *DeferError
 	switch {
 	case IsPermanent(err):
@@ -43,6 +51,10 @@ func decide(p policy, err error, attempts, deferrals int, random func() float64)
 	case errors.As(err, &d):
 		if d.WaitingFor == "" {
 			return decision{outcome: outcomeDead, reason: "permanent: Defer called with an empty dependency name"}
+		}
+		if storable(d.WaitingFor) != d.WaitingFor || len(d.WaitingFor) > maxDependencyLen {
+			return decision{outcome: outcomeDead, reason: fmt.Sprintf(
+				"permanent: Defer called with a dependency name that is not valid UTF-8 text of at most %d bytes without NUL", maxDependencyLen)}
 		}
 		if deferrals >= p.maxDeferrals {
 			return decision{outcome: outcomeDead, reason: fmt.Sprintf(
@@ -72,4 +84,21 @@ func backoff(attempt int, minD, maxD time.Duration, random func() float64) time.
 		return minD
 	}
 	return minD + time.Duration(random()*float64(ceiling-minD))
+}
+
+// maxReasonLen bounds a recorded failure reason, in bytes.
+const maxReasonLen = 4096
+
+// maxDependencyLen bounds a Defer dependency name, in bytes.
+const maxDependencyLen = 1024
+
+// storable returns reason as PostgreSQL can store it in a text column: valid
+// UTF-8, NUL bytes spelled out, at most maxReasonLen bytes. Without it an error
+// that quotes hostile input would make recording the failure itself fail.
+func storable(reason string) string {
+	reason = strings.ReplaceAll(strings.ToValidUTF8(reason, "\uFFFD"), "\x00", `\0`)
+	if len(reason) > maxReasonLen {
+		reason = strings.ToValidUTF8(reason[:maxReasonLen], "") + "…"
+	}
+	return reason
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -57,6 +59,15 @@ func TestDecide(t *testing.T) {
 		reason: "deferrals exhausted: still waiting for order:1 after 3 deferrals"}, d)
 	d = decide(p, Defer(""), 1, 0, half)
 	require.Equal(t, outcomeDead, d.outcome)
+	d = decide(p, Defer("order:\x00"), 1, 0, half)
+	require.Equal(t, outcomeDead, d.outcome, "a dependency name PostgreSQL cannot store")
+
+	// Reasons quoting hostile input stay storable as PostgreSQL text.
+	d = decide(p, errors.New("bad \x00 byte \xff and "+strings.Repeat("x", 10000)), 1, 0, half)
+	require.True(t, utf8.ValidString(d.reason))
+	require.NotContains(t, d.reason, "\x00")
+	require.LessOrEqual(t, len(d.reason), maxReasonLen+len("…"))
+	require.True(t, strings.HasPrefix(d.reason, "bad \\0 byte \uFFFD and xxx"), d.reason)
 	require.Nil(t, Permanent(nil))
 }
 

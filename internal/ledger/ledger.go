@@ -92,6 +92,9 @@ func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 	}
 }
 
+// maxTextField bounds the example's identifier and currency fields.
+const maxTextField = 255
+
 // decode unmarshals a JSON object into v, requiring the named fields to be
 // present and non-null, and string fields to be non-empty.
 func decode(payload []byte, v any, required ...string) error {
@@ -108,6 +111,18 @@ func decode(payload []byte, v any, required ...string) error {
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("missing or empty field(s): %s", strings.Join(missing, ", "))
+	}
+	for _, f := range required {
+		var s string
+		if json.Unmarshal(fields[f], &s) != nil {
+			continue // not a string: the typed decode below reports it
+		}
+		switch {
+		case len(s) > maxTextField:
+			return fmt.Errorf("field %s: longer than %d bytes", f, maxTextField)
+		case strings.ContainsRune(s, 0):
+			return fmt.Errorf("field %s: contains a NUL character, which PostgreSQL text cannot store", f)
+		}
 	}
 	if err := json.Unmarshal(payload, v); err != nil {
 		var te *json.UnmarshalTypeError

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -166,6 +167,8 @@ func TestMalformedEventsAreDead(t *testing.T) {
 		"type":     {raw("type", ledger.EventOrderPaid, `{"order_id":"o1","amount_cents":"12","currency":"EUR"}`), "permanent: OrderPaid payload: field amount_cents: want int64, got JSON string"},
 		"negative": {raw("negative", ledger.EventOrderCreated, `{"order_id":"o1","customer_id":"c","amount_cents":-5,"currency":"EUR"}`), "permanent: OrderCreated payload: amount_cents is negative (-5)"},
 		"unknown":  {raw("unknown", "OrderShipped", `{}`), `permanent: unknown event type "OrderShipped"`},
+		"nul":      {raw("nul", ledger.EventOrderPaid, `{"order_id":"o\u00001","amount_cents":1,"currency":"EUR"}`), "permanent: OrderPaid payload: field order_id: contains a NUL character, which PostgreSQL text cannot store"},
+		"long":     {raw("long", ledger.EventOrderCreated, `{"order_id":"`+strings.Repeat("x", 300)+`","customer_id":"c","amount_cents":1,"currency":"EUR"}`), "permanent: OrderCreated payload: field order_id: longer than 255 bytes"},
 	}
 	for _, c := range cases {
 		receive(t, pool, c.msg)
