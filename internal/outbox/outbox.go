@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -152,12 +153,14 @@ func (o *Outbox) validate(m event.Message) error {
 		}
 	}
 	// The key and the event type travel as broker headers, which cannot
-	// carry a line break: refuse it rather than see it rewritten.
-	if strings.ContainsAny(m.Key, "\r\n") {
-		return fmt.Errorf("key %q contains a line break", m.Key)
+	// carry a line break: refuse it rather than see it rewritten. PostgreSQL
+	// text cannot hold NUL or invalid UTF-8: refuse them here, naming the
+	// field, rather than let the insert fail.
+	if err := textField("key", m.Key); err != nil {
+		return err
 	}
-	if strings.ContainsAny(m.EventType, "\r\n") {
-		return fmt.Errorf("event type %q contains a line break", m.EventType)
+	if err := textField("event type", m.EventType); err != nil {
+		return err
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
@@ -166,11 +169,23 @@ func (o *Outbox) validate(m event.Message) error {
 		if !validToken(k, false) {
 			return fmt.Errorf("%w: name %q: use letters, digits, '-' and '_'", ErrInvalidHeader, k)
 		}
-		for _, r := range v {
-			if r == '\r' || r == '\n' {
-				return fmt.Errorf("%w: value of %q contains a line break", ErrInvalidHeader, k)
-			}
+		if err := textField(fmt.Sprintf("value of %q", k), v); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidHeader, err)
 		}
+	}
+	return nil
+}
+
+// textField checks that a value carried as a broker header and stored as
+// PostgreSQL text is valid UTF-8 without NUL or line breaks.
+func textField(name, v string) error {
+	switch {
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%s is not valid UTF-8", name)
+	case strings.ContainsRune(v, 0):
+		return fmt.Errorf("%s contains a NUL character", name)
+	case strings.ContainsAny(v, "\r\n"):
+		return fmt.Errorf("%s %q contains a line break", name, v)
 	}
 	return nil
 }

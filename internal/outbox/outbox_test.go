@@ -109,6 +109,10 @@ func TestEnqueueValidation(t *testing.T) {
 		{"payload over limit", event.Message{Topic: "t", Payload: make([]byte, 11)}, "payload too large: 11 bytes, the limit is 10"},
 		{"header name", event.Message{Topic: "t", Headers: map[string]string{"a b": "x"}}, "header is invalid"},
 		{"header value", event.Message{Topic: "t", Headers: map[string]string{"a": "x\r\ny"}}, "line break"},
+		{"NUL in the key", event.Message{Topic: "t", Key: "k\x00y"}, "key contains a NUL character"},
+		{"invalid UTF-8 key", event.Message{Topic: "t", Key: "k\xffy"}, "key is not valid UTF-8"},
+		{"NUL in the event type", event.Message{Topic: "t", EventType: "Order\x00Paid"}, "event type contains a NUL character"},
+		{"NUL in a header value", event.Message{Topic: "t", Headers: map[string]string{"a": "x\x00y"}}, `header is invalid: value of "a" contains a NUL character`},
 	}
 	for _, c := range cases {
 		err := enqueue(t, pool, o, ok, c.msg)
