@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -81,11 +81,11 @@ func (d *databases) fresh(ctx context.Context, maxConns int) (*pgxpool.Pool, str
 	if err != nil {
 		return nil, "", err
 	}
-	return pool, withDatabase(d.adminURL, name), nil
+	return pool, pgurl.WithDatabase(d.adminURL, name), nil
 }
 
 func (d *databases) open(ctx context.Context, name string, maxConns int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(withDatabase(d.adminURL, name))
+	cfg, err := pgxpool.ParseConfig(pgurl.WithDatabase(d.adminURL, name))
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
@@ -120,7 +120,7 @@ func (d *databases) dropAll() {
 func (d *databases) exec(ctx context.Context, sql string) error {
 	conn, err := pgx.Connect(ctx, d.adminURL)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(d.adminURL), err)
+		return fmt.Errorf("connect to %s: %w", pgurl.Redact(d.adminURL), err)
 	}
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, sql)
@@ -128,24 +128,6 @@ func (d *databases) exec(ctx context.Context, sql string) error {
 }
 
 func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
-
-func withDatabase(base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme == "" {
-		// A keyword/value connection string.
-		return base + " dbname=" + name
-	}
-	u.Path = "/" + name
-	return u.String()
-}
-
-func redact(u string) string {
-	if p, err := url.Parse(u); err == nil && p.User != nil {
-		p.User = url.User(p.User.Username())
-		return p.String()
-	}
-	return u
-}
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 )
 
 func main() {
@@ -154,7 +155,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	defer cancel()
 	version, settings, err := postgresSettings(setupCtx, cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("PostgreSQL at %s (-database-url): %w", redact(cfg.DatabaseURL), err)
+		return nil, fmt.Errorf("PostgreSQL at %s (-database-url): %w", pgurl.Redact(cfg.DatabaseURL), err)
 	}
 	b.res.Machine.Postgres, b.res.Postgres = version, settings
 	b.dbs, err = newDatabases(setupCtx, cfg.DatabaseURL, b.log)

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +30,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 )
 
 // Config configures a demo run. Zero fields take the documented defaults.
@@ -322,10 +322,7 @@ func (r *run) freshDatabase(ctx context.Context) (string, func(), error) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return "", nil, fmt.Errorf("demo: create database %s: %w", name, err)
 	}
-	u, err := withDatabase(r.cfg.DatabaseURL, r.cfg.Database)
-	if err != nil {
-		return "", nil, err
-	}
+	u := pgurl.WithDatabase(r.cfg.DatabaseURL, r.cfg.Database)
 	cleanup := func() {
 		if !r.cfg.DropDatabase {
 			return
@@ -757,13 +754,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func withDatabase(base, name string) (string, error) {
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme == "" {
-		return "", fmt.Errorf("demo: --database-url must be a postgres:// URL, got %q", base)
-	}
-	u.Path = "/" + name
-	return u.String(), nil
 }

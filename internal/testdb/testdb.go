@@ -22,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -36,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -76,7 +76,7 @@ func NewURL(tb testing.TB) string {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, base)
 	if err != nil {
-		tb.Fatalf("testdb: connect to %s: %v", redact(base), err)
+		tb.Fatalf("testdb: connect to %s: %v", pgurl.Redact(base), err)
 	}
 	defer admin.Close(context.Background())
 
@@ -106,7 +106,7 @@ func NewURL(tb testing.TB) string {
 			tb.Logf("testdb: drop %s: %v", name, err)
 		}
 	})
-	return withDatabase(base, name)
+	return pgurl.WithDatabase(base, name)
 }
 
 // ServerURL returns the URL of the server the tests use (its maintenance
@@ -173,7 +173,7 @@ func ensureTemplate(base string) (string, error) {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, base)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s: %w", redact(base), err)
+		return "", fmt.Errorf("connect to %s: %w", pgurl.Redact(base), err)
 	}
 	defer admin.Close(context.Background())
 	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(727274)"); err != nil {
@@ -195,7 +195,7 @@ func ensureTemplate(base string) (string, error) {
 	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s", pgx.Identifier{building}.Sanitize())); err != nil {
 		return "", fmt.Errorf("create template: %w", err)
 	}
-	if err := migrate(ctx, withDatabase(base, building)); err != nil {
+	if err := migrate(ctx, pgurl.WithDatabase(base, building)); err != nil {
 		return "", err
 	}
 	if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", pgx.Identifier{building}.Sanitize(), pgx.Identifier{name}.Sanitize())); err != nil {
@@ -234,24 +234,6 @@ func migrationsHash() (string, error) {
 		h.Write(b)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-func withDatabase(base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme == "" {
-		// A keyword/value connection string.
-		return base + " dbname=" + name
-	}
-	u.Path = "/" + name
-	return u.String()
-}
-
-func redact(u string) string {
-	if p, err := url.Parse(u); err == nil && p.User != nil {
-		p.User = url.User(p.User.Username())
-		return p.String()
-	}
-	return u
 }
 
 func randomSuffix() string {
