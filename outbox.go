@@ -15,6 +15,16 @@ var (
 	ErrInvalidHeader   = outbox.ErrInvalidHeader
 )
 
+// Errors returned by Enqueue for an event id already in the outbox. Neither
+// aborts the caller's transaction. ErrDuplicateEvent means the stored event is
+// identical (topic, key, event type, payload, headers): a retrying producer
+// may treat it as success. ErrEventIDConflict means it differs: the stored
+// event stands and the message was not written.
+var (
+	ErrDuplicateEvent  = outbox.ErrDuplicateEvent
+	ErrEventIDConflict = outbox.ErrEventIDConflict
+)
+
 // DefaultMaxPayloadBytes is the payload limit Enqueue applies: 1 MiB.
 const DefaultMaxPayloadBytes = outbox.DefaultMaxPayloadBytes
 

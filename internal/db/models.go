@@ -9,6 +9,27 @@ import (
 	"time"
 )
 
+type GuardKey struct {
+	Key       string
+	Token     string
+	State     string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+type HttpIdempotencyKey struct {
+	Scope       string
+	Key         string
+	Fingerprint []byte
+	Method      string
+	Path        string
+	Status      int32
+	Headers     json.RawMessage
+	Body        []byte
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+}
+
 type Inbox struct {
 	EventID       string
 	Topic         string

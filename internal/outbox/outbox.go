@@ -4,10 +4,12 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -28,6 +30,22 @@ var (
 	ErrMissingTopic    = errors.New("topic is required")
 	ErrPayloadTooLarge = errors.New("payload too large")
 	ErrInvalidHeader   = errors.New("header is invalid")
+)
+
+// Errors returned by Enqueue for an event id that is already in the outbox
+// (or repeated within one call). Neither aborts the caller's transaction: the
+// other messages of the call are written, and the caller decides whether to
+// commit.
+var (
+	// ErrDuplicateEvent: the stored event is identical to the message (same
+	// topic, effective key, event type, payload bytes and headers; OccurredAt
+	// is not compared). The message was not written again; a producer that
+	// retries may treat this as success.
+	ErrDuplicateEvent = errors.New("event already enqueued")
+	// ErrEventIDConflict: the stored event differs from the message in at
+	// least one of those fields. The message was not written; the stored
+	// event stands.
+	ErrEventIDConflict = errors.New("event id already used by a different event")
 )
 
 // Config configures an Outbox.
@@ -74,6 +92,15 @@ func New(cfg Config) (*Outbox, error) {
 // OccurredAt now. Messages sharing a Key are published in commit order, and in
 // slice order within one call. Enqueue validates every message before writing
 // any; a validation error names the message's index and the problem.
+//
+// An event id already in the outbox (or repeated within the call) does not
+// fail the insert, so tx stays usable: that message is skipped, the others
+// are written, and Enqueue returns ErrDuplicateEvent when every skipped
+// message is identical to the stored event, ErrEventIDConflict otherwise.
+// Identical means the same topic, effective key (an empty Key is the event
+// id), event type, payload bytes and headers (as a map); OccurredAt is not
+// compared. Deduplication holds while the stored row is kept: retention
+// deletes published rows, after which the id can be enqueued again.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -134,10 +161,77 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 			return fmt.Errorf("outbox: lock keys: %w", err)
 		}
 	}
-	if err := o.q.EnqueueOutbox(ctx, tx, p); err != nil {
+	inserted, err := o.q.EnqueueOutboxIdempotent(ctx, tx, db.EnqueueOutboxIdempotentParams(p))
+	if err != nil {
 		return fmt.Errorf("outbox: insert %d messages: %w", n, err)
 	}
-	return nil
+	if len(inserted) == n {
+		return nil
+	}
+	return o.duplicates(ctx, tx, p, inserted)
+}
+
+// duplicates compares the messages whose insert was skipped with the stored
+// events of the same id, and returns ErrDuplicateEvent or ErrEventIDConflict
+// for each, joined. When any is a conflict, only the conflicts are returned.
+func (o *Outbox) duplicates(ctx context.Context, tx pgx.Tx, p db.EnqueueOutboxParams, inserted []string) error {
+	left := make(map[string]int, len(inserted)) // inserted ids, counted: a repeated id is inserted once
+	for _, id := range inserted {
+		left[id]++
+	}
+	var skipped []int
+	for i, id := range p.EventIds {
+		if left[id] > 0 {
+			left[id]--
+			continue
+		}
+		skipped = append(skipped, i)
+	}
+	ids := make([]string, len(skipped))
+	for j, i := range skipped {
+		ids[j] = p.EventIds[i]
+	}
+	stored, err := o.q.OutboxEventsByID(ctx, tx, ids)
+	if err != nil {
+		return fmt.Errorf("outbox: read stored events of duplicate ids: %w", err)
+	}
+	byID := make(map[string]db.OutboxEventsByIDRow, len(stored))
+	for _, r := range stored {
+		byID[r.EventID] = r
+	}
+	var dups, conflicts []error
+	for _, i := range skipped {
+		id := p.EventIds[i]
+		r, ok := byID[id]
+		switch {
+		case !ok:
+			// Skipped by the insert, yet not visible: a concurrent
+			// transaction's row this snapshot cannot see.
+			conflicts = append(conflicts, fmt.Errorf("outbox: message %d: event id %q: %w (stored row not visible to this transaction)", i, id, ErrEventIDConflict))
+		case r.Topic == p.Topics[i] && r.Key == p.Keys[i] && r.EventType == p.EventTypes[i] &&
+			bytes.Equal(r.Payload, p.Payloads[i]) && sameHeaders(r.Headers, p.Headers[i]):
+			dups = append(dups, fmt.Errorf("outbox: message %d: event id %q: %w", i, id, ErrDuplicateEvent))
+		default:
+			conflicts = append(conflicts, fmt.Errorf("outbox: message %d: event id %q: %w (stored topic %q key %q type %q)",
+				i, id, ErrEventIDConflict, r.Topic, r.Key, r.EventType))
+		}
+	}
+	if len(conflicts) > 0 {
+		// Only the conflicts: a caller that treats ErrDuplicateEvent as
+		// success must not see it when a conflict happened too.
+		return errors.Join(conflicts...)
+	}
+	return errors.Join(dups...)
+}
+
+// sameHeaders compares two header objects as maps of strings, so that key
+// order and JSON spacing do not matter.
+func sameHeaders(a, b json.RawMessage) bool {
+	var x, y map[string]string
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return bytes.Equal(a, b)
+	}
+	return maps.Equal(x, y)
 }
 
 func (o *Outbox) validate(m event.Message) error {

@@ -131,7 +131,7 @@ func TestEnqueueDuplicateEventID(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, enqueue(t, pool, o, event.Message{EventID: "same", Topic: "t"}))
 	err = enqueue(t, pool, o, event.Message{EventID: "same", Topic: "t"})
-	require.ErrorContains(t, err, "outbox_event_id_key")
+	require.ErrorIs(t, err, outbox.ErrDuplicateEvent)
 	require.Len(t, rows(t, pool), 1)
 }
 
