@@ -79,7 +79,8 @@ chaos:
 FUZZTIME ?= 4s
 FUZZ_TARGETS := FuzzDecode:./internal/consumer FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
-	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox
+	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \
+	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} ($${t#*:}, $(FUZZTIME))"; \
