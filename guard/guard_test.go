@@ -23,7 +23,9 @@ import (
 
 // redisClient returns a client on REDIS_URL; without it the test fails under
 // CI and is skipped elsewhere.
-func redisClient(t *testing.T) *redis.Client {
+func redisClient(t *testing.T) *redis.Client { return redisClientTB(t) }
+
+func redisClientTB(t testing.TB) *redis.Client {
 	t.Helper()
 	u := os.Getenv("REDIS_URL")
 	if u == "" {
