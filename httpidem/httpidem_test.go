@@ -40,14 +40,33 @@ type bundle struct {
 // database time, so a response that ran twice could never be byte-identical.
 func setup(t *testing.T, cfg httpidem.Config) *bundle {
 	t.Helper()
-	b := &bundle{pool: testdb.New(t)}
+	pool := testdb.New(t)
+	createCharges(t, pool)
+	b := newBundle(t, pool, cfg)
+	b.srv = httptest.NewServer(b.mux())
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func createCharges(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := b.pool.Exec(ctx, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	_, err := pool.Exec(ctx, `CREATE TABLE charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
-	cfg.Pool = b.pool
+}
+
+func newBundle(t *testing.T, pool *pgxpool.Pool, cfg httpidem.Config) *bundle {
+	t.Helper()
+	b := &bundle{pool: pool}
+	cfg.Pool = pool
+	var err error
 	b.mw, err = httpidem.New(cfg)
 	require.NoError(t, err)
+	return b
+}
+
+func (b *bundle) mux() *http.ServeMux {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, ok := httpidem.Tx(r.Context())
 		if !ok {
@@ -85,9 +104,7 @@ func setup(t *testing.T, cfg httpidem.Config) *bundle {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/payments", b.mw.Handler(h))
-	b.srv = httptest.NewServer(mux)
-	t.Cleanup(b.srv.Close)
-	return b
+	return mux
 }
 
 func (b *bundle) setHook(f func(ctx context.Context, r *http.Request)) {
