@@ -269,7 +269,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "Retry later with the same key.")
 		return
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		// A no-op after Commit; otherwise undoes the handler's writes even
+		// when the client has gone.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 
 	locked, err := m.q.HTTPIdemTryLock(ctx, tx, db.HTTPIdemTryLockParams{Scope: scope, Key: key})
 	if err != nil {
