@@ -32,6 +32,8 @@ type bundle struct {
 	mw   *httpidem.Middleware
 	// hook, when set, runs inside the payment handler after its insert.
 	hook func(ctx context.Context, r *http.Request)
+	// fail makes the handler answer 502 after its insert.
+	fail bool
 	mu   sync.Mutex
 }
 
@@ -88,8 +90,12 @@ func (b *bundle) mux() *http.ServeMux {
 			return
 		}
 		b.mu.Lock()
-		hook := b.hook
+		hook, fail := b.hook, b.fail
 		b.mu.Unlock()
+		if fail {
+			http.Error(w, "payment provider unavailable", http.StatusBadGateway)
+			return
+		}
 		if hook != nil {
 			hook(r.Context(), r)
 			if _, err := tx.Exec(r.Context(), `UPDATE charges SET amount = amount WHERE id = $1`, id); err != nil {
@@ -270,15 +276,18 @@ func TestServerErrorNotStored(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.Status, "a 4xx from the handler is an outcome: stored")
 	require.True(t, b.post(t, "bad-1", `{"order_id":"","amount":1}`).Replayed)
 
-	b.setHook(func(ctx context.Context, r *http.Request) {
-		tx, _ := httpidem.Tx(ctx)
-		_, _ = tx.Exec(ctx, `SELECT 1/0`) // aborts the transaction: the handler answers 500
-	})
+	// The handler answers 502 after its insert, its transaction healthy
+	// (a provider call failed): nothing of it may commit.
+	b.mu.Lock()
+	b.fail = true
+	b.mu.Unlock()
 	r = b.post(t, "err-1", payment)
-	require.Equal(t, http.StatusInternalServerError, r.Status)
+	require.Equal(t, http.StatusBadGateway, r.Status)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM http_idempotency_keys WHERE key = 'err-1'`))
-	b.setHook(nil)
+	b.mu.Lock()
+	b.fail = false
+	b.mu.Unlock()
 	require.Equal(t, http.StatusCreated, b.post(t, "err-1", payment).Status, "the key is free again")
 }
 
