@@ -97,6 +97,7 @@ func TestServerKilledMidRequest(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`) == 0
 	}, 20*time.Second, 50*time.Millisecond)
+	b.waitNoAdvisoryLocks(t)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`), "the uncommitted charge rolled back")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM http_idempotency_keys`), "nothing half stored")
 

@@ -153,6 +153,16 @@ func (b *bundle) count(t *testing.T, q string) int {
 	return n
 }
 
+// waitNoAdvisoryLocks waits until no session holds an advisory lock in the
+// test's database (a terminated backend releases its locks as it exits).
+func (b *bundle) waitNoAdvisoryLocks(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE l.locktype = 'advisory' AND d.datname = current_database()`) == 0
+	}, 20*time.Second, 20*time.Millisecond)
+}
+
 const payment = `{"order_id":"order-42","amount":1999}`
 
 // TestDoubleClickedPayment: two requests with one Idempotency-Key make one
@@ -321,6 +331,9 @@ func TestCrashMidRequest(t *testing.T) {
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`), "the handler's write rolled back")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM http_idempotency_keys`), "nothing half stored")
 
+	// The killed backend answers its client before it releases its locks:
+	// until it has, a retry gets 409 (and Retry-After), as a client would.
+	b.waitNoAdvisoryLocks(t)
 	b.setHook(nil)
 	retry := b.post(t, "crash-1", payment)
 	require.Equal(t, http.StatusCreated, retry.Status, retry.Body)
