@@ -115,14 +115,17 @@ func TestLeaseExpiry(t *testing.T) {
 		require.ErrorIs(t, first.Confirm(c), guard.ErrLeaseLost)
 		require.NoError(t, second.Confirm(c))
 
-		long, err := g.Reserve(c, "report:long", 150*time.Millisecond)
+		// A long effect, three leases long; the lease is generous against a
+		// loaded machine's scheduling delays (renewed every third of it).
+		const lease = 900 * time.Millisecond
+		long, err := g.Reserve(c, "report:long", lease)
 		require.NoError(t, err)
-		stop := long.KeepAlive(c, 150*time.Millisecond)
-		deadline := time.Now().Add(600 * time.Millisecond)
-		for time.Now().Before(deadline) { // a long effect: four leases long
+		stop := long.KeepAlive(c, lease)
+		deadline := time.Now().Add(3 * lease)
+		for time.Now().Before(deadline) {
 			_, err := g.Reserve(c, "report:long", time.Minute)
 			require.ErrorIs(t, err, guard.ErrInProgress)
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 		}
 		require.NoError(t, stop())
 		require.NoError(t, long.Confirm(c))
