@@ -260,7 +260,8 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Col
 // bytes (PostgreSQL) and the two histograms are exported.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	s := guard.NewPostgresStore(testdb.New(t))
+	pool := testdb.New(t)
+	s := guard.NewPostgresStore(pool)
 	reg := prometheus.NewRegistry()
 	g, err := guard.New(guard.Config{Store: s, Registerer: reg})
 	require.NoError(t, err)
@@ -294,9 +295,15 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, 2.0, got["pgrelay_guard_check_duration_seconds"])
 	require.Equal(t, 2.0, got["pgrelay_guard_lease_ttl_seconds"])
 
+	_, err = pool.Exec(c, `INSERT INTO guard_keys (key, token, state, expires_at)
+		SELECT 'old-' || g, 't', 'confirmed', now() - interval '1 minute' FROM generate_series(1, 25) g`)
+	require.NoError(t, err)
 	n, err := s.Clean(c, 10, time.Second)
 	require.NoError(t, err)
-	require.Zero(t, n, "the confirmed key is kept")
+	require.EqualValues(t, 25, n, "three batches of at most 10")
+	var left int
+	require.NoError(t, pool.QueryRow(c, `SELECT count(*) FROM guard_keys`).Scan(&left))
+	require.Equal(t, 1, left, "the confirmed, unexpired key is kept")
 }
 
 func TestConfig(t *testing.T) {
