@@ -34,5 +34,18 @@ CREATE TABLE guard_keys (
 CREATE INDEX guard_keys_expires_idx ON guard_keys (expires_at);
 
 -- +goose Down
+-- Rolling back refuses while unexpired keys exist (dropping them would let
+-- retries repeat their effects): set pgrelay.force_down=on to drop them anyway.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
+       AND (EXISTS (SELECT 1 FROM http_idempotency_keys WHERE expires_at > now())
+            OR EXISTS (SELECT 1 FROM guard_keys WHERE expires_at > now())) THEN
+        RAISE EXCEPTION 'migrate down: 00050_idempotency would drop data: live idempotency keys would be forgotten and their retries run again; to drop them anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+            USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+END $$;
+-- +goose StatementEnd
 DROP TABLE guard_keys;
 DROP TABLE http_idempotency_keys;
