@@ -481,16 +481,22 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		h(w.partition, ids)
 	}
 
-	// Mark the prefix up to the first transient failure: published or dead.
-	// The rest stays pending and is retried, in order, after a backoff.
-	var markIDs []int64
+	// Mark every row with an outcome: published, or dead when rejected
+	// permanently. Rows that failed transiently stay pending and are retried
+	// after a backoff. They are always a suffix of their key's rows in the
+	// batch (the publisher sends nothing of a key after its transient
+	// failure), so per-key order holds while the other keys move on.
+	var markIDs, failedIDs []int64
 	var reasons []string
 	published, dead, dups := 0, 0, 0
 	var transient error
 	for i, res := range results {
 		if res.Err != nil && !broker.IsPermanent(res.Err) {
-			transient = res.Err
-			break
+			if transient == nil {
+				transient = res.Err
+			}
+			failedIDs = append(failedIDs, rows[i].ID)
+			continue
 		}
 		markIDs = append(markIDs, rows[i].ID)
 		if res.Err != nil {
@@ -527,7 +533,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		}
 	}
 	if transient != nil {
-		rest := ids[len(markIDs):]
+		rest := failedIDs
 		r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
 		retryAt := time.Now().Add(bo.next())
 		bo.advanced = true
