@@ -66,6 +66,7 @@ type Config struct {
 
 // hooks lets tests stop the relay at precise points.
 type hooks struct {
+	beforePublish   func(partition int32)
 	afterPublish    func(partition int32, ids []int64)
 	beforeHeartbeat func()
 }

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -37,6 +38,11 @@ type Relay struct {
 	mu      sync.Mutex
 	workers map[int32]*worker
 	wg      sync.WaitGroup
+
+	// clock is the origin of lease deadlines: they are kept as durations
+	// since it, on the process's monotonic clock, so a wall-clock step can
+	// neither extend nor shorten a lease.
+	clock time.Time
 }
 
 // New returns a Relay, or an error naming the invalid Config field.
@@ -50,6 +56,7 @@ func New(cfg Config) (*Relay, error) {
 		q:       db.New(),
 		log:     cfg.Logger.Named("relay").With(zap.String("node", cfg.NodeID)),
 		workers: map[int32]*worker{},
+		clock:   time.Now(),
 	}, nil
 }
 
@@ -97,6 +104,10 @@ func (r *Relay) tick(ctx context.Context) error {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	leaseSecs := r.cfg.LeaseDuration.Seconds()
+	// A lease renewed or taken by a statement sent now lasts at least until
+	// now + LeaseDuration on this process's clock: the database's lease_until
+	// is computed later, from the same duration.
+	deadline := r.leaseDeadline()
 	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
 	if err != nil {
 		return fmt.Errorf("renew leases: %w", err)
@@ -118,6 +129,7 @@ func (r *Relay) tick(ctx context.Context) error {
 			w.stop(false)
 			continue
 		}
+		w.leaseUntil.Store(int64(deadline))
 		owned = append(owned, p)
 	}
 	// A lease held with no worker (its release failed) is worked again
@@ -131,7 +143,7 @@ func (r *Relay) tick(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	for _, l := range orphans {
-		r.startWorker(ctx, l.Partition, l.Epoch)
+		r.startWorker(ctx, l.Partition, l.Epoch, deadline)
 	}
 
 	live, err := r.q.CountLiveNodes(qctx, pool, leaseSecs)
@@ -159,6 +171,7 @@ func (r *Relay) tick(ctx context.Context) error {
 		}
 		r.mu.Unlock()
 	case len(owned) < share:
+		deadline := r.leaseDeadline()
 		got, err := r.q.AcquirePartitions(qctx, pool, db.AcquirePartitionsParams{
 			Owner: r.cfg.NodeID, LeaseSeconds: leaseSecs, MaxCount: int32(share - len(owned)),
 		})
@@ -169,7 +182,7 @@ func (r *Relay) tick(ctx context.Context) error {
 			takenOver := a.PreviousOwner != nil
 			r.log.Info("partition acquired", zap.Int32("partition", a.Partition), zap.Int64("epoch", a.Epoch), zap.Bool("taken_over", takenOver))
 			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
-			r.startWorker(ctx, a.Partition, a.Epoch)
+			r.startWorker(ctx, a.Partition, a.Epoch, deadline)
 		}
 	}
 	if rand.IntN(20) == 0 {
@@ -316,11 +329,14 @@ func (r *Relay) retain(ctx context.Context) {
 type worker struct {
 	partition int32
 	epoch     int64
-	ctx       context.Context // cancelled to stop between batches
-	cancel    context.CancelFunc
-	release   bool // set before cancel: release the lease when done
-	wake      chan struct{}
-	done      chan struct{}
+	// leaseUntil is when the lease ends at the latest, as a duration since
+	// Relay.clock: a batch is published only before it.
+	leaseUntil atomic.Int64
+	ctx        context.Context // cancelled to stop between batches
+	cancel     context.CancelFunc
+	release    bool // set before cancel: release the lease when done
+	wake       chan struct{}
+	done       chan struct{}
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -343,9 +359,10 @@ func (w *worker) stop(release bool) {
 }
 
 // startWorker starts publishing partition p at epoch. Called without r.mu.
-func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
+func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w.leaseUntil.Store(int64(leaseUntil))
 	r.mu.Lock()
 	prev := r.workers[p]
 	r.workers[p] = w
@@ -384,6 +401,23 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
 
 // errFenced reports a mark refused because the partition has a new owner.
 var errFenced = errors.New("fenced: the partition was taken over")
+
+// errLeaseExpired reports a batch not published because the lease could have
+// expired (the relay was paused, or its heartbeats failed): another relay may
+// own the partition and have published the rows already.
+var errLeaseExpired = errors.New("lease expired before publishing: the batch was not published")
+
+// leaseDeadline is the end of a lease renewed or taken by a statement sent
+// now, on the monotonic clock.
+func (r *Relay) leaseDeadline() time.Duration {
+	return time.Since(r.clock) + r.cfg.LeaseDuration
+}
+
+// leaseEnd returns when w's lease ends at the latest, as a time carrying a
+// monotonic reading.
+func (r *Relay) leaseEnd(w *worker) time.Time {
+	return r.clock.Add(time.Duration(w.leaseUntil.Load()))
+}
 
 // workSafely runs the worker, turning a panic (in an Observer, say) into the
 // worker's end: the lease stays held, and the next heartbeat starts a new
@@ -466,9 +500,22 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		msgs = append(msgs, m)
 		idx = append(idx, i)
 	}
+	if h := r.cfg.hooks.beforePublish; h != nil {
+		h(w.partition)
+	}
+	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
+	// failed heartbeats) must not publish the batch it read before: another
+	// relay may have taken the partition and published these rows, and once
+	// the broker's duplicate window has passed they would be stored twice.
+	// Publishing stops at the lease's end, too.
+	leaseEnd := r.leaseEnd(w)
+	if !time.Now().Before(leaseEnd) {
+		log.Warn("lease may have expired; the batch read before is not published", zap.Int("rows", len(rows)))
+		return len(rows), errLeaseExpired
+	}
 	if len(msgs) > 0 {
 		start := time.Now()
-		for j, res := range r.publish(msgs) {
+		for j, res := range r.publish(msgs, leaseEnd) {
 			results[idx[j]] = res
 		}
 		r.cfg.Observer.PublishDuration(int(w.partition), len(msgs), time.Since(start))
@@ -552,9 +599,11 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 
 // publish calls the Publisher, turning a panic into a transient failure of
 // the whole batch.
-func (r *Relay) publish(msgs []broker.Message) (results []broker.Result) {
+func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []broker.Result) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
 	defer cancel()
+	ctx, cancelLease := context.WithDeadline(ctx, leaseEnd)
+	defer cancelLease()
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("publisher panicked", zap.Any("panic", p))
