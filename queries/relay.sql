@@ -84,6 +84,12 @@ FROM free
 WHERE p.partition = free.partition
 RETURNING p.partition, p.epoch, free.owner AS previous_owner;
 
+-- name: NotifyRelays :exec
+-- NotifyRelays tells the other relays (on commit) that partitions were
+-- released, so that they acquire them at once instead of at their next
+-- heartbeat.
+SELECT pg_notify('pgrelay_relays', @payload::text);
+
 -- name: ReleasePartitions :execrows
 UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'
 WHERE owner = @owner::text AND partition = ANY(@partitions::int[]);

@@ -107,8 +107,8 @@ JetStream's dedup id (Nats-Msg-Id) and its metadata in Pgrelay-* headers.`,
 		Use:   "run",
 		Short: "Relay outbox rows until SIGTERM or SIGINT",
 		Long: `Relay outbox rows until SIGTERM or SIGINT. On a signal the relay finishes the
-batches in flight, releases its partition leases so that other relays take
-over at once, and exits.
+batches in flight, releases its partition leases and notifies the other relays
+(channel pgrelay_relays), which take the partitions over at once, and exits.
 
 Without --nats-url an embedded NATS server with JetStream is started in this
 process (data in --embedded-nats-dir, listening on --embedded-nats-listen) and

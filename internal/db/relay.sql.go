@@ -184,6 +184,18 @@ func (q *Queries) MarkOutcomes(ctx context.Context, db DBTX, arg MarkOutcomesPar
 	return result.RowsAffected(), nil
 }
 
+const notifyRelays = `-- name: NotifyRelays :exec
+SELECT pg_notify('pgrelay_relays', $1::text)
+`
+
+// NotifyRelays tells the other relays (on commit) that partitions were
+// released, so that they acquire them at once instead of at their next
+// heartbeat.
+func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) error {
+	_, err := db.Exec(ctx, notifyRelays, payload)
+	return err
+}
+
 const pendingBatch = `-- name: PendingBatch :many
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
 FROM outbox

@@ -82,3 +82,37 @@ func TestRelayPausedPastLeaseNeverPublishes(t *testing.T) {
 	require.Equal(t, uint64(5), b.streamMsgs(t))
 	require.Zero(t, obsB.duplicates.Load())
 }
+
+// TestReleasedPartitionsTakenOverAtOnce: a relay that stops releases its
+// partitions and tells its peers, which take them at once, not at their
+// next heartbeat (here 10 s away).
+func TestReleasedPartitionsTakenOverAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pub := b.publisher(t)
+	ownedBy := func(node string) int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM relay_partitions WHERE owner = $1 AND lease_until > now()`, node).Scan(&n))
+		return n
+	}
+	// Both relays heartbeat only every 10 s.
+	cfg := func() Config {
+		c := b.testConfig(t, pub, &countingObserver{})
+		c.LeaseDuration, c.HeartbeatInterval = 30*time.Second, 10*time.Second
+		return c
+	}
+	a, stopA := start(t, cfg())
+	require.Eventually(t, func() bool { return ownedBy(a.NodeID()) == 16 }, 10*time.Second, 10*time.Millisecond)
+	c, _ := start(t, cfg())
+	// A gives up half at its next heartbeat, and C takes them.
+	began := time.Now()
+	require.Eventually(t, func() bool { return ownedBy(c.NodeID()) == 8 && ownedBy(a.NodeID()) == 8 }, 40*time.Second, 10*time.Millisecond)
+	t.Logf("rebalanced after %s", time.Since(began))
+
+	stopA()
+	began = time.Now()
+	require.Eventually(t, func() bool { return ownedBy(c.NodeID()) == 16 }, 3*time.Second, 5*time.Millisecond,
+		"the survivor must take the released partitions within 3 s, not at its next heartbeat (10 s)")
+	t.Logf("taken over %s after the stopped relay returned", time.Since(began))
+}

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
@@ -28,6 +29,11 @@ import (
 
 // NotifyChannel is the channel the outbox insert trigger notifies.
 const NotifyChannel = "pgrelay_outbox"
+
+// ControlChannel is the channel on which a relay tells the others that it
+// released partitions (queries/relay.sql, NotifyRelays), so that they take
+// them at once rather than at their next heartbeat.
+const ControlChannel = "pgrelay_relays"
 
 // Relay is the outbox relay service.
 type Relay struct {
@@ -43,6 +49,8 @@ type Relay struct {
 	// since it, on the process's monotonic clock, so a wall-clock step can
 	// neither extend nor shorten a lease.
 	clock time.Time
+	// kick asks Run for a heartbeat now (a peer released partitions).
+	kick chan struct{}
 }
 
 // New returns a Relay, or an error naming the invalid Config field.
@@ -57,6 +65,7 @@ func New(cfg Config) (*Relay, error) {
 		log:     cfg.Logger.Named("relay").With(zap.String("node", cfg.NodeID)),
 		workers: map[int32]*worker{},
 		clock:   time.Now(),
+		kick:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -83,6 +92,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Info("relay stopped")
 			return nil
 		case <-t.C:
+		case <-r.kick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("lease heartbeat failed", zap.Error(err))
@@ -208,13 +224,29 @@ func (r *Relay) shutdown() {
 	r.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
-	if len(parts) > 0 {
-		if _, err := r.q.ReleasePartitions(ctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
-			r.log.Warn("release leases", zap.Error(err))
+	// One transaction, so that a peer woken by the notification already
+	// counts one relay fewer when it computes its share.
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if len(parts) > 0 {
+			if _, err := r.q.ReleasePartitions(ctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
+				return fmt.Errorf("release leases: %w", err)
+			}
 		}
+		if err := r.q.DeleteNode(ctx, tx, r.cfg.NodeID); err != nil {
+			return fmt.Errorf("unregister: %w", err)
+		}
+		return r.q.NotifyRelays(ctx, tx, "left "+r.cfg.NodeID)
+	})
+	if err != nil {
+		r.log.Warn("release leases and unregister; other relays take the partitions over when the leases expire", zap.Error(err))
 	}
-	if err := r.q.DeleteNode(ctx, r.cfg.Pool, r.cfg.NodeID); err != nil {
-		r.log.Warn("unregister relay", zap.Error(err))
+}
+
+// kickHeartbeat asks Run for a heartbeat now; requests coalesce.
+func (r *Relay) kickHeartbeat() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -274,7 +306,11 @@ func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
 		_ = conn.Close(cctx)
 	}()
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	_, err = conn.Exec(lctx, "LISTEN "+NotifyChannel) // LISTEN takes no parameters; sqlc has nothing to generate.
+	// LISTEN takes no parameters; sqlc has nothing to generate.
+	_, err = conn.Exec(lctx, "LISTEN "+NotifyChannel)
+	if err == nil {
+		_, err = conn.Exec(lctx, "LISTEN "+ControlChannel)
+	}
 	cancel()
 	if err != nil {
 		return err
@@ -285,6 +321,10 @@ func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
+		}
+		if n.Channel == ControlChannel {
+			r.kickHeartbeat()
+			continue
 		}
 		r.wakePartitions(n.Payload)
 	}
@@ -385,7 +425,12 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseU
 		// lease still held with no worker.
 		if release {
 			qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-			_, err := r.q.ReleasePartitions(qctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}})
+			err := pgx.BeginFunc(qctx, r.cfg.Pool, func(tx pgx.Tx) error {
+				if _, err := r.q.ReleasePartitions(qctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}}); err != nil {
+					return err
+				}
+				return r.q.NotifyRelays(qctx, tx, "released "+strconv.Itoa(int(p)))
+			})
 			cancel()
 			if err != nil {
 				r.log.Warn("release lease", zap.Int32("partition", p), zap.Error(err))
