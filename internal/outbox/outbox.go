@@ -74,6 +74,15 @@ func New(cfg Config) (*Outbox, error) {
 // OccurredAt now. Messages sharing a Key are published in commit order, and in
 // slice order within one call. Enqueue validates every message before writing
 // any; a validation error names the message's index and the problem.
+//
+// Writers of one key are serialized: the transaction holds a lock per key
+// until it commits. Within one call the locks are taken in one fixed order
+// (whatever the order of msgs), so concurrent calls cannot deadlock. Across
+// calls in one transaction the earlier calls' locks are already held: a
+// transaction that enqueues several keys should do so in one call, or in
+// one consistent order (sorted keys) across calls. Otherwise two such
+// transactions can deadlock; PostgreSQL then aborts one of them (SQLSTATE
+// 40P01), which can be retried.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
 	if len(msgs) == 0 {
 		return nil
