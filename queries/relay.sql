@@ -106,3 +106,19 @@ WHERE id IN (
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: ArmWakeup :exec
+-- ArmWakeup asks the outbox insert trigger to notify the next insert into
+-- the partition (once: the trigger disarms it).
+UPDATE relay_wakeups SET armed = true WHERE partition = @partition AND NOT armed;
+
+-- name: InProgressXids :one
+-- InProgressXids lists the transactions running now (their rows could have
+-- missed an arming that just committed).
+SELECT coalesce(array_agg(x::text), '{}')::text[] AS xids
+FROM pg_snapshot_xip(pg_current_snapshot()) AS x;
+
+-- name: CountInProgress :one
+-- CountInProgress counts the given transactions still running.
+SELECT count(*)::int FROM unnest(@xids::text[]) AS x
+WHERE pg_xact_status(x::xid8) = 'in progress';

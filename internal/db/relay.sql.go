@@ -61,6 +61,30 @@ func (q *Queries) AcquirePartitions(ctx context.Context, db DBTX, arg AcquirePar
 	return items, nil
 }
 
+const armWakeup = `-- name: ArmWakeup :exec
+UPDATE relay_wakeups SET armed = true WHERE partition = $1 AND NOT armed
+`
+
+// ArmWakeup asks the outbox insert trigger to notify the next insert into
+// the partition (once: the trigger disarms it).
+func (q *Queries) ArmWakeup(ctx context.Context, db DBTX, partition int32) error {
+	_, err := db.Exec(ctx, armWakeup, partition)
+	return err
+}
+
+const countInProgress = `-- name: CountInProgress :one
+SELECT count(*)::int FROM unnest($1::text[]) AS x
+WHERE pg_xact_status(x::xid8) = 'in progress'
+`
+
+// CountInProgress counts the given transactions still running.
+func (q *Queries) CountInProgress(ctx context.Context, db DBTX, xids []string) (int32, error) {
+	row := db.QueryRow(ctx, countInProgress, xids)
+	var column_1 int32
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const countLiveNodes = `-- name: CountLiveNodes :one
 SELECT count(*)::int FROM relay_nodes
 WHERE last_seen > now() - make_interval(secs => $1::float8)
@@ -138,6 +162,20 @@ ON CONFLICT (node_id) DO UPDATE SET last_seen = now()
 func (q *Queries) HeartbeatNode(ctx context.Context, db DBTX, nodeID string) error {
 	_, err := db.Exec(ctx, heartbeatNode, nodeID)
 	return err
+}
+
+const inProgressXids = `-- name: InProgressXids :one
+SELECT coalesce(array_agg(x::text), '{}')::text[] AS xids
+FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+`
+
+// InProgressXids lists the transactions running now (their rows could have
+// missed an arming that just committed).
+func (q *Queries) InProgressXids(ctx context.Context, db DBTX) ([]string, error) {
+	row := db.QueryRow(ctx, inProgressXids)
+	var xids []string
+	err := row.Scan(&xids)
+	return xids, err
 }
 
 const markOutcomes = `-- name: MarkOutcomes :execrows

@@ -69,6 +69,9 @@ type hooks struct {
 	beforePublish   func(partition int32)
 	afterPublish    func(partition int32, ids []int64)
 	beforeHeartbeat func()
+	afterArm        func(partition int32)
+	armWait         func(partition int32)
+	afterRead       func(partition int32, rows int)
 }
 
 // WithDefaults returns the config with every zero field set to its default.

@@ -480,6 +480,10 @@ func (r *Relay) workSafely(w *worker) {
 func (r *Relay) work(w *worker) {
 	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
 	bo := r.newBackoff()
+	// armed is set once this worker armed the partition's wake-up and then
+	// found nothing: the next insert into the partition notifies it.
+	armed := false
+	var lastArmed time.Time
 	for w.ctx.Err() == nil {
 		n, err := r.runBatch(w, log, bo)
 		switch {
@@ -493,17 +497,98 @@ func (r *Relay) work(w *worker) {
 			continue
 		}
 		bo.reset()
+		if n > 0 {
+			armed = false // a notification may have been spent on these rows
+		}
 		if n == r.cfg.BatchSize {
 			continue
 		}
-		t := time.NewTimer(jitter(r.cfg.PollInterval))
-		select {
-		case <-w.ctx.Done():
-		case <-w.wake:
-		case <-t.C:
+		if !armed {
+			// Arm at most once per wakeInterval: under a steady trickle the
+			// worker polls at that pace instead, so producers notify at most
+			// once per partition per interval.
+			if wait := wakeInterval - time.Since(lastArmed); wait > 0 {
+				r.sleepOrWake(w, wait)
+				continue
+			}
+			lastArmed = time.Now()
+			nudged, err := r.arm(w)
+			switch {
+			case err != nil:
+				if w.ctx.Err() == nil {
+					log.Warn("arming the partition's wake-up failed; polling", zap.Error(err))
+				}
+			case nudged:
+				continue // the notification disarmed the partition
+			default:
+				armed = true
+				continue // look again: rows committed while arming
+			}
 		}
-		t.Stop()
+		if r.sleepOrWake(w, jitter(r.cfg.PollInterval)) {
+			armed = false // the notification disarmed the partition
+		}
 	}
+}
+
+// wakeInterval is the shortest time between two armings of a partition's
+// wake-up by its worker.
+const wakeInterval = 10 * time.Millisecond
+
+// sleepOrWake waits for d, a nudge or the worker's end. It reports whether a
+// nudge ended the wait.
+func (r *Relay) sleepOrWake(w *worker, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.ctx.Done():
+	case <-w.wake:
+		return true
+	case <-t.C:
+	}
+	return false
+}
+
+// arm asks the outbox insert trigger to notify the next insert into w's
+// partition, then waits until every transaction that was running when the
+// arming committed has ended, a notification arrives (nudged), or
+// PollInterval has passed. A transaction running then may have inserted into
+// the partition before it was armed (so it will not notify) and be committing
+// only now; once it has ended, the next read sees its rows. Later inserts see
+// the partition armed and notify.
+func (r *Relay) arm(w *worker) (nudged bool, err error) {
+	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	if err := r.q.ArmWakeup(qctx, r.cfg.Pool, w.partition); err != nil {
+		return false, fmt.Errorf("arm wake-up: %w", err)
+	}
+	xids, err := r.q.InProgressXids(qctx, r.cfg.Pool)
+	if err != nil {
+		return false, fmt.Errorf("list running transactions: %w", err)
+	}
+	if h := r.cfg.hooks.afterArm; h != nil {
+		h(w.partition)
+	}
+	deadline := time.Now().Add(r.cfg.PollInterval)
+	pause := 200 * time.Microsecond
+	for len(xids) > 0 {
+		n, err := r.q.CountInProgress(qctx, r.cfg.Pool, xids)
+		if err != nil {
+			return false, fmt.Errorf("check running transactions: %w", err)
+		}
+		left := time.Until(deadline)
+		if n == 0 || left <= 0 {
+			break
+		}
+		if h := r.cfg.hooks.armWait; h != nil {
+			h(w.partition)
+		}
+		if r.sleepOrWake(w, min(pause, left)) {
+			return true, nil
+		}
+		pause = min(pause*2, 20*time.Millisecond)
+	}
+	return false, w.ctx.Err()
 }
 
 // runBatch publishes the next batch of the partition and marks it. It returns
@@ -525,6 +610,9 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("read pending rows: %w", err)
+	}
+	if h := r.cfg.hooks.afterRead; h != nil {
+		h(w.partition, len(rows))
 	}
 	if len(rows) == 0 {
 		return 0, nil
