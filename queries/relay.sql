@@ -1,10 +1,15 @@
 -- name: PendingBatch :many
 -- PendingBatch reads the oldest pending rows of one partition, in id order.
--- It reads only the outbox_pending_idx partial index.
+-- It reads only the outbox_pending_idx partial index. The partition is
+-- compared as a range and sorted on, on purpose: with "partition = $1" the
+-- planner may walk the primary key in id order instead, filtering out every
+-- published row on the way, once statistics taken during a large backlog say
+-- most rows are pending (74 ms instead of 0.1 ms per read at half of a
+-- 400,000-row backlog). No other index provides (partition, id) order.
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
 FROM outbox
-WHERE partition = @partition AND status = 'pending'
-ORDER BY id
+WHERE partition >= @partition::int AND partition <= @partition::int AND status = 'pending'
+ORDER BY partition, id
 LIMIT @batch_size;
 
 -- name: MarkOutcomes :execrows
