@@ -81,7 +81,7 @@ func (b *bench) brokerFloor(ctx context.Context, n, window int) (time.Duration, 
 	d, err := timed(func() error {
 		futures := make([]jetstream.PubAckFuture, n)
 		for i, m := range msgs {
-			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(event.HeaderEventID)))
+			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(m.Header.Get(event.HeaderEventID)), jetstream.WithStallWait(30*time.Second))
 			if err != nil {
 				return fmt.Errorf("broker floor: publish: %w", err)
 			}
