@@ -6,9 +6,12 @@
 -- published row on the way, once statistics taken during a large backlog say
 -- most rows are pending (74 ms instead of 0.1 ms per read at half of a
 -- 400,000-row backlog). No other index provides (partition, id) order.
+-- exclude (never NULL; empty for none) skips the previous batch's rows while
+-- their mark is still in flight.
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
 FROM outbox
 WHERE partition >= @partition::int AND partition <= @partition::int AND status = 'pending'
+  AND id <> ALL(@exclude::bigint[])
 ORDER BY partition, id
 LIMIT @batch_size;
 
@@ -118,12 +121,14 @@ WHERE id IN (
 UPDATE relay_wakeups SET armed = true WHERE partition = @partition AND NOT armed;
 
 -- name: InProgressXids :one
--- InProgressXids lists the transactions running now (their rows could have
--- missed an arming that just committed).
-SELECT coalesce(array_agg(x::text), '{}')::text[] AS xids
-FROM pg_snapshot_xip(pg_current_snapshot()) AS x;
+-- InProgressXids lists the transactions of this database that have written
+-- something and are still running (their rows could have missed an arming
+-- that just committed). Transactions of other databases cannot insert here.
+SELECT coalesce(array_agg(backend_xid::text), '{}')::text[] AS xids
+FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid();
 
 -- name: CountInProgress :one
 -- CountInProgress counts the given transactions still running.
-SELECT count(*)::int FROM unnest(@xids::text[]) AS x
-WHERE pg_xact_status(x::xid8) = 'in progress';
+SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid::text = ANY(@xids::text[]);

@@ -73,8 +73,8 @@ func (q *Queries) ArmWakeup(ctx context.Context, db DBTX, partition int32) error
 }
 
 const countInProgress = `-- name: CountInProgress :one
-SELECT count(*)::int FROM unnest($1::text[]) AS x
-WHERE pg_xact_status(x::xid8) = 'in progress'
+SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid::text = ANY($1::text[])
 `
 
 // CountInProgress counts the given transactions still running.
@@ -165,12 +165,14 @@ func (q *Queries) HeartbeatNode(ctx context.Context, db DBTX, nodeID string) err
 }
 
 const inProgressXids = `-- name: InProgressXids :one
-SELECT coalesce(array_agg(x::text), '{}')::text[] AS xids
-FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+SELECT coalesce(array_agg(backend_xid::text), '{}')::text[] AS xids
+FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
 `
 
-// InProgressXids lists the transactions running now (their rows could have
-// missed an arming that just committed).
+// InProgressXids lists the transactions of this database that have written
+// something and are still running (their rows could have missed an arming
+// that just committed). Transactions of other databases cannot insert here.
 func (q *Queries) InProgressXids(ctx context.Context, db DBTX) ([]string, error) {
 	row := db.QueryRow(ctx, inProgressXids)
 	var xids []string
@@ -238,12 +240,14 @@ const pendingBatch = `-- name: PendingBatch :many
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
 FROM outbox
 WHERE partition >= $1::int AND partition <= $1::int AND status = 'pending'
+  AND id <> ALL($2::bigint[])
 ORDER BY partition, id
-LIMIT $2
+LIMIT $3
 `
 
 type PendingBatchParams struct {
 	Partition int32
+	Exclude   []int64
 	BatchSize int32
 }
 
@@ -266,8 +270,10 @@ type PendingBatchRow struct {
 // published row on the way, once statistics taken during a large backlog say
 // most rows are pending (74 ms instead of 0.1 ms per read at half of a
 // 400,000-row backlog). No other index provides (partition, id) order.
+// exclude (never NULL; empty for none) skips the previous batch's rows while
+// their mark is still in flight.
 func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchParams) ([]PendingBatchRow, error) {
-	rows, err := db.Query(ctx, pendingBatch, arg.Partition, arg.BatchSize)
+	rows, err := db.Query(ctx, pendingBatch, arg.Partition, arg.Exclude, arg.BatchSize)
 	if err != nil {
 		return nil, err
 	}

@@ -130,7 +130,7 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 	var part int32
 	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('key-1')`).Scan(&part))
 	ex := &explainDBTX{DBTX: pool}
-	_, err = db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500})
+	_, err = db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500, Exclude: []int64{}})
 	require.ErrorIs(t, err, errExplained)
 
 	var plans []struct {
@@ -236,7 +236,7 @@ func TestClaimStaysOnPendingIndexWhileDraining(t *testing.T) {
 	var root planNode
 	for range 2 { // the first read also marks the published rows' index entries dead
 		ex := &explainDBTX{DBTX: pool}
-		_, err := db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500})
+		_, err := db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500, Exclude: []int64{}})
 		require.ErrorIs(t, err, errExplained)
 		var plans []struct {
 			Plan planNode `json:"Plan"`

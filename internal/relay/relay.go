@@ -484,13 +484,22 @@ func (r *Relay) work(w *worker) {
 	// found nothing: the next insert into the partition notifies it.
 	armed := false
 	var lastArmed time.Time
+	// inflight is the mark of the last full batch, running while the next
+	// batch is read and published; it is always awaited before the worker
+	// idles, backs off or ends.
+	inflight := &pendingMark{}
+	defer func() { _ = r.awaitMark(w, log, inflight) }()
 	for w.ctx.Err() == nil {
-		n, err := r.runBatch(w, log, bo)
+		n, err := r.runBatch(w, log, bo, inflight)
+		if err == nil && n < r.cfg.BatchSize {
+			err = r.awaitMark(w, log, inflight)
+		}
 		switch {
 		case errors.Is(err, errFenced):
 			w.cancel()
 			return
 		case err != nil:
+			_ = r.awaitMark(w, log, inflight)
 			d := bo.current()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
 			sleepCtx(w.ctx, d)
@@ -595,8 +604,8 @@ func (r *Relay) arm(w *worker) (nudged bool, err error) {
 // the number of rows read.
 // A failure advances bo, so that the retry time recorded on the rows is the
 // one the worker waits for.
-func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff) (int, error) {
-	n, err := r.runBatchOnce(w, log, bo)
+func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff, inflight *pendingMark) (int, error) {
+	n, err := r.runBatchOnce(w, log, bo, inflight)
 	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
 		bo.next()
 	}
@@ -604,9 +613,41 @@ func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff) (int, error) {
 	return n, err
 }
 
-func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, error) {
+// pendingMark is a batch's mark running in the background.
+type pendingMark struct {
+	ids  []int64    // the batch's rows, excluded from the next read
+	done chan error // receives the mark's outcome; nil when none runs
+	rows int        // the batch's size
+}
+
+// awaitMark waits for the mark in flight, if any, and returns its error
+// (errFenced when the partition was taken over).
+func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
+	if m.done == nil {
+		return nil
+	}
+	err := <-m.done
+	m.done, m.ids = nil, nil
+	if err != nil && !errors.Is(err, errFenced) {
+		log.Warn("marking a published batch failed; it is published again (JetStream drops the duplicates)", zap.Int("rows", m.rows), zap.Error(err))
+	}
+	return err
+}
+
+// runBatchOnce reads the next batch (past the batch whose mark is in
+// flight), publishes it, and marks it. A full batch published without a
+// transient failure is marked in the background while the worker reads and
+// publishes the next one: the next batch holds only rows after it (each
+// key's earlier rows are acknowledged), and its own mark waits for this one,
+// so a fenced or failed mark stops the partition before anything later is
+// marked.
+func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *pendingMark) (int, error) {
+	exclude := inflight.ids
+	if exclude == nil {
+		exclude = []int64{}
+	}
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize)})
+	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("read pending rows: %w", err)
@@ -691,19 +732,26 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 			dups++
 		}
 	}
-	if len(markIDs) > 0 {
+	// The previous batch's mark first: this batch is marked only after it.
+	if err := r.awaitMark(w, log, inflight); err != nil {
+		return len(rows), err
+	}
+	mark := func() error {
+		if len(markIDs) == 0 {
+			return nil
+		}
 		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 		n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
 			Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: markIDs, Reasons: reasons,
 		})
 		cancel()
 		if err != nil {
-			return len(rows), fmt.Errorf("mark %d rows: %w", len(markIDs), err)
+			return fmt.Errorf("mark %d rows: %w", len(markIDs), err)
 		}
 		if n == 0 {
 			log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(markIDs)))
 			r.cfg.Observer.Fenced(int(w.partition))
-			return len(rows), errFenced
+			return errFenced
 		}
 		if published > 0 {
 			r.cfg.Observer.Published(int(w.partition), published, dups, time.Since(rows[0].CreatedAt))
@@ -711,6 +759,25 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		if dead > 0 {
 			r.cfg.Observer.Dead(int(w.partition), dead)
 		}
+		return nil
+	}
+	if transient == nil && len(rows) == r.cfg.BatchSize && w.ctx.Err() == nil {
+		done := make(chan error, 1)
+		inflight.done, inflight.ids, inflight.rows = done, ids, len(rows)
+		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					// An Observer's panic, after the mark committed.
+					log.Error("panic while marking a batch", zap.Any("panic", p))
+					done <- fmt.Errorf("panic while marking: %v", p)
+				}
+			}()
+			done <- mark()
+		}()
+		return len(rows), nil
+	}
+	if err := mark(); err != nil {
+		return len(rows), err
 	}
 	if transient != nil {
 		rest := failedIDs
