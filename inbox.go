@@ -68,8 +68,10 @@ func Permanent(err error) error { return inbox.Permanent(err) }
 // same key, without using up an attempt.
 func Defer(waitingFor string) error { return inbox.Defer(waitingFor) }
 
-// Release makes the events deferred on waitingFor due at once; call it from a
-// handler, with its transaction, when it creates what they wait for.
-func Release(ctx context.Context, q DBTX, waitingFor string) error {
-	return inbox.Release(ctx, q, waitingFor)
+// Release makes the events deferred on each of waitingFor due at once, in one
+// statement; call it from a handler, with its transaction, when it creates what
+// they wait for. It takes no lock beyond the rows it writes, so it never waits
+// for another batch's deferral.
+func Release(ctx context.Context, q DBTX, waitingFor ...string) error {
+	return inbox.Release(ctx, q, waitingFor...)
 }

@@ -230,8 +230,8 @@ type DeferInboxParams struct {
 
 // DeferInbox puts an event back to pending until @waiting_for is released,
 // refunding its attempt. It is due after @fallback at the latest, or at once
-// when the dependency was already released (by a transaction that committed
-// while the handler ran). The caller holds the dependency's advisory lock.
+// when the dependency's release is already visible. A release committing while
+// this transaction is open is caught after the commit (WakeReleasedInbox).
 func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams) (int64, error) {
 	result, err := db.Exec(ctx, deferInbox,
 		arg.WaitingFor,
@@ -363,17 +363,6 @@ func (q *Queries) KillInbox(ctx context.Context, db DBTX, arg KillInboxParams) (
 	return result.RowsAffected(), nil
 }
 
-const lockInboxDependency = `-- name: LockInboxDependency :exec
-SELECT pg_advisory_xact_lock(hashtextextended('pgrelay_inbox:' || $1::text, 0))
-`
-
-// LockInboxDependency serializes Release and Defer of one dependency until the
-// end of the transaction, so that a deferral never misses a release.
-func (q *Queries) LockInboxDependency(ctx context.Context, db DBTX, waitingFor string) error {
-	_, err := db.Exec(ctx, lockInboxDependency, waitingFor)
-	return err
-}
-
 const markInboxProcessed = `-- name: MarkInboxProcessed :execrows
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL
@@ -433,29 +422,29 @@ func (q *Queries) PruneInboxReleases(ctx context.Context, db DBTX, arg PruneInbo
 	return result.RowsAffected(), nil
 }
 
-const recordInboxRelease = `-- name: RecordInboxRelease :exec
-INSERT INTO inbox_releases (waiting_for) VALUES ($1::text)
-ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
+const releaseInbox = `-- name: ReleaseInbox :one
+WITH recorded AS (
+    INSERT INTO inbox_releases (waiting_for)
+    SELECT unnest($1::text[])
+    ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
+), woken AS (
+    UPDATE inbox
+    SET next_attempt_at = now(), waiting_for = NULL
+    WHERE status = 'pending' AND waiting_for = ANY($1::text[])
+    RETURNING 1
+)
+SELECT count(*)::bigint FROM woken
 `
 
-func (q *Queries) RecordInboxRelease(ctx context.Context, db DBTX, waitingFor string) error {
-	_, err := db.Exec(ctx, recordInboxRelease, waitingFor)
-	return err
-}
-
-const releaseInbox = `-- name: ReleaseInbox :execrows
-UPDATE inbox
-SET next_attempt_at = now(), waiting_for = NULL
-WHERE status = 'pending' AND waiting_for = $1::text
-`
-
-// ReleaseInbox makes the events waiting for @waiting_for due at once.
-func (q *Queries) ReleaseInbox(ctx context.Context, db DBTX, waitingFor string) (int64, error) {
-	result, err := db.Exec(ctx, releaseInbox, waitingFor)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// ReleaseInbox records the release of every dependency in @keys (sorted and
+// distinct, so that concurrent releases take their row locks in one order) and
+// makes the events already deferred on them due at once. It returns how many
+// events it made due.
+func (q *Queries) ReleaseInbox(ctx context.Context, db DBTX, keys []string) (int64, error) {
+	row := db.QueryRow(ctx, releaseInbox, keys)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const retryInbox = `-- name: RetryInbox :execrows
@@ -486,6 +475,33 @@ func (q *Queries) RetryInbox(ctx context.Context, db DBTX, arg RetryInboxParams)
 	return result.RowsAffected(), nil
 }
 
+const sweepReleasedInbox = `-- name: SweepReleasedInbox :execrows
+WITH due AS (
+    SELECT i.event_id
+    FROM inbox i
+    WHERE i.status = 'pending' AND i.waiting_for IS NOT NULL
+      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE inbox
+SET next_attempt_at = now(), waiting_for = NULL
+FROM due
+WHERE inbox.event_id = due.event_id
+`
+
+// SweepReleasedInbox makes due every deferred event whose dependency has a
+// committed release: the periodic safety net behind WakeReleasedInbox, for a
+// process that died between a commit and its check, and for Release called
+// outside a worker's handler.
+func (q *Queries) SweepReleasedInbox(ctx context.Context, db DBTX, batchSize int32) (int64, error) {
+	result, err := db.Exec(ctx, sweepReleasedInbox, batchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const unclaimInbox = `-- name: UnclaimInbox :execrows
 UPDATE inbox
 SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
@@ -505,6 +521,35 @@ type UnclaimInboxParams struct {
 // could not run): pending, due at once, the attempt refunded.
 func (q *Queries) UnclaimInbox(ctx context.Context, db DBTX, arg UnclaimInboxParams) (int64, error) {
 	result, err := db.Exec(ctx, unclaimInbox, arg.EventIds, arg.LockVersions)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const wakeReleasedInbox = `-- name: WakeReleasedInbox :execrows
+WITH due AS (
+    SELECT i.event_id
+    FROM inbox i
+    WHERE i.status = 'pending' AND i.waiting_for = ANY($1::text[])
+      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE inbox
+SET next_attempt_at = now(), waiting_for = NULL
+FROM due
+WHERE inbox.event_id = due.event_id
+`
+
+// WakeReleasedInbox runs after a batch committed: it makes due at once the
+// deferred events waiting for one of @keys whose release is committed. Run
+// for the keys the batch deferred on and the keys it released, it closes the
+// race between a deferral and a release that commit concurrently: whichever
+// commits second, its check sees the other's committed record. Rows another
+// transaction holds are skipped: only a release (which makes them due itself)
+// or a claim of a due row locks a deferred row.
+func (q *Queries) WakeReleasedInbox(ctx context.Context, db DBTX, keys []string) (int64, error) {
+	result, err := db.Exec(ctx, wakeReleasedInbox, keys)
 	if err != nil {
 		return 0, err
 	}

@@ -60,6 +60,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.listen(ctx) })
 	wg.Go(func() { w.pruneReleases(ctx) })
+	wg.Go(func() { w.sweepReleased(ctx) })
 	for range w.cfg.Workers {
 		wg.Go(func() { w.loop(ctx) })
 	}
@@ -241,16 +242,23 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	})
 	defer stop()
 
-	results, rest, err := w.runBatch(pctx, evs, stopEarly)
+	released := &releaseSet{}
+	results, rest, err := w.runBatch(withReleaseSet(pctx, released), evs, stopEarly)
 	if err != nil {
 		// pctx ends only when the shutdown timeout ran out: then every claim is
 		// handed back, whatever failed first.
 		w.recover(evs, err, pctx.Err() != nil)
 		return err
 	}
+	keys := released.taken()
+	woke := len(keys) > 0
 	for _, r := range results {
 		w.report(r)
+		if !r.fenced && !r.processed && r.d.outcome == outcomeDefer {
+			keys = append(keys, r.d.waitingFor)
+		}
 	}
+	w.wakeReleased(ctx, keys, woke)
 	if len(rest) > 0 {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 		defer cancel()
@@ -345,9 +353,6 @@ func (w *Worker) applyDecision(ctx context.Context, q db.DBTX, ev *Event, d deci
 			Delay: interval(d.delay), LastError: d.reason, EventID: ev.EventID, LockVersion: ev.LockVersion,
 		})
 	case outcomeDefer:
-		if err := w.q.LockInboxDependency(ctx, q, d.waitingFor); err != nil {
-			return 0, err
-		}
 		return w.q.DeferInbox(ctx, q, db.DeferInboxParams{
 			WaitingFor: d.waitingFor, Fallback: interval(d.delay), EventID: ev.EventID, LockVersion: ev.LockVersion,
 		})
@@ -425,6 +430,9 @@ func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
 				continue
 			}
 			w.report(result{ev: ev, fenced: n == 0, d: d})
+			if n > 0 && d.outcome == outcomeDefer {
+				w.wakeReleased(ctx, []string{d.waitingFor}, false)
+			}
 		case broken != nil && broken.culprit == nil:
 			d := decide(w.cfg.policy(), batchErr, ev.Attempts, ev.Deferrals, rand.Float64)
 			if d.outcome == outcomeDefer {
@@ -543,6 +551,55 @@ func (w *Worker) pruneReleases(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// wakeReleased runs after a batch committed its deferrals and releases: it
+// makes due the events deferred on keys whose release is committed, and wakes
+// this process's goroutines when it did, or when wake is set (the batch
+// released something). Neither side of a deferral/release race holds a lock
+// across its transaction; instead each side checks the other's committed
+// record after its own commit, so whichever commits second finds the first.
+// A failure here is only logged: the sweep (sweepReleased) repairs it.
+func (w *Worker) wakeReleased(ctx context.Context, keys []string, wake bool) {
+	if len(keys) > 0 {
+		slices.Sort(keys)
+		keys = slices.Compact(keys)
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+		n, err := w.q.WakeReleasedInbox(qctx, w.cfg.Pool, keys)
+		cancel()
+		if err != nil {
+			w.log.Warn("inbox: check releases after commit; the sweep will", zap.Error(err))
+		}
+		wake = wake || n > 0
+	}
+	if wake {
+		w.wake.broadcast()
+	}
+}
+
+// sweepReleased makes due, about every PollInterval, the deferred events whose
+// dependency has a committed release that no check after a commit caught (a
+// process that died in between, or Release called outside a handler).
+func (w *Worker) sweepReleased(ctx context.Context) {
+	for {
+		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+		n, err := w.q.SweepReleasedInbox(qctx, w.cfg.Pool, 1000)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.log.Warn("inbox: sweep released deferrals", zap.Error(err))
+		case n > 0:
+			w.log.Info("inbox: deferred events made due by the release sweep", zap.Int64("events", n))
+			w.wake.broadcast()
 		}
 	}
 }
