@@ -94,7 +94,8 @@ RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payloa
 -- nothing when another worker has since taken the event over (the fencing
 -- check): the caller then rolls back the handler's side effect.
 UPDATE inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    last_error = NULL
 WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
 
 -- name: RetryInbox :execrows

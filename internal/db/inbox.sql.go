@@ -365,7 +365,8 @@ func (q *Queries) KillInbox(ctx context.Context, db DBTX, arg KillInboxParams) (
 
 const markInboxProcessed = `-- name: MarkInboxProcessed :execrows
 UPDATE inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    last_error = NULL
 WHERE event_id = $1 AND lock_version = $2 AND status = 'processing'
 `
 

@@ -108,6 +108,7 @@ func TestPaidBeforeCreated(t *testing.T) {
 	require.Equal(t, 1, s.Attempts, "deferrals do not count as attempts")
 	require.Equal(t, 1, s.Deferrals)
 	require.Equal(t, 1, credits(t, pool, "o1"))
+	require.Empty(t, s.LastError, "a processed event keeps no deferral reason")
 	var customer string
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT customer_id FROM ledger_entries WHERE event_id = 'pay-1'`).Scan(&customer))
