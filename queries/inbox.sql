@@ -90,12 +90,14 @@ RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payloa
           inbox.last_error;
 
 -- name: MarkInboxProcessed :execrows
--- MarkInboxProcessed records that the event's handler committed. It matches
+-- MarkInboxProcessed records that the event's handler committed; a deferral's
+-- reason is cleared (the deferral is over), an earlier failure's error is kept
+-- for the record. It matches
 -- nothing when another worker has since taken the event over (the fencing
 -- check): the caller then rolls back the handler's side effect.
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
-    last_error = NULL
+    last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
 
 -- name: RetryInbox :execrows
@@ -193,8 +195,13 @@ SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt
     locked_until = NULL
 FROM (SELECT unnest(@event_ids::text[]) AS event_id,
              unnest(@lock_versions::bigint[]) AS lock_version) AS c
+-- coalesce on the NOT NULL status hides the partial index on processing rows
+-- from the planner: statistics often say none are processing, while the index
+-- holds every row claimed since the last vacuum, and scanning it per batch
+-- cost 20 ms at 20,000 entries. The primary key is always the right path.
 WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
-  AND inbox.status = 'processing';
+  AND coalesce(inbox.status, '') = 'processing'
+RETURNING inbox.event_id;
 
 -- name: GetInbox :one
 SELECT * FROM inbox WHERE event_id = @event_id;
@@ -211,3 +218,22 @@ WHERE waiting_for IN (
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: MarkInboxBatchProcessed :many
+-- MarkInboxBatchProcessed records in one statement that the handlers of a
+-- whole batch committed, each row fenced by its claim's lock_version like
+-- MarkInboxProcessed, and returns the ids it marked. An id missing was taken
+-- over by another worker: the caller rolls the batch back and runs the others
+-- again event by event.
+UPDATE inbox
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
+FROM (SELECT unnest(@event_ids::text[]) AS event_id,
+             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+-- coalesce on the NOT NULL status hides the partial index on processing rows
+-- from the planner: statistics often say none are processing, while the index
+-- holds every row claimed since the last vacuum, and scanning it per batch
+-- cost 20 ms at 20,000 entries. The primary key is always the right path.
+WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+  AND coalesce(inbox.status, '') = 'processing'
+RETURNING inbox.event_id;

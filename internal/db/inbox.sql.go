@@ -363,10 +363,55 @@ func (q *Queries) KillInbox(ctx context.Context, db DBTX, arg KillInboxParams) (
 	return result.RowsAffected(), nil
 }
 
+const markInboxBatchProcessed = `-- name: MarkInboxBatchProcessed :many
+UPDATE inbox
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
+FROM (SELECT unnest($1::text[]) AS event_id,
+             unnest($2::bigint[]) AS lock_version) AS c
+WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+  AND coalesce(inbox.status, '') = 'processing'
+RETURNING inbox.event_id
+`
+
+type MarkInboxBatchProcessedParams struct {
+	EventIds     []string
+	LockVersions []int64
+}
+
+// MarkInboxBatchProcessed records in one statement that the handlers of a
+// whole batch committed, each row fenced by its claim's lock_version like
+// MarkInboxProcessed, and returns the ids it marked. An id missing was taken
+// over by another worker: the caller rolls the batch back and runs the others
+// again event by event.
+// coalesce on the NOT NULL status hides the partial index on processing rows
+// from the planner: statistics often say none are processing, while the index
+// holds every row claimed since the last vacuum, and scanning it per batch
+// cost 20 ms at 20,000 entries. The primary key is always the right path.
+func (q *Queries) MarkInboxBatchProcessed(ctx context.Context, db DBTX, arg MarkInboxBatchProcessedParams) ([]string, error) {
+	rows, err := db.Query(ctx, markInboxBatchProcessed, arg.EventIds, arg.LockVersions)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var event_id string
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const markInboxProcessed = `-- name: MarkInboxProcessed :execrows
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
-    last_error = NULL
+    last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE event_id = $1 AND lock_version = $2 AND status = 'processing'
 `
 
@@ -375,7 +420,9 @@ type MarkInboxProcessedParams struct {
 	LockVersion int64
 }
 
-// MarkInboxProcessed records that the event's handler committed. It matches
+// MarkInboxProcessed records that the event's handler committed; a deferral's
+// reason is cleared (the deferral is over), an earlier failure's error is kept
+// for the record. It matches
 // nothing when another worker has since taken the event over (the fencing
 // check): the caller then rolls back the handler's side effect.
 func (q *Queries) MarkInboxProcessed(ctx context.Context, db DBTX, arg MarkInboxProcessedParams) (int64, error) {
@@ -510,7 +557,8 @@ SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt
 FROM (SELECT unnest($1::text[]) AS event_id,
              unnest($2::bigint[]) AS lock_version) AS c
 WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
-  AND inbox.status = 'processing'
+  AND coalesce(inbox.status, '') = 'processing'
+RETURNING inbox.event_id
 `
 
 type UnclaimInboxParams struct {
@@ -520,6 +568,10 @@ type UnclaimInboxParams struct {
 
 // UnclaimInbox hands claimed events back (graceful shutdown, or a batch that
 // could not run): pending, due at once, the attempt refunded.
+// coalesce on the NOT NULL status hides the partial index on processing rows
+// from the planner: statistics often say none are processing, while the index
+// holds every row claimed since the last vacuum, and scanning it per batch
+// cost 20 ms at 20,000 entries. The primary key is always the right path.
 func (q *Queries) UnclaimInbox(ctx context.Context, db DBTX, arg UnclaimInboxParams) (int64, error) {
 	result, err := db.Exec(ctx, unclaimInbox, arg.EventIds, arg.LockVersions)
 	if err != nil {

@@ -89,6 +89,7 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		p.OccurredAts = append(p.OccurredAts, occurred)
 		p.DeadReasons = append(p.DeadReasons, m.DeadReason)
 	}
+	given := p.EventIds // reported in the caller's order
 	sortByEventID(&p)
 	inserted, err := db.New().InsertInbox(ctx, q, p)
 	if err != nil {
@@ -100,7 +101,7 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		for _, id := range inserted {
 			stored[id] = struct{}{}
 		}
-		for _, id := range p.EventIds {
+		for _, id := range given {
 			if _, ok := stored[id]; !ok {
 				res.Duplicates = append(res.Duplicates, id)
 			}

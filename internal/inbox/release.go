@@ -50,6 +50,18 @@ func Release(ctx context.Context, q db.DBTX, waitingFor ...string) error {
 	return nil
 }
 
+// Notify wakes, when q's transaction commits, the workers of every process
+// listening on the inbox (LISTEN/NOTIFY). Receive does not notify: a consumer
+// whose workers run in the same process calls Worker.Wake after its commit
+// instead, and a process storing events for workers elsewhere calls Notify in
+// its transaction. Without either, workers find new events at their next poll.
+func Notify(ctx context.Context, q db.DBTX) error {
+	if err := db.New().NotifyInbox(ctx, q); err != nil {
+		return fmt.Errorf("inbox: notify: %w", err)
+	}
+	return nil
+}
+
 // releaseSet collects the dependencies released by one batch's handlers.
 type releaseSet struct {
 	mu   sync.Mutex

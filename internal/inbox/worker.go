@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
@@ -267,9 +268,127 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	return nil
 }
 
-// runBatch processes evs in one transaction until stopEarly says so, and
-// returns the outcomes and the events it did not start.
+// runBatch processes evs until stopEarly says so, and returns the outcomes and
+// the events it did not start. It first runs the batch optimistically (see
+// runOptimistic); when that does not commit, the batch is run again with each
+// event isolated in a savepoint (runIsolated).
 func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bool) (results []result, rest []*Event, err error) {
+	results, rest, known, done, err := w.runOptimistic(ctx, evs, stopEarly)
+	if done {
+		return results, rest, err
+	}
+	return w.runIsolated(ctx, evs, stopEarly, known)
+}
+
+// runOptimistic runs the batch in one transaction without savepoints: the
+// handlers (one HandleBatch call when the handler is a BatchHandler), then one
+// fenced statement marking every event processed, then the commit. It reports
+// done=false, with the transaction rolled back, when a handler failed or the
+// mark did not match every event (one was taken over, or a handler swallowed
+// an error that aborted the transaction); known then holds the failures that
+// are certain to be the event's own, so that the isolated run records them
+// without calling that handler a second time in the same attempt.
+func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func() bool) (
+	results []result, rest []*Event, known map[*Event]error, done bool, err error) {
+	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	tx, err := w.cfg.Pool.Begin(bctx)
+	cancel()
+	if err != nil {
+		// Nothing ran: the claims are handed back by recover.
+		return nil, nil, nil, true, fmt.Errorf("inbox: begin batch: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	ran := evs
+	durs := make([]time.Duration, len(evs))
+	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
+		if stopEarly() {
+			return nil, evs, nil, true, nil
+		}
+		start := time.Now()
+		if herr := w.callBatchHandler(ctx, tx, bh, evs); herr != nil {
+			w.log.Debug("inbox batch handler failed; running the batch event by event",
+				zap.Int("events", len(evs)), zap.Error(herr))
+			return nil, nil, nil, false, nil
+		}
+		per := time.Since(start) / time.Duration(len(evs))
+		for i := range durs {
+			durs[i] = per
+		}
+	} else {
+		for i, ev := range evs {
+			if stopEarly() {
+				ran, rest = evs[:i], evs[i:]
+				break
+			}
+			start := time.Now()
+			herr := w.callHandler(ctx, tx, ev)
+			durs[i] = time.Since(start)
+			if herr != nil {
+				if inFailedTransaction(herr) {
+					// An earlier handler swallowed the error that aborted
+					// the transaction: the isolated run finds which.
+					return nil, nil, nil, false, nil
+				}
+				return nil, nil, map[*Event]error{ev: herr}, false, nil
+			}
+		}
+	}
+	if len(ran) == 0 {
+		return nil, rest, nil, true, nil
+	}
+	p := db.MarkInboxBatchProcessedParams{EventIds: make([]string, len(ran)), LockVersions: make([]int64, len(ran))}
+	for i, ev := range ran {
+		p.EventIds[i], p.LockVersions[i] = ev.EventID, ev.LockVersion
+	}
+	marked, err := w.q.MarkInboxBatchProcessed(ctx, tx, p)
+	if err != nil {
+		// Aborted by a handler that swallowed an error: the isolated run
+		// tells which event, and keeps the others' work.
+		return nil, nil, nil, false, nil
+	}
+	if len(marked) != len(ran) {
+		// Another worker took events over: roll back (their effects here
+		// must not commit) and run the others again, isolated.
+		ok := make(map[string]bool, len(marked))
+		for _, id := range marked {
+			ok[id] = true
+		}
+		known = make(map[*Event]error)
+		for _, ev := range ran {
+			if !ok[ev.EventID] {
+				known[ev] = errFenced
+			}
+		}
+		return nil, nil, known, false, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return nil, nil, nil, true, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
+	}
+	results = make([]result, len(ran))
+	for i, ev := range ran {
+		results[i] = result{ev: ev, processed: true, dur: durs[i]}
+	}
+	return results, rest, nil, true, nil
+}
+
+// errFenced marks, for runIsolated, an event the optimistic run found taken
+// over by another worker: its effect was rolled back and it is not run again.
+var errFenced = errors.New("inbox: taken over by another worker")
+
+// inFailedTransaction reports whether err says the transaction was already
+// aborted by an earlier statement.
+func inFailedTransaction(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
+}
+
+// runIsolated processes evs in one transaction, a savepoint each, until
+// stopEarly says so, and returns the outcomes and the events it did not start.
+// An event in known is not run again: its failure is recorded.
+func (w *Worker) runIsolated(ctx context.Context, evs []*Event, stopEarly func() bool, known map[*Event]error) (results []result, rest []*Event, err error) {
 	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	tx, err := w.cfg.Pool.Begin(bctx)
 	cancel()
@@ -280,11 +399,22 @@ func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bo
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results = make([]result, 0, len(evs))
 	for i, ev := range evs {
-		if stopEarly() {
-			rest = evs[i:]
-			break
+		var r result
+		if herr, ok := known[ev]; ok {
+			// Already run: only its outcome is recorded, even past the
+			// point where no handler starts any more.
+			if herr == errFenced {
+				results = append(results, result{ev: ev, fenced: true})
+				continue
+			}
+			r, err = w.recordFailure(ctx, tx, ev, herr)
+		} else {
+			if stopEarly() {
+				rest = append(rest, evs[i])
+				continue
+			}
+			r, err = w.processOne(ctx, tx, ev)
 		}
-		r, err := w.processOne(ctx, tx, ev)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -337,6 +467,15 @@ func (w *Worker) processOne(ctx context.Context, tx pgx.Tx, ev *Event) (result, 
 	if err := sp.Rollback(ctx); err != nil {
 		return r, &errBatchBroken{err: fmt.Errorf("rollback failed event: %w", err), culprit: ev, cause: herr}
 	}
+	fr, err := w.recordFailure(ctx, tx, ev, herr)
+	fr.dur = r.dur
+	return fr, err
+}
+
+// recordFailure records in tx where the event goes after its handler failed
+// with herr, fenced by the claim's lock_version.
+func (w *Worker) recordFailure(ctx context.Context, tx pgx.Tx, ev *Event, herr error) (result, error) {
+	r := result{ev: ev}
 	r.d = decide(w.cfg.policy(), herr, ev.Attempts, ev.Deferrals, rand.Float64)
 	n, err := w.applyDecision(ctx, tx, ev, r.d)
 	if err != nil {
@@ -380,6 +519,27 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, ev *Event) (err err
 	}
 	return err
 }
+
+// callBatchHandler runs the batch handler with the handler timeout, turning a
+// panic into an error.
+func (w *Worker) callBatchHandler(ctx context.Context, tx pgx.Tx, bh BatchHandler, evs []*Event) (err error) {
+	hctx, cancel := context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			w.log.Error("inbox batch handler panicked", zap.Int("events", len(evs)),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("batch handler panicked: %v", p)
+		}
+	}()
+	return bh.HandleBatch(hctx, tx, evs)
+}
+
+// Wake makes the idle worker goroutines claim at once instead of at their next
+// poll. Call it after a transaction that stored events with Receive committed,
+// in the process running the worker; workers in other processes are woken by
+// Notify or find the events at their next poll.
+func (w *Worker) Wake() { w.wake.broadcast() }
 
 // report logs a committed outcome and tells the observer.
 func (w *Worker) report(r result) {
