@@ -70,3 +70,43 @@ func ExampleReceive() {
 	}
 	fmt.Println(res.Inserted, "stored,", len(res.Duplicates), "duplicates")
 }
+
+// paymentsHandler credits payments one by one (Handle) or a whole batch in
+// one statement (HandleBatch).
+type paymentsHandler struct{}
+
+func (paymentsHandler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
+	_, err := tx.Exec(ctx, `INSERT INTO payments (event_id, body) VALUES ($1, $2)`, ev.EventID, ev.Payload)
+	return err
+}
+
+// HandleBatch writes every event's effect in one statement. Any error sends
+// the batch through Handle, event by event, so it need not sort out which
+// event failed.
+func (paymentsHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*pgrelay.InboxEvent) error {
+	ids, bodies := make([]string, len(evs)), make([][]byte, len(evs))
+	for i, ev := range evs {
+		ids[i], bodies[i] = ev.EventID, ev.Payload
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO payments (event_id, body)
+		SELECT unnest($1::text[]), unnest($2::bytea[])`, ids, bodies)
+	return err
+}
+
+// A handler that also implements InboxBatchHandler applies each claimed batch
+// in one call, marked processed with one statement.
+func ExampleInboxBatchHandler() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		panic(err)
+	}
+	var handler pgrelay.InboxBatchHandler = paymentsHandler{}
+	worker, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{Pool: pool, Handler: handler})
+	if err != nil {
+		panic(err)
+	}
+	runCtx, stop := context.WithTimeout(ctx, time.Second)
+	defer stop()
+	_ = worker.Run(runCtx)
+}

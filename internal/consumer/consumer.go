@@ -375,10 +375,17 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
 		res, err = inbox.Receive(ctx, tx, incoming)
+		if err == nil && res.Inserted > 0 && c.worker == nil {
+			// The inbox workers run elsewhere: wake them at the commit.
+			err = inbox.Notify(ctx, tx)
+		}
 		return err
 	})
 	if err != nil {
 		return err
+	}
+	if res.Inserted > 0 && c.worker != nil {
+		c.worker.Wake()
 	}
 	c.stats.inserted.Add(int64(res.Inserted))
 	c.stats.duplicates.Add(int64(len(res.Duplicates)))
