@@ -42,6 +42,9 @@ type Consumer struct {
 	// committed and before it is acknowledged; returning true abandons the
 	// batch unacknowledged, as a process crash at that point would.
 	crashAfterCommit func() bool
+	// beforeStore, when set (tests only), is called before each attempt to
+	// store messages, so a test can break the database connection there.
+	beforeStore func([]inbox.Incoming)
 }
 
 // Stats are the consumer's running counters since it started.
@@ -336,7 +339,7 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 			// One message the database refuses must not block the others:
 			// store the batch one by one, dead if need be.
 			c.log.Error("batch refused by the database; storing one by one", zap.Error(err))
-			incoming = c.storeEach(sctx, incoming)
+			incoming = c.storeEach(ctx, sctx, incoming, acks)
 			break
 		}
 		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
@@ -369,6 +372,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 
 // store writes one batch into the inbox in one transaction.
 func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
+	if c.beforeStore != nil {
+		c.beforeStore(incoming)
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
 	defer cancel()
 	var res inbox.ReceiveResult
@@ -400,34 +406,87 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 }
 
 // storeEach stores messages one at a time after the database refused their
-// batch. A message refused on its own is stored dead with the database's
-// reason and only its id and raw payload. It returns incoming with the
-// EventID of any message that could not be stored at all cleared, so that it
-// is left unacknowledged.
-func (c *Consumer) storeEach(ctx context.Context, incoming []inbox.Incoming) []inbox.Incoming {
+// batch as data. Only a refusal as data dead-letters a message: it is then
+// stored dead with the refusal as its reason and every field it has (text made
+// storable where it was not). A transient failure (connection lost, failover,
+// timeout) is retried with backoff, keeping the messages in progress, until it
+// succeeds or the consumer stops. It returns incoming with the EventID of any
+// message that was not stored cleared, so that it is left unacknowledged and
+// JetStream redelivers it.
+func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []jetstream.Msg) []inbox.Incoming {
 	out := make([]inbox.Incoming, len(incoming))
+	copy(out, incoming)
 	for i, in := range incoming {
-		out[i] = in
-		err := c.store(ctx, []inbox.Incoming{in})
-		if err == nil {
-			continue
-		}
-		dead := inbox.Incoming{
-			Message: event.Message{
-				EventID:    in.EventID,
-				Payload:    in.Payload,
-				OccurredAt: in.OccurredAt,
-				Headers:    map[string]string{},
-			},
-			DeadReason: printable(truncate("refused at ingest: "+err.Error(), 2000)),
-		}
-		if err2 := c.store(ctx, []inbox.Incoming{dead}); err2 != nil {
-			c.log.Error("message could not be stored; left unacknowledged",
-				zap.String("event_id", in.EventID), zap.Error(err2))
+		if !c.storeOne(ctx, sctx, in, acks[i:]) {
 			out[i].EventID = ""
 		}
 	}
 	return out
+}
+
+// storeOne stores one message of a refused batch, dead if the database refuses
+// it as data, and reports whether it was stored. ctx ends the retries of
+// transient failures (a stop); sctx is the store's own context.
+func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []jetstream.Msg) bool {
+	msg := in
+	refusals := 0
+	for attempt := 0; ; {
+		err := c.store(sctx, []inbox.Incoming{msg})
+		if err == nil {
+			return true
+		}
+		c.stats.storeErrors.Add(1)
+		if isRefused(err) {
+			refusals++
+			switch refusals {
+			case 1:
+				msg = deadCopy(in, err, true)
+			case 2:
+				// Even the cleaned fields are refused: keep the id and the raw
+				// payload, which are always storable.
+				msg = deadCopy(in, err, false)
+			default:
+				c.log.Error("message refused even as a dead letter; left unacknowledged",
+					zap.String("event_id", in.EventID), zap.Error(err))
+				return false
+			}
+			continue
+		}
+		c.log.Warn("storing one message failed; retrying", zap.String("event_id", in.EventID),
+			zap.Error(err), zap.Int("attempt", attempt+1))
+		if ctx.Err() != nil {
+			return false
+		}
+		for _, m := range pending {
+			if m != nil {
+				_ = m.InProgress() // keep JetStream from redelivering while we retry
+			}
+		}
+		if !c.sleep(ctx, attempt) {
+			return false
+		}
+		attempt++
+	}
+}
+
+// deadCopy is in as a dead letter with the database's refusal as its reason.
+// With keepFields, every field is kept, its text made storable (invalid UTF-8
+// and NUL bytes replaced by U+FFFD); without, only the id, payload and
+// occurred-at are.
+func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming {
+	reason := "refused at ingest: " + refusal.Error()
+	if in.DeadReason != "" {
+		reason = in.DeadReason + "; " + reason
+	}
+	m := event.Message{EventID: in.EventID, Payload: in.Payload, OccurredAt: in.OccurredAt, Headers: map[string]string{}}
+	if keepFields {
+		clean := func(s string) string { s, _ = cleanText(s); return s }
+		m.Topic, m.Key, m.EventType = clean(in.Topic), clean(in.Key), clean(in.EventType)
+		for k, v := range in.Headers {
+			m.Headers[clean(k)] = clean(v)
+		}
+	}
+	return inbox.Incoming{Message: m, DeadReason: printable(truncate(reason, 2000))}
 }
 
 // isRefused reports whether the batch itself was refused, by inbox.Receive's

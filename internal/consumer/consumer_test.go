@@ -342,19 +342,81 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	defer cancel()
 	err = c.store(ctx, batch)
 	require.True(t, isRefused(err), "the batch is refused as a whole: %v", err)
-	out := c.storeEach(ctx, batch)
+	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
 	for _, in := range out {
 		require.NotEmpty(t, in.EventID, "every message was stored and may be acknowledged")
 	}
-	var status, reason string
+	var status, reason, topic, eventType string
 	var payload []byte
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload FROM inbox WHERE event_id = 'b'`).Scan(&status, &reason, &payload))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload, topic, event_type FROM inbox WHERE event_id = 'b'`).
+		Scan(&status, &reason, &payload, &topic, &eventType))
 	require.Equal(t, "dead", status)
 	require.Contains(t, reason, "refused at ingest")
 	require.Equal(t, []byte("raw"), payload)
+	require.Equal(t, "bad\uFFFDtopic", topic, "the dead row keeps its fields, made storable")
+	require.Equal(t, "T", eventType)
 	var pending int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id IN ('a', 'c') AND status <> 'dead'`).Scan(&pending))
 	require.Equal(t, 2, pending)
+}
+
+// TestTransientFailureAfterRefusalIsNotDead: a batch is refused as data, and
+// while its messages are stored one by one the database connection of a good
+// message's store is terminated (as a failover or restart would). The good
+// message must not be dead-lettered: it is retried and stored as it is, with
+// every field.
+func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The consumer gets a pool of its own, so that terminating its
+	// connections leaves the test's pool alone.
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "consumer-under-test"
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b.cfg.Pool, b.cfg.DisableWorkers = pool, true
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+
+	var terminated atomic.Bool
+	c.beforeStore = func(in []inbox.Incoming) {
+		if len(in) != 1 || in[0].EventID != "good" || !terminated.CompareAndSwap(false, true) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'consumer-under-test'`)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			var n int
+			_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = 'consumer-under-test'`).Scan(&n)
+			return n == 0
+		}, 5*time.Second, 10*time.Millisecond)
+	}
+	good := inbox.Incoming{Message: event.Message{EventID: "good", Topic: "orders", Key: "o-1", EventType: "OrderCreated",
+		Payload: []byte(`{}`), Headers: map[string]string{"trace": "t-1"}, OccurredAt: time.Now()}}
+	bad := inbox.Incoming{Message: event.Message{EventID: "bad", Topic: "orders", Key: "k\x00", EventType: "T", Payload: []byte("raw")}}
+	batch := []inbox.Incoming{bad, good}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.True(t, isRefused(c.store(ctx, batch)), "the batch is refused as a whole")
+	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
+	require.True(t, terminated.Load(), "the good message's store met a terminated connection")
+	require.Equal(t, "good", out[1].EventID, "the good message was stored and may be acknowledged")
+
+	var status, topic, key, eventType, headers string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, topic, key, event_type, headers::text FROM inbox WHERE event_id = 'good'`).
+		Scan(&status, &topic, &key, &eventType, &headers))
+	require.Equal(t, "pending", status, "a transient failure must not dead-letter a good message")
+	require.Equal(t, []string{"orders", "o-1", "OrderCreated"}, []string{topic, key, eventType})
+	require.JSONEq(t, `{"trace": "t-1"}`, headers)
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, key FROM inbox WHERE event_id = 'bad'`).Scan(&status, &key))
+	require.Equal(t, "dead", status)
+	require.Equal(t, "k\uFFFD", key, "the refused message keeps its key, made storable")
 }
 
 // TestStopFinishesBatchInHand stops the consumer between a batch's commit and
