@@ -29,6 +29,7 @@ type settings struct {
 	stream             string
 	subjectPrefix      string
 	createStream       bool
+	streamMaxAge       time.Duration
 	ackTimeout         time.Duration
 	nodeID             string
 	batchSize          int
@@ -48,6 +49,7 @@ type settings struct {
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
 	"RELAY_CREATE_STREAM":      "bool",
+	"RELAY_STREAM_MAX_AGE":     "duration",
 	"RELAY_ACK_TIMEOUT":        "duration",
 	"RELAY_BATCH_SIZE":         "int",
 	"RELAY_LEASE":              "duration",
@@ -122,7 +124,8 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.embeddedListen, "embedded-nats-listen", cli.EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
 	f.StringVar(&s.stream, "stream", cli.EnvString("RELAY_STREAM", "PGRELAY"), "JetStream stream storing the subjects (env RELAY_STREAM)")
 	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("RELAY_SUBJECT_PREFIX", "pgrelay"), "subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.DurationVar(&s.streamMaxAge, "stream-max-age", cli.EnvDuration("RELAY_STREAM_MAX_AGE", broker.DefaultStreamMaxAge), "MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
 	f.DurationVar(&s.ackTimeout, "ack-timeout", cli.EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", 500), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
@@ -212,7 +215,7 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	pub, err := broker.NewNATS(startCtx, broker.NATSConfig{
 		URL: natsURL, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		AckTimeout: s.ackTimeout, Logger: log,
+		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log,
 	})
 	if err != nil {
 		if strings.Contains(err.Error(), "NATSConfig.") {

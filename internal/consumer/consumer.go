@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -218,18 +219,12 @@ func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (
 func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := js.Stream(ctx, c.cfg.Stream); err != nil {
-		if !errors.Is(err, jetstream.ErrStreamNotFound) || !c.cfg.CreateStream {
-			return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
+	if c.cfg.CreateStream {
+		if _, err := broker.EnsureStream(ctx, js, c.streamSpec(), c.log); err != nil {
+			return nil, err
 		}
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:     c.cfg.Stream,
-			Subjects: []string{c.cfg.SubjectPrefix + ".>"},
-			Storage:  jetstream.FileStorage,
-		})
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil, fmt.Errorf("create stream %q: %w", c.cfg.Stream, err)
-		}
+	} else if _, err := js.Stream(ctx, c.cfg.Stream); err != nil {
+		return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
@@ -246,6 +241,12 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
 	return cons, nil
+}
+
+// streamSpec is the stream the consumer creates when CreateStream is set: the
+// same settings as the relay's.
+func (c *Consumer) streamSpec() broker.StreamSpec {
+	return broker.StreamSpec{Name: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix}
 }
 
 // fetch pulls one batch: whatever is available at once, up to BatchSize.
