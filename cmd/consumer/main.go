@@ -57,6 +57,7 @@ type settings struct {
 	lease           time.Duration
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
+	allowReplay     bool
 	ops             admin.OpsFlags
 	logLevel        string
 	logFormat       string
@@ -64,17 +65,18 @@ type settings struct {
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"CONSUMER_CREATE_STREAM":     "bool",
-	"CONSUMER_BATCH_SIZE":        "int",
-	"CONSUMER_MAX_WAIT":          "duration",
-	"CONSUMER_ACK_WAIT":          "duration",
-	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
-	"CONSUMER_WORKERS":           "int",
-	"CONSUMER_WORKER_BATCH_SIZE": "int",
-	"CONSUMER_MAX_ATTEMPTS":      "int",
-	"CONSUMER_LEASE":             "duration",
-	"CONSUMER_HANDLER_TIMEOUT":   "duration",
-	"CONSUMER_STATS_INTERVAL":    "duration",
+	"CONSUMER_CREATE_STREAM":                    "bool",
+	"CONSUMER_BATCH_SIZE":                       "int",
+	"CONSUMER_MAX_WAIT":                         "duration",
+	"CONSUMER_ACK_WAIT":                         "duration",
+	"CONSUMER_MAX_PAYLOAD_BYTES":                "int",
+	"CONSUMER_WORKERS":                          "int",
+	"CONSUMER_WORKER_BATCH_SIZE":                "int",
+	"CONSUMER_MAX_ATTEMPTS":                     "int",
+	"CONSUMER_LEASE":                            "duration",
+	"CONSUMER_HANDLER_TIMEOUT":                  "duration",
+	"CONSUMER_STATS_INTERVAL":                   "duration",
+	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
 }
 
 // settingNames maps the Config fields named by validation errors onto the
@@ -94,6 +96,8 @@ var settingNames = strings.NewReplacer(
 	"Config.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
 	"Config.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
 	"Config.Lease", "--lease (CONSUMER_LEASE)",
+	"Config.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
+	"Config.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
 )
 
 func newRootCommand() *cobra.Command {
@@ -137,6 +141,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", inbox.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
 
 	var probeAddr string
@@ -197,18 +202,20 @@ func runConsumer(parent context.Context, s settings) error {
 		},
 	})
 	c, err = consumer.New(consumer.Config{
-		Pool:            pool,
-		NATSURL:         s.natsURL,
-		Stream:          s.stream,
-		SubjectPrefix:   s.subjectPrefix,
-		CreateStream:    s.createStream,
-		Durable:         s.durable,
-		FilterSubject:   s.filterSubject,
-		BatchSize:       s.batchSize,
-		MaxWait:         s.maxWait,
-		AckWait:         s.ackWait,
-		MaxPayloadBytes: s.maxPayloadBytes,
-		StatsInterval:   s.statsInterval,
+		Pool:                         pool,
+		NATSURL:                      s.natsURL,
+		Stream:                       s.stream,
+		SubjectPrefix:                s.subjectPrefix,
+		CreateStream:                 s.createStream,
+		Durable:                      s.durable,
+		FilterSubject:                s.filterSubject,
+		BatchSize:                    s.batchSize,
+		MaxWait:                      s.maxWait,
+		AckWait:                      s.ackWait,
+		MaxPayloadBytes:              s.maxPayloadBytes,
+		StatsInterval:                s.statsInterval,
+		DedupWindow:                  s.ops.DedupWindow,
+		AllowReplayBeyondDedupWindow: s.allowReplay,
 		Inbox: inbox.Config{
 			Handler:        ledger.Handler{},
 			Workers:        s.workers,
@@ -245,6 +252,9 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	runErr := c.Run(ctx)
 	stop() // Run returned on its own: stop the operator endpoints too
+	if runErr != nil {
+		runErr = errors.New(settingNames.Replace(runErr.Error()))
+	}
 	return errors.Join(runErr, ops.Wait())
 }
 

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/retention"
 )
 
 // Config configures a Consumer. The zero value of every optional field means
@@ -32,8 +33,22 @@ type Config struct {
 	// of waiting for the relay to create it. Default false.
 	CreateStream bool
 	// Durable is the durable pull consumer's name: consumers sharing it share
-	// the work. Default "pgrelay-consumer".
+	// the work. Default "pgrelay-consumer". When it does not exist it is
+	// created delivering from now minus DedupWindow, never from the start of
+	// the stream: older messages could be events whose inbox rows retention
+	// already deleted.
 	Durable string
+	// DedupWindow is how long processed inbox rows are kept (inbox retention's
+	// window): a redelivery of an event is recognised as a duplicate only
+	// within it. At attach the stream's MaxAge and duplicate window are
+	// checked against it. Default retention.DefaultWindow (7 days).
+	DedupWindow time.Duration
+	// AllowReplayBeyondDedupWindow lets the consumer run on a stream that
+	// keeps messages longer than DedupWindow (or without an age limit), where
+	// a replay of the stream could deliver events whose inbox rows retention
+	// already deleted, and apply them again. Default false: such a stream is
+	// refused at attach.
+	AllowReplayBeyondDedupWindow bool
 	// FilterSubject selects which subjects of the stream to consume. Default
 	// "<SubjectPrefix>.>" (everything the relay publishes).
 	FilterSubject string
@@ -87,6 +102,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FilterSubject == "" {
 		c.FilterSubject = c.SubjectPrefix + ".>"
+	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = retention.DefaultWindow
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
@@ -144,6 +162,9 @@ func (c Config) validate() error {
 	}
 	if strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasSuffix(c.SubjectPrefix, ".") {
 		bad("consumer: Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+	}
+	if c.DedupWindow < 0 {
+		bad("consumer: Config.DedupWindow %s must be positive", c.DedupWindow)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		bad("consumer: Config.BatchSize %d must be between 1 and 10000", c.BatchSize)

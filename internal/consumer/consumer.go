@@ -110,6 +110,9 @@ func (c *Consumer) Ready() bool { return c.ready.Load() }
 // workers. It returns nil after a graceful shutdown. Broker and database
 // outages are retried with backoff, never returned.
 func (c *Consumer) Run(ctx context.Context) error {
+	// A fatal ingest error (a refused stream) stops the workers too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	var workerErr error
 	if c.worker != nil {
@@ -123,6 +126,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Go(func() { c.logStats(ctx) })
 	}
 	err := c.ingest(ctx)
+	cancel()
 	wg.Wait()
 	c.log.Info("consumer stopped", c.statsFields()...)
 	return errors.Join(err, workerErr)
@@ -159,8 +163,11 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		if cons == nil {
-			if cons, err = c.attachRetrying(ctx, js); err != nil || cons == nil {
-				return err
+			if cons, err = c.attachRetrying(ctx, js); err != nil {
+				return fmt.Errorf("consumer: %w", err)
+			}
+			if cons == nil {
+				return nil
 			}
 		}
 		msgs, err := c.fetch(ctx, cons)
@@ -207,6 +214,10 @@ func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (
 		if ctx.Err() != nil {
 			return nil, nil
 		}
+		var rw *ReplayWindowError
+		if errors.As(err, &rw) {
+			return nil, err // a setting to fix, not an outage to wait out
+		}
 		c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
 		if !c.sleep(ctx, attempt) {
 			return nil, nil
@@ -214,19 +225,28 @@ func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (
 	}
 }
 
-// attach finds (or creates) the stream and creates or updates the durable
-// pull consumer.
+// attach finds (or creates) the stream, checks that it cannot replay an event
+// past the dedup window, and creates or updates the durable pull consumer.
 func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	var info *jetstream.StreamInfo
 	if c.cfg.CreateStream {
-		if _, err := broker.EnsureStream(ctx, js, c.streamSpec(), c.log); err != nil {
+		var err error
+		if info, err = broker.EnsureStream(ctx, js, c.streamSpec(), c.log); err != nil {
 			return nil, err
 		}
-	} else if _, err := js.Stream(ctx, c.cfg.Stream); err != nil {
-		return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
+	} else {
+		s, err := js.Stream(ctx, c.cfg.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
+		}
+		info = s.CachedInfo()
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
+	if err := c.checkReplayWindow(info.Config); err != nil {
+		return nil, err
+	}
+	cfg := jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
 		FilterSubject: c.cfg.FilterSubject,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -235,18 +255,74 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 		// silently after MaxDeliver attempts, and nothing may be lost.
 		MaxDeliver:    -1,
 		MaxAckPending: c.cfg.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	}
+	existing, err := js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	switch {
+	case err == nil:
+		// Where it delivers from is fixed at creation.
+		cfg.DeliverPolicy, cfg.OptStartTime = existing.CachedInfo().Config.DeliverPolicy, existing.CachedInfo().Config.OptStartTime
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		// A new durable, or one that was lost: deliver from now minus the
+		// dedup window, never from the start of the stream. An older message
+		// may be an event processed so long ago that retention deleted its
+		// inbox row, and a replay would apply it again.
+		from := time.Now().Add(-c.cfg.DedupWindow)
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
+		c.log.Info("creating the durable consumer, delivering messages stored since now minus the dedup window",
+			zap.String("durable", c.cfg.Durable), zap.Time("from", from), zap.Duration("dedup_window", c.cfg.DedupWindow))
+	default:
+		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
 	return cons, nil
 }
 
+// ReplayWindowError is the refusal of a stream that can deliver an event
+// again after its inbox row left the dedup window.
+type ReplayWindowError struct {
+	Stream string
+	// MaxAge is the stream's MaxAge (zero: no limit), Duplicates its duplicate
+	// window, DedupWindow the inbox's.
+	MaxAge, Duplicates, DedupWindow time.Duration
+}
+
+func (e *ReplayWindowError) Error() string {
+	maxAge := "unlimited"
+	if e.MaxAge > 0 {
+		maxAge = e.MaxAge.String()
+	}
+	return fmt.Sprintf("stream %s keeps messages for MaxAge %s (duplicate window %s), "+
+		"longer than the inbox dedup window Config.DedupWindow %s: a replay of the stream (a lost durable consumer, a new one) "+
+		"could deliver events whose inbox rows retention already deleted, and apply them again. "+
+		"Give the stream a MaxAge within the window (the relay's --stream-max-age for a stream it creates, or "+
+		"nats stream edit %s --max-age), raise Config.DedupWindow, or accept the risk with "+
+		"Config.AllowReplayBeyondDedupWindow", e.Stream, maxAge, e.Duplicates, e.DedupWindow, e.Stream)
+}
+
+// checkReplayWindow refuses a stream whose messages (MaxAge, zero meaning
+// forever) or duplicate window outlive the dedup window, unless
+// AllowReplayBeyondDedupWindow is set; then it only warns.
+func (c *Consumer) checkReplayWindow(sc jetstream.StreamConfig) error {
+	if sc.MaxAge > 0 && sc.MaxAge <= c.cfg.DedupWindow && sc.Duplicates <= c.cfg.DedupWindow {
+		return nil
+	}
+	err := &ReplayWindowError{Stream: sc.Name, MaxAge: sc.MaxAge, Duplicates: sc.Duplicates, DedupWindow: c.cfg.DedupWindow}
+	if !c.cfg.AllowReplayBeyondDedupWindow {
+		return err
+	}
+	c.log.Warn("replays beyond the dedup window allowed", zap.String("risk", err.Error()))
+	return nil
+}
+
 // streamSpec is the stream the consumer creates when CreateStream is set: the
 // same settings as the relay's.
+// Its MaxAge stays within the dedup window.
 func (c *Consumer) streamSpec() broker.StreamSpec {
-	return broker.StreamSpec{Name: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix}
+	return broker.StreamSpec{Name: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix,
+		MaxAge: min(broker.DefaultStreamMaxAge, c.cfg.DedupWindow)}
 }
 
 // fetch pulls one batch: whatever is available at once, up to BatchSize.

@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -484,4 +486,135 @@ func TestLoneMessageIsNotHeldForABatch(t *testing.T) {
 	total := b.publishOrders(t, 1)
 	require.Eventually(t, b.settled(t, 1, total, 2), 3*time.Second, 20*time.Millisecond,
 		"a lone message must not wait for MaxWait (%s)", b.cfg.MaxWait)
+}
+
+// streamWithMaxAge creates a stream of its own with the given MaxAge (zero:
+// no limit), deleted when the test ends, and points b at it.
+func (b *testBundle) streamWithMaxAge(t *testing.T, maxAge time.Duration) {
+	t.Helper()
+	b.stream, b.prefix = b.stream+"X", b.prefix+"x"
+	b.cfg.Stream, b.cfg.SubjectPrefix, b.cfg.FilterSubject = b.stream, b.prefix, ""
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: b.stream, Subjects: []string{b.prefix + ".>"},
+		Storage: jetstream.FileStorage, MaxAge: maxAge})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.js.DeleteStream(context.Background(), b.stream) })
+}
+
+// TestStreamOutlivingDedupWindowRefused: a stream without an age limit (or
+// one longer than the dedup window) could replay an event after retention
+// deleted its inbox row, so the consumer refuses to start, naming both values
+// and the override; with the override it runs.
+func TestStreamOutlivingDedupWindowRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.streamWithMaxAge(t, 0)
+	for _, window := range []time.Duration{0, time.Hour} {
+		b.cfg.DedupWindow = window
+		c, err := New(b.cfg)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err = c.Run(ctx)
+		cancel()
+		require.Error(t, err, "the consumer must refuse the stream")
+		var rw *ReplayWindowError
+		require.ErrorAs(t, err, &rw)
+		require.ErrorContains(t, err, "MaxAge unlimited")
+		want := window
+		if want == 0 {
+			want = 7 * 24 * time.Hour
+		}
+		require.ErrorContains(t, err, "Config.DedupWindow "+want.String())
+		require.ErrorContains(t, err, "Config.AllowReplayBeyondDedupWindow")
+	}
+
+	b.cfg.DedupWindow, b.cfg.AllowReplayBeyondDedupWindow = 0, true
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond, "allowed explicitly, it runs")
+}
+
+// TestLostDurableReplaysNothingPastTheWindow: a non-idempotent handler (one
+// effect row per call, no unique key), three events processed, their inbox
+// rows deleted by retention once the dedup window passed, then the durable
+// consumer deleted. The consumer re-creates it delivering from now minus the
+// window, so the three events are not applied again; an event published
+// afterwards is.
+func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.streamWithMaxAge(t, 0)
+	const window = 3 * time.Second
+	b.cfg.DedupWindow, b.cfg.AllowReplayBeyondDedupWindow = window, true
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
+	require.NoError(t, err)
+	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.EventID)
+		return err
+	})
+	effects := func() map[string]int {
+		got := map[string]int{}
+		rows, err := b.pool.Query(ctx, `SELECT event_id, count(*) FROM effects GROUP BY 1`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			var n int
+			require.NoError(t, rows.Scan(&id, &n))
+			got[id] = n
+		}
+		require.NoError(t, rows.Err())
+		return got
+	}
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	for i := range 3 {
+		id := fmt.Sprintf("e-%d", i)
+		b.publish(t, id, id, "Anything", map[string]int{"n": i})
+	}
+	require.Eventually(t, func() bool { return len(effects()) == 3 }, 30*time.Second, 20*time.Millisecond)
+
+	// Retention, once the window has passed: the processed rows go.
+	require.Eventually(t, func() bool {
+		_, err := b.pool.Exec(ctx, `DELETE FROM inbox WHERE status = 'processed' AND finished_at < now() - make_interval(secs => $1)`, window.Seconds())
+		require.NoError(t, err)
+		var left int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&left))
+		return left == 0
+	}, 30*time.Second, 100*time.Millisecond)
+
+	// The durable consumer is lost.
+	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.cfg.Durable))
+	b.publish(t, "after", "after", "Anything", map[string]int{"n": 9})
+	require.Eventually(t, func() bool { return effects()["after"] == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, map[string]int{"e-0": 1, "e-1": 1, "e-2": 1, "after": 1}, effects(),
+		"events older than the dedup window must not be applied again")
+}
+
+// TestCreateStreamWithTheRelaysSettings: a stream the consumer creates has the
+// relay's settings, and a MaxAge within the dedup window.
+func TestCreateStreamWithTheRelaysSettings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.stream, b.prefix = b.stream+"C", b.prefix+"c"
+	b.cfg.Stream, b.cfg.SubjectPrefix, b.cfg.FilterSubject = b.stream, b.prefix, ""
+	b.cfg.CreateStream, b.cfg.DedupWindow = true, 2*time.Hour
+	t.Cleanup(func() { _ = b.js.DeleteStream(context.Background(), b.stream) })
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.stream)
+	require.NoError(t, err)
+	want := broker.StreamSpec{Name: b.stream, SubjectPrefix: b.prefix, MaxAge: 2 * time.Hour}.Config()
+	got := s.CachedInfo().Config
+	require.Equal(t, want.MaxAge, got.MaxAge)
+	require.Equal(t, want.Duplicates, got.Duplicates)
+	require.Equal(t, want.Subjects, got.Subjects)
 }
