@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
@@ -29,6 +30,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 func main() {
@@ -231,6 +233,10 @@ func runConsumer(parent context.Context, s settings) error {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
 
+	if err := checkDatabase(ctx, pool); err != nil {
+		return err
+	}
+
 	ops, err := admin.StartOps(ctx, admin.OpsConfig{
 		Flags: s.ops, Pool: pool, Registry: reg, Inbox: true, Logger: log,
 		Checks: map[string]metrics.Check{
@@ -256,6 +262,23 @@ func runConsumer(parent context.Context, s settings) error {
 		runErr = errors.New(settingNames.Replace(runErr.Error()))
 	}
 	return errors.Join(runErr, ops.Wait())
+}
+
+// checkDatabase fails start-up when the database cannot be reached or lacks
+// migrations: consuming into a partial schema would only loop on errors while
+// looking alive.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	if err := migrations.Check(ctx, sqlDB); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: consumer migrate up", err)
+	}
+	return nil
 }
 
 func healthcheck(ctx context.Context, addr string) error {

@@ -191,13 +191,16 @@ func runRelay(parent context.Context, s settings) error {
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
 	if s.migrate {
-		sqlDB := stdlib.OpenDBFromPool(pool)
-		err := migrations.Up(startCtx, sqlDB)
-		_ = sqlDB.Close()
-		if err != nil {
-			return err
-		}
+		err = migrations.Up(startCtx, sqlDB)
+	} else if err = migrations.Check(startCtx, sqlDB); err != nil {
+		// Relaying on a partial schema would only loop on errors.
+		err = fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
+	}
+	_ = sqlDB.Close()
+	if err != nil {
+		return err
 	}
 
 	natsURL, createStream := s.natsURL, s.createStream

@@ -140,7 +140,7 @@ func (c Config) WithDefaults() Config {
 		c.Inbox.Pool = c.Pool
 	}
 	if c.Inbox.Logger == nil {
-		c.Inbox.Logger = c.Logger.Named("inbox")
+		c.Inbox.Logger = c.Logger // the worker names its own logger "inbox"
 	}
 	return c
 }

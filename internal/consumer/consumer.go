@@ -15,6 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,7 +111,10 @@ func (c *Consumer) Ready() bool { return c.ready.Load() }
 // Run consumes until ctx is cancelled, then shuts down gracefully: it stops
 // fetching, stores and acknowledges the batch in hand, and stops the inbox
 // workers. It returns nil after a graceful shutdown. Broker and database
-// outages are retried with backoff, never returned.
+// outages are retried with backoff, never returned; what a retry cannot fix
+// is: a NATS server that cannot be reached at start-up (the first connection
+// is not retried, so a wrong URL is reported with its cause) and a stream that
+// outlives the dedup window (*ReplayWindowError).
 func (c *Consumer) Run(ctx context.Context) error {
 	// A fatal ingest error (a refused stream) stops the workers too.
 	ctx, cancel := context.WithCancel(ctx)
@@ -134,9 +140,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // ingest connects to NATS and moves batches into the inbox until ctx ends.
 func (c *Consumer) ingest(ctx context.Context) error {
+	// The first connection is not retried: a wrong or unreachable URL at
+	// start-up is a setting to fix, reported at once with its cause. Once
+	// connected, the client reconnects forever.
+	dialer := &recordingDialer{Dialer: net.Dialer{Timeout: nats.DefaultTimeout}}
 	nc, err := nats.Connect(c.cfg.NATSURL,
 		nats.Name("pgrelay-consumer"),
-		nats.RetryOnFailedConnect(true),
+		nats.SetCustomDialer(dialer),
+		nats.RetryOnFailedConnect(false),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -147,7 +158,10 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		}),
 	)
 	if err != nil {
-		return fmt.Errorf("consumer: NATS URL %q: %w", c.cfg.NATSURL, err)
+		if cause := dialer.lastError(); cause != nil {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		return fmt.Errorf("consumer: cannot connect to NATS at Config.NATSURL %s: %w", redactURLs(c.cfg.NATSURL), err)
 	}
 	defer func() {
 		_ = nc.FlushTimeout(2 * time.Second) // the last batch's acks
@@ -163,7 +177,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		if cons == nil {
-			if cons, err = c.attachRetrying(ctx, js); err != nil {
+			if cons, err = c.attachRetrying(ctx, nc, js); err != nil {
 				return fmt.Errorf("consumer: %w", err)
 			}
 			if cons == nil {
@@ -201,7 +215,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 
 // attachRetrying attaches with backoff until it succeeds or ctx ends (then it
 // returns a nil consumer and no error).
-func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+func (c *Consumer) attachRetrying(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (jetstream.Consumer, error) {
 	for attempt := 0; ; attempt++ {
 		cons, err := c.attach(ctx, js)
 		if err == nil {
@@ -218,7 +232,17 @@ func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (
 		if errors.As(err, &rw) {
 			return nil, err // a setting to fix, not an outage to wait out
 		}
-		c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
+		switch {
+		case !nc.IsConnected():
+			c.log.Warn("not connected to NATS; retrying", zap.String("nats_url", redactURLs(c.cfg.NATSURL)),
+				zap.String("status", nc.Status().String()), zap.NamedError("cause", nc.LastError()), zap.Int("attempt", attempt+1))
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			c.log.Warn("stream not found; waiting for the relay to create it (or set --create-stream)",
+				zap.String("stream", c.cfg.Stream), zap.String("nats_url", redactURLs(c.cfg.NATSURL)), zap.Int("attempt", attempt+1))
+		default:
+			c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.String("nats_url", redactURLs(c.cfg.NATSURL)),
+				zap.Error(err), zap.Int("attempt", attempt+1))
+		}
 		if !c.sleep(ctx, attempt) {
 			return nil, nil
 		}
@@ -576,6 +600,45 @@ func isRefused(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+}
+
+// recordingDialer dials like the NATS client's default dialer and keeps the
+// last failure, which the client itself reports only as "no servers
+// available".
+type recordingDialer struct {
+	net.Dialer
+	mu   sync.Mutex
+	last error
+}
+
+func (d *recordingDialer) Dial(network, address string) (net.Conn, error) {
+	conn, err := d.Dialer.Dial(network, address)
+	if err != nil {
+		d.mu.Lock()
+		d.last = err
+		d.mu.Unlock()
+	}
+	return conn, err
+}
+
+func (d *recordingDialer) lastError() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
+}
+
+// redactURLs returns a comma-separated list of server URLs with any password
+// replaced by "xxxxx", for messages.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if u, err := url.Parse(p); err == nil && u.User != nil {
+			p = u.Redacted()
+		}
+		parts[i] = p
+	}
+	return strings.Join(parts, ",")
 }
 
 // sleep waits for the attempt's backoff (exponential, with jitter, capped) or
