@@ -84,20 +84,21 @@ var envKinds = map[string]string{
 // settingNames maps the Config fields named by validation errors onto the
 // flags and environment variables that set them.
 var settingNames = strings.NewReplacer(
-	"Config.Inbox.Handler", "the ledger handler",
+	"Config.Inbox.BatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Config.Inbox.Workers", "--workers (CONSUMER_WORKERS)",
+	"Config.Inbox.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"Config.Inbox.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"Config.Inbox.Lease", "--lease (CONSUMER_LEASE)",
+	"Config.Inbox.Handler", "the ledger handler", // after HandlerTimeout: the first match wins
 	"Config.NATSURL", "--nats-url (NATS_URL)",
 	"Config.Stream", "--stream (CONSUMER_STREAM)",
 	"Config.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
 	"Config.Durable", "--durable (CONSUMER_DURABLE)",
-	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE) / --worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
 	"Config.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
 	"Config.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
 	"Config.MaxAckPending", "10 × --batch-size",
 	"Config.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"Config.Workers", "--workers (CONSUMER_WORKERS)",
-	"Config.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"Config.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"Config.Lease", "--lease (CONSUMER_LEASE)",
 	"Config.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
 	"Config.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
 )

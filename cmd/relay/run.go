@@ -77,12 +77,20 @@ var configFields = []struct{ field, setting string }{
 	{"NATSConfig.AckTimeout", "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 }
 
+// nameSetting rewrites a configuration error of the relay or broker package
+// into the settings the user sets. Those packages prefix their errors with
+// their name; main prefixes the command's name, so the package prefix is
+// dropped here rather than printed twice ("relay: relay: ...").
 func nameSetting(err error) error {
-	msg := err.Error()
-	for _, f := range configFields {
-		msg = strings.ReplaceAll(msg, f.field, f.setting)
+	lines := strings.Split(err.Error(), "\n")
+	for i, msg := range lines {
+		msg = strings.TrimPrefix(strings.TrimPrefix(msg, "relay: "), "broker: ")
+		for _, f := range configFields {
+			msg = strings.ReplaceAll(msg, f.field, f.setting)
+		}
+		lines[i] = msg
 	}
-	return errors.New(msg)
+	return errors.New(strings.Join(lines, "\n"))
 }
 
 func newRootCommand() *cobra.Command {

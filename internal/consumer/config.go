@@ -149,46 +149,46 @@ func (c Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Pool == nil {
-		bad("consumer: Config.Pool is required")
+		bad("Config.Pool is required")
 	}
 	if strings.TrimSpace(c.NATSURL) == "" {
-		bad("consumer: Config.NATSURL is required")
+		bad("Config.NATSURL is required")
 	}
 	if strings.ContainsAny(c.Stream, " \t\r\n.*>") {
-		bad("consumer: Config.Stream %q must not contain spaces, '.', '*' or '>'", c.Stream)
+		bad("Config.Stream %q must not contain spaces, '.', '*' or '>'", c.Stream)
 	}
 	if strings.ContainsAny(c.Durable, " \t\r\n.*>") {
-		bad("consumer: Config.Durable %q must not contain spaces, '.', '*' or '>'", c.Durable)
+		bad("Config.Durable %q must not contain spaces, '.', '*' or '>'", c.Durable)
 	}
 	if strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasSuffix(c.SubjectPrefix, ".") {
-		bad("consumer: Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+		bad("Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
 	}
 	if c.DedupWindow < 0 {
-		bad("consumer: Config.DedupWindow %s must be positive", c.DedupWindow)
+		bad("Config.DedupWindow %s must be positive", c.DedupWindow)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
-		bad("consumer: Config.BatchSize %d must be between 1 and 10000", c.BatchSize)
+		bad("Config.BatchSize %d must be between 1 and 10000", c.BatchSize)
 	}
 	if c.MaxWait < 10*time.Millisecond {
-		bad("consumer: Config.MaxWait %s must be at least 10ms", c.MaxWait)
+		bad("Config.MaxWait %s must be at least 10ms", c.MaxWait)
 	}
 	if c.AckWait < time.Second {
-		bad("consumer: Config.AckWait %s must be at least 1s", c.AckWait)
+		bad("Config.AckWait %s must be at least 1s", c.AckWait)
 	}
-	if c.MaxAckPending < c.BatchSize {
-		bad("consumer: Config.MaxAckPending %d must be at least Config.BatchSize %d", c.MaxAckPending, c.BatchSize)
+	if c.BatchSize >= 1 && c.MaxAckPending < c.BatchSize { // derived from BatchSize: only once that is valid
+		bad("Config.MaxAckPending %d must be at least Config.BatchSize %d", c.MaxAckPending, c.BatchSize)
 	}
 	if c.MaxPayloadBytes < 0 {
-		bad("consumer: Config.MaxPayloadBytes %d must not be negative", c.MaxPayloadBytes)
+		bad("Config.MaxPayloadBytes %d must not be negative", c.MaxPayloadBytes)
 	}
 	if c.StoreTimeout <= 0 {
-		bad("consumer: Config.StoreTimeout %s must be positive", c.StoreTimeout)
+		bad("Config.StoreTimeout %s must be positive", c.StoreTimeout)
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
-		bad("consumer: Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+		bad("Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
 	}
 	if !c.DisableWorkers && c.Inbox.Handler == nil {
-		bad("consumer: Config.Inbox.Handler is required (or set Config.DisableWorkers)")
+		bad("Config.Inbox.Handler is required (or set Config.DisableWorkers)")
 	}
 	return errors.Join(errs...)
 }

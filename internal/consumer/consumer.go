@@ -77,17 +77,21 @@ type counters struct {
 // connect to anything yet: Run does, and keeps retrying.
 func New(cfg Config) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.Named("consumer")}
+	errs := cfg.validate()
+	var w *inbox.Worker
 	if !cfg.DisableWorkers {
-		w, err := inbox.NewWorker(cfg.Inbox)
-		if err != nil {
-			return nil, fmt.Errorf("consumer: inbox worker: %w", err)
+		var err error
+		if w, err = inbox.NewWorker(cfg.Inbox); err != nil {
+			// The inbox names its own fields "inbox: Config.X"; here they
+			// are Config.Inbox.X, which tells them from the consumer's own.
+			msg := strings.ReplaceAll(err.Error(), "inbox: Config.", "Config.")
+			errs = errors.Join(errs, errors.New(strings.ReplaceAll(msg, "Config.", "Config.Inbox.")))
 		}
-		c.worker = w
 	}
+	if errs != nil {
+		return nil, fmt.Errorf("consumer: %w", errs)
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.Named("consumer"), worker: w}
 	return c, nil
 }
 
@@ -124,7 +128,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.worker != nil {
 		wg.Go(func() {
 			if err := c.worker.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				workerErr = fmt.Errorf("consumer: inbox worker: %w", err)
+				workerErr = fmt.Errorf("consumer: %w", err) // the inbox's errors name it already
 			}
 		})
 	}
