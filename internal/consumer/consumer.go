@@ -41,6 +41,10 @@ type Consumer struct {
 	worker *inbox.Worker // nil when Config.DisableWorkers
 	stats  counters
 	ready  atomic.Bool
+	// streamCreated is the attached stream's creation time, part of the
+	// fallback id of a message without an event id. Only the ingest
+	// goroutine reads and writes it.
+	streamCreated time.Time
 
 	// crashAfterCommit, when set (tests only), is called after a batch
 	// committed and before it is acknowledged; returning true abandons the
@@ -274,6 +278,7 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 	if err := c.checkReplayWindow(info.Config); err != nil {
 		return nil, err
 	}
+	c.streamCreated = info.Created
 	cfg := jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
 		FilterSubject: c.cfg.FilterSubject,
@@ -411,6 +416,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 		d := Delivery{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
 		if meta, err := m.Metadata(); err == nil {
 			d.Stream, d.StreamSeq, d.Timestamp = meta.Stream, meta.Sequence.Stream, meta.Timestamp
+			if meta.Stream == c.cfg.Stream {
+				d.StreamCreated = c.streamCreated
+			}
 		}
 		dec := Decode(d, opts)
 		if d.StreamSeq == 0 && dec.DeadReason != "" {

@@ -321,7 +321,7 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 		30*time.Second, 20*time.Millisecond, "the redelivery was absorbed and acknowledged")
 	var id, reason string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM inbox WHERE status = 'dead'`).Scan(&id, &reason))
-	require.Equal(t, FallbackEventID(b.stream, ack.Sequence), id)
+	require.Equal(t, FallbackEventID(b.stream, b.created(t), ack.Sequence), id)
 	require.Contains(t, reason, ReasonMissingEventID)
 	var rows int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows))
@@ -617,4 +617,69 @@ func TestCreateStreamWithTheRelaysSettings(t *testing.T) {
 	require.Equal(t, want.MaxAge, got.MaxAge)
 	require.Equal(t, want.Duplicates, got.Duplicates)
 	require.Equal(t, want.Subjects, got.Subjects)
+}
+
+// created returns the creation time of the test's stream.
+func (b *testBundle) created(t *testing.T) time.Time {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.stream)
+	require.NoError(t, err)
+	return s.CachedInfo().Created
+}
+
+// TestFallbackIDsOfARecreatedStreamAreNew: a message without an event id is
+// stored dead under an id derived from its stream position. After the stream
+// is deleted and created again (sequence numbers restart at 1), a new such
+// message must be stored as a new dead row, not absorbed as a duplicate of the
+// old one.
+func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	publishNoID := func(body string) {
+		m := nats.NewMsg(b.prefix + ".orders")
+		m.Header.Set(event.HeaderEventType, ledger.EventOrderPaid)
+		m.Data = []byte(body)
+		ack, err := b.js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), ack.Sequence)
+	}
+	dead := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'dead'`).Scan(&n))
+		return n
+	}
+	publishNoID(`{"first":true}`)
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	require.Eventually(t, func() bool { return dead() == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, stop())
+
+	// The stream is re-created under the same name.
+	info, err := b.js.Stream(ctx, b.stream)
+	require.NoError(t, err)
+	require.NoError(t, b.js.DeleteStream(ctx, b.stream))
+	_, err = b.js.CreateStream(ctx, info.CachedInfo().Config)
+	require.NoError(t, err)
+	publishNoID(`{"second":true}`)
+
+	c, err = New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, func() bool { return dead() == 2 }, 30*time.Second, 20*time.Millisecond,
+		"the new message must not be taken for a duplicate of the old one")
+	var payloads []string
+	rows, err := b.pool.Query(ctx, `SELECT convert_from(payload, 'UTF8') FROM inbox ORDER BY received_at`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var p string
+		require.NoError(t, rows.Scan(&p))
+		payloads = append(payloads, p)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{`{"first":true}`, `{"second":true}`}, payloads)
 }
