@@ -40,3 +40,20 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--log-level", "loud"), "--log-level / LOG_LEVEL")
 	require.ErrorContains(t, run(t, "healthcheck", "--metrics-addr", ""), "--metrics-addr (METRICS_ADDR)")
 }
+
+// TestSettingErrorsReadOnce: a bad setting gives one line per problem, each
+// naming the flag once, with no line derived from the bad value (10 × a
+// negative batch size) and no package prefix repeated ("consumer: inbox
+// worker: inbox: ...").
+func TestSettingErrorsReadOnce(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://127.0.0.1:1/none")
+	err := run(t, "run", "--batch-size", "-1")
+	require.EqualError(t, err, "consumer: --batch-size (CONSUMER_BATCH_SIZE) -1 must be between 1 and 10000")
+
+	err = run(t, "run", "--workers", "-1", "--worker-batch-size", "-3")
+	require.ErrorContains(t, err, "--workers (CONSUMER_WORKERS) must be between 1 and 1000, got -1")
+	require.ErrorContains(t, err, "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE) must be between 1 and 10000, got -3")
+	require.NotContains(t, err.Error(), "inbox worker")
+	require.NotContains(t, err.Error(), "inbox: ")
+	require.NotContains(t, err.Error(), "--batch-size (CONSUMER_BATCH_SIZE)", "the worker batch size is not the fetch batch size")
+}

@@ -120,3 +120,12 @@ func TestSIGTERMReleasesLeases(t *testing.T) {
 	require.Zero(t, count(`SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`), "leases released")
 	require.Zero(t, count(`SELECT count(*) FROM relay_nodes`))
 }
+
+// TestSettingErrorsCarryNoPackagePrefix: main prefixes "relay:" once; a
+// setting error must not carry the relay package's own prefix as well
+// ("relay: relay: --batch-size ...").
+func TestSettingErrorsCarryNoPackagePrefix(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	err := execute(context.Background(), "run", "--database-url", "postgres://x", "--batch-size", "-1")
+	require.EqualError(t, err, "--batch-size (RELAY_BATCH_SIZE) must be between 1 and 10000, got -1")
+}

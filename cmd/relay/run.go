@@ -29,6 +29,7 @@ type settings struct {
 	stream             string
 	subjectPrefix      string
 	createStream       bool
+	streamMaxAge       time.Duration
 	ackTimeout         time.Duration
 	nodeID             string
 	batchSize          int
@@ -48,6 +49,7 @@ type settings struct {
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
 	"RELAY_CREATE_STREAM":      "bool",
+	"RELAY_STREAM_MAX_AGE":     "duration",
 	"RELAY_ACK_TIMEOUT":        "duration",
 	"RELAY_BATCH_SIZE":         "int",
 	"RELAY_LEASE":              "duration",
@@ -75,12 +77,20 @@ var configFields = []struct{ field, setting string }{
 	{"NATSConfig.AckTimeout", "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 }
 
+// nameSetting rewrites a configuration error of the relay or broker package
+// into the settings the user sets. Those packages prefix their errors with
+// their name; main prefixes the command's name, so the package prefix is
+// dropped here rather than printed twice ("relay: relay: ...").
 func nameSetting(err error) error {
-	msg := err.Error()
-	for _, f := range configFields {
-		msg = strings.ReplaceAll(msg, f.field, f.setting)
+	lines := strings.Split(err.Error(), "\n")
+	for i, msg := range lines {
+		msg = strings.TrimPrefix(strings.TrimPrefix(msg, "relay: "), "broker: ")
+		for _, f := range configFields {
+			msg = strings.ReplaceAll(msg, f.field, f.setting)
+		}
+		lines[i] = msg
 	}
-	return errors.New(msg)
+	return errors.New(strings.Join(lines, "\n"))
 }
 
 func newRootCommand() *cobra.Command {
@@ -122,7 +132,8 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.embeddedListen, "embedded-nats-listen", cli.EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
 	f.StringVar(&s.stream, "stream", cli.EnvString("RELAY_STREAM", "PGRELAY"), "JetStream stream storing the subjects (env RELAY_STREAM)")
 	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("RELAY_SUBJECT_PREFIX", "pgrelay"), "subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.DurationVar(&s.streamMaxAge, "stream-max-age", cli.EnvDuration("RELAY_STREAM_MAX_AGE", broker.DefaultStreamMaxAge), "MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
 	f.DurationVar(&s.ackTimeout, "ack-timeout", cli.EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", 500), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
@@ -188,13 +199,16 @@ func runRelay(parent context.Context, s settings) error {
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
 	if s.migrate {
-		sqlDB := stdlib.OpenDBFromPool(pool)
-		err := migrations.Up(startCtx, sqlDB)
-		_ = sqlDB.Close()
-		if err != nil {
-			return err
-		}
+		err = migrations.Up(startCtx, sqlDB)
+	} else if err = migrations.Check(startCtx, sqlDB); err != nil {
+		// Relaying on a partial schema would only loop on errors.
+		err = fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
+	}
+	_ = sqlDB.Close()
+	if err != nil {
+		return err
 	}
 
 	natsURL, createStream := s.natsURL, s.createStream
@@ -212,7 +226,7 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	pub, err := broker.NewNATS(startCtx, broker.NATSConfig{
 		URL: natsURL, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		AckTimeout: s.ackTimeout, Logger: log,
+		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log,
 	})
 	if err != nil {
 		if strings.Contains(err.Error(), "NATSConfig.") {

@@ -27,10 +27,11 @@ func goodDelivery() Delivery {
 			event.HeaderOccurredAt: {"2026-01-02T03:04:05.123456789Z"},
 			"Pgrelay-H-trace":      {"abc"},
 		},
-		Data:      []byte(`{"order_id":"order-1","amount_cents":100,"currency":"EUR"}`),
-		Stream:    "PGRELAY",
-		StreamSeq: 42,
-		Timestamp: time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC),
+		Data:          []byte(`{"order_id":"order-1","amount_cents":100,"currency":"EUR"}`),
+		Stream:        "PGRELAY",
+		StreamSeq:     42,
+		StreamCreated: time.Date(2026, 1, 1, 0, 0, 0, 5, time.UTC),
+		Timestamp:     time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC),
 	}
 }
 
@@ -119,7 +120,7 @@ func TestDecodeMalformed(t *testing.T) {
 			require.True(t, strings.HasPrefix(got.DeadReason, tc.reason), "reason %q", got.DeadReason)
 			want := tc.id
 			if want == "" {
-				want = FallbackEventID("PGRELAY", 42)
+				want = "nats:PGRELAY:1767225600000000005:42"
 			}
 			require.Equal(t, want, got.Message.EventID)
 			require.Equal(t, d.Data, got.Message.Payload, "raw bytes kept")

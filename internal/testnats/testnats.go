@@ -63,7 +63,9 @@ func Stream(tb testing.TB, url string) (stream, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: stream, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage,
+		// A day's MaxAge keeps the stream within the consumer's dedup
+		// window, which it checks at attach.
+		Name: stream, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage, MaxAge: 24 * time.Hour,
 	}); err != nil {
 		tb.Fatalf("testnats: create stream: %v", err)
 	}
