@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
@@ -17,7 +15,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
-	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // settings are the command line, each defaulted from its environment variable.
@@ -43,6 +40,7 @@ type settings struct {
 	logLevel           string
 	logFormat          string
 	ops                admin.OpsFlags
+	db                 cli.DBSettings
 }
 
 // envKinds lists the typed environment variables, checked at start-up.
@@ -138,6 +136,7 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
 	admin.BindOpsFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
+	cli.BindDBFlags(f, &s.db, "--lease")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL))
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
@@ -148,6 +147,9 @@ the stream is created, so a first run needs only PostgreSQL.`,
 // signal ends it.
 func runRelay(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(envKinds); err != nil {
+		return err
+	}
+	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
 	if s.databaseURL == "" {
@@ -169,30 +171,27 @@ func runRelay(parent context.Context, s settings) error {
 	if err := rcfg.Validate(); err != nil {
 		return nameSetting(err)
 	}
+	dbs, err := s.db.Resolve(rcfg.LeaseDuration, 0)
+	if err != nil {
+		return err
+	}
 	defer log.Sync() //nolint:errcheck
 
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
 
-	pcfg, err := pgxpool.ParseConfig(s.databaseURL)
-	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(startCtx, pcfg)
+	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, 0)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	defer pool.Close()
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}
 	if s.migrate {
-		sqlDB := stdlib.OpenDBFromPool(pool)
-		err := migrations.Up(startCtx, sqlDB)
-		_ = sqlDB.Close()
-		if err != nil {
+		if err := cli.MigrateUp(startCtx, s.databaseURL); err != nil {
 			return err
 		}
 	}

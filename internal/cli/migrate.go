@@ -33,9 +33,9 @@ work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 			defer cancel()
-			pool, err := pgxpool.New(ctx, *databaseURL)
+			pool, err := openMigrationPool(ctx, *databaseURL)
 			if err != nil {
-				return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+				return err
 			}
 			defer pool.Close()
 			db := stdlib.OpenDBFromPool(pool)
@@ -86,4 +86,24 @@ work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 	})
 	cmd.AddCommand(up, down, status)
 	return cmd
+}
+
+// openMigrationPool connects for migrating: TCP keepalives as the services
+// have them, but no statement or idle in transaction timeout, since a
+// migration may rewrite a large table.
+func openMigrationPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+	return OpenPool(ctx, databaseURL, DBSettings{IdleInTransactionTimeout: -1, TCPKeepalive: DefaultTCPKeepalive}, 2)
+}
+
+// MigrateUp applies every pending migration over a connection of its own
+// (see openMigrationPool); the services' --migrate runs it at start-up.
+func MigrateUp(ctx context.Context, databaseURL string) error {
+	pool, err := openMigrationPool(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return migrations.Up(ctx, db)
 }
