@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,4 +172,43 @@ func TestHungBatchSessionIsEndedAndTakenOver(t *testing.T) {
 		"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'").Scan(&active))
 	require.Zero(t, active, "the hung session was ended by the server")
 	require.Positive(t, healthyRan.Load(), "the healthy worker ran the taken-over events")
+}
+
+// TestMigrateDownForce: `migrate down` refuses to drop the inbox while it
+// holds events, saying how to override; --force drops it.
+func TestMigrateDownForce(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) VALUES ('e1', 't')`)
+	require.NoError(t, err)
+
+	down := func(args ...string) error {
+		u := url
+		cmd := cli.MigrateCommand(&u)
+		cmd.SetArgs(append([]string{"down"}, args...))
+		cmd.SetOut(io.Discard)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		return cmd.ExecuteContext(ctx)
+	}
+	var refusal error
+	for range 50 {
+		if refusal = down(); refusal != nil {
+			break
+		}
+	}
+	require.ErrorContains(t, refusal, "migrate down: 00001_inbox would drop data")
+	require.ErrorContains(t, refusal, "--force")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n))
+	require.Equal(t, 1, n)
+
+	require.NoError(t, down("--force"))
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('inbox') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists)
 }
