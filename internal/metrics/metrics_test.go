@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,6 +228,9 @@ func TestHealthAndReadiness(t *testing.T) {
 	brokerDown := errors.New("nats: no servers available")
 	var brokerErr error
 	var mu sync.Mutex
+	var slow, hung atomic.Bool
+	release := make(chan struct{})
+	defer close(release)
 	srv, err := NewServer(ServerConfig{Registry: NewRegistry(), Checks: map[string]Check{
 		"database": PingCheck(pool),
 		"broker": func(context.Context) error {
@@ -234,7 +238,20 @@ func TestHealthAndReadiness(t *testing.T) {
 			defer mu.Unlock()
 			return brokerErr
 		},
-		"slow": func(ctx context.Context) error { <-ctx.Done(); return nil },
+		// slow answers nil, but only once its deadline passed; hung ignores
+		// its context altogether. Either is a failed check.
+		"slow": func(ctx context.Context) error {
+			if slow.Load() {
+				<-ctx.Done()
+			}
+			return nil
+		},
+		"hung": func(context.Context) error {
+			if hung.Load() {
+				<-release
+			}
+			return nil
+		},
 	}, CheckTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
@@ -262,6 +279,24 @@ func TestHealthAndReadiness(t *testing.T) {
 	require.Contains(t, body, `"broker":"nats: no servers available"`)
 	code, _ = get("/healthz")
 	require.Equal(t, http.StatusOK, code, "liveness does not depend on the broker")
+
+	mu.Lock()
+	brokerErr = nil
+	mu.Unlock()
+	slow.Store(true)
+	code, body = get("/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "a check that timed out is not ok: %s", body)
+	require.Contains(t, body, `"slow":"check timed out after 200ms"`)
+	slow.Store(false)
+	hung.Store(true)
+	start := time.Now()
+	code, body = get("/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body, `"hung":"check timed out after 200ms"`)
+	require.Less(t, time.Since(start), 5*time.Second, "a check ignoring its context must not hold /readyz")
+	hung.Store(false)
+	code, body = get("/readyz")
+	require.Equal(t, http.StatusOK, code, body)
 }
 
 func TestServerConfigValidation(t *testing.T) {
