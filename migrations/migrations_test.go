@@ -185,3 +185,49 @@ func TestDownRefusesToDropData(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestOccurredAtRangeMigration: migrating a database that holds outbox rows
+// outside the occurred_at range marks the pending ones dead with the reason
+// (no consumer could take them), leaves published ones alone, and from then
+// on refuses such rows.
+func TestOccurredAtRangeMigration(t *testing.T) {
+	t.Parallel()
+	url := emptyDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	p, err := migrations.NewProvider(sqlDB)
+	require.NoError(t, err)
+	_, err = p.UpTo(ctx, 44)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, occurred_at) VALUES
+		('late', 't', '10000-01-01 00:00:00+00'), ('zero', 't', '0001-01-01 00:00:00+00'), ('fine', 't', now())`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, occurred_at) VALUES ('old-published', 't', '10000-01-01 00:00:00+00')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'published' WHERE event_id = 'old-published'`)
+	require.NoError(t, err)
+
+	_, err = p.UpTo(ctx, 45)
+	require.NoError(t, err)
+	status := func(id string) (string, string) {
+		var s, e string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM outbox WHERE event_id = $1`, id).Scan(&s, &e))
+		return s, e
+	}
+	for _, id := range []string{"late", "zero"} {
+		s, e := status(id)
+		require.Equal(t, "dead", s, id)
+		require.Contains(t, e, "is out of range", id)
+	}
+	s, _ := status("fine")
+	require.Equal(t, "pending", s)
+	s, _ = status("old-published")
+	require.Equal(t, "published", s)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', '10000-01-01 00:00:00+00')`)
+	require.ErrorContains(t, err, "outbox_occurred_at_range")
+}
