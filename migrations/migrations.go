@@ -24,13 +24,12 @@ import (
 var FS embed.FS
 
 // NewProvider returns a goose provider over the embedded migrations. It holds a
-// Postgres session lock while migrating, so several instances starting at once
-// apply each migration exactly once.
+// Postgres session lock while migrating (goose's lock id, waited for in the
+// server rather than polled), so several instances starting at once apply
+// each migration exactly once and the later ones go on as soon as the first
+// is done.
 func NewProvider(db *sql.DB) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker()
-	if err != nil {
-		return nil, fmt.Errorf("migrations: session locker: %w", err)
-	}
+	locker := waitingLocker{id: lock.DefaultLockID}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithSessionLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: provider: %w", err)

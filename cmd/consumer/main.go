@@ -63,6 +63,7 @@ type settings struct {
 	ops             admin.OpsFlags
 	logLevel        string
 	logFormat       string
+	db              cli.DBSettings
 }
 
 // envKinds lists the typed environment variables, checked at start-up.
@@ -146,6 +147,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
+	cli.BindDBFlags(f, &s.db, "--lease")
 
 	var probeAddr string
 	health := &cobra.Command{
@@ -168,6 +170,9 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(admin.OpsEnvKinds); err != nil {
 		return err
 	}
+	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
+		return err
+	}
 	if s.databaseURL == "" {
 		return errors.New("--database-url (DATABASE_URL) is required")
 	}
@@ -180,18 +185,25 @@ func runConsumer(parent context.Context, s settings) error {
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
 
-	poolCfg, err := pgxpool.ParseConfig(s.databaseURL)
+	// The idle in transaction timeout defaults to the lease: a batch whose
+	// process hangs with its transaction open loses its row locks then, so
+	// its events can be taken over.
+	lease, handlerTimeout := s.lease, s.handlerTimeout
+	if lease <= 0 {
+		lease = inbox.DefaultLease
+	}
+	if handlerTimeout <= 0 {
+		handlerTimeout = inbox.DefaultHandlerTimeout
+	}
+	dbs, err := s.db.Resolve(lease, handlerTimeout)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	// Inbox workers each hold a connection; ingest, LISTEN, the metrics
 	// collector and retention need a few more.
-	if min := int32(s.workers + 4); poolCfg.MaxConns < min {
-		poolCfg.MaxConns = min
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	pool, err := cli.OpenPool(ctx, s.databaseURL, dbs, int32(s.workers+4))
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	defer pool.Close()
 

@@ -39,6 +39,11 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--lease", "1s"), "--handler-timeout (CONSUMER_HANDLER_TIMEOUT) (10s) must be shorter than --lease (CONSUMER_LEASE) (1s)")
 	require.ErrorContains(t, run(t, "run", "--log-level", "loud"), "--log-level / LOG_LEVEL")
 	require.ErrorContains(t, run(t, "healthcheck", "--metrics-addr", ""), "--metrics-addr (METRICS_ADDR)")
+	require.ErrorContains(t, run(t, "run", "--db-statement-timeout", "-1s"), "--db-statement-timeout (DB_STATEMENT_TIMEOUT)")
+	require.ErrorContains(t, run(t, "run", "--db-idle-in-transaction-timeout", "5s"), "--db-idle-in-transaction-timeout (DB_IDLE_IN_TRANSACTION_TIMEOUT) must exceed the handler timeout 10s")
+	require.ErrorContains(t, run(t, "run", "--db-tcp-keepalive", "10ms"), "--db-tcp-keepalive (DB_TCP_KEEPALIVE)")
+	t.Setenv("DB_STATEMENT_TIMEOUT", "soon")
+	require.ErrorContains(t, run(t, "run"), `invalid DB_STATEMENT_TIMEOUT="soon"`)
 }
 
 // TestSettingErrorsReadOnce: a bad setting gives one line per problem, each

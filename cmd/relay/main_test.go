@@ -48,6 +48,9 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		{[]string{"run", "--database-url", "postgres://x", "--ack-timeout", "-1s"}, "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--log-level", "loud"}, "--log-level"},
 		{[]string{"run", "--database-url", "::not a url::"}, "--database-url (DATABASE_URL)"},
+		{[]string{"run", "--database-url", "postgres://x", "--db-statement-timeout", "1us"}, "--db-statement-timeout (DB_STATEMENT_TIMEOUT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--db-idle-in-transaction-timeout", "1ns"}, "--db-idle-in-transaction-timeout (DB_IDLE_IN_TRANSACTION_TIMEOUT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--db-tcp-keepalive", "-5s"}, "--db-tcp-keepalive (DB_TCP_KEEPALIVE)"},
 		{[]string{"run", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, "--database-url (DATABASE_URL): cannot reach PostgreSQL"},
 	}
 	for _, c := range cases {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -44,6 +43,7 @@ type settings struct {
 	logLevel           string
 	logFormat          string
 	ops                admin.OpsFlags
+	db                 cli.DBSettings
 }
 
 // envKinds lists the typed environment variables, checked at start-up.
@@ -149,6 +149,7 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
 	admin.BindOpsFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
+	cli.BindDBFlags(f, &s.db, "--lease")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL))
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
@@ -159,6 +160,9 @@ the stream is created, so a first run needs only PostgreSQL.`,
 // signal ends it.
 func runRelay(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(envKinds); err != nil {
+		return err
+	}
+	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
 	if s.databaseURL == "" {
@@ -180,35 +184,36 @@ func runRelay(parent context.Context, s settings) error {
 	if err := rcfg.Validate(); err != nil {
 		return nameSetting(err)
 	}
+	dbs, err := s.db.Resolve(rcfg.LeaseDuration, 0)
+	if err != nil {
+		return err
+	}
 	defer log.Sync() //nolint:errcheck
 
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
 
-	pcfg, err := pgxpool.ParseConfig(s.databaseURL)
-	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(startCtx, pcfg)
+	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, 0)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	defer pool.Close()
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}
-	sqlDB := stdlib.OpenDBFromPool(pool)
 	if s.migrate {
-		err = migrations.Up(startCtx, sqlDB)
-	} else if err = migrations.Check(startCtx, sqlDB); err != nil {
-		// Relaying on a partial schema would only loop on errors.
-		err = fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
+		if err := cli.MigrateUp(startCtx, s.databaseURL); err != nil {
+			return err
+		}
 	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	err = migrations.Check(startCtx, sqlDB)
 	_ = sqlDB.Close()
 	if err != nil {
-		return err
+		// Relaying on a partial schema would only loop on errors.
+		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
 	}
 
 	natsURL, createStream := s.natsURL, s.createStream

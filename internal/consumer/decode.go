@@ -166,10 +166,17 @@ func Decode(d Delivery, opts DecodeOptions) Decoded {
 	m.OccurredAt = d.Timestamp
 	if at, ok := header(event.HeaderOccurredAt); ok {
 		t, err := time.Parse(time.RFC3339Nano, at)
-		if err != nil {
-			fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, truncate(printable(at), 64))
+		if err == nil {
+			t, err = event.NormalizeOccurredAt(t)
+			if err != nil {
+				// Never replaced by another time: stored dead, saying why.
+				fail("%s: %s %q is out of range (after 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z)",
+					ReasonInvalidOccurredAt, event.HeaderOccurredAt, truncate(printable(at), 64))
+			} else {
+				m.OccurredAt = t
+			}
 		} else {
-			m.OccurredAt = t
+			fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, truncate(printable(at), 64))
 		}
 	}
 	if m.OccurredAt.IsZero() {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -243,4 +244,29 @@ func TestBatchPath(t *testing.T) {
 			require.Equal(t, 1, credits(t, pool, fmt.Sprintf("o%d", i)))
 		}
 	}
+}
+
+// TestCreditUniqueEventIDIsTheSecondLineOfDefence: should the inbox ever run
+// an OrderPaid twice (a fencing bug, an operator replaying by hand), the
+// ledger's UNIQUE(event_id) refuses the second credit: the handler fails with
+// a unique violation and the order stays credited once.
+func TestCreditUniqueEventIDIsTheSecondLineOfDefence(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	handle := func(in inbox.Incoming) error {
+		ev := &inbox.Event{Message: in.Message, Attempts: 1}
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.Handler{}.Handle(ctx, tx, ev) })
+	}
+	require.NoError(t, handle(created("c-1", "o-unique")))
+	require.NoError(t, handle(paid("p-1", "o-unique")))
+	err := handle(paid("p-1", "o-unique")) // the same event applied again, bypassing the inbox
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the second credit of one event must be refused")
+	require.Equal(t, "23505", pgErr.Code)
+	require.Equal(t, 1, credits(t, pool, "o-unique"))
+	// A different payment of the same order is credited.
+	require.NoError(t, handle(paid("p-2", "o-unique")))
+	require.Equal(t, 2, credits(t, pool, "o-unique"))
 }

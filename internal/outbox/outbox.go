@@ -97,7 +97,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		Headers:     make([]json.RawMessage, n),
 		OccurredAts: make([]time.Time, n),
 	}
-	now := time.Now()
+	now := time.Now().Round(time.Microsecond)
 	var keys []string // the explicit keys, whose locks the insert takes
 	for i, m := range msgs {
 		if err := o.validate(m); err != nil {
@@ -125,9 +125,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 			}
 			headers = b
 		}
-		occurred := m.OccurredAt
-		if occurred.IsZero() {
-			occurred = now
+		occurred := now
+		if !m.OccurredAt.IsZero() {
+			occurred, _ = event.NormalizeOccurredAt(m.OccurredAt) // validated above
 		}
 		payload := m.Payload
 		if payload == nil {
@@ -170,6 +170,11 @@ func (o *Outbox) validate(m event.Message) error {
 	}
 	if err := textField("event type", m.EventType); err != nil {
 		return err
+	}
+	if !m.OccurredAt.IsZero() {
+		if _, err := event.NormalizeOccurredAt(m.OccurredAt); err != nil {
+			return err
+		}
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
