@@ -151,7 +151,7 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	admin.BindOpsFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
-	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL))
+	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
 	return root
 }
