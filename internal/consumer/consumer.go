@@ -351,8 +351,7 @@ func (c *Consumer) checkReplayWindow(sc jetstream.StreamConfig) error {
 }
 
 // streamSpec is the stream the consumer creates when CreateStream is set: the
-// same settings as the relay's.
-// Its MaxAge stays within the dedup window.
+// relay's settings, with a MaxAge that stays within the dedup window.
 func (c *Consumer) streamSpec() broker.StreamSpec {
 	return broker.StreamSpec{Name: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix,
 		MaxAge: min(broker.DefaultStreamMaxAge, c.cfg.DedupWindow)}

@@ -408,6 +408,9 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 	require.True(t, isRefused(c.store(ctx, batch)), "the batch is refused as a whole")
 	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
 	require.True(t, terminated.Load(), "the good message's store met a terminated connection")
+	// The bad message's refusal, and the good message's store on the
+	// terminated connection.
+	require.GreaterOrEqual(t, c.Stats().StoreErrors, int64(2), "the good message's first store must have failed")
 	require.Equal(t, "good", out[1].EventID, "the good message was stored and may be acknowledged")
 
 	var status, topic, key, eventType, headers string
