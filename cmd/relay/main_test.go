@@ -70,7 +70,8 @@ func TestRunWithEmbeddedNATS(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- execute(ctx, "run", "--database-url", url, "--nats-url", "", "--embedded-nats-dir", t.TempDir(),
-			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn")
+			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn",
+			"--metrics-addr", "127.0.0.1:0", "--admin-addr", "")
 	}()
 	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
 	require.NoError(t, err)
