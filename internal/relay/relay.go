@@ -581,7 +581,9 @@ func (r *Relay) arm(w *worker) (nudged bool, err error) {
 	deadline := time.Now().Add(r.cfg.PollInterval)
 	pause := 200 * time.Microsecond
 	for len(xids) > 0 {
-		n, err := r.q.CountInProgress(qctx, r.cfg.Pool, xids)
+		cctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
+		n, err := r.q.CountInProgress(cctx, r.cfg.Pool, xids)
+		cancel()
 		if err != nil {
 			return false, fmt.Errorf("check running transactions: %w", err)
 		}
