@@ -499,7 +499,10 @@ func (r *Relay) work(w *worker) {
 			w.cancel()
 			return
 		case err != nil:
-			_ = r.awaitMark(w, log, inflight)
+			if errors.Is(r.awaitMark(w, log, inflight), errFenced) {
+				w.cancel()
+				return
+			}
 			d := bo.current()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
 			sleepCtx(w.ctx, d)
