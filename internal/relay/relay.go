@@ -499,7 +499,10 @@ func (r *Relay) work(w *worker) {
 			w.cancel()
 			return
 		case err != nil:
-			_ = r.awaitMark(w, log, inflight)
+			if errors.Is(r.awaitMark(w, log, inflight), errFenced) {
+				w.cancel()
+				return
+			}
 			d := bo.current()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
 			sleepCtx(w.ctx, d)
@@ -581,7 +584,9 @@ func (r *Relay) arm(w *worker) (nudged bool, err error) {
 	deadline := time.Now().Add(r.cfg.PollInterval)
 	pause := 200 * time.Microsecond
 	for len(xids) > 0 {
-		n, err := r.q.CountInProgress(qctx, r.cfg.Pool, xids)
+		cctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
+		n, err := r.q.CountInProgress(cctx, r.cfg.Pool, xids)
+		cancel()
 		if err != nil {
 			return false, fmt.Errorf("check running transactions: %w", err)
 		}

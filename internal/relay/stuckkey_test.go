@@ -71,3 +71,38 @@ func TestStuckKeyDoesNotBlockItsPartition(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox WHERE key <> $1`, stuck).Scan(&attempts))
 	require.Equal(t, 1, attempts, "each other event was published in one attempt")
 }
+
+// TestPipelinedBatchesPublishOnceInOrder: with small batches, each full
+// batch is marked in the background while the next one is read and
+// published; every event is still published once (the next read skips the
+// rows being marked) and every key in order.
+func TestPipelinedBatchesPublishOnceInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const keys, perKey = 4, 60
+	for k := range keys {
+		b.enqueue(t, msgs(perKey, fmt.Sprintf("p%d", k), fmt.Sprintf("p%d", k))...)
+	}
+	obs := &countingObserver{}
+	cfg := b.testConfig(t, b.publisher(t), obs)
+	cfg.BatchSize = 10
+	sub := b.subscribe(t)
+	start(t, cfg)
+	b.waitCount(t, "published", keys*perKey, 20*time.Second)
+	last := map[string]int{}
+	for seen := 0; seen < keys*perKey; seen++ {
+		select {
+		case r := <-sub:
+			require.Equal(t, last[r.key]+1, r.seq, "key %s out of order at %s", r.key, r.eventID)
+			last[r.key] = r.seq
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d messages in the stream", seen)
+		}
+	}
+	require.Equal(t, uint64(keys*perKey), b.streamMsgs(t))
+	eventually(t, func() bool { return obs.published.Load() == keys*perKey }, "every event observed published")
+	require.Zero(t, obs.duplicates.Load(), "no event was published twice")
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox`).Scan(&attempts))
+	require.Equal(t, 1, attempts)
+}
