@@ -170,3 +170,22 @@ func TestDeferralDoesNotWaitForAnotherBatchsRelease(t *testing.T) {
 	require.Equal(t, 1, r.Deferrals)
 	require.Equal(t, 1, entries(t, pool, "b-pay"))
 }
+
+// TestSweepCatchesAMissedRelease: a release whose check after commit never ran
+// (its process died between the commit and the check) still reaches the
+// deferred event within a poll interval or so, not at its one-minute fallback.
+func TestSweepCatchesAMissedRelease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	startWorker(t, fastConfig(t, pool, ledger.Handler{}))
+	receive(t, pool, orderPaid("pay", "o1", 100))
+	require.Eventually(t, func() bool { return inboxRow(t, pool, "pay").Deferrals == 1 },
+		10*time.Second, 10*time.Millisecond)
+
+	// What a committed Release leaves behind when nobody checks after it.
+	createOrders(t, pool, "o1")
+	_, err := pool.Exec(context.Background(), `INSERT INTO inbox_releases (waiting_for) VALUES ('order:o1')`)
+	require.NoError(t, err)
+	r := waitStatus(t, pool, "pay", "processed", 10*time.Second)
+	require.Equal(t, 1, r.Deferrals)
+}
