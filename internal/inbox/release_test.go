@@ -64,8 +64,15 @@ func TestCrossedDeferralsAndReleasesDoNotDeadlock(t *testing.T) {
 		}
 		return ledger.Handler{}.Handle(ctx, tx, ev)
 	})
+	// Worker A claims the first two events before worker B starts, so that
+	// concurrent claims cannot interleave the batches.
 	cfg := fastConfig(t, pool, h)
-	cfg.Workers, cfg.BatchSize = 2, 2
+	cfg.Workers, cfg.BatchSize = 1, 2
+	startWorker(t, cfg)
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processing'
+			AND event_id IN ('a1-pay-o1', 'a2-create-o2')`) == 2
+	}, 10*time.Second, 5*time.Millisecond)
 	startWorker(t, cfg)
 
 	waitAllDone(t, pool, 20*time.Second)
@@ -110,8 +117,15 @@ func releaseRace(t *testing.T, pool *pgxpool.Pool, first, second inbox.Incoming)
 		return ledger.Handler{}.Handle(ctx, tx, ev)
 	})
 	cfg := fastConfig(t, pool, h)
-	cfg.Workers, cfg.BatchSize = 2, 2
+	cfg.Workers, cfg.BatchSize = 1, 2
 	cfg.Lease, cfg.HandlerTimeout = 30*time.Second, 10*time.Second
+	startWorker(t, cfg)
+	// B starts once A holds its batch, so that claims cannot interleave.
+	select {
+	case <-blockStarted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("batch A never reached its blocking event")
+	}
 	startWorker(t, cfg)
 	return commitA
 }
@@ -155,4 +169,23 @@ func TestDeferralDoesNotWaitForAnotherBatchsRelease(t *testing.T) {
 	r := waitStatus(t, pool, "b-pay", "processed", 10*time.Second)
 	require.Equal(t, 1, r.Deferrals)
 	require.Equal(t, 1, entries(t, pool, "b-pay"))
+}
+
+// TestSweepCatchesAMissedRelease: a release whose check after commit never ran
+// (its process died between the commit and the check) still reaches the
+// deferred event within a poll interval or so, not at its one-minute fallback.
+func TestSweepCatchesAMissedRelease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	startWorker(t, fastConfig(t, pool, ledger.Handler{}))
+	receive(t, pool, orderPaid("pay", "o1", 100))
+	require.Eventually(t, func() bool { return inboxRow(t, pool, "pay").Deferrals == 1 },
+		10*time.Second, 10*time.Millisecond)
+
+	// What a committed Release leaves behind when nobody checks after it.
+	createOrders(t, pool, "o1")
+	_, err := pool.Exec(context.Background(), `INSERT INTO inbox_releases (waiting_for) VALUES ('order:o1')`)
+	require.NoError(t, err)
+	r := waitStatus(t, pool, "pay", "processed", 10*time.Second)
+	require.Equal(t, 1, r.Deferrals)
 }

@@ -73,11 +73,22 @@ func (w *Worker) Run(ctx context.Context) error {
 // loop is one worker goroutine: claim and process until ctx is done, waiting
 // for a notification or the jittered poll when there is nothing to do.
 func (w *Worker) loop(ctx context.Context) {
+	var lostChecked time.Time
+	tookOver := false
 	for ctx.Err() == nil {
 		// Taken before the claim, so that a notification arriving while the
 		// batch runs is not lost: it closes this channel.
 		wake := w.wake.channel()
-		full, err := w.runOnce(ctx)
+		// Expired leases are rare: looked for at most once per poll
+		// interval, not before every batch of a busy worker, except right
+		// after a takeover (the rest of a crashed batch follows).
+		checkLost := tookOver || time.Since(lostChecked) >= w.cfg.PollInterval
+		if checkLost {
+			lostChecked = time.Now()
+		}
+		var full bool
+		var err error
+		full, tookOver, err = w.runOnce(ctx, checkLost)
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("inbox batch failed", zap.Error(err))
 		}
@@ -94,28 +105,31 @@ func (w *Worker) loop(ctx context.Context) {
 	}
 }
 
-// runOnce takes over at most one event whose worker was lost and processes it
-// alone (if it killed its last worker, it is the likeliest culprit, and alone
-// it cannot take others down with it again), then claims and processes one
-// batch of pending events. It reports whether the batch was full.
-func (w *Worker) runOnce(ctx context.Context) (full bool, err error) {
-	lost, err := w.claimLost(ctx)
-	if err != nil {
-		return false, err
+// runOnce takes over, when checkLost is set, at most one event whose worker was
+// lost and processes it alone (if it killed its last worker, it is the
+// likeliest culprit, and alone it cannot take others down with it again), then
+// claims and processes one batch of pending events. It reports whether there
+// may be more to do at once, and whether it took an event over.
+func (w *Worker) runOnce(ctx context.Context, checkLost bool) (full, tookOver bool, err error) {
+	var lost []*Event
+	if checkLost {
+		if lost, err = w.claimLost(ctx); err != nil {
+			return false, false, err
+		}
 	}
 	if len(lost) > 0 {
 		if err := w.processBatch(ctx, lost); err != nil {
-			return false, err
+			return false, true, err
 		}
 	}
 	batch, err := w.claim(ctx)
 	if err != nil {
-		return false, err
+		return false, len(lost) > 0, err
 	}
 	if len(batch) == 0 {
-		return len(lost) > 0, nil
+		return len(lost) > 0, len(lost) > 0, nil
 	}
-	return len(batch) == w.cfg.BatchSize || len(lost) > 0, w.processBatch(ctx, batch)
+	return len(batch) == w.cfg.BatchSize || len(lost) > 0, len(lost) > 0, w.processBatch(ctx, batch)
 }
 
 func interval(d time.Duration) pgtype.Interval {
