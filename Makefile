@@ -4,14 +4,36 @@ GO    ?= go
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 
-.PHONY: test check unit generate lint fmt tidy-check sqlc-check build
+.PHONY: test check unit generate lint fmt tidy-check sqlc-check build containers compose-check images
 
-## test: every check CI runs, then the whole suite with the race detector.
-test: check fuzz unit
+## test: every check CI runs, then the whole suite with the race detector,
+## the container path (testcontainers) and the docker compose check.
+test: check fuzz unit containers compose-check
 
 ## unit: go test -race over every package (needs PostgreSQL, see README).
 unit:
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+## containers: the integration tests a user with Docker and no services runs:
+## TEST_DATABASE_URL and NATS_URL unset, so testcontainers-go starts PostgreSQL
+## (its postgres module, image PGRELAY_POSTGRES_IMAGE, default postgres:16-alpine)
+## and NATS (a generic container, PGRELAY_NATS_IMAGE, default nats:2.11-alpine).
+## Without Docker the tests are skipped, or fail under CI.
+CONTAINER_TESTS := ^(TestContainers|TestEndToEnd|TestMalformedInputGoesDead)$$
+containers:
+	env -u TEST_DATABASE_URL -u NATS_URL PGRELAY_CONTAINER_TESTS=1 \
+		$(GO) test -race -count=1 -v -timeout 15m -run '$(CONTAINER_TESTS)' ./integration/
+
+## compose-check: docker-compose.yml end to end (deploy/compose-check.sh):
+## every health check, an outbox row written with psql reaches the ledger,
+## /metrics scraped, then down -v. Skipped without Docker, fails under CI.
+compose-check:
+	bash deploy/compose-check.sh
+
+## images: build the local images (deploy/images/build.sh; needs root and
+## debootstrap the first time) that .ci/run uses where no registry serves any.
+images:
+	bash deploy/images/build.sh
 
 ## check: formatting, vet, staticcheck, generated code and go.mod up to date.
 check: fmt lint sqlc-check tidy-check

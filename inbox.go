@@ -27,6 +27,14 @@ type InboxEvent = inbox.Event
 // the event processed. See HandlerFunc.
 type InboxHandler = inbox.Handler
 
+// InboxBatchHandler is an InboxHandler that can also apply a whole batch at
+// once (HandleBatch), typically one set-based statement per kind of effect, in
+// the transaction that marks the batch processed with one statement. If
+// HandleBatch returns an error, the batch is rolled back and run again event
+// by event through Handle, each event isolated, so it may refuse anything
+// that needs a per-event decision.
+type InboxBatchHandler = inbox.BatchHandler
+
 // HandlerFunc adapts a function to InboxHandler. Return nil on success,
 // Permanent(err) for input that can never succeed, Defer(key) to wait for a
 // dependency, and any other error to retry with backoff.
@@ -55,6 +63,13 @@ func Receive(ctx context.Context, q DBTX, msgs []Incoming) (ReceiveResult, error
 	return inbox.Receive(ctx, q, msgs)
 }
 
+// NotifyInbox wakes the inbox workers of every process when q's transaction
+// commits. Receive does not wake anyone: a process running its workers itself
+// calls InboxWorker.Wake after its commit; one storing events for workers
+// elsewhere calls NotifyInbox in the transaction. Otherwise the workers find
+// the events at their next poll (InboxConfig.PollInterval).
+func NotifyInbox(ctx context.Context, q DBTX) error { return inbox.Notify(ctx, q) }
+
 // NewInboxWorker returns a worker that processes the inbox with cfg.Handler
 // once Run is called. It fails if cfg is invalid, naming the field.
 func NewInboxWorker(cfg InboxConfig) (*InboxWorker, error) { return inbox.NewWorker(cfg) }
@@ -68,8 +83,10 @@ func Permanent(err error) error { return inbox.Permanent(err) }
 // same key, without using up an attempt.
 func Defer(waitingFor string) error { return inbox.Defer(waitingFor) }
 
-// Release makes the events deferred on waitingFor due at once; call it from a
-// handler, with its transaction, when it creates what they wait for.
-func Release(ctx context.Context, q DBTX, waitingFor string) error {
-	return inbox.Release(ctx, q, waitingFor)
+// Release makes the events deferred on each of waitingFor due at once, in one
+// statement; call it from a handler, with its transaction, when it creates what
+// they wait for. It takes no lock beyond the rows it writes, so it never waits
+// for another batch's deferral.
+func Release(ctx context.Context, q DBTX, waitingFor ...string) error {
+	return inbox.Release(ctx, q, waitingFor...)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 )
 
@@ -13,6 +14,9 @@ var (
 	ErrMissingTopic    = outbox.ErrMissingTopic
 	ErrPayloadTooLarge = outbox.ErrPayloadTooLarge
 	ErrInvalidHeader   = outbox.ErrInvalidHeader
+	// ErrOccurredAtOutOfRange: OccurredAt must be after 0001-01-01T00:00:00Z
+	// and at most 9999-12-31T23:59:59.999999Z once rounded to the microsecond.
+	ErrOccurredAtOutOfRange = event.ErrOccurredAtOutOfRange
 )
 
 // Errors returned by Enqueue for an event id already in the outbox. Neither
@@ -42,7 +46,8 @@ var defaultOutbox, _ = outbox.New(outbox.Config{})
 
 // Enqueue writes msgs to the outbox inside tx: they are published if and only
 // if tx commits. An empty EventID becomes a new UUIDv7, an empty Key the
-// EventID (the event is then ordered with no other), a zero OccurredAt now.
+// EventID (the event is then ordered with no other), a zero OccurredAt now;
+// OccurredAt is rounded to the microsecond, as PostgreSQL stores it.
 // Events sharing a Key are published in commit order. Every message is
 // validated before any is written; the error names the message's index.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {

@@ -14,9 +14,10 @@ func (p *pipeline) startProcesses(ctx context.Context) error {
 	p.procs = map[string]*process{}
 	// Settings go through the environment, which both binaries read and
 	// which tolerates a setting one of them does not know; the metrics and
-	// health endpoints listen on free ports.
+	// health endpoints listen on free ports and the admin API is off, so a
+	// run never collides with a relay or consumer already on the defaults.
 	common := []string{"LOG_LEVEL=warn", "LOG_FORMAT=console", "DATABASE_URL=" + p.url, "NATS_URL=" + b.nats.url,
-		"METRICS_ADDR=127.0.0.1:0"}
+		"METRICS_ADDR=127.0.0.1:0", "ADMIN_ADDR="}
 	relayProc, err := startProcess("relay", b.bins.relay, []string{"run"}, append(common,
 		"RELAY_STREAM="+p.stream, "RELAY_SUBJECT_PREFIX="+p.prefix))
 	if err != nil {

@@ -41,7 +41,12 @@ func (b *bench) declareFigures() {
 	// A drain starts from a backlog, so it is compared with the floor of the
 	// same work (the read & mark phase, the process phase), not with a floor
 	// that also pays for writing the backlog: that would flatter it.
-	add("relay_drain", "relay", "relay drain (backlog → NATS, marked)", unitRate, "in-process", "floor_outbox_mark_batch", ratio(0.8, "≥ 0.8× outbox floor"), "")
+	add("floor_producer_one", "producer", "producer floor: plain-table INSERT, 1/tx, "+strconv.Itoa(producerConns)+" connections", unitRate, "sql", "", nil, "")
+	add("producer_one", "producer", "producer: outbox INSERT (triggers), 1/tx, "+strconv.Itoa(producerConns)+" connections", unitRate, "sql", "floor_producer_one", ratio(0.8, "≥ 0.8× plain insert"), "")
+	add("floor_relay_mark", "relay", "  relay floor part: read & mark, "+batch+"/stmt", unitRate, "sql", "", nil, "")
+	add("floor_broker", "relay", "  relay floor part: JetStream async publish with msg ids, window "+batch, unitRate, "nats", "", nil, "")
+	add("floor_relay", "relay", "relay floor: read & mark then publish", unitRate, "sql+nats", "", nil, "1 / (1/read&mark + 1/broker), measured in the same run")
+	add("relay_drain", "relay", "relay drain (backlog → NATS, marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
 	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.6, "≥ 0.6× inbox floor"), "")
 
 	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.7, "≥ 0.7× combined floor"), "")

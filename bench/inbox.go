@@ -32,10 +32,11 @@ SELECT 'done-' || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
        'processed', 1, 1, t, t, t, t
 FROM generate_series(0, $1::int - 1) AS i,
      LATERAL (SELECT now() - interval '8 days' + i * interval '1 ms') AS x(t)`
-	// inboxRemaining counts the work left; both parts are served by the
-	// partial indexes on pending and processing rows.
-	inboxRemaining = `SELECT (SELECT count(*) FROM inbox WHERE status = 'pending')
-     + (SELECT count(*) FROM inbox WHERE status = 'processing')`
+	// inboxRemaining says whether work is left; both parts are served by the
+	// partial indexes on pending and processing rows and stop at the first
+	// row (counting them every 5 ms took a core from the drain it measures).
+	inboxRemaining = `SELECT (EXISTS (SELECT 1 FROM inbox WHERE status = 'pending')
+     OR EXISTS (SELECT 1 FROM inbox WHERE status = 'processing'))::int`
 	inboxDeadCount = `SELECT count(*) FROM inbox WHERE status = 'dead'`
 	ledgerCount    = `SELECT count(*) FROM ledger_entries`
 )

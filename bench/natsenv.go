@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
 )
 
 // natsEnv is the NATS JetStream server of the run: an external one (NATS_URL)
@@ -75,10 +77,7 @@ func (e *natsEnv) stream(ctx context.Context) (string, string, error) {
 	name, prefix := "PGRELAYBENCH"+strings.ToUpper(suffix), "pgrelaybench"+suffix
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := e.js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage,
-		Duplicates: 2 * time.Minute,
-	})
+	_, err := e.js.CreateStream(ctx, broker.StreamSpec{Name: name, SubjectPrefix: prefix}.Config())
 	if err != nil {
 		return "", "", fmt.Errorf("create NATS stream: %w", err)
 	}

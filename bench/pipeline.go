@@ -17,6 +17,8 @@ func (b *bench) runPipelineGroup(ctx context.Context, group string) {
 	switch group {
 	case "relay":
 		b.runRelayGroup(ctx)
+	case "producer":
+		b.runProducerGroup(ctx)
 	case "inbox":
 		for range b.cfg.Repeats {
 			b.attempt(ctx, "inbox drain", []string{"inbox_drain"}, func(ctx context.Context) error {

@@ -193,6 +193,16 @@ func openPool(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, err
 func (b *bench) runRelayGroup(ctx context.Context) {
 	n := b.cfg.Events
 	for range b.cfg.Repeats {
+		b.attempt(ctx, "relay floor", []string{"floor_relay_mark", "floor_broker", "floor_relay"}, func(ctx context.Context) error {
+			mark, pub, err := b.relayFloors(ctx, n, b.cfg.BatchSize)
+			if err != nil {
+				return err
+			}
+			b.sample("floor_relay_mark", rate(n, mark))
+			b.sample("floor_broker", rate(n, pub))
+			b.sample("floor_relay", rate(n, mark+pub))
+			return nil
+		})
 		b.attempt(ctx, "relay drain", []string{"relay_drain"}, func(ctx context.Context) error {
 			pool, err := b.outboxDB(ctx, 0)
 			if err != nil {

@@ -17,6 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
 // binaries are built once per test binary run.
@@ -48,6 +50,12 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if binaries.dir != "" {
 		os.RemoveAll(binaries.dir)
+	}
+	// A PostgreSQL container this binary started (make containers): removed
+	// here, since the reaper is disabled where no registry serves its image.
+	if err := testdb.Terminate(); err != nil {
+		fmt.Fprintln(os.Stderr, "testdb: terminate container:", err)
+		code = max(code, 1)
 	}
 	os.Exit(code)
 }

@@ -83,7 +83,9 @@ func TestMalformedInputGoesDead(t *testing.T) {
 		ack, err := js.PublishMsg(ctx, m)
 		require.NoError(t, err, cases[i].name)
 		if cases[i].id == "" {
-			cases[i].id = consumer.FallbackEventID(stream, ack.Sequence)
+			info, err := js.Stream(ctx, stream)
+			require.NoError(t, err)
+			cases[i].id = consumer.FallbackEventID(stream, info.CachedInfo().Created, ack.Sequence)
 		}
 	}
 

@@ -56,6 +56,18 @@ CREATE TRIGGER inbox_notify_insert AFTER INSERT ON inbox
     FOR EACH STATEMENT EXECUTE FUNCTION inbox_notify();
 
 -- +goose Down
+-- Rolling back refuses while the inbox holds events (pending, dead, or processed ones that absorb redeliveries):
+-- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
+       AND EXISTS (SELECT 1 FROM inbox) THEN
+        RAISE EXCEPTION 'migrate down: 00001_inbox would drop data: the inbox holds events (pending, dead, or processed ones that absorb redeliveries); to drop it anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+            USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+END $$;
+-- +goose StatementEnd
 DROP TABLE inbox_releases;
 DROP TABLE inbox;
 DROP FUNCTION inbox_notify();

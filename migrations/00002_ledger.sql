@@ -26,5 +26,17 @@ CREATE TABLE ledger_entries (
 CREATE INDEX ledger_entries_order_idx ON ledger_entries (order_id);
 
 -- +goose Down
+-- Rolling back refuses while the ledger holds entries or orders:
+-- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
+       AND (EXISTS (SELECT 1 FROM ledger_entries) OR EXISTS (SELECT 1 FROM ledger_orders)) THEN
+        RAISE EXCEPTION 'migrate down: 00002_ledger would drop data: the ledger holds entries or orders; to drop it anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+            USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+END $$;
+-- +goose StatementEnd
 DROP TABLE ledger_entries;
 DROP TABLE ledger_orders;

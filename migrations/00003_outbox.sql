@@ -104,6 +104,18 @@ CREATE TRIGGER outbox_notify_insert AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
 
 -- +goose Down
+-- Rolling back refuses while the outbox holds events not yet published or dead:
+-- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
+       AND EXISTS (SELECT 1 FROM outbox WHERE status <> 'published') THEN
+        RAISE EXCEPTION 'migrate down: 00003_outbox would drop data: the outbox holds events not yet published or dead; to drop it anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+            USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+END $$;
+-- +goose StatementEnd
 DROP TABLE outbox;
 DROP FUNCTION outbox_notify();
 DROP FUNCTION outbox_before_insert();

@@ -21,4 +21,16 @@ CREATE INDEX replay_audit_event_idx ON replay_audit (event_id);
 CREATE INDEX replay_audit_at_idx ON replay_audit (at);
 
 -- +goose Down
+-- Rolling back refuses while the replay audit trail holds records:
+-- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
+       AND EXISTS (SELECT 1 FROM replay_audit) THEN
+        RAISE EXCEPTION 'migrate down: 00010_replay_audit would drop data: the replay audit trail holds records; to drop it anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+            USING ERRCODE = 'dependent_objects_still_exist';
+    END IF;
+END $$;
+-- +goose StatementEnd
 DROP TABLE replay_audit;

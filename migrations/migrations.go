@@ -8,9 +8,13 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -20,13 +24,12 @@ import (
 var FS embed.FS
 
 // NewProvider returns a goose provider over the embedded migrations. It holds a
-// Postgres session lock while migrating, so several instances starting at once
-// apply each migration exactly once.
+// Postgres session lock while migrating (goose's lock id, waited for in the
+// server rather than polled), so several instances starting at once apply
+// each migration exactly once and the later ones go on as soon as the first
+// is done.
 func NewProvider(db *sql.DB) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker()
-	if err != nil {
-		return nil, fmt.Errorf("migrations: session locker: %w", err)
-	}
+	locker := waitingLocker{id: lock.DefaultLockID}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithSessionLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: provider: %w", err)
@@ -42,6 +45,78 @@ func Up(ctx context.Context, db *sql.DB) error {
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
+	}
+	return nil
+}
+
+// SchemaError reports a database whose schema lacks migrations this build
+// needs.
+type SchemaError struct {
+	// Current is the highest migration version applied (0: none).
+	Current int64
+	// Required is the highest embedded migration version.
+	Required int64
+	// Pending lists the embedded versions not applied, in order.
+	Pending []int64
+}
+
+func (e *SchemaError) Error() string {
+	pending := make([]string, len(e.Pending))
+	for i, v := range e.Pending {
+		pending[i] = strconv.FormatInt(v, 10)
+	}
+	state := fmt.Sprintf("at version %d", e.Current)
+	if e.Current == 0 {
+		state = "not migrated (no pgrelay migration applied)"
+	}
+	return fmt.Sprintf("database schema is %s, this build needs version %d (pending: %s)",
+		state, e.Required, strings.Join(pending, ", "))
+}
+
+// Check reports a *SchemaError when the database has not applied every
+// embedded migration. It only reads: unlike goose's own checks it creates no
+// version table, so it is safe beside a concurrent `migrate up`.
+func Check(ctx context.Context, db *sql.DB) error {
+	p, err := NewProvider(db)
+	if err != nil {
+		return err
+	}
+	store, err := database.NewStore(database.DialectPostgres, goose.DefaultTablename)
+	if err != nil {
+		return fmt.Errorf("migrations: store: %w", err)
+	}
+	applied := map[int64]bool{}
+	ext, ok := store.(database.StoreExtender)
+	if !ok {
+		return errors.New("migrations: the postgres store cannot check for its table")
+	}
+	exists, err := ext.TableExists(ctx, db)
+	if err != nil {
+		return fmt.Errorf("migrations: read the schema version: %w", err)
+	}
+	if exists {
+		rows, err := store.ListMigrations(ctx, db)
+		if err != nil {
+			return fmt.Errorf("migrations: read the schema version: %w", err)
+		}
+		for _, r := range rows {
+			applied[r.Version] = r.IsApplied
+		}
+	}
+	e := &SchemaError{}
+	for v := range applied {
+		if applied[v] && v > e.Current {
+			e.Current = v
+		}
+	}
+	for _, s := range p.ListSources() {
+		e.Required = max(e.Required, s.Version)
+		if !applied[s.Version] {
+			e.Pending = append(e.Pending, s.Version)
+		}
+	}
+	if len(e.Pending) > 0 {
+		return e
 	}
 	return nil
 }

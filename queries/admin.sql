@@ -268,3 +268,9 @@ WHERE waiting_for IN (
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: AdminNow :one
+-- AdminNow reads the database's clock (the transaction's start time): purge
+-- cut-offs are computed from it, as the dead_at and finished_at they are
+-- compared with were written by it, whatever the client's clock says.
+SELECT now()::timestamptz AS now;

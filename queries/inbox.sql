@@ -28,10 +28,18 @@ RETURNING event_id;
 -- new fencing version (lock_version) and a lease. The attempt is counted here,
 -- before any handler runs, and committed at once. An event already at the
 -- attempt limit (only possible when the limit was lowered) goes dead instead.
+-- The claim commits without waiting for its WAL flush (synchronous_commit off
+-- for this statement's transaction only): it is visible to every session at
+-- once and survives any crash of the worker's process; only a crash of the
+-- PostgreSQL server within a fraction of a second can lose it, and then the
+-- events are simply pending again, since the batch that processes them
+-- commits synchronously and its WAL flush carries the claim's record first.
+-- This halves the flushes per batch.
 WITH due AS (
     SELECT i.event_id
     FROM inbox i
     WHERE i.status = 'pending' AND i.next_attempt_at <= now()
+      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -90,11 +98,14 @@ RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payloa
           inbox.last_error;
 
 -- name: MarkInboxProcessed :execrows
--- MarkInboxProcessed records that the event's handler committed. It matches
+-- MarkInboxProcessed records that the event's handler committed; a deferral's
+-- reason is cleared (the deferral is over), an earlier failure's error is kept
+-- for the record. It matches
 -- nothing when another worker has since taken the event over (the fencing
 -- check): the caller then rolls back the handler's side effect.
 UPDATE inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
 
 -- name: RetryInbox :execrows
@@ -113,8 +124,8 @@ WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'proces
 -- name: DeferInbox :execrows
 -- DeferInbox puts an event back to pending until @waiting_for is released,
 -- refunding its attempt. It is due after @fallback at the latest, or at once
--- when the dependency was already released (by a transaction that committed
--- while the handler ran). The caller holds the dependency's advisory lock.
+-- when the dependency's release is already visible. A release committing while
+-- this transaction is open is caught after the commit (WakeReleasedInbox).
 UPDATE inbox
 SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
     waiting_for = @waiting_for::text, locked_until = NULL,
@@ -125,24 +136,64 @@ SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
     END
 WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
 
--- name: LockInboxDependency :exec
--- LockInboxDependency serializes Release and Defer of one dependency until the
--- end of the transaction, so that a deferral never misses a release.
-SELECT pg_advisory_xact_lock(hashtextextended('pgrelay_inbox:' || @waiting_for::text, 0));
-
--- name: RecordInboxRelease :exec
-INSERT INTO inbox_releases (waiting_for) VALUES (@waiting_for::text)
-ON CONFLICT (waiting_for) DO UPDATE SET released_at = now();
+-- name: ReleaseInbox :one
+-- ReleaseInbox records the release of every dependency in @keys (sorted and
+-- distinct, so that concurrent releases take their row locks in one order) and
+-- makes the events already deferred on them due at once. It returns how many
+-- events it made due.
+WITH recorded AS (
+    INSERT INTO inbox_releases (waiting_for)
+    SELECT unnest(@keys::text[])
+    ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
+), woken AS (
+    UPDATE inbox
+    SET next_attempt_at = now(), waiting_for = NULL
+    WHERE status = 'pending' AND waiting_for = ANY(@keys::text[])
+    RETURNING 1
+)
+SELECT count(*)::bigint FROM woken;
 
 -- name: NotifyInbox :exec
 -- NotifyInbox wakes the listening workers when the transaction commits.
 SELECT pg_notify('pgrelay_inbox', '');
 
--- name: ReleaseInbox :execrows
--- ReleaseInbox makes the events waiting for @waiting_for due at once.
+-- name: WakeReleasedInbox :execrows
+-- WakeReleasedInbox runs after a batch committed: it makes due at once the
+-- deferred events waiting for one of @keys whose release is committed. Run
+-- for the keys the batch deferred on and the keys it released, it closes the
+-- race between a deferral and a release that commit concurrently: whichever
+-- commits second, its check sees the other's committed record. Rows another
+-- transaction holds are skipped: only a release (which makes them due itself)
+-- or a claim of a due row locks a deferred row.
+WITH due AS (
+    SELECT i.event_id
+    FROM inbox i
+    WHERE i.status = 'pending' AND i.waiting_for = ANY(@keys::text[])
+      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE inbox
 SET next_attempt_at = now(), waiting_for = NULL
-WHERE status = 'pending' AND waiting_for = @waiting_for::text;
+FROM due
+WHERE inbox.event_id = due.event_id;
+
+-- name: SweepReleasedInbox :execrows
+-- SweepReleasedInbox makes due every deferred event whose dependency has a
+-- committed release: the periodic safety net behind WakeReleasedInbox, for a
+-- process that died between a commit and its check, and for Release called
+-- outside a worker's handler.
+WITH due AS (
+    SELECT i.event_id
+    FROM inbox i
+    WHERE i.status = 'pending' AND i.waiting_for IS NOT NULL
+      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE inbox
+SET next_attempt_at = now(), waiting_for = NULL
+FROM due
+WHERE inbox.event_id = due.event_id;
 
 -- name: UnclaimInbox :execrows
 -- UnclaimInbox hands claimed events back (graceful shutdown, or a batch that
@@ -152,8 +203,13 @@ SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt
     locked_until = NULL
 FROM (SELECT unnest(@event_ids::text[]) AS event_id,
              unnest(@lock_versions::bigint[]) AS lock_version) AS c
+-- coalesce on the NOT NULL status hides the partial index on processing rows
+-- from the planner: statistics often say none are processing, while the index
+-- holds every row claimed since the last vacuum, and scanning it per batch
+-- cost 20 ms at 20,000 entries. The primary key is always the right path.
 WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
-  AND inbox.status = 'processing';
+  AND coalesce(inbox.status, '') = 'processing'
+RETURNING inbox.event_id;
 
 -- name: GetInbox :one
 SELECT * FROM inbox WHERE event_id = @event_id;
@@ -170,3 +226,22 @@ WHERE waiting_for IN (
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: MarkInboxBatchProcessed :many
+-- MarkInboxBatchProcessed records in one statement that the handlers of a
+-- whole batch committed, each row fenced by its claim's lock_version like
+-- MarkInboxProcessed, and returns the ids it marked. An id missing was taken
+-- over by another worker: the caller rolls the batch back and runs the others
+-- again event by event.
+UPDATE inbox
+SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
+FROM (SELECT unnest(@event_ids::text[]) AS event_id,
+             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+-- coalesce on the NOT NULL status hides the partial index on processing rows
+-- from the planner: statistics often say none are processing, while the index
+-- holds every row claimed since the last vacuum, and scanning it per batch
+-- cost 20 ms at 20,000 entries. The primary key is always the right path.
+WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+  AND coalesce(inbox.status, '') = 'processing'
+RETURNING inbox.event_id;

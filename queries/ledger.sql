@@ -16,3 +16,22 @@ VALUES (@event_id, @order_id, @customer_id, @amount_cents, @currency);
 -- name: LedgerTotals :one
 SELECT count(*)::bigint AS entries, coalesce(sum(amount_cents), 0)::bigint AS total_cents
 FROM ledger_entries;
+
+-- name: CreateLedgerOrders :execrows
+-- CreateLedgerOrders records a batch of orders in one statement; orders
+-- already recorded (replays, or twice in the batch) are skipped.
+INSERT INTO ledger_orders (order_id, customer_id, amount_cents, currency, event_id)
+SELECT unnest(@order_ids::text[]), unnest(@customer_ids::text[]), unnest(@amount_cents::bigint[]),
+       unnest(@currencies::text[]), unnest(@event_ids::text[])
+ON CONFLICT (order_id) DO NOTHING;
+
+-- name: CreditLedgerBatch :execrows
+-- CreditLedgerBatch credits a batch of OrderPaid events in one statement, each
+-- with its order's customer. An event whose order does not exist is left out:
+-- the caller compares the count with the batch and handles the batch event by
+-- event (where such an event is deferred).
+INSERT INTO ledger_entries (event_id, order_id, customer_id, amount_cents, currency)
+SELECT p.event_id, p.order_id, o.customer_id, p.amount_cents, p.currency
+FROM (SELECT unnest(@event_ids::text[]) AS event_id, unnest(@order_ids::text[]) AS order_id,
+             unnest(@amount_cents::bigint[]) AS amount_cents, unnest(@currencies::text[]) AS currency) AS p
+JOIN ledger_orders o ON o.order_id = p.order_id;

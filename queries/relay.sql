@@ -1,10 +1,18 @@
 -- name: PendingBatch :many
 -- PendingBatch reads the oldest pending rows of one partition, in id order.
--- It reads only the outbox_pending_idx partial index.
+-- It reads only the outbox_pending_idx partial index. The partition is
+-- compared as a range and sorted on, on purpose: with "partition = $1" the
+-- planner may walk the primary key in id order instead, filtering out every
+-- published row on the way, once statistics taken during a large backlog say
+-- most rows are pending (74 ms instead of 0.1 ms per read at half of a
+-- 400,000-row backlog). No other index provides (partition, id) order.
+-- exclude (never NULL; empty for none) skips the previous batch's rows while
+-- their mark is still in flight.
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
 FROM outbox
-WHERE partition = @partition AND status = 'pending'
-ORDER BY id
+WHERE partition >= @partition::int AND partition <= @partition::int AND status = 'pending'
+  AND id <> ALL(@exclude::bigint[])
+ORDER BY partition, id
 LIMIT @batch_size;
 
 -- name: MarkOutcomes :execrows
@@ -84,6 +92,12 @@ FROM free
 WHERE p.partition = free.partition
 RETURNING p.partition, p.epoch, free.owner AS previous_owner;
 
+-- name: NotifyRelays :exec
+-- NotifyRelays tells the other relays (on commit) that partitions were
+-- released, so that they acquire them at once instead of at their next
+-- heartbeat.
+SELECT pg_notify('pgrelay_relays', @payload::text);
+
 -- name: ReleasePartitions :execrows
 UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'
 WHERE owner = @owner::text AND partition = ANY(@partitions::int[]);
@@ -100,3 +114,21 @@ WHERE id IN (
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: ArmWakeup :exec
+-- ArmWakeup asks the outbox insert trigger to notify the next insert into
+-- the partition (once: the trigger disarms it).
+UPDATE relay_wakeups SET armed = true WHERE partition = @partition AND NOT armed;
+
+-- name: InProgressXids :one
+-- InProgressXids lists the transactions of this database that have written
+-- something and are still running (their rows could have missed an arming
+-- that just committed). Transactions of other databases cannot insert here.
+SELECT coalesce(array_agg(backend_xid::text), '{}')::text[] AS xids
+FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid();
+
+-- name: CountInProgress :one
+-- CountInProgress counts the given transactions still running.
+SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid::text = ANY(@xids::text[]);

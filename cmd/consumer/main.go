@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
@@ -29,6 +30,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 func main() {
@@ -57,43 +59,49 @@ type settings struct {
 	lease           time.Duration
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
+	allowReplay     bool
 	ops             admin.OpsFlags
 	logLevel        string
 	logFormat       string
+	db              cli.DBSettings
 }
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"CONSUMER_CREATE_STREAM":     "bool",
-	"CONSUMER_BATCH_SIZE":        "int",
-	"CONSUMER_MAX_WAIT":          "duration",
-	"CONSUMER_ACK_WAIT":          "duration",
-	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
-	"CONSUMER_WORKERS":           "int",
-	"CONSUMER_WORKER_BATCH_SIZE": "int",
-	"CONSUMER_MAX_ATTEMPTS":      "int",
-	"CONSUMER_LEASE":             "duration",
-	"CONSUMER_HANDLER_TIMEOUT":   "duration",
-	"CONSUMER_STATS_INTERVAL":    "duration",
+	"CONSUMER_CREATE_STREAM":                    "bool",
+	"CONSUMER_BATCH_SIZE":                       "int",
+	"CONSUMER_MAX_WAIT":                         "duration",
+	"CONSUMER_ACK_WAIT":                         "duration",
+	"CONSUMER_MAX_PAYLOAD_BYTES":                "int",
+	"CONSUMER_WORKERS":                          "int",
+	"CONSUMER_WORKER_BATCH_SIZE":                "int",
+	"CONSUMER_MAX_ATTEMPTS":                     "int",
+	"CONSUMER_LEASE":                            "duration",
+	"CONSUMER_HANDLER_TIMEOUT":                  "duration",
+	"CONSUMER_STATS_INTERVAL":                   "duration",
+	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
 }
 
 // settingNames maps the Config fields named by validation errors onto the
 // flags and environment variables that set them.
 var settingNames = strings.NewReplacer(
-	"Config.Inbox.Handler", "the ledger handler",
+	"Config.Inbox.BatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Config.Inbox.Workers", "--workers (CONSUMER_WORKERS)",
+	"Config.Inbox.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"Config.Inbox.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"Config.Inbox.Lease", "--lease (CONSUMER_LEASE)",
+	"Config.Inbox.Handler", "the ledger handler", // after HandlerTimeout: the first match wins
 	"Config.NATSURL", "--nats-url (NATS_URL)",
 	"Config.Stream", "--stream (CONSUMER_STREAM)",
 	"Config.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
 	"Config.Durable", "--durable (CONSUMER_DURABLE)",
-	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE) / --worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
 	"Config.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
 	"Config.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
 	"Config.MaxAckPending", "10 × --batch-size",
 	"Config.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"Config.Workers", "--workers (CONSUMER_WORKERS)",
-	"Config.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"Config.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"Config.Lease", "--lease (CONSUMER_LEASE)",
+	"Config.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
+	"Config.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
 )
 
 func newRootCommand() *cobra.Command {
@@ -137,7 +145,9 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", inbox.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
+	cli.BindDBFlags(f, &s.db, "--lease")
 
 	var probeAddr string
 	health := &cobra.Command{
@@ -160,6 +170,9 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(admin.OpsEnvKinds); err != nil {
 		return err
 	}
+	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
+		return err
+	}
 	if s.databaseURL == "" {
 		return errors.New("--database-url (DATABASE_URL) is required")
 	}
@@ -172,18 +185,25 @@ func runConsumer(parent context.Context, s settings) error {
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
 
-	poolCfg, err := pgxpool.ParseConfig(s.databaseURL)
+	// The idle in transaction timeout defaults to the lease: a batch whose
+	// process hangs with its transaction open loses its row locks then, so
+	// its events can be taken over.
+	lease, handlerTimeout := s.lease, s.handlerTimeout
+	if lease <= 0 {
+		lease = inbox.DefaultLease
+	}
+	if handlerTimeout <= 0 {
+		handlerTimeout = inbox.DefaultHandlerTimeout
+	}
+	dbs, err := s.db.Resolve(lease, handlerTimeout)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	// Inbox workers each hold a connection; ingest, LISTEN, the metrics
 	// collector and retention need a few more.
-	if min := int32(s.workers + 4); poolCfg.MaxConns < min {
-		poolCfg.MaxConns = min
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	pool, err := cli.OpenPool(ctx, s.databaseURL, dbs, int32(s.workers+4))
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	defer pool.Close()
 
@@ -197,18 +217,20 @@ func runConsumer(parent context.Context, s settings) error {
 		},
 	})
 	c, err = consumer.New(consumer.Config{
-		Pool:            pool,
-		NATSURL:         s.natsURL,
-		Stream:          s.stream,
-		SubjectPrefix:   s.subjectPrefix,
-		CreateStream:    s.createStream,
-		Durable:         s.durable,
-		FilterSubject:   s.filterSubject,
-		BatchSize:       s.batchSize,
-		MaxWait:         s.maxWait,
-		AckWait:         s.ackWait,
-		MaxPayloadBytes: s.maxPayloadBytes,
-		StatsInterval:   s.statsInterval,
+		Pool:                         pool,
+		NATSURL:                      s.natsURL,
+		Stream:                       s.stream,
+		SubjectPrefix:                s.subjectPrefix,
+		CreateStream:                 s.createStream,
+		Durable:                      s.durable,
+		FilterSubject:                s.filterSubject,
+		BatchSize:                    s.batchSize,
+		MaxWait:                      s.maxWait,
+		AckWait:                      s.ackWait,
+		MaxPayloadBytes:              s.maxPayloadBytes,
+		StatsInterval:                s.statsInterval,
+		DedupWindow:                  s.ops.DedupWindow,
+		AllowReplayBeyondDedupWindow: s.allowReplay,
 		Inbox: inbox.Config{
 			Handler:        ledger.Handler{},
 			Workers:        s.workers,
@@ -222,6 +244,10 @@ func runConsumer(parent context.Context, s settings) error {
 	})
 	if err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
+	}
+
+	if err := checkDatabase(ctx, pool); err != nil {
+		return err
 	}
 
 	ops, err := admin.StartOps(ctx, admin.OpsConfig{
@@ -245,7 +271,27 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	runErr := c.Run(ctx)
 	stop() // Run returned on its own: stop the operator endpoints too
+	if runErr != nil {
+		runErr = errors.New(settingNames.Replace(runErr.Error()))
+	}
 	return errors.Join(runErr, ops.Wait())
+}
+
+// checkDatabase fails start-up when the database cannot be reached or lacks
+// migrations: consuming into a partial schema would only loop on errors while
+// looking alive.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	if err := migrations.Check(ctx, sqlDB); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: consumer migrate up", err)
+	}
+	return nil
 }
 
 func healthcheck(ctx context.Context, addr string) error {

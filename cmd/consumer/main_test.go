@@ -39,4 +39,26 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--lease", "1s"), "--handler-timeout (CONSUMER_HANDLER_TIMEOUT) (10s) must be shorter than --lease (CONSUMER_LEASE) (1s)")
 	require.ErrorContains(t, run(t, "run", "--log-level", "loud"), "--log-level / LOG_LEVEL")
 	require.ErrorContains(t, run(t, "healthcheck", "--metrics-addr", ""), "--metrics-addr (METRICS_ADDR)")
+	require.ErrorContains(t, run(t, "run", "--db-statement-timeout", "-1s"), "--db-statement-timeout (DB_STATEMENT_TIMEOUT)")
+	require.ErrorContains(t, run(t, "run", "--db-idle-in-transaction-timeout", "5s"), "--db-idle-in-transaction-timeout (DB_IDLE_IN_TRANSACTION_TIMEOUT) must exceed the handler timeout 10s")
+	require.ErrorContains(t, run(t, "run", "--db-tcp-keepalive", "10ms"), "--db-tcp-keepalive (DB_TCP_KEEPALIVE)")
+	t.Setenv("DB_STATEMENT_TIMEOUT", "soon")
+	require.ErrorContains(t, run(t, "run"), `invalid DB_STATEMENT_TIMEOUT="soon"`)
+}
+
+// TestSettingErrorsReadOnce: a bad setting gives one line per problem, each
+// naming the flag once, with no line derived from the bad value (10 × a
+// negative batch size) and no package prefix repeated ("consumer: inbox
+// worker: inbox: ...").
+func TestSettingErrorsReadOnce(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://127.0.0.1:1/none")
+	err := run(t, "run", "--batch-size", "-1")
+	require.EqualError(t, err, "consumer: --batch-size (CONSUMER_BATCH_SIZE) -1 must be between 1 and 10000")
+
+	err = run(t, "run", "--workers", "-1", "--worker-batch-size", "-3")
+	require.ErrorContains(t, err, "--workers (CONSUMER_WORKERS) must be between 1 and 1000, got -1")
+	require.ErrorContains(t, err, "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE) must be between 1 and 10000, got -3")
+	require.NotContains(t, err.Error(), "inbox worker")
+	require.NotContains(t, err.Error(), "inbox: ")
+	require.NotContains(t, err.Error(), "--batch-size (CONSUMER_BATCH_SIZE)", "the worker batch size is not the fetch batch size")
 }

@@ -48,6 +48,9 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		{[]string{"run", "--database-url", "postgres://x", "--ack-timeout", "-1s"}, "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--log-level", "loud"}, "--log-level"},
 		{[]string{"run", "--database-url", "::not a url::"}, "--database-url (DATABASE_URL)"},
+		{[]string{"run", "--database-url", "postgres://x", "--db-statement-timeout", "1us"}, "--db-statement-timeout (DB_STATEMENT_TIMEOUT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--db-idle-in-transaction-timeout", "1ns"}, "--db-idle-in-transaction-timeout (DB_IDLE_IN_TRANSACTION_TIMEOUT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--db-tcp-keepalive", "-5s"}, "--db-tcp-keepalive (DB_TCP_KEEPALIVE)"},
 		{[]string{"run", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, "--database-url (DATABASE_URL): cannot reach PostgreSQL"},
 	}
 	for _, c := range cases {
@@ -67,7 +70,8 @@ func TestRunWithEmbeddedNATS(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- execute(ctx, "run", "--database-url", url, "--nats-url", "", "--embedded-nats-dir", t.TempDir(),
-			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn")
+			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn",
+			"--metrics-addr", "127.0.0.1:0", "--admin-addr", "")
 	}()
 	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
 	require.NoError(t, err)
@@ -119,4 +123,13 @@ func TestSIGTERMReleasesLeases(t *testing.T) {
 	require.NoError(t, cmd.Wait(), "a SIGTERM is a clean exit")
 	require.Zero(t, count(`SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`), "leases released")
 	require.Zero(t, count(`SELECT count(*) FROM relay_nodes`))
+}
+
+// TestSettingErrorsCarryNoPackagePrefix: main prefixes "relay:" once; a
+// setting error must not carry the relay package's own prefix as well
+// ("relay: relay: --batch-size ...").
+func TestSettingErrorsCarryNoPackagePrefix(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	err := execute(context.Background(), "run", "--database-url", "postgres://x", "--batch-size", "-1")
+	require.EqualError(t, err, "--batch-size (RELAY_BATCH_SIZE) must be between 1 and 10000, got -1")
 }

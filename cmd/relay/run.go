@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -29,6 +28,7 @@ type settings struct {
 	stream             string
 	subjectPrefix      string
 	createStream       bool
+	streamMaxAge       time.Duration
 	ackTimeout         time.Duration
 	nodeID             string
 	batchSize          int
@@ -43,11 +43,13 @@ type settings struct {
 	logLevel           string
 	logFormat          string
 	ops                admin.OpsFlags
+	db                 cli.DBSettings
 }
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
 	"RELAY_CREATE_STREAM":      "bool",
+	"RELAY_STREAM_MAX_AGE":     "duration",
 	"RELAY_ACK_TIMEOUT":        "duration",
 	"RELAY_BATCH_SIZE":         "int",
 	"RELAY_LEASE":              "duration",
@@ -75,12 +77,20 @@ var configFields = []struct{ field, setting string }{
 	{"NATSConfig.AckTimeout", "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 }
 
+// nameSetting rewrites a configuration error of the relay or broker package
+// into the settings the user sets. Those packages prefix their errors with
+// their name; main prefixes the command's name, so the package prefix is
+// dropped here rather than printed twice ("relay: relay: ...").
 func nameSetting(err error) error {
-	msg := err.Error()
-	for _, f := range configFields {
-		msg = strings.ReplaceAll(msg, f.field, f.setting)
+	lines := strings.Split(err.Error(), "\n")
+	for i, msg := range lines {
+		msg = strings.TrimPrefix(strings.TrimPrefix(msg, "relay: "), "broker: ")
+		for _, f := range configFields {
+			msg = strings.ReplaceAll(msg, f.field, f.setting)
+		}
+		lines[i] = msg
 	}
-	return errors.New(msg)
+	return errors.New(strings.Join(lines, "\n"))
 }
 
 func newRootCommand() *cobra.Command {
@@ -107,8 +117,8 @@ JetStream's dedup id (Nats-Msg-Id) and its metadata in Pgrelay-* headers.`,
 		Use:   "run",
 		Short: "Relay outbox rows until SIGTERM or SIGINT",
 		Long: `Relay outbox rows until SIGTERM or SIGINT. On a signal the relay finishes the
-batches in flight, releases its partition leases so that other relays take
-over at once, and exits.
+batches in flight, releases its partition leases and notifies the other relays
+(channel pgrelay_relays), which take the partitions over at once, and exits.
 
 Without --nats-url an embedded NATS server with JetStream is started in this
 process (data in --embedded-nats-dir, listening on --embedded-nats-listen) and
@@ -122,7 +132,8 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.embeddedListen, "embedded-nats-listen", cli.EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
 	f.StringVar(&s.stream, "stream", cli.EnvString("RELAY_STREAM", "PGRELAY"), "JetStream stream storing the subjects (env RELAY_STREAM)")
 	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("RELAY_SUBJECT_PREFIX", "pgrelay"), "subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.DurationVar(&s.streamMaxAge, "stream-max-age", cli.EnvDuration("RELAY_STREAM_MAX_AGE", broker.DefaultStreamMaxAge), "MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
 	f.DurationVar(&s.ackTimeout, "ack-timeout", cli.EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", 500), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
@@ -138,8 +149,9 @@ the stream is created, so a first run needs only PostgreSQL.`,
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
 	admin.BindOpsFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
+	cli.BindDBFlags(f, &s.db, "--lease")
 
-	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL))
+	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
 	return root
 }
@@ -148,6 +160,9 @@ the stream is created, so a first run needs only PostgreSQL.`,
 // signal ends it.
 func runRelay(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(envKinds); err != nil {
+		return err
+	}
+	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
 	if s.databaseURL == "" {
@@ -169,32 +184,36 @@ func runRelay(parent context.Context, s settings) error {
 	if err := rcfg.Validate(); err != nil {
 		return nameSetting(err)
 	}
+	dbs, err := s.db.Resolve(rcfg.LeaseDuration, 0)
+	if err != nil {
+		return err
+	}
 	defer log.Sync() //nolint:errcheck
 
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
 
-	pcfg, err := pgxpool.ParseConfig(s.databaseURL)
-	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(startCtx, pcfg)
+	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, 0)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return err
 	}
 	defer pool.Close()
 	if err := pool.Ping(startCtx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}
 	if s.migrate {
-		sqlDB := stdlib.OpenDBFromPool(pool)
-		err := migrations.Up(startCtx, sqlDB)
-		_ = sqlDB.Close()
-		if err != nil {
+		if err := cli.MigrateUp(startCtx, s.databaseURL); err != nil {
 			return err
 		}
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	err = migrations.Check(startCtx, sqlDB)
+	_ = sqlDB.Close()
+	if err != nil {
+		// Relaying on a partial schema would only loop on errors.
+		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
 	}
 
 	natsURL, createStream := s.natsURL, s.createStream
@@ -212,7 +231,7 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	pub, err := broker.NewNATS(startCtx, broker.NATSConfig{
 		URL: natsURL, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		AckTimeout: s.ackTimeout, Logger: log,
+		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log,
 	})
 	if err != nil {
 		if strings.Contains(err.Error(), "NATSConfig.") {

@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/demo"
 	"github.com/pgrelay/pgrelay/migrations"
@@ -230,10 +231,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	if r.js, err = jetstream.New(r.nc); err != nil {
 		return nil, err
 	}
-	if _, err := r.js.CreateStream(pctx, jetstream.StreamConfig{
-		Name: streamName, Subjects: []string{subjectPrefix + ".>"}, Storage: jetstream.FileStorage,
-		Duplicates: 2 * time.Minute,
-	}); err != nil {
+	if _, err := r.js.CreateStream(pctx, broker.StreamSpec{Name: streamName, SubjectPrefix: subjectPrefix}.Config()); err != nil {
 		return nil, fmt.Errorf("chaos: create stream: %w", err)
 	}
 

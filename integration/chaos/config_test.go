@@ -58,6 +58,7 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"relay", nil, []string{"RELAY_LEASE=soon"}, "RELAY_LEASE"},
 		{"relay", nil, []string{"RELAY_CREATE_STREAM=maybe"}, "RELAY_CREATE_STREAM"},
 		{"relay", nil, []string{"RELAY_MIGRATE=perhaps"}, "RELAY_MIGRATE"},
+		{"relay", nil, []string{"RELAY_STREAM_MAX_AGE=long"}, "RELAY_STREAM_MAX_AGE"},
 		{"consumer", nil, []string{"DATABASE_URL="}, "DATABASE_URL"},
 		{"consumer", []string{"--batch-size", "-1"}, nil, "--batch-size (CONSUMER_BATCH_SIZE)"},
 		{"consumer", []string{"--max-wait", "-1s"}, nil, "--max-wait (CONSUMER_MAX_WAIT)"},
@@ -77,6 +78,8 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"consumer", nil, []string{"CONSUMER_LEASE=soon"}, "CONSUMER_LEASE"},
 		{"consumer", nil, []string{"CONSUMER_CREATE_STREAM=maybe"}, "CONSUMER_CREATE_STREAM"},
 		{"consumer", nil, []string{"DEDUP_WINDOW=forever"}, "DEDUP_WINDOW"},
+		{"consumer", []string{"--dedup-window", "30m"}, nil, "--dedup-window"},
+		{"consumer", nil, []string{"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW=maybe"}, "CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW"},
 	}
 	for _, c := range cases {
 		name := c.bin + " " + strings.Join(append(append([]string{}, c.args...), c.env...), " ")

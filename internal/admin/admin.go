@@ -56,8 +56,9 @@ type Config struct {
 	// which Stats derives the dedup hit rate. The database does not record
 	// duplicates, so without it the rate is omitted. Default: nil.
 	Counters func() (received, duplicates float64, ok bool)
-	// Now returns the current time; purge cut-offs are computed from it.
-	// Default: time.Now.
+	// Now returns the current time, from which the CLI turns relative
+	// --since and --until values into times. Purge cut-offs (older_than) use
+	// the database's clock instead. Default: time.Now.
 	Now func() time.Time
 }
 
@@ -417,13 +418,20 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 		return nil, fmt.Errorf("%w: older_than must not be negative, got %s", ErrInvalid, *req.OlderThan)
 	}
 	f := req.Filter
-	cutoff := s.cfg.Now().Add(-*req.OlderThan)
-	if f.DeadBefore == nil || cutoff.Before(*f.DeadBefore) {
-		f.DeadBefore = &cutoff
-	}
 	limit := s.limit(f)
 	res := &Result{Source: src, Action: "purge", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
 	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+		// The cut-off is measured with the database's clock, which wrote the
+		// times it is compared with: a client whose clock runs fast must not
+		// purge younger dead letters.
+		now, err := s.q.AdminNow(ctx, tx)
+		if err != nil {
+			return err
+		}
+		cutoff := now.Add(-*req.OlderThan)
+		if f.DeadBefore == nil || cutoff.Before(*f.DeadBefore) {
+			f.DeadBefore = &cutoff
+		}
 		if src == SourceOutbox {
 			return s.purgeOutbox(ctx, tx, f, limit, req, res)
 		}

@@ -426,3 +426,24 @@ func snapshotOutbox(t *testing.T, pool *pgxpool.Pool) string {
 	require.NoError(t, err)
 	return s
 }
+
+// TestPurgeCutoffUsesTheDatabaseClock: the older_than cut-off is measured with
+// the database's clock, which wrote the dead letters' times. A client whose
+// clock runs two days fast purges nothing younger than the cut-off.
+func TestPurgeCutoffUsesTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	fast := func() time.Time { return time.Now().Add(48 * time.Hour) }
+	svc, err := New(Config{Pool: pool, QueryTimeout: 10 * time.Second, Now: fast})
+	require.NoError(t, err)
+	insertRows(t, pool,
+		row{id: "d-young", topic: "orders", typ: "OrderPaid", status: "dead", attempts: 1, lastError: "x", finishedAgo: time.Hour},
+		row{id: "d-old", topic: "orders", typ: "OrderPaid", status: "dead", attempts: 1, lastError: "x", finishedAgo: 30 * time.Hour},
+	)
+	day := 24 * time.Hour
+	res, err := svc.Purge(context.Background(), SourceInbox, PurgeRequest{OlderThan: &day, Actor: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"d-old"}, affectedIDs(res))
+	got, _, _ := statusOf(t, pool, "d-young")
+	require.Equal(t, "dead", got, "dead for an hour by the database's clock")
+}

@@ -27,11 +27,17 @@ type NATSConfig struct {
 	// when CreateStream is set. Default: "PGRELAY".
 	Stream string
 	// CreateStream creates the stream (subjects "<SubjectPrefix>.>", file
-	// storage) when it does not exist. Default: false.
+	// storage, StreamMaxAge, DuplicateWindow) when it does not exist; an
+	// existing stream is left as it is, with a warning naming the settings
+	// that differ. Default: false.
 	CreateStream bool
 	// DuplicateWindow is the stream's dedup window when it is created.
 	// Default: 2 minutes (JetStream's default).
 	DuplicateWindow time.Duration
+	// StreamMaxAge is how long the stream keeps a message when it is
+	// created; negative means no limit. An existing stream is never changed.
+	// Default: DefaultStreamMaxAge (6 days).
+	StreamMaxAge time.Duration
 	// AckTimeout bounds the wait for each acknowledgement. Default: 5s.
 	AckTimeout time.Duration
 	// ReconnectWait is the pause between reconnection attempts; the client
@@ -96,7 +102,8 @@ type NATS struct {
 }
 
 // NewNATS connects to NATS and, when cfg.CreateStream is set, creates the
-// stream. The connection reconnects on its own after a network failure.
+// stream if it does not exist (an existing stream is never changed). The
+// connection reconnects on its own after a network failure.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -141,16 +148,10 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 }
 
 func (p *NATS) ensureStream(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:       p.cfg.Stream,
-		Subjects:   []string{p.cfg.SubjectPrefix + ".>"},
-		Storage:    jetstream.FileStorage,
-		Duplicates: p.cfg.DuplicateWindow,
-	})
+	_, err := EnsureStream(ctx, p.js, StreamSpec{Name: p.cfg.Stream, SubjectPrefix: p.cfg.SubjectPrefix,
+		MaxAge: p.cfg.StreamMaxAge, DuplicateWindow: p.cfg.DuplicateWindow}, p.log)
 	if err != nil {
-		return fmt.Errorf("broker: create stream %s for %s.>: %w", p.cfg.Stream, p.cfg.SubjectPrefix, err)
+		return fmt.Errorf("broker: %w", err)
 	}
 	return nil
 }

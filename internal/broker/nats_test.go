@@ -86,3 +86,40 @@ func TestNATSPermanentAndTransientErrors(t *testing.T) {
 		require.False(t, broker.IsPermanent(res[0].Err), "a cancelled wait is transient: %v", res[0].Err)
 	}
 }
+
+// TestNATSKeyNotSentAfterTransientFailure: a key's message that fails
+// transiently (its subject is full, with DiscardNew) stops the key: its later
+// message in the batch, to a subject with room, is not sent, so it cannot be
+// stored ahead of the failed one. Other keys go on.
+func TestNATSKeyNotSentAfterTransientFailure(t *testing.T) {
+	t.Parallel()
+	url := testnats.URL(t)
+	_, js := testnats.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := fmt.Sprintf("FULL%d", time.Now().UnixNano())
+	prefix := "full" + name[4:]
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage,
+		MaxMsgsPerSubject: 1, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	p, err := broker.NewNATS(ctx, broker.NATSConfig{URL: url, Stream: name, SubjectPrefix: prefix, AckTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+
+	require.NoError(t, p.Publish(ctx, []broker.Message{{EventID: "filler", Topic: "full", Key: "x"}})[0].Err)
+	res := p.Publish(ctx, []broker.Message{
+		{EventID: "k-1", Topic: "full", Key: "k"},
+		{EventID: "k-2", Topic: "roomy", Key: "k"},
+		{EventID: "j-1", Topic: "other", Key: "j"},
+	})
+	require.Error(t, res[0].Err)
+	require.False(t, broker.IsPermanent(res[0].Err), "a full subject is transient: %v", res[0].Err)
+	require.ErrorContains(t, res[1].Err, "not sent")
+	require.NoError(t, res[2].Err, "another key goes on")
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), info.State.Msgs, "filler and j-1 only: k-2 was not stored ahead of k-1")
+}

@@ -26,6 +26,7 @@ The migrations are embedded in the binary. A session-level advisory lock makes
 concurrent runs safe: each migration is applied exactly once. The same files
 work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 	}
+	var force bool
 	run := func(f func(ctx context.Context, p *goose.Provider) error) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, _ []string) error {
 			if *databaseURL == "" {
@@ -33,9 +34,9 @@ work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 			defer cancel()
-			pool, err := pgxpool.New(ctx, *databaseURL)
+			pool, err := openMigrationPool(ctx, *databaseURL, force)
 			if err != nil {
-				return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+				return err
 			}
 			defer pool.Close()
 			db := stdlib.OpenDBFromPool(pool)
@@ -61,7 +62,15 @@ work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 		out(up, res)
 		return err
 	})
-	down := &cobra.Command{Use: "down", Short: "Roll back the most recent migration", Args: cobra.NoArgs}
+	down := &cobra.Command{Use: "down", Short: "Roll back the most recent migration", Args: cobra.NoArgs,
+		Long: `Roll back the most recent migration.
+
+A migration whose rollback would drop data (outbox events not yet published or
+dead, inbox events, ledger entries, the replay audit trail, demo orders)
+refuses while its table holds any; --force drops them anyway. The refusal is
+in the migration's SQL, so the goose CLI gets it too; there the override is
+PGOPTIONS="-c pgrelay.force_down=on".`}
+	down.Flags().BoolVar(&force, "force", false, "roll back even when it drops rows (sets pgrelay.force_down=on)")
 	down.RunE = run(func(ctx context.Context, p *goose.Provider) error {
 		res, err := p.Down(ctx)
 		if res != nil {
@@ -86,4 +95,41 @@ work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 	})
 	cmd.AddCommand(up, down, status)
 	return cmd
+}
+
+// openMigrationPool connects for migrating: TCP keepalives as the services
+// have them, but no statement or idle in transaction timeout, since a
+// migration may rewrite a large table.
+// With force, rollbacks that drop data go ahead (pgrelay.force_down=on, read
+// by the down sections of the migrations).
+func openMigrationPool(ctx context.Context, databaseURL string, force bool) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	if cfg.MaxConns < 2 {
+		cfg.MaxConns = 2
+	}
+	DBSettings{IdleInTransactionTimeout: -1, TCPKeepalive: DefaultTCPKeepalive}.Apply(cfg)
+	if force {
+		cfg.ConnConfig.RuntimeParams["pgrelay.force_down"] = "on"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	return pool, nil
+}
+
+// MigrateUp applies every pending migration over a connection of its own
+// (see openMigrationPool); the services' --migrate runs it at start-up.
+func MigrateUp(ctx context.Context, databaseURL string) error {
+	pool, err := openMigrationPool(ctx, databaseURL, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return migrations.Up(ctx, db)
 }

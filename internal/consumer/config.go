@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/retention"
 )
 
 // Config configures a Consumer. The zero value of every optional field means
@@ -32,8 +33,22 @@ type Config struct {
 	// of waiting for the relay to create it. Default false.
 	CreateStream bool
 	// Durable is the durable pull consumer's name: consumers sharing it share
-	// the work. Default "pgrelay-consumer".
+	// the work. Default "pgrelay-consumer". When it does not exist it is
+	// created delivering from now minus DedupWindow, never from the start of
+	// the stream: older messages could be events whose inbox rows retention
+	// already deleted.
 	Durable string
+	// DedupWindow is how long processed inbox rows are kept (inbox retention's
+	// window): a redelivery of an event is recognised as a duplicate only
+	// within it. At attach the stream's MaxAge and duplicate window are
+	// checked against it. Default retention.DefaultWindow (7 days).
+	DedupWindow time.Duration
+	// AllowReplayBeyondDedupWindow lets the consumer run on a stream that
+	// keeps messages longer than DedupWindow (or without an age limit), where
+	// a replay of the stream could deliver events whose inbox rows retention
+	// already deleted, and apply them again. Default false: such a stream is
+	// refused at attach.
+	AllowReplayBeyondDedupWindow bool
 	// FilterSubject selects which subjects of the stream to consume. Default
 	// "<SubjectPrefix>.>" (everything the relay publishes).
 	FilterSubject string
@@ -88,6 +103,9 @@ func (c Config) WithDefaults() Config {
 	if c.FilterSubject == "" {
 		c.FilterSubject = c.SubjectPrefix + ".>"
 	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = retention.DefaultWindow
+	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
 	}
@@ -122,7 +140,7 @@ func (c Config) WithDefaults() Config {
 		c.Inbox.Pool = c.Pool
 	}
 	if c.Inbox.Logger == nil {
-		c.Inbox.Logger = c.Logger.Named("inbox")
+		c.Inbox.Logger = c.Logger // the worker names its own logger "inbox"
 	}
 	return c
 }
@@ -131,43 +149,46 @@ func (c Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Pool == nil {
-		bad("consumer: Config.Pool is required")
+		bad("Config.Pool is required")
 	}
 	if strings.TrimSpace(c.NATSURL) == "" {
-		bad("consumer: Config.NATSURL is required")
+		bad("Config.NATSURL is required")
 	}
 	if strings.ContainsAny(c.Stream, " \t\r\n.*>") {
-		bad("consumer: Config.Stream %q must not contain spaces, '.', '*' or '>'", c.Stream)
+		bad("Config.Stream %q must not contain spaces, '.', '*' or '>'", c.Stream)
 	}
 	if strings.ContainsAny(c.Durable, " \t\r\n.*>") {
-		bad("consumer: Config.Durable %q must not contain spaces, '.', '*' or '>'", c.Durable)
+		bad("Config.Durable %q must not contain spaces, '.', '*' or '>'", c.Durable)
 	}
 	if strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasSuffix(c.SubjectPrefix, ".") {
-		bad("consumer: Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+		bad("Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+	}
+	if c.DedupWindow < 0 {
+		bad("Config.DedupWindow %s must be positive", c.DedupWindow)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
-		bad("consumer: Config.BatchSize %d must be between 1 and 10000", c.BatchSize)
+		bad("Config.BatchSize %d must be between 1 and 10000", c.BatchSize)
 	}
 	if c.MaxWait < 10*time.Millisecond {
-		bad("consumer: Config.MaxWait %s must be at least 10ms", c.MaxWait)
+		bad("Config.MaxWait %s must be at least 10ms", c.MaxWait)
 	}
 	if c.AckWait < time.Second {
-		bad("consumer: Config.AckWait %s must be at least 1s", c.AckWait)
+		bad("Config.AckWait %s must be at least 1s", c.AckWait)
 	}
-	if c.MaxAckPending < c.BatchSize {
-		bad("consumer: Config.MaxAckPending %d must be at least Config.BatchSize %d", c.MaxAckPending, c.BatchSize)
+	if c.BatchSize >= 1 && c.MaxAckPending < c.BatchSize { // derived from BatchSize: only once that is valid
+		bad("Config.MaxAckPending %d must be at least Config.BatchSize %d", c.MaxAckPending, c.BatchSize)
 	}
 	if c.MaxPayloadBytes < 0 {
-		bad("consumer: Config.MaxPayloadBytes %d must not be negative", c.MaxPayloadBytes)
+		bad("Config.MaxPayloadBytes %d must not be negative", c.MaxPayloadBytes)
 	}
 	if c.StoreTimeout <= 0 {
-		bad("consumer: Config.StoreTimeout %s must be positive", c.StoreTimeout)
+		bad("Config.StoreTimeout %s must be positive", c.StoreTimeout)
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
-		bad("consumer: Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+		bad("Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
 	}
 	if !c.DisableWorkers && c.Inbox.Handler == nil {
-		bad("consumer: Config.Inbox.Handler is required (or set Config.DisableWorkers)")
+		bad("Config.Inbox.Handler is required (or set Config.DisableWorkers)")
 	}
 	return errors.Join(errs...)
 }

@@ -15,6 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -37,11 +41,18 @@ type Consumer struct {
 	worker *inbox.Worker // nil when Config.DisableWorkers
 	stats  counters
 	ready  atomic.Bool
+	// streamCreated is the attached stream's creation time, part of the
+	// fallback id of a message without an event id. Only the ingest
+	// goroutine reads and writes it.
+	streamCreated time.Time
 
 	// crashAfterCommit, when set (tests only), is called after a batch
 	// committed and before it is acknowledged; returning true abandons the
 	// batch unacknowledged, as a process crash at that point would.
 	crashAfterCommit func() bool
+	// beforeStore, when set (tests only), is called before each attempt to
+	// store messages, so a test can break the database connection there.
+	beforeStore func([]inbox.Incoming)
 }
 
 // Stats are the consumer's running counters since it started.
@@ -70,17 +81,21 @@ type counters struct {
 // connect to anything yet: Run does, and keeps retrying.
 func New(cfg Config) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.Named("consumer")}
+	errs := cfg.validate()
+	var w *inbox.Worker
 	if !cfg.DisableWorkers {
-		w, err := inbox.NewWorker(cfg.Inbox)
-		if err != nil {
-			return nil, fmt.Errorf("consumer: inbox worker: %w", err)
+		var err error
+		if w, err = inbox.NewWorker(cfg.Inbox); err != nil {
+			// The inbox names its own fields "inbox: Config.X"; here they
+			// are Config.Inbox.X, which tells them from the consumer's own.
+			msg := strings.ReplaceAll(err.Error(), "inbox: Config.", "Config.")
+			errs = errors.Join(errs, errors.New(strings.ReplaceAll(msg, "Config.", "Config.Inbox.")))
 		}
-		c.worker = w
 	}
+	if errs != nil {
+		return nil, fmt.Errorf("consumer: %w", errs)
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.Named("consumer"), worker: w}
 	return c, nil
 }
 
@@ -104,14 +119,20 @@ func (c *Consumer) Ready() bool { return c.ready.Load() }
 // Run consumes until ctx is cancelled, then shuts down gracefully: it stops
 // fetching, stores and acknowledges the batch in hand, and stops the inbox
 // workers. It returns nil after a graceful shutdown. Broker and database
-// outages are retried with backoff, never returned.
+// outages are retried with backoff, never returned; what a retry cannot fix
+// is: a NATS server that cannot be reached at start-up (the first connection
+// is not retried, so a wrong URL is reported with its cause) and a stream that
+// outlives the dedup window (*ReplayWindowError).
 func (c *Consumer) Run(ctx context.Context) error {
+	// A fatal ingest error (a refused stream) stops the workers too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	var workerErr error
 	if c.worker != nil {
 		wg.Go(func() {
 			if err := c.worker.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				workerErr = fmt.Errorf("consumer: inbox worker: %w", err)
+				workerErr = fmt.Errorf("consumer: %w", err) // the inbox's errors name it already
 			}
 		})
 	}
@@ -119,6 +140,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Go(func() { c.logStats(ctx) })
 	}
 	err := c.ingest(ctx)
+	cancel()
 	wg.Wait()
 	c.log.Info("consumer stopped", c.statsFields()...)
 	return errors.Join(err, workerErr)
@@ -126,9 +148,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // ingest connects to NATS and moves batches into the inbox until ctx ends.
 func (c *Consumer) ingest(ctx context.Context) error {
+	// The first connection is not retried: a wrong or unreachable URL at
+	// start-up is a setting to fix, reported at once with its cause. Once
+	// connected, the client reconnects forever.
+	dialer := &recordingDialer{Dialer: net.Dialer{Timeout: nats.DefaultTimeout}}
 	nc, err := nats.Connect(c.cfg.NATSURL,
 		nats.Name("pgrelay-consumer"),
-		nats.RetryOnFailedConnect(true),
+		nats.SetCustomDialer(dialer),
+		nats.RetryOnFailedConnect(false),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -139,7 +166,10 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		}),
 	)
 	if err != nil {
-		return fmt.Errorf("consumer: NATS URL %q: %w", c.cfg.NATSURL, err)
+		if cause := dialer.lastError(); cause != nil {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		return fmt.Errorf("consumer: cannot connect to NATS at Config.NATSURL %s: %w", redactURLs(c.cfg.NATSURL), err)
 	}
 	defer func() {
 		_ = nc.FlushTimeout(2 * time.Second) // the last batch's acks
@@ -155,8 +185,11 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		if cons == nil {
-			if cons, err = c.attachRetrying(ctx, js); err != nil || cons == nil {
-				return err
+			if cons, err = c.attachRetrying(ctx, nc, js); err != nil {
+				return fmt.Errorf("consumer: %w", err)
+			}
+			if cons == nil {
+				return nil
 			}
 		}
 		msgs, err := c.fetch(ctx, cons)
@@ -190,7 +223,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 
 // attachRetrying attaches with backoff until it succeeds or ctx ends (then it
 // returns a nil consumer and no error).
-func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+func (c *Consumer) attachRetrying(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (jetstream.Consumer, error) {
 	for attempt := 0; ; attempt++ {
 		cons, err := c.attach(ctx, js)
 		if err == nil {
@@ -203,32 +236,50 @@ func (c *Consumer) attachRetrying(ctx context.Context, js jetstream.JetStream) (
 		if ctx.Err() != nil {
 			return nil, nil
 		}
-		c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
+		var rw *ReplayWindowError
+		if errors.As(err, &rw) {
+			return nil, err // a setting to fix, not an outage to wait out
+		}
+		switch {
+		case !nc.IsConnected():
+			c.log.Warn("not connected to NATS; retrying", zap.String("nats_url", redactURLs(c.cfg.NATSURL)),
+				zap.String("status", nc.Status().String()), zap.NamedError("cause", nc.LastError()), zap.Int("attempt", attempt+1))
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			c.log.Warn("stream not found; waiting for the relay to create it (or set --create-stream)",
+				zap.String("stream", c.cfg.Stream), zap.String("nats_url", redactURLs(c.cfg.NATSURL)), zap.Int("attempt", attempt+1))
+		default:
+			c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.String("nats_url", redactURLs(c.cfg.NATSURL)),
+				zap.Error(err), zap.Int("attempt", attempt+1))
+		}
 		if !c.sleep(ctx, attempt) {
 			return nil, nil
 		}
 	}
 }
 
-// attach finds (or creates) the stream and creates or updates the durable
-// pull consumer.
+// attach finds (or creates) the stream, checks that it cannot replay an event
+// past the dedup window, and creates or updates the durable pull consumer.
 func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := js.Stream(ctx, c.cfg.Stream); err != nil {
-		if !errors.Is(err, jetstream.ErrStreamNotFound) || !c.cfg.CreateStream {
+	var info *jetstream.StreamInfo
+	if c.cfg.CreateStream {
+		var err error
+		if info, err = broker.EnsureStream(ctx, js, c.streamSpec(), c.log); err != nil {
+			return nil, err
+		}
+	} else {
+		s, err := js.Stream(ctx, c.cfg.Stream)
+		if err != nil {
 			return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
 		}
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:     c.cfg.Stream,
-			Subjects: []string{c.cfg.SubjectPrefix + ".>"},
-			Storage:  jetstream.FileStorage,
-		})
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil, fmt.Errorf("create stream %q: %w", c.cfg.Stream, err)
-		}
+		info = s.CachedInfo()
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
+	if err := c.checkReplayWindow(info.Config); err != nil {
+		return nil, err
+	}
+	c.streamCreated = info.Created
+	cfg := jetstream.ConsumerConfig{
 		Durable:       c.cfg.Durable,
 		FilterSubject: c.cfg.FilterSubject,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -237,12 +288,73 @@ func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstrea
 		// silently after MaxDeliver attempts, and nothing may be lost.
 		MaxDeliver:    -1,
 		MaxAckPending: c.cfg.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	}
+	existing, err := js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	switch {
+	case err == nil:
+		// Where it delivers from is fixed at creation.
+		cfg.DeliverPolicy, cfg.OptStartTime = existing.CachedInfo().Config.DeliverPolicy, existing.CachedInfo().Config.OptStartTime
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		// A new durable, or one that was lost: deliver from now minus the
+		// dedup window, never from the start of the stream. An older message
+		// may be an event processed so long ago that retention deleted its
+		// inbox row, and a replay would apply it again.
+		from := time.Now().Add(-c.cfg.DedupWindow)
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
+		c.log.Info("creating the durable consumer, delivering messages stored since now minus the dedup window",
+			zap.String("durable", c.cfg.Durable), zap.Time("from", from), zap.Duration("dedup_window", c.cfg.DedupWindow))
+	default:
+		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
 	return cons, nil
+}
+
+// ReplayWindowError is the refusal of a stream that can deliver an event
+// again after its inbox row left the dedup window.
+type ReplayWindowError struct {
+	Stream string
+	// MaxAge is the stream's MaxAge (zero: no limit), Duplicates its duplicate
+	// window, DedupWindow the inbox's.
+	MaxAge, Duplicates, DedupWindow time.Duration
+}
+
+func (e *ReplayWindowError) Error() string {
+	maxAge := "unlimited"
+	if e.MaxAge > 0 {
+		maxAge = e.MaxAge.String()
+	}
+	return fmt.Sprintf("stream %s keeps messages for MaxAge %s (duplicate window %s), "+
+		"longer than the inbox dedup window Config.DedupWindow %s: a replay of the stream (a lost durable consumer, a new one) "+
+		"could deliver events whose inbox rows retention already deleted, and apply them again. "+
+		"Give the stream a MaxAge within the window (the relay's --stream-max-age for a stream it creates, or "+
+		"nats stream edit %s --max-age), raise Config.DedupWindow, or accept the risk with "+
+		"Config.AllowReplayBeyondDedupWindow", e.Stream, maxAge, e.Duplicates, e.DedupWindow, e.Stream)
+}
+
+// checkReplayWindow refuses a stream whose messages (MaxAge, zero meaning
+// forever) or duplicate window outlive the dedup window, unless
+// AllowReplayBeyondDedupWindow is set; then it only warns.
+func (c *Consumer) checkReplayWindow(sc jetstream.StreamConfig) error {
+	if sc.MaxAge > 0 && sc.MaxAge <= c.cfg.DedupWindow && sc.Duplicates <= c.cfg.DedupWindow {
+		return nil
+	}
+	err := &ReplayWindowError{Stream: sc.Name, MaxAge: sc.MaxAge, Duplicates: sc.Duplicates, DedupWindow: c.cfg.DedupWindow}
+	if !c.cfg.AllowReplayBeyondDedupWindow {
+		return err
+	}
+	c.log.Warn("replays beyond the dedup window allowed", zap.String("risk", err.Error()))
+	return nil
+}
+
+// streamSpec is the stream the consumer creates when CreateStream is set: the
+// relay's settings, with a MaxAge that stays within the dedup window.
+func (c *Consumer) streamSpec() broker.StreamSpec {
+	return broker.StreamSpec{Name: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix,
+		MaxAge: min(broker.DefaultStreamMaxAge, c.cfg.DedupWindow)}
 }
 
 // fetch pulls one batch: whatever is available at once, up to BatchSize.
@@ -303,6 +415,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 		d := Delivery{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
 		if meta, err := m.Metadata(); err == nil {
 			d.Stream, d.StreamSeq, d.Timestamp = meta.Stream, meta.Sequence.Stream, meta.Timestamp
+			if meta.Stream == c.cfg.Stream {
+				d.StreamCreated = c.streamCreated
+			}
 		}
 		dec := Decode(d, opts)
 		if d.StreamSeq == 0 && dec.DeadReason != "" {
@@ -336,7 +451,7 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 			// One message the database refuses must not block the others:
 			// store the batch one by one, dead if need be.
 			c.log.Error("batch refused by the database; storing one by one", zap.Error(err))
-			incoming = c.storeEach(sctx, incoming)
+			incoming = c.storeEach(ctx, sctx, incoming, acks)
 			break
 		}
 		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
@@ -369,16 +484,26 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 
 // store writes one batch into the inbox in one transaction.
 func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
+	if c.beforeStore != nil {
+		c.beforeStore(incoming)
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
 	defer cancel()
 	var res inbox.ReceiveResult
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
 		res, err = inbox.Receive(ctx, tx, incoming)
+		if err == nil && res.Inserted > 0 && c.worker == nil {
+			// The inbox workers run elsewhere: wake them at the commit.
+			err = inbox.Notify(ctx, tx)
+		}
 		return err
 	})
 	if err != nil {
 		return err
+	}
+	if res.Inserted > 0 && c.worker != nil {
+		c.worker.Wake()
 	}
 	c.stats.inserted.Add(int64(res.Inserted))
 	c.stats.duplicates.Add(int64(len(res.Duplicates)))
@@ -400,34 +525,87 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 }
 
 // storeEach stores messages one at a time after the database refused their
-// batch. A message refused on its own is stored dead with the database's
-// reason and only its id and raw payload. It returns incoming with the
-// EventID of any message that could not be stored at all cleared, so that it
-// is left unacknowledged.
-func (c *Consumer) storeEach(ctx context.Context, incoming []inbox.Incoming) []inbox.Incoming {
+// batch as data. Only a refusal as data dead-letters a message: it is then
+// stored dead with the refusal as its reason and every field it has (text made
+// storable where it was not). A transient failure (connection lost, failover,
+// timeout) is retried with backoff, keeping the messages in progress, until it
+// succeeds or the consumer stops. It returns incoming with the EventID of any
+// message that was not stored cleared, so that it is left unacknowledged and
+// JetStream redelivers it.
+func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []jetstream.Msg) []inbox.Incoming {
 	out := make([]inbox.Incoming, len(incoming))
+	copy(out, incoming)
 	for i, in := range incoming {
-		out[i] = in
-		err := c.store(ctx, []inbox.Incoming{in})
-		if err == nil {
-			continue
-		}
-		dead := inbox.Incoming{
-			Message: event.Message{
-				EventID:    in.EventID,
-				Payload:    in.Payload,
-				OccurredAt: in.OccurredAt,
-				Headers:    map[string]string{},
-			},
-			DeadReason: printable(truncate("refused at ingest: "+err.Error(), 2000)),
-		}
-		if err2 := c.store(ctx, []inbox.Incoming{dead}); err2 != nil {
-			c.log.Error("message could not be stored; left unacknowledged",
-				zap.String("event_id", in.EventID), zap.Error(err2))
+		if !c.storeOne(ctx, sctx, in, acks[i:]) {
 			out[i].EventID = ""
 		}
 	}
 	return out
+}
+
+// storeOne stores one message of a refused batch, dead if the database refuses
+// it as data, and reports whether it was stored. ctx ends the retries of
+// transient failures (a stop); sctx is the store's own context.
+func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []jetstream.Msg) bool {
+	msg := in
+	refusals := 0
+	for attempt := 0; ; {
+		err := c.store(sctx, []inbox.Incoming{msg})
+		if err == nil {
+			return true
+		}
+		c.stats.storeErrors.Add(1)
+		if isRefused(err) {
+			refusals++
+			switch refusals {
+			case 1:
+				msg = deadCopy(in, err, true)
+			case 2:
+				// Even the cleaned fields are refused: keep the id and the raw
+				// payload, which are always storable.
+				msg = deadCopy(in, err, false)
+			default:
+				c.log.Error("message refused even as a dead letter; left unacknowledged",
+					zap.String("event_id", in.EventID), zap.Error(err))
+				return false
+			}
+			continue
+		}
+		c.log.Warn("storing one message failed; retrying", zap.String("event_id", in.EventID),
+			zap.Error(err), zap.Int("attempt", attempt+1))
+		if ctx.Err() != nil {
+			return false
+		}
+		for _, m := range pending {
+			if m != nil {
+				_ = m.InProgress() // keep JetStream from redelivering while we retry
+			}
+		}
+		if !c.sleep(ctx, attempt) {
+			return false
+		}
+		attempt++
+	}
+}
+
+// deadCopy is in as a dead letter with the database's refusal as its reason.
+// With keepFields, every field is kept, its text made storable (invalid UTF-8
+// and NUL bytes replaced by U+FFFD); without, only the id, payload and
+// occurred-at are.
+func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming {
+	reason := "refused at ingest: " + refusal.Error()
+	if in.DeadReason != "" {
+		reason = in.DeadReason + "; " + reason
+	}
+	m := event.Message{EventID: in.EventID, Payload: in.Payload, OccurredAt: in.OccurredAt, Headers: map[string]string{}}
+	if keepFields {
+		clean := func(s string) string { s, _ = cleanText(s); return s }
+		m.Topic, m.Key, m.EventType = clean(in.Topic), clean(in.Key), clean(in.EventType)
+		for k, v := range in.Headers {
+			m.Headers[clean(k)] = clean(v)
+		}
+	}
+	return inbox.Incoming{Message: m, DeadReason: printable(truncate(reason, 2000))}
 }
 
 // isRefused reports whether the batch itself was refused, by inbox.Receive's
@@ -440,6 +618,45 @@ func isRefused(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+}
+
+// recordingDialer dials like the NATS client's default dialer and keeps the
+// last failure, which the client itself reports only as "no servers
+// available".
+type recordingDialer struct {
+	net.Dialer
+	mu   sync.Mutex
+	last error
+}
+
+func (d *recordingDialer) Dial(network, address string) (net.Conn, error) {
+	conn, err := d.Dialer.Dial(network, address)
+	if err != nil {
+		d.mu.Lock()
+		d.last = err
+		d.mu.Unlock()
+	}
+	return conn, err
+}
+
+func (d *recordingDialer) lastError() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
+}
+
+// redactURLs returns a comma-separated list of server URLs with any password
+// replaced by "xxxxx", for messages.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if u, err := url.Parse(p); err == nil && u.User != nil {
+			p = u.Redacted()
+		}
+		parts[i] = p
+	}
+	return strings.Join(parts, ",")
 }
 
 // sleep waits for the attempt's backoff (exponential, with jitter, capped) or

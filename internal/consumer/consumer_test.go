@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -319,7 +321,7 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 		30*time.Second, 20*time.Millisecond, "the redelivery was absorbed and acknowledged")
 	var id, reason string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM inbox WHERE status = 'dead'`).Scan(&id, &reason))
-	require.Equal(t, FallbackEventID(b.stream, ack.Sequence), id)
+	require.Equal(t, FallbackEventID(b.stream, b.created(t), ack.Sequence), id)
 	require.Contains(t, reason, ReasonMissingEventID)
 	var rows int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows))
@@ -342,19 +344,84 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	defer cancel()
 	err = c.store(ctx, batch)
 	require.True(t, isRefused(err), "the batch is refused as a whole: %v", err)
-	out := c.storeEach(ctx, batch)
+	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
 	for _, in := range out {
 		require.NotEmpty(t, in.EventID, "every message was stored and may be acknowledged")
 	}
-	var status, reason string
+	var status, reason, topic, eventType string
 	var payload []byte
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload FROM inbox WHERE event_id = 'b'`).Scan(&status, &reason, &payload))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload, topic, event_type FROM inbox WHERE event_id = 'b'`).
+		Scan(&status, &reason, &payload, &topic, &eventType))
 	require.Equal(t, "dead", status)
 	require.Contains(t, reason, "refused at ingest")
 	require.Equal(t, []byte("raw"), payload)
+	require.Equal(t, "bad\uFFFDtopic", topic, "the dead row keeps its fields, made storable")
+	require.Equal(t, "T", eventType)
 	var pending int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id IN ('a', 'c') AND status <> 'dead'`).Scan(&pending))
 	require.Equal(t, 2, pending)
+}
+
+// TestTransientFailureAfterRefusalIsNotDead: a batch is refused as data, and
+// while its messages are stored one by one the database connection of a good
+// message's store is terminated (as a failover or restart would). The good
+// message must not be dead-lettered: it is retried and stored as it is, with
+// every field.
+func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The consumer gets a pool of its own, so that terminating its
+	// connections leaves the test's pool alone.
+	pcfg := b.pool.Config().Copy()
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "consumer-under-test"
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b.cfg.Pool, b.cfg.DisableWorkers = pool, true
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+
+	var terminated atomic.Bool
+	c.beforeStore = func(in []inbox.Incoming) {
+		if len(in) != 1 || in[0].EventID != "good" || !terminated.CompareAndSwap(false, true) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'consumer-under-test'`)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			var n int
+			_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = 'consumer-under-test'`).Scan(&n)
+			return n == 0
+		}, 5*time.Second, 10*time.Millisecond)
+	}
+	good := inbox.Incoming{Message: event.Message{EventID: "good", Topic: "orders", Key: "o-1", EventType: "OrderCreated",
+		Payload: []byte(`{}`), Headers: map[string]string{"trace": "t-1"}, OccurredAt: time.Now()}}
+	bad := inbox.Incoming{Message: event.Message{EventID: "bad", Topic: "orders", Key: "k\x00", EventType: "T", Payload: []byte("raw")}}
+	batch := []inbox.Incoming{bad, good}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.True(t, isRefused(c.store(ctx, batch)), "the batch is refused as a whole")
+	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
+	require.True(t, terminated.Load(), "the good message's store met a terminated connection")
+	// The bad message's refusal, and the good message's store on the
+	// terminated connection.
+	require.GreaterOrEqual(t, c.Stats().StoreErrors, int64(2), "the good message's first store must have failed")
+	require.Equal(t, "good", out[1].EventID, "the good message was stored and may be acknowledged")
+
+	var status, topic, key, eventType, headers string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, topic, key, event_type, headers::text FROM inbox WHERE event_id = 'good'`).
+		Scan(&status, &topic, &key, &eventType, &headers))
+	require.Equal(t, "pending", status, "a transient failure must not dead-letter a good message")
+	require.Equal(t, []string{"orders", "o-1", "OrderCreated"}, []string{topic, key, eventType})
+	require.JSONEq(t, `{"trace": "t-1"}`, headers)
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, key FROM inbox WHERE event_id = 'bad'`).Scan(&status, &key))
+	require.Equal(t, "dead", status)
+	require.Equal(t, "k\uFFFD", key, "the refused message keeps its key, made storable")
 }
 
 // TestStopFinishesBatchInHand stops the consumer between a batch's commit and
@@ -422,4 +489,200 @@ func TestLoneMessageIsNotHeldForABatch(t *testing.T) {
 	total := b.publishOrders(t, 1)
 	require.Eventually(t, b.settled(t, 1, total, 2), 3*time.Second, 20*time.Millisecond,
 		"a lone message must not wait for MaxWait (%s)", b.cfg.MaxWait)
+}
+
+// streamWithMaxAge creates a stream of its own with the given MaxAge (zero:
+// no limit), deleted when the test ends, and points b at it.
+func (b *testBundle) streamWithMaxAge(t *testing.T, maxAge time.Duration) {
+	t.Helper()
+	b.stream, b.prefix = b.stream+"X", b.prefix+"x"
+	b.cfg.Stream, b.cfg.SubjectPrefix, b.cfg.FilterSubject = b.stream, b.prefix, ""
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: b.stream, Subjects: []string{b.prefix + ".>"},
+		Storage: jetstream.FileStorage, MaxAge: maxAge})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.js.DeleteStream(context.Background(), b.stream) })
+}
+
+// TestStreamOutlivingDedupWindowRefused: a stream without an age limit (or
+// one longer than the dedup window) could replay an event after retention
+// deleted its inbox row, so the consumer refuses to start, naming both values
+// and the override; with the override it runs.
+func TestStreamOutlivingDedupWindowRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.streamWithMaxAge(t, 0)
+	for _, window := range []time.Duration{0, time.Hour} {
+		b.cfg.DedupWindow = window
+		c, err := New(b.cfg)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err = c.Run(ctx)
+		cancel()
+		require.Error(t, err, "the consumer must refuse the stream")
+		var rw *ReplayWindowError
+		require.ErrorAs(t, err, &rw)
+		require.ErrorContains(t, err, "MaxAge unlimited")
+		want := window
+		if want == 0 {
+			want = 7 * 24 * time.Hour
+		}
+		require.ErrorContains(t, err, "Config.DedupWindow "+want.String())
+		require.ErrorContains(t, err, "Config.AllowReplayBeyondDedupWindow")
+	}
+
+	b.cfg.DedupWindow, b.cfg.AllowReplayBeyondDedupWindow = 0, true
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond, "allowed explicitly, it runs")
+}
+
+// TestLostDurableReplaysNothingPastTheWindow: a non-idempotent handler (one
+// effect row per call, no unique key), three events processed, their inbox
+// rows deleted by retention once the dedup window passed, then the durable
+// consumer deleted. The consumer re-creates it delivering from now minus the
+// window, so the three events are not applied again; an event published
+// afterwards is.
+func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.streamWithMaxAge(t, 0)
+	const window = 3 * time.Second
+	b.cfg.DedupWindow, b.cfg.AllowReplayBeyondDedupWindow = window, true
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
+	require.NoError(t, err)
+	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.EventID)
+		return err
+	})
+	effects := func() map[string]int {
+		got := map[string]int{}
+		rows, err := b.pool.Query(ctx, `SELECT event_id, count(*) FROM effects GROUP BY 1`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			var n int
+			require.NoError(t, rows.Scan(&id, &n))
+			got[id] = n
+		}
+		require.NoError(t, rows.Err())
+		return got
+	}
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	for i := range 3 {
+		id := fmt.Sprintf("e-%d", i)
+		b.publish(t, id, id, "Anything", map[string]int{"n": i})
+	}
+	require.Eventually(t, func() bool { return len(effects()) == 3 }, 30*time.Second, 20*time.Millisecond)
+
+	// Retention, once the window has passed: the processed rows go.
+	require.Eventually(t, func() bool {
+		_, err := b.pool.Exec(ctx, `DELETE FROM inbox WHERE status = 'processed' AND finished_at < now() - make_interval(secs => $1)`, window.Seconds())
+		require.NoError(t, err)
+		var left int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&left))
+		return left == 0
+	}, 30*time.Second, 100*time.Millisecond)
+
+	// The durable consumer is lost.
+	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.cfg.Durable))
+	b.publish(t, "after", "after", "Anything", map[string]int{"n": 9})
+	require.Eventually(t, func() bool { return effects()["after"] == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, map[string]int{"e-0": 1, "e-1": 1, "e-2": 1, "after": 1}, effects(),
+		"events older than the dedup window must not be applied again")
+}
+
+// TestCreateStreamWithTheRelaysSettings: a stream the consumer creates has the
+// relay's settings, and a MaxAge within the dedup window.
+func TestCreateStreamWithTheRelaysSettings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.stream, b.prefix = b.stream+"C", b.prefix+"c"
+	b.cfg.Stream, b.cfg.SubjectPrefix, b.cfg.FilterSubject = b.stream, b.prefix, ""
+	b.cfg.CreateStream, b.cfg.DedupWindow = true, 2*time.Hour
+	t.Cleanup(func() { _ = b.js.DeleteStream(context.Background(), b.stream) })
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.stream)
+	require.NoError(t, err)
+	want := broker.StreamSpec{Name: b.stream, SubjectPrefix: b.prefix, MaxAge: 2 * time.Hour}.Config()
+	got := s.CachedInfo().Config
+	require.Equal(t, want.MaxAge, got.MaxAge)
+	require.Equal(t, want.Duplicates, got.Duplicates)
+	require.Equal(t, want.Subjects, got.Subjects)
+}
+
+// created returns the creation time of the test's stream.
+func (b *testBundle) created(t *testing.T) time.Time {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, b.stream)
+	require.NoError(t, err)
+	return s.CachedInfo().Created
+}
+
+// TestFallbackIDsOfARecreatedStreamAreNew: a message without an event id is
+// stored dead under an id derived from its stream position. After the stream
+// is deleted and created again (sequence numbers restart at 1), a new such
+// message must be stored as a new dead row, not absorbed as a duplicate of the
+// old one.
+func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	publishNoID := func(body string) {
+		m := nats.NewMsg(b.prefix + ".orders")
+		m.Header.Set(event.HeaderEventType, ledger.EventOrderPaid)
+		m.Data = []byte(body)
+		ack, err := b.js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), ack.Sequence)
+	}
+	dead := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'dead'`).Scan(&n))
+		return n
+	}
+	publishNoID(`{"first":true}`)
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	require.Eventually(t, func() bool { return dead() == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, stop())
+
+	// The stream is re-created under the same name.
+	info, err := b.js.Stream(ctx, b.stream)
+	require.NoError(t, err)
+	require.NoError(t, b.js.DeleteStream(ctx, b.stream))
+	_, err = b.js.CreateStream(ctx, info.CachedInfo().Config)
+	require.NoError(t, err)
+	publishNoID(`{"second":true}`)
+
+	c, err = New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	require.Eventually(t, func() bool { return dead() == 2 }, 30*time.Second, 20*time.Millisecond,
+		"the new message must not be taken for a duplicate of the old one")
+	var payloads []string
+	rows, err := b.pool.Query(ctx, `SELECT convert_from(payload, 'UTF8') FROM inbox ORDER BY received_at`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var p string
+		require.NoError(t, rows.Scan(&p))
+		payloads = append(payloads, p)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{`{"first":true}`, `{"second":true}`}, payloads)
 }

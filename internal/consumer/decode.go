@@ -24,8 +24,12 @@ type Delivery struct {
 	// Stream is the JetStream stream that stored the message.
 	Stream string
 	// StreamSeq is the message's sequence number in Stream. Together with
-	// Stream it identifies the message when it carries no usable event id.
+	// Stream and StreamCreated it identifies the message when it carries no
+	// usable event id.
 	StreamSeq uint64
+	// StreamCreated is when Stream was created. Sequence numbers start again
+	// at 1 in a re-created stream; the creation time tells the two apart.
+	StreamCreated time.Time
 	// Timestamp is when the stream stored the message; it stands in for a
 	// missing occurred-at header.
 	Timestamp time.Time
@@ -71,10 +75,16 @@ const (
 const RawEventIDHeader = "Pgrelay-Raw-Event-Id"
 
 // FallbackEventID is the stable id given to a delivery without a usable event
-// id: a redelivery of the same stream message gets the same id, so the inbox
-// still deduplicates it.
-func FallbackEventID(stream string, seq uint64) string {
-	return "nats:" + stream + ":" + strconv.FormatUint(seq, 10)
+// id: "nats:<stream>:<stream creation time, Unix nanoseconds>:<stream seq>". A
+// redelivery of the same stream message gets the same id, so the inbox still
+// deduplicates it; a message of a re-created stream (whose sequence numbers
+// start again at 1) gets another, so it is never taken for a duplicate of an
+// old one. Without a creation time the id is "nats:<stream>:<stream seq>".
+func FallbackEventID(stream string, created time.Time, seq uint64) string {
+	if created.IsZero() {
+		return "nats:" + stream + ":" + strconv.FormatUint(seq, 10)
+	}
+	return "nats:" + stream + ":" + strconv.FormatInt(created.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10)
 }
 
 // Decode turns a delivery into the message to store. It never fails: a
@@ -130,7 +140,7 @@ func Decode(d Delivery, opts DecodeOptions) Decoded {
 			fail("%s: cannot derive a stable event id", ReasonNoStreamSequence)
 		}
 		stream, _ := cleanText(d.Stream)
-		m.EventID = truncate(printable(FallbackEventID(stream, d.StreamSeq)), event.MaxEventIDLen)
+		m.EventID = truncate(printable(FallbackEventID(stream, d.StreamCreated, d.StreamSeq)), event.MaxEventIDLen)
 	}
 
 	// The event type, topic and key.
@@ -156,10 +166,17 @@ func Decode(d Delivery, opts DecodeOptions) Decoded {
 	m.OccurredAt = d.Timestamp
 	if at, ok := header(event.HeaderOccurredAt); ok {
 		t, err := time.Parse(time.RFC3339Nano, at)
-		if err != nil {
-			fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, truncate(printable(at), 64))
+		if err == nil {
+			t, err = event.NormalizeOccurredAt(t)
+			if err != nil {
+				// Never replaced by another time: stored dead, saying why.
+				fail("%s: %s %q is out of range (after 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z)",
+					ReasonInvalidOccurredAt, event.HeaderOccurredAt, truncate(printable(at), 64))
+			} else {
+				m.OccurredAt = t
+			}
 		} else {
-			m.OccurredAt = t
+			fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, truncate(printable(at), 64))
 		}
 	}
 	if m.OccurredAt.IsZero() {

@@ -27,10 +27,11 @@ func goodDelivery() Delivery {
 			event.HeaderOccurredAt: {"2026-01-02T03:04:05.123456789Z"},
 			"Pgrelay-H-trace":      {"abc"},
 		},
-		Data:      []byte(`{"order_id":"order-1","amount_cents":100,"currency":"EUR"}`),
-		Stream:    "PGRELAY",
-		StreamSeq: 42,
-		Timestamp: time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC),
+		Data:          []byte(`{"order_id":"order-1","amount_cents":100,"currency":"EUR"}`),
+		Stream:        "PGRELAY",
+		StreamSeq:     42,
+		StreamCreated: time.Date(2026, 1, 1, 0, 0, 0, 5, time.UTC),
+		Timestamp:     time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC),
 	}
 }
 
@@ -46,8 +47,36 @@ func TestDecodeGoodMessage(t *testing.T) {
 		EventType:  "OrderPaid",
 		Payload:    d.Data,
 		Headers:    map[string]string{"trace": "abc"},
-		OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC),
+		OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 123457000, time.UTC), // rounded to µs, as stored
 	}, got.Message)
+}
+
+// TestDecodeOccurredAtEdges: the header is taken as written (rounded to the
+// microsecond PostgreSQL keeps) up to both ends of the range; a value outside
+// it is stored dead with the reason, never replaced by another time.
+func TestDecodeOccurredAtEdges(t *testing.T) {
+	t.Parallel()
+	ok := map[string]time.Time{
+		"0001-01-01T00:00:00.000001Z":      time.Date(1, 1, 1, 0, 0, 0, 1000, time.UTC),
+		"9999-12-31T23:59:59.999999Z":      time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC),
+		"9999-12-31T23:59:59.9999994Z":     time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC),
+		"2026-06-01T12:00:00.000001+01:00": time.Date(2026, 6, 1, 11, 0, 0, 1000, time.UTC),
+	}
+	for h, want := range ok {
+		d := goodDelivery()
+		d.Header[event.HeaderOccurredAt] = []string{h}
+		got := Decode(d, testOpts)
+		require.Empty(t, got.DeadReason, h)
+		require.Equal(t, want, got.Message.OccurredAt, h)
+	}
+	for _, h := range []string{"0001-01-01T00:00:00Z", "0001-01-01T00:00:00.0000004Z", "9999-12-31T23:59:59.9999995Z", "9999-12-31T23:59:59.999999999Z"} {
+		d := goodDelivery()
+		d.Header[event.HeaderOccurredAt] = []string{h}
+		got := Decode(d, testOpts)
+		require.True(t, strings.HasPrefix(got.DeadReason, ReasonInvalidOccurredAt), "%s: reason %q", h, got.DeadReason)
+		require.Contains(t, got.DeadReason, "out of range", h)
+		requireStorable(t, got)
+	}
 }
 
 func TestDecodeFallbacks(t *testing.T) {
@@ -119,7 +148,7 @@ func TestDecodeMalformed(t *testing.T) {
 			require.True(t, strings.HasPrefix(got.DeadReason, tc.reason), "reason %q", got.DeadReason)
 			want := tc.id
 			if want == "" {
-				want = FallbackEventID("PGRELAY", 42)
+				want = "nats:PGRELAY:1767225600000000005:42"
 			}
 			require.Equal(t, want, got.Message.EventID)
 			require.Equal(t, d.Data, got.Message.Payload, "raw bytes kept")

@@ -450,6 +450,20 @@ func (q *Queries) AdminNotifyOutbox(ctx context.Context, db DBTX, partitions []i
 	return err
 }
 
+const adminNow = `-- name: AdminNow :one
+SELECT now()::timestamptz AS now
+`
+
+// AdminNow reads the database's clock (the transaction's start time): purge
+// cut-offs are computed from it, as the dead_at and finished_at they are
+// compared with were written by it, whatever the client's clock says.
+func (q *Queries) AdminNow(ctx context.Context, db DBTX) (time.Time, error) {
+	row := db.QueryRow(ctx, adminNow)
+	var now time.Time
+	err := row.Scan(&now)
+	return now, err
+}
+
 const adminOutboxGauges = `-- name: AdminOutboxGauges :one
 SELECT
     (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS pending,

@@ -39,6 +39,37 @@ func (q *Queries) CreateLedgerOrder(ctx context.Context, db DBTX, arg CreateLedg
 	return result.RowsAffected(), nil
 }
 
+const createLedgerOrders = `-- name: CreateLedgerOrders :execrows
+INSERT INTO ledger_orders (order_id, customer_id, amount_cents, currency, event_id)
+SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::bigint[]),
+       unnest($4::text[]), unnest($5::text[])
+ON CONFLICT (order_id) DO NOTHING
+`
+
+type CreateLedgerOrdersParams struct {
+	OrderIds    []string
+	CustomerIds []string
+	AmountCents []int64
+	Currencies  []string
+	EventIds    []string
+}
+
+// CreateLedgerOrders records a batch of orders in one statement; orders
+// already recorded (replays, or twice in the batch) are skipped.
+func (q *Queries) CreateLedgerOrders(ctx context.Context, db DBTX, arg CreateLedgerOrdersParams) (int64, error) {
+	result, err := db.Exec(ctx, createLedgerOrders,
+		arg.OrderIds,
+		arg.CustomerIds,
+		arg.AmountCents,
+		arg.Currencies,
+		arg.EventIds,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const creditLedger = `-- name: CreditLedger :execrows
 INSERT INTO ledger_entries (event_id, order_id, customer_id, amount_cents, currency)
 VALUES ($1, $2, $3, $4, $5)
@@ -60,6 +91,38 @@ func (q *Queries) CreditLedger(ctx context.Context, db DBTX, arg CreditLedgerPar
 		arg.CustomerID,
 		arg.AmountCents,
 		arg.Currency,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const creditLedgerBatch = `-- name: CreditLedgerBatch :execrows
+INSERT INTO ledger_entries (event_id, order_id, customer_id, amount_cents, currency)
+SELECT p.event_id, p.order_id, o.customer_id, p.amount_cents, p.currency
+FROM (SELECT unnest($1::text[]) AS event_id, unnest($2::text[]) AS order_id,
+             unnest($3::bigint[]) AS amount_cents, unnest($4::text[]) AS currency) AS p
+JOIN ledger_orders o ON o.order_id = p.order_id
+`
+
+type CreditLedgerBatchParams struct {
+	EventIds    []string
+	OrderIds    []string
+	AmountCents []int64
+	Currencies  []string
+}
+
+// CreditLedgerBatch credits a batch of OrderPaid events in one statement, each
+// with its order's customer. An event whose order does not exist is left out:
+// the caller compares the count with the batch and handles the batch event by
+// event (where such an event is deferred).
+func (q *Queries) CreditLedgerBatch(ctx context.Context, db DBTX, arg CreditLedgerBatchParams) (int64, error) {
+	result, err := db.Exec(ctx, creditLedgerBatch,
+		arg.EventIds,
+		arg.OrderIds,
+		arg.AmountCents,
+		arg.Currencies,
 	)
 	if err != nil {
 		return 0, err

@@ -108,6 +108,11 @@ type RelayPartition struct {
 	AcquiredAt *time.Time
 }
 
+type RelayWakeup struct {
+	Partition int32
+	Armed     bool
+}
+
 type ReplayAudit struct {
 	ID               int64
 	At               time.Time

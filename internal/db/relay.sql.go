@@ -61,6 +61,30 @@ func (q *Queries) AcquirePartitions(ctx context.Context, db DBTX, arg AcquirePar
 	return items, nil
 }
 
+const armWakeup = `-- name: ArmWakeup :exec
+UPDATE relay_wakeups SET armed = true WHERE partition = $1 AND NOT armed
+`
+
+// ArmWakeup asks the outbox insert trigger to notify the next insert into
+// the partition (once: the trigger disarms it).
+func (q *Queries) ArmWakeup(ctx context.Context, db DBTX, partition int32) error {
+	_, err := db.Exec(ctx, armWakeup, partition)
+	return err
+}
+
+const countInProgress = `-- name: CountInProgress :one
+SELECT count(*)::int FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid::text = ANY($1::text[])
+`
+
+// CountInProgress counts the given transactions still running.
+func (q *Queries) CountInProgress(ctx context.Context, db DBTX, xids []string) (int32, error) {
+	row := db.QueryRow(ctx, countInProgress, xids)
+	var column_1 int32
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const countLiveNodes = `-- name: CountLiveNodes :one
 SELECT count(*)::int FROM relay_nodes
 WHERE last_seen > now() - make_interval(secs => $1::float8)
@@ -140,6 +164,22 @@ func (q *Queries) HeartbeatNode(ctx context.Context, db DBTX, nodeID string) err
 	return err
 }
 
+const inProgressXids = `-- name: InProgressXids :one
+SELECT coalesce(array_agg(backend_xid::text), '{}')::text[] AS xids
+FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+`
+
+// InProgressXids lists the transactions of this database that have written
+// something and are still running (their rows could have missed an arming
+// that just committed). Transactions of other databases cannot insert here.
+func (q *Queries) InProgressXids(ctx context.Context, db DBTX) ([]string, error) {
+	row := db.QueryRow(ctx, inProgressXids)
+	var xids []string
+	err := row.Scan(&xids)
+	return xids, err
+}
+
 const markOutcomes = `-- name: MarkOutcomes :execrows
 WITH lease AS (
     SELECT rp.partition FROM relay_partitions rp
@@ -184,16 +224,30 @@ func (q *Queries) MarkOutcomes(ctx context.Context, db DBTX, arg MarkOutcomesPar
 	return result.RowsAffected(), nil
 }
 
+const notifyRelays = `-- name: NotifyRelays :exec
+SELECT pg_notify('pgrelay_relays', $1::text)
+`
+
+// NotifyRelays tells the other relays (on commit) that partitions were
+// released, so that they acquire them at once instead of at their next
+// heartbeat.
+func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) error {
+	_, err := db.Exec(ctx, notifyRelays, payload)
+	return err
+}
+
 const pendingBatch = `-- name: PendingBatch :many
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
 FROM outbox
-WHERE partition = $1 AND status = 'pending'
-ORDER BY id
-LIMIT $2
+WHERE partition >= $1::int AND partition <= $1::int AND status = 'pending'
+  AND id <> ALL($2::bigint[])
+ORDER BY partition, id
+LIMIT $3
 `
 
 type PendingBatchParams struct {
 	Partition int32
+	Exclude   []int64
 	BatchSize int32
 }
 
@@ -210,9 +264,16 @@ type PendingBatchRow struct {
 }
 
 // PendingBatch reads the oldest pending rows of one partition, in id order.
-// It reads only the outbox_pending_idx partial index.
+// It reads only the outbox_pending_idx partial index. The partition is
+// compared as a range and sorted on, on purpose: with "partition = $1" the
+// planner may walk the primary key in id order instead, filtering out every
+// published row on the way, once statistics taken during a large backlog say
+// most rows are pending (74 ms instead of 0.1 ms per read at half of a
+// 400,000-row backlog). No other index provides (partition, id) order.
+// exclude (never NULL; empty for none) skips the previous batch's rows while
+// their mark is still in flight.
 func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchParams) ([]PendingBatchRow, error) {
-	rows, err := db.Query(ctx, pendingBatch, arg.Partition, arg.BatchSize)
+	rows, err := db.Query(ctx, pendingBatch, arg.Partition, arg.Exclude, arg.BatchSize)
 	if err != nil {
 		return nil, err
 	}

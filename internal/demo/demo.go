@@ -259,9 +259,7 @@ func (r *run) run(ctx context.Context) error {
 	// see another run's messages.
 	suffix := randomHex(4)
 	r.stream, r.prefix = "PGRELAY_DEMO_"+strings.ToUpper(suffix), "pgrelaydemo"+suffix
-	if _, err := r.js.CreateStream(pctx, jetstream.StreamConfig{
-		Name: r.stream, Subjects: []string{r.prefix + ".>"}, Storage: jetstream.FileStorage,
-	}); err != nil {
+	if _, err := r.js.CreateStream(pctx, broker.StreamSpec{Name: r.stream, SubjectPrefix: r.prefix}.Config()); err != nil {
 		return fmt.Errorf("demo: create stream %s: %w", r.stream, err)
 	}
 	defer func() {

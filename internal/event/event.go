@@ -59,6 +59,33 @@ func ValidateEventID(id string) error {
 	return nil
 }
 
+// ErrOccurredAtOutOfRange is returned for an occurred_at outside the range
+// pgrelay stores and carries: after 0001-01-01T00:00:00Z (Go's zero time,
+// which means "unset") up to 9999-12-31T23:59:59.999999Z, once rounded to the
+// microsecond, PostgreSQL's precision. Beyond year 9999 a time has no RFC 3339
+// form, the format of the Pgrelay-Occurred-At header.
+var ErrOccurredAtOutOfRange = errors.New("occurred_at is out of range: want after 0001-01-01T00:00:00Z and at most 9999-12-31T23:59:59.999999Z, at microsecond precision")
+
+// occurredAtMin and occurredAtMax are the first and last valid occurred_at.
+// The outbox migration 00045 enforces the same bounds in SQL.
+var (
+	occurredAtMin = time.Date(1, 1, 1, 0, 0, 0, 1000, time.UTC)
+	occurredAtMax = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+)
+
+// NormalizeOccurredAt rounds t to the microsecond, as PostgreSQL stores it
+// (half away from zero), and returns it in UTC, or ErrOccurredAtOutOfRange
+// with the value when the rounded time is outside the valid range. Rounding
+// first means the range holds for what is stored: 9999-12-31T23:59:59.9999995Z
+// would be stored as year 10000 and is refused.
+func NormalizeOccurredAt(t time.Time) (time.Time, error) {
+	r := t.Round(time.Microsecond).UTC()
+	if r.Before(occurredAtMin) || r.After(occurredAtMax) {
+		return r, fmt.Errorf("%w: got %s", ErrOccurredAtOutOfRange, t.UTC().Format(time.RFC3339Nano))
+	}
+	return r, nil
+}
+
 // Broker header names. The relay writes them on every published message and
 // the consumer reads them back; the payload travels as the message body.
 const (

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -49,4 +50,42 @@ func FuzzValidateEventID(f *testing.F) {
 			require.NotContains(t, id, "\x00")
 		}
 	})
+}
+
+// TestNormalizeOccurredAtEdges: the range is checked after rounding to the
+// microsecond, so what is accepted is exactly what PostgreSQL stores.
+func TestNormalizeOccurredAtEdges(t *testing.T) {
+	t.Parallel()
+	utc := func(y int, mo time.Month, d, h, mi, s, ns int) time.Time {
+		return time.Date(y, mo, d, h, mi, s, ns, time.UTC)
+	}
+	cases := []struct {
+		in   time.Time
+		want time.Time // zero: refused
+	}{
+		{utc(2026, 1, 2, 3, 4, 5, 123456789), utc(2026, 1, 2, 3, 4, 5, 123457000)},
+		{utc(2026, 1, 2, 3, 4, 5, 123456499), utc(2026, 1, 2, 3, 4, 5, 123456000)},
+		{utc(9999, 12, 31, 23, 59, 59, 999999000), utc(9999, 12, 31, 23, 59, 59, 999999000)},
+		{utc(9999, 12, 31, 23, 59, 59, 999999499), utc(9999, 12, 31, 23, 59, 59, 999999000)},
+		{utc(9999, 12, 31, 23, 59, 59, 999999500), time.Time{}}, // rounds to year 10000
+		{utc(9999, 12, 31, 23, 59, 59, 999999999), time.Time{}},
+		{utc(10000, 1, 1, 0, 0, 0, 0), time.Time{}},
+		{utc(1, 1, 1, 0, 0, 0, 1000), utc(1, 1, 1, 0, 0, 0, 1000)},
+		{utc(1, 1, 1, 0, 0, 0, 500), utc(1, 1, 1, 0, 0, 0, 1000)},
+		{utc(1, 1, 1, 0, 0, 0, 499), time.Time{}}, // rounds to the zero time
+		{utc(1, 1, 1, 0, 0, 0, 0), time.Time{}},
+		{utc(0, 12, 31, 0, 0, 0, 0), time.Time{}},
+		{time.Date(2026, 6, 1, 12, 0, 0, 0, time.FixedZone("x", 3600)), utc(2026, 6, 1, 11, 0, 0, 0)},
+	}
+	for _, c := range cases {
+		got, err := NormalizeOccurredAt(c.in)
+		if c.want.IsZero() {
+			require.ErrorIs(t, err, ErrOccurredAtOutOfRange, "%s", c.in)
+			require.ErrorContains(t, err, "occurred_at")
+			continue
+		}
+		require.NoError(t, err, "%s", c.in)
+		require.Equal(t, c.want, got, "%s", c.in)
+		require.Equal(t, time.UTC, got.Location())
+	}
 }

@@ -36,6 +36,22 @@ type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, ev *Event) error
 }
 
+// BatchHandler is a Handler that can also apply a whole claimed batch at once,
+// typically with one set-based statement per kind of effect. The worker calls
+// HandleBatch first, in the transaction that then marks every event of the
+// batch processed with one statement. When HandleBatch returns any error (or
+// panics, or an event was taken over by another worker meanwhile) that
+// transaction is rolled back and the batch runs again event by event through
+// Handle, each event isolated in a savepoint, so the error of one event never
+// fails the others. HandleBatch may therefore return an error for anything it
+// does not handle in bulk (an event to defer, a malformed payload): Handle
+// decides per event. ctx expires after Config.HandlerTimeout for the whole
+// batch. evs is in arrival order and must not be modified.
+type BatchHandler interface {
+	Handler
+	HandleBatch(ctx context.Context, tx pgx.Tx, evs []*Event) error
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev *Event) error
 

@@ -234,6 +234,12 @@ func TestWorkerKilledMidBatch(t *testing.T) {
 	}
 	require.NoError(t, c.cmd.Process.Kill())
 	require.True(t, c.wait(t, 10*time.Second))
+	// A statement the child sent just before it died still runs to its end
+	// (a claim then commits): count once none of its backends is active.
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()`) == 0
+	}, 10*time.Second, 10*time.Millisecond)
 	credited := queryInt(t, pool, `SELECT count(*) FROM ledger_entries`)
 	inFlight := queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processing'`)
 	t.Logf("at the kill: %d credited, %d claimed in flight", credited, inFlight)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -88,6 +89,8 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		p.OccurredAts = append(p.OccurredAts, occurred)
 		p.DeadReasons = append(p.DeadReasons, m.DeadReason)
 	}
+	given := p.EventIds // reported in the caller's order
+	sortByEventID(&p)
 	inserted, err := db.New().InsertInbox(ctx, q, p)
 	if err != nil {
 		return ReceiveResult{}, fmt.Errorf("inbox: receive %d messages: %w", len(msgs), err)
@@ -98,13 +101,41 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		for _, id := range inserted {
 			stored[id] = struct{}{}
 		}
-		for _, id := range p.EventIds {
+		for _, id := range given {
 			if _, ok := stored[id]; !ok {
 				res.Duplicates = append(res.Duplicates, id)
 			}
 		}
 	}
 	return res, nil
+}
+
+// sortByEventID orders the rows of p by event id: the insert then takes its
+// unique-index locks in one global order, so that two consumers storing
+// overlapping batches at the same time wait for each other instead of
+// deadlocking.
+func sortByEventID(p *db.InsertInboxParams) {
+	idx := make([]int, len(p.EventIds))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(p.EventIds[a], p.EventIds[b]) })
+	p.EventIds = permute(p.EventIds, idx)
+	p.Topics = permute(p.Topics, idx)
+	p.Keys = permute(p.Keys, idx)
+	p.EventTypes = permute(p.EventTypes, idx)
+	p.Payloads = permute(p.Payloads, idx)
+	p.Headers = permute(p.Headers, idx)
+	p.OccurredAts = permute(p.OccurredAts, idx)
+	p.DeadReasons = permute(p.DeadReasons, idx)
+}
+
+func permute[T any](s []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for i, j := range idx {
+		out[i] = s[j]
+	}
+	return out
 }
 
 func validateIncoming(m Incoming) error {

@@ -3,6 +3,8 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -104,4 +106,37 @@ func TestReceiveDeadAndInvalid(t *testing.T) {
 		require.Equal(t, 1, inv.Index)
 	}
 	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'fine'`))
+}
+
+// TestOverlappingReceivesDoNotDeadlock: two consumers store overlapping
+// batches at the same time, one in ascending and one in descending id order.
+// Unsorted, each insert takes unique-index locks the other one holds, and
+// PostgreSQL aborts one with "deadlock detected".
+func TestOverlappingReceivesDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	for round := range 10 {
+		asc := make([]inbox.Incoming, 0, 400)
+		for _, id := range ids(fmt.Sprintf("r%d", round), 400) {
+			asc = append(asc, orderPaid(id, "o1", 1))
+		}
+		desc := slices.Clone(asc)
+		slices.Reverse(desc)
+		start := make(chan struct{})
+		errs := make(chan error, 2)
+		for _, batch := range [][]inbox.Incoming{asc, desc} {
+			go func() {
+				<-start
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_, err := inbox.Receive(ctx, pool, batch)
+				errs <- err
+			}()
+		}
+		close(start)
+		for range 2 {
+			require.NoError(t, <-errs, "round %d", round)
+		}
+	}
+	require.Equal(t, 4000, queryInt(t, pool, `SELECT count(*) FROM inbox`))
 }

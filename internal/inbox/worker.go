@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
@@ -60,6 +61,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.listen(ctx) })
 	wg.Go(func() { w.pruneReleases(ctx) })
+	wg.Go(func() { w.sweepReleased(ctx) })
 	for range w.cfg.Workers {
 		wg.Go(func() { w.loop(ctx) })
 	}
@@ -71,11 +73,22 @@ func (w *Worker) Run(ctx context.Context) error {
 // loop is one worker goroutine: claim and process until ctx is done, waiting
 // for a notification or the jittered poll when there is nothing to do.
 func (w *Worker) loop(ctx context.Context) {
+	var lostChecked time.Time
+	tookOver := false
 	for ctx.Err() == nil {
 		// Taken before the claim, so that a notification arriving while the
 		// batch runs is not lost: it closes this channel.
 		wake := w.wake.channel()
-		full, err := w.runOnce(ctx)
+		// Expired leases are rare: looked for at most once per poll
+		// interval, not before every batch of a busy worker, except right
+		// after a takeover (the rest of a crashed batch follows).
+		checkLost := tookOver || time.Since(lostChecked) >= w.cfg.PollInterval
+		if checkLost {
+			lostChecked = time.Now()
+		}
+		var full bool
+		var err error
+		full, tookOver, err = w.runOnce(ctx, checkLost)
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn("inbox batch failed", zap.Error(err))
 		}
@@ -92,28 +105,31 @@ func (w *Worker) loop(ctx context.Context) {
 	}
 }
 
-// runOnce takes over at most one event whose worker was lost and processes it
-// alone (if it killed its last worker, it is the likeliest culprit, and alone
-// it cannot take others down with it again), then claims and processes one
-// batch of pending events. It reports whether the batch was full.
-func (w *Worker) runOnce(ctx context.Context) (full bool, err error) {
-	lost, err := w.claimLost(ctx)
-	if err != nil {
-		return false, err
+// runOnce takes over, when checkLost is set, at most one event whose worker was
+// lost and processes it alone (if it killed its last worker, it is the
+// likeliest culprit, and alone it cannot take others down with it again), then
+// claims and processes one batch of pending events. It reports whether there
+// may be more to do at once, and whether it took an event over.
+func (w *Worker) runOnce(ctx context.Context, checkLost bool) (full, tookOver bool, err error) {
+	var lost []*Event
+	if checkLost {
+		if lost, err = w.claimLost(ctx); err != nil {
+			return false, false, err
+		}
 	}
 	if len(lost) > 0 {
 		if err := w.processBatch(ctx, lost); err != nil {
-			return false, err
+			return false, true, err
 		}
 	}
 	batch, err := w.claim(ctx)
 	if err != nil {
-		return false, err
+		return false, len(lost) > 0, err
 	}
 	if len(batch) == 0 {
-		return len(lost) > 0, nil
+		return len(lost) > 0, len(lost) > 0, nil
 	}
-	return len(batch) == w.cfg.BatchSize || len(lost) > 0, w.processBatch(ctx, batch)
+	return len(batch) == w.cfg.BatchSize || len(lost) > 0, len(lost) > 0, w.processBatch(ctx, batch)
 }
 
 func interval(d time.Duration) pgtype.Interval {
@@ -241,16 +257,23 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	})
 	defer stop()
 
-	results, rest, err := w.runBatch(pctx, evs, stopEarly)
+	released := &releaseSet{}
+	results, rest, err := w.runBatch(withReleaseSet(pctx, released), evs, stopEarly)
 	if err != nil {
 		// pctx ends only when the shutdown timeout ran out: then every claim is
 		// handed back, whatever failed first.
 		w.recover(evs, err, pctx.Err() != nil)
 		return err
 	}
+	keys := released.taken()
+	woke := len(keys) > 0
 	for _, r := range results {
 		w.report(r)
+		if !r.fenced && !r.processed && r.d.outcome == outcomeDefer {
+			keys = append(keys, r.d.waitingFor)
+		}
 	}
+	w.wakeReleased(ctx, keys, woke)
 	if len(rest) > 0 {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 		defer cancel()
@@ -259,9 +282,127 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	return nil
 }
 
-// runBatch processes evs in one transaction until stopEarly says so, and
-// returns the outcomes and the events it did not start.
+// runBatch processes evs until stopEarly says so, and returns the outcomes and
+// the events it did not start. It first runs the batch optimistically (see
+// runOptimistic); when that does not commit, the batch is run again with each
+// event isolated in a savepoint (runIsolated).
 func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bool) (results []result, rest []*Event, err error) {
+	results, rest, known, done, err := w.runOptimistic(ctx, evs, stopEarly)
+	if done {
+		return results, rest, err
+	}
+	return w.runIsolated(ctx, evs, stopEarly, known)
+}
+
+// runOptimistic runs the batch in one transaction without savepoints: the
+// handlers (one HandleBatch call when the handler is a BatchHandler), then one
+// fenced statement marking every event processed, then the commit. It reports
+// done=false, with the transaction rolled back, when a handler failed or the
+// mark did not match every event (one was taken over, or a handler swallowed
+// an error that aborted the transaction); known then holds the failures that
+// are certain to be the event's own, so that the isolated run records them
+// without calling that handler a second time in the same attempt.
+func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func() bool) (
+	results []result, rest []*Event, known map[*Event]error, done bool, err error) {
+	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	tx, err := w.cfg.Pool.Begin(bctx)
+	cancel()
+	if err != nil {
+		// Nothing ran: the claims are handed back by recover.
+		return nil, nil, nil, true, fmt.Errorf("inbox: begin batch: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	ran := evs
+	durs := make([]time.Duration, len(evs))
+	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
+		if stopEarly() {
+			return nil, evs, nil, true, nil
+		}
+		start := time.Now()
+		if herr := w.callBatchHandler(ctx, tx, bh, evs); herr != nil {
+			w.log.Debug("inbox batch handler failed; running the batch event by event",
+				zap.Int("events", len(evs)), zap.Error(herr))
+			return nil, nil, nil, false, nil
+		}
+		per := time.Since(start) / time.Duration(len(evs))
+		for i := range durs {
+			durs[i] = per
+		}
+	} else {
+		for i, ev := range evs {
+			if stopEarly() {
+				ran, rest = evs[:i], evs[i:]
+				break
+			}
+			start := time.Now()
+			herr := w.callHandler(ctx, tx, ev)
+			durs[i] = time.Since(start)
+			if herr != nil {
+				if inFailedTransaction(herr) {
+					// An earlier handler swallowed the error that aborted
+					// the transaction: the isolated run finds which.
+					return nil, nil, nil, false, nil
+				}
+				return nil, nil, map[*Event]error{ev: herr}, false, nil
+			}
+		}
+	}
+	if len(ran) == 0 {
+		return nil, rest, nil, true, nil
+	}
+	p := db.MarkInboxBatchProcessedParams{EventIds: make([]string, len(ran)), LockVersions: make([]int64, len(ran))}
+	for i, ev := range ran {
+		p.EventIds[i], p.LockVersions[i] = ev.EventID, ev.LockVersion
+	}
+	marked, err := w.q.MarkInboxBatchProcessed(ctx, tx, p)
+	if err != nil {
+		// Aborted by a handler that swallowed an error: the isolated run
+		// tells which event, and keeps the others' work.
+		return nil, nil, nil, false, nil
+	}
+	if len(marked) != len(ran) {
+		// Another worker took events over: roll back (their effects here
+		// must not commit) and run the others again, isolated.
+		ok := make(map[string]bool, len(marked))
+		for _, id := range marked {
+			ok[id] = true
+		}
+		known = make(map[*Event]error)
+		for _, ev := range ran {
+			if !ok[ev.EventID] {
+				known[ev] = errFenced
+			}
+		}
+		return nil, nil, known, false, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return nil, nil, nil, true, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
+	}
+	results = make([]result, len(ran))
+	for i, ev := range ran {
+		results[i] = result{ev: ev, processed: true, dur: durs[i]}
+	}
+	return results, rest, nil, true, nil
+}
+
+// errFenced marks, for runIsolated, an event the optimistic run found taken
+// over by another worker: its effect was rolled back and it is not run again.
+var errFenced = errors.New("inbox: taken over by another worker")
+
+// inFailedTransaction reports whether err says the transaction was already
+// aborted by an earlier statement.
+func inFailedTransaction(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
+}
+
+// runIsolated processes evs in one transaction, a savepoint each, until
+// stopEarly says so, and returns the outcomes and the events it did not start.
+// An event in known is not run again: its failure is recorded.
+func (w *Worker) runIsolated(ctx context.Context, evs []*Event, stopEarly func() bool, known map[*Event]error) (results []result, rest []*Event, err error) {
 	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	tx, err := w.cfg.Pool.Begin(bctx)
 	cancel()
@@ -272,11 +413,22 @@ func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bo
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results = make([]result, 0, len(evs))
 	for i, ev := range evs {
-		if stopEarly() {
-			rest = evs[i:]
-			break
+		var r result
+		if herr, ok := known[ev]; ok {
+			// Already run: only its outcome is recorded, even past the
+			// point where no handler starts any more.
+			if herr == errFenced {
+				results = append(results, result{ev: ev, fenced: true})
+				continue
+			}
+			r, err = w.recordFailure(ctx, tx, ev, herr)
+		} else {
+			if stopEarly() {
+				rest = append(rest, evs[i])
+				continue
+			}
+			r, err = w.processOne(ctx, tx, ev)
 		}
-		r, err := w.processOne(ctx, tx, ev)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -329,6 +481,15 @@ func (w *Worker) processOne(ctx context.Context, tx pgx.Tx, ev *Event) (result, 
 	if err := sp.Rollback(ctx); err != nil {
 		return r, &errBatchBroken{err: fmt.Errorf("rollback failed event: %w", err), culprit: ev, cause: herr}
 	}
+	fr, err := w.recordFailure(ctx, tx, ev, herr)
+	fr.dur = r.dur
+	return fr, err
+}
+
+// recordFailure records in tx where the event goes after its handler failed
+// with herr, fenced by the claim's lock_version.
+func (w *Worker) recordFailure(ctx context.Context, tx pgx.Tx, ev *Event, herr error) (result, error) {
+	r := result{ev: ev}
 	r.d = decide(w.cfg.policy(), herr, ev.Attempts, ev.Deferrals, rand.Float64)
 	n, err := w.applyDecision(ctx, tx, ev, r.d)
 	if err != nil {
@@ -345,9 +506,6 @@ func (w *Worker) applyDecision(ctx context.Context, q db.DBTX, ev *Event, d deci
 			Delay: interval(d.delay), LastError: d.reason, EventID: ev.EventID, LockVersion: ev.LockVersion,
 		})
 	case outcomeDefer:
-		if err := w.q.LockInboxDependency(ctx, q, d.waitingFor); err != nil {
-			return 0, err
-		}
 		return w.q.DeferInbox(ctx, q, db.DeferInboxParams{
 			WaitingFor: d.waitingFor, Fallback: interval(d.delay), EventID: ev.EventID, LockVersion: ev.LockVersion,
 		})
@@ -375,6 +533,27 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, ev *Event) (err err
 	}
 	return err
 }
+
+// callBatchHandler runs the batch handler with the handler timeout, turning a
+// panic into an error.
+func (w *Worker) callBatchHandler(ctx context.Context, tx pgx.Tx, bh BatchHandler, evs []*Event) (err error) {
+	hctx, cancel := context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			w.log.Error("inbox batch handler panicked", zap.Int("events", len(evs)),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("batch handler panicked: %v", p)
+		}
+	}()
+	return bh.HandleBatch(hctx, tx, evs)
+}
+
+// Wake makes the idle worker goroutines claim at once instead of at their next
+// poll. Call it after a transaction that stored events with Receive committed,
+// in the process running the worker; workers in other processes are woken by
+// Notify or find the events at their next poll.
+func (w *Worker) Wake() { w.wake.broadcast() }
 
 // report logs a committed outcome and tells the observer.
 func (w *Worker) report(r result) {
@@ -425,6 +604,9 @@ func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
 				continue
 			}
 			w.report(result{ev: ev, fenced: n == 0, d: d})
+			if n > 0 && d.outcome == outcomeDefer {
+				w.wakeReleased(ctx, []string{d.waitingFor}, false)
+			}
 		case broken != nil && broken.culprit == nil:
 			d := decide(w.cfg.policy(), batchErr, ev.Attempts, ev.Deferrals, rand.Float64)
 			if d.outcome == outcomeDefer {
@@ -543,6 +725,55 @@ func (w *Worker) pruneReleases(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// wakeReleased runs after a batch committed its deferrals and releases: it
+// makes due the events deferred on keys whose release is committed, and wakes
+// this process's goroutines when it did, or when wake is set (the batch
+// released something). Neither side of a deferral/release race holds a lock
+// across its transaction; instead each side checks the other's committed
+// record after its own commit, so whichever commits second finds the first.
+// A failure here is only logged: the sweep (sweepReleased) repairs it.
+func (w *Worker) wakeReleased(ctx context.Context, keys []string, wake bool) {
+	if len(keys) > 0 {
+		slices.Sort(keys)
+		keys = slices.Compact(keys)
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+		n, err := w.q.WakeReleasedInbox(qctx, w.cfg.Pool, keys)
+		cancel()
+		if err != nil {
+			w.log.Warn("inbox: check releases after commit; the sweep will", zap.Error(err))
+		}
+		wake = wake || n > 0
+	}
+	if wake {
+		w.wake.broadcast()
+	}
+}
+
+// sweepReleased makes due, about every PollInterval, the deferred events whose
+// dependency has a committed release that no check after a commit caught (a
+// process that died in between, or Release called outside a handler).
+func (w *Worker) sweepReleased(ctx context.Context) {
+	for {
+		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+		n, err := w.q.SweepReleasedInbox(qctx, w.cfg.Pool, 1000)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.log.Warn("inbox: sweep released deferrals", zap.Error(err))
+		case n > 0:
+			w.log.Info("inbox: deferred events made due by the release sweep", zap.Int64("events", n))
+			w.wake.broadcast()
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -369,10 +370,22 @@ func TestLongBatchStopsAtHalfLease(t *testing.T) {
 	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE attempts = 1`))
 }
 
-// TestWakeByNotification: with polling effectively off, inserts still reach
-// the worker at once through LISTEN/NOTIFY, also after the listening
-// connection was killed (the listener reconnects), and a Release wakes the
-// deferred event it releases.
+// receiveNotify stores msgs and notifies the workers in one transaction, as a
+// process whose workers run elsewhere does.
+func receiveNotify(t *testing.T, pool *pgxpool.Pool, msgs ...inbox.Incoming) {
+	t.Helper()
+	require.NoError(t, pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		if _, err := inbox.Receive(context.Background(), tx, msgs); err != nil {
+			return err
+		}
+		return inbox.Notify(context.Background(), tx)
+	}))
+}
+
+// TestWakeByNotification: with polling effectively off, events stored with
+// Notify still reach the worker at once through LISTEN/NOTIFY, also after the
+// listening connection was killed (the listener reconnects), and a Release
+// wakes the deferred event it releases.
 func TestWakeByNotification(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -382,7 +395,7 @@ func TestWakeByNotification(t *testing.T) {
 	startWorker(t, cfg)
 
 	createOrders(t, pool, "o1")
-	receive(t, pool, orderPaid("e1", "o1", 1))
+	receiveNotify(t, pool, orderPaid("e1", "o1", 1))
 	waitStatus(t, pool, "e1", "processed", 10*time.Second)
 
 	// Kill the listener's connection; the worker must listen again.
@@ -395,11 +408,39 @@ func TestWakeByNotification(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND query = 'LISTEN pgrelay_inbox' AND backend_start > now() - interval '1 minute' AND state = 'idle'`) == 1
 	}, 10*time.Second, 10*time.Millisecond, "the listener never reconnected")
-	receive(t, pool, orderPaid("e2", "o2", 1)) // its order does not exist yet: deferred
+	receiveNotify(t, pool, orderPaid("e2", "o2", 1)) // its order does not exist yet: deferred
 	require.Eventually(t, func() bool { return inboxRow(t, pool, "e2").Deferrals == 1 }, 10*time.Second, 10*time.Millisecond)
-	receive(t, pool, inbox.Incoming{Message: orderCreatedMessage("c2", "o2")})
+	receiveNotify(t, pool, inbox.Incoming{Message: orderCreatedMessage("c2", "o2")})
 	r := waitStatus(t, pool, "e2", "processed", 10*time.Second)
 	require.Equal(t, 1, r.Attempts)
+}
+
+// TestWakeInProcess: with polling effectively off and nothing notified, a
+// Wake after the store committed reaches the worker at once (the consumer
+// does this after each batch it stores).
+func TestWakeInProcess(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	cfg := fastConfig(t, pool, ledger.Handler{})
+	cfg.PollInterval = time.Hour
+	w, err := inbox.NewWorker(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	createOrders(t, pool, "o1")
+	// Once the listener is up (it wakes everyone when it connects), the
+	// goroutines' claims find nothing and they wait for an hour.
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND query = 'LISTEN pgrelay_inbox' AND state = 'idle'`) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	receive(t, pool, orderPaid("e1", "o1", 1))
+	w.Wake()
+	waitStatus(t, pool, "e1", "processed", 5*time.Second)
 }
 
 // TestWorkerPrunesOldReleases: Release records older than the retention are

@@ -48,7 +48,67 @@ func DependencyKey(orderID string) string { return "order:" + orderID }
 // reason); an OrderPaid for an order not created yet is deferred until it is.
 type Handler struct{}
 
-var _ inbox.Handler = Handler{}
+var _ inbox.BatchHandler = Handler{}
+
+// errNotInBulk makes the worker run a batch event by event (see
+// inbox.BatchHandler): something in it needs a per-event decision.
+var errNotInBulk = errors.New("ledger: batch needs per-event handling")
+
+// HandleBatch applies a batch of events with one statement per event type:
+// the orders created, their releases, then the credits. Anything that needs a
+// per-event decision (a malformed or unknown event, an OrderPaid whose order
+// does not exist yet) fails the batch, which the worker then runs through
+// Handle event by event.
+func (Handler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
+	var orders db.CreateLedgerOrdersParams
+	var credits db.CreditLedgerBatchParams
+	var released []string
+	for _, ev := range evs {
+		switch ev.EventType {
+		case EventOrderCreated:
+			var p OrderCreated
+			if decode(ev.Payload, &p, "order_id", "customer_id", "amount_cents", "currency") != nil || p.AmountCents < 0 {
+				return errNotInBulk
+			}
+			orders.OrderIds = append(orders.OrderIds, p.OrderID)
+			orders.CustomerIds = append(orders.CustomerIds, p.CustomerID)
+			orders.AmountCents = append(orders.AmountCents, p.AmountCents)
+			orders.Currencies = append(orders.Currencies, p.Currency)
+			orders.EventIds = append(orders.EventIds, ev.EventID)
+			released = append(released, DependencyKey(p.OrderID))
+		case EventOrderPaid:
+			var p OrderPaid
+			if decode(ev.Payload, &p, "order_id", "amount_cents", "currency") != nil {
+				return errNotInBulk
+			}
+			credits.EventIds = append(credits.EventIds, ev.EventID)
+			credits.OrderIds = append(credits.OrderIds, p.OrderID)
+			credits.AmountCents = append(credits.AmountCents, p.AmountCents)
+			credits.Currencies = append(credits.Currencies, p.Currency)
+		default:
+			return errNotInBulk
+		}
+	}
+	q := db.New()
+	if len(orders.OrderIds) > 0 {
+		if _, err := q.CreateLedgerOrders(ctx, tx, orders); err != nil {
+			return fmt.Errorf("ledger: create %d orders: %w", len(orders.OrderIds), err)
+		}
+		if err := inbox.Release(ctx, tx, released...); err != nil {
+			return err
+		}
+	}
+	if len(credits.EventIds) > 0 {
+		n, err := q.CreditLedgerBatch(ctx, tx, credits)
+		if err != nil {
+			return fmt.Errorf("ledger: credit %d payments: %w", len(credits.EventIds), err)
+		}
+		if n != int64(len(credits.EventIds)) {
+			return errNotInBulk // some order does not exist yet: defer per event
+		}
+	}
+	return nil
+}
 
 // Handle applies one event to the ledger inside tx.
 func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {

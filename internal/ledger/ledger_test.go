@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -108,6 +111,7 @@ func TestPaidBeforeCreated(t *testing.T) {
 	require.Equal(t, 1, s.Attempts, "deferrals do not count as attempts")
 	require.Equal(t, 1, s.Deferrals)
 	require.Equal(t, 1, credits(t, pool, "o1"))
+	require.Empty(t, s.LastError, "a processed event keeps no deferral reason")
 	var customer string
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT customer_id FROM ledger_entries WHERE event_id = 'pay-1'`).Scan(&customer))
@@ -178,4 +182,91 @@ func TestMalformedEventsAreDead(t *testing.T) {
 		require.Equal(t, 1, s.Attempts, id)
 		require.Equal(t, c.reason, s.LastError, id)
 	}
+}
+
+// countingHandler counts which path applied the events.
+type countingHandler struct {
+	ledger.Handler
+	bulk, bulkRefused, single atomic.Int32
+}
+
+func (h *countingHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
+	err := h.Handler.HandleBatch(ctx, tx, evs)
+	if err != nil {
+		h.bulkRefused.Add(1)
+	} else {
+		h.bulk.Add(1)
+	}
+	return err
+}
+
+func (h *countingHandler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	h.single.Add(1)
+	return h.Handler.Handle(ctx, tx, ev)
+}
+
+// TestBatchPath: a batch of orders and their payments is applied in bulk,
+// without a single per-event call; a batch holding a malformed event and a
+// payment for an order not created yet is refused in bulk and run event by
+// event: the malformed one dead, the early payment deferred until its order
+// comes, the rest credited once.
+func TestBatchPath(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var msgs []inbox.Incoming
+	for i := range 20 {
+		msgs = append(msgs, created(fmt.Sprintf("c%d", i), fmt.Sprintf("o%d", i)), paid(fmt.Sprintf("p%d", i), fmt.Sprintf("o%d", i)))
+	}
+	receive(t, pool, msgs...)
+	h := &countingHandler{}
+	run(t, config(t, pool, h, "w"))
+	for i := range 20 {
+		waitFor(t, pool, fmt.Sprintf("p%d", i), func(s state) bool { return s.Status == "processed" })
+	}
+	require.Zero(t, h.single.Load(), "no event needed a per-event call")
+	require.Zero(t, h.bulkRefused.Load())
+	require.Positive(t, h.bulk.Load())
+
+	receive(t, pool, paid("p-early", "o-later"), raw("bad", ledger.EventOrderPaid, "{"), paid("p-ok", "o1"))
+	waitFor(t, pool, "bad", func(s state) bool { return s.Status == "dead" })
+	waitFor(t, pool, "p-ok", func(s state) bool { return s.Status == "processed" })
+	waitFor(t, pool, "p-early", func(s state) bool { return s.Deferrals == 1 })
+	require.Positive(t, h.bulkRefused.Load())
+	require.GreaterOrEqual(t, int(h.single.Load()), 3)
+
+	receive(t, pool, created("c-later", "o-later"))
+	s := waitFor(t, pool, "p-early", func(s state) bool { return s.Status == "processed" })
+	require.Equal(t, 1, s.Attempts)
+	require.Equal(t, 1, credits(t, pool, "o-later"))
+	require.Equal(t, 2, credits(t, pool, "o1"))
+	for i := range 20 {
+		if i != 1 {
+			require.Equal(t, 1, credits(t, pool, fmt.Sprintf("o%d", i)))
+		}
+	}
+}
+
+// TestCreditUniqueEventIDIsTheSecondLineOfDefence: should the inbox ever run
+// an OrderPaid twice (a fencing bug, an operator replaying by hand), the
+// ledger's UNIQUE(event_id) refuses the second credit: the handler fails with
+// a unique violation and the order stays credited once.
+func TestCreditUniqueEventIDIsTheSecondLineOfDefence(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	handle := func(in inbox.Incoming) error {
+		ev := &inbox.Event{Message: in.Message, Attempts: 1}
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.Handler{}.Handle(ctx, tx, ev) })
+	}
+	require.NoError(t, handle(created("c-1", "o-unique")))
+	require.NoError(t, handle(paid("p-1", "o-unique")))
+	err := handle(paid("p-1", "o-unique")) // the same event applied again, bypassing the inbox
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the second credit of one event must be refused")
+	require.Equal(t, "23505", pgErr.Code)
+	require.Equal(t, 1, credits(t, pool, "o-unique"))
+	// A different payment of the same order is credited.
+	require.NoError(t, handle(paid("p-2", "o-unique")))
+	require.Equal(t, 2, credits(t, pool, "o-unique"))
 }

@@ -165,7 +165,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.CheckTimeout)
 			defer cancel()
-			err := runCheck(ctx, s.cfg.Checks[name])
+			err := runCheck(ctx, s.cfg.CheckTimeout, s.cfg.Checks[name])
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -187,13 +187,28 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // runCheck runs a check, turning a panic into an error.
-func runCheck(ctx context.Context, f Check) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("check panicked: %v", v)
-		}
+// runCheck runs f under ctx's deadline. A check that outlives the deadline
+// fails, whatever it returns later and even when it ignores ctx: a check that
+// cannot answer in time is not ready.
+func runCheck(ctx context.Context, timeout time.Duration, f Check) error {
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				done <- fmt.Errorf("check panicked: %v", v)
+			}
+		}()
+		done <- f(ctx)
 	}()
-	return f(ctx)
+	select {
+	case err := <-done:
+		if err == nil && ctx.Err() != nil {
+			return fmt.Errorf("check timed out after %s", timeout)
+		}
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("check timed out after %s", timeout)
+	}
 }
 
 func recoverer(log *zap.Logger, next http.Handler) http.Handler {

@@ -101,6 +101,15 @@ func New(cfg Config) (*Outbox, error) {
 // id), event type, payload bytes and headers (as a map); OccurredAt is not
 // compared. Deduplication holds while the stored row is kept: retention
 // deletes published rows, after which the id can be enqueued again.
+//
+// Writers of one key are serialized: the transaction holds a lock per key
+// until it commits. Within one call the locks are taken in one fixed order
+// (whatever the order of msgs), so concurrent calls cannot deadlock. Across
+// calls in one transaction the earlier calls' locks are already held: a
+// transaction that enqueues several keys should do so in one call, or in
+// one consistent order (sorted keys) across calls. Otherwise two such
+// transactions can deadlock; PostgreSQL then aborts one of them (SQLSTATE
+// 40P01), which can be retried.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -115,7 +124,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		Headers:     make([]json.RawMessage, n),
 		OccurredAts: make([]time.Time, n),
 	}
-	now := time.Now()
+	now := time.Now().Round(time.Microsecond)
 	var keys []string // the explicit keys, whose locks the insert takes
 	for i, m := range msgs {
 		if err := o.validate(m); err != nil {
@@ -143,9 +152,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 			}
 			headers = b
 		}
-		occurred := m.OccurredAt
-		if occurred.IsZero() {
-			occurred = now
+		occurred := now
+		if !m.OccurredAt.IsZero() {
+			occurred, _ = event.NormalizeOccurredAt(m.OccurredAt) // validated above
 		}
 		payload := m.Payload
 		if payload == nil {
@@ -255,6 +264,11 @@ func (o *Outbox) validate(m event.Message) error {
 	}
 	if err := textField("event type", m.EventType); err != nil {
 		return err
+	}
+	if !m.OccurredAt.IsZero() {
+		if _, err := event.NormalizeOccurredAt(m.OccurredAt); err != nil {
+			return err
+		}
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)

@@ -229,3 +229,56 @@ func TestConcurrentBatchesDoNotDeadlock(t *testing.T) {
 	}
 	require.Len(t, rows(t, pool), 20*len(keys))
 }
+
+// TestOccurredAtEdges: Enqueue refuses an occurred_at outside the range (after
+// 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z once rounded to the
+// microsecond), naming the field; what it accepts is stored exactly as
+// rounded; and plain SQL is held to the same range by a constraint.
+func TestOccurredAtEdges(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	utc := func(y int, mo time.Month, d, h, mi, s, ns int) time.Time {
+		return time.Date(y, mo, d, h, mi, s, ns, time.UTC)
+	}
+
+	for _, bad := range []time.Time{
+		utc(9999, 12, 31, 23, 59, 59, 999999999), // PostgreSQL would round it to year 10000
+		utc(10000, 1, 1, 0, 0, 0, 0),
+		utc(1, 1, 1, 0, 0, 0, 400), // rounds to 0001-01-01T00:00:00Z
+		utc(0, 6, 1, 0, 0, 0, 0),
+	} {
+		err := enqueue(t, pool, o, event.Message{Topic: "t"}, event.Message{Topic: "t", OccurredAt: bad})
+		require.ErrorIs(t, err, event.ErrOccurredAtOutOfRange, "%s", bad)
+		require.ErrorContains(t, err, "message 1: occurred_at is out of range", "%s", bad)
+	}
+	require.Empty(t, rows(t, pool))
+
+	stored := func(id string) time.Time {
+		var at time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT occurred_at FROM outbox WHERE event_id = $1`, id).Scan(&at))
+		return at.UTC()
+	}
+	edges := map[string]struct{ in, want time.Time }{
+		"max":     {utc(9999, 12, 31, 23, 59, 59, 999999000), utc(9999, 12, 31, 23, 59, 59, 999999000)},
+		"max-ns":  {utc(9999, 12, 31, 23, 59, 59, 999999400), utc(9999, 12, 31, 23, 59, 59, 999999000)},
+		"min":     {utc(1, 1, 1, 0, 0, 0, 1000), utc(1, 1, 1, 0, 0, 0, 1000)},
+		"rounded": {utc(2026, 1, 2, 3, 4, 5, 123456789), utc(2026, 1, 2, 3, 4, 5, 123457000)},
+	}
+	for id, e := range edges {
+		require.NoError(t, enqueue(t, pool, o, event.Message{EventID: id, Topic: "t", OccurredAt: e.in}), id)
+		require.Equal(t, e.want, stored(id), id)
+	}
+
+	// Plain SQL: the same range, as a constraint.
+	for _, lit := range []string{"0001-01-01 00:00:00+00", "10000-01-01 00:00:00+00", "9999-12-31 23:59:59.9999995+00", "0001-01-01 00:00:00+00 BC"} {
+		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
+		require.ErrorContains(t, err, "outbox_occurred_at_range", lit)
+	}
+	for _, lit := range []string{"0001-01-01 00:00:00.000001+00", "9999-12-31 23:59:59.999999+00"} {
+		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
+		require.NoError(t, err, lit)
+	}
+}

@@ -66,8 +66,12 @@ type Config struct {
 
 // hooks lets tests stop the relay at precise points.
 type hooks struct {
+	beforePublish   func(partition int32)
 	afterPublish    func(partition int32, ids []int64)
 	beforeHeartbeat func()
+	afterArm        func(partition int32)
+	armWait         func(partition int32)
+	afterRead       func(partition int32, rows int)
 }
 
 // WithDefaults returns the config with every zero field set to its default.

@@ -16,8 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
@@ -28,6 +30,11 @@ import (
 // NotifyChannel is the channel the outbox insert trigger notifies.
 const NotifyChannel = "pgrelay_outbox"
 
+// ControlChannel is the channel on which a relay tells the others that it
+// released partitions (queries/relay.sql, NotifyRelays), so that they take
+// them at once rather than at their next heartbeat.
+const ControlChannel = "pgrelay_relays"
+
 // Relay is the outbox relay service.
 type Relay struct {
 	cfg Config
@@ -37,6 +44,13 @@ type Relay struct {
 	mu      sync.Mutex
 	workers map[int32]*worker
 	wg      sync.WaitGroup
+
+	// clock is the origin of lease deadlines: they are kept as durations
+	// since it, on the process's monotonic clock, so a wall-clock step can
+	// neither extend nor shorten a lease.
+	clock time.Time
+	// kick asks Run for a heartbeat now (a peer released partitions).
+	kick chan struct{}
 }
 
 // New returns a Relay, or an error naming the invalid Config field.
@@ -50,6 +64,8 @@ func New(cfg Config) (*Relay, error) {
 		q:       db.New(),
 		log:     cfg.Logger.Named("relay").With(zap.String("node", cfg.NodeID)),
 		workers: map[int32]*worker{},
+		clock:   time.Now(),
+		kick:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -76,6 +92,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Info("relay stopped")
 			return nil
 		case <-t.C:
+		case <-r.kick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("lease heartbeat failed", zap.Error(err))
@@ -97,6 +120,10 @@ func (r *Relay) tick(ctx context.Context) error {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	leaseSecs := r.cfg.LeaseDuration.Seconds()
+	// A lease renewed or taken by a statement sent now lasts at least until
+	// now + LeaseDuration on this process's clock: the database's lease_until
+	// is computed later, from the same duration.
+	deadline := r.leaseDeadline()
 	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
 	if err != nil {
 		return fmt.Errorf("renew leases: %w", err)
@@ -118,6 +145,7 @@ func (r *Relay) tick(ctx context.Context) error {
 			w.stop(false)
 			continue
 		}
+		w.leaseUntil.Store(int64(deadline))
 		owned = append(owned, p)
 	}
 	// A lease held with no worker (its release failed) is worked again
@@ -131,7 +159,7 @@ func (r *Relay) tick(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	for _, l := range orphans {
-		r.startWorker(ctx, l.Partition, l.Epoch)
+		r.startWorker(ctx, l.Partition, l.Epoch, deadline)
 	}
 
 	live, err := r.q.CountLiveNodes(qctx, pool, leaseSecs)
@@ -159,6 +187,7 @@ func (r *Relay) tick(ctx context.Context) error {
 		}
 		r.mu.Unlock()
 	case len(owned) < share:
+		deadline := r.leaseDeadline()
 		got, err := r.q.AcquirePartitions(qctx, pool, db.AcquirePartitionsParams{
 			Owner: r.cfg.NodeID, LeaseSeconds: leaseSecs, MaxCount: int32(share - len(owned)),
 		})
@@ -169,7 +198,7 @@ func (r *Relay) tick(ctx context.Context) error {
 			takenOver := a.PreviousOwner != nil
 			r.log.Info("partition acquired", zap.Int32("partition", a.Partition), zap.Int64("epoch", a.Epoch), zap.Bool("taken_over", takenOver))
 			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
-			r.startWorker(ctx, a.Partition, a.Epoch)
+			r.startWorker(ctx, a.Partition, a.Epoch, deadline)
 		}
 	}
 	if rand.IntN(20) == 0 {
@@ -195,13 +224,29 @@ func (r *Relay) shutdown() {
 	r.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
-	if len(parts) > 0 {
-		if _, err := r.q.ReleasePartitions(ctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
-			r.log.Warn("release leases", zap.Error(err))
+	// One transaction, so that a peer woken by the notification already
+	// counts one relay fewer when it computes its share.
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if len(parts) > 0 {
+			if _, err := r.q.ReleasePartitions(ctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
+				return fmt.Errorf("release leases: %w", err)
+			}
 		}
+		if err := r.q.DeleteNode(ctx, tx, r.cfg.NodeID); err != nil {
+			return fmt.Errorf("unregister: %w", err)
+		}
+		return r.q.NotifyRelays(ctx, tx, "left "+r.cfg.NodeID)
+	})
+	if err != nil {
+		r.log.Warn("release leases and unregister; other relays take the partitions over when the leases expire", zap.Error(err))
 	}
-	if err := r.q.DeleteNode(ctx, r.cfg.Pool, r.cfg.NodeID); err != nil {
-		r.log.Warn("unregister relay", zap.Error(err))
+}
+
+// kickHeartbeat asks Run for a heartbeat now; requests coalesce.
+func (r *Relay) kickHeartbeat() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -261,7 +306,11 @@ func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
 		_ = conn.Close(cctx)
 	}()
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	_, err = conn.Exec(lctx, "LISTEN "+NotifyChannel) // LISTEN takes no parameters; sqlc has nothing to generate.
+	// LISTEN takes no parameters; sqlc has nothing to generate.
+	_, err = conn.Exec(lctx, "LISTEN "+NotifyChannel)
+	if err == nil {
+		_, err = conn.Exec(lctx, "LISTEN "+ControlChannel)
+	}
 	cancel()
 	if err != nil {
 		return err
@@ -272,6 +321,10 @@ func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
+		}
+		if n.Channel == ControlChannel {
+			r.kickHeartbeat()
+			continue
 		}
 		r.wakePartitions(n.Payload)
 	}
@@ -316,11 +369,14 @@ func (r *Relay) retain(ctx context.Context) {
 type worker struct {
 	partition int32
 	epoch     int64
-	ctx       context.Context // cancelled to stop between batches
-	cancel    context.CancelFunc
-	release   bool // set before cancel: release the lease when done
-	wake      chan struct{}
-	done      chan struct{}
+	// leaseUntil is when the lease ends at the latest, as a duration since
+	// Relay.clock: a batch is published only before it.
+	leaseUntil atomic.Int64
+	ctx        context.Context // cancelled to stop between batches
+	cancel     context.CancelFunc
+	release    bool // set before cancel: release the lease when done
+	wake       chan struct{}
+	done       chan struct{}
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -343,9 +399,10 @@ func (w *worker) stop(release bool) {
 }
 
 // startWorker starts publishing partition p at epoch. Called without r.mu.
-func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
+func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w.leaseUntil.Store(int64(leaseUntil))
 	r.mu.Lock()
 	prev := r.workers[p]
 	r.workers[p] = w
@@ -368,7 +425,12 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
 		// lease still held with no worker.
 		if release {
 			qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-			_, err := r.q.ReleasePartitions(qctx, r.cfg.Pool, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}})
+			err := pgx.BeginFunc(qctx, r.cfg.Pool, func(tx pgx.Tx) error {
+				if _, err := r.q.ReleasePartitions(qctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}}); err != nil {
+					return err
+				}
+				return r.q.NotifyRelays(qctx, tx, "released "+strconv.Itoa(int(p)))
+			})
 			cancel()
 			if err != nil {
 				r.log.Warn("release lease", zap.Int32("partition", p), zap.Error(err))
@@ -384,6 +446,23 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64) {
 
 // errFenced reports a mark refused because the partition has a new owner.
 var errFenced = errors.New("fenced: the partition was taken over")
+
+// errLeaseExpired reports a batch not published because the lease could have
+// expired (the relay was paused, or its heartbeats failed): another relay may
+// own the partition and have published the rows already.
+var errLeaseExpired = errors.New("lease expired before publishing: the batch was not published")
+
+// leaseDeadline is the end of a lease renewed or taken by a statement sent
+// now, on the monotonic clock.
+func (r *Relay) leaseDeadline() time.Duration {
+	return time.Since(r.clock) + r.cfg.LeaseDuration
+}
+
+// leaseEnd returns when w's lease ends at the latest, as a time carrying a
+// monotonic reading.
+func (r *Relay) leaseEnd(w *worker) time.Time {
+	return r.clock.Add(time.Duration(w.leaseUntil.Load()))
+}
 
 // workSafely runs the worker, turning a panic (in an Observer, say) into the
 // worker's end: the lease stays held, and the next heartbeat starts a new
@@ -401,38 +480,137 @@ func (r *Relay) workSafely(w *worker) {
 func (r *Relay) work(w *worker) {
 	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
 	bo := r.newBackoff()
+	// armed is set once this worker armed the partition's wake-up and then
+	// found nothing: the next insert into the partition notifies it.
+	armed := false
+	var lastArmed time.Time
+	// inflight is the mark of the last full batch, running while the next
+	// batch is read and published; it is always awaited before the worker
+	// idles, backs off or ends.
+	inflight := &pendingMark{}
+	defer func() { _ = r.awaitMark(w, log, inflight) }()
 	for w.ctx.Err() == nil {
-		n, err := r.runBatch(w, log, bo)
+		n, err := r.runBatch(w, log, bo, inflight)
+		if err == nil && n < r.cfg.BatchSize {
+			err = r.awaitMark(w, log, inflight)
+		}
 		switch {
 		case errors.Is(err, errFenced):
 			w.cancel()
 			return
 		case err != nil:
+			if errors.Is(r.awaitMark(w, log, inflight), errFenced) {
+				w.cancel()
+				return
+			}
 			d := bo.current()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
 			sleepCtx(w.ctx, d)
 			continue
 		}
 		bo.reset()
+		if n > 0 {
+			armed = false // a notification may have been spent on these rows
+		}
 		if n == r.cfg.BatchSize {
 			continue
 		}
-		t := time.NewTimer(jitter(r.cfg.PollInterval))
-		select {
-		case <-w.ctx.Done():
-		case <-w.wake:
-		case <-t.C:
+		if !armed {
+			// Arm at most once per wakeInterval: under a steady trickle the
+			// worker polls at that pace instead, so producers notify at most
+			// once per partition per interval.
+			if wait := wakeInterval - time.Since(lastArmed); wait > 0 {
+				r.sleepOrWake(w, wait)
+				continue
+			}
+			lastArmed = time.Now()
+			nudged, err := r.arm(w)
+			switch {
+			case err != nil:
+				if w.ctx.Err() == nil {
+					log.Warn("arming the partition's wake-up failed; polling", zap.Error(err))
+				}
+			case nudged:
+				continue // the notification disarmed the partition
+			default:
+				armed = true
+				continue // look again: rows committed while arming
+			}
 		}
-		t.Stop()
+		if r.sleepOrWake(w, jitter(r.cfg.PollInterval)) {
+			armed = false // the notification disarmed the partition
+		}
 	}
+}
+
+// wakeInterval is the shortest time between two armings of a partition's
+// wake-up by its worker.
+const wakeInterval = 10 * time.Millisecond
+
+// sleepOrWake waits for d, a nudge or the worker's end. It reports whether a
+// nudge ended the wait.
+func (r *Relay) sleepOrWake(w *worker, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.ctx.Done():
+	case <-w.wake:
+		return true
+	case <-t.C:
+	}
+	return false
+}
+
+// arm asks the outbox insert trigger to notify the next insert into w's
+// partition, then waits until every transaction that was running when the
+// arming committed has ended, a notification arrives (nudged), or
+// PollInterval has passed. A transaction running then may have inserted into
+// the partition before it was armed (so it will not notify) and be committing
+// only now; once it has ended, the next read sees its rows. Later inserts see
+// the partition armed and notify.
+func (r *Relay) arm(w *worker) (nudged bool, err error) {
+	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	if err := r.q.ArmWakeup(qctx, r.cfg.Pool, w.partition); err != nil {
+		return false, fmt.Errorf("arm wake-up: %w", err)
+	}
+	xids, err := r.q.InProgressXids(qctx, r.cfg.Pool)
+	if err != nil {
+		return false, fmt.Errorf("list running transactions: %w", err)
+	}
+	if h := r.cfg.hooks.afterArm; h != nil {
+		h(w.partition)
+	}
+	deadline := time.Now().Add(r.cfg.PollInterval)
+	pause := 200 * time.Microsecond
+	for len(xids) > 0 {
+		cctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
+		n, err := r.q.CountInProgress(cctx, r.cfg.Pool, xids)
+		cancel()
+		if err != nil {
+			return false, fmt.Errorf("check running transactions: %w", err)
+		}
+		left := time.Until(deadline)
+		if n == 0 || left <= 0 {
+			break
+		}
+		if h := r.cfg.hooks.armWait; h != nil {
+			h(w.partition)
+		}
+		if r.sleepOrWake(w, min(pause, left)) {
+			return true, nil
+		}
+		pause = min(pause*2, 20*time.Millisecond)
+	}
+	return false, w.ctx.Err()
 }
 
 // runBatch publishes the next batch of the partition and marks it. It returns
 // the number of rows read.
 // A failure advances bo, so that the retry time recorded on the rows is the
 // one the worker waits for.
-func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff) (int, error) {
-	n, err := r.runBatchOnce(w, log, bo)
+func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff, inflight *pendingMark) (int, error) {
+	n, err := r.runBatchOnce(w, log, bo, inflight)
 	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
 		bo.next()
 	}
@@ -440,12 +618,47 @@ func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff) (int, error) {
 	return n, err
 }
 
-func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, error) {
+// pendingMark is a batch's mark running in the background.
+type pendingMark struct {
+	ids  []int64    // the batch's rows, excluded from the next read
+	done chan error // receives the mark's outcome; nil when none runs
+	rows int        // the batch's size
+}
+
+// awaitMark waits for the mark in flight, if any, and returns its error
+// (errFenced when the partition was taken over).
+func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
+	if m.done == nil {
+		return nil
+	}
+	err := <-m.done
+	m.done, m.ids = nil, nil
+	if err != nil && !errors.Is(err, errFenced) {
+		log.Warn("marking a published batch failed; it is published again (JetStream drops the duplicates)", zap.Int("rows", m.rows), zap.Error(err))
+	}
+	return err
+}
+
+// runBatchOnce reads the next batch (past the batch whose mark is in
+// flight), publishes it, and marks it. A full batch published without a
+// transient failure is marked in the background while the worker reads and
+// publishes the next one: the next batch holds only rows after it (each
+// key's earlier rows are acknowledged), and its own mark waits for this one,
+// so a fenced or failed mark stops the partition before anything later is
+// marked.
+func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *pendingMark) (int, error) {
+	exclude := inflight.ids
+	if exclude == nil {
+		exclude = []int64{}
+	}
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize)})
+	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
 	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("read pending rows: %w", err)
+	}
+	if h := r.cfg.hooks.afterRead; h != nil {
+		h(w.partition, len(rows))
 	}
 	if len(rows) == 0 {
 		return 0, nil
@@ -466,9 +679,22 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		msgs = append(msgs, m)
 		idx = append(idx, i)
 	}
+	if h := r.cfg.hooks.beforePublish; h != nil {
+		h(w.partition)
+	}
+	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
+	// failed heartbeats) must not publish the batch it read before: another
+	// relay may have taken the partition and published these rows, and once
+	// the broker's duplicate window has passed they would be stored twice.
+	// Publishing stops at the lease's end, too.
+	leaseEnd := r.leaseEnd(w)
+	if !time.Now().Before(leaseEnd) {
+		log.Warn("lease may have expired; the batch read before is not published", zap.Int("rows", len(rows)))
+		return len(rows), errLeaseExpired
+	}
 	if len(msgs) > 0 {
 		start := time.Now()
-		for j, res := range r.publish(msgs) {
+		for j, res := range r.publish(msgs, leaseEnd) {
 			results[idx[j]] = res
 		}
 		r.cfg.Observer.PublishDuration(int(w.partition), len(msgs), time.Since(start))
@@ -481,16 +707,22 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		h(w.partition, ids)
 	}
 
-	// Mark the prefix up to the first transient failure: published or dead.
-	// The rest stays pending and is retried, in order, after a backoff.
-	var markIDs []int64
+	// Mark every row with an outcome: published, or dead when rejected
+	// permanently. Rows that failed transiently stay pending and are retried
+	// after a backoff. They are always a suffix of their key's rows in the
+	// batch (the publisher sends nothing of a key after its transient
+	// failure), so per-key order holds while the other keys move on.
+	var markIDs, failedIDs []int64
 	var reasons []string
 	published, dead, dups := 0, 0, 0
 	var transient error
 	for i, res := range results {
 		if res.Err != nil && !broker.IsPermanent(res.Err) {
-			transient = res.Err
-			break
+			if transient == nil {
+				transient = res.Err
+			}
+			failedIDs = append(failedIDs, rows[i].ID)
+			continue
 		}
 		markIDs = append(markIDs, rows[i].ID)
 		if res.Err != nil {
@@ -505,19 +737,26 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 			dups++
 		}
 	}
-	if len(markIDs) > 0 {
+	// The previous batch's mark first: this batch is marked only after it.
+	if err := r.awaitMark(w, log, inflight); err != nil {
+		return len(rows), err
+	}
+	mark := func() error {
+		if len(markIDs) == 0 {
+			return nil
+		}
 		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 		n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
 			Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: markIDs, Reasons: reasons,
 		})
 		cancel()
 		if err != nil {
-			return len(rows), fmt.Errorf("mark %d rows: %w", len(markIDs), err)
+			return fmt.Errorf("mark %d rows: %w", len(markIDs), err)
 		}
 		if n == 0 {
 			log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(markIDs)))
 			r.cfg.Observer.Fenced(int(w.partition))
-			return len(rows), errFenced
+			return errFenced
 		}
 		if published > 0 {
 			r.cfg.Observer.Published(int(w.partition), published, dups, time.Since(rows[0].CreatedAt))
@@ -525,9 +764,28 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 		if dead > 0 {
 			r.cfg.Observer.Dead(int(w.partition), dead)
 		}
+		return nil
+	}
+	if transient == nil && len(rows) == r.cfg.BatchSize && w.ctx.Err() == nil {
+		done := make(chan error, 1)
+		inflight.done, inflight.ids, inflight.rows = done, ids, len(rows)
+		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					// An Observer's panic, after the mark committed.
+					log.Error("panic while marking a batch", zap.Any("panic", p))
+					done <- fmt.Errorf("panic while marking: %v", p)
+				}
+			}()
+			done <- mark()
+		}()
+		return len(rows), nil
+	}
+	if err := mark(); err != nil {
+		return len(rows), err
 	}
 	if transient != nil {
-		rest := ids[len(markIDs):]
+		rest := failedIDs
 		r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
 		retryAt := time.Now().Add(bo.next())
 		bo.advanced = true
@@ -546,9 +804,11 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff) (int, erro
 
 // publish calls the Publisher, turning a panic into a transient failure of
 // the whole batch.
-func (r *Relay) publish(msgs []broker.Message) (results []broker.Result) {
+func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []broker.Result) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
 	defer cancel()
+	ctx, cancelLease := context.WithDeadline(ctx, leaseEnd)
+	defer cancelLease()
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("publisher panicked", zap.Any("panic", p))

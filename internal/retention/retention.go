@@ -30,7 +30,7 @@ type Config struct {
 	// Pool is the database holding the inbox. Required.
 	Pool *pgxpool.Pool
 	// Window is how long a processed row is kept after it was processed (the
-	// dedup window). Default: 168h (7 days). Minimum: 1m.
+	// dedup window). Default: 168h (7 days). Minimum: MinWindow (1h).
 	Window time.Duration
 	// BatchSize is the most rows one DELETE removes; each batch is its own
 	// short transaction. Default: 1000. Maximum: 100000.
@@ -70,7 +70,14 @@ const (
 	DefaultInterval     = time.Minute
 	DefaultPause        = 10 * time.Millisecond
 	DefaultQueryTimeout = 30 * time.Second
-	MinWindow           = time.Minute
+	// MinWindow is the shortest dedup window accepted: an hour, 30 times
+	// JetStream's default duplicate window (2 minutes), so that the inbox
+	// always absorbs what the broker's own dedup lets through after its
+	// window (a relay republishing after a crash or a takeover), JetStream's
+	// redeliveries (AckWait, 30 s by default) and a stream duplicate window an
+	// operator raised to minutes. The consumer also checks the window against
+	// the stream's real MaxAge and duplicate window at attach.
+	MinWindow = time.Hour
 )
 
 // WithDefaults returns a copy of c with every unset field at its default.

@@ -147,6 +147,20 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, DefaultWindow, c.cfg.Window)
 }
 
+// TestMinimumWindowCoversTheDuplicateWindow: a dedup window shorter than an
+// hour is refused, JetStream's default duplicate window (2 minutes) among
+// them: a republish the broker no longer recognises would be applied again.
+func TestMinimumWindowCoversTheDuplicateWindow(t *testing.T) {
+	t.Parallel()
+	pool := &pgxpool.Pool{}
+	for _, w := range []time.Duration{time.Minute, 2 * time.Minute, 59 * time.Minute} {
+		_, err := New(Config{Pool: pool, Window: w})
+		require.ErrorContains(t, err, "must be at least 1h0m0s", "window %s", w)
+	}
+	_, err := New(Config{Pool: pool, Window: time.Hour})
+	require.NoError(t, err)
+}
+
 // TestDeletesExpiredReleaseRecords: dependency release records older than the
 // window go; younger ones stay.
 func TestDeletesExpiredReleaseRecords(t *testing.T) {

@@ -2,8 +2,12 @@
 //
 // The server is chosen in this order:
 //  1. TEST_DATABASE_URL, when set.
-//  2. A PostgreSQL container started with testcontainers-go, when a Docker
-//     provider is healthy.
+//  2. A PostgreSQL container started with testcontainers-go's postgres module,
+//     when a Docker provider is healthy. The image is PGRELAY_POSTGRES_IMAGE,
+//     by default postgres:16-alpine; any image honouring the official one's
+//     POSTGRES_USER, POSTGRES_PASSWORD and POSTGRES_DB and logging "database
+//     system is ready to accept connections" after its init phase and again
+//     when serving will do (deploy/images builds one from Debian's packages).
 //  3. When CI is set: the test fails, so that CI never passes having run nothing.
 //  4. Otherwise the test is skipped with a message saying how to point the
 //     tests at a PostgreSQL.
@@ -33,20 +37,27 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
+// DefaultPostgresImage is the image started when PGRELAY_POSTGRES_IMAGE is
+// unset: the official one, as docker-compose.yml uses.
+const DefaultPostgresImage = "postgres:16-alpine"
+
 // server is resolved once per test binary: starting a container or building the
 // template database is too slow to repeat per test.
 var server struct {
-	once     sync.Once
-	url      string
-	template string
-	err      error
-	skip     string
+	once      sync.Once
+	url       string
+	template  string
+	err       error
+	skip      string
+	origin    string
+	container *tcpostgres.PostgresContainer
 }
 
 // New returns a pool connected to a fresh, migrated database that is dropped
@@ -124,6 +135,9 @@ func resolve(tb testing.TB) (base, template string) {
 		if server.err == nil && server.skip == "" {
 			server.template, server.err = ensureTemplate(server.url)
 		}
+		if server.container != nil && server.err == nil && server.skip == "" {
+			tb.Logf("testdb: %s", server.origin)
+		}
 	})
 	switch {
 	case server.err != nil:
@@ -138,26 +152,62 @@ func resolve(tb testing.TB) (base, template string) {
 
 func findServer() (u, skip string, err error) {
 	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		server.origin = "TEST_DATABASE_URL " + pgurl.Redact(u)
 		return u, "", nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	// The container lives as long as the test binary; testcontainers' reaper
-	// removes it afterwards.
-	c, err := tcpostgres.Run(ctx, "postgres:16-alpine",
+	image := os.Getenv("PGRELAY_POSTGRES_IMAGE")
+	if image == "" {
+		image = DefaultPostgresImage
+	}
+	// The container lives as long as the test binary: testcontainers' reaper
+	// removes it afterwards, or Terminate when the reaper is disabled.
+	c, err := tcpostgres.Run(ctx, image,
 		tcpostgres.WithDatabase("postgres"),
 		tcpostgres.WithUsername("postgres"),
 		tcpostgres.WithPassword("postgres"),
 		tcpostgres.BasicWaitStrategies(),
 	)
+	if c != nil {
+		server.container = c
+	}
 	if err != nil {
-		return "", "set TEST_DATABASE_URL (for example postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) or run a Docker engine for testcontainers (" + firstLine(err.Error()) + ")", nil
+		return "", "set TEST_DATABASE_URL (for example postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) or run a Docker engine for testcontainers (" + image + ": " + firstLine(err.Error()) + ")", nil
 	}
 	u, err = c.ConnectionString(ctx, "sslmode=disable")
 	if err != nil {
 		return "", "", fmt.Errorf("container connection string: %w", err)
 	}
+	server.origin = fmt.Sprintf("PostgreSQL container %.12s from image %s at %s", c.GetContainerID(), image, pgurl.Redact(u))
 	return u, "", nil
+}
+
+// Origin says where the test's server came from: "TEST_DATABASE_URL <url>" or
+// "PostgreSQL container <id> from image <image> at <url>" (passwords redacted).
+func Origin(tb testing.TB) string {
+	tb.Helper()
+	resolve(tb)
+	return server.origin
+}
+
+// FromContainer reports whether the server is a container this test binary
+// started.
+func FromContainer(tb testing.TB) bool {
+	tb.Helper()
+	resolve(tb)
+	return server.container != nil
+}
+
+// Terminate removes the container the test binary started, if any. Call it
+// from TestMain after m.Run when testcontainers' reaper is disabled
+// (TESTCONTAINERS_RYUK_DISABLED=true, as on machines without a registry to
+// pull the reaper from).
+func Terminate() error {
+	if server.container == nil {
+		return nil
+	}
+	return testcontainers.TerminateContainer(server.container)
 }
 
 // ensureTemplate builds the migrated template database once per server and

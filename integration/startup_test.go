@@ -1,0 +1,103 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/pgurl"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/internal/testnats"
+)
+
+// emptyDatabase creates a database with no pgrelay migration applied, dropped
+// when the test ends, and returns its URL.
+func emptyDatabase(t *testing.T) string {
+	t.Helper()
+	base := testdb.ServerURL(t)
+	name := fmt.Sprintf("pgrelay_empty_%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, base)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, base); err == nil {
+			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			_ = c.Close(ctx)
+		}
+	})
+	return pgurl.WithDatabase(base, name)
+}
+
+// runToExit runs a binary that must refuse to start: it has to exit non-zero
+// within 30 seconds (not loop on warnings) and print want.
+func runToExit(t *testing.T, bin string, env []string, args []string, want ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	require.NotErrorIs(t, ctx.Err(), context.DeadlineExceeded, "%s %v kept running instead of refusing to start:\n%s", filepath.Base(bin), args, tail(string(out), 4000))
+	require.Error(t, err, "%s %v must exit non-zero:\n%s", filepath.Base(bin), args, tail(string(out), 4000))
+	for _, w := range want {
+		require.Contains(t, string(out), w, "%s %v: the message must say %q", filepath.Base(bin), args, w)
+	}
+	require.Less(t, strings.Count(string(out), "\n"), 20, "a refusal, not a loop of warnings:\n%s", tail(string(out), 4000))
+}
+
+// TestStartupHonesty: on a database without pgrelay's schema, or with part of
+// it, both services refuse to start, naming the schema version and the
+// command that fixes it; given an unreachable NATS URL, both refuse to start
+// naming the URL and the cause. None of them loops on warnings or reports
+// itself ready.
+func TestStartupHonesty(t *testing.T) {
+	t.Parallel()
+	dir := bins(t)
+	relay, consumer := filepath.Join(dir, "relay"), filepath.Join(dir, "consumer")
+	natsURL := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, natsURL)
+	relayEnv := func(db, nats string) []string {
+		return []string{"DATABASE_URL=" + db, "NATS_URL=" + nats, "RELAY_STREAM=" + stream, "RELAY_SUBJECT_PREFIX=" + prefix,
+			"METRICS_ADDR=", "ADMIN_ADDR=", "LOG_FORMAT=console"}
+	}
+
+	t.Run("unmigrated", func(t *testing.T) {
+		t.Parallel()
+		db := emptyDatabase(t)
+		runToExit(t, relay, relayEnv(db, natsURL), []string{"run"},
+			"not migrated", "this build needs version", "relay migrate up")
+		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t)), []string{"run"},
+			"not migrated", "this build needs version", "consumer migrate up")
+	})
+	t.Run("partly migrated", func(t *testing.T) {
+		t.Parallel()
+		db := testdb.NewURL(t)
+		down := exec.Command(consumer, "migrate", "down")
+		down.Env = append(os.Environ(), "DATABASE_URL="+db)
+		out, err := down.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		runToExit(t, relay, relayEnv(db, natsURL), []string{"run"}, "database schema is at version", "pending:", "relay migrate up")
+		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix), []string{"run"}, "database schema is at version", "pending:", "consumer migrate up")
+	})
+	t.Run("unreachable NATS", func(t *testing.T) {
+		t.Parallel()
+		db := testdb.NewURL(t)
+		const bad = "nats://127.0.0.1:1"
+		runToExit(t, relay, relayEnv(db, bad), []string{"run"}, bad, "--nats-url (NATS_URL)")
+		runToExit(t, consumer, consumerEnv(db, bad, stream, prefix), []string{"run"}, bad, "--nats-url (NATS_URL)", "no servers available")
+	})
+}

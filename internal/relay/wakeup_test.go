@@ -1,0 +1,110 @@
+package relay
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// TestProducersNotifyOnlyArmedPartitions: a producer's commit notifies only
+// when a relay armed the partition, and only the first one after the arming.
+func TestProducersNotifyOnlyArmedPartitions(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "LISTEN "+NotifyChannel)
+	require.NoError(t, err)
+	var p int32
+	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('k')`).Scan(&p))
+	insert := func() {
+		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', 'k')`)
+		require.NoError(t, err)
+	}
+	notifications := func() []string {
+		var got []string
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			n, err := conn.Conn().WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+	for range 20 {
+		insert()
+	}
+	require.Empty(t, notifications(), "no relay armed the partition: no commit notifies")
+	_, err = pool.Exec(ctx, `UPDATE relay_wakeups SET armed = true WHERE partition = $1`, p)
+	require.NoError(t, err)
+	for range 5 {
+		insert()
+	}
+	require.Equal(t, []string{itoa32(p)}, notifications(), "the first commit after the arming notifies, once")
+}
+
+func itoa32(p int32) string { return strconv.Itoa(int(p)) }
+
+// TestWakeupRaceWithLateCommit: a producer inserts before the relay arms the
+// partition (so its commit does not notify) and commits only after the relay
+// armed it; the relay, which never polls here, still publishes the row at
+// once, because after arming it waits for the transactions then running.
+func TestWakeupRaceWithLateCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := b.partitionOf(t, "late")
+
+	// The producer inserts while the partition is not armed, and holds its
+	// transaction open.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ('late-1', 'orders', 'late')`)
+	require.NoError(t, err)
+
+	// The producer commits once the relay, having armed the partition, either
+	// waits for the running transactions or has looked for rows again.
+	var mu sync.Mutex
+	armed := false
+	commitNow := make(chan struct{})
+	var once sync.Once
+	signal := func() { once.Do(func() { close(commitNow) }) }
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.PollInterval = time.Hour // only a notification or the arming's wait finds the row
+	cfg.hooks.afterArm = func(part int32) {
+		if part == p {
+			mu.Lock()
+			armed = true
+			mu.Unlock()
+		}
+	}
+	cfg.hooks.armWait = func(part int32) {
+		if part == p {
+			signal()
+		}
+	}
+	cfg.hooks.afterRead = func(part int32, _ int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if part == p && armed {
+			signal()
+		}
+	}
+	start(t, cfg)
+	<-commitNow
+	require.NoError(t, tx.Commit(ctx))
+	b.waitCount(t, "published", 1, 10*time.Second)
+}

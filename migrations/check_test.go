@@ -1,0 +1,72 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/pgurl"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/migrations"
+)
+
+// TestCheck: a fully migrated database passes; one migration rolled back is
+// reported with the current, required and pending versions; an empty
+// database is reported as not migrated, and checking it creates nothing.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	pool := testdb.New(t)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	require.NoError(t, migrations.Check(ctx, db))
+
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	sources := p.ListSources()
+	last := sources[len(sources)-1].Version
+	_, err = p.Down(ctx)
+	require.NoError(t, err)
+	var se *migrations.SchemaError
+	require.ErrorAs(t, migrations.Check(ctx, db), &se)
+	require.Equal(t, []int64{last}, se.Pending)
+	require.Equal(t, last, se.Required)
+	require.Equal(t, sources[len(sources)-2].Version, se.Current)
+	require.ErrorContains(t, se, fmt.Sprintf("at version %d, this build needs version %d", se.Current, last))
+
+	base := testdb.ServerURL(t)
+	name := fmt.Sprintf("pgrelay_check_%d", time.Now().UnixNano())
+	admin, err := pgx.Connect(ctx, base)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, base); err == nil {
+			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(ctx)
+		}
+	})
+	empty, err := pgxpool.New(ctx, pgurl.WithDatabase(base, name))
+	require.NoError(t, err)
+	defer empty.Close()
+	edb := stdlib.OpenDBFromPool(empty)
+	defer edb.Close()
+	err = migrations.Check(ctx, edb)
+	require.True(t, errors.As(err, &se) && se.Current == 0 && len(se.Pending) == len(sources), "%v", err)
+	require.ErrorContains(t, err, "not migrated")
+	var exists bool
+	require.NoError(t, empty.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists, "the check only reads")
+}
