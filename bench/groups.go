@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
 // declareFigures lists every figure of the selected groups up front, so that
@@ -47,6 +49,7 @@ func (b *bench) declareFigures() {
 	add("floor_broker", "relay", "  relay floor part: JetStream async publish with msg ids, window "+batch, unitRate, "nats", "", nil, "")
 	add("floor_relay", "relay", "relay floor: read & mark then publish", unitRate, "sql+nats", "", nil, "1 / (1/read&mark + 1/broker), measured in the same run")
 	add("relay_drain", "relay", "relay drain (backlog → NATS, marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
+	add("relay_drain_default", "relay", "relay drain, the relay's default batch ("+strconv.Itoa(relay.DefaultBatchSize)+")", unitRate, "in-process", "floor_relay", nil, "")
 	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.6, "≥ 0.6× inbox floor"), "")
 
 	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.7, "≥ 0.7× combined floor"), "")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -48,6 +49,8 @@ type relayOptions struct {
 	// retention, when set, makes the relays delete published rows older than
 	// a day, checking every 100 ms, while they drain.
 	retention bool
+	// batchSize is the relays' batch size; 0 takes the bench's batch size.
+	batchSize int
 }
 
 // outboxDB is a fresh database for relay drains, optionally holding prefill
@@ -96,8 +99,16 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 	var wg sync.WaitGroup
 	failed := make(chan error, opts.instances)
 	defer func() { stop(); wg.Wait() }()
+	var total int
+	if err := pool.QueryRow(ctx, relayPartitions).Scan(&total); err != nil {
+		return 0, err
+	}
+	// Each relay's pool holds what its share of the partitions uses at once
+	// (a read and a mark per partition): a smaller pool makes the partition
+	// workers queue for connections.
+	conns := relay.PoolConns((total + opts.instances - 1) / opts.instances)
 	for i := range opts.instances {
-		rpool, err := openPool(ctx, url, 6)
+		rpool, err := openPool(ctx, url, conns)
 		if err != nil {
 			return 0, err
 		}
@@ -109,7 +120,7 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 			return 0, err
 		}
 		cfg := relay.Config{
-			Pool: rpool, Publisher: pub, Logger: b.log.Named("relay"), BatchSize: b.cfg.BatchSize,
+			Pool: rpool, Publisher: pub, Logger: b.log.Named("relay"), BatchSize: cmp.Or(opts.batchSize, b.cfg.BatchSize),
 			NodeID: fmt.Sprintf("bench-relay-%d", i),
 			// Short leases so that several relays share the partitions within
 			// a second or two of starting.
@@ -136,10 +147,6 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 	}
 
 	// Wait for the relays to share every partition fairly.
-	var total int
-	if err := pool.QueryRow(ctx, relayPartitions).Scan(&total); err != nil {
-		return 0, err
-	}
 	if _, err := waitUntil(ctx, failed, func(ctx context.Context) (bool, error) {
 		var owned []int32
 		if err := pool.QueryRow(ctx, relayOwners).Scan(&owned); err != nil {
@@ -216,8 +223,21 @@ func (b *bench) runRelayGroup(ctx context.Context) {
 			b.sample("relay_drain", rate(n, d))
 			return nil
 		})
+		b.attempt(ctx, "relay drain, default batch", []string{"relay_drain_default"}, func(ctx context.Context) error {
+			pool, err := b.outboxDB(ctx, 0)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			d, err := b.relayDrain(ctx, pool, n, relayOptions{instances: 1, batchSize: relay.DefaultBatchSize})
+			if err != nil {
+				return err
+			}
+			b.sample("relay_drain_default", rate(n, d))
+			return nil
+		})
 	}
-	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d; time from commit to none pending; stream message count checked", n, b.cfg.BatchSize))
+	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d, pool of relay.PoolConns(16) connections; time from commit to none pending; stream message count checked", n, b.cfg.BatchSize))
 }
 
 func (b *bench) runRelayScale(ctx context.Context) {

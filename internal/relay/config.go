@@ -29,7 +29,7 @@ type Config struct {
 	// among running relays. Default: "<hostname>-<pid>-<random>".
 	NodeID string
 	// BatchSize is the most rows read, published and marked at once per
-	// partition. Default: 500; at most 10,000.
+	// partition. Default: DefaultBatchSize; at most 10,000.
 	BatchSize int
 	// LeaseDuration is how long a partition lease lasts without renewal;
 	// a crashed relay's partitions are taken over after it. Default: 15s.
@@ -74,6 +74,9 @@ type hooks struct {
 	afterRead       func(partition int32, rows int)
 }
 
+// DefaultBatchSize is Config.BatchSize's default.
+const DefaultBatchSize = 500
+
 // WithDefaults returns the config with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
@@ -89,7 +92,7 @@ func (c Config) WithDefaults() Config {
 		c.NodeID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 500
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.LeaseDuration == 0 {
 		c.LeaseDuration = 15 * time.Second
