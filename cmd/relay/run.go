@@ -158,6 +158,10 @@ the stream is created, so a first run needs only PostgreSQL.`,
 
 // runRelay validates the settings, connects, and relays until ctx or a
 // signal ends it.
+// defaultPartitions is the outbox's partition count in a default install
+// (outbox_partition_count()).
+const defaultPartitions = 16
+
 func runRelay(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(envKinds); err != nil {
 		return err
@@ -195,7 +199,10 @@ func runRelay(parent context.Context, s settings) error {
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, 0)
+	// Enough connections for one relay owning every partition of a default
+	// install (16): its partition workers read and mark at once, and the
+	// LISTEN connection leaves the pool. pgxpool opens them only as needed.
+	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, int32(relay.PoolConns(defaultPartitions)+1))
 	if err != nil {
 		return err
 	}
