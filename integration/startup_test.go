@@ -61,7 +61,8 @@ func runToExit(t *testing.T, bin string, env []string, args []string, want ...st
 
 // TestStartupHonesty: on a database without pgrelay's schema, or with part of
 // it, both services refuse to start, naming the schema version and the
-// command that fixes it; given an unreachable NATS URL, both refuse to start
+// command that fixes it; the consumer's ledger handler refuses a database
+// without the example schema, naming the command that creates it; given an unreachable NATS URL, both refuse to start
 // naming the URL and the cause. None of them loops on warnings or reports
 // itself ready.
 func TestStartupHonesty(t *testing.T) {
@@ -82,6 +83,39 @@ func TestStartupHonesty(t *testing.T) {
 			"not migrated", "this build needs version", "relay migrate up")
 		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t)), []string{"run"},
 			"not migrated", "this build needs version", "consumer migrate up")
+	})
+	t.Run("no example schema", func(t *testing.T) {
+		t.Parallel()
+		db := emptyDatabase(t)
+		migrate := func(args ...string) string {
+			t.Helper()
+			cmd := exec.Command(consumer, append([]string{"migrate", "up"}, args...)...)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			return string(out)
+		}
+		tables := func() []string {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, db)
+			require.NoError(t, err)
+			defer conn.Close(context.Background())
+			rows, err := conn.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public'
+				AND (tablename LIKE 'ledger\_%' OR tablename LIKE 'shop\_%') ORDER BY 1`)
+			require.NoError(t, err)
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			return names
+		}
+		migrate()
+		require.Empty(t, tables(), "pgrelay's own migrations create no example tables")
+		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t)), []string{"run"},
+			"the ledger handler needs the example schema", "ledger_orders, ledger_entries", "consumer migrate up --example-schema")
+		out := migrate("--example-schema")
+		require.Contains(t, out, "example schema:")
+		require.Equal(t, []string{"ledger_entries", "ledger_orders", "shop_orders"}, tables())
 	})
 	t.Run("partly migrated", func(t *testing.T) {
 		t.Parallel()

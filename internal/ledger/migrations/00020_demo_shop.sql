@@ -1,8 +1,9 @@
 -- +goose Up
 -- The demo shop: the business table whose rows the demo producer writes in the
 -- same transactions as their outbox events (cmd/demo). It is the source of
--- truth the demo checks the ledger against.
-CREATE TABLE shop_orders (
+-- truth the demo checks the ledger against. Example schema, like
+-- 00002_ledger.sql (which says why IF NOT EXISTS).
+CREATE TABLE IF NOT EXISTS shop_orders (
     order_id     text        PRIMARY KEY,
     customer_id  text        NOT NULL,
     amount_cents bigint      NOT NULL CHECK (amount_cents >= 0),
@@ -20,7 +21,7 @@ DO $$
 BEGIN
     IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
        AND EXISTS (SELECT 1 FROM shop_orders) THEN
-        RAISE EXCEPTION 'migrate down: 00020_demo_shop would drop data: shop_orders holds orders; to drop it anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+        RAISE EXCEPTION 'migrate down: 00020_demo_shop would drop data: shop_orders holds orders; to drop it anyway set pgrelay.force_down=on (PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
             USING ERRCODE = 'dependent_objects_still_exist';
     END IF;
 END $$;
