@@ -116,6 +116,33 @@ func TestStartupHonesty(t *testing.T) {
 		out := migrate("--example-schema")
 		require.Contains(t, out, "example schema:")
 		require.Equal(t, []string{"ledger_entries", "ledger_orders", "shop_orders"}, tables())
+
+		// status and down with --example-schema act on the example's set.
+		run := func(args ...string) (string, error) {
+			cmd := exec.Command(consumer, append([]string{"migrate"}, args...)...)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		out, err := run("status", "--example-schema")
+		require.NoError(t, err, out)
+		require.Regexp(t, `example/00020_demo_shop\.sql\s+applied`, out)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, db)
+		require.NoError(t, err)
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(ctx, `INSERT INTO shop_orders (order_id, customer_id, amount_cents, currency) VALUES ('o1', 'c1', 1, 'EUR')`)
+		require.NoError(t, err)
+		out, err = run("down", "--example-schema")
+		require.Error(t, err, out)
+		require.Contains(t, out, "00020_demo_shop would drop data")
+		out, err = run("down", "--example-schema", "--force")
+		require.NoError(t, err, out)
+		require.Equal(t, []string{"ledger_entries", "ledger_orders"}, tables())
+		out, err = run("status")
+		require.NoError(t, err, out)
+		require.NotContains(t, out, "pending", "pgrelay's own migrations are untouched")
 	})
 	t.Run("partly migrated", func(t *testing.T) {
 		t.Parallel()
