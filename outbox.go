@@ -40,6 +40,8 @@ var defaultOutbox, _ = outbox.New(outbox.Config{})
 // OccurredAt is rounded to the microsecond, as PostgreSQL stores it.
 // Events sharing a Key are published in commit order. Every message is
 // validated before any is written; the error names the message's index.
+// Given an inbox handler's ctx, every message records the handled event as
+// its cause (see CausedBy).
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return defaultOutbox.Enqueue(ctx, tx, msgs...)
 }

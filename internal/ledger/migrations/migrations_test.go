@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io/fs"
+	"os"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -106,12 +107,13 @@ const lastCombinedVersion = 45
 
 // oldSet is pgrelay's migration set as it was while the example schema was
 // part of it: pgrelay's files up to lastCombinedVersion plus the ledger
-// (version 2) and the demo shop (version 20), all recorded in goose's one
+// (version 2) and the demo shop (version 20) as they were released
+// (testdata/combined, without IF NOT EXISTS), all recorded in goose's one
 // version table.
 func oldSet(t *testing.T) fs.FS {
 	t.Helper()
 	old := fstest.MapFS{}
-	for _, set := range []fs.FS{migrations.FS, ledgermigrations.FS} {
+	for _, set := range []fs.FS{migrations.FS, os.DirFS("testdata/combined")} {
 		names, err := fs.Glob(set, "*.sql")
 		require.NoError(t, err)
 		for _, n := range names {
