@@ -46,7 +46,8 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-## generate: regenerate internal/db from queries/*.sql and migrations/.
+## generate: regenerate internal/db from queries/*.sql, migrations/ and the
+## example schema (internal/ledger/migrations).
 generate:
 	$(GO) tool sqlc generate
 

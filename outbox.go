@@ -50,6 +50,27 @@ var defaultOutbox, _ = outbox.New(outbox.Config{})
 // OccurredAt is rounded to the microsecond, as PostgreSQL stores it.
 // Events sharing a Key are published in commit order. Every message is
 // validated before any is written; the error names the message's index.
+// Given an inbox handler's ctx, every message records the handled event as
+// its cause (see CausedBy).
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return defaultOutbox.Enqueue(ctx, tx, msgs...)
 }
+
+// Headers linking an event to the one whose handling produced it: the
+// cause's event id, and the id of the chain it belongs to (the cause's
+// correlation id, or the cause's event id when it starts the chain). The relay
+// publishes them under these names; Message.CausationID and
+// Message.CorrelationID read them.
+const (
+	HeaderCausationID   = event.HeaderCausationID
+	HeaderCorrelationID = event.HeaderCorrelationID
+)
+
+// CausedBy returns copies of msgs recording cause as the event they follow
+// from (HeaderCausationID, HeaderCorrelationID), keeping either header a
+// message already has. An inbox handler's ctx already does this for the event
+// it handles when given to Enqueue; CausedBy is for other contexts, such as a
+// batch handler, which handles many events at once:
+//
+//	pgrelay.Enqueue(ctx, tx, pgrelay.CausedBy(ev.Message, out)...)
+func CausedBy(cause Message, msgs ...Message) []Message { return event.CausedBy(cause, msgs...) }

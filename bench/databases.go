@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/zap"
 
+	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -48,6 +49,10 @@ func newDatabases(ctx context.Context, adminURL string, log *zap.Logger) (*datab
 	sqlDB := stdlib.OpenDBFromPool(pool)
 	defer sqlDB.Close()
 	if err := migrations.Up(ctx, sqlDB); err != nil {
+		return d, fmt.Errorf("migrate template database: %w", err)
+	}
+	// The example schema: the ledger the consumer credits, the demo shop.
+	if err := ledgermigrations.Up(ctx, sqlDB); err != nil {
 		return d, fmt.Errorf("migrate template database: %w", err)
 	}
 	return d, nil

@@ -61,7 +61,8 @@ func runToExit(t *testing.T, bin string, env []string, args []string, want ...st
 
 // TestStartupHonesty: on a database without pgrelay's schema, or with part of
 // it, both services refuse to start, naming the schema version and the
-// command that fixes it; given an unreachable NATS URL, both refuse to start
+// command that fixes it; the consumer's ledger handler refuses a database
+// without the example schema, naming the command that creates it; given an unreachable NATS URL, both refuse to start
 // naming the URL and the cause. None of them loops on warnings or reports
 // itself ready.
 func TestStartupHonesty(t *testing.T) {
@@ -82,6 +83,66 @@ func TestStartupHonesty(t *testing.T) {
 			"not migrated", "this build needs version", "relay migrate up")
 		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t)), []string{"run"},
 			"not migrated", "this build needs version", "consumer migrate up")
+	})
+	t.Run("no example schema", func(t *testing.T) {
+		t.Parallel()
+		db := emptyDatabase(t)
+		migrate := func(args ...string) string {
+			t.Helper()
+			cmd := exec.Command(consumer, append([]string{"migrate", "up"}, args...)...)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			return string(out)
+		}
+		tables := func() []string {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, db)
+			require.NoError(t, err)
+			defer conn.Close(context.Background())
+			rows, err := conn.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public'
+				AND (tablename LIKE 'ledger\_%' OR tablename LIKE 'shop\_%') ORDER BY 1`)
+			require.NoError(t, err)
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			return names
+		}
+		migrate()
+		require.Empty(t, tables(), "pgrelay's own migrations create no example tables")
+		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t)), []string{"run"},
+			"the ledger handler needs the example schema", "ledger_orders, ledger_entries", "consumer migrate up --example-schema")
+		out := migrate("--example-schema")
+		require.Contains(t, out, "example schema:")
+		require.Equal(t, []string{"ledger_entries", "ledger_orders", "shop_orders"}, tables())
+
+		// status and down with --example-schema act on the example's set.
+		run := func(args ...string) (string, error) {
+			cmd := exec.Command(consumer, append([]string{"migrate"}, args...)...)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		out, err := run("status", "--example-schema")
+		require.NoError(t, err, out)
+		require.Regexp(t, `example/00020_demo_shop\.sql\s+applied`, out)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, db)
+		require.NoError(t, err)
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(ctx, `INSERT INTO shop_orders (order_id, customer_id, amount_cents, currency) VALUES ('o1', 'c1', 1, 'EUR')`)
+		require.NoError(t, err)
+		out, err = run("down", "--example-schema")
+		require.Error(t, err, out)
+		require.Contains(t, out, "00020_demo_shop would drop data")
+		out, err = run("down", "--example-schema", "--force")
+		require.NoError(t, err, out)
+		require.Equal(t, []string{"ledger_entries", "ledger_orders"}, tables())
+		out, err = run("status")
+		require.NoError(t, err, out)
+		require.NotContains(t, out, "pending", "pgrelay's own migrations are untouched")
 	})
 	t.Run("partly migrated", func(t *testing.T) {
 		t.Parallel()

@@ -35,3 +35,9 @@ SELECT p.event_id, p.order_id, o.customer_id, p.amount_cents, p.currency
 FROM (SELECT unnest(@event_ids::text[]) AS event_id, unnest(@order_ids::text[]) AS order_id,
              unnest(@amount_cents::bigint[]) AS amount_cents, unnest(@currencies::text[]) AS currency) AS p
 JOIN ledger_orders o ON o.order_id = p.order_id;
+
+-- name: LedgerSchemaPresent :one
+-- LedgerSchemaPresent says whether the ledger handler's tables exist (the
+-- example schema, internal/ledger/migrations), through the search_path.
+SELECT (to_regclass('ledger_orders') IS NOT NULL)::boolean AS orders,
+       (to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries;

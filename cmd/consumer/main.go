@@ -2,7 +2,7 @@
 // and applies them to the ledger exactly once.
 //
 //	consumer run             consume until SIGTERM
-//	consumer migrate up      apply the database migrations
+//	consumer migrate up      apply the database migrations (--example-schema: and the ledger's tables)
 //	consumer healthcheck     probe a running consumer's /readyz
 //	consumer stats | dead | outbox | audit   operate on the database
 //
@@ -158,7 +158,9 @@ the reason and acknowledged, never dropped.`,
 	}
 	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", ":9091"), "the consumer's --metrics-addr (METRICS_ADDR)")
 
-	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), health)
+	migrate := cli.MigrateCommand(&s.databaseURL)
+	addExampleSchemaFlag(migrate, &s.databaseURL)
+	root.AddCommand(run, migrate, health)
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
 	return root
 }
@@ -291,7 +293,7 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := migrations.Check(ctx, sqlDB); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: consumer migrate up", err)
 	}
-	return nil
+	return checkExampleSchema(ctx, pool)
 }
 
 func healthcheck(ctx context.Context, addr string) error {

@@ -33,6 +33,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/demo"
+	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -220,6 +221,10 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	defer r.pool.Close()
 	sqlDB := stdlib.OpenDBFromPool(r.pool)
 	if err := migrations.Up(pctx, sqlDB); err != nil {
+		sqlDB.Close()
+		return nil, fmt.Errorf("chaos: migrate: %w", err)
+	}
+	if err := ledgermigrations.Up(pctx, sqlDB); err != nil {
 		sqlDB.Close()
 		return nil, fmt.Errorf("chaos: migrate: %w", err)
 	}

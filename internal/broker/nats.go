@@ -227,6 +227,10 @@ func (p *NATS) toNATS(m Message) *nats.Msg {
 		h[event.HeaderOccurredAt] = []string{m.OccurredAt.UTC().Format(time.RFC3339Nano)}
 	}
 	for k, v := range m.Headers {
+		if k == event.HeaderCausationID || k == event.HeaderCorrelationID {
+			h[k] = []string{v} // pgrelay's own headers, under their own names
+			continue
+		}
 		h[event.HeaderPrefix+k] = []string{v}
 	}
 	return &nats.Msg{Subject: p.Subject(m.Topic), Header: h, Data: m.Payload}

@@ -183,13 +183,20 @@ func Decode(d Delivery, opts DecodeOptions) Decoded {
 		m.OccurredAt = time.Unix(0, 0).UTC()
 	}
 
-	// The message's own headers travel as Pgrelay-H-<name>.
+	// The message's own headers travel as Pgrelay-H-<name>; causation and
+	// correlation as themselves.
 	names := make([]string, 0, len(d.Header))
 	for name := range d.Header {
 		names = append(names, name)
 	}
 	sort.Strings(names) // deterministic reasons
 	for _, name := range names {
+		if (name == event.HeaderCausationID || name == event.HeaderCorrelationID) && len(d.Header[name]) > 0 {
+			// Causation and correlation travel under their own names and
+			// are kept in Headers under the same names.
+			m.Headers[name] = text(name, d.Header[name][0])
+			continue
+		}
 		if !strings.HasPrefix(name, event.HeaderPrefix) || len(d.Header[name]) == 0 {
 			continue
 		}

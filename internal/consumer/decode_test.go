@@ -235,3 +235,17 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeCausation: the causation and correlation headers travel under
+// their own names and land in Headers under the same names.
+func TestDecodeCausation(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	d.Header[event.HeaderCausationID] = []string{"evt-0"}
+	d.Header[event.HeaderCorrelationID] = []string{"flow-1"}
+	got := Decode(d, testOpts)
+	require.Empty(t, got.DeadReason)
+	require.Equal(t, map[string]string{"trace": "abc", event.HeaderCausationID: "evt-0", event.HeaderCorrelationID: "flow-1"}, got.Message.Headers)
+	require.Equal(t, "evt-0", got.Message.CausationID())
+	require.Equal(t, "flow-1", got.Message.CorrelationID())
+}

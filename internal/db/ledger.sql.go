@@ -148,6 +148,25 @@ func (q *Queries) GetLedgerOrder(ctx context.Context, db DBTX, orderID string) (
 	return i, err
 }
 
+const ledgerSchemaPresent = `-- name: LedgerSchemaPresent :one
+SELECT (to_regclass('ledger_orders') IS NOT NULL)::boolean AS orders,
+       (to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries
+`
+
+type LedgerSchemaPresentRow struct {
+	Orders  bool
+	Entries bool
+}
+
+// LedgerSchemaPresent says whether the ledger handler's tables exist (the
+// example schema, internal/ledger/migrations), through the search_path.
+func (q *Queries) LedgerSchemaPresent(ctx context.Context, db DBTX) (LedgerSchemaPresentRow, error) {
+	row := db.QueryRow(ctx, ledgerSchemaPresent)
+	var i LedgerSchemaPresentRow
+	err := row.Scan(&i.Orders, &i.Entries)
+	return i, err
+}
+
 const ledgerTotals = `-- name: LedgerTotals :one
 SELECT count(*)::bigint AS entries, coalesce(sum(amount_cents), 0)::bigint AS total_cents
 FROM ledger_entries

@@ -219,9 +219,9 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 	defer cleanup()
-	r.say("database %q created; applying migrations (consumer migrate up)", r.cfg.Database)
+	r.say("database %q created; applying migrations and the example schema (consumer migrate up --example-schema)", r.cfg.Database)
 	dbEnv := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=json"}
-	if err := runOnce(ctx, consumerBin, dbEnv, "migrate", "up"); err != nil {
+	if err := runOnce(ctx, consumerBin, dbEnv, "migrate", "up", "--example-schema"); err != nil {
 		return err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

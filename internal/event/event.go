@@ -4,6 +4,7 @@
 package event
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -27,6 +28,8 @@ type Message struct {
 	// Payload is the event body, usually JSON.
 	Payload []byte
 	// Headers are free-form string metadata carried alongside the payload.
+	// Two names are pgrelay's: HeaderCausationID and HeaderCorrelationID
+	// link the event to the one whose handling produced it (see CausedBy).
 	Headers map[string]string
 	// OccurredAt is when the event happened in the producer's domain.
 	OccurredAt time.Time
@@ -96,6 +99,93 @@ const (
 	HeaderTopic      = "Pgrelay-Topic"
 	HeaderKey        = "Pgrelay-Key"
 	HeaderOccurredAt = "Pgrelay-Occurred-At" // RFC 3339 with nanoseconds
+	// HeaderCausationID is the event id of the event whose handling produced
+	// this one. It is kept in Message.Headers under this very name, stored
+	// in the outbox's headers column, and published as a broker header of
+	// its own (not under HeaderPrefix).
+	HeaderCausationID = "Pgrelay-Causation-Id"
+	// HeaderCorrelationID names the chain of events this one belongs to: the
+	// correlation id of its cause, or the cause's event id when the cause
+	// had none. Kept and published like HeaderCausationID.
+	HeaderCorrelationID = "Pgrelay-Correlation-Id"
 	// HeaderPrefix prefixes the message's own Headers on the broker.
 	HeaderPrefix = "Pgrelay-H-"
 )
+
+// CausationID returns the event id of the event whose handling produced m
+// (its HeaderCausationID header), or "" when m has no recorded cause.
+func (m Message) CausationID() string { return m.Headers[HeaderCausationID] }
+
+// CorrelationID returns the id of the chain of events m belongs to: its
+// HeaderCorrelationID header, or its own event id when it has none (m then
+// starts a chain).
+func (m Message) CorrelationID() string {
+	if c := m.Headers[HeaderCorrelationID]; c != "" {
+		return c
+	}
+	return m.EventID
+}
+
+// CausedBy returns copies of msgs recording cause as the event they follow
+// from: HeaderCausationID is cause's event id and HeaderCorrelationID is
+// cause's correlation id (see CorrelationID). A message that already has
+// either header keeps it. msgs are not modified.
+func CausedBy(cause Message, msgs ...Message) []Message {
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = withCause(m, cause.EventID, cause.CorrelationID())
+	}
+	return out
+}
+
+func withCause(m Message, causation, correlation string) Message {
+	if causation == "" {
+		return m
+	}
+	_, hasCausation := m.Headers[HeaderCausationID]
+	_, hasCorrelation := m.Headers[HeaderCorrelationID]
+	if hasCausation && hasCorrelation {
+		return m
+	}
+	h := make(map[string]string, len(m.Headers)+2)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	if !hasCausation {
+		h[HeaderCausationID] = causation
+	}
+	if !hasCorrelation {
+		h[HeaderCorrelationID] = correlation
+	}
+	m.Headers = h
+	return m
+}
+
+type causeKey struct{}
+
+type cause struct{ causation, correlation string }
+
+// WithCause returns a context that makes the outbox record cause as the
+// origin of every message enqueued with it (see CausedBy). The inbox worker
+// gives each handler such a context for the event it handles, so a handler
+// that enqueues with its ctx links its output to its input without asking.
+func WithCause(ctx context.Context, c Message) context.Context {
+	if c.EventID == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, causeKey{}, cause{causation: c.EventID, correlation: c.CorrelationID()})
+}
+
+// WithCauseFromContext applies the cause WithCause put in ctx, if any, to
+// copies of msgs, as CausedBy does; without one it returns msgs as they are.
+func WithCauseFromContext(ctx context.Context, msgs []Message) []Message {
+	c, ok := ctx.Value(causeKey{}).(cause)
+	if !ok {
+		return msgs
+	}
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = withCause(m, c.causation, c.correlation)
+	}
+	return out
+}

@@ -31,7 +31,11 @@ type Event struct {
 // mark commit together or not at all. A nil error means success; any other
 // error is retried with backoff, except Permanent errors (dead at once) and
 // Defer (wait for a dependency). A panic is recovered and treated like a
-// transient error. ctx expires after Config.HandlerTimeout.
+// transient error. ctx expires after Config.HandlerTimeout. Events the handler
+// enqueues in tx with ctx (outbox Enqueue) record ev as their cause: headers
+// Pgrelay-Causation-Id (ev's event id) and Pgrelay-Correlation-Id (ev's
+// correlation id, or its event id); they are published if and only if tx
+// commits.
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, ev *Event) error
 }
@@ -46,7 +50,8 @@ type Handler interface {
 // fails the others. HandleBatch may therefore return an error for anything it
 // does not handle in bulk (an event to defer, a malformed payload): Handle
 // decides per event. ctx expires after Config.HandlerTimeout for the whole
-// batch. evs is in arrival order and must not be modified.
+// batch. evs is in arrival order and must not be modified. ctx names no cause:
+// to link events enqueued here to their input, use event.CausedBy per input.
 type BatchHandler interface {
 	Handler
 	HandleBatch(ctx context.Context, tx pgx.Tx, evs []*Event) error

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // NotifyChannel is the PostgreSQL channel the inbox table's insert trigger
@@ -527,7 +528,8 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, ev *Event) (err err
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()
-	err = w.cfg.Handler.Handle(hctx, tx, ev)
+	// Events the handler enqueues with its ctx record ev as their cause.
+	err = w.cfg.Handler.Handle(event.WithCause(hctx, ev.Message), tx, ev)
 	if err != nil && hctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
 		err = fmt.Errorf("handler timed out after %s: %w", w.cfg.HandlerTimeout, err)
 	}

@@ -110,10 +110,18 @@ func New(cfg Config) (*Outbox, error) {
 // one consistent order (sorted keys) across calls. Otherwise two such
 // transactions can deadlock; PostgreSQL then aborts one of them (SQLSTATE
 // 40P01), which can be retried.
+//
+// When ctx carries a cause (event.WithCause; the inbox worker gives each
+// handler's context the event it handles), every message without them gets
+// the Pgrelay-Causation-Id and Pgrelay-Correlation-Id headers of that cause
+// (event.CausedBy).
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	// A handler's context carries the event it handles: record it as the
+	// cause of what the handler enqueues.
+	msgs = event.WithCauseFromContext(ctx, msgs)
 	n := len(msgs)
 	p := db.EnqueueOutboxParams{
 		EventIds:    make([]string, n),

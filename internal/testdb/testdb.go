@@ -12,8 +12,9 @@
 //  4. Otherwise the test is skipped with a message saying how to point the
 //     tests at a PostgreSQL.
 //
-// The migrations are applied once per server into a template database whose
-// name carries a hash of the migration files; every test then gets a clone of
+// pgrelay's migrations and the worked example's schema (the ledger and the
+// demo shop, internal/ledger/migrations) are applied once per server into a
+// template database whose name carries a hash of both sets of files; every test then gets a clone of
 // that template (CREATE DATABASE ... TEMPLATE), which takes a few milliseconds,
 // so tests run in parallel without sharing state.
 package testdb
@@ -40,6 +41,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -60,8 +62,8 @@ var server struct {
 	container *tcpostgres.PostgresContainer
 }
 
-// New returns a pool connected to a fresh, migrated database that is dropped
-// when the test ends.
+// New returns a pool connected to a fresh database, migrated with pgrelay's
+// migrations and the example schema, that is dropped when the test ends.
 func New(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	u := NewURL(tb)
@@ -265,23 +267,32 @@ func migrate(ctx context.Context, u string) error {
 	if err := migrations.Up(ctx, db); err != nil {
 		return fmt.Errorf("migrate template: %w", err)
 	}
+	if err := ledgermigrations.Up(ctx, db); err != nil {
+		return fmt.Errorf("migrate template: %w", err)
+	}
 	return nil
 }
 
+// migrationsHash hashes both migration sets the template applies.
 func migrationsHash() (string, error) {
-	names, err := fs.Glob(migrations.FS, "*.sql")
-	if err != nil {
-		return "", err
-	}
-	sort.Strings(names)
 	h := sha256.New()
-	for _, n := range names {
-		b, err := migrations.FS.ReadFile(n)
+	for _, set := range []struct {
+		name string
+		fsys fs.FS
+	}{{"pgrelay", migrations.FS}, {"example", ledgermigrations.FS}} {
+		names, err := fs.Glob(set.fsys, "*.sql")
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(h, "%s\x00%d\x00", n, len(b))
-		h.Write(b)
+		sort.Strings(names)
+		for _, n := range names {
+			b, err := fs.ReadFile(set.fsys, n)
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(h, "%s/%s\x00%d\x00", set.name, n, len(b))
+			h.Write(b)
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
