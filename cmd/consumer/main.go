@@ -24,12 +24,11 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -82,26 +81,29 @@ var envKinds = map[string]string{
 	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
 }
 
-// settingNames maps the Config fields named by validation errors onto the
-// flags and environment variables that set them.
+// settingNames maps the ConsumerConfig fields named by validation errors onto
+// the flags and environment variables that set them.
 var settingNames = strings.NewReplacer(
-	"Config.Inbox.BatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
-	"Config.Inbox.Workers", "--workers (CONSUMER_WORKERS)",
-	"Config.Inbox.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"Config.Inbox.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"Config.Inbox.Lease", "--lease (CONSUMER_LEASE)",
-	"Config.Inbox.Handler", "the ledger handler", // after HandlerTimeout: the first match wins
-	"Config.NATSURL", "--nats-url (NATS_URL)",
-	"Config.Stream", "--stream (CONSUMER_STREAM)",
-	"Config.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
-	"Config.Durable", "--durable (CONSUMER_DURABLE)",
-	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
-	"Config.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
-	"Config.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
-	"Config.MaxAckPending", "10 × --batch-size",
-	"Config.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"Config.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
-	"Config.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+	"ConsumerConfig.WorkerBatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"ConsumerConfig.Workers", "--workers (CONSUMER_WORKERS)",
+	"ConsumerConfig.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"ConsumerConfig.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"ConsumerConfig.Lease", "--lease (CONSUMER_LEASE)",
+	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout: the first match wins
+	"ConsumerConfig.NATSURL", "--nats-url (NATS_URL)",
+	"ConsumerConfig.Stream", "--stream (CONSUMER_STREAM)",
+	"ConsumerConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
+	"ConsumerConfig.Durable", "--durable (CONSUMER_DURABLE)",
+	"ConsumerConfig.FetchBatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
+	"ConsumerConfig.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
+	"ConsumerConfig.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
+	"ConsumerConfig.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"ConsumerConfig.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
+	"ConsumerConfig.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+	"ConsumerConfig.MetricsAddr", "--metrics-addr (METRICS_ADDR)",
+	"ConsumerConfig.AdminAddr", "--admin-addr (ADMIN_ADDR)",
+	"ConsumerConfig.AdminToken", "--admin-token (ADMIN_TOKEN)",
+	"ConsumerConfig.Pool", "--database-url (DATABASE_URL)",
 )
 
 func newRootCommand() *cobra.Command {
@@ -207,40 +209,31 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	defer pool.Close()
 
-	reg := metrics.NewRegistry()
-	var c *consumer.Consumer
-	observer := metrics.NewInboxObserver(reg, metrics.InboxObserverOptions{
-		IngestStats: func() metrics.IngestStats {
-			st := c.Stats()
-			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
-				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors}
-		},
-	})
-	c, err = consumer.New(consumer.Config{
+	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,
+		Handler:                      ledger.Handler{},
 		Stream:                       s.stream,
 		SubjectPrefix:                s.subjectPrefix,
 		CreateStream:                 s.createStream,
 		Durable:                      s.durable,
 		FilterSubject:                s.filterSubject,
-		BatchSize:                    s.batchSize,
+		FetchBatchSize:               s.batchSize,
 		MaxWait:                      s.maxWait,
 		AckWait:                      s.ackWait,
 		MaxPayloadBytes:              s.maxPayloadBytes,
 		StatsInterval:                s.statsInterval,
 		DedupWindow:                  s.ops.DedupWindow,
 		AllowReplayBeyondDedupWindow: s.allowReplay,
-		Inbox: inbox.Config{
-			Handler:        ledger.Handler{},
-			Workers:        s.workers,
-			BatchSize:      s.workerBatchSize,
-			MaxAttempts:    s.maxAttempts,
-			Lease:          s.lease,
-			HandlerTimeout: s.handlerTimeout,
-			Observer:       observer,
-		},
-		Logger: log,
+		Workers:                      s.workers,
+		WorkerBatchSize:              s.workerBatchSize,
+		MaxAttempts:                  s.maxAttempts,
+		Lease:                        s.lease,
+		HandlerTimeout:               s.handlerTimeout,
+		MetricsAddr:                  s.ops.MetricsAddr,
+		AdminAddr:                    s.ops.AdminAddr,
+		AdminToken:                   s.ops.AdminToken,
+		Logger:                       log,
 	})
 	if err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
@@ -249,32 +242,10 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkDatabase(ctx, pool); err != nil {
 		return err
 	}
-
-	ops, err := admin.StartOps(ctx, admin.OpsConfig{
-		Flags: s.ops, Pool: pool, Registry: reg, Inbox: true, Logger: log,
-		Checks: map[string]metrics.Check{
-			"database": metrics.PingCheck(pool),
-			"broker": func(context.Context) error {
-				if !c.Ready() {
-					return errors.New("not attached to the JetStream consumer")
-				}
-				return nil
-			},
-		},
-		Counters: func() (float64, float64, bool) {
-			st := c.Stats()
-			return float64(st.Fetched), float64(st.Duplicates), true
-		},
-	})
-	if err != nil {
-		return err
+	if err := c.Run(ctx); err != nil {
+		return errors.New(settingNames.Replace(err.Error()))
 	}
-	runErr := c.Run(ctx)
-	stop() // Run returned on its own: stop the operator endpoints too
-	if runErr != nil {
-		runErr = errors.New(settingNames.Replace(runErr.Error()))
-	}
-	return errors.Join(runErr, ops.Wait())
+	return nil
 }
 
 // checkDatabase fails start-up when the database cannot be reached or lacks
