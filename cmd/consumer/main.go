@@ -1,5 +1,6 @@
 // Command consumer receives events from NATS JetStream into the pgrelay inbox
-// and applies them to the ledger exactly once.
+// and applies each exactly once with the handler --handler selects: the
+// example ledger, the user's SQL function or the user's webhook.
 //
 //	consumer run             consume until SIGTERM
 //	consumer migrate up      apply the database migrations
@@ -23,10 +24,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/migrations"
@@ -59,6 +62,10 @@ type settings struct {
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
 	allowReplay     bool
+	handler         string
+	sqlFunction     string
+	httpURL         string
+	httpTimeout     time.Duration
 	ops             admin.OpsFlags
 	logLevel        string
 	logFormat       string
@@ -79,6 +86,7 @@ var envKinds = map[string]string{
 	"CONSUMER_HANDLER_TIMEOUT":                  "duration",
 	"CONSUMER_STATS_INTERVAL":                   "duration",
 	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
+	"CONSUMER_HTTP_TIMEOUT":                     "duration",
 }
 
 // settingNames maps the ConsumerConfig fields named by validation errors onto
@@ -114,7 +122,8 @@ func newRootCommand() *cobra.Command {
 		Long: `consumer pulls events from a JetStream durable consumer, stores each fetched
 batch in the PostgreSQL inbox in one transaction (deduplicated by event id),
 commits, then acknowledges the batch. Inbox workers in the same process apply
-each event to the ledger exactly once. Malformed messages are stored dead with
+each event exactly once with --handler: ledger (the worked example), sql (your
+function, in the inbox transaction) or http (your webhook). Malformed messages are stored dead with
 the reason and acknowledged, never dropped.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -148,6 +157,10 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
+	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
+	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
+	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
+	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
 	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
@@ -209,10 +222,13 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	defer pool.Close()
 
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{
+	if err := checkHandlerSettings(s); err != nil {
+		return err
+	}
+	cfg := pgrelay.ConsumerConfig{
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,
-		Handler:                      ledger.Handler{},
+		Handler:                      ledger.Handler{}, // replaced below once the database is checked
 		Stream:                       s.stream,
 		SubjectPrefix:                s.subjectPrefix,
 		CreateStream:                 s.createStream,
@@ -234,18 +250,78 @@ func runConsumer(parent context.Context, s settings) error {
 		AdminAddr:                    s.ops.AdminAddr,
 		AdminToken:                   s.ops.AdminToken,
 		Logger:                       log,
-	})
-	if err != nil {
+	}
+	// Settings first (no database needed), so that a bad flag is reported
+	// even when the database is down.
+	if _, err := pgrelay.NewConsumer(cfg); err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
-
 	if err := checkDatabase(ctx, pool); err != nil {
 		return err
+	}
+	if cfg.Handler, err = newHandler(ctx, s, pool, log); err != nil {
+		return err
+	}
+	c, err := pgrelay.NewConsumer(cfg)
+	if err != nil {
+		return errors.New(settingNames.Replace(err.Error()))
 	}
 	if err := c.Run(ctx); err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
 	return nil
+}
+
+// checkHandlerSettings checks the handler flags that need no database.
+func checkHandlerSettings(s settings) error {
+	switch s.handler {
+	case "ledger":
+	case "sql":
+		if s.sqlFunction == "" {
+			return errors.New("--sql-function (CONSUMER_SQL_FUNCTION) is required with --handler sql")
+		}
+	case "http":
+		if s.httpURL == "" {
+			return errors.New("--url (CONSUMER_HTTP_URL) is required with --handler http")
+		}
+		handlerTimeout := s.handlerTimeout
+		if handlerTimeout <= 0 {
+			handlerTimeout = inbox.DefaultHandlerTimeout
+		}
+		if s.httpTimeout <= 0 || s.httpTimeout >= handlerTimeout {
+			return fmt.Errorf("--http-timeout (CONSUMER_HTTP_TIMEOUT) %s must be positive and shorter than --handler-timeout (CONSUMER_HANDLER_TIMEOUT) %s",
+				s.httpTimeout, handlerTimeout)
+		}
+		if _, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout}); err != nil {
+			return errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
+		}
+	default:
+		return fmt.Errorf("--handler (CONSUMER_HANDLER) %q: want ledger, sql or http", s.handler)
+	}
+	return nil
+}
+
+// newHandler builds the handler --handler selects; the sql handler's function
+// must exist in the database.
+func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *zap.Logger) (pgrelay.InboxHandler, error) {
+	switch s.handler {
+	case "sql":
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		h, err := handlers.NewSQL(ctx, pool, s.sqlFunction)
+		if err != nil {
+			return nil, fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION): %w", err)
+		}
+		return h, nil
+	case "http":
+		h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout, Recorder: pool, Logger: log})
+		if err != nil {
+			return nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
+		}
+		return h, nil
+	default:
+		return ledger.Handler{}, nil
+	}
 }
 
 // checkDatabase fails start-up when the database cannot be reached or lacks
