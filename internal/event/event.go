@@ -6,6 +6,7 @@ package event
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -24,8 +25,14 @@ type Message struct {
 	Key string
 	// EventType names the event's schema (for example "OrderPaid").
 	EventType string
-	// Payload is the event body, usually JSON.
+	// Payload is the event body: any bytes (JSON, protobuf, Avro, ...).
 	Payload []byte
+	// ContentType is the payload's media type, for example
+	// "application/json" or "application/x-protobuf". Optional. It travels as
+	// the Pgrelay-Content-Type broker header and is stored with the headers
+	// under that name. Only a text or JSON content type (see IsTextContentType)
+	// makes the consumer require a UTF-8 payload; without one, any bytes pass.
+	ContentType string
 	// Headers are free-form string metadata carried alongside the payload.
 	Headers map[string]string
 	// OccurredAt is when the event happened in the producer's domain.
@@ -96,6 +103,58 @@ const (
 	HeaderTopic      = "Pgrelay-Topic"
 	HeaderKey        = "Pgrelay-Key"
 	HeaderOccurredAt = "Pgrelay-Occurred-At" // RFC 3339 with nanoseconds
+	// HeaderContentType carries Message.ContentType, on the broker and, under
+	// the same name, in the outbox's and inbox's headers column (so that a
+	// plain-SQL producer sets it there).
+	HeaderContentType = "Pgrelay-Content-Type"
 	// HeaderPrefix prefixes the message's own Headers on the broker.
 	HeaderPrefix = "Pgrelay-H-"
 )
+
+// StoredHeaders returns the headers to store for m: its Headers, plus its
+// ContentType under HeaderContentType when set. It returns m.Headers itself
+// when there is no content type to add.
+func (m Message) StoredHeaders() map[string]string {
+	if m.ContentType == "" {
+		return m.Headers
+	}
+	h := make(map[string]string, len(m.Headers)+1)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h[HeaderContentType] = m.ContentType
+	return h
+}
+
+// LiftContentType moves a content type stored under HeaderContentType in
+// m.Headers into m.ContentType (StoredHeaders' inverse), unless ContentType
+// is set already.
+func (m *Message) LiftContentType() {
+	ct, ok := m.Headers[HeaderContentType]
+	if !ok {
+		return
+	}
+	if m.ContentType == "" {
+		m.ContentType = ct
+	}
+	delete(m.Headers, HeaderContentType)
+}
+
+// IsTextContentType reports whether the media type ct says the payload is
+// text: text/*, application/json, any +json or +xml suffix, application/xml
+// and application/x-www-form-urlencoded. Parameters (";charset=...") are
+// ignored. Such payloads must be UTF-8; all others are opaque bytes.
+func IsTextContentType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	switch {
+	case mt == "":
+		return false
+	case strings.HasPrefix(mt, "text/"),
+		mt == "application/json", strings.HasSuffix(mt, "+json"),
+		mt == "application/xml", strings.HasSuffix(mt, "+xml"),
+		mt == "application/x-www-form-urlencoded":
+		return true
+	}
+	return false
+}

@@ -167,6 +167,9 @@ func (h *HTTP) record(ctx context.Context, ev *inbox.Event, status *int32, ms fl
 // contentType is the request's Content-Type: the event's own when it has
 // one, else JSON for a JSON payload and raw bytes otherwise.
 func contentType(ev *inbox.Event) string {
+	if ct := ev.ContentType; ct != "" && validHeaderValue(ct) {
+		return ct
+	}
 	if ct := ev.Headers["Content-Type"]; ct != "" && validHeaderValue(ct) {
 		return ct
 	}

@@ -75,7 +75,7 @@ func NewSQL(ctx context.Context, q db.DBTX, function string) (*SQL, error) {
 
 // Handle calls the function with ev in tx and maps its error by SQLSTATE.
 func (h *SQL) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	headers := ev.Headers
+	headers := ev.StoredHeaders() // with Pgrelay-Content-Type, when the event has one
 	if headers == nil {
 		headers = map[string]string{}
 	}
