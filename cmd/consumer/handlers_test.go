@@ -121,6 +121,9 @@ func TestRunHandlerHTTP(t *testing.T) {
 
 	require.ErrorContains(t, run(t, "run", "--database-url", dbURL, "--handler", "http"), "--url (CONSUMER_HTTP_URL) is required with --handler http")
 	require.ErrorContains(t, run(t, "run", "--database-url", dbURL, "--handler", "smtp"), `--handler (CONSUMER_HANDLER) "smtp": want ledger, sql or http`)
+	require.ErrorContains(t, run(t, "run", "--database-url", dbURL, "--url", srv.URL), "--url (CONSUMER_HTTP_URL) is set but --handler (CONSUMER_HANDLER) is ledger: add --handler http")
+	require.ErrorContains(t, run(t, "run", "--database-url", dbURL, "--handler", "http", "--url", "ftp://x"), "--url (CONSUMER_HTTP_URL) \"ftp://x\" must be an absolute http or https URL")
+	require.ErrorContains(t, run(t, "run", "--database-url", dbURL, "--handler", "http", "--url", srv.URL, "--http-timeout", "1m"), "--http-timeout (CONSUMER_HTTP_TIMEOUT) 1m0s must be positive and shorter than --handler-timeout (CONSUMER_HANDLER_TIMEOUT) 10s")
 
 	runWithHandler(t, dbURL, []string{"--handler", "http", "--url", srv.URL, "--http-timeout", "2s"}, 5)
 	mu.Lock()

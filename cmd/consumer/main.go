@@ -215,8 +215,13 @@ func runConsumer(parent context.Context, s settings) error {
 		return err
 	}
 	// Inbox workers each hold a connection; ingest, LISTEN, the metrics
-	// collector and retention need a few more.
-	pool, err := cli.OpenPool(ctx, s.databaseURL, dbs, int32(s.workers+4))
+	// collector and retention need a few more. The http handler records a
+	// failed attempt's response on a second connection, beside its batch's.
+	conns := s.workers + 4
+	if s.handler == "http" {
+		conns += s.workers
+	}
+	pool, err := cli.OpenPool(ctx, s.databaseURL, dbs, int32(conns))
 	if err != nil {
 		return err
 	}
@@ -274,6 +279,12 @@ func runConsumer(parent context.Context, s settings) error {
 
 // checkHandlerSettings checks the handler flags that need no database.
 func checkHandlerSettings(s settings) error {
+	if s.sqlFunction != "" && s.handler != "sql" {
+		return fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION) is set but --handler (CONSUMER_HANDLER) is %s: add --handler sql", s.handler)
+	}
+	if s.httpURL != "" && s.handler != "http" {
+		return fmt.Errorf("--url (CONSUMER_HTTP_URL) is set but --handler (CONSUMER_HANDLER) is %s: add --handler http", s.handler)
+	}
 	switch s.handler {
 	case "ledger":
 	case "sql":
