@@ -14,6 +14,9 @@ var (
 	ErrMissingTopic    = outbox.ErrMissingTopic
 	ErrPayloadTooLarge = outbox.ErrPayloadTooLarge
 	ErrInvalidHeader   = outbox.ErrInvalidHeader
+	// ErrPayloadNotText: ContentType says text or JSON and the payload is not
+	// valid UTF-8.
+	ErrPayloadNotText = outbox.ErrPayloadNotText
 	// ErrOccurredAtOutOfRange: OccurredAt must be after 0001-01-01T00:00:00Z
 	// and at most 9999-12-31T23:59:59.999999Z once rounded to the microsecond.
 	ErrOccurredAtOutOfRange = event.ErrOccurredAtOutOfRange
@@ -28,6 +31,14 @@ var (
 	ErrDuplicateEvent  = outbox.ErrDuplicateEvent
 	ErrEventIDConflict = outbox.ErrEventIDConflict
 )
+
+// HeaderContentType is the broker header (and the key in the outbox's and
+// inbox's headers column) that carries Message.ContentType.
+const HeaderContentType = event.HeaderContentType
+
+// IsTextContentType reports whether a content type says text or JSON, the
+// only payloads that must be UTF-8; every other payload is opaque bytes.
+func IsTextContentType(ct string) bool { return event.IsTextContentType(ct) }
 
 // DefaultMaxPayloadBytes is the payload limit Enqueue applies: 1 MiB.
 const DefaultMaxPayloadBytes = outbox.DefaultMaxPayloadBytes

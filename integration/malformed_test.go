@@ -69,7 +69,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 		{"missing event id", header{event.HeaderEventType: ledger.EventOrderPaid}, []byte(`{"order_id":"o1","amount_cents":1,"currency":"EUR"}`), "", consumer.ReasonMissingEventID},
 		{"invalid event id", with(good("", ledger.EventOrderPaid), event.HeaderEventID, strings.Repeat("x", 300)), []byte(`{}`), "", consumer.ReasonInvalidEventID},
 		{"oversized", good("bad-big", ledger.EventOrderPaid), bytes.Repeat([]byte("a"), 5000), "bad-big", consumer.ReasonPayloadTooLarge},
-		{"invalid UTF-8", good("bad-utf8", ledger.EventOrderPaid), []byte{'{', 0xff, 0xfe, '}'}, "bad-utf8", consumer.ReasonPayloadNotUTF8},
+		{"invalid UTF-8", with(good("bad-utf8", ledger.EventOrderPaid), event.HeaderContentType, "application/json"), []byte{'{', 0xff, 0xfe, '}'}, "bad-utf8", consumer.ReasonPayloadNotUTF8},
 		{"bad occurred-at", with(good("bad-time", ledger.EventOrderPaid), event.HeaderOccurredAt, "tomorrow"), []byte(`{}`), "bad-time", consumer.ReasonInvalidOccurredAt},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

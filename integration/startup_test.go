@@ -113,6 +113,11 @@ func TestStartupHonesty(t *testing.T) {
 		require.Empty(t, tables(), "pgrelay's own migrations create no example tables")
 		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t)), []string{"run"},
 			"the ledger handler needs the example schema", "ledger_orders, ledger_entries", "consumer migrate up --example-schema")
+		// Another handler does not need the example schema: start-up gets past
+		// that check and stops at the handler's own (a function not created).
+		runToExit(t, consumer, consumerEnv(db, natsURL, stream, prefix, "METRICS_ADDR="+freeAddr(t),
+			"CONSUMER_HANDLER=sql", "CONSUMER_SQL_FUNCTION=public.handle_event"), []string{"run"},
+			"--sql-function (CONSUMER_SQL_FUNCTION)")
 		out := migrate("--example-schema")
 		require.Contains(t, out, "example schema:")
 		require.Equal(t, []string{"ledger_entries", "ledger_orders", "shop_orders"}, tables())

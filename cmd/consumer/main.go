@@ -1,5 +1,6 @@
 // Command consumer receives events from NATS JetStream into the pgrelay inbox
-// and applies them to the ledger exactly once.
+// and applies each exactly once with the handler --handler selects: the
+// example ledger, the user's SQL function or the user's webhook.
 //
 //	consumer run             consume until SIGTERM
 //	consumer migrate up      apply the database migrations (--example-schema: and the ledger's tables)
@@ -23,13 +24,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -60,6 +62,10 @@ type settings struct {
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
 	allowReplay     bool
+	handler         string
+	sqlFunction     string
+	httpURL         string
+	httpTimeout     time.Duration
 	ops             admin.OpsFlags
 	logLevel        string
 	logFormat       string
@@ -80,28 +86,32 @@ var envKinds = map[string]string{
 	"CONSUMER_HANDLER_TIMEOUT":                  "duration",
 	"CONSUMER_STATS_INTERVAL":                   "duration",
 	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
+	"CONSUMER_HTTP_TIMEOUT":                     "duration",
 }
 
-// settingNames maps the Config fields named by validation errors onto the
-// flags and environment variables that set them.
+// settingNames maps the ConsumerConfig fields named by validation errors onto
+// the flags and environment variables that set them.
 var settingNames = strings.NewReplacer(
-	"Config.Inbox.BatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
-	"Config.Inbox.Workers", "--workers (CONSUMER_WORKERS)",
-	"Config.Inbox.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"Config.Inbox.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"Config.Inbox.Lease", "--lease (CONSUMER_LEASE)",
-	"Config.Inbox.Handler", "the ledger handler", // after HandlerTimeout: the first match wins
-	"Config.NATSURL", "--nats-url (NATS_URL)",
-	"Config.Stream", "--stream (CONSUMER_STREAM)",
-	"Config.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
-	"Config.Durable", "--durable (CONSUMER_DURABLE)",
-	"Config.BatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
-	"Config.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
-	"Config.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
-	"Config.MaxAckPending", "10 × --batch-size",
-	"Config.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"Config.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
-	"Config.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+	"ConsumerConfig.WorkerBatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"ConsumerConfig.Workers", "--workers (CONSUMER_WORKERS)",
+	"ConsumerConfig.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"ConsumerConfig.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"ConsumerConfig.Lease", "--lease (CONSUMER_LEASE)",
+	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout: the first match wins
+	"ConsumerConfig.NATSURL", "--nats-url (NATS_URL)",
+	"ConsumerConfig.Stream", "--stream (CONSUMER_STREAM)",
+	"ConsumerConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
+	"ConsumerConfig.Durable", "--durable (CONSUMER_DURABLE)",
+	"ConsumerConfig.FetchBatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
+	"ConsumerConfig.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
+	"ConsumerConfig.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
+	"ConsumerConfig.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"ConsumerConfig.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
+	"ConsumerConfig.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+	"ConsumerConfig.MetricsAddr", "--metrics-addr (METRICS_ADDR)",
+	"ConsumerConfig.AdminAddr", "--admin-addr (ADMIN_ADDR)",
+	"ConsumerConfig.AdminToken", "--admin-token (ADMIN_TOKEN)",
+	"ConsumerConfig.Pool", "--database-url (DATABASE_URL)",
 )
 
 func newRootCommand() *cobra.Command {
@@ -112,7 +122,8 @@ func newRootCommand() *cobra.Command {
 		Long: `consumer pulls events from a JetStream durable consumer, stores each fetched
 batch in the PostgreSQL inbox in one transaction (deduplicated by event id),
 commits, then acknowledges the batch. Inbox workers in the same process apply
-each event to the ledger exactly once. Malformed messages are stored dead with
+each event exactly once with --handler: ledger (the worked example), sql (your
+function, in the inbox transaction) or http (your webhook). Malformed messages are stored dead with
 the reason and acknowledged, never dropped.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -146,6 +157,10 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
+	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
+	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
+	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
+	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
 	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
@@ -202,87 +217,130 @@ func runConsumer(parent context.Context, s settings) error {
 		return err
 	}
 	// Inbox workers each hold a connection; ingest, LISTEN, the metrics
-	// collector and retention need a few more.
-	pool, err := cli.OpenPool(ctx, s.databaseURL, dbs, int32(s.workers+4))
+	// collector and retention need a few more. The http handler records a
+	// failed attempt's response on a second connection, beside its batch's.
+	conns := s.workers + 4
+	if s.handler == "http" {
+		conns += s.workers
+	}
+	pool, err := cli.OpenPool(ctx, s.databaseURL, dbs, int32(conns))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	reg := metrics.NewRegistry()
-	var c *consumer.Consumer
-	observer := metrics.NewInboxObserver(reg, metrics.InboxObserverOptions{
-		IngestStats: func() metrics.IngestStats {
-			st := c.Stats()
-			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
-				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors}
-		},
-	})
-	c, err = consumer.New(consumer.Config{
+	if err := checkHandlerSettings(s); err != nil {
+		return err
+	}
+	cfg := pgrelay.ConsumerConfig{
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,
+		Handler:                      ledger.Handler{}, // replaced below once the database is checked
 		Stream:                       s.stream,
 		SubjectPrefix:                s.subjectPrefix,
 		CreateStream:                 s.createStream,
 		Durable:                      s.durable,
 		FilterSubject:                s.filterSubject,
-		BatchSize:                    s.batchSize,
+		FetchBatchSize:               s.batchSize,
 		MaxWait:                      s.maxWait,
 		AckWait:                      s.ackWait,
 		MaxPayloadBytes:              s.maxPayloadBytes,
 		StatsInterval:                s.statsInterval,
 		DedupWindow:                  s.ops.DedupWindow,
 		AllowReplayBeyondDedupWindow: s.allowReplay,
-		Inbox: inbox.Config{
-			Handler:        ledger.Handler{},
-			Workers:        s.workers,
-			BatchSize:      s.workerBatchSize,
-			MaxAttempts:    s.maxAttempts,
-			Lease:          s.lease,
-			HandlerTimeout: s.handlerTimeout,
-			Observer:       observer,
-		},
-		Logger: log,
-	})
+		Workers:                      s.workers,
+		WorkerBatchSize:              s.workerBatchSize,
+		MaxAttempts:                  s.maxAttempts,
+		Lease:                        s.lease,
+		HandlerTimeout:               s.handlerTimeout,
+		MetricsAddr:                  s.ops.MetricsAddr,
+		AdminAddr:                    s.ops.AdminAddr,
+		AdminToken:                   s.ops.AdminToken,
+		Logger:                       log,
+	}
+	// Settings first (no database needed), so that a bad flag is reported
+	// even when the database is down.
+	if _, err := pgrelay.NewConsumer(cfg); err != nil {
+		return errors.New(settingNames.Replace(err.Error()))
+	}
+	if err := checkDatabase(ctx, pool, s.handler == "ledger"); err != nil {
+		return err
+	}
+	if cfg.Handler, err = newHandler(ctx, s, pool, log); err != nil {
+		return err
+	}
+	c, err := pgrelay.NewConsumer(cfg)
 	if err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
+	if err := c.Run(ctx); err != nil {
+		return errors.New(settingNames.Replace(err.Error()))
+	}
+	return nil
+}
 
-	if err := checkDatabase(ctx, pool); err != nil {
-		return err
+// checkHandlerSettings checks the handler flags that need no database.
+func checkHandlerSettings(s settings) error {
+	if s.sqlFunction != "" && s.handler != "sql" {
+		return fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION) is set but --handler (CONSUMER_HANDLER) is %s: add --handler sql", s.handler)
 	}
+	if s.httpURL != "" && s.handler != "http" {
+		return fmt.Errorf("--url (CONSUMER_HTTP_URL) is set but --handler (CONSUMER_HANDLER) is %s: add --handler http", s.handler)
+	}
+	switch s.handler {
+	case "ledger":
+	case "sql":
+		if s.sqlFunction == "" {
+			return errors.New("--sql-function (CONSUMER_SQL_FUNCTION) is required with --handler sql")
+		}
+	case "http":
+		if s.httpURL == "" {
+			return errors.New("--url (CONSUMER_HTTP_URL) is required with --handler http")
+		}
+		handlerTimeout := s.handlerTimeout
+		if handlerTimeout <= 0 {
+			handlerTimeout = inbox.DefaultHandlerTimeout
+		}
+		if s.httpTimeout <= 0 || s.httpTimeout >= handlerTimeout {
+			return fmt.Errorf("--http-timeout (CONSUMER_HTTP_TIMEOUT) %s must be positive and shorter than --handler-timeout (CONSUMER_HANDLER_TIMEOUT) %s",
+				s.httpTimeout, handlerTimeout)
+		}
+		if _, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout}); err != nil {
+			return errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
+		}
+	default:
+		return fmt.Errorf("--handler (CONSUMER_HANDLER) %q: want ledger, sql or http", s.handler)
+	}
+	return nil
+}
 
-	ops, err := admin.StartOps(ctx, admin.OpsConfig{
-		Flags: s.ops, Pool: pool, Registry: reg, Inbox: true, Logger: log,
-		Checks: map[string]metrics.Check{
-			"database": metrics.PingCheck(pool),
-			"broker": func(context.Context) error {
-				if !c.Ready() {
-					return errors.New("not attached to the JetStream consumer")
-				}
-				return nil
-			},
-		},
-		Counters: func() (float64, float64, bool) {
-			st := c.Stats()
-			return float64(st.Fetched), float64(st.Duplicates), true
-		},
-	})
-	if err != nil {
-		return err
+// newHandler builds the handler --handler selects; the sql handler's function
+// must exist in the database.
+func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *zap.Logger) (pgrelay.InboxHandler, error) {
+	switch s.handler {
+	case "sql":
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		h, err := handlers.NewSQL(ctx, pool, s.sqlFunction)
+		if err != nil {
+			return nil, fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION): %w", err)
+		}
+		return h, nil
+	case "http":
+		h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout, Recorder: pool, Logger: log})
+		if err != nil {
+			return nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
+		}
+		return h, nil
+	default:
+		return ledger.Handler{}, nil
 	}
-	runErr := c.Run(ctx)
-	stop() // Run returned on its own: stop the operator endpoints too
-	if runErr != nil {
-		runErr = errors.New(settingNames.Replace(runErr.Error()))
-	}
-	return errors.Join(runErr, ops.Wait())
 }
 
 // checkDatabase fails start-up when the database cannot be reached or lacks
 // migrations: consuming into a partial schema would only loop on errors while
-// looking alive.
-func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
+// looking alive. The ledger handler also needs the example schema.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, ledgerHandler bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := pool.Ping(ctx); err != nil {
@@ -292,6 +350,9 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool) error {
 	defer sqlDB.Close()
 	if err := migrations.Check(ctx, sqlDB); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: consumer migrate up", err)
+	}
+	if !ledgerHandler {
+		return nil
 	}
 	return checkExampleSchema(ctx, pool)
 }

@@ -227,11 +227,14 @@ func (p *NATS) toNATS(m Message) *nats.Msg {
 		h[event.HeaderOccurredAt] = []string{m.OccurredAt.UTC().Format(time.RFC3339Nano)}
 	}
 	for k, v := range m.Headers {
-		if k == event.HeaderCausationID || k == event.HeaderCorrelationID {
+		if k == event.HeaderCausationID || k == event.HeaderCorrelationID || k == event.HeaderContentType {
 			h[k] = []string{v} // pgrelay's own headers, under their own names
 			continue
 		}
 		h[event.HeaderPrefix+k] = []string{v}
+	}
+	if m.ContentType != "" {
+		h[event.HeaderContentType] = []string{m.ContentType}
 	}
 	return &nats.Msg{Subject: p.Subject(m.Topic), Header: h, Data: m.Payload}
 }

@@ -88,17 +88,29 @@ type Config struct {
 	Logger *zap.Logger
 }
 
+// Defaults for Config.
+const (
+	DefaultStream          = "PGRELAY"
+	DefaultSubjectPrefix   = "pgrelay"
+	DefaultDurable         = "pgrelay-consumer"
+	DefaultBatchSize       = 100
+	DefaultMaxWait         = 500 * time.Millisecond
+	DefaultAckWait         = 30 * time.Second
+	DefaultMaxPayloadBytes = 1 << 20
+	DefaultStatsInterval   = 30 * time.Second
+)
+
 // WithDefaults returns a copy of c with every unset optional field set to its
 // default.
 func (c Config) WithDefaults() Config {
 	if c.Stream == "" {
-		c.Stream = "PGRELAY"
+		c.Stream = DefaultStream
 	}
 	if c.SubjectPrefix == "" {
-		c.SubjectPrefix = "pgrelay"
+		c.SubjectPrefix = DefaultSubjectPrefix
 	}
 	if c.Durable == "" {
-		c.Durable = "pgrelay-consumer"
+		c.Durable = DefaultDurable
 	}
 	if c.FilterSubject == "" {
 		c.FilterSubject = c.SubjectPrefix + ".>"
@@ -107,19 +119,19 @@ func (c Config) WithDefaults() Config {
 		c.DedupWindow = retention.DefaultWindow
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 100
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.MaxWait == 0 {
-		c.MaxWait = 500 * time.Millisecond
+		c.MaxWait = DefaultMaxWait
 	}
 	if c.AckWait == 0 {
-		c.AckWait = 30 * time.Second
+		c.AckWait = DefaultAckWait
 	}
 	if c.MaxAckPending == 0 {
 		c.MaxAckPending = 10 * c.BatchSize
 	}
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 1 << 20
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = 15 * time.Second
@@ -131,7 +143,7 @@ func (c Config) WithDefaults() Config {
 		c.RetryMax = 5 * time.Second
 	}
 	if c.StatsInterval == 0 {
-		c.StatsInterval = 30 * time.Second
+		c.StatsInterval = DefaultStatsInterval
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

@@ -601,6 +601,7 @@ func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming 
 	if keepFields {
 		clean := func(s string) string { s, _ = cleanText(s); return s }
 		m.Topic, m.Key, m.EventType = clean(in.Topic), clean(in.Key), clean(in.EventType)
+		m.ContentType = clean(in.ContentType)
 		for k, v := range in.Headers {
 			m.Headers[clean(k)] = clean(v)
 		}

@@ -93,8 +93,10 @@ func FallbackEventID(stream string, created time.Time, seq uint64) string {
 //
 // Decode checks what the transport carries: the event id (Pgrelay-Event-Id,
 // else Nats-Msg-Id), the event type header, the occurred-at header, header
-// text, the payload size and that the payload is UTF-8. It does not look
-// inside the payload: the handler owns the payload's schema and reports a bad
+// text, the payload size and, when the content type (Pgrelay-Content-Type)
+// says text or JSON, that the payload is UTF-8; any other payload is opaque
+// bytes (protobuf, Avro), stored as received. It does not look inside the
+// payload: the handler owns the payload's schema and reports a bad
 // shape or an unknown event type as a permanent failure.
 func Decode(d Delivery, opts DecodeOptions) Decoded {
 	var reasons []string
@@ -161,6 +163,9 @@ func Decode(d Delivery, opts DecodeOptions) Decoded {
 	if key, ok := header(event.HeaderKey); ok {
 		m.Key = text(event.HeaderKey, key)
 	}
+	if ct, ok := header(event.HeaderContentType); ok {
+		m.ContentType = text(event.HeaderContentType, ct)
+	}
 
 	// When the event happened.
 	m.OccurredAt = d.Timestamp
@@ -207,8 +212,10 @@ func Decode(d Delivery, opts DecodeOptions) Decoded {
 	// The payload is kept as received, whatever is wrong with it.
 	if opts.MaxPayloadBytes > 0 && len(d.Data) > opts.MaxPayloadBytes {
 		fail("%s: %d bytes, the limit is %d", ReasonPayloadTooLarge, len(d.Data), opts.MaxPayloadBytes)
-	} else if !utf8.Valid(d.Data) {
-		fail("%s", ReasonPayloadNotUTF8)
+	} else if event.IsTextContentType(m.ContentType) && !utf8.Valid(d.Data) {
+		// Only a payload declared text must be text: any other is opaque
+		// bytes (protobuf, Avro) and stored as received.
+		fail("%s: content type %q", ReasonPayloadNotUTF8, truncate(printable(m.ContentType), 128))
 	}
 
 	return Decoded{Message: m, DeadReason: strings.Join(reasons, "; ")}

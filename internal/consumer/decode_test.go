@@ -135,8 +135,13 @@ func TestDecodeMalformed(t *testing.T) {
 		{"oversized payload", func(d *Delivery) {
 			d.Data = bytes.Repeat([]byte("a"), 1025)
 		}, ReasonPayloadTooLarge, "evt-1"},
-		{"payload not UTF-8", func(d *Delivery) {
+		{"payload declared JSON, not UTF-8", func(d *Delivery) {
+			d.Header[event.HeaderContentType] = []string{"application/json"}
 			d.Data = []byte{'{', 0xff, 0xfe, '}'}
+		}, ReasonPayloadNotUTF8, "evt-1"},
+		{"payload declared text, not UTF-8", func(d *Delivery) {
+			d.Header[event.HeaderContentType] = []string{"text/plain; charset=utf-8"}
+			d.Data = []byte{0xff}
 		}, ReasonPayloadNotUTF8, "evt-1"},
 	}
 	for _, tc := range cases {
@@ -248,4 +253,22 @@ func TestDecodeCausation(t *testing.T) {
 	require.Equal(t, map[string]string{"trace": "abc", event.HeaderCausationID: "evt-0", event.HeaderCorrelationID: "flow-1"}, got.Message.Headers)
 	require.Equal(t, "evt-0", got.Message.CausationID())
 	require.Equal(t, "flow-1", got.Message.CorrelationID())
+}
+
+// TestDecodeBinaryPayload: a payload that is not UTF-8 is stored as received,
+// not dead, unless its content type says text or JSON.
+func TestDecodeBinaryPayload(t *testing.T) {
+	t.Parallel()
+	for _, ct := range []string{"", "application/x-protobuf", "application/octet-stream", "avro/binary"} {
+		d := goodDelivery()
+		d.Data = []byte{0x08, 0x96, 0x01, 0x00, 0xff}
+		if ct != "" {
+			d.Header[event.HeaderContentType] = []string{ct}
+		}
+		got := Decode(d, DecodeOptions{SubjectPrefix: "pgrelay", MaxPayloadBytes: 1024})
+		require.Empty(t, got.DeadReason, "content type %q", ct)
+		require.Equal(t, d.Data, got.Message.Payload)
+		require.Equal(t, ct, got.Message.ContentType)
+		require.NotContains(t, got.Message.Headers, event.HeaderContentType)
+	}
 }

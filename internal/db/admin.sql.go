@@ -71,7 +71,7 @@ func (q *Queries) AdminDeleteExpiredInboxReleases(ctx context.Context, db DBTX, 
 }
 
 const adminGetInboxEvent = `-- name: AdminGetInboxEvent :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals FROM inbox WHERE event_id = $1
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms FROM inbox WHERE event_id = $1
 `
 
 func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, eventID string) (Inbox, error) {
@@ -97,6 +97,8 @@ func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, eventID strin
 		&i.LastError,
 		&i.WaitingFor,
 		&i.Deferrals,
+		&i.HandlerStatus,
+		&i.HandlerLatencyMs,
 	)
 	return i, err
 }

@@ -254,7 +254,7 @@ func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams)
 }
 
 const getInbox = `-- name: GetInbox :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals FROM inbox WHERE event_id = $1
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms FROM inbox WHERE event_id = $1
 `
 
 func (q *Queries) GetInbox(ctx context.Context, db DBTX, eventID string) (Inbox, error) {
@@ -280,6 +280,8 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, eventID string) (Inbox,
 		&i.LastError,
 		&i.WaitingFor,
 		&i.Deferrals,
+		&i.HandlerStatus,
+		&i.HandlerLatencyMs,
 	)
 	return i, err
 }

@@ -31,25 +31,27 @@ type HttpIdempotencyKey struct {
 }
 
 type Inbox struct {
-	EventID       string
-	Topic         string
-	Key           string
-	EventType     string
-	Payload       []byte
-	Headers       json.RawMessage
-	OccurredAt    time.Time
-	ReceivedAt    time.Time
-	Status        string
-	Attempts      int32
-	NextAttemptAt time.Time
-	LockedBy      *string
-	LockedUntil   *time.Time
-	LockVersion   int64
-	StartedAt     *time.Time
-	FinishedAt    *time.Time
-	LastError     *string
-	WaitingFor    *string
-	Deferrals     int32
+	EventID          string
+	Topic            string
+	Key              string
+	EventType        string
+	Payload          []byte
+	Headers          json.RawMessage
+	OccurredAt       time.Time
+	ReceivedAt       time.Time
+	Status           string
+	Attempts         int32
+	NextAttemptAt    time.Time
+	LockedBy         *string
+	LockedUntil      *time.Time
+	LockVersion      int64
+	StartedAt        *time.Time
+	FinishedAt       *time.Time
+	LastError        *string
+	WaitingFor       *string
+	Deferrals        int32
+	HandlerStatus    *int32
+	HandlerLatencyMs *float64
 }
 
 type InboxRelease struct {

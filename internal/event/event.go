@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -25,8 +26,14 @@ type Message struct {
 	Key string
 	// EventType names the event's schema (for example "OrderPaid").
 	EventType string
-	// Payload is the event body, usually JSON.
+	// Payload is the event body: any bytes (JSON, protobuf, Avro, ...).
 	Payload []byte
+	// ContentType is the payload's media type, for example
+	// "application/json" or "application/x-protobuf". Optional. It travels as
+	// the Pgrelay-Content-Type broker header and is stored with the headers
+	// under that name. Only a text or JSON content type (see IsTextContentType)
+	// makes the consumer require a UTF-8 payload; without one, any bytes pass.
+	ContentType string
 	// Headers are free-form string metadata carried alongside the payload.
 	// Two names are pgrelay's: HeaderCausationID and HeaderCorrelationID
 	// link the event to the one whose handling produced it (see CausedBy).
@@ -108,6 +115,11 @@ const (
 	// correlation id of its cause, or the cause's event id when the cause
 	// had none. Kept and published like HeaderCausationID.
 	HeaderCorrelationID = "Pgrelay-Correlation-Id"
+
+	// HeaderContentType carries Message.ContentType, on the broker and, under
+	// the same name, in the outbox's and inbox's headers column (so that a
+	// plain-SQL producer sets it there).
+	HeaderContentType = "Pgrelay-Content-Type"
 	// HeaderPrefix prefixes the message's own Headers on the broker.
 	HeaderPrefix = "Pgrelay-H-"
 )
@@ -188,4 +200,52 @@ func WithCauseFromContext(ctx context.Context, msgs []Message) []Message {
 		out[i] = withCause(m, c.causation, c.correlation)
 	}
 	return out
+}
+
+// StoredHeaders returns the headers to store for m: its Headers, plus its
+// ContentType under HeaderContentType when set. It returns m.Headers itself
+// when there is no content type to add.
+func (m Message) StoredHeaders() map[string]string {
+	if m.ContentType == "" {
+		return m.Headers
+	}
+	h := make(map[string]string, len(m.Headers)+1)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h[HeaderContentType] = m.ContentType
+	return h
+}
+
+// LiftContentType moves a content type stored under HeaderContentType in
+// m.Headers into m.ContentType (StoredHeaders' inverse), unless ContentType
+// is set already.
+func (m *Message) LiftContentType() {
+	ct, ok := m.Headers[HeaderContentType]
+	if !ok {
+		return
+	}
+	if m.ContentType == "" {
+		m.ContentType = ct
+	}
+	delete(m.Headers, HeaderContentType)
+}
+
+// IsTextContentType reports whether the media type ct says the payload is
+// text: text/*, application/json, any +json or +xml suffix, application/xml
+// and application/x-www-form-urlencoded. Parameters (";charset=...") are
+// ignored. Such payloads must be UTF-8; all others are opaque bytes.
+func IsTextContentType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	switch {
+	case mt == "":
+		return false
+	case strings.HasPrefix(mt, "text/"),
+		mt == "application/json", strings.HasSuffix(mt, "+json"),
+		mt == "application/xml", strings.HasSuffix(mt, "+xml"),
+		mt == "application/x-www-form-urlencoded":
+		return true
+	}
+	return false
 }

@@ -118,3 +118,21 @@ func TestCausedBy(t *testing.T) {
 	require.Equal(t, "b", got[0].CausationID())
 	require.Equal(t, "flow-1", got[0].CorrelationID())
 }
+
+func TestContentType(t *testing.T) {
+	for ct, text := range map[string]bool{
+		"": false, "application/json": true, "Application/JSON; charset=utf-8": true, "text/csv": true,
+		"application/cloudevents+json": true, "application/xml": true, "application/x-protobuf": false,
+		"application/octet-stream": false, "avro/binary": false, "application/jsonl-ish": false,
+	} {
+		require.Equal(t, text, IsTextContentType(ct), ct)
+	}
+	m := Message{ContentType: "application/x-protobuf", Headers: map[string]string{"a": "b"}}
+	stored := m.StoredHeaders()
+	require.Equal(t, map[string]string{"a": "b", HeaderContentType: "application/x-protobuf"}, stored)
+	require.Len(t, m.Headers, 1, "StoredHeaders does not change the message")
+	back := Message{Headers: stored}
+	back.LiftContentType()
+	require.Equal(t, m, back)
+	require.Nil(t, Message{}.StoredHeaders())
+}

@@ -95,6 +95,7 @@ func newEvent(id, topic, key, typ string, payload []byte, headers json.RawMessag
 		// Headers were written by Receive from a map[string]string; a row edited
 		// by hand into another shape just yields no headers.
 		_ = json.Unmarshal(headers, &ev.Headers)
+		ev.LiftContentType()
 	}
 	if lastErr != nil {
 		ev.LastError = *lastErr

@@ -65,8 +65,8 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		}
 		seen[m.EventID] = struct{}{}
 		headers := json.RawMessage("{}")
-		if len(m.Headers) > 0 {
-			b, err := json.Marshal(m.Headers)
+		if stored := m.StoredHeaders(); len(stored) > 0 {
+			b, err := json.Marshal(stored)
 			if err != nil {
 				return ReceiveResult{}, &InvalidMessageError{Index: i, EventID: m.EventID, Err: err}
 			}
@@ -144,6 +144,7 @@ func validateIncoming(m Incoming) error {
 	}
 	fields := []struct{ name, v string }{
 		{"topic", m.Topic}, {"key", m.Key}, {"event_type", m.EventType}, {"dead reason", m.DeadReason},
+		{"content type", m.ContentType},
 	}
 	for k, v := range m.Headers {
 		fields = append(fields, struct{ name, v string }{"header name", k}, struct{ name, v string }{"header " + k, v})

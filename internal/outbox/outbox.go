@@ -30,6 +30,9 @@ var (
 	ErrMissingTopic    = errors.New("topic is required")
 	ErrPayloadTooLarge = errors.New("payload too large")
 	ErrInvalidHeader   = errors.New("header is invalid")
+	// ErrPayloadNotText: the content type says text or JSON (see
+	// event.IsTextContentType) and the payload is not valid UTF-8.
+	ErrPayloadNotText = errors.New("payload is not text")
 )
 
 // Errors returned by Enqueue for an event id that is already in the outbox
@@ -153,8 +156,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 			keys = append(keys, key)
 		}
 		headers := json.RawMessage(`{}`)
-		if len(m.Headers) > 0 {
-			b, err := json.Marshal(m.Headers)
+		if stored := m.StoredHeaders(); len(stored) > 0 {
+			b, err := json.Marshal(stored)
 			if err != nil {
 				return fmt.Errorf("outbox: message %d: headers: %w", i, err)
 			}
@@ -280,6 +283,15 @@ func (o *Outbox) validate(m event.Message) error {
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
+	}
+	if err := textField("content type", m.ContentType); err != nil {
+		return err
+	}
+	if _, ok := m.Headers[event.HeaderContentType]; ok && m.ContentType != "" {
+		return fmt.Errorf("%w: %s is set both as ContentType and as a header", ErrInvalidHeader, event.HeaderContentType)
+	}
+	if event.IsTextContentType(m.ContentType) && !utf8.Valid(m.Payload) {
+		return fmt.Errorf("%w: content type %q says text, but the payload is not valid UTF-8", ErrPayloadNotText, m.ContentType)
 	}
 	for k, v := range m.Headers {
 		if !validToken(k, false) {

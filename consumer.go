@@ -1,0 +1,378 @@
+package pgrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/retention"
+	"github.com/pgrelay/pgrelay/migrations"
+)
+
+// Defaults for ConsumerConfig.
+const (
+	DefaultStream                 = consumer.DefaultStream
+	DefaultSubjectPrefix          = consumer.DefaultSubjectPrefix
+	DefaultDurable                = consumer.DefaultDurable
+	DefaultFetchBatchSize         = consumer.DefaultBatchSize
+	DefaultMaxWait                = consumer.DefaultMaxWait
+	DefaultAckWait                = consumer.DefaultAckWait
+	DefaultConsumerMaxPayload     = consumer.DefaultMaxPayloadBytes
+	DefaultStatsInterval          = consumer.DefaultStatsInterval
+	DefaultDedupWindow            = retention.DefaultWindow
+	DefaultWorkers                = inbox.DefaultWorkers
+	DefaultWorkerBatchSize        = inbox.DefaultBatchSize
+	DefaultMaxAttempts            = inbox.DefaultMaxAttempts
+	DefaultLease                  = inbox.DefaultLease
+	DefaultHandlerTimeout         = inbox.DefaultHandlerTimeout
+	DefaultConsumerStartupTimeout = 30 * time.Second
+)
+
+// ConsumerConfig configures a Consumer. The zero value of every optional field
+// means the default it documents; WithDefaults fills them in.
+type ConsumerConfig struct {
+	// Pool is the PostgreSQL database holding the inbox (migrated with
+	// `relay migrate up` or the migrations package). Required. Give it at
+	// least Workers+4 connections.
+	Pool *pgxpool.Pool
+	// NATSURL is the NATS server (or comma-separated servers) to consume
+	// from, for example "nats://127.0.0.1:4222". Required.
+	NATSURL string
+	// Handler applies each event, in the transaction that marks it processed.
+	// An InboxBatchHandler also applies whole batches. Required.
+	Handler InboxHandler
+
+	// Stream is the JetStream stream to consume. Default DefaultStream.
+	Stream string
+	// SubjectPrefix is the prefix the relay puts before each topic. Default
+	// DefaultSubjectPrefix.
+	SubjectPrefix string
+	// CreateStream creates Stream when it does not exist instead of waiting
+	// for the relay to create it. Default false.
+	CreateStream bool
+	// Durable is the durable consumer's name; consumers sharing it share the
+	// work. Default DefaultDurable.
+	Durable string
+	// FilterSubject selects the subjects to consume. Default
+	// "<SubjectPrefix>.>".
+	FilterSubject string
+	// DedupWindow is how long processed inbox rows are kept to absorb
+	// redeliveries; retention deletes them after it. A stream keeping
+	// messages longer is refused at start-up. Default DefaultDedupWindow.
+	DedupWindow time.Duration
+	// AllowReplayBeyondDedupWindow runs on a stream that keeps messages
+	// longer than DedupWindow, where a replay could apply an event twice.
+	// Default false.
+	AllowReplayBeyondDedupWindow bool
+	// FetchBatchSize is how many messages one fetch asks for, stored in one
+	// transaction. Default DefaultFetchBatchSize.
+	FetchBatchSize int
+	// MaxWait is how long an idle fetch waits; it also bounds shutdown.
+	// Default DefaultMaxWait.
+	MaxWait time.Duration
+	// AckWait is when JetStream redelivers an unacknowledged message.
+	// Default DefaultAckWait.
+	AckWait time.Duration
+	// MaxPayloadBytes is the largest accepted payload; a larger message is
+	// stored dead. Default DefaultConsumerMaxPayload.
+	MaxPayloadBytes int
+	// StatsInterval is how often the ingest counters are logged; negative
+	// disables. Default DefaultStatsInterval.
+	StatsInterval time.Duration
+
+	// Workers is how many inbox batches run concurrently. Default
+	// DefaultWorkers.
+	Workers int
+	// WorkerBatchSize is the most events per inbox transaction. Default
+	// DefaultWorkerBatchSize.
+	WorkerBatchSize int
+	// MaxAttempts is the handler attempts before an event goes dead. Default
+	// DefaultMaxAttempts.
+	MaxAttempts int
+	// Lease is how long a claim is exclusive. Default DefaultLease.
+	Lease time.Duration
+	// HandlerTimeout bounds one handler call; shorter than Lease. Default
+	// DefaultHandlerTimeout.
+	HandlerTimeout time.Duration
+	// BackoffMin and BackoffMax bound the retry backoff of a failed handler.
+	// Defaults 1s and 5m.
+	BackoffMin, BackoffMax time.Duration
+	// PollInterval is the fallback poll for due events. Default 1s.
+	PollInterval time.Duration
+
+	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9091".
+	// Default "": not served.
+	MetricsAddr string
+	// AdminAddr serves the admin API (stats, dead letters, replay), for
+	// example "127.0.0.1:9191". Default "": not served.
+	AdminAddr string
+	// AdminToken is the bearer token the admin API requires; required when
+	// AdminAddr is not a loopback address. Default "".
+	AdminToken string
+	// StartupTimeout bounds the database check at start-up. Default
+	// DefaultConsumerStartupTimeout.
+	StartupTimeout time.Duration
+	// Logger receives the logs. Default: a no-op logger.
+	Logger *zap.Logger
+}
+
+// WithDefaults returns a copy of c with every unset optional field set to its
+// default.
+func (c ConsumerConfig) WithDefaults() ConsumerConfig {
+	set := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	set(&c.Stream, DefaultStream)
+	set(&c.SubjectPrefix, DefaultSubjectPrefix)
+	set(&c.Durable, DefaultDurable)
+	set(&c.FilterSubject, c.SubjectPrefix+".>")
+	setZero(&c.DedupWindow, DefaultDedupWindow)
+	setZero(&c.FetchBatchSize, DefaultFetchBatchSize)
+	setZero(&c.MaxWait, DefaultMaxWait)
+	setZero(&c.AckWait, DefaultAckWait)
+	setZero(&c.MaxPayloadBytes, DefaultConsumerMaxPayload)
+	setZero(&c.StatsInterval, DefaultStatsInterval)
+	setZero(&c.Workers, DefaultWorkers)
+	setZero(&c.WorkerBatchSize, DefaultWorkerBatchSize)
+	setZero(&c.MaxAttempts, DefaultMaxAttempts)
+	setZero(&c.Lease, DefaultLease)
+	setZero(&c.HandlerTimeout, DefaultHandlerTimeout)
+	setZero(&c.BackoffMin, inbox.DefaultBackoffMin)
+	setZero(&c.BackoffMax, inbox.DefaultBackoffMax)
+	setZero(&c.PollInterval, inbox.DefaultPollInterval)
+	setZero(&c.StartupTimeout, DefaultConsumerStartupTimeout)
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+func setZero[T int | time.Duration](p *T, def T) {
+	if *p == 0 {
+		*p = def
+	}
+}
+
+// publicNames renames the internal services' fields in errors to the
+// ConsumerConfig fields that set them. One pass: an output is never renamed
+// again.
+var publicNames = strings.NewReplacer(
+	"Config.Inbox.BatchSize", "ConsumerConfig.WorkerBatchSize",
+	"Config.Inbox.", "ConsumerConfig.",
+	"Config.BatchSize", "ConsumerConfig.FetchBatchSize",
+	"Config.MaxAckPending", "10 × ConsumerConfig.FetchBatchSize",
+	"Config.", "ConsumerConfig.",
+)
+
+func publicError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errors.New(publicNames.Replace(err.Error()))
+}
+
+// Consumer receives events from NATS JetStream into the inbox, deduplicated by
+// event id, and runs the handler over them exactly once per event, together
+// with inbox retention, Prometheus metrics, health checks and the admin API.
+// Create it with NewConsumer and run it with Run.
+type Consumer struct {
+	cfg     ConsumerConfig
+	c       *consumer.Consumer
+	reg     *prometheus.Registry
+	running atomic.Bool
+	started chan struct{}
+	ops     *admin.Ops
+}
+
+// NewConsumer checks cfg (after WithDefaults) and builds a consumer; it does
+// not connect to anything until Run. An invalid setting is reported naming its
+// ConsumerConfig field.
+func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+	cfg = cfg.WithDefaults()
+	var errs []error
+	if cfg.StartupTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ConsumerConfig.StartupTimeout %s must be positive", cfg.StartupTimeout))
+	}
+	if err := checkAddr("ConsumerConfig.MetricsAddr", cfg.MetricsAddr); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkAddr("ConsumerConfig.AdminAddr", cfg.AdminAddr); err != nil {
+		errs = append(errs, err)
+	}
+	pc := &Consumer{cfg: cfg, reg: metrics.NewRegistry(), started: make(chan struct{})}
+	observer := metrics.NewInboxObserver(pc.reg, metrics.InboxObserverOptions{
+		IngestStats: func() metrics.IngestStats {
+			st := pc.c.Stats()
+			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
+				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors}
+		},
+	})
+	c, err := consumer.New(consumer.Config{
+		Pool:                         cfg.Pool,
+		NATSURL:                      cfg.NATSURL,
+		Stream:                       cfg.Stream,
+		SubjectPrefix:                cfg.SubjectPrefix,
+		CreateStream:                 cfg.CreateStream,
+		Durable:                      cfg.Durable,
+		FilterSubject:                cfg.FilterSubject,
+		DedupWindow:                  cfg.DedupWindow,
+		AllowReplayBeyondDedupWindow: cfg.AllowReplayBeyondDedupWindow,
+		BatchSize:                    cfg.FetchBatchSize,
+		MaxWait:                      cfg.MaxWait,
+		AckWait:                      cfg.AckWait,
+		MaxPayloadBytes:              cfg.MaxPayloadBytes,
+		StatsInterval:                cfg.StatsInterval,
+		Inbox: inbox.Config{
+			Handler:        cfg.Handler,
+			Workers:        cfg.Workers,
+			BatchSize:      cfg.WorkerBatchSize,
+			MaxAttempts:    cfg.MaxAttempts,
+			Lease:          cfg.Lease,
+			HandlerTimeout: cfg.HandlerTimeout,
+			BackoffMin:     cfg.BackoffMin,
+			BackoffMax:     cfg.BackoffMax,
+			PollInterval:   cfg.PollInterval,
+			Observer:       observer,
+		},
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		// consumer.New prefixes "consumer: "; keep it once, before the list.
+		errs = append([]error{publicError(errors.New(strings.TrimPrefix(err.Error(), "consumer: ")))}, errs...)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("consumer: %w", errors.Join(errs...))
+	}
+	pc.c = c
+	return pc, nil
+}
+
+func checkAddr(field, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%s %q: %w", field, addr, err)
+	}
+	return nil
+}
+
+// Run checks the database (reachable and migrated), binds MetricsAddr and
+// AdminAddr, then consumes until ctx is cancelled and shuts down gracefully:
+// the batch in hand is stored and acknowledged, the handlers in flight
+// finish. It returns nil after a graceful shutdown. Broker and database
+// outages while running are retried, never returned; a setting that cannot
+// work (an unreachable NATS server at start-up, a stream outliving
+// DedupWindow, a busy address, a database without the migrations) is, naming
+// its ConsumerConfig field.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run was already called; create another Consumer")
+	}
+	if err := c.checkDatabase(ctx); err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ops, err := admin.StartOps(ctx, admin.OpsConfig{
+		Flags: admin.OpsFlags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
+			AdminToken: c.cfg.AdminToken, DedupWindow: c.cfg.DedupWindow},
+		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.Logger,
+		Checks: map[string]metrics.Check{
+			"database": metrics.PingCheck(c.cfg.Pool),
+			"broker": func(context.Context) error {
+				if !c.c.Ready() {
+					return errors.New("not attached to the JetStream consumer")
+				}
+				return nil
+			},
+		},
+		Counters: func() (float64, float64, bool) {
+			st := c.c.Stats()
+			return float64(st.Fetched), float64(st.Duplicates), true
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: %w", publicOpsError(err))
+	}
+	c.ops = ops
+	close(c.started)
+	runErr := publicError(c.c.Run(ctx))
+	stop() // Run returned on its own: stop the operator endpoints too
+	return errors.Join(runErr, ops.Wait())
+}
+
+// publicOpsError renames the operator settings, which the services name by
+// their flags, to ConsumerConfig fields.
+func publicOpsError(err error) error {
+	return errors.New(strings.NewReplacer(
+		"--metrics-addr (METRICS_ADDR)", "ConsumerConfig.MetricsAddr",
+		"--admin-addr (ADMIN_ADDR)", "ConsumerConfig.AdminAddr",
+		"--admin-token (ADMIN_TOKEN)", "ConsumerConfig.AdminToken",
+		"--dedup-window (DEDUP_WINDOW)", "ConsumerConfig.DedupWindow",
+	).Replace(err.Error()))
+}
+
+// checkDatabase fails start-up when the database cannot be reached or lacks
+// the migrations: consuming into a partial schema would only loop on errors
+// while looking alive.
+func (c *Consumer) checkDatabase(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
+	defer cancel()
+	if err := c.cfg.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("consumer: ConsumerConfig.Pool: cannot reach PostgreSQL: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(c.cfg.Pool)
+	defer sqlDB.Close()
+	if err := migrations.Check(ctx, sqlDB); err != nil {
+		return fmt.Errorf("consumer: ConsumerConfig.Pool: %w; apply the migrations first", err)
+	}
+	return nil
+}
+
+// Ready reports whether the consumer is attached to its JetStream consumer and
+// fetching.
+func (c *Consumer) Ready() bool { return c.c.Ready() }
+
+// ConsumerStats are a consumer's ingest counters since it started.
+type ConsumerStats = consumer.Stats
+
+// Stats returns a snapshot of the ingest counters.
+func (c *Consumer) Stats() ConsumerStats { return c.c.Stats() }
+
+// MetricsAddr returns the address the metrics server listens on once Run has
+// started it (useful with port 0), or nil.
+func (c *Consumer) MetricsAddr() net.Addr {
+	select {
+	case <-c.started:
+		return c.ops.MetricsAddr()
+	default:
+		return nil
+	}
+}
+
+// AdminAddr returns the address the admin API listens on once Run has started
+// it, or nil.
+func (c *Consumer) AdminAddr() net.Addr {
+	select {
+	case <-c.started:
+		return c.ops.AdminAddr()
+	default:
+		return nil
+	}
+}

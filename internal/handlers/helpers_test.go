@@ -1,0 +1,90 @@
+package handlers_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// startWorker runs an inbox worker with h and short intervals until the test
+// ends.
+func startWorker(t *testing.T, pool *pgxpool.Pool, h inbox.Handler) {
+	t.Helper()
+	w, err := inbox.NewWorker(inbox.Config{
+		Pool: pool, Handler: h, Logger: zaptest.NewLogger(t), Workers: 2, BatchSize: 20,
+		Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second, MaxAttempts: 5,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, DeferFallback: time.Hour, // only a release wakes a deferral
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	t.Cleanup(func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Errorf("worker did not stop")
+			}
+		})
+	})
+}
+
+// receive stores messages in the inbox and notifies the workers.
+func receive(t *testing.T, pool *pgxpool.Pool, msgs ...event.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	in := make([]inbox.Incoming, len(msgs))
+	for i, m := range msgs {
+		if m.OccurredAt.IsZero() {
+			m.OccurredAt = time.Now()
+		}
+		in[i] = inbox.Incoming{Message: m}
+	}
+	_, err := inbox.Receive(ctx, pool, in)
+	require.NoError(t, err)
+	require.NoError(t, inbox.Notify(ctx, pool))
+}
+
+// row is an inbox row's state.
+type row struct {
+	Status, LastError, WaitingFor string
+	Attempts                      int
+	HandlerStatus                 *int32
+	HandlerLatencyMs              *float64
+}
+
+func inboxRow(t *testing.T, pool *pgxpool.Pool, id string) row {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var r row
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), coalesce(waiting_for, ''), attempts,
+		handler_status, handler_latency_ms FROM inbox WHERE event_id = $1`, id).
+		Scan(&r.Status, &r.LastError, &r.WaitingFor, &r.Attempts, &r.HandlerStatus, &r.HandlerLatencyMs))
+	return r
+}
+
+// waitStatus waits until the event's inbox row has status.
+func waitStatus(t *testing.T, pool *pgxpool.Pool, id, status string) row {
+	t.Helper()
+	var r row
+	require.Eventually(t, func() bool {
+		r = inboxRow(t, pool, id)
+		return r.Status == status
+	}, 20*time.Second, 20*time.Millisecond, "event %s never reached %s", id, status)
+	return r
+}
