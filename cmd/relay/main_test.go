@@ -67,9 +67,7 @@ func TestRunWithEmbeddedNATS(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- execute(ctx, "run", "--database-url", url, "--nats-url", "", "--embedded-nats-dir", t.TempDir(),
-			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn",
-			// The default :9090 and 127.0.0.1:9190 may be taken by any other relay on the machine.
-			"--metrics-addr", "", "--admin-addr", "")
+			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn")
 	}()
 	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
 	require.NoError(t, err)
