@@ -84,6 +84,12 @@ func runChild(role, dbURL string) int {
 		MaxAttempts: 5, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
 	}
+	if role == "crash-before-commit" {
+		// One claiming goroutine: two claims running at once can split the
+		// two events between them (each skips the row the other locked), and
+		// the kill may then come before the other batch ran pay-1.
+		cfg.Workers = 1
+	}
 	if role == "poison-killer" {
 		cfg.Workers, cfg.MaxAttempts, cfg.Lease, cfg.HandlerTimeout = 1, 3, 300*time.Millisecond, 200*time.Millisecond
 		runCtx, cancel := context.WithCancel(ctx)
