@@ -569,7 +569,7 @@ func (r *Relay) work(w *worker) {
 
 // wakeInterval is the shortest time between two armings of a partition's
 // wake-up by its worker.
-const wakeInterval = 10 * time.Millisecond
+const wakeInterval = 1 * time.Millisecond
 
 // sleepOrWake waits for d, a nudge or the worker's end. It reports whether a
 // nudge ended the wait.
