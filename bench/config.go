@@ -44,7 +44,7 @@ type Config struct {
 	// Default 10s (2s in quick mode).
 	LoadDuration time.Duration
 	// Loads are the offered loads of the latency runs, in events per second.
-	// Default 500 and 2,000 (quick mode: 200).
+	// Default 500 and 5,000, the loads the latency targets name (quick mode: 200).
 	Loads []int
 	// TunedMaxWait is the consumer's fetch wait (--max-wait) in an extra
 	// latency run at the first of Loads, next to the default 500ms. Default
@@ -99,7 +99,7 @@ func (c Config) WithDefaults() Config {
 		if c.Quick {
 			c.Loads = []int{200}
 		} else {
-			c.Loads = []int{500, 2_000}
+			c.Loads = []int{500, 5_000}
 		}
 	}
 	if c.TunedMaxWait == 0 {

@@ -50,9 +50,9 @@ func (b *bench) declareFigures() {
 	add("floor_relay", "relay", "relay floor: read & mark then publish", unitRate, "sql+nats", "", nil, "1 / (1/read&mark + 1/broker), measured in the same run")
 	add("relay_drain", "relay", "relay drain (backlog → NATS, marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
 	add("relay_drain_default", "relay", "relay drain, the relay's default batch ("+strconv.Itoa(relay.DefaultBatchSize)+")", unitRate, "in-process", "floor_relay", nil, "")
-	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.6, "≥ 0.6× inbox floor"), "")
+	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.5, "≥ 0.5× inbox floor"), "")
 
-	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.7, "≥ 0.7× combined floor"), "")
+	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.5, "≥ 0.5× combined floor"), "")
 	add("e2e_one", "e2e", "end to end, 1 event/tx", unitRate, "process", "floor_combined_one", ratio(0.7, "≥ 0.7× 1-event floor"), "")
 	var loads []string
 	for _, l := range b.cfg.Loads {
@@ -64,7 +64,10 @@ func (b *bench) declareFigures() {
 			label = "flat out (1/tx)"
 		}
 		var p50, p99 *Target
-		if l == "500" {
+		switch l {
+		case "500":
+			p50 = atMost(5, "p50 ≤ 5 ms")
+		case "5000":
 			p50, p99 = atMost(10, "p50 ≤ 10 ms"), atMost(50, "p99 ≤ 50 ms")
 		}
 		add("latency_"+l+"_p50", "e2e", "commit→ledger p50, "+label, unitMs, "process", "", p50, "")

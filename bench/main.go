@@ -57,7 +57,7 @@ func mainErr() error {
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "finished rows prefilled for the scale figures (default 1000000, quick 20000)")
 	fs.DurationVar(&cfg.LoadDuration, "load-duration", 0, "duration of each fixed-load latency run (default 10s, quick 2s)")
 	fs.DurationVar(&cfg.TunedMaxWait, "tuned-max-wait", 0, "consumer fetch wait of the extra latency run at the first load (default 10ms, quick: skipped; a negative duration such as -1s skips it)")
-	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,2000; quick 200)")
+	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,5000; quick 200)")
 	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, relay, inbox, e2e, scale, cost (default all)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
