@@ -15,8 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -32,6 +30,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -169,7 +168,7 @@ the reason and acknowledged, never dropped.`,
 		Use:   "healthcheck",
 		Short: "Exit 0 when the consumer serving --metrics-addr is ready (for container health checks)",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return healthcheck(cmd.Context(), probeAddr) },
+		RunE:  func(cmd *cobra.Command, _ []string) error { return metrics.ProbeReady(cmd.Context(), probeAddr) },
 	}
 	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", ":9091"), "the consumer's --metrics-addr (METRICS_ADDR)")
 
@@ -355,32 +354,4 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, ledgerHandler bool) 
 		return nil
 	}
 	return checkExampleSchema(ctx, pool)
-}
-
-func healthcheck(ctx context.Context, addr string) error {
-	if addr == "" {
-		return errors.New("--metrics-addr (METRICS_ADDR) is empty: nothing to probe")
-	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("--metrics-addr (METRICS_ADDR) %q: %w", addr, err)
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1" // a listener on all interfaces is probed on loopback
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("unhealthy: %s", resp.Status)
-	}
-	return nil
 }
