@@ -117,8 +117,9 @@ func (c *Consumer) Stats() Stats {
 }
 
 // DedupHitRatio returns the share of deliveries absorbed as duplicates over
-// the last completed rate interval (Config.RateInterval): duplicates divided
-// by messages stored or absorbed in it, 0 when nothing arrived.
+// the last completed rate interval (Config.RateInterval) in which anything
+// arrived: duplicates divided by messages stored or absorbed in it; 0 until
+// then. A quiet interval keeps the last value rather than reading as 0.
 func (c *Consumer) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
 
 // Ready reports whether the consumer is attached to its JetStream consumer
@@ -728,12 +729,12 @@ func (c *Consumer) watchDupRate(ctx context.Context) {
 		dd := dups - lastDups
 		df := stored - lastStored + dd
 		lastStored, lastDups = stored, dups
-		ratio := 0.0
-		if df > 0 {
-			ratio = float64(dd) / float64(df)
+		if df == 0 {
+			continue // nothing arrived: the ratio stays the last one measured
 		}
+		ratio := float64(dd) / float64(df)
 		c.hitRatio.Store(math.Float64bits(ratio))
-		if c.cfg.DupRateWarn > 0 && df > 0 && ratio > c.cfg.DupRateWarn {
+		if c.cfg.DupRateWarn > 0 && ratio > c.cfg.DupRateWarn {
 			c.log.Warn("high duplicate rate",
 				zap.Float64("rate", ratio), zap.Float64("threshold", c.cfg.DupRateWarn),
 				zap.Int64("duplicates", dd), zap.Int64("delivered", df),

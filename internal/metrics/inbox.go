@@ -50,7 +50,7 @@ type IngestStats struct {
 	// FetchErrors counts failed fetches from the broker.
 	FetchErrors int64
 	// HitRatio is the share of deliveries absorbed as duplicates over the
-	// ingest side's last rate interval (0..1).
+	// ingest side's last rate interval in which anything arrived (0..1).
 	HitRatio float64
 }
 
@@ -115,7 +115,7 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 				Help: "Failed fetches from the broker (retried with backoff)."},
 				func() float64 { return float64(opts.IngestStats().FetchErrors) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "consumer_dedup_hit_ratio",
-				Help: "Share of deliveries absorbed as duplicates over the consumer's last rate interval (0..1)."},
+				Help: "Share of deliveries absorbed as duplicates over the consumer's last rate interval in which anything arrived (0..1)."},
 				func() float64 { return opts.IngestStats().HitRatio }),
 		)
 	} else {
