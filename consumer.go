@@ -92,6 +92,10 @@ type ConsumerConfig struct {
 	// StatsInterval is how often the ingest counters are logged; negative
 	// disables. Default DefaultStatsInterval.
 	StatsInterval time.Duration
+	// DupRateWarn is the share of deliveries absorbed as duplicates (0..1)
+	// over one stats interval above which "high duplicate rate" is logged at
+	// warn. Default 0: no warning.
+	DupRateWarn float64
 
 	// Workers is how many inbox batches run concurrently. Default
 	// DefaultWorkers.
@@ -219,7 +223,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		IngestStats: func() metrics.IngestStats {
 			st := pc.c.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
-				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors}
+				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
 	c, err := consumer.New(consumer.Config{
@@ -237,6 +241,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		AckWait:                      cfg.AckWait,
 		MaxPayloadBytes:              cfg.MaxPayloadBytes,
 		StatsInterval:                cfg.StatsInterval,
+		DupRateWarn:                  cfg.DupRateWarn,
+		ObserveReceive:               observer.ObserveReceive,
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
 			Workers:        cfg.Workers,

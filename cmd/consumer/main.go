@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +61,7 @@ type settings struct {
 	lease           time.Duration
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
+	dupRateWarn     float64
 	allowReplay     bool
 	handler         string
 	sqlFunction     string
@@ -105,6 +107,7 @@ var settingNames = strings.NewReplacer(
 	"ConsumerConfig.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
 	"ConsumerConfig.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
 	"ConsumerConfig.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"ConsumerConfig.DupRateWarn", "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
 	"ConsumerConfig.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
 	"ConsumerConfig.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
 	"ConsumerConfig.MetricsAddr", "--metrics-addr (METRICS_ADDR)",
@@ -155,6 +158,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", inbox.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", 0.5), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
@@ -182,6 +186,11 @@ the reason and acknowledged, never dropped.`,
 func runConsumer(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(envKinds); err != nil {
 		return err
+	}
+	if v, ok := os.LookupEnv("CONSUMER_DUP_RATE_WARN"); ok {
+		if _, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
+			return fmt.Errorf("CONSUMER_DUP_RATE_WARN %q: want a number between 0 and 1", v)
+		}
 	}
 	if err := cli.ValidateEnv(admin.OpsEnvKinds); err != nil {
 		return err
@@ -245,6 +254,7 @@ func runConsumer(parent context.Context, s settings) error {
 		AckWait:                      s.ackWait,
 		MaxPayloadBytes:              s.maxPayloadBytes,
 		StatsInterval:                s.statsInterval,
+		DupRateWarn:                  s.dupRateWarn,
 		DedupWindow:                  s.ops.DedupWindow,
 		AllowReplayBeyondDedupWindow: s.allowReplay,
 		Workers:                      s.workers,
@@ -276,6 +286,17 @@ func runConsumer(parent context.Context, s settings) error {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
 	return nil
+}
+
+// envFloat returns the environment variable name as a number, or def when it
+// is unset or not a number (runConsumer reports the latter).
+func envFloat(name string, def float64) float64 {
+	if v, ok := os.LookupEnv(name); ok {
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			return f
+		}
+	}
+	return def
 }
 
 // checkHandlerSettings checks the handler flags that need no database.

@@ -42,6 +42,13 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--db-statement-timeout", "-1s"), "--db-statement-timeout (DB_STATEMENT_TIMEOUT)")
 	require.ErrorContains(t, run(t, "run", "--db-idle-in-transaction-timeout", "5s"), "--db-idle-in-transaction-timeout (DB_IDLE_IN_TRANSACTION_TIMEOUT) must exceed the handler timeout 10s")
 	require.ErrorContains(t, run(t, "run", "--db-tcp-keepalive", "10ms"), "--db-tcp-keepalive (DB_TCP_KEEPALIVE)")
+	require.ErrorContains(t, run(t, "run", "--dup-rate-warn", "1.5"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN) 1.5 must be between 0 and 1")
+	require.ErrorContains(t, run(t, "run", "--dup-rate-warn", "-0.1"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)")
+	t.Setenv("CONSUMER_DUP_RATE_WARN", "half")
+	require.ErrorContains(t, run(t, "run"), `CONSUMER_DUP_RATE_WARN "half"`)
+	t.Setenv("CONSUMER_DUP_RATE_WARN", "2")
+	require.ErrorContains(t, run(t, "run"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN) 2 must be between 0 and 1")
+	t.Setenv("CONSUMER_DUP_RATE_WARN", "0.5")
 	t.Setenv("DB_STATEMENT_TIMEOUT", "soon")
 	require.ErrorContains(t, run(t, "run"), `invalid DB_STATEMENT_TIMEOUT="soon"`)
 }

@@ -140,3 +140,75 @@ func TestIngestCountersAndHitRateFromTheRealPath(t *testing.T) {
 	require.Equal(t, int64(4), cliStats.Inbox.ByStatus["pending"]+cliStats.Inbox.ByStatus["processing"]+
 		cliStats.Inbox.ByStatus["processed"]+cliStats.Inbox.ByStatus["dead"], "four distinct events stored")
 }
+
+// TestDedupHitRatioAndReceiveHistogramFromTheRealPath runs the consumer as its
+// binary does with a short stats interval, delivers two events and then a
+// redelivery of each under new broker ids, and reads the hit-ratio gauge
+// (consumer_dedup_hit_ratio, 1 over the interval made of duplicates only) and
+// the Receive latency histogram (consumer_receive_duration_seconds) from
+// /metrics.
+func TestDedupHitRatioAndReceiveHistogramFromTheRealPath(t *testing.T) {
+	dbURL := testdb.NewURL(t)
+	natsURL := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, natsURL)
+	metricsAddr := freeAddr(t)
+	metricsURL := "http://" + metricsAddr + "/metrics"
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRootCommand()
+		cmd.SetArgs([]string{"run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
+			"--subject-prefix", prefix, "--durable", "ratio-test", "--metrics-addr", metricsAddr,
+			"--admin-addr", "", "--log-level", "error", "--max-wait", "100ms", "--stats-interval", "100ms"})
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("the consumer did not stop")
+		}
+	})
+	up := func() bool {
+		resp, err := http.Get(metricsURL)
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return true
+	}
+	require.Eventually(t, up, 30*time.Second, 50*time.Millisecond)
+
+	_, js := testnats.Connect(t, natsURL)
+	publish := func(eventID, msgID string) {
+		m := nats.NewMsg(prefix + ".orders")
+		m.Header.Set(event.HeaderMsgID, msgID)
+		m.Header.Set(event.HeaderEventID, eventID)
+		m.Header.Set(event.HeaderEventType, "Unknown")
+		m.Data = []byte(`{}`)
+		pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer pcancel()
+		_, err := js.PublishMsg(pctx, m)
+		require.NoError(t, err)
+	}
+	publish("e-0", "m-0")
+	publish("e-1", "m-1")
+	require.Eventually(t, func() bool {
+		return counter(t, metricsURL, "consumer_received_total") == 2 &&
+			counter(t, metricsURL, "consumer_receive_duration_seconds_count") >= 1
+	}, 30*time.Second, 50*time.Millisecond, "the Receive statement was not timed")
+	time.Sleep(300 * time.Millisecond) // an interval for the redeliveries alone
+	publish("e-0", "m-0-again")
+	publish("e-1", "m-1-again")
+	require.Eventually(t, func() bool {
+		return counter(t, metricsURL, "consumer_dedup_hit_ratio") == 1
+	}, 30*time.Second, 20*time.Millisecond, "consumer_dedup_hit_ratio never showed the all-duplicates interval")
+	time.Sleep(300 * time.Millisecond) // quiet intervals keep the last ratio
+	require.Equal(t, 1.0, counter(t, metricsURL, "consumer_dedup_hit_ratio"))
+	require.GreaterOrEqual(t, counter(t, metricsURL, "consumer_receive_duration_seconds_count"), 2.0)
+}

@@ -77,6 +77,17 @@ type Config struct {
 	// StatsInterval is how often the consumer logs its counters; negative
 	// disables the log. Default 30s.
 	StatsInterval time.Duration
+	// DupRateWarn is the share of deliveries absorbed as duplicates (0..1)
+	// over one rate interval above which "high duplicate rate" is logged at
+	// warn. Default 0: no warning.
+	DupRateWarn float64
+	// RateInterval is the interval over which the dedup hit ratio
+	// (DedupHitRatio) is computed and DupRateWarn checked. Default
+	// StatsInterval when that is positive, else DefaultStatsInterval.
+	RateInterval time.Duration
+	// ObserveReceive, when set, is called with the duration of every
+	// inbox.Receive statement (the dedup check and insert of one batch).
+	ObserveReceive func(time.Duration)
 	// Inbox configures the inbox workers that run the handler in the same
 	// process. Its Handler is required; its Pool and Logger default to this
 	// Config's.
@@ -145,6 +156,12 @@ func (c Config) WithDefaults() Config {
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
 	}
+	if c.RateInterval == 0 {
+		c.RateInterval = c.StatsInterval
+		if c.RateInterval <= 0 {
+			c.RateInterval = DefaultStatsInterval
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -174,6 +191,12 @@ func (c Config) validate() error {
 	}
 	if strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasSuffix(c.SubjectPrefix, ".") {
 		bad("Config.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+	}
+	if !(c.DupRateWarn >= 0 && c.DupRateWarn <= 1) { // NaN fails too
+		bad("Config.DupRateWarn %g must be between 0 and 1 (0 disables)", c.DupRateWarn)
+	}
+	if c.RateInterval < 0 {
+		bad("Config.RateInterval %s must be positive", c.RateInterval)
 	}
 	if c.DedupWindow < 0 {
 		bad("Config.DedupWindow %s must be positive", c.DedupWindow)

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -41,6 +42,9 @@ type Consumer struct {
 	worker *inbox.Worker // nil when Config.DisableWorkers
 	stats  counters
 	ready  atomic.Bool
+	// hitRatio holds the float64 bits of the dedup hit ratio over the last
+	// completed rate interval (see DedupHitRatio).
+	hitRatio atomic.Uint64
 	// streamCreated is the attached stream's creation time, part of the
 	// fallback id of a message without an event id. Only the ingest
 	// goroutine reads and writes it.
@@ -112,6 +116,12 @@ func (c *Consumer) Stats() Stats {
 	}
 }
 
+// DedupHitRatio returns the share of deliveries absorbed as duplicates over
+// the last completed rate interval (Config.RateInterval) in which anything
+// arrived: duplicates divided by messages stored or absorbed in it; 0 until
+// then. A quiet interval keeps the last value rather than reading as 0.
+func (c *Consumer) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
+
 // Ready reports whether the consumer is attached to its JetStream consumer
 // and fetching.
 func (c *Consumer) Ready() bool { return c.ready.Load() }
@@ -139,6 +149,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.StatsInterval > 0 {
 		wg.Go(func() { c.logStats(ctx) })
 	}
+	wg.Go(func() { c.watchDupRate(ctx) })
 	err := c.ingest(ctx)
 	cancel()
 	wg.Wait()
@@ -492,7 +503,11 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 	var res inbox.ReceiveResult
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
+		start := time.Now()
 		res, err = inbox.Receive(ctx, tx, incoming)
+		if c.cfg.ObserveReceive != nil {
+			c.cfg.ObserveReceive(time.Since(start))
+		}
 		if err == nil && res.Inserted > 0 && c.worker == nil {
 			// The inbox workers run elsewhere: wake them at the commit.
 			err = inbox.Notify(ctx, tx)
@@ -518,8 +533,13 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 		}
 	}
 	c.stats.dead.Add(dead)
-	if len(res.Duplicates) > 0 {
-		c.log.Debug("duplicates absorbed", zap.Int("count", len(res.Duplicates)))
+	if ce := c.log.Check(zap.DebugLevel, "duplicate blocked"); ce != nil {
+		// The original's received_at is not logged: the insert that absorbs
+		// the duplicate does not return the stored row, and reading it would
+		// cost a query per batch.
+		for _, id := range res.Duplicates {
+			c.log.Debug("duplicate blocked", zap.String("event_id", id))
+		}
 	}
 	return nil
 }
@@ -687,6 +707,38 @@ func (c *Consumer) logStats(ctx context.Context) {
 			return
 		case <-t.C:
 			c.log.Info("consumer stats", c.statsFields()...)
+		}
+	}
+}
+
+// watchDupRate computes the dedup hit ratio every rate interval and warns
+// when it is above Config.DupRateWarn.
+func (c *Consumer) watchDupRate(ctx context.Context) {
+	t := time.NewTicker(c.cfg.RateInterval)
+	defer t.Stop()
+	// Both counts are taken when a batch is stored, so that a batch never
+	// straddles two intervals.
+	lastStored, lastDups := c.stats.inserted.Load(), c.stats.duplicates.Load()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		stored, dups := c.stats.inserted.Load(), c.stats.duplicates.Load()
+		dd := dups - lastDups
+		df := stored - lastStored + dd
+		lastStored, lastDups = stored, dups
+		if df == 0 {
+			continue // nothing arrived: the ratio stays the last one measured
+		}
+		ratio := float64(dd) / float64(df)
+		c.hitRatio.Store(math.Float64bits(ratio))
+		if c.cfg.DupRateWarn > 0 && ratio > c.cfg.DupRateWarn {
+			c.log.Warn("high duplicate rate",
+				zap.Float64("rate", ratio), zap.Float64("threshold", c.cfg.DupRateWarn),
+				zap.Int64("duplicates", dd), zap.Int64("delivered", df),
+				zap.Duration("interval", c.cfg.RateInterval))
 		}
 	}
 }

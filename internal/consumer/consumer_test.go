@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -14,7 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -222,6 +225,12 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Config.Stream")
 	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, AckWait: time.Millisecond})
 	require.ErrorContains(t, err, "Config.AckWait")
+	for _, bad := range []float64{-0.1, 1.5, math.NaN()} {
+		_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, DupRateWarn: bad})
+		require.ErrorContains(t, err, "Config.DupRateWarn")
+	}
+	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, DupRateWarn: 1})
+	require.NoError(t, err)
 }
 
 // TestReconnects restarts the NATS server (same port and store) and drops
@@ -685,4 +694,80 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{`{"first":true}`, `{"second":true}`}, payloads)
+}
+
+// TestDuplicateLogLinesHitRatioAndReceiveTiming delivers four events, then
+// redeliveries of three of them under new broker ids, through JetStream into
+// the real inbox: each absorbed redelivery is logged at debug as "duplicate
+// blocked" with its event id, the interval made of duplicates only crosses
+// DupRateWarn and logs "high duplicate rate" at warn with the hit ratio
+// DedupHitRatio reports, and every Receive statement is timed.
+func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	core, logs := observer.New(zap.DebugLevel)
+	b.cfg.Logger = zap.New(core)
+	b.cfg.RateInterval = 100 * time.Millisecond
+	b.cfg.DupRateWarn = 0.5
+	var receives atomic.Int64
+	b.cfg.ObserveReceive = func(d time.Duration) {
+		if d > 0 {
+			receives.Add(1)
+		}
+	}
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	for i := range 4 {
+		b.publish(t, fmt.Sprintf("e-%d", i), fmt.Sprintf("m-%d", i), "Unknown", map[string]any{})
+	}
+	require.Eventually(t, func() bool { return c.Stats().Inserted == 4 }, 30*time.Second, 20*time.Millisecond)
+	// Let an interval pass so that the redeliveries have one to themselves.
+	time.Sleep(3 * b.cfg.RateInterval)
+	for i := range 3 {
+		b.publish(t, fmt.Sprintf("e-%d", i), fmt.Sprintf("again-%d", i), "Unknown", map[string]any{})
+	}
+	require.Eventually(t, func() bool {
+		return logs.FilterMessage("high duplicate rate").Len() > 0
+	}, 30*time.Second, 10*time.Millisecond, "no high duplicate rate warning")
+	require.Equal(t, int64(3), c.Stats().Duplicates)
+
+	blocked := logs.FilterMessage("duplicate blocked").All()
+	require.Len(t, blocked, 3)
+	var ids []string
+	for _, e := range blocked {
+		require.Equal(t, zap.DebugLevel, e.Level)
+		ids = append(ids, e.ContextMap()["event_id"].(string))
+	}
+	require.ElementsMatch(t, []string{"e-0", "e-1", "e-2"}, ids)
+
+	warn := logs.FilterMessage("high duplicate rate").All()[0]
+	require.Equal(t, zap.WarnLevel, warn.Level)
+	require.InDelta(t, 1.0, warn.ContextMap()["rate"], 1e-9)
+	require.InDelta(t, 0.5, warn.ContextMap()["threshold"], 1e-9)
+	// Quiet intervals follow: the ratio stays the last one measured.
+	time.Sleep(3 * b.cfg.RateInterval)
+	require.Equal(t, 1.0, c.DedupHitRatio(), "DedupHitRatio does not report the all-duplicates interval")
+	require.GreaterOrEqual(t, receives.Load(), int64(2), "Receive statements not timed")
+}
+
+// TestDupRateWarnDisabledAtZero: with DupRateWarn 0 an all-duplicates interval
+// logs no warning.
+func TestDupRateWarnDisabledAtZero(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	core, logs := observer.New(zap.DebugLevel)
+	b.cfg.Logger = zap.New(core)
+	b.cfg.RateInterval = 50 * time.Millisecond
+	c, err := New(b.cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+	b.publish(t, "e-0", "m-0", "Unknown", map[string]any{})
+	require.Eventually(t, func() bool { return c.Stats().Inserted == 1 }, 30*time.Second, 20*time.Millisecond)
+	time.Sleep(3 * b.cfg.RateInterval)
+	b.publish(t, "e-0", "m-0-again", "Unknown", map[string]any{})
+	require.Eventually(t, func() bool { return c.Stats().Duplicates == 1 }, 30*time.Second, 20*time.Millisecond)
+	time.Sleep(4 * b.cfg.RateInterval)
+	require.Zero(t, logs.FilterMessage("high duplicate rate").Len())
+	require.Equal(t, 1, logs.FilterMessage("duplicate blocked").Len())
 }

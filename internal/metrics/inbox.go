@@ -21,6 +21,7 @@ type InboxObserver struct {
 	dead       *prometheus.CounterVec
 	fenced     prometheus.Counter
 	handlerDur prometheus.Histogram
+	receiveDur prometheus.Histogram
 }
 
 var _ inbox.Observer = (*InboxObserver)(nil)
@@ -48,6 +49,9 @@ type IngestStats struct {
 	StoreErrors int64
 	// FetchErrors counts failed fetches from the broker.
 	FetchErrors int64
+	// HitRatio is the share of deliveries absorbed as duplicates over the
+	// ingest side's last rate interval in which anything arrived (0..1).
+	HitRatio float64
 }
 
 // NewInboxObserver registers the consumer's inbox metrics on reg and returns
@@ -87,6 +91,11 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 			Help:    "Time a handler ran for an event that was then processed.",
 			Buckets: latencyBuckets,
 		}),
+		receiveDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "consumer_receive_duration_seconds",
+			Help:    "Time the inbox's Receive statement took for one fetched batch (the dedup check and insert).",
+			Buckets: latencyBuckets,
+		}),
 	}
 	const receivedHelp = "Messages delivered by the broker to the inbox, duplicates included."
 	const dedupHelp = "Delivered messages absorbed as duplicates by the inbox's unique event_id."
@@ -105,6 +114,9 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_fetch_errors_total",
 				Help: "Failed fetches from the broker (retried with backoff)."},
 				func() float64 { return float64(opts.IngestStats().FetchErrors) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "consumer_dedup_hit_ratio",
+				Help: "Share of deliveries absorbed as duplicates over the consumer's last rate interval in which anything arrived (0..1)."},
+				func() float64 { return opts.IngestStats().HitRatio }),
 		)
 	} else {
 		o.received = prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_received_total", Help: receivedHelp})
@@ -117,7 +129,7 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 	for _, r := range DeadReasons {
 		o.dead.WithLabelValues(r)
 	}
-	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur)
+	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur, o.receiveDur)
 	return o
 }
 
@@ -130,6 +142,10 @@ func (o *InboxObserver) Received(inserted, duplicates int) {
 	o.received.Add(float64(inserted + duplicates))
 	o.dedup.Add(float64(duplicates))
 }
+
+// ObserveReceive observes the duration of one inbox.Receive statement
+// (consumer_receive_duration_seconds).
+func (o *InboxObserver) ObserveReceive(d time.Duration) { o.receiveDur.Observe(seconds(d)) }
 
 // Claimed counts claims and lease takeovers.
 func (o *InboxObserver) Claimed(n, takeovers int) {
