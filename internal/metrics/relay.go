@@ -18,6 +18,7 @@ type RelayObserver struct {
 	acquired      prometheus.Counter
 	takeovers     prometheus.Counter
 	lost          prometheus.Counter
+	held          prometheus.Gauge
 	lag           prometheus.Histogram
 	publishTime   prometheus.Histogram
 }
@@ -62,6 +63,10 @@ func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
 			Name: "relay_lease_lost_total",
 			Help: "Partitions this relay found owned by another relay.",
 		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_partitions_held",
+			Help: "Outbox partitions this relay holds and works, as of its last heartbeat.",
+		}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "relay_outbox_lag_seconds",
 			Help:    "Time from an outbox row's commit to its broker acknowledgement (the oldest row of each published batch).",
@@ -74,7 +79,7 @@ func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
 		}),
 	}
 	reg.MustRegister(o.published, o.duplicates, o.publishErrors, o.failedEvents, o.dead, o.fenced,
-		o.acquired, o.takeovers, o.lost, o.lag, o.publishTime)
+		o.acquired, o.takeovers, o.lost, o.held, o.lag, o.publishTime)
 	return o
 }
 
@@ -114,3 +119,6 @@ func (o *RelayObserver) LeaseAcquired(_ int, _ int64, takenOver bool) {
 
 // LeaseLost counts a lost partition.
 func (o *RelayObserver) LeaseLost(int) { o.lost.Inc() }
+
+// PartitionsHeld sets the partitions-held gauge.
+func (o *RelayObserver) PartitionsHeld(n int) { o.held.Set(float64(n)) }

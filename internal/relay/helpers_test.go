@@ -179,7 +179,7 @@ func (b *bundle) subscribe(t *testing.T) <-chan received {
 
 // countingObserver counts the observer events.
 type countingObserver struct {
-	published, duplicates, failed, dead, fenced, acquired, takenOver, lost atomic.Int64
+	published, duplicates, failed, dead, fenced, acquired, takenOver, lost, held atomic.Int64
 }
 
 func (o *countingObserver) Published(_ int, n, dups int, _ time.Duration) {
@@ -196,7 +196,8 @@ func (o *countingObserver) LeaseAcquired(_ int, _ int64, takenOver bool) {
 		o.takenOver.Add(1)
 	}
 }
-func (o *countingObserver) LeaseLost(int) { o.lost.Add(1) }
+func (o *countingObserver) LeaseLost(int)        { o.lost.Add(1) }
+func (o *countingObserver) PartitionsHeld(n int) { o.held.Store(int64(n)) }
 
 // partitionOf returns the partition of key.
 func (b *bundle) partitionOf(t *testing.T, key string) int32 {

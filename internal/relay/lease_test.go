@@ -116,3 +116,17 @@ func TestReleasedPartitionsTakenOverAtOnce(t *testing.T) {
 		"the survivor must take the released partitions within 3 s, not at its next heartbeat (10 s)")
 	t.Logf("taken over %s after the stopped relay returned", time.Since(began))
 }
+
+// TestPartitionsHeldReported: each heartbeat reports the partitions the relay
+// works, which follow a rebalance (the relay_partitions_held gauge).
+func TestPartitionsHeldReported(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pub := b.publisher(t)
+	obsA, obsB := &countingObserver{}, &countingObserver{}
+	_, _ = start(t, b.testConfig(t, pub, obsA))
+	require.Eventually(t, func() bool { return obsA.held.Load() == 16 }, 10*time.Second, 10*time.Millisecond)
+	_, _ = start(t, b.testConfig(t, pub, obsB))
+	require.Eventually(t, func() bool { return obsA.held.Load() == 8 && obsB.held.Load() == 8 }, 20*time.Second, 10*time.Millisecond,
+		"after the rebalance each relay reports its half (A %d, B %d)", obsA.held.Load(), obsB.held.Load())
+}

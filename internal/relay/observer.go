@@ -24,6 +24,9 @@ type Observer interface {
 	LeaseAcquired(partition int, epoch int64, takenOver bool)
 	// LeaseLost reports a partition this relay found owned by another.
 	LeaseLost(partition int)
+	// PartitionsHeld reports, after each heartbeat, how many partitions this
+	// relay holds and works.
+	PartitionsHeld(n int)
 }
 
 // NopObserver is an Observer that ignores everything.
@@ -49,3 +52,6 @@ func (NopObserver) LeaseAcquired(int, int64, bool) {}
 
 // LeaseLost implements Observer.
 func (NopObserver) LeaseLost(int) {}
+
+// PartitionsHeld implements Observer.
+func (NopObserver) PartitionsHeld(int) {}

@@ -213,6 +213,15 @@ func (r *Relay) tick(ctx context.Context) error {
 			r.startWorker(ctx, a.Partition, a.Epoch, deadline)
 		}
 	}
+	r.mu.Lock()
+	working := 0
+	for _, w := range r.workers {
+		if !w.stopping() {
+			working++
+		}
+	}
+	r.mu.Unlock()
+	r.cfg.Observer.PartitionsHeld(working)
 	if rand.IntN(20) == 0 {
 		if err := r.q.DeleteStaleNodes(qctx, pool, 10*leaseSecs); err != nil {
 			return fmt.Errorf("delete stale relays: %w", err)
