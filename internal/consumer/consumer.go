@@ -45,6 +45,9 @@ type Consumer struct {
 	// hitRatio holds the float64 bits of the dedup hit ratio over the last
 	// completed rate interval (see DedupHitRatio).
 	hitRatio atomic.Uint64
+	// rateLast is closeRateInterval's state (the counts at the last interval's
+	// end); only the rate watcher touches it.
+	rateLast rateCounts
 	// streamCreated is the attached stream's creation time, part of the
 	// fallback id of a message without an event id. Only the ingest
 	// goroutine reads and writes it.
@@ -716,30 +719,39 @@ func (c *Consumer) logStats(ctx context.Context) {
 func (c *Consumer) watchDupRate(ctx context.Context) {
 	t := time.NewTicker(c.cfg.RateInterval)
 	defer t.Stop()
-	// Both counts are taken when a batch is stored, so that a batch never
-	// straddles two intervals.
-	lastStored, lastDups := c.stats.inserted.Load(), c.stats.duplicates.Load()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			c.closeRateInterval()
 		}
-		stored, dups := c.stats.inserted.Load(), c.stats.duplicates.Load()
-		dd := dups - lastDups
-		df := stored - lastStored + dd
-		lastStored, lastDups = stored, dups
-		if df == 0 {
-			continue // nothing arrived: the ratio stays the last one measured
-		}
-		ratio := float64(dd) / float64(df)
-		c.hitRatio.Store(math.Float64bits(ratio))
-		if c.cfg.DupRateWarn > 0 && ratio > c.cfg.DupRateWarn {
-			c.log.Warn("high duplicate rate",
-				zap.Float64("rate", ratio), zap.Float64("threshold", c.cfg.DupRateWarn),
-				zap.Int64("duplicates", dd), zap.Int64("delivered", df),
-				zap.Duration("interval", c.cfg.RateInterval))
-		}
+	}
+}
+
+// rateCounts are the stored and duplicate counts at the end of the last rate
+// interval. Both are taken when a batch is stored, so that a batch never
+// straddles two intervals.
+type rateCounts struct{ stored, dups int64 }
+
+// closeRateInterval ends a rate interval: it sets the hit ratio from what
+// arrived since the last one (keeping the last ratio when nothing did) and
+// warns when it is above Config.DupRateWarn. Only watchDupRate calls it.
+func (c *Consumer) closeRateInterval() {
+	stored, dups := c.stats.inserted.Load(), c.stats.duplicates.Load()
+	dd := dups - c.rateLast.dups
+	df := stored - c.rateLast.stored + dd
+	c.rateLast = rateCounts{stored: stored, dups: dups}
+	if df == 0 {
+		return // nothing arrived: the ratio stays the last one measured
+	}
+	ratio := float64(dd) / float64(df)
+	c.hitRatio.Store(math.Float64bits(ratio))
+	if c.cfg.DupRateWarn > 0 && ratio > c.cfg.DupRateWarn {
+		c.log.Warn("high duplicate rate",
+			zap.Float64("rate", ratio), zap.Float64("threshold", c.cfg.DupRateWarn),
+			zap.Int64("duplicates", dd), zap.Int64("delivered", df),
+			zap.Duration("interval", c.cfg.RateInterval))
 	}
 }
 

@@ -707,7 +707,9 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 	b := setup(t)
 	core, logs := observer.New(zap.DebugLevel)
 	b.cfg.Logger = zap.New(core)
-	b.cfg.RateInterval = 100 * time.Millisecond
+	// The test closes the rate intervals itself; the watcher's own ticker
+	// never fires.
+	b.cfg.RateInterval = time.Hour
 	b.cfg.DupRateWarn = 0.5
 	var receives atomic.Int64
 	b.cfg.ObserveReceive = func(d time.Duration) {
@@ -722,15 +724,14 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 		b.publish(t, fmt.Sprintf("e-%d", i), fmt.Sprintf("m-%d", i), "Unknown", map[string]any{})
 	}
 	require.Eventually(t, func() bool { return c.Stats().Inserted == 4 }, 30*time.Second, 20*time.Millisecond)
-	// Let an interval pass so that the redeliveries have one to themselves.
-	time.Sleep(3 * b.cfg.RateInterval)
+	c.closeRateInterval() // the redeliveries get an interval to themselves
+	require.Zero(t, logs.FilterMessage("high duplicate rate").Len(), "an interval of new events only")
 	for i := range 3 {
 		b.publish(t, fmt.Sprintf("e-%d", i), fmt.Sprintf("again-%d", i), "Unknown", map[string]any{})
 	}
-	require.Eventually(t, func() bool {
-		return logs.FilterMessage("high duplicate rate").Len() > 0
-	}, 30*time.Second, 10*time.Millisecond, "no high duplicate rate warning")
-	require.Equal(t, int64(3), c.Stats().Duplicates)
+	require.Eventually(t, func() bool { return c.Stats().Duplicates == 3 }, 30*time.Second, 10*time.Millisecond)
+	c.closeRateInterval()
+	require.Equal(t, 1, logs.FilterMessage("high duplicate rate").Len(), "no high duplicate rate warning")
 
 	blocked := logs.FilterMessage("duplicate blocked").All()
 	require.Len(t, blocked, 3)
@@ -746,7 +747,8 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 	require.InDelta(t, 1.0, warn.ContextMap()["rate"], 1e-9)
 	require.InDelta(t, 0.5, warn.ContextMap()["threshold"], 1e-9)
 	// Quiet intervals follow: the ratio stays the last one measured.
-	time.Sleep(3 * b.cfg.RateInterval)
+	c.closeRateInterval()
+	c.closeRateInterval()
 	require.Equal(t, 1.0, c.DedupHitRatio(), "DedupHitRatio does not report the all-duplicates interval")
 	require.GreaterOrEqual(t, receives.Load(), int64(2), "Receive statements not timed")
 }
@@ -758,16 +760,17 @@ func TestDupRateWarnDisabledAtZero(t *testing.T) {
 	b := setup(t)
 	core, logs := observer.New(zap.DebugLevel)
 	b.cfg.Logger = zap.New(core)
-	b.cfg.RateInterval = 50 * time.Millisecond
+	b.cfg.RateInterval = time.Hour // the test closes the intervals itself
 	c, err := New(b.cfg)
 	require.NoError(t, err)
 	b.start(t, c)
 	b.publish(t, "e-0", "m-0", "Unknown", map[string]any{})
 	require.Eventually(t, func() bool { return c.Stats().Inserted == 1 }, 30*time.Second, 20*time.Millisecond)
-	time.Sleep(3 * b.cfg.RateInterval)
+	c.closeRateInterval()
 	b.publish(t, "e-0", "m-0-again", "Unknown", map[string]any{})
 	require.Eventually(t, func() bool { return c.Stats().Duplicates == 1 }, 30*time.Second, 20*time.Millisecond)
-	time.Sleep(4 * b.cfg.RateInterval)
+	c.closeRateInterval()
+	require.Equal(t, 1.0, c.DedupHitRatio(), "the all-duplicates interval was closed")
 	require.Zero(t, logs.FilterMessage("high duplicate rate").Len())
 	require.Equal(t, 1, logs.FilterMessage("duplicate blocked").Len())
 }
