@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -26,26 +25,9 @@ func runWithHandler(t *testing.T, dbURL string, handlerArgs []string, events int
 	t.Helper()
 	natsURL := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, natsURL)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCommand()
-		cmd.SetArgs(append([]string{"run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
-			"--subject-prefix", prefix, "--durable", "handler-test", "--metrics-addr", "", "--admin-addr", "",
-			"--log-level", "error", "--max-wait", "100ms"}, handlerArgs...))
-		cmd.SetOut(io.Discard)
-		cmd.SetErr(io.Discard)
-		done <- cmd.ExecuteContext(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("the consumer did not stop")
-		}
-	})
+	startConsumerCommand(t, append([]string{"run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
+		"--subject-prefix", prefix, "--durable", "handler-test", "--metrics-addr", "", "--admin-addr", "",
+		"--log-level", "error", "--max-wait", "100ms"}, handlerArgs...)...)
 	_, js := testnats.Connect(t, natsURL)
 	for round := range 2 {
 		for i := range events {

@@ -64,26 +64,9 @@ func TestIngestCountersAndHitRateFromTheRealPath(t *testing.T) {
 	metricsAddr, adminAddr := freeAddr(t), freeAddr(t)
 	metricsURL := "http://" + metricsAddr + "/metrics"
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCommand()
-		cmd.SetArgs([]string{"run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
-			"--subject-prefix", prefix, "--durable", "metrics-test", "--metrics-addr", metricsAddr,
-			"--admin-addr", adminAddr, "--log-level", "error", "--max-wait", "100ms"})
-		cmd.SetOut(io.Discard)
-		cmd.SetErr(io.Discard)
-		done <- cmd.ExecuteContext(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("the consumer did not stop")
-		}
-	})
+	startConsumerCommand(t, "run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
+		"--subject-prefix", prefix, "--durable", "metrics-test", "--metrics-addr", metricsAddr,
+		"--admin-addr", adminAddr, "--log-level", "error", "--max-wait", "100ms")
 
 	_, js := testnats.Connect(t, natsURL)
 	publish := func(eventID, msgID string) {
@@ -154,26 +137,9 @@ func TestDedupHitRatioAndReceiveHistogramFromTheRealPath(t *testing.T) {
 	metricsAddr := freeAddr(t)
 	metricsURL := "http://" + metricsAddr + "/metrics"
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCommand()
-		cmd.SetArgs([]string{"run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
-			"--subject-prefix", prefix, "--durable", "ratio-test", "--metrics-addr", metricsAddr,
-			"--admin-addr", "", "--log-level", "error", "--max-wait", "100ms", "--stats-interval", "100ms"})
-		cmd.SetOut(io.Discard)
-		cmd.SetErr(io.Discard)
-		done <- cmd.ExecuteContext(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("the consumer did not stop")
-		}
-	})
+	startConsumerCommand(t, "run", "--database-url", dbURL, "--nats-url", natsURL, "--stream", stream,
+		"--subject-prefix", prefix, "--durable", "ratio-test", "--metrics-addr", metricsAddr,
+		"--admin-addr", "", "--log-level", "error", "--max-wait", "100ms", "--stats-interval", "100ms")
 	up := func() bool {
 		resp, err := http.Get(metricsURL)
 		if err != nil {
