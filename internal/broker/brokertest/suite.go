@@ -199,7 +199,7 @@ func testRoundTrip(t *testing.T, h Harness) {
 		{EventID: ns + "-binary", Topic: "orders", Key: "", EventType: "Blob", Payload: []byte{0, 1, 0xff, 0xfe},
 			ContentType: "application/octet-stream", OccurredAt: time.Unix(0, 1).UTC()},
 		{EventID: ns + "-unicode-éü", Topic: "orders", Key: "clé ключ", EventType: "Événement", Payload: []byte(`"ß"`),
-			Headers: map[string]string{"Mixed-Case": "välue", event.HeaderCausationID: "cause-1", event.HeaderCorrelationID: "corr-1"},
+			Headers:    map[string]string{"Mixed-Case": "välue", event.HeaderCausationID: "cause-1", event.HeaderCorrelationID: "corr-1"},
 			OccurredAt: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
 		{EventID: ns + "-empty", Topic: "orders", Key: "k", EventType: "Empty", Payload: nil,
 			OccurredAt: time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)},
