@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -65,6 +66,9 @@ func commonOpts(cfg Config, log *zap.Logger) []kgo.Opt {
 		kgo.ClientID(cfg.ClientID),
 		kgo.DialTimeout(cfg.DialTimeout),
 		kgo.MetadataMaxAge(cfg.MetadataMaxAge),
+		// Refreshes may come as often as every second: an unknown topic is
+		// looked up again UnknownTopicRetries times before it is refused.
+		kgo.MetadataMinAge(min(time.Second, cfg.MetadataMaxAge)),
 		kgo.WithLogger(zapLogger{log}),
 	}
 	if cfg.Dial != nil {
