@@ -36,8 +36,9 @@ type Config struct {
 	Topics []string
 	// ClientID names the client to the brokers. Default: "pgrelay".
 	ClientID string
-	// MaxInFlight bounds the records a publisher holds unacknowledged across
-	// all keys: a Publish waits for room beyond it. Default: 10000.
+	// MaxInFlight bounds the records a publisher has unacknowledged, across
+	// all keys and Publish calls (one per key at a time): a Publish waits for
+	// room beyond it (--kafka-max-in-flight). Default: 10000.
 	MaxInFlight int
 	// MaxMessageBytes is the largest record the publisher sends (key, value
 	// and headers); a larger one fails permanently without being sent. Keep

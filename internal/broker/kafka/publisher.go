@@ -28,6 +28,8 @@ type Publisher struct {
 	cfg Config
 	cl  *kgo.Client
 	log *zap.Logger
+	// slots bounds the keys in flight (one record each) to MaxInFlight.
+	slots chan struct{}
 }
 
 var _ broker.Publisher = (*Publisher)(nil)
@@ -56,7 +58,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		cl.Close()
 		return nil, err
 	}
-	return &Publisher{cfg: cfg, cl: cl, log: log}, nil
+	return &Publisher{cfg: cfg, cl: cl, log: log, slots: make(chan struct{}, cfg.MaxInFlight)}, nil
 }
 
 // commonOpts are the client options the publisher and subscriber share.
@@ -90,13 +92,18 @@ func ping(ctx context.Context, cl *kgo.Client, cfg Config) error {
 // Client returns the underlying franz-go client.
 func (p *Publisher) Client() *kgo.Client { return p.cl }
 
-// Publish implements broker.Publisher. Every message is handed to the
-// producer at once (up to MaxInFlight records in flight across calls), so
-// keys are published concurrently and one key's messages are pipelined on its
-// partition; the idempotent producer keeps them in order through its own
-// retries. A record that fails fails every record buffered behind it on its
-// partition, so none of a key's later messages is stored after an earlier one
-// failed; those not yet handed over are not sent.
+// Publish implements broker.Publisher. Keys are published concurrently, up to
+// MaxInFlight at a time; the events of one key are sent one after another,
+// each once the previous one is acknowledged, and a key's remaining events are
+// not sent after a transient failure. So a later event of a key is never
+// stored while an earlier one failed: the relay retries from the failed one,
+// in order.
+//
+// One key is not pipelined because the producer cannot promise it: when a
+// record fails, the producer fails the records buffered behind it on its
+// partition, but a record handed over in the instant after that failure and
+// before its report would start a fresh buffer and be stored ahead of the
+// failed one.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	results := make([]broker.Result, len(msgs))
 	byKey := make(map[string][]int)
@@ -107,67 +114,50 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		}
 		byKey[m.Key] = append(byKey[m.Key], i)
 	}
-
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		failed = make(map[string]error) // keys with a transient failure
-	)
-	keyFailed := func(k string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return failed[k]
-	}
+	var wg sync.WaitGroup
 	for _, k := range keys {
-		for _, i := range byKey[k] {
-			if err := keyFailed(k); err != nil {
-				results[i].Err = notSent(k, err)
-				continue
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			for _, i := range byKey[k] {
+				results[i].Err = fmt.Errorf("not sent: %w", ctx.Err())
 			}
-			rec := toRecord(p.cfg.TopicPrefix, msgs[i])
-			if err := p.check(rec); err != nil {
-				results[i].Err = err // permanent: dead-lettered, the key goes on
-				continue
-			}
-			wg.Add(1)
-			p.cl.Produce(ctx, rec, func(r *kgo.Record, err error) {
-				defer wg.Done()
-				if err == nil {
-					return
-				}
-				err = p.classify(r, err)
-				results[i].Err = err
-				if !broker.IsPermanent(err) {
-					mu.Lock()
-					if failed[k] == nil {
-						failed[k] = err
-					}
-					mu.Unlock()
-				}
-			})
+			continue
 		}
+		wg.Go(func() {
+			defer func() { <-p.slots }()
+			p.publishKey(ctx, msgs, byKey[k], results)
+		})
 	}
 	wg.Wait()
+	return results
+}
 
-	// A key's messages after its first transient failure are reported failed
-	// even when stored, so that the relay publishes them again after the
-	// failed one. The producer fails a partition's buffered records together,
-	// so this only happens when a record was handed over in the instant
-	// between its predecessor's failure and that failure being seen here.
-	for _, k := range keys {
-		var first error
-		for _, i := range byKey[k] {
-			switch {
-			case first != nil && results[i].Err == nil:
-				p.log.Warn("a record was stored after an earlier record of its key failed; both are published again",
-					zap.String("key", k), zap.String("event_id", msgs[i].EventID), zap.Error(first))
-				results[i].Err = notSent(k, first)
-			case first == nil && results[i].Err != nil && !broker.IsPermanent(results[i].Err):
-				first = results[i].Err
+// publishKey publishes msgs[idx...] (one key's events, in order), each once
+// the previous one is acknowledged, and writes their outcomes into results.
+func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
+	done := make(chan error, 1)
+	for n, i := range idx {
+		rec := toRecord(p.cfg.TopicPrefix, msgs[i])
+		err := p.check(rec)
+		if err == nil {
+			p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
+			if err = <-done; err != nil {
+				err = p.classify(rec, err)
 			}
 		}
+		if err == nil {
+			continue
+		}
+		results[i].Err = err
+		if broker.IsPermanent(err) {
+			continue // dead-lettered by the relay; the key goes on
+		}
+		for _, j := range idx[n+1:] {
+			results[j].Err = notSent(msgs[i].Key, err)
+		}
+		return
 	}
-	return results
 }
 
 func notSent(key string, err error) error {
