@@ -49,6 +49,8 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		kgo.UnknownTopicRetries(cfg.UnknownTopicRetries),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerLinger(0),
+		// Not StopProducerOnDataLossDetected: after a fenced or unknown
+		// producer epoch the producer takes a new one and sends again.
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
