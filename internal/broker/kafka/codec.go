@@ -1,43 +1,28 @@
 package kafka
 
 import (
+	"sort"
 	"strconv"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // toRecord maps an event onto a Kafka record: topic "<prefix>.<topic>", the
 // event's key as the record key (so a key stays on one partition, in order),
-// the payload as the value, and pgrelay's headers as record headers, under the
-// same names as on every other broker.
+// the payload as the value, and pgrelay's headers (broker.EncodeHeaders) as
+// record headers, under the same names as on every other broker.
 func toRecord(prefix string, m broker.Message) *kgo.Record {
-	h := make([]kgo.RecordHeader, 0, 6+len(m.Headers))
-	add := func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
-	add(event.HeaderEventID, m.EventID)
-	add(event.HeaderTopic, m.Topic)
-	add(event.HeaderKey, m.Key)
-	if m.EventType != "" {
-		add(event.HeaderEventType, m.EventType)
+	eh := broker.EncodeHeaders(m)
+	names := make([]string, 0, len(eh))
+	for k := range eh {
+		names = append(names, k)
 	}
-	if !m.OccurredAt.IsZero() {
-		add(event.HeaderOccurredAt, m.OccurredAt.UTC().Format(time.RFC3339Nano))
-	}
-	for k, v := range m.Headers {
-		if k == event.HeaderCausationID || k == event.HeaderCorrelationID || k == event.HeaderContentType {
-			if k == event.HeaderContentType && m.ContentType != "" {
-				continue // ContentType below wins
-			}
-			add(k, v) // pgrelay's own headers, under their own names
-			continue
-		}
-		add(event.HeaderPrefix+k, v)
-	}
-	if m.ContentType != "" {
-		add(event.HeaderContentType, m.ContentType)
+	sort.Strings(names) // the same record for the same event
+	h := make([]kgo.RecordHeader, len(names))
+	for i, k := range names {
+		h[i] = kgo.RecordHeader{Key: k, Value: []byte(eh[k])}
 	}
 	// A non-nil key, even when empty, so that the key partitioner hashes it:
 	// a nil key would be spread over partitions and lose its order.

@@ -34,6 +34,10 @@ type Config struct {
 	// every Kafka topic named "<TopicPrefix>.*", found again every
 	// MetadataMaxAge. Subscriber only.
 	Topics []string
+	// MaxPayloadBytes is the largest payload the subscriber accepts; a
+	// larger record is delivered dead (stored with the reason). Zero means
+	// no limit. Subscriber only.
+	MaxPayloadBytes int
 	// ClientID names the client to the brokers. Default: "pgrelay".
 	ClientID string
 	// MaxInFlight bounds the records a publisher has unacknowledged, across
@@ -149,6 +153,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kafka: Config.UnknownTopicRetries must be at least 1, got %d", c.UnknownTopicRetries))
 	case c.DeliveryTimeout < 0, c.DialTimeout < 0, c.CommitInterval < 0, c.MetadataMaxAge < 0:
 		errs = append(errs, errors.New("kafka: durations (--kafka-delivery-timeout, Config.DialTimeout, Config.CommitInterval, Config.MetadataMaxAge) must not be negative"))
+	case c.MaxPayloadBytes < 0:
+		errs = append(errs, fmt.Errorf("kafka: --max-payload-bytes must not be negative, got %d", c.MaxPayloadBytes))
 	case c.SessionTimeout < time.Second:
 		errs = append(errs, fmt.Errorf("kafka: --kafka-session-timeout must be at least 1s, got %s", c.SessionTimeout))
 	}

@@ -6,26 +6,26 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
-// decode turns a record into a delivery with the consumer's decode rules; a
-// record without a usable event id gets FallbackEventID.
-func (s *Subscriber) decode(r *kgo.Record) broker.Delivery {
-	return decodeRecord(s.cfg.TopicPrefix, r)
-}
-
-func decodeRecord(prefix string, r *kgo.Record) broker.Delivery {
-	dec := consumer.Decode(consumer.Delivery{
-		Subject: r.Topic, Header: recordHeaders(r), Data: r.Value,
-		Stream: "kafka", StreamSeq: 1, Timestamp: r.Timestamp,
-	}, consumer.DecodeOptions{SubjectPrefix: prefix})
-	if strings.HasPrefix(dec.Message.EventID, "nats:") {
-		dec.Message.EventID = FallbackEventID(r.Topic, r.Partition, r.Offset)
-		if event.ValidateEventID(dec.Message.EventID) != nil {
-			dec.Message.EventID = dec.Message.EventID[:event.MaxEventIDLen]
-		}
+// decodeRecord turns a record into a delivery with the broker-neutral decode
+// rules (broker.Decode): the topic is the Kafka topic without "<prefix>."
+// when the record has no topic header, and a record without a usable event id
+// gets the stand-in FallbackEventID(topic, partition, offset).
+func decodeRecord(prefix string, r *kgo.Record, opts broker.DecodeOptions) broker.Delivery {
+	d, err := broker.Decode(broker.Received{
+		Headers:    recordHeaders(r),
+		Payload:    r.Value,
+		Topic:      strings.TrimPrefix(r.Topic, prefix+"."),
+		FallbackID: FallbackEventID(r.Topic, r.Partition, r.Offset),
+		Timestamp:  r.Timestamp,
+	}, opts)
+	if err != nil {
+		// Decode refuses only a message without a stand-in id, and every
+		// record has one; keep the record's position as its id regardless.
+		d.Message.EventID = FallbackEventID(r.Topic, r.Partition, r.Offset)
+		d.DeadReason = err.Error()
 	}
-	return broker.Delivery{Message: dec.Message, DeadReason: dec.DeadReason, Ref: ref(r)}
+	d.Ref = ref(r)
+	return d
 }

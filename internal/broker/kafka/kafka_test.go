@@ -17,7 +17,6 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/broker/brokertest"
-	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
@@ -484,8 +483,8 @@ func TestStandInIDStableAcrossRedelivery(t *testing.T) {
 	if want := FallbackEventID(topic, 0, 0); first.Message.EventID != want {
 		t.Fatalf("stand-in id %q, want %q", first.Message.EventID, want)
 	}
-	if !strings.HasPrefix(first.DeadReason, consumer.ReasonMissingEventID) {
-		t.Fatalf("dead reason %q, want %q", first.DeadReason, consumer.ReasonMissingEventID)
+	if !strings.HasPrefix(first.DeadReason, broker.ReasonMissingEventID) {
+		t.Fatalf("dead reason %q, want %q", first.DeadReason, broker.ReasonMissingEventID)
 	}
 	if err := event.ValidateEventID(first.Message.EventID); err != nil {
 		t.Fatal(err)
@@ -549,6 +548,6 @@ func FuzzRoundTrip(f *testing.F) {
 	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
 		r := toRecord("pgrelay", m)
 		r.Partition, r.Offset, r.Timestamp = 2, 7, time.Unix(1700000000, 0)
-		return decodeRecord("pgrelay", r)
+		return decodeRecord("pgrelay", r, broker.DecodeOptions{})
 	})
 }

@@ -161,7 +161,7 @@ func (s *Subscriber) Fetch(ctx context.Context, n int, maxWait time.Duration) ([
 		}
 		pr := &pendingRecord{offset: r.Offset, epoch: r.LeaderEpoch}
 		p.pending = append(p.pending, pr)
-		d := s.decode(r)
+		d := decodeRecord(s.cfg.TopicPrefix, r, broker.DecodeOptions{MaxPayloadBytes: s.cfg.MaxPayloadBytes})
 		d.Ack = func(context.Context) error { return s.ack(p, pr) }
 		d.InProgress = func(context.Context) error { return nil }
 		out[i] = d
