@@ -132,4 +132,3 @@ func createTopic(t *testing.T, brokers []string, topic string, partitions int32)
 	require.NoError(t, err)
 	require.Zero(t, resp.Topics[0].ErrorCode, "create topic %s", topic)
 }
-
