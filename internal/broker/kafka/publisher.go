@@ -144,8 +144,16 @@ func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx [
 		err := p.check(rec)
 		if err == nil {
 			p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
-			if err = <-done; err != nil {
-				err = p.classify(rec, err)
+			select {
+			case err = <-done:
+				if err != nil {
+					err = p.classify(rec, err)
+				}
+			case <-ctx.Done():
+				// A record already sent is not withdrawn (idempotence): it
+				// may still be stored, ahead of anything sent later, and the
+				// relay's retry of it is a duplicate the inbox absorbs.
+				err = fmt.Errorf("kafka: waiting for the acknowledgement: %w", ctx.Err())
 			}
 		}
 		if err == nil {
