@@ -94,6 +94,9 @@ func ping(ctx context.Context, cl *kgo.Client, cfg Config) error {
 // Client returns the underlying franz-go client.
 func (p *Publisher) Client() *kgo.Client { return p.cl }
 
+// Ping reports whether a broker answers (a readiness check).
+func (p *Publisher) Ping(ctx context.Context) error { return p.cl.Ping(ctx) }
+
 // Publish implements broker.Publisher. Keys are published concurrently, up to
 // MaxInFlight at a time; the events of one key are sent one after another,
 // each once the previous one is acknowledged, and a key's remaining events are

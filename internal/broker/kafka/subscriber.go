@@ -108,6 +108,9 @@ func NewSubscriber(ctx context.Context, cfg Config) (*Subscriber, error) {
 // Client returns the underlying franz-go client.
 func (s *Subscriber) Client() *kgo.Client { return s.cl }
 
+// Ping reports whether a broker answers (a readiness check).
+func (s *Subscriber) Ping(ctx context.Context) error { return s.cl.Ping(ctx) }
+
 // Fetch implements broker.Subscriber: it waits at most maxWait for records and
 // returns up to max of them, in partition order, each decoded. A record
 // without a usable event id gets the stand-in id FallbackEventID(topic,
