@@ -38,6 +38,15 @@ type Config struct {
 	// larger record is delivered dead (stored with the reason). Zero means
 	// no limit. Subscriber only.
 	MaxPayloadBytes int
+	// DedupWindow is the inbox's dedup window. When set, the subscriber
+	// refuses to start on a topic that keeps records longer (retention.ms),
+	// unless AllowReplayBeyondDedupWindow. Subscriber only.
+	DedupWindow time.Duration
+	// AllowReplayBeyondDedupWindow lets the subscriber run on topics that
+	// keep records longer than DedupWindow, where a group starting over
+	// could apply an old event twice (--kafka-allow-replay-beyond-dedup-window).
+	// Subscriber only.
+	AllowReplayBeyondDedupWindow bool
 	// ClientID names the client to the brokers. Default: "pgrelay".
 	ClientID string
 	// MaxInFlight bounds the records a publisher has unacknowledged, across

@@ -551,3 +551,35 @@ func FuzzRoundTrip(f *testing.F) {
 		return decodeRecord("pgrelay", r, broker.DecodeOptions{})
 	})
 }
+
+// TestRefusesRetentionBeyondDedupWindow: a topic keeping records longer than
+// the inbox's dedup window (Kafka's default retention.ms is 7 days) is refused
+// at start-up, naming the settings, unless the replay risk is accepted.
+func TestRefusesRetentionBeyondDedupWindow(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	ns := brokertest.Namespace("retention")
+	c.createTopic(t, ns+".orders", 1)
+	cfg := withGroup(c.config(t, ns), ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+
+	cfg.DedupWindow = 24 * time.Hour
+	if s, err := NewSubscriber(ctx, cfg); err == nil {
+		_ = s.Close()
+		t.Fatal("a topic keeping records 7 days was accepted with a 24h dedup window")
+	} else if !strings.Contains(err.Error(), "--dedup-window") || !strings.Contains(err.Error(), ns+".orders") {
+		t.Fatalf("error %q should name the topic and --dedup-window", err)
+	}
+	cfg.AllowReplayBeyondDedupWindow = true
+	s, err := NewSubscriber(ctx, cfg)
+	if err != nil {
+		t.Fatalf("with the replay risk accepted: %v", err)
+	}
+	_ = s.Close()
+	cfg.AllowReplayBeyondDedupWindow, cfg.DedupWindow = false, 30*24*time.Hour
+	if s, err = NewSubscriber(ctx, cfg); err != nil {
+		t.Fatalf("a 30-day dedup window covers 7 days of retention: %v", err)
+	}
+	_ = s.Close()
+}

@@ -100,6 +100,12 @@ func NewSubscriber(ctx context.Context, cfg Config) (*Subscriber, error) {
 		cl.Close()
 		return nil, err
 	}
+	if cfg.DedupWindow > 0 && !cfg.AllowReplayBeyondDedupWindow {
+		if err := checkRetention(ctx, cl, cfg); err != nil {
+			cl.Close()
+			return nil, err
+		}
+	}
 	s.cl = cl
 	s.committer.Go(s.commitLoop)
 	return s, nil
