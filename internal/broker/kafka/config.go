@@ -65,6 +65,11 @@ type Config struct {
 	// (broker down, leader moving) before it fails transiently; the relay
 	// then retries it in order. Default: 30s.
 	DeliveryTimeout time.Duration
+	// ProducerRetries bounds how often the producer resends a record after a
+	// failed request (a cut connection, a leader move) before failing it;
+	// the relay then retries it, in order. 0: as often as DeliveryTimeout
+	// allows; -1: never (every failed request fails its records).
+	ProducerRetries int
 	// DialTimeout bounds each connection attempt. Default: 10s.
 	DialTimeout time.Duration
 	// SessionTimeout is the consumer group session timeout: a member that
@@ -160,6 +165,10 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("kafka: --kafka-max-message-bytes must be between 1024 and %d, got %d", 1<<30, c.MaxMessageBytes))
 	case c.UnknownTopicRetries < 1:
 		errs = append(errs, fmt.Errorf("kafka: Config.UnknownTopicRetries must be at least 1, got %d", c.UnknownTopicRetries))
+	case c.ProducerRetries < -1:
+		errs = append(errs, fmt.Errorf("kafka: Config.ProducerRetries must be -1 or more, got %d", c.ProducerRetries))
+	case c.DeliveryTimeout > 0 && c.DeliveryTimeout < time.Second:
+		errs = append(errs, fmt.Errorf("kafka: --kafka-delivery-timeout must be at least 1s, got %s", c.DeliveryTimeout))
 	case c.DeliveryTimeout < 0, c.DialTimeout < 0, c.CommitInterval < 0, c.MetadataMaxAge < 0:
 		errs = append(errs, errors.New("kafka: durations (--kafka-delivery-timeout, Config.DialTimeout, Config.CommitInterval, Config.MetadataMaxAge) must not be negative"))
 	case c.MaxPayloadBytes < 0:

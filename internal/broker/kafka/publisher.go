@@ -51,7 +51,21 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		kgo.ProducerLinger(0),
 		// Not StopProducerOnDataLossDetected: after a fenced or unknown
 		// producer epoch the producer takes a new one and sends again.
+		//
+		// A record in flight may fail at DeliveryTimeout (or ctx's end)
+		// instead of being awaited for ever: Publish reports the outage and
+		// the client holds no stale records. Such a record may still have
+		// been stored; the relay's retry is then a duplicate, which the inbox
+		// absorbs. Order holds, since a key's next event is sent only once
+		// the previous one is acknowledged.
+		kgo.AllowIdempotentProduceCancellation(),
 	)
+	switch {
+	case cfg.ProducerRetries < 0:
+		opts = append(opts, kgo.RecordRetries(0))
+	case cfg.ProducerRetries > 0:
+		opts = append(opts, kgo.RecordRetries(cfg.ProducerRetries))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: producer: %w", err)
