@@ -37,7 +37,7 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--ack-wait", "10ms"), "--ack-wait (CONSUMER_ACK_WAIT)")
 	require.ErrorContains(t, run(t, "run", "--durable", "a b"), "--durable (CONSUMER_DURABLE)")
 	require.ErrorContains(t, run(t, "run", "--max-payload-bytes", "-1"), "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)")
-	require.ErrorContains(t, run(t, "run", "--broker", "carrier-pigeon"), `--broker (PGRELAY_BROKER) "carrier-pigeon": want nats`)
+	require.ErrorContains(t, run(t, "run", "--broker", "carrier-pigeon"), `--broker (PGRELAY_BROKER) "carrier-pigeon": want kafka or nats`)
 	t.Setenv("PGRELAY_BROKER", "smoke-signals")
 	require.ErrorContains(t, run(t, "run"), `--broker (PGRELAY_BROKER) "smoke-signals"`)
 	t.Setenv("PGRELAY_BROKER", "nats")

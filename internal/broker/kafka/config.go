@@ -144,37 +144,37 @@ func (c Config) Validate() error {
 	}
 	for _, b := range c.Brokers {
 		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-			errs = append(errs, fmt.Errorf("kafka: --kafka-brokers: %q is not host:port", b))
+			errs = append(errs, fmt.Errorf("kafka: --kafka-brokers (KAFKA_BROKERS): %q is not host:port", b))
 		}
 	}
 	if !legalTopic.MatchString(c.TopicPrefix) || len(c.TopicPrefix) > maxTopicLen-2 {
-		errs = append(errs, fmt.Errorf("kafka: --kafka-topic-prefix %q: want letters, digits, '.', '_' or '-', at most %d characters", c.TopicPrefix, maxTopicLen-2))
+		errs = append(errs, fmt.Errorf("kafka: --kafka-topic-prefix (KAFKA_TOPIC_PREFIX) %q: want letters, digits, '.', '_' or '-', at most %d characters", c.TopicPrefix, maxTopicLen-2))
 	}
 	if strings.TrimSpace(c.Group) == "" || c.Group != strings.TrimSpace(c.Group) {
-		errs = append(errs, fmt.Errorf("kafka: --kafka-group %q: want a name without surrounding spaces", c.Group))
+		errs = append(errs, fmt.Errorf("kafka: --kafka-group (KAFKA_GROUP) %q: want a name without surrounding spaces", c.Group))
 	}
 	for _, t := range c.Topics {
 		if !legalTopic.MatchString(c.TopicPrefix+"."+t) || len(c.TopicPrefix)+1+len(t) > maxTopicLen {
-			errs = append(errs, fmt.Errorf("kafka: topic %q does not make a legal Kafka topic name with prefix %q", t, c.TopicPrefix))
+			errs = append(errs, fmt.Errorf("kafka: --kafka-topics (KAFKA_TOPICS): topic %q does not make a legal Kafka topic name with prefix %q", t, c.TopicPrefix))
 		}
 	}
 	switch {
 	case c.MaxInFlight < 1:
-		errs = append(errs, fmt.Errorf("kafka: --kafka-max-in-flight must be at least 1, got %d", c.MaxInFlight))
+		errs = append(errs, fmt.Errorf("kafka: --kafka-max-in-flight (KAFKA_MAX_IN_FLIGHT) must be at least 1, got %d", c.MaxInFlight))
 	case c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 1<<30:
-		errs = append(errs, fmt.Errorf("kafka: --kafka-max-message-bytes must be between 1024 and %d, got %d", 1<<30, c.MaxMessageBytes))
+		errs = append(errs, fmt.Errorf("kafka: --kafka-max-message-bytes (KAFKA_MAX_MESSAGE_BYTES) must be between 1024 and %d, got %d", 1<<30, c.MaxMessageBytes))
 	case c.UnknownTopicRetries < 1:
 		errs = append(errs, fmt.Errorf("kafka: Config.UnknownTopicRetries must be at least 1, got %d", c.UnknownTopicRetries))
 	case c.ProducerRetries < -1:
 		errs = append(errs, fmt.Errorf("kafka: Config.ProducerRetries must be -1 or more, got %d", c.ProducerRetries))
 	case c.DeliveryTimeout > 0 && c.DeliveryTimeout < time.Second:
-		errs = append(errs, fmt.Errorf("kafka: --kafka-delivery-timeout must be at least 1s, got %s", c.DeliveryTimeout))
+		errs = append(errs, fmt.Errorf("kafka: --kafka-delivery-timeout (KAFKA_DELIVERY_TIMEOUT) must be at least 1s, got %s", c.DeliveryTimeout))
 	case c.DeliveryTimeout < 0, c.DialTimeout < 0, c.CommitInterval < 0, c.MetadataMaxAge < 0:
-		errs = append(errs, errors.New("kafka: durations (--kafka-delivery-timeout, Config.DialTimeout, Config.CommitInterval, Config.MetadataMaxAge) must not be negative"))
+		errs = append(errs, errors.New("kafka: durations (--kafka-delivery-timeout (KAFKA_DELIVERY_TIMEOUT), Config.DialTimeout, Config.CommitInterval, Config.MetadataMaxAge) must not be negative"))
 	case c.MaxPayloadBytes < 0:
-		errs = append(errs, fmt.Errorf("kafka: --max-payload-bytes must not be negative, got %d", c.MaxPayloadBytes))
+		errs = append(errs, fmt.Errorf("kafka: --max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES) must not be negative, got %d", c.MaxPayloadBytes))
 	case c.SessionTimeout < time.Second:
-		errs = append(errs, fmt.Errorf("kafka: --kafka-session-timeout must be at least 1s, got %s", c.SessionTimeout))
+		errs = append(errs, fmt.Errorf("kafka: --kafka-session-timeout (KAFKA_SESSION_TIMEOUT) must be at least 1s, got %s", c.SessionTimeout))
 	}
 	return errors.Join(errs...)
 }

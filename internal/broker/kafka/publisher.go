@@ -100,7 +100,7 @@ func ping(ctx context.Context, cl *kgo.Client, cfg Config) error {
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
 	if err := cl.Ping(pctx); err != nil {
-		return fmt.Errorf("kafka: no broker of --kafka-brokers %s answers: %w", strings.Join(cfg.Brokers, ","), err)
+		return fmt.Errorf("kafka: no broker of --kafka-brokers (KAFKA_BROKERS) %s answers: %w", strings.Join(cfg.Brokers, ","), err)
 	}
 	return nil
 }

@@ -56,9 +56,9 @@ func checkRetention(ctx context.Context, cl *kgo.Client, cfg Config) error {
 				if ms >= 0 {
 					what = "for " + keep.String()
 				}
-				return fmt.Errorf("kafka: topic %s keeps records %s (retention.ms), longer than the inbox's --dedup-window %s: "+
+				return fmt.Errorf("kafka: topic %s keeps records %s (retention.ms), longer than the inbox's --dedup-window (DEDUP_WINDOW) %s: "+
 					"a consumer group starting over would replay events the inbox no longer remembers and apply them twice; "+
-					"lower the topic's retention.ms or set --kafka-allow-replay-beyond-dedup-window", r.ResourceName, what, cfg.DedupWindow)
+					"lower the topic's retention.ms or set --kafka-allow-replay-beyond-dedup-window (KAFKA_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)", r.ResourceName, what, cfg.DedupWindow)
 			}
 		}
 	}
