@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-
 	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
