@@ -19,9 +19,9 @@ type Config struct {
 	// NATSURL is the NATS JetStream server. Empty means an in-process
 	// nats-server started for the run (labelled as such in the results).
 	NATSURL string
-	// Broker is where the relay drains publish: "nats" (default) or
-	// "kafka". Only the relay drains (relay group, scale group) follow it;
-	// the floors, e2e and cost figures use NATS.
+	// Broker is the broker the relay drains publish to: nats, or an adapter
+	// registered in relayTargets (which then runs with Only = [relay]).
+	// Default "nats".
 	Broker string
 	// KafkaBrokers is the Kafka cluster of -broker kafka. Empty means kfake,
 	// franz-go's in-process fake Kafka, started for the run (labelled as such
@@ -82,11 +82,11 @@ var allGroups = []string{"floor", "producer", "relay", "inbox", "e2e", "scale", 
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Broker == "" {
-		c.Broker = "nats"
-	}
 	if c.OutDir == "" {
 		c.OutDir = "bench-results"
+	}
+	if c.Broker == "" {
+		c.Broker = "nats"
 	}
 	if c.Repeats == 0 {
 		c.Repeats = pick(c.Quick, 1, 3)
@@ -139,8 +139,6 @@ func (c Config) validate() error {
 	switch {
 	case c.DatabaseURL == "":
 		return errors.New("bench: DatabaseURL (-database-url / BENCH_DATABASE_URL) is required")
-	case c.Broker != "nats" && c.Broker != "kafka":
-		return fmt.Errorf("bench: Broker (-broker) must be nats or kafka, got %q", c.Broker)
 	case c.Repeats < 1:
 		return fmt.Errorf("bench: Repeats (-repeats) must be at least 1, got %d", c.Repeats)
 	case c.Events < c.BatchSize:
@@ -171,7 +169,7 @@ func (c Config) validate() error {
 			return fmt.Errorf("bench: Only (-only) names unknown group %q; known: %v", g, allGroups)
 		}
 	}
-	return nil
+	return c.checkBroker()
 }
 
 // runs reports whether the group is part of this run.

@@ -52,7 +52,7 @@ func (b *bench) declareFigures() {
 		// The floors publish to NATS: no ratio against them.
 		add("relay_drain", "relay", "relay drain (backlog → Kafka, kfake unless -kafka-brokers, marked)", unitRate, "in-process", "", nil, "")
 	} else {
-		add("relay_drain", "relay", "relay drain (backlog → NATS, marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
+		add("relay_drain", "relay", "relay drain (backlog → "+b.cfg.Broker+", marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
 	}
 	add("relay_drain_default", "relay", "relay drain, the relay's default batch ("+strconv.Itoa(relay.DefaultBatchSize)+")", unitRate, "in-process", "floor_relay", nil, "")
 	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.5, "≥ 0.5× inbox floor"), "")

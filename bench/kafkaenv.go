@@ -131,3 +131,31 @@ func (e *kafkaEnv) close() {
 		e.fake.Close()
 	}
 }
+
+// kafkaTarget is a fresh topic prefix with its "orders" topic.
+type kafkaTarget struct {
+	e      *kafkaEnv
+	prefix string
+}
+
+func newKafkaTarget(ctx context.Context, b *bench) (relayTarget, error) {
+	prefix, err := b.kafka.topic(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &kafkaTarget{e: b.kafka, prefix: prefix}, nil
+}
+
+func (t *kafkaTarget) newPublisher(ctx context.Context) (broker.Publisher, error) {
+	return t.e.publisher(ctx, t.prefix)
+}
+
+func (t *kafkaTarget) stored(ctx context.Context) (uint64, error) {
+	n, err := t.e.records(ctx, t.prefix)
+	if err != nil {
+		return 0, fmt.Errorf("kafka offsets: %w", err)
+	}
+	return uint64(n), nil
+}
+
+func (t *kafkaTarget) drop() { t.e.dropTopic(t.prefix) }

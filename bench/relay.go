@@ -10,9 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"go.uber.org/zap"
-
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
@@ -91,19 +88,11 @@ func (b *bench) outboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error
 // shared the partitions, then commits a backlog of n events in one
 // transaction and returns the time from that commit until no row is pending.
 func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts relayOptions) (time.Duration, error) {
-	var streamName, prefix string
-	var err error
-	if b.kafka != nil {
-		if prefix, err = b.kafka.topic(ctx); err != nil {
-			return 0, err
-		}
-		defer b.kafka.dropTopic(prefix)
-	} else {
-		if streamName, prefix, err = b.nats.stream(ctx); err != nil {
-			return 0, err
-		}
-		defer b.nats.dropStream(streamName)
+	target, err := relayTargets()[b.cfg.Broker](ctx, b)
+	if err != nil {
+		return 0, err
 	}
+	defer target.drop()
 	url := pool.Config().ConnString()
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -123,14 +112,7 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 		if err != nil {
 			return 0, err
 		}
-		var pub broker.Publisher
-		if b.kafka != nil {
-			pub, err = b.kafka.publisher(ctx, prefix)
-		} else {
-			pub, err = broker.NewNATS(ctx, broker.NATSConfig{URL: b.nats.url, SubjectPrefix: prefix, Stream: streamName,
-				// The publisher reports its own close as a disconnection.
-				Logger: b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
-		}
+		pub, err := target.newPublisher(ctx)
 		if err != nil {
 			rpool.Close()
 			return 0, err
@@ -194,22 +176,12 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 	if dead, _ := count(ctx, pool, outboxDead); dead > 0 {
 		return 0, fmt.Errorf("relay drain: %d events went dead", dead)
 	}
-	if b.kafka != nil {
-		got, err := b.kafka.records(ctx, prefix)
-		if err != nil {
-			return 0, fmt.Errorf("kafka offsets: %w", err)
-		}
-		if got != int64(n) {
-			return 0, fmt.Errorf("relay drain: the Kafka topic holds %d records for %d events", got, n)
-		}
-		return end.Sub(committed), nil
-	}
-	info, err := b.nats.js.Stream(ctx, streamName)
+	got, err := target.stored(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("stream info: %w", err)
+		return 0, err
 	}
-	if got := info.CachedInfo().State.Msgs; got != uint64(n) {
-		return 0, fmt.Errorf("relay drain: the stream holds %d messages for %d events", got, n)
+	if got != uint64(n) {
+		return 0, fmt.Errorf("relay drain: the %s destination holds %d messages for %d events", b.cfg.Broker, got, n)
 	}
 	return end.Sub(committed), nil
 }
@@ -263,11 +235,7 @@ func (b *bench) runRelayGroup(ctx context.Context) {
 			return nil
 		})
 	}
-	if b.kafka != nil {
-		b.note("relay_drain", fmt.Sprintf("KAFKA (%s), topic of %d partitions: backlog of %d committed in one tx; 1 relay, batch %d; time from commit to none pending; topic record count checked", b.kafka.where, kafkaPartitions, n, b.cfg.BatchSize))
-	} else {
-		b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d, pool of relay.PoolConns(16) connections; time from commit to none pending; stream message count checked", n, b.cfg.BatchSize))
-	}
+	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d, pool of relay.PoolConns(16) connections; time from commit to none pending; message count at the %s destination checked", n, b.cfg.BatchSize, b.cfg.Broker))
 }
 
 func (b *bench) runRelayScale(ctx context.Context) {
