@@ -16,10 +16,16 @@ func TestBrokerSetting(t *testing.T) {
 
 	bad := base
 	bad.Broker = "carrier-pigeon"
-	require.ErrorContains(t, bad.WithDefaults().validate(), `Broker (-broker) "carrier-pigeon": want nats`)
+	require.ErrorContains(t, bad.WithDefaults().validate(), `Broker (-broker) "carrier-pigeon": want kafka or nats`)
 
 	cfg := base
 	cfg.Broker = "nats"
 	cfg.Only = []string{"relay", "inbox"}
 	require.NoError(t, cfg.WithDefaults().validate(), "NATS runs every group")
+
+	k := base
+	k.Broker = "kafka"
+	require.ErrorContains(t, k.WithDefaults().validate(), "add -only relay")
+	k.Only = []string{"relay"}
+	require.NoError(t, k.WithDefaults().validate())
 }
