@@ -190,10 +190,12 @@ func TestConformance(t *testing.T) {
 		h.Proxied = func(t *testing.T) (brokertest.Harness, *toxiproxy.Proxy) {
 			px := brokertest.StartProxy(t, c.brokers[0])
 			// kfake advertises its own address in metadata; send every
-			// connection through the proxy instead.
+			// connection through the proxy instead. (The proxy rewrites
+			// Listen when it starts again, to the same address: read it once.)
+			addr := px.Listen
 			dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
 				var d net.Dialer
-				return d.DialContext(ctx, network, px.Listen)
+				return d.DialContext(ctx, network, addr)
 			}
 			// The producer rides out a short cut by resending on its own
 			// (in order, idempotently); without resends the cut fails the
