@@ -3,8 +3,13 @@
 // and checks the properties pgrelay relies on (confirmed publishes, the event
 // id carried as the dedup id, per-key order across a transient failure,
 // permanent-error classification, redelivery of what was not acknowledged,
-// acknowledgement only when the caller says so, reconnection). FuzzRoundTrip
-// checks an adapter's encode → decode mapping without a broker.
+// acknowledgement only when the caller says so, stable stand-in ids,
+// reconnection). FuzzRoundTrip checks an adapter's encode → decode mapping
+// without a broker.
+//
+// An adapter runs it from a test of its own package with a Harness over its
+// real broker; internal/broker/nats_conformance_test.go is the NATS one
+// (TestNATSConformance, FuzzNATSRoundTrip).
 package brokertest
 
 import (
