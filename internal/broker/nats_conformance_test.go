@@ -8,6 +8,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
@@ -59,6 +60,16 @@ func natsHarness(t *testing.T, url string) brokertest.Harness {
 				t.Fatalf("NewNATSSubscriber: %v", err)
 			}
 			return s
+		},
+		PublishWithoutID: func(t *testing.T, ns string, payload []byte) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			m := nats.NewMsg(ns + ".orders")
+			m.Header.Set(event.HeaderEventType, "Foreign")
+			m.Data = payload
+			if _, err := js.PublishMsg(ctx, m); err != nil {
+				t.Fatalf("publish without id: %v", err)
+			}
 		},
 		UnknownDestination: func(t *testing.T, ns string) broker.Publisher {
 			return publisher(t, ns, ns) // no stream stores "<ns>.>"
@@ -116,4 +127,48 @@ func FuzzNATSRoundTrip(f *testing.F) {
 	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
 		return broker.NATSRoundTripForTest(t, p, m)
 	})
+}
+
+// TestNATSSubscriberReattachesAfterDurableDeletedWhileIdle deletes the
+// durable while no pull request is in flight: a pull on a deleted durable is
+// never answered, so the subscriber must notice by asking, attach again and
+// deliver what is published afterwards.
+func TestNATSSubscriberReattachesAfterDurableDeletedWhileIdle(t *testing.T) {
+	t.Parallel()
+	url := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, url)
+	_, js := testnats.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := broker.NewNATSSubscriber(ctx, broker.NATSSubscriberConfig{URL: url, Stream: stream, SubjectPrefix: prefix,
+		Durable: "idle", AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.Fetch(ctx, 10, 50*time.Millisecond); err != nil {
+		t.Fatalf("first fetch (attach): %v", err)
+	}
+	if err := js.DeleteConsumer(ctx, stream, "idle"); err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(prefix + ".orders")
+	m.Header.Set(event.HeaderEventID, "after-delete")
+	m.Header.Set(event.HeaderEventType, "T")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); {
+		ds, err := s.Fetch(ctx, 10, 100*time.Millisecond)
+		if err != nil {
+			t.Logf("fetch: %v", err)
+			continue
+		}
+		for _, d := range ds {
+			if d.Message.EventID == "after-delete" {
+				return
+			}
+		}
+	}
+	t.Fatal("the message published after the durable was deleted never arrived")
 }
