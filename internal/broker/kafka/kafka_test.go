@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -582,4 +583,50 @@ func TestRefusesRetentionBeyondDedupWindow(t *testing.T) {
 		t.Fatalf("a 30-day dedup window covers 7 days of retention: %v", err)
 	}
 	_ = s.Close()
+}
+
+// TestPublisherRidesOutAShortCut: with its default settings the producer
+// resends by itself through a cut connection (a second without a broker):
+// every Publish succeeds, and each event is stored once, in order per key.
+func TestPublisherRidesOutAShortCut(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	c.needFake(t, "it cuts the connection through a proxy in front of kfake")
+	ns := brokertest.Namespace("ride")
+	c.createTopic(t, ns+".orders", testPartitions)
+	px := brokertest.StartProxy(t, c.brokers[0])
+	addr := px.Listen
+	cfg := c.config(t, ns)
+	cfg.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	p := c.publisher(t, cfg)
+	msgs := events(ns, []string{"a", "b", "c"}, 60)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		time.Sleep(100 * time.Millisecond)
+		px.Stop()
+		time.Sleep(time.Second)
+		if err := px.Start(); err != nil {
+			t.Errorf("proxy: %v", err)
+		}
+	})
+	failures := 0
+	for i := 0; i < len(msgs); i += 6 {
+		failures += publishAll(t, p, msgs[i:i+6])
+	}
+	wg.Wait()
+	if failures > 0 {
+		t.Fatalf("%d publishes failed: the producer should have resent through the cut", failures)
+	}
+	s := c.subscriber(t, withGroup(c.config(t, ns), ns))
+	ib := newInbox()
+	drain(t, s, ib, msgs, 30*time.Second)
+	checkOrder(t, ib, msgs)
+	for id, n := range ib.count {
+		if n != 1 {
+			t.Fatalf("%s stored %d times: the producer's resends must be deduplicated", id, n)
+		}
+	}
 }
