@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"fmt"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -23,32 +22,16 @@ const maxShortstr = 255
 const headerFrameOverhead = 64
 
 // Headers returns the AMQP headers table of m: pgrelay's logical headers
-// (Pgrelay-Event-Id, -Topic, -Key, -Event-Type, -Occurred-At,
-// -Content-Type, causation and correlation under their own names) and the
-// message's own headers as Pgrelay-H-<name>, all as strings.
+// (broker.EncodeHeaders: Pgrelay-Event-Id, -Topic, -Key, -Event-Type,
+// -Occurred-At, -Content-Type, causation and correlation under their own
+// names, the message's own headers as Pgrelay-H-<name>), all long strings.
 func Headers(m event.Message) amqp.Table {
-	h := amqp.Table{
-		event.HeaderEventID: m.EventID,
-		event.HeaderTopic:   m.Topic,
-		event.HeaderKey:     m.Key,
+	h := broker.EncodeHeaders(m)
+	t := make(amqp.Table, len(h))
+	for k, v := range h {
+		t[k] = v
 	}
-	if m.EventType != "" {
-		h[event.HeaderEventType] = m.EventType
-	}
-	if !m.OccurredAt.IsZero() {
-		h[event.HeaderOccurredAt] = m.OccurredAt.UTC().Format(time.RFC3339Nano)
-	}
-	for k, v := range m.Headers {
-		if k == event.HeaderCausationID || k == event.HeaderCorrelationID || k == event.HeaderContentType {
-			h[k] = v // pgrelay's own headers, under their own names
-			continue
-		}
-		h[event.HeaderPrefix+k] = v
-	}
-	if m.ContentType != "" {
-		h[event.HeaderContentType] = m.ContentType
-	}
-	return h
+	return t
 }
 
 // encode turns m into an AMQP publishing and its routing key. Its errors are

@@ -93,7 +93,7 @@ func (p *Publisher) connect(ctx context.Context) (*pubSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := declareTopology(conn, p.cfg, true, p.log); err != nil {
+	if err := declareTopology(conn, p.cfg, false, p.log); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}

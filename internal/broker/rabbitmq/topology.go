@@ -120,21 +120,24 @@ func declareQueue(conn *amqp.Connection, cfg Config, log *zap.Logger) (string, e
 	return declared, nil
 }
 
-// declareTopology declares the exchange, the queue and the binding on conn
-// (or checks them with SkipDeclare; withQueue false checks the exchange only).
-func declareTopology(conn *amqp.Connection, cfg Config, withQueue bool, log *zap.Logger) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+// declareTopology declares the exchange, the queue and the binding on conn.
+// With SkipDeclare it only checks what the side needs: the publisher
+// (subscriber false) the exchange, the subscriber the queue.
+func declareTopology(conn *amqp.Connection, cfg Config, subscriber bool, log *zap.Logger) error {
+	if !cfg.SkipDeclare || !subscriber {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		err = declareExchange(ch, cfg)
+		_ = ch.Close()
+		if err != nil {
+			return err
+		}
 	}
-	err = declareExchange(ch, cfg)
-	_ = ch.Close()
-	if err != nil {
-		return err
-	}
-	if !withQueue {
+	if cfg.SkipDeclare && !subscriber {
 		return nil
 	}
-	_, err = declareQueue(conn, cfg, log)
+	_, err := declareQueue(conn, cfg, log)
 	return err
 }
