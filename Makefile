@@ -88,14 +88,18 @@ demo-short: build
 
 .PHONY: chaos fuzz
 ## chaos: the fault suite with its exactly-once checker (real relay and
-## consumer processes, a private PostgreSQL cluster and NATS server, toxiproxy
-## links). Short by default (a fixed seed and a random one, about three
-## minutes); `make chaos DURATION=20m` runs one long run, SEED=n replays one.
+## consumer processes, a private PostgreSQL cluster, a broker, toxiproxy
+## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ: one
+## shorter run; about four minutes); `make chaos DURATION=20m` runs one long
+## run, SEED=n replays one, BROKER=nats|rabbitmq picks the broker of every run
+## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
+## the local server).
 DURATION ?=
 SEED     ?=
+BROKER   ?=
 chaos:
 	$(GO) test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' ./integration/chaos/ \
-		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED))
+		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(BROKER),-chaos.broker=$(BROKER))
 
 ## fuzz: a bounded run of every fuzz target over untrusted input (their seed
 ## corpora also run as ordinary tests in unit); FUZZTIME per target.

@@ -23,8 +23,7 @@ import (
 // transaction reported a commit.
 type checkInput struct {
 	pool         *pgxpool.Pool
-	js           jetstream.JetStream
-	stream       string
+	readLog      func(context.Context) ([]streamMsg, error) // every message the broker stored, in order
 	injected     map[string]expectation
 	acknowledged []string
 }
@@ -83,7 +82,7 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: read ledger orders: %w", err)
 	}
-	stream, err := readStream(ctx, in.js, in.stream)
+	stream, err := in.readLog(ctx)
 	if err != nil {
 		return nil, err
 	}
