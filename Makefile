@@ -78,9 +78,10 @@ bench-quick:
 .PHONY: demo demo-short
 ## demo: build the binaries and run the end-to-end demo with crashes, duplicates
 ## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
-## unless NATS_URL is set).
+## unless NATS_URL is set). BROKER=rabbitmq runs it on RabbitMQ (AMQP_URL,
+## default the local server).
 demo: build
-	./bin/demo
+	./bin/demo $(if $(BROKER),--broker $(BROKER))
 
 ## demo-short: the quick demo CI runs.
 demo-short: build
