@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -45,6 +46,8 @@ func main() {
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
 	databaseURL     string
+	broker          string
+	amqp            *rabbitmq.Flags
 	natsURL         string
 	stream          string
 	subjectPrefix   string
@@ -142,6 +145,8 @@ the reason and acknowledged, never dropped.`,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return runConsumer(cmd.Context(), s) },
 	}
 	f := run.Flags()
+	f.StringVar(&s.broker, "broker", cli.EnvString("PGRELAY_BROKER", "nats"), "broker to consume from: nats or rabbitmq (PGRELAY_BROKER); rabbitmq takes the --amqp-* flags")
+	s.amqp = rabbitmq.BindFlags(f, rabbitmq.SideConsumer)
 	f.StringVar(&s.natsURL, "nats-url", cli.EnvString("NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated (NATS_URL)")
 	f.StringVar(&s.stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "JetStream stream to consume (CONSUMER_STREAM)")
 	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("CONSUMER_SUBJECT_PREFIX", "pgrelay"), "subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
@@ -198,12 +203,34 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
+	if err := cli.ValidateEnv(rabbitmq.EnvKinds); err != nil {
+		return err
+	}
 	if s.databaseURL == "" {
 		return errors.New("--database-url (DATABASE_URL) is required")
 	}
 	log, err := cli.NewLogger(s.logLevel, s.logFormat)
 	if err != nil {
 		return err
+	}
+	var subscribe func(context.Context) (pgrelay.Subscriber, error)
+	switch s.broker {
+	case "nats":
+	case "rabbitmq":
+		amqpCfg, err := s.amqp.Config(log)
+		if err != nil {
+			return err
+		}
+		maxPayload := s.maxPayloadBytes
+		subscribe = func(ctx context.Context) (pgrelay.Subscriber, error) {
+			sub, err := rabbitmq.NewSubscriber(ctx, amqpCfg, maxPayload)
+			if err != nil {
+				return nil, fmt.Errorf("--amqp-url (AMQP_URL): %w", err)
+			}
+			return sub, nil
+		}
+	default:
+		return fmt.Errorf("--broker (PGRELAY_BROKER) %q: want nats or rabbitmq", s.broker)
 	}
 	defer log.Sync() //nolint:errcheck
 
@@ -243,6 +270,7 @@ func runConsumer(parent context.Context, s settings) error {
 	cfg := pgrelay.ConsumerConfig{
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,
+		Subscribe:                    subscribe,
 		Handler:                      ledger.Handler{}, // replaced below once the database is checked
 		Stream:                       s.stream,
 		SubjectPrefix:                s.subjectPrefix,

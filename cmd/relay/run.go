@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
@@ -22,6 +23,8 @@ import (
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
 	databaseURL        string
+	broker             string
+	amqp               *rabbitmq.Flags
 	natsURL            string
 	embeddedDir        string
 	embeddedListen     string
@@ -127,6 +130,8 @@ the stream is created, so a first run needs only PostgreSQL.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runRelay(cmd.Context(), s) },
 	}
 	f := run.Flags()
+	f.StringVar(&s.broker, "broker", cli.EnvString("PGRELAY_BROKER", "nats"), "broker to publish to: nats or rabbitmq (env PGRELAY_BROKER); rabbitmq takes the --amqp-* flags")
+	s.amqp = rabbitmq.BindFlags(f, rabbitmq.SideRelay)
 	f.StringVar(&s.natsURL, "nats-url", cli.EnvString("NATS_URL", ""), "NATS server URL (env NATS_URL); empty starts an embedded NATS server")
 	f.StringVar(&s.embeddedDir, "embedded-nats-dir", cli.EnvString("RELAY_EMBEDDED_NATS_DIR", "./.pgrelay/nats"), "JetStream data directory of the embedded NATS server (env RELAY_EMBEDDED_NATS_DIR)")
 	f.StringVar(&s.embeddedListen, "embedded-nats-listen", cli.EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
@@ -169,8 +174,14 @@ func runRelay(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
+	if err := cli.ValidateEnv(rabbitmq.EnvKinds); err != nil {
+		return err
+	}
 	if s.databaseURL == "" {
 		return errors.New("--database-url (DATABASE_URL) is required")
+	}
+	if s.broker != "nats" && s.broker != "rabbitmq" {
+		return fmt.Errorf("--broker (PGRELAY_BROKER) %q: want nats or rabbitmq", s.broker)
 	}
 	if s.ackTimeout <= 0 {
 		return fmt.Errorf("--ack-timeout (RELAY_ACK_TIMEOUT) must be positive, got %s", s.ackTimeout)
@@ -223,30 +234,18 @@ func runRelay(parent context.Context, s settings) error {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
 	}
 
-	natsURL, createStream := s.natsURL, s.createStream
-	if natsURL == "" {
-		srv, url, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: s.embeddedDir, Listen: s.embeddedListen})
-		if err != nil {
-			return fmt.Errorf("--embedded-nats-listen/--embedded-nats-dir: %w", err)
+	var amqpCfg rabbitmq.Config
+	if s.broker == "rabbitmq" {
+		// Settings first: a bad flag is reported before any connection.
+		if amqpCfg, err = s.amqp.Config(log); err != nil {
+			return err
 		}
-		defer func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		}()
-		log.Info("embedded NATS JetStream server started", zap.String("url", url), zap.String("store_dir", s.embeddedDir))
-		natsURL, createStream = url, true
 	}
-	pub, err := broker.NewNATS(startCtx, broker.NATSConfig{
-		URL: natsURL, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log,
-	})
+	pub, brokerCheck, closeBroker, err := openPublisher(startCtx, s, amqpCfg, log)
 	if err != nil {
-		if strings.Contains(err.Error(), "NATSConfig.") {
-			return nameSetting(err)
-		}
-		return fmt.Errorf("--nats-url (NATS_URL): %w", err)
+		return err
 	}
-	defer pub.Close()
+	defer closeBroker()
 
 	reg := metrics.NewRegistry()
 	rcfg.Pool, rcfg.Publisher, rcfg.Observer = pool, pub, metrics.NewRelayObserver(reg)
@@ -258,12 +257,7 @@ func runRelay(parent context.Context, s settings) error {
 		Flags: s.ops, Pool: pool, Registry: reg, Outbox: true, Logger: log,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(pool),
-			"broker": func(context.Context) error {
-				if !pub.Conn().IsConnected() {
-					return errors.New("not connected to NATS")
-				}
-				return nil
-			},
+			"broker":   brokerCheck,
 		},
 	})
 	if err != nil {
@@ -273,4 +267,60 @@ func runRelay(parent context.Context, s settings) error {
 	runErr := r.Run(ctx)
 	stop() // Run returned on its own: stop the operator endpoints too
 	return errors.Join(runErr, ops.Wait())
+}
+
+// openPublisher connects to the broker --broker names and returns the
+// publisher, its health check and what releases it.
+func openPublisher(ctx context.Context, s settings, amqpCfg rabbitmq.Config, log *zap.Logger) (broker.Publisher, metrics.Check, func(), error) {
+	if s.broker == "rabbitmq" {
+		pub, err := rabbitmq.NewPublisher(ctx, amqpCfg)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--amqp-url (AMQP_URL): %w", err)
+		}
+		check := func(context.Context) error {
+			if !pub.Connected() {
+				return errors.New("not connected to RabbitMQ")
+			}
+			return nil
+		}
+		return pub, check, func() { _ = pub.Close() }, nil
+	}
+	var cleanup []func()
+	closeAll := func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}
+	natsURL, createStream := s.natsURL, s.createStream
+	if natsURL == "" {
+		srv, url, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: s.embeddedDir, Listen: s.embeddedListen})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--embedded-nats-listen/--embedded-nats-dir: %w", err)
+		}
+		cleanup = append(cleanup, func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		})
+		log.Info("embedded NATS JetStream server started", zap.String("url", url), zap.String("store_dir", s.embeddedDir))
+		natsURL, createStream = url, true
+	}
+	pub, err := broker.NewNATS(ctx, broker.NATSConfig{
+		URL: natsURL, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
+		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log,
+	})
+	if err != nil {
+		closeAll()
+		if strings.Contains(err.Error(), "NATSConfig.") {
+			return nil, nil, nil, nameSetting(err)
+		}
+		return nil, nil, nil, fmt.Errorf("--nats-url (NATS_URL): %w", err)
+	}
+	cleanup = append(cleanup, func() { _ = pub.Close() })
+	check := func(context.Context) error {
+		if !pub.Conn().IsConnected() {
+			return errors.New("not connected to NATS")
+		}
+		return nil
+	}
+	return pub, check, closeAll, nil
 }

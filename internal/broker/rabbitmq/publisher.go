@@ -346,6 +346,14 @@ func (p *Publisher) nacked(s *pubSession, size int) error {
 	return fmt.Errorf("rabbitmq: channel closed before the confirm: %w", e)
 }
 
+// Connected reports whether the publisher holds a usable connection (for
+// health checks); a broken one is replaced by the next Publish.
+func (p *Publisher) Connected() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sess != nil && !p.sess.broken()
+}
+
 // Close closes the connection. Callers wait for their confirms in Publish.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
