@@ -59,6 +59,10 @@ type Harness struct {
 	// and reports a republished event as Result.Duplicate (JetStream's
 	// duplicate window).
 	ReportsDuplicates bool
+	// AckTimeout, when positive, is how long the adapter's publisher waits
+	// for one acknowledgement before the publish fails transiently: the
+	// per-key order test then also holds acknowledgements back past it.
+	AckTimeout time.Duration
 	// RedeliveryTimeout bounds the wait for a redelivery. Default 30s.
 	RedeliveryTimeout time.Duration
 }

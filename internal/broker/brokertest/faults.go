@@ -1,6 +1,7 @@
 package brokertest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -16,8 +19,9 @@ import (
 // publishRetrying publishes msgs the way the relay does: after a transient
 // failure it retries from each key's first failed message, in order, until
 // every message is confirmed or d passes. It checks on every round that no
-// key has a later message confirmed after an earlier one failed.
-func publishRetrying(t *testing.T, p broker.Publisher, msgs []event.Message, d time.Duration) {
+// key has a later message confirmed after an earlier one failed, and returns
+// how many publishes failed.
+func publishRetrying(t *testing.T, p broker.Publisher, msgs []event.Message, d time.Duration) (failures int) {
 	t.Helper()
 	end := time.Now().Add(d)
 	pending := msgs
@@ -42,22 +46,58 @@ func publishRetrying(t *testing.T, p broker.Publisher, msgs []event.Message, d t
 			failed[m.Key] = true
 			next = append(next, m)
 		}
+		failures += len(next)
 		if len(next) > 0 {
 			time.Sleep(200 * time.Millisecond)
 		}
 		pending = next
 	}
+	return failures
 }
 
 // cut stops the proxy (closing every connection through it), keeps it down
-// for down, and starts it again on the same address.
+// for down, and starts it again on the same address. It may run on another
+// goroutine than the test's.
 func cut(t *testing.T, stop func(), start func() error, down time.Duration) {
-	t.Helper()
 	stop()
 	time.Sleep(down)
 	if err := start(); err != nil {
-		t.Fatalf("brokertest: restart the proxy: %v", err)
+		t.Errorf("brokertest: restart the proxy: %v", err)
 	}
+}
+
+// addLatency delays everything through px by d each way until the returned
+// function removes it.
+func addLatency(t *testing.T, px *toxiproxy.Proxy, name string, d time.Duration) (remove func()) {
+	t.Helper()
+	var names []string
+	for _, dir := range []string{"upstream", "downstream"} {
+		n := name + "_" + dir
+		js := fmt.Sprintf(`{"name":%q,"type":"latency","stream":%q,"toxicity":1,"attributes":{"latency":%d}}`, n, dir, d.Milliseconds())
+		if _, err := px.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+			t.Fatalf("brokertest: latency toxic: %v", err)
+		}
+		names = append(names, n)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, n := range names {
+			_ = px.Toxics.RemoveToxic(ctx, n)
+		}
+	}
+}
+
+// interleaved returns n messages of each of keys a, b and c, interleaved as
+// an outbox would hold them.
+func interleaved(ns string, n int) []event.Message {
+	var msgs []event.Message
+	for i := range n {
+		for _, k := range []string{"a", "b", "c"} {
+			msgs = append(msgs, message(ns, k, i))
+		}
+	}
+	return msgs
 }
 
 // checkKeyOrder fails unless, for every key, the first deliveries of its
@@ -79,9 +119,13 @@ func checkKeyOrder(t *testing.T, msgs []event.Message, got []broker.Delivery) {
 	}
 }
 
-// testPerKeyOrder: while the connection is cut in the middle of publishing,
-// no key has a later message stored before an earlier failed one, and what
-// arrives is in publish order per key.
+// testPerKeyOrder publishes batches of three keys through two transient
+// failures: the connection cut in the middle of a batch, and (with
+// Harness.AckTimeout) acknowledgements held back past the adapter's ack
+// timeout for a moment, so that a key's message fails while the ones after it
+// could go through. In no Publish may a key have a later message confirmed
+// after an earlier one failed (the relay retries from the failed one), and
+// what arrives is in publish order per key.
 func testPerKeyOrder(t *testing.T, h Harness) {
 	if h.Proxied == nil {
 		t.Skip("the harness has no Proxied capability: cannot cut the connection")
@@ -89,28 +133,45 @@ func testPerKeyOrder(t *testing.T, h Harness) {
 	ph, px := h.Proxied(t)
 	ns := Namespace("order")
 	p, s := newPair(t, ph, ns, "c")
-	var msgs []event.Message
-	for _, k := range []string{"a", "b", "c"} {
-		msgs = append(msgs, messages(ns, k, 60)...)
-	}
-	// Interleave the keys as an outbox would.
-	slices.SortStableFunc(msgs, func(x, y event.Message) int {
-		var i, j int
-		_, _ = fmt.Sscanf(x.EventID[strings.LastIndexByte(x.EventID, '-')+1:], "%d", &i)
-		_, _ = fmt.Sscanf(y.EventID[strings.LastIndexByte(y.EventID, '-')+1:], "%d", &j)
-		return i - j
-	})
+	var all []event.Message
+
+	// The connection cut while a slow batch is in flight (each key's
+	// messages, confirmed one after another, take about a second).
+	msgs := interleaved(ns+"-cut", 50)
+	all = append(all, msgs...)
+	remove := addLatency(t, px, "slow", 10*time.Millisecond)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		time.Sleep(50 * time.Millisecond)
-		cut(t, px.Stop, px.Start, time.Second)
+		time.Sleep(300 * time.Millisecond)
+		cut(t, px.Stop, px.Start, 0)
 	})
-	for i := 0; i < len(msgs); i += 20 {
-		publishRetrying(t, p, msgs[i:i+20], 60*time.Second)
-	}
+	failures := publishRetrying(t, p, msgs, 60*time.Second)
 	wg.Wait()
-	got := fetchUntil(t, s, h.RedeliveryTimeout+30*time.Second, haveAll(ids(msgs)))
-	checkKeyOrder(t, msgs, got)
+	if failures == 0 {
+		t.Fatal("no publish failed although the connection was cut during the batch")
+	}
+
+	// Acknowledgements held back past the ack timeout, then let through.
+	if h.AckTimeout > 0 {
+		msgs = interleaved(ns+"-slow", 50)
+		all = append(all, msgs...)
+		wg.Go(func() {
+			time.Sleep(100 * time.Millisecond)
+			remove := addLatency(t, px, "stall", h.AckTimeout)
+			time.Sleep(h.AckTimeout + 500*time.Millisecond)
+			remove()
+		})
+		n := publishRetrying(t, p, msgs, 60*time.Second)
+		wg.Wait()
+		if n == 0 {
+			t.Fatalf("no publish failed although acknowledgements were held back for %s", h.AckTimeout)
+		}
+		failures += n
+	}
+	remove()
+	t.Logf("%d publishes failed transiently and were retried", failures)
+	got := fetchUntil(t, s, h.RedeliveryTimeout+30*time.Second, haveAll(ids(all)))
+	checkKeyOrder(t, all, got)
 	ackAll(t, got)
 }
 

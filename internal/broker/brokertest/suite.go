@@ -156,11 +156,20 @@ func sameMessage(t *testing.T, want, got event.Message) {
 		t.Fatalf("%s: payload %q, want %q", want.EventID, got.Payload, want.Payload)
 	case got.ContentType != want.ContentType:
 		t.Fatalf("%s: content type %q, want %q", want.EventID, got.ContentType, want.ContentType)
-	case !got.OccurredAt.Equal(want.OccurredAt):
-		t.Fatalf("%s: occurred at %s, want %s", want.EventID, got.OccurredAt, want.OccurredAt)
+	case !got.OccurredAt.Equal(wantAt(want.OccurredAt)):
+		t.Fatalf("%s: occurred at %s, want %s", want.EventID, got.OccurredAt, wantAt(want.OccurredAt))
 	case !maps.Equal(got.Headers, want.Headers) && !(len(got.Headers) == 0 && len(want.Headers) == 0):
 		t.Fatalf("%s: headers %v, want %v", want.EventID, got.Headers, want.Headers)
 	}
+}
+
+// wantAt is an occurred-at as the inbox keeps it (to the microsecond).
+func wantAt(at time.Time) time.Time {
+	n, err := event.NormalizeOccurredAt(at)
+	if err != nil {
+		return at
+	}
+	return n
 }
 
 // testPublishAndConfirm: every published message is confirmed, arrives
@@ -197,7 +206,7 @@ func testRoundTrip(t *testing.T, h Harness) {
 	p, s := newPair(t, h, ns, "c")
 	odd := []event.Message{
 		{EventID: ns + "-binary", Topic: "orders", Key: "", EventType: "Blob", Payload: []byte{0, 1, 0xff, 0xfe},
-			ContentType: "application/octet-stream", OccurredAt: time.Unix(0, 1).UTC()},
+			ContentType: "application/octet-stream", OccurredAt: time.Unix(0, 1000).UTC()},
 		{EventID: ns + "-unicode-éü", Topic: "orders", Key: "clé ключ", EventType: "Événement", Payload: []byte(`"ß"`),
 			Headers:    map[string]string{"Mixed-Case": "välue", event.HeaderCausationID: "cause-1", event.HeaderCorrelationID: "corr-1"},
 			OccurredAt: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
@@ -239,8 +248,28 @@ func testDedupIDCarried(t *testing.T, h Harness) {
 			}
 		}
 	}
-	got := fetchUntil(t, s, h.RedeliveryTimeout, haveAll(ids(msgs)))
-	got = append(got, fetchUntil(t, s, time.Second, func([]broker.Delivery) bool { return false })...)
+	// Each delivery is acknowledged as soon as it arrives, so that anything
+	// seen twice was delivered twice, not redelivered.
+	var got []broker.Delivery
+	ctx := timeout(t, h.RedeliveryTimeout+10*time.Second)
+	fetchAcking := func(d time.Duration, done func([]broker.Delivery) bool) {
+		for end := time.Now().Add(d); !done(got) && time.Now().Before(end); {
+			ds, err := s.Fetch(ctx, 50, 200*time.Millisecond)
+			if err != nil {
+				t.Logf("fetch: %v (retrying)", err)
+				continue
+			}
+			for _, d := range ds {
+				checkDelivery(t, d)
+				if err := d.Ack(ctx); err != nil {
+					t.Fatalf("ack %s: %v", d.Ref, err)
+				}
+			}
+			got = append(got, ds...)
+		}
+	}
+	fetchAcking(h.RedeliveryTimeout, haveAll(ids(msgs)))
+	fetchAcking(time.Second, func([]broker.Delivery) bool { return false })
 	want := map[string]bool{}
 	for _, m := range msgs {
 		want[m.EventID] = true
@@ -252,6 +281,9 @@ func testDedupIDCarried(t *testing.T, h Harness) {
 		}
 		count[d.Message.EventID]++
 	}
+	if len(count) != len(msgs) {
+		t.Fatalf("received %v, want %v", distinctIDs(got), ids(msgs))
+	}
 	if h.ReportsDuplicates {
 		for id, n := range count {
 			if n != 1 {
@@ -259,7 +291,6 @@ func testDedupIDCarried(t *testing.T, h Harness) {
 			}
 		}
 	}
-	ackAll(t, got)
 }
 
 // testPermanentErrors: a message too large and a missing destination fail
