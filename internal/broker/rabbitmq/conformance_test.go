@@ -19,9 +19,12 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 )
 
-// suiteMaxMessageBytes is the publishers' Config.MaxMessageBytes in the
-// conformance suite.
-const suiteMaxMessageBytes = 64 << 10
+// suiteMaxMessageBytes and suiteConfirmTimeout are the publishers'
+// Config.MaxMessageBytes and Config.ConfirmTimeout in the conformance suite.
+const (
+	suiteMaxMessageBytes = 64 << 10
+	suiteConfirmTimeout  = 2 * time.Second
+)
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -30,10 +33,11 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 // config is the adapter's config for namespace ns (exchange ns, queue
-// ns_<consumer>) on the server at u, with short reconnection pauses.
+// ns_<consumer>) on the server at u, with short reconnection pauses and a
+// prefetch above the most the suite holds unacknowledged (300 messages).
 func config(u, ns, consumer string) rabbitmq.Config {
-	return rabbitmq.Config{URL: u, Exchange: ns, Queue: ns + "_" + consumer,
-		ReconnectWait: 100 * time.Millisecond, ReconnectMaxWait: time.Second, Heartbeat: 2 * time.Second}
+	return rabbitmq.Config{URL: u, Exchange: ns, Queue: ns + "_" + consumer, ConfirmTimeout: suiteConfirmTimeout,
+		Prefetch: 1000, ReconnectWait: 100 * time.Millisecond, ReconnectMaxWait: time.Second, Heartbeat: 2 * time.Second}
 }
 
 // harness gives the suite publishers and subscribers on the server at u.
@@ -73,6 +77,7 @@ func harness(admin, u string) brokertest.Harness {
 			return p
 		},
 		MaxMessageBytes:   suiteMaxMessageBytes,
+		AckTimeout:        suiteConfirmTimeout,
 		RedeliveryTimeout: 20 * time.Second,
 	}
 	return h
