@@ -48,6 +48,7 @@ func mainErr() error {
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.EnvString("BENCH_DATABASE_URL", cli.EnvString("DATABASE_URL", os.Getenv("TEST_DATABASE_URL"))),
 		"PostgreSQL server (maintenance database) where the run creates and drops its databases (BENCH_DATABASE_URL, else DATABASE_URL, else TEST_DATABASE_URL)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS JetStream server (NATS_URL); empty starts one in-process")
+	fs.StringVar(&cfg.Broker, "broker", cli.EnvString(cli.BrokerEnv, "nats"), "broker the relay drains publish to (PGRELAY_BROKER): nats; another broker runs with -only relay")
 	fs.StringVar(&cfg.OutDir, "out", "bench-results", "output directory")
 	fs.BoolVar(&cfg.Quick, "quick", cli.EnvBool("BENCH_QUICK", false), "small sizes and one repeat: proves the benchmark runs (BENCH_QUICK)")
 	fs.IntVar(&cfg.Repeats, "repeats", 0, "repeats per figure (default 3, quick 1)")
@@ -146,6 +147,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		"repeats": cfg.Repeats, "events": cfg.Events, "batch_size": cfg.BatchSize, "workers": cfg.Workers,
 		"prefill": cfg.Prefill, "load_duration": cfg.LoadDuration.String(), "loads": cfg.Loads,
 		"relay_instances": cfg.RelayInstances, "only": cfg.Only, "tuned_max_wait": cfg.TunedMaxWait.String(),
+		"broker": cfg.Broker,
 	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return nil, fmt.Errorf("output directory (-out): %w", err)

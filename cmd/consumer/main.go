@@ -1,6 +1,7 @@
-// Command consumer receives events from NATS JetStream into the pgrelay inbox
-// and applies each exactly once with the handler --handler selects: the
-// example ledger, the user's SQL function or the user's webhook.
+// Command consumer receives events from a message broker (--broker: NATS
+// JetStream by default) into the pgrelay inbox and applies each exactly once
+// with the handler --handler selects: the example ledger, the user's SQL
+// function or the user's webhook.
 //
 //	consumer run             consume until SIGTERM
 //	consumer migrate up      apply the database migrations (--example-schema: and the ledger's tables)
@@ -27,7 +28,6 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -47,16 +47,9 @@ func main() {
 type settings struct {
 	databaseURL     string
 	broker          string
-	amqp            *rabbitmq.Flags
-	natsURL         string
-	stream          string
-	subjectPrefix   string
-	createStream    bool
-	durable         string
-	filterSubject   string
+	brokers         map[string]cli.ConsumerSide
 	batchSize       int
 	maxWait         time.Duration
-	ackWait         time.Duration
 	maxPayloadBytes int
 	workers         int
 	workerBatchSize int
@@ -65,7 +58,6 @@ type settings struct {
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
 	dupRateWarn     float64
-	allowReplay     bool
 	handler         string
 	sqlFunction     string
 	httpURL         string
@@ -78,19 +70,16 @@ type settings struct {
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"CONSUMER_CREATE_STREAM":                    "bool",
-	"CONSUMER_BATCH_SIZE":                       "int",
-	"CONSUMER_MAX_WAIT":                         "duration",
-	"CONSUMER_ACK_WAIT":                         "duration",
-	"CONSUMER_MAX_PAYLOAD_BYTES":                "int",
-	"CONSUMER_WORKERS":                          "int",
-	"CONSUMER_WORKER_BATCH_SIZE":                "int",
-	"CONSUMER_MAX_ATTEMPTS":                     "int",
-	"CONSUMER_LEASE":                            "duration",
-	"CONSUMER_HANDLER_TIMEOUT":                  "duration",
-	"CONSUMER_STATS_INTERVAL":                   "duration",
-	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
-	"CONSUMER_HTTP_TIMEOUT":                     "duration",
+	"CONSUMER_BATCH_SIZE":        "int",
+	"CONSUMER_MAX_WAIT":          "duration",
+	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
+	"CONSUMER_WORKERS":           "int",
+	"CONSUMER_WORKER_BATCH_SIZE": "int",
+	"CONSUMER_MAX_ATTEMPTS":      "int",
+	"CONSUMER_LEASE":             "duration",
+	"CONSUMER_HANDLER_TIMEOUT":   "duration",
+	"CONSUMER_STATS_INTERVAL":    "duration",
+	"CONSUMER_HTTP_TIMEOUT":      "duration",
 }
 
 // settingNames maps the ConsumerConfig fields named by validation errors onto
@@ -123,10 +112,11 @@ func newRootCommand() *cobra.Command {
 	var s settings
 	root := &cobra.Command{
 		Use:   "consumer",
-		Short: "Receive events from NATS JetStream into the inbox and apply them exactly once",
-		Long: `consumer pulls events from a JetStream durable consumer, stores each fetched
-batch in the PostgreSQL inbox in one transaction (deduplicated by event id),
-commits, then acknowledges the batch. Inbox workers in the same process apply
+		Short: "Receive events from a message broker into the inbox and apply them exactly once",
+		Long: `consumer fetches events from a message broker (--broker; with nats, a
+JetStream durable pull consumer), stores each fetched batch in the PostgreSQL
+inbox in one transaction (deduplicated by event id), commits, then
+acknowledges the batch. Inbox workers in the same process apply
 each event exactly once with --handler: ledger (the worked example), sql (your
 function, in the inbox transaction) or http (your webhook). Malformed messages are stored dead with
 the reason and acknowledged, never dropped.`,
@@ -145,17 +135,11 @@ the reason and acknowledged, never dropped.`,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return runConsumer(cmd.Context(), s) },
 	}
 	f := run.Flags()
-	f.StringVar(&s.broker, "broker", cli.EnvString("PGRELAY_BROKER", "nats"), "broker to consume from: nats or rabbitmq (PGRELAY_BROKER); rabbitmq takes the --amqp-* flags")
-	s.amqp = rabbitmq.BindFlags(f, rabbitmq.SideConsumer)
-	f.StringVar(&s.natsURL, "nats-url", cli.EnvString("NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated (NATS_URL)")
-	f.StringVar(&s.stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "JetStream stream to consume (CONSUMER_STREAM)")
-	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("CONSUMER_SUBJECT_PREFIX", "pgrelay"), "subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("CONSUMER_CREATE_STREAM", false), "create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
-	f.StringVar(&s.durable, "durable", cli.EnvString("CONSUMER_DURABLE", "pgrelay-consumer"), "durable consumer name; instances sharing it share the work (CONSUMER_DURABLE)")
-	f.StringVar(&s.filterSubject, "filter-subject", cli.EnvString("CONSUMER_FILTER_SUBJECT", ""), "subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
+	brokers := cli.Brokers()
+	cli.BindBrokerFlag(f, &s.broker, brokers)
+	s.brokers = cli.BindConsumerSides(f, brokers)
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", 100), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
 	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", 500*time.Millisecond), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
-	f.DurationVar(&s.ackWait, "ack-wait", cli.EnvDuration("CONSUMER_ACK_WAIT", 30*time.Second), "JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
 	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", 1<<20), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", inbox.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
 	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", inbox.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
@@ -164,7 +148,6 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", 0.5), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
-	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
@@ -203,34 +186,12 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
-	if err := cli.ValidateEnv(rabbitmq.EnvKinds); err != nil {
-		return err
-	}
 	if s.databaseURL == "" {
 		return errors.New("--database-url (DATABASE_URL) is required")
 	}
 	log, err := cli.NewLogger(s.logLevel, s.logFormat)
 	if err != nil {
 		return err
-	}
-	var subscribe func(context.Context) (pgrelay.Subscriber, error)
-	switch s.broker {
-	case "nats":
-	case "rabbitmq":
-		amqpCfg, err := s.amqp.Config(log)
-		if err != nil {
-			return err
-		}
-		maxPayload := s.maxPayloadBytes
-		subscribe = func(ctx context.Context) (pgrelay.Subscriber, error) {
-			sub, err := rabbitmq.NewSubscriber(ctx, amqpCfg, maxPayload)
-			if err != nil {
-				return nil, fmt.Errorf("--amqp-url (AMQP_URL): %w", err)
-			}
-			return sub, nil
-		}
-	default:
-		return fmt.Errorf("--broker (PGRELAY_BROKER) %q: want nats or rabbitmq", s.broker)
 	}
 	defer log.Sync() //nolint:errcheck
 
@@ -267,38 +228,39 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkHandlerSettings(s); err != nil {
 		return err
 	}
+	side, err := cli.SelectBroker(s.broker, s.brokers)
+	if err != nil {
+		return err
+	}
+	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
+		MaxPayloadBytes: s.maxPayloadBytes, Logger: log}
 	cfg := pgrelay.ConsumerConfig{
-		Pool:                         pool,
-		NATSURL:                      s.natsURL,
-		Subscribe:                    subscribe,
-		Handler:                      ledger.Handler{}, // replaced below once the database is checked
-		Stream:                       s.stream,
-		SubjectPrefix:                s.subjectPrefix,
-		CreateStream:                 s.createStream,
-		Durable:                      s.durable,
-		FilterSubject:                s.filterSubject,
-		FetchBatchSize:               s.batchSize,
-		MaxWait:                      s.maxWait,
-		AckWait:                      s.ackWait,
-		MaxPayloadBytes:              s.maxPayloadBytes,
-		StatsInterval:                s.statsInterval,
-		DupRateWarn:                  s.dupRateWarn,
-		DedupWindow:                  s.ops.DedupWindow,
-		AllowReplayBeyondDedupWindow: s.allowReplay,
-		Workers:                      s.workers,
-		WorkerBatchSize:              s.workerBatchSize,
-		MaxAttempts:                  s.maxAttempts,
-		Lease:                        s.lease,
-		HandlerTimeout:               s.handlerTimeout,
-		MetricsAddr:                  s.ops.MetricsAddr,
-		AdminAddr:                    s.ops.AdminAddr,
-		AdminToken:                   s.ops.AdminToken,
-		Logger:                       log,
+		Pool:            pool,
+		Subscribe:       side.Subscribe(opts),
+		Handler:         ledger.Handler{}, // replaced below once the database is checked
+		FetchBatchSize:  s.batchSize,
+		MaxWait:         s.maxWait,
+		MaxPayloadBytes: s.maxPayloadBytes,
+		StatsInterval:   s.statsInterval,
+		DupRateWarn:     s.dupRateWarn,
+		DedupWindow:     s.ops.DedupWindow,
+		Workers:         s.workers,
+		WorkerBatchSize: s.workerBatchSize,
+		MaxAttempts:     s.maxAttempts,
+		Lease:           s.lease,
+		HandlerTimeout:  s.handlerTimeout,
+		MetricsAddr:     s.ops.MetricsAddr,
+		AdminAddr:       s.ops.AdminAddr,
+		AdminToken:      s.ops.AdminToken,
+		Logger:          log,
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
 	if _, err := pgrelay.NewConsumer(cfg); err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
+	}
+	if err := side.Check(opts); err != nil {
+		return err
 	}
 	if err := checkDatabase(ctx, pool, s.handler == "ledger"); err != nil {
 		return err

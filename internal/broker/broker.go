@@ -34,7 +34,10 @@ type Subscriber interface {
 	// Fetch waits at most maxWait for a first delivery and returns up to max
 	// of them, in broker order. It returns (nil, nil) when nothing arrived in
 	// time. An error is a transient broker failure: the caller backs off and
-	// fetches again (the adapter reconnects by itself).
+	// fetches again (the adapter reconnects by itself). Deliveries returned
+	// with an error are valid and are stored like any other. An error for
+	// which IsPermanent is true is a setting no retry can fix (a NATS stream
+	// outliving the dedup window): the consumer stops with it.
 	// Fetch never returns a delivery it cannot identify stably: one without a
 	// usable event id gets a stand-in id derived from its broker position
 	// (stream+seq, topic+partition+offset, ...), the same on every

@@ -68,7 +68,9 @@ func (c NATSConfig) WithDefaults() NATSConfig {
 	return c
 }
 
-func (c NATSConfig) validate() error {
+// Validate checks the settings (after WithDefaults), naming a bad field as
+// NATSConfig.<Field>.
+func (c NATSConfig) Validate() error {
 	switch {
 	case c.URL == "":
 		return errors.New("broker: NATSConfig.URL is required")
@@ -105,7 +107,7 @@ type NATS struct {
 // connection reconnects on its own after a network failure.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger.Named("nats")

@@ -408,7 +408,7 @@ func (s *NATSSubscriber) attach(ctx context.Context) error {
 	case !s.nc.IsConnected():
 		return fmt.Errorf("not connected to NATS at %s (%s): %w", RedactURLs(s.cfg.URL), s.nc.Status(), err)
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("stream %s not found; waiting for the relay to create it (or set --create-stream): %w", s.cfg.Stream, err)
+		return fmt.Errorf("stream not found; waiting for the relay to create it (or set --create-stream): %w", err)
 	default:
 		return fmt.Errorf("cannot attach to the JetStream consumer yet: %w", err)
 	}
