@@ -27,7 +27,8 @@ type relayTarget interface {
 // targets. An adapter adds itself here.
 func relayTargets() map[string]func(ctx context.Context, b *bench) (relayTarget, error) {
 	return map[string]func(ctx context.Context, b *bench) (relayTarget, error){
-		"nats": newNATSTarget,
+		"nats":     newNATSTarget,
+		"rabbitmq": newRabbitMQTarget,
 	}
 }
 

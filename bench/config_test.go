@@ -23,3 +23,13 @@ func TestBrokerSetting(t *testing.T) {
 	cfg.Only = []string{"relay", "inbox"}
 	require.NoError(t, cfg.WithDefaults().validate(), "NATS runs every group")
 }
+
+// TestBrokerSettingRabbitMQ: -broker rabbitmq is a relay drain target, and
+// only that.
+func TestBrokerSettingRabbitMQ(t *testing.T) {
+	t.Parallel()
+	cfg := Config{DatabaseURL: "postgres://x", Broker: "rabbitmq", Only: []string{"relay"}}
+	require.NoError(t, cfg.WithDefaults().validate())
+	cfg.Only = nil
+	require.ErrorContains(t, cfg.WithDefaults().validate(), "-only relay")
+}
