@@ -124,14 +124,17 @@ func (p *Publisher) connect(ctx context.Context) (*pubSession, error) {
 }
 
 // trackReturns records returned messages and answers take requests, in the
-// order they arrive, until the session stops.
+// order they arrive. It keeps draining returns after the session stopped,
+// until the client closes the channel: the client's reader hands returns
+// over synchronously and would otherwise block, connection close included.
 func (s *pubSession) trackReturns(returns <-chan amqp.Return) {
 	returned := map[returnKey][]amqp.Return{}
-	for {
+	stop := s.stop
+	for returns != nil || stop != nil {
 		select {
 		case r, ok := <-returns:
 			if !ok {
-				returns = nil // the channel closed; keep answering takes
+				returns = nil // the channel closed; answer takes until the stop
 				continue
 			}
 			k := returnKey{r.RoutingKey, r.MessageId}
@@ -147,21 +150,22 @@ func (s *pubSession) trackReturns(returns <-chan amqp.Return) {
 				}
 			}
 			q.reply <- r
-		case <-s.stop:
-			return
+		case <-stop:
+			stop = nil
 		}
 	}
 }
 
 // returned reports the basic.return received for the message, if any. Call
-// it after the message's confirm arrived.
-func (s *pubSession) returned(routingKey, messageID string) *amqp.Return {
+// it after the message's confirm arrived. known is false when the session
+// stopped before it could tell.
+func (s *pubSession) returned(routingKey, messageID string) (r *amqp.Return, known bool) {
 	q := takeReq{key: returnKey{routingKey, messageID}, reply: make(chan *amqp.Return, 1)}
 	select {
 	case s.take <- q:
-		return <-q.reply
+		return <-q.reply, true
 	case <-s.stop:
-		return nil
+		return nil, false
 	}
 }
 
@@ -301,9 +305,14 @@ func (p *Publisher) publishOne(ctx context.Context, m broker.Message) error {
 		p.discard(s)
 		return fmt.Errorf("rabbitmq: no confirm within %s (Config.ConfirmTimeout)", p.cfg.ConfirmTimeout)
 	}
-	ret := s.returned(rk, pub.MessageId)
+	ret, known := s.returned(rk, pub.MessageId)
 	if !dc.Acked() {
 		return p.nacked(s, len(m.Payload))
+	}
+	if !known {
+		// Confirmed, but whether it was routed is unknown: publish again
+		// (a copy is absorbed by the inbox, a return makes it permanent).
+		return errors.New("rabbitmq: confirmed, but the connection closed before its routing was known")
 	}
 	if ret != nil {
 		return broker.Permanentf("unroutable: no queue is bound to exchange %q for routing key %q (basic.return %d %s)",
