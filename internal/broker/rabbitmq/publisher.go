@@ -34,6 +34,10 @@ type Publisher struct {
 	// to the server's max_message_size once a refusal names it.
 	maxBytes atomic.Int64
 
+	// current mirrors sess for Connected, which must not wait for mu
+	// while a reconnection holds it.
+	current atomic.Pointer[pubSession]
+
 	mu      sync.Mutex // guards the fields below
 	sess    *pubSession
 	closed  bool
@@ -60,6 +64,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
 	p.sess = s
+	p.current.Store(s)
 	return p, nil
 }
 
@@ -216,6 +221,7 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	p.backoff = p.cfg.ReconnectWait
 	p.log.Info("connected to RabbitMQ", zap.String("url", RedactURL(p.cfg.URL)))
 	p.sess = s
+	p.current.Store(s)
 	return s, nil
 }
 
@@ -358,9 +364,8 @@ func (p *Publisher) nacked(s *pubSession, size int) error {
 // Connected reports whether the publisher holds a usable connection (for
 // health checks); a broken one is replaced by the next Publish.
 func (p *Publisher) Connected() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.sess != nil && !p.sess.broken()
+	s := p.current.Load()
+	return s != nil && !s.broken()
 }
 
 // Close closes the connection. Callers wait for their confirms in Publish.

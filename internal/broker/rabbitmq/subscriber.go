@@ -137,6 +137,9 @@ func (s *Subscriber) session(ctx context.Context, maxWait time.Duration) (*subSe
 func (s *Subscriber) lost(sess *subSession) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("rabbitmq: subscriber closed")
+	}
 	if s.sess == sess {
 		s.sess = nil
 		_ = sess.conn.Close()
