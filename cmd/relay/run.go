@@ -108,9 +108,10 @@ Pgrelay-* headers.`,
 batches in flight, releases its partition leases and notifies the other relays
 (channel pgrelay_relays), which take the partitions over at once, and exits.
 
-With --broker nats and without --nats-url, an embedded NATS server with JetStream is started in this
-process (data in --embedded-nats-dir, listening on --embedded-nats-listen) and
-the stream is created, so a first run needs only PostgreSQL.`,
+With --broker nats (the default) and without --nats-url, an embedded NATS
+server with JetStream is started in this process (data in --embedded-nats-dir,
+listening on --embedded-nats-listen) and the stream is created, so a first run
+needs only PostgreSQL.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runRelay(cmd.Context(), s) },
 	}

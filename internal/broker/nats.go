@@ -22,7 +22,7 @@ type NATSConfig struct {
 	// published to "<SubjectPrefix>.orders". Default: DefaultSubjectPrefix.
 	SubjectPrefix string
 	// Stream is the JetStream stream that stores the subjects; it is created
-	// when CreateStream is set. Default: "PGRELAY".
+	// when CreateStream is set. Default: DefaultStream.
 	Stream string
 	// CreateStream creates the stream (subjects "<SubjectPrefix>.>", file
 	// storage, StreamMaxAge, DuplicateWindow) when it does not exist; an

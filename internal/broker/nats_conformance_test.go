@@ -8,6 +8,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
@@ -59,6 +60,16 @@ func natsHarness(t *testing.T, url string) brokertest.Harness {
 				t.Fatalf("NewNATSSubscriber: %v", err)
 			}
 			return s
+		},
+		PublishWithoutID: func(t *testing.T, ns string, payload []byte) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			m := nats.NewMsg(ns + ".orders")
+			m.Header.Set(event.HeaderEventType, "Foreign")
+			m.Data = payload
+			if _, err := js.PublishMsg(ctx, m); err != nil {
+				t.Fatalf("publish without id: %v", err)
+			}
 		},
 		UnknownDestination: func(t *testing.T, ns string) broker.Publisher {
 			return publisher(t, ns, ns) // no stream stores "<ns>.>"

@@ -165,7 +165,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		}
 	}()
 	defer c.ready.Store(false)
-	c.log.Info("consuming", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait))
+	c.log.Info("ingest started", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait))
 	failures := 0
 	for ctx.Err() == nil {
 		ds, err := sub.Fetch(ctx, c.cfg.BatchSize, c.cfg.MaxWait)

@@ -3,8 +3,13 @@
 // and checks the properties pgrelay relies on (confirmed publishes, the event
 // id carried as the dedup id, per-key order across a transient failure,
 // permanent-error classification, redelivery of what was not acknowledged,
-// acknowledgement only when the caller says so, reconnection). FuzzRoundTrip
-// checks an adapter's encode → decode mapping without a broker.
+// acknowledgement only when the caller says so, stable stand-in ids,
+// reconnection). FuzzRoundTrip checks an adapter's encode → decode mapping
+// without a broker.
+//
+// An adapter runs it from a test of its own package with a Harness over its
+// real broker; internal/broker/nats_conformance_test.go is the NATS one
+// (TestNATSConformance, FuzzNATSRoundTrip).
 package brokertest
 
 import (
@@ -52,6 +57,11 @@ type Harness struct {
 	// destination does not exist (no stream stores its subjects, the topic or
 	// exchange is missing): every publish must fail permanently.
 	UnknownDestination func(t *testing.T, ns string) broker.Publisher
+	// PublishWithoutID, when set, publishes payload into namespace ns (topic
+	// "orders") the way a foreign producer would, with no event id at all
+	// (no pgrelay header, no broker message id): the subscriber must give it
+	// a stand-in id from its broker position, the same on every redelivery.
+	PublishWithoutID func(t *testing.T, ns string, payload []byte)
 	// MaxMessageBytes, when positive, is a payload size the broker refuses
 	// in the harness's namespaces: a larger message must fail permanently.
 	MaxMessageBytes int
@@ -104,6 +114,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PermanentErrors", func(t *testing.T) { t.Parallel(); testPermanentErrors(t, h) })
 	t.Run("UnackedRedelivered", func(t *testing.T) { t.Parallel(); testUnackedRedelivered(t, h) })
 	t.Run("AckOnlyWhenTold", func(t *testing.T) { t.Parallel(); testAckOnlyWhenTold(t, h) })
+	t.Run("StandInIDStable", func(t *testing.T) { t.Parallel(); testStandInIDStable(t, h) })
 	t.Run("PerKeyOrderAcrossTransientFailure", func(t *testing.T) { testPerKeyOrder(t, h) })
 	t.Run("ReconnectAfterConnectionCut", func(t *testing.T) { testReconnectAfterCut(t, h) })
 	t.Run("ReconnectAfterRestart", func(t *testing.T) { testReconnectAfterRestart(t, h) })

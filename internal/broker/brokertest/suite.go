@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -392,6 +393,51 @@ func testAckOnlyWhenTold(t *testing.T, h Harness) {
 	for _, d := range again {
 		if acked[d.Message.EventID] {
 			t.Fatalf("%s was acknowledged and came again (%s)", d.Message.EventID, d.Ref)
+		}
+	}
+	ackAll(t, again)
+}
+
+// testStandInIDStable: a message without any event id is delivered dead
+// (missing event id) under a valid stand-in id, and its redelivery to
+// another subscriber carries the same id, so that the inbox stores it once.
+func testStandInIDStable(t *testing.T, h Harness) {
+	if h.PublishWithoutID == nil {
+		t.Skip("the harness has no PublishWithoutID capability")
+	}
+	ns := Namespace("noid")
+	p := h.NewPublisher(t, ns) // sets up the namespace
+	t.Cleanup(func() { _ = p.Close() })
+	h.PublishWithoutID(t, ns, []byte(`{"first":true}`))
+	h.PublishWithoutID(t, ns, []byte(`{"second":true}`))
+	two := func(ds []broker.Delivery) bool { return len(distinctIDs(ds)) >= 2 }
+	s1 := h.NewSubscriber(t, ns, "c")
+	first := fetchUntil(t, s1, h.RedeliveryTimeout, two)
+	if !two(first) {
+		t.Fatalf("received %d deliveries with ids %v, want 2 messages", len(first), distinctIDs(first))
+	}
+	byPayload := map[string]string{}
+	for _, d := range first {
+		if !strings.HasPrefix(d.DeadReason, broker.ReasonMissingEventID) {
+			t.Fatalf("%s: dead reason %q, want %q", d.Ref, d.DeadReason, broker.ReasonMissingEventID)
+		}
+		byPayload[string(d.Message.Payload)] = d.Message.EventID
+	}
+	if byPayload[`{"first":true}`] == byPayload[`{"second":true}`] {
+		t.Fatalf("two messages share the stand-in id %q", byPayload[`{"first":true}`])
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	s2 := h.NewSubscriber(t, ns, "c")
+	t.Cleanup(func() { _ = s2.Close() })
+	again := fetchUntil(t, s2, h.RedeliveryTimeout, two)
+	if !two(again) {
+		t.Fatalf("not redelivered: got %v", distinctIDs(again))
+	}
+	for _, d := range again {
+		if want := byPayload[string(d.Message.Payload)]; d.Message.EventID != want {
+			t.Fatalf("redelivery %s has stand-in id %q, the first delivery had %q", d.Ref, d.Message.EventID, want)
 		}
 	}
 	ackAll(t, again)
