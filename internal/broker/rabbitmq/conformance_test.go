@@ -76,6 +76,26 @@ func harness(admin, u string) brokertest.Harness {
 			}
 			return p
 		},
+		// A foreign producer's message: no Pgrelay-Event-Id, no message-id.
+		PublishWithoutID: func(t *testing.T, ns string, payload []byte) {
+			conn, err := amqp.Dial(admin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = conn.Close() }()
+			ch, err := conn.Channel()
+			if err == nil {
+				err = ch.Confirm(false)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctxT(t, 10*time.Second), ns, "orders", true, false,
+				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: payload})
+			if err != nil || !dc.Wait() {
+				t.Fatalf("publish without an id: %v", err)
+			}
+		},
 		MaxMessageBytes:   suiteMaxMessageBytes,
 		AckTimeout:        suiteConfirmTimeout,
 		RedeliveryTimeout: 20 * time.Second,
