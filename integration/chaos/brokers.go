@@ -199,9 +199,16 @@ func startRabbitEnv(ctx context.Context, amqpURL string) (*rabbitEnv, error) {
 	e.addr = host
 	// The consumers' queue, declared as the services declare it (quorum
 	// where supported), and the audit queue (classic, never consumed).
-	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.Config{URL: amqpURL, Exchange: e.exchange, Queue: e.queue})
-	if err != nil {
-		return nil, fmt.Errorf("chaos: RabbitMQ at %s: %w", rabbitmq.RedactURL(amqpURL), err)
+	// Retried for a while: a test elsewhere may be restarting the shared
+	// server.
+	var pub *rabbitmq.Publisher
+	for end := time.Now().Add(time.Minute); ; {
+		if pub, err = rabbitmq.NewPublisher(ctx, rabbitmq.Config{URL: amqpURL, Exchange: e.exchange, Queue: e.queue}); err == nil {
+			break
+		}
+		if time.Now().After(end) || sleepCtx(ctx, 500*time.Millisecond) != nil {
+			return nil, fmt.Errorf("chaos: RabbitMQ at %s: %w", rabbitmq.RedactURL(amqpURL), err)
+		}
 	}
 	_ = pub.Close()
 	if err := e.connect(); err != nil {

@@ -32,8 +32,8 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 		ReconnectWait: 50 * time.Millisecond, ReconnectMaxWait: time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pub, err := rabbitmq.NewPublisher(ctx, rcfg)
-	require.NoError(t, err)
+	var pub *rabbitmq.Publisher
+	require.NoError(t, testamqp.Retry(time.Minute, func() (err error) { pub, err = rabbitmq.NewPublisher(ctx, rcfg); return err }))
 	defer func() { _ = pub.Close() }()
 
 	const orders = 20
@@ -55,16 +55,24 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 				ContentType: "application/json", Payload: paid, OccurredAt: at})
 	}
 	for range 2 { // the publish, then the re-publish
-		for _, r := range pub.Publish(ctx, msgs) {
-			require.NoError(t, r.Err)
-			require.False(t, r.Duplicate, "RabbitMQ reports no duplicates")
-		}
+		require.NoError(t, testamqp.Retry(time.Minute, func() error {
+			for _, r := range pub.Publish(ctx, msgs) {
+				if r.Err != nil {
+					return r.Err // retried whole: extra copies are absorbed too
+				}
+				require.False(t, r.Duplicate, "RabbitMQ reports no duplicates")
+			}
+			return nil
+		}))
 	}
-	require.Equal(t, 2*len(msgs), testamqp.Count(t, u, queue), "the broker keeps both copies")
+	copies := testamqp.Count(t, u, queue)
+	require.GreaterOrEqual(t, copies, 2*len(msgs), "the broker keeps both copies")
 
 	cfg := b.cfg
 	cfg.Subscribe = func(ctx context.Context) (broker.Subscriber, error) {
-		return rabbitmq.NewSubscriber(ctx, rcfg, DefaultMaxPayloadBytes)
+		var sub broker.Subscriber
+		err := testamqp.Retry(time.Minute, func() (err error) { sub, err = rabbitmq.NewSubscriber(ctx, rcfg, DefaultMaxPayloadBytes); return err })
+		return sub, err
 	}
 	c, err := New(cfg)
 	require.NoError(t, err)
@@ -80,12 +88,12 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processed') FROM inbox`).Scan(&n, &processed); err != nil {
 			return false
 		}
-		return n == len(msgs) && processed == n && c.Stats().Acked == int64(2*len(msgs))
+		return n == len(msgs) && processed == n && c.Stats().Acked >= int64(copies)
 	}, 30*time.Second, 50*time.Millisecond)
 	require.NoError(t, stop())
 	s := c.Stats()
 	require.Equal(t, int64(len(msgs)), s.Inserted, "one inbox row per event")
-	require.Equal(t, int64(len(msgs)), s.Duplicates, "every second copy absorbed by the inbox")
+	require.GreaterOrEqual(t, s.Duplicates, int64(len(msgs)), "every second copy absorbed by the inbox")
 	require.Equal(t, 0, testamqp.Count(t, u, queue), "every copy acknowledged")
 
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)

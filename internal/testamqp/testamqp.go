@@ -103,3 +103,18 @@ func Count(tb testing.TB, url, queue string) int {
 	}
 	return q.Messages
 }
+
+// Retry calls f until it succeeds or d has passed, pausing between attempts,
+// and returns its last error. Tests that share the server use it around
+// connecting and publishing: another test may be restarting the server
+// (the conformance suite's restart sub-test) for a few seconds.
+func Retry(d time.Duration, f func() error) error {
+	end := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil || time.Now().After(end) {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
