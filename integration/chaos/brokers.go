@@ -370,6 +370,9 @@ func (e *rabbitEnv) injectDuplicates(ctx context.Context, rng *mrand.Rand, seed 
 // peekAudit reads up to max messages from the head of the audit queue and
 // requeues them (unacknowledged, then the channel closes), in order.
 func (e *rabbitEnv) peekAudit(ctx context.Context, max int) ([]amqp.Delivery, error) {
+	if err := e.connect(); err != nil {
+		return nil, err
+	}
 	ch, err := e.conn.Channel()
 	if err != nil {
 		return nil, err
