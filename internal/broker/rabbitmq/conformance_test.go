@@ -204,9 +204,9 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, h)
 }
 
-// FuzzRoundTrip: an event encoded as the publisher does and decoded as the
+// FuzzRabbitMQRoundTrip: an event encoded as the publisher does and decoded as the
 // subscriber does comes back unchanged, and anything comes back storable.
-func FuzzRoundTrip(f *testing.F) {
+func FuzzRabbitMQRoundTrip(f *testing.F) {
 	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
 		return rabbitmq.RoundTrip(t, m)
 	})
