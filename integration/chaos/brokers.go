@@ -315,19 +315,30 @@ func (e *rabbitEnv) outstanding(_ context.Context) (int64, int64, error) {
 	return int64(q.Messages), -1, nil
 }
 
+// publish publishes one message on the run's own connection and waits for
+// its confirm, connecting again and retrying for a while: the shared server
+// may be restarting (this run's fault, or another test's).
 func (e *rabbitEnv) publish(ctx context.Context, routingKey string, p amqp.Publishing) error {
-	if err := e.connect(); err != nil {
+	try := func() error {
+		if err := e.connect(); err != nil {
+			return err
+		}
+		dc, err := e.ch.PublishWithDeferredConfirmWithContext(ctx, e.exchange, routingKey, true, false, p)
+		if err != nil {
+			return err
+		}
+		ok, err := dc.WaitContext(ctx)
+		if err == nil && !ok {
+			err = errors.New("chaos: RabbitMQ refused an injected message")
+		}
 		return err
 	}
-	dc, err := e.ch.PublishWithDeferredConfirmWithContext(ctx, e.exchange, routingKey, true, false, p)
-	if err != nil {
-		return err
+	var err error
+	for end := time.Now().Add(30 * time.Second); ; {
+		if err = try(); err == nil || time.Now().After(end) || sleepCtx(ctx, 500*time.Millisecond) != nil {
+			return err
+		}
 	}
-	ok, err := dc.WaitContext(ctx)
-	if err == nil && !ok {
-		err = errors.New("chaos: RabbitMQ refused an injected message")
-	}
-	return err
 }
 
 func (e *rabbitEnv) publishRaw(ctx context.Context, id, typ, key string, payload []byte) error {
