@@ -128,3 +128,47 @@ func FuzzNATSRoundTrip(f *testing.F) {
 		return broker.NATSRoundTripForTest(t, p, m)
 	})
 }
+
+// TestNATSSubscriberReattachesAfterDurableDeletedWhileIdle deletes the
+// durable while no pull request is in flight: a pull on a deleted durable is
+// never answered, so the subscriber must notice by asking, attach again and
+// deliver what is published afterwards.
+func TestNATSSubscriberReattachesAfterDurableDeletedWhileIdle(t *testing.T) {
+	t.Parallel()
+	url := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, url)
+	_, js := testnats.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := broker.NewNATSSubscriber(ctx, broker.NATSSubscriberConfig{URL: url, Stream: stream, SubjectPrefix: prefix,
+		Durable: "idle", AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.Fetch(ctx, 10, 50*time.Millisecond); err != nil {
+		t.Fatalf("first fetch (attach): %v", err)
+	}
+	if err := js.DeleteConsumer(ctx, stream, "idle"); err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(prefix + ".orders")
+	m.Header.Set(event.HeaderEventID, "after-delete")
+	m.Header.Set(event.HeaderEventType, "T")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); {
+		ds, err := s.Fetch(ctx, 10, 100*time.Millisecond)
+		if err != nil {
+			t.Logf("fetch: %v", err)
+			continue
+		}
+		for _, d := range ds {
+			if d.Message.EventID == "after-delete" {
+				return
+			}
+		}
+	}
+	t.Fatal("the message published after the durable was deleted never arrived")
+}

@@ -158,7 +158,14 @@ type NATSSubscriber struct {
 	// streamCreated is the attached stream's creation time, part of the
 	// stand-in id of a message without an event id.
 	streamCreated time.Time
+	// checked is when the durable was last known to exist (see Fetch).
+	checked time.Time
 }
+
+// durableCheckInterval is how often an idle subscriber checks that its
+// durable still exists: a pull request on a deleted durable is not answered,
+// so an idle fetch cannot tell a deleted durable from an empty stream.
+const durableCheckInterval = 5 * time.Second
 
 // NewNATSSubscriber validates cfg (after WithDefaults) and connects. The
 // first connection is not retried: a wrong or unreachable URL at start-up is
@@ -250,6 +257,12 @@ func (s *NATSSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durati
 		}
 	}
 	msgs, err := s.fetch(ctx, max, maxWait)
+	switch {
+	case len(msgs) > 0:
+		s.checked = time.Now()
+	case err == nil && time.Since(s.checked) >= durableCheckInterval:
+		err = s.checkDurable(ctx)
+	}
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
 		errors.Is(err, jetstream.ErrStreamNotFound) {
 		// The durable (or its stream) is gone, for example deleted by an
@@ -258,6 +271,23 @@ func (s *NATSSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durati
 		s.cons = nil
 	}
 	return s.deliveries(msgs), err
+}
+
+// checkDurable asks JetStream whether the durable still exists. Only its
+// absence is an error; any other failure shows in the next fetch.
+func (s *NATSSubscriber) checkDurable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := s.cons.Info(ctx)
+	switch {
+	case err == nil:
+		s.checked = time.Now()
+		return nil
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("durable consumer %q on stream %q is gone: %w", s.cfg.Durable, s.cfg.Stream, err)
+	default:
+		return nil
+	}
 }
 
 func (s *NATSSubscriber) fetch(ctx context.Context, max int, maxWait time.Duration) ([]jetstream.Msg, error) {
@@ -396,7 +426,7 @@ func NATSFallbackEventID(stream string, created time.Time, seq uint64) string {
 func (s *NATSSubscriber) attach(ctx context.Context) error {
 	cons, err := s.attachOnce(ctx)
 	if err == nil {
-		s.cons = cons
+		s.cons, s.checked = cons, time.Now()
 		s.log.Info("consuming", zap.String("stream", s.cfg.Stream), zap.String("durable", s.cfg.Durable),
 			zap.String("filter", s.cfg.FilterSubject))
 		return nil
