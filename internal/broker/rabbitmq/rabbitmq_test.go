@@ -310,3 +310,44 @@ func TestConfigValidate(t *testing.T) {
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "secret")
 }
+
+// TestSubscriberSurvivesQueueDeletion: a queue deleted under an idle
+// subscriber (RabbitMQ cancels its consumer) is declared again when the
+// subscriber reconnects, and what is published to it afterwards arrives.
+func TestSubscriberSurvivesQueueDeletion(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s := newSubscriber(t, cfg)
+	ds, err := s.Fetch(ctxT(t, 10*time.Second), 10, 200*time.Millisecond)
+	require.NoError(t, err)
+	require.Empty(t, ds)
+
+	conn, err := amqp.Dial(cfg.URL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(cfg.Queue, false, false, false)
+	require.NoError(t, err)
+
+	// The subscriber notices the cancelled consumer and declares the queue
+	// again on its next fetches.
+	require.Eventually(t, func() bool {
+		_, err := s.Fetch(ctxT(t, 10*time.Second), 10, 100*time.Millisecond)
+		if err != nil {
+			return false
+		}
+		check, err := conn.Channel() // a failed passive declaration closes it
+		if err != nil {
+			return false
+		}
+		defer func() { _ = check.Close() }()
+		_, err = check.QueueDeclarePassive(cfg.Queue, true, false, false, false, nil)
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond)
+	p := newPublisher(t, cfg)
+	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{sample("evt-after-delete", "orders", "k")})
+	require.NoError(t, res[0].Err)
+	got := fetchN(t, s, 1)
+	require.Equal(t, "evt-after-delete", got[0].Message.EventID)
+}
