@@ -8,11 +8,19 @@ export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 
 ## test: every check CI runs, then the whole suite with the race detector,
 ## the container path (testcontainers) and the docker compose check.
-test: check fuzz unit containers compose-check
+test: check fuzz unit rabbitmq-restart containers compose-check
 
 ## unit: go test -race over every package (needs PostgreSQL, see README).
 unit:
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+## rabbitmq-restart: the RabbitMQ tests that restart the server (rabbitmqctl
+## stop_app / start_app) or change its max_message_size, run alone so that no
+## other test shares the server meanwhile (skipped in unit). Needs rabbitmqctl
+## controlling the server at AMQP_URL (default the local one).
+.PHONY: rabbitmq-restart
+rabbitmq-restart:
+	PGRELAY_RABBITMQ_RESTART=1 $(GO) test -race -count=1 -v -run '^(TestConformance|TestServerMaxMessageSizeIsPermanent)$$' ./internal/broker/rabbitmq/
 
 ## containers: the integration tests a user with Docker and no services runs:
 ## TEST_DATABASE_URL and NATS_URL unset, so testcontainers-go starts PostgreSQL
