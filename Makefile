@@ -8,11 +8,19 @@ export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 
 ## test: every check CI runs, then the whole suite with the race detector,
 ## the container path (testcontainers) and the docker compose check.
-test: check fuzz unit containers compose-check
+test: check fuzz unit rabbitmq-restart containers compose-check
 
 ## unit: go test -race over every package (needs PostgreSQL, see README).
 unit:
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+## rabbitmq-restart: the RabbitMQ tests that restart the server (rabbitmqctl
+## stop_app / start_app) or change its max_message_size, run alone so that no
+## other test shares the server meanwhile (skipped in unit). Needs rabbitmqctl
+## controlling the server at AMQP_URL (default the local one).
+.PHONY: rabbitmq-restart
+rabbitmq-restart:
+	PGRELAY_RABBITMQ_RESTART=1 $(GO) test -race -count=1 -v -run '^(TestConformance|TestServerMaxMessageSizeIsPermanent)$$' ./internal/broker/rabbitmq/
 
 ## containers: the integration tests a user with Docker and no services runs:
 ## TEST_DATABASE_URL and NATS_URL unset, so testcontainers-go starts PostgreSQL
@@ -78,9 +86,10 @@ bench-quick:
 .PHONY: demo demo-short
 ## demo: build the binaries and run the end-to-end demo with crashes, duplicates
 ## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
-## unless NATS_URL is set).
+## unless NATS_URL is set). BROKER=rabbitmq runs it on RabbitMQ (AMQP_URL,
+## default the local server).
 demo: build
-	./bin/demo
+	./bin/demo $(if $(BROKER),--broker $(BROKER))
 
 ## demo-short: the quick demo CI runs.
 demo-short: build
@@ -88,19 +97,24 @@ demo-short: build
 
 .PHONY: chaos fuzz
 ## chaos: the fault suite with its exactly-once checker (real relay and
-## consumer processes, a private PostgreSQL cluster and NATS server, toxiproxy
-## links). Short by default (a fixed seed and a random one, about three
-## minutes); `make chaos DURATION=20m` runs one long run, SEED=n replays one.
+## consumer processes, a private PostgreSQL cluster, a broker, toxiproxy
+## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ: one
+## shorter run; about four minutes); `make chaos DURATION=20m` runs one long
+## run, SEED=n replays one, BROKER=nats|rabbitmq picks the broker of every run
+## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
+## the local server).
 DURATION ?=
 SEED     ?=
+BROKER   ?=
 chaos:
 	$(GO) test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' ./integration/chaos/ \
-		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED))
+		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(BROKER),-chaos.broker=$(BROKER))
 
 ## fuzz: a bounded run of every fuzz target over untrusted input (their seed
 ## corpora also run as ordinary tests in unit); FUZZTIME per target.
 FUZZTIME ?= 4s
-FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker FuzzValidateEventID:./internal/event \
+FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker FuzzRabbitMQRoundTrip:./internal/broker/rabbitmq \
+	FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
 	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \
 	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem

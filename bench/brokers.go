@@ -27,8 +27,9 @@ type relayTarget interface {
 // targets. An adapter adds itself here.
 func relayTargets() map[string]func(ctx context.Context, b *bench) (relayTarget, error) {
 	return map[string]func(ctx context.Context, b *bench) (relayTarget, error){
-		"nats":  newNATSTarget,
-		"kafka": newKafkaTarget,
+		"nats":     newNATSTarget,
+		"rabbitmq": newRabbitMQTarget,
+		"kafka":    newKafkaTarget,
 	}
 }
 

@@ -29,3 +29,13 @@ func TestBrokerSetting(t *testing.T) {
 	k.Only = []string{"relay"}
 	require.NoError(t, k.WithDefaults().validate())
 }
+
+// TestBrokerSettingRabbitMQ: -broker rabbitmq is a relay drain target, and
+// only that.
+func TestBrokerSettingRabbitMQ(t *testing.T) {
+	t.Parallel()
+	cfg := Config{DatabaseURL: "postgres://x", Broker: "rabbitmq", Only: []string{"relay"}}
+	require.NoError(t, cfg.WithDefaults().validate())
+	cfg.Only = nil
+	require.ErrorContains(t, cfg.WithDefaults().validate(), "-only relay")
+}

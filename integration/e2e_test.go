@@ -20,6 +20,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay/internal/testamqp"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -127,13 +128,24 @@ func TestEndToEnd(t *testing.T) {
 // its verification to pass.
 func TestDemo(t *testing.T) {
 	t.Parallel()
+	runDemo(t)
+}
+
+// TestDemoOnRabbitMQ runs the short demo on RabbitMQ (make demo
+// BROKER=rabbitmq) and requires its verification to pass.
+func TestDemoOnRabbitMQ(t *testing.T) {
+	t.Parallel()
+	runDemo(t, "--broker", "rabbitmq", "--amqp-url", testamqp.URL(t))
+}
+
+func runDemo(t *testing.T, args ...string) {
 	dir := bins(t)
 	testdb.NewURL(t) // resolves the server (or skips/fails like every other test)
 	name := fmt.Sprintf("pgrelay_demo_it_%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "demo"), "--short", "--bin-dir", dir,
-		"--database", name, "--drop-database", "--work-dir", t.TempDir(), "--database-url", testdb.ServerURL(t))
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "demo"), append([]string{"--short", "--bin-dir", dir,
+		"--database", name, "--drop-database", "--work-dir", t.TempDir(), "--database-url", testdb.ServerURL(t)}, args...)...)
 	cmd.Env = os.Environ()
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "RESULT: PASS") {

@@ -1,12 +1,14 @@
 // Package chaos proves pgrelay's guarantees under faults. A run starts a
-// private PostgreSQL cluster and a private NATS JetStream server, two relays
+// private PostgreSQL cluster and a broker (a private NATS JetStream server,
+// or RabbitMQ under names of the run's own), two relays
 // and two consumers as real processes reaching both through in-process
 // toxiproxy links, and a producer writing OrderCreated and OrderPaid events in
 // business transactions. Faults follow a seeded random schedule: SIGKILL and
 // restart, SIGSTOP past the lease then SIGCONT, latency, timeouts, resets and
-// full partitions on either link, NATS and PostgreSQL restarts, and duplicate,
-// out-of-order and poison messages published straight into NATS. After a drain
-// with no faults an independent checker reads the database and the stream and
+// full partitions on either link, broker and PostgreSQL restarts, and duplicate,
+// out-of-order and poison messages published straight into the broker. After
+// a drain with no faults an independent checker reads the database and
+// everything the broker stored (the stream; RabbitMQ's audit queue) and
 // proves every event was applied exactly once, or is dead with a reason, in
 // per-key order, with nothing left behind.
 package chaos
@@ -27,10 +29,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/demo"
 	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
@@ -67,6 +65,17 @@ type Config struct {
 	// Out receives the fault log, progress and the report. Default
 	// os.Stdout.
 	Out io.Writer
+	// Broker is the broker the services use: BrokerNATS (a private NATS
+	// JetStream server) or BrokerRabbitMQ (the server at AMQPURL, under
+	// exchange and queue names of the run's own). Default BrokerNATS.
+	Broker string
+	// AMQPURL is the RabbitMQ server of a BrokerRabbitMQ run. Default
+	// amqp://guest:guest@127.0.0.1:5672/.
+	AMQPURL string
+	// BrokerRestart lets a BrokerRabbitMQ run restart the (shared) RabbitMQ
+	// server with rabbitmqctl stop_app / start_app. A NATS run always
+	// restarts its private server. Default false.
+	BrokerRestart bool
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.
@@ -92,6 +101,12 @@ func (c Config) WithDefaults() Config {
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
+	if c.Broker == "" {
+		c.Broker = BrokerNATS
+	}
+	if c.AMQPURL == "" {
+		c.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+	}
 	return c
 }
 
@@ -106,17 +121,14 @@ func (c Config) validate() error {
 	if c.OrdersPerSecond < 1 || c.OrdersPerSecond > 1000 {
 		errs = append(errs, fmt.Errorf("chaos: OrdersPerSecond must be 1-1000, got %d", c.OrdersPerSecond))
 	}
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ {
+		errs = append(errs, fmt.Errorf("chaos: Broker must be %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, c.Broker))
+	}
 	if c.RelayLease < time.Second || c.ConsumerLease < time.Second {
 		errs = append(errs, fmt.Errorf("chaos: RelayLease and ConsumerLease must be at least 1s, got %s and %s", c.RelayLease, c.ConsumerLease))
 	}
 	return errors.Join(errs...)
 }
-
-const (
-	streamName    = "CHAOS"
-	subjectPrefix = "chaos"
-	durable       = "chaos"
-)
 
 // run is one chaos run's state.
 type run struct {
@@ -126,15 +138,14 @@ type run struct {
 	started time.Time
 	work    string
 
-	pg    *postgresCluster
-	nats  *natsServer
-	px    *proxies
-	pool  *pgxpool.Pool // direct to PostgreSQL: the producer and the checker
-	nc    *nats.Conn    // direct to NATS: injections and the checker
-	js    jetstream.JetStream
-	svcs  []*service
-	relay []*service
-	cons  []*service
+	pg     *postgresCluster
+	broker brokerEnv // direct to the broker: injections and the checker
+	kinds  []string  // the fault kinds the schedule draws from
+	px     *proxies
+	pool   *pgxpool.Pool // direct to PostgreSQL: the producer and the checker
+	svcs   []*service
+	relay  []*service
+	cons   []*service
 
 	prod     *producer
 	injected *injections
@@ -200,16 +211,25 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	defer r.pg.stop()
-	if r.nats, err = startNATS(r.work); err != nil {
+	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
+	defer bcancel()
+	switch r.cfg.Broker {
+	case BrokerRabbitMQ:
+		r.broker, err = startRabbitEnv(bctx, r.cfg.AMQPURL)
+	default:
+		r.broker, err = startNATSEnv(bctx, r.work)
+	}
+	if err != nil {
 		return nil, err
 	}
-	defer r.nats.shutdown()
-	if r.px, err = startProxies(r.pg.addr(), r.nats.listen); err != nil {
+	defer r.broker.close()
+	r.kinds = faultKindsFor(r.cfg.Broker, r.cfg.Broker == BrokerNATS || r.cfg.BrokerRestart)
+	if r.px, err = startProxies(r.pg.addr(), r.broker.upstream()); err != nil {
 		return nil, err
 	}
 	defer r.px.stop()
-	r.say("private PostgreSQL on %s, NATS on %s; services reach them through toxiproxy %s and %s",
-		r.pg.addr(), r.nats.listen, r.px.pg.Listen, r.px.nats.Listen)
+	r.say("private PostgreSQL on %s, %s on %s; services reach them through toxiproxy %s and %s",
+		r.pg.addr(), r.broker.label(), r.broker.upstream(), r.px.pg.Listen, r.px.broker.Listen)
 
 	directURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=5", r.pg.addr())
 	proxiedURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=5", r.px.pg.Listen)
@@ -229,18 +249,8 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("chaos: migrate: %w", err)
 	}
 	sqlDB.Close()
-	if r.nc, err = nats.Connect(r.nats.url(), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond)); err != nil {
-		return nil, err
-	}
-	defer r.nc.Close()
-	if r.js, err = jetstream.New(r.nc); err != nil {
-		return nil, err
-	}
-	if _, err := r.js.CreateStream(pctx, broker.StreamSpec{Name: streamName, SubjectPrefix: subjectPrefix}.Config()); err != nil {
-		return nil, fmt.Errorf("chaos: create stream: %w", err)
-	}
 
-	if err := r.startServices(binDir, proxiedURL, "nats://"+r.px.nats.Listen); err != nil {
+	if err := r.startServices(binDir, proxiedURL, r.px.broker.Listen); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -286,7 +296,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	cctx, ccancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer ccancel()
 	rep, err := check(cctx, checkInput{
-		pool: r.pool, js: r.js, stream: streamName,
+		pool: r.pool, readLog: r.broker.readLog,
 		injected: r.injected.snapshot(), acknowledged: r.prod.acknowledged(),
 	})
 	if err != nil {
@@ -315,18 +325,19 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 }
 
 // startServices starts two relays and two consumers.
-func (r *run) startServices(binDir, dbURL, natsURL string) error {
-	common := []string{"DATABASE_URL=" + dbURL, "NATS_URL=" + natsURL, "LOG_LEVEL=info", "LOG_FORMAT=json", "ADMIN_ADDR="}
+func (r *run) startServices(binDir, dbURL, brokerAddr string) error {
+	common := []string{"DATABASE_URL=" + dbURL, "LOG_LEVEL=info", "LOG_FORMAT=json", "ADMIN_ADDR="}
+	relayEnv, consumerEnv := r.broker.serviceEnv(brokerAddr)
 	for i := range 2 {
 		name := fmt.Sprintf("relay-%d", i+1)
 		addr, err := freePort()
 		if err != nil {
 			return err
 		}
-		env := append(append([]string{}, common...),
-			"RELAY_STREAM="+streamName, "RELAY_SUBJECT_PREFIX="+subjectPrefix, "RELAY_NODE_ID="+name,
+		env := append(append(append([]string{}, common...), relayEnv...),
+			"RELAY_NODE_ID="+name,
 			"RELAY_LEASE="+r.cfg.RelayLease.String(), "RELAY_HEARTBEAT="+(r.cfg.RelayLease/3).String(),
-			"RELAY_ACK_TIMEOUT=3s", "RELAY_PUBLISH_TIMEOUT=10s", "RELAY_BATCH_SIZE=100", "RELAY_POLL_INTERVAL=500ms",
+			"RELAY_PUBLISH_TIMEOUT=10s", "RELAY_BATCH_SIZE=100", "RELAY_POLL_INTERVAL=500ms",
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
 		s := &service{name: name, metricsAddr: fmt.Sprintf("127.0.0.1:%d", addr),
 			proc: demo.NewProcess(name, filepath.Join(binDir, "relay"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
@@ -339,9 +350,8 @@ func (r *run) startServices(binDir, dbURL, natsURL string) error {
 		if err != nil {
 			return err
 		}
-		env := append(append([]string{}, common...),
-			"CONSUMER_STREAM="+streamName, "CONSUMER_SUBJECT_PREFIX="+subjectPrefix, "CONSUMER_DURABLE="+durable,
-			"CONSUMER_ACK_WAIT=3s", "CONSUMER_MAX_WAIT=200ms", "CONSUMER_BATCH_SIZE=100",
+		env := append(append(append([]string{}, common...), consumerEnv...),
+			"CONSUMER_MAX_WAIT=200ms", "CONSUMER_BATCH_SIZE=100",
 			"CONSUMER_LEASE="+r.cfg.ConsumerLease.String(), "CONSUMER_HANDLER_TIMEOUT=2s",
 			"CONSUMER_MAX_ATTEMPTS=50", "CONSUMER_STATS_INTERVAL=10s", "CONSUMER_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
@@ -382,23 +392,17 @@ func (r *run) drain(ctx context.Context) bool {
 	for time.Now().Before(deadline) {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		p, err := db.New().ChaosProgress(qctx, r.pool)
-		var pending, ackPending uint64
+		var pending, ackPending int64
 		if err == nil {
-			var c jetstream.Consumer
-			if c, err = r.js.Consumer(qctx, streamName, durable); err == nil {
-				var ci *jetstream.ConsumerInfo
-				if ci, err = c.Info(qctx); err == nil {
-					pending, ackPending = ci.NumPending, uint64(ci.NumAckPending)
-				}
-			}
+			pending, ackPending, err = r.broker.outstanding(qctx)
 		}
 		cancel()
 		if err == nil {
-			done := p.OutboxPending == 0 && p.InboxOpen == 0 && p.InboxTotal >= p.OutboxTotal+wantInbox && pending == 0 && ackPending == 0
+			done := p.OutboxPending == 0 && p.InboxOpen == 0 && p.InboxTotal >= p.OutboxTotal+wantInbox && pending == 0 && ackPending <= 0
 			if time.Since(lastLog) > 5*time.Second || done {
 				lastLog = time.Now()
-				r.say("drain: outbox %d pending of %d | inbox %d rows, %d open | stream consumer %d pending, %d unacked",
-					p.OutboxPending, p.OutboxTotal, p.InboxTotal, p.InboxOpen, pending, ackPending)
+				r.say("drain: outbox %d pending of %d | inbox %d rows, %d open | %s: %d pending, %d unacked (-1: unknown)",
+					p.OutboxPending, p.OutboxTotal, p.InboxTotal, p.InboxOpen, r.broker.label(), pending, ackPending)
 			}
 			if done {
 				stable++

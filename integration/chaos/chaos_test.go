@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"math/rand/v2"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -13,12 +14,15 @@ var (
 	flagDuration = flag.Duration("chaos.duration", 0, "fault phase of one long run (e.g. 20m); 0 runs the short CI mode: a fixed seed and a random one")
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the run; 0 picks a random one (printed)")
 	flagWorkDir  = flag.String("chaos.workdir", "", "directory kept with the services' logs; default a temporary one, removed when the run passes")
+	flagBroker   = flag.String("chaos.broker", "", "broker of the runs: nats or rabbitmq (RabbitMQ at AMQP_URL, default the local one, restarted with rabbitmqctl); empty: the short CI mode's NATS runs and a short RabbitMQ run")
 )
 
-// TestChaos runs the chaos suite against a private PostgreSQL cluster and
-// NATS server with real relay and consumer processes. In short mode (the
-// default, run by make test) it does two short runs: seed 1 and a random seed
-// printed for reruns. With -chaos.duration it does one run of that length.
+// TestChaos runs the chaos suite against a private PostgreSQL cluster and a
+// broker with real relay and consumer processes. In short mode (the default,
+// run by make test) it does two short NATS runs, seed 1 and a random seed
+// printed for reruns, and a shorter RabbitMQ run (without RabbitMQ restarts:
+// the server is shared with other tests). With -chaos.duration it does one run
+// of that length; -chaos.broker picks the broker of every run.
 func TestChaos(t *testing.T) {
 	if _, err := os.Stat(pgBinDir + "/initdb"); err != nil {
 		if os.Getenv("CI") != "" {
@@ -36,7 +40,10 @@ func TestChaos(t *testing.T) {
 		name     string
 		seed     uint64
 		duration time.Duration
+		broker   string
 	}
+	// An explicit -chaos.broker rabbitmq run may restart RabbitMQ.
+	restart := *flagBroker == BrokerRabbitMQ
 	var runs []runSpec
 	switch {
 	case *flagDuration > 0:
@@ -44,18 +51,26 @@ func TestChaos(t *testing.T) {
 		if seed == 0 {
 			seed = rand.Uint64N(1<<31) + 2
 		}
-		runs = []runSpec{{"long", seed, *flagDuration}}
+		runs = []runSpec{{"long", seed, *flagDuration, *flagBroker}}
 	case *flagSeed != 0:
-		runs = []runSpec{{"seeded", *flagSeed, 60 * time.Second}}
+		runs = []runSpec{{"seeded", *flagSeed, 60 * time.Second, *flagBroker}}
+	case *flagBroker != "":
+		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, *flagBroker}, {"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, *flagBroker}}
 	default:
-		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second}, {"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second}}
+		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, BrokerNATS}, {"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, BrokerNATS},
+			{"rabbitmq", rand.Uint64N(1<<31) + 2, 20 * time.Second, BrokerRabbitMQ}}
 	}
+	amqpURL := os.Getenv("AMQP_URL")
 	binDir := binaries(t)
 	for _, spec := range runs {
 		t.Run(spec.name, func(t *testing.T) {
-			t.Logf("chaos seed %d (rerun: make chaos SEED=%d)", spec.seed, spec.seed)
+			if spec.broker == BrokerRabbitMQ {
+				requireRabbitMQ(t, amqpURL)
+			}
+			t.Logf("chaos seed %d on %s (rerun: make chaos SEED=%d BROKER=%s)", spec.seed, spec.broker, spec.seed, spec.broker)
 			rep, err := Run(ctx, Config{
 				Seed: spec.seed, Duration: spec.duration, BinDir: binDir, WorkDir: *flagWorkDir, Out: testWriter{t},
+				Broker: spec.broker, AMQPURL: amqpURL, BrokerRestart: restart,
 			})
 			if err != nil {
 				t.Fatalf("seed %d: %v", spec.seed, err)
@@ -90,4 +105,25 @@ func trimNL(p []byte) []byte {
 		p = p[:len(p)-1]
 	}
 	return p
+}
+
+// requireRabbitMQ skips the test without a RabbitMQ server at u (default the
+// local one), or fails it under CI.
+func requireRabbitMQ(t *testing.T, u string) {
+	t.Helper()
+	if u == "" {
+		u = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	host, err := amqpHost(u)
+	if err != nil {
+		t.Fatalf("AMQP_URL: %v", err)
+	}
+	c, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("chaos: needs RabbitMQ at %s: %v", host, err)
+		}
+		t.Skipf("chaos: needs RabbitMQ at %s (set AMQP_URL or start rabbitmq-server): %v", host, err)
+	}
+	_ = c.Close()
 }

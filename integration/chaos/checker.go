@@ -19,12 +19,11 @@ import (
 )
 
 // checkInput is what the checker is given besides the database: the events
-// the run published straight into NATS, and the events whose producing
+// the run published straight into the broker, and the events whose producing
 // transaction reported a commit.
 type checkInput struct {
 	pool         *pgxpool.Pool
-	js           jetstream.JetStream
-	stream       string
+	readLog      func(context.Context) ([]streamMsg, error) // every message the broker stored, in order
 	injected     map[string]expectation
 	acknowledged []string
 }
@@ -37,7 +36,7 @@ type Report struct {
 	Orders             int            // orders the producer created
 	ProducerFailures   int            // producer transactions that failed (and were retried)
 	Produced           int            // outbox rows
-	Injected           int            // distinct events published straight into NATS
+	Injected           int            // distinct events published straight into the broker
 	InjectedDuplicates int            // duplicate deliveries published under new broker ids
 	StreamMessages     int            // messages stored in the stream
 	InboxRows          int            // distinct events received
@@ -83,7 +82,7 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: read ledger orders: %w", err)
 	}
-	stream, err := readStream(ctx, in.js, in.stream)
+	stream, err := in.readLog(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -326,7 +325,7 @@ func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "  seed                           %d   (rerun: make chaos SEED=%d)\n", r.Seed, r.Seed)
 	fmt.Fprintf(w, "  orders created                 %8d (%d producer transactions failed under faults and were retried)\n", r.Orders, r.ProducerFailures)
 	fmt.Fprintf(w, "  events produced (outbox)       %8d\n", r.Produced)
-	fmt.Fprintf(w, "  events injected into NATS      %8d (out of order and poison)\n", r.Injected)
+	fmt.Fprintf(w, "  events injected into broker    %8d (out of order and poison)\n", r.Injected)
 	fmt.Fprintf(w, "  duplicates injected            %8d (under new broker ids)\n", r.InjectedDuplicates)
 	fmt.Fprintf(w, "  messages in the stream         %8d\n", r.StreamMessages)
 	fmt.Fprintf(w, "  events received (inbox rows)   %8d\n", r.InboxRows)

@@ -80,6 +80,19 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"consumer", nil, []string{"DEDUP_WINDOW=forever"}, "DEDUP_WINDOW"},
 		{"consumer", []string{"--dedup-window", "30m"}, nil, "--dedup-window"},
 		{"consumer", nil, []string{"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW=maybe"}, "CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW"},
+		// RabbitMQ: settings checked before any connection; a server that
+		// cannot be reached named by its flag.
+		{"relay", []string{"--broker", "rabbitmq"}, []string{"AMQP_URL="}, "--amqp-url (AMQP_URL)"},
+		{"relay", []string{"--broker", "rabbitmq", "--amqp-url", "http://h/"}, nil, "--amqp-url (AMQP_URL)"},
+		{"relay", []string{"--broker", "rabbitmq", "--amqp-url", "amqp://h/", "--amqp-confirm-timeout", "-1s"}, nil, "--amqp-confirm-timeout (AMQP_CONFIRM_TIMEOUT)"},
+		{"relay", []string{"--broker", "rabbitmq", "--amqp-url", "amqp://h/", "--amqp-exchange", "amq.direct"}, nil, "--amqp-exchange (AMQP_EXCHANGE)"},
+		{"relay", nil, []string{"PGRELAY_BROKER=rabbitmq", "AMQP_URL=amqp://h/", "AMQP_MAX_IN_FLIGHT=lots"}, "AMQP_MAX_IN_FLIGHT"},
+		{"relay", nil, []string{"PGRELAY_BROKER=rabbitmq", "AMQP_URL=amqp://guest:secret@127.0.0.1:1/"}, "--amqp-url (AMQP_URL)"},
+		{"consumer", []string{"--broker", "rabbitmq", "--amqp-url", "amqp://h/", "--amqp-prefetch", "-1"}, nil, "--amqp-prefetch (AMQP_PREFETCH)"},
+		{"consumer", []string{"--broker", "rabbitmq", "--amqp-url", "amqp://h/", "--amqp-prefetch", "10"}, nil, "--batch-size (CONSUMER_BATCH_SIZE)"},
+		{"consumer", []string{"--broker", "rabbitmq", "--amqp-url", "amqp://h/", "--amqp-queue-type", "lazy"}, nil, "--amqp-queue-type (AMQP_QUEUE_TYPE)"},
+		{"consumer", nil, []string{"PGRELAY_BROKER=rabbitmq", "AMQP_URL=amqp://h/", "AMQP_SKIP_DECLARE=maybe"}, "AMQP_SKIP_DECLARE"},
+		{"consumer", nil, []string{"PGRELAY_BROKER=rabbitmq", "AMQP_URL=amqp://guest:secret@127.0.0.1:1/"}, "--amqp-url (AMQP_URL)"},
 	}
 	for _, c := range cases {
 		name := c.bin + " " + strings.Join(append(append([]string{}, c.args...), c.env...), " ")

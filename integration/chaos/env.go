@@ -185,22 +185,22 @@ func (n *natsServer) restart(down time.Duration) error {
 func (n *natsServer) url() string { return "nats://" + n.listen }
 
 // proxies are the in-process toxiproxy links the services reach PostgreSQL
-// and NATS through.
+// and the broker through.
 type proxies struct {
-	api       *toxiproxy.ApiServer
-	pg, nats  *toxiproxy.Proxy
-	toxicSeq  int
-	toxicsMux sync.Mutex
+	api        *toxiproxy.ApiServer
+	pg, broker *toxiproxy.Proxy
+	toxicSeq   int
+	toxicsMux  sync.Mutex
 }
 
-func startProxies(pgAddr, natsAddr string) (*proxies, error) {
+func startProxies(pgAddr, brokerAddr string) (*proxies, error) {
 	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.New(io.Discard))
 	p := &proxies{api: api}
 	for _, x := range []struct {
 		dst  **toxiproxy.Proxy
 		name string
 		up   string
-	}{{&p.pg, "postgres", pgAddr}, {&p.nats, "nats", natsAddr}} {
+	}{{&p.pg, "postgres", pgAddr}, {&p.broker, "broker", brokerAddr}} {
 		px := toxiproxy.NewProxy(api, x.name, "127.0.0.1:0", x.up)
 		if err := px.Start(); err != nil {
 			p.stop()
@@ -212,7 +212,7 @@ func startProxies(pgAddr, natsAddr string) (*proxies, error) {
 }
 
 func (p *proxies) stop() {
-	for _, px := range []*toxiproxy.Proxy{p.pg, p.nats} {
+	for _, px := range []*toxiproxy.Proxy{p.pg, p.broker} {
 		if px != nil {
 			px.Stop()
 		}

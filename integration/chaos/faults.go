@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
 
@@ -23,32 +20,38 @@ type faultRecord struct {
 	Detail string
 }
 
-// faultKinds are the faults the schedule draws from.
-var faultKinds = []string{
-	"kill-relay", "kill-consumer",
-	"pause-relay", "pause-consumer",
-	"pg-latency", "pg-timeout", "pg-reset", "pg-partition",
-	"nats-latency", "nats-timeout", "nats-reset", "nats-partition",
-	"nats-restart", "pg-restart",
-	"inject-duplicates", "inject-out-of-order", "inject-poison",
+// faultKindsFor returns the faults the schedule of a run on broker draws
+// from; the broker's own are named after it ("nats-reset",
+// "rabbitmq-reset"). restart includes "<broker>-restart".
+func faultKindsFor(broker string, restart bool) []string {
+	kinds := []string{
+		"kill-relay", "kill-consumer",
+		"pause-relay", "pause-consumer",
+		"pg-latency", "pg-timeout", "pg-reset", "pg-partition",
+		broker + "-latency", broker + "-timeout", broker + "-reset", broker + "-partition",
+	}
+	if restart {
+		kinds = append(kinds, broker+"-restart")
+	}
+	return append(kinds, "pg-restart", "inject-duplicates", "inject-out-of-order", "inject-poison")
 }
 
 // faultPhase strikes faults one after another until the configured duration
-// has passed. The first len(faultKinds) faults are a seeded permutation of
+// has passed. The first len(r.kinds) faults are a seeded permutation of
 // every kind, so that even a short run sees each one; later ones are drawn
 // at random.
 func (r *run) faultPhase(ctx context.Context) error {
 	rng := newRand(r.cfg.Seed, 1)
 	end := time.Now().Add(r.cfg.Duration)
-	order := rng.Perm(len(faultKinds))
+	order := rng.Perm(len(r.kinds))
 	// Let the pipeline warm up before the first fault.
 	if err := sleepCtx(ctx, 2*time.Second); err != nil {
 		return err
 	}
 	for i := 0; time.Now().Before(end); i++ {
-		kind := faultKinds[rng.IntN(len(faultKinds))]
+		kind := r.kinds[rng.IntN(len(r.kinds))]
 		if i < len(order) {
-			kind = faultKinds[order[i]]
+			kind = r.kinds[order[i]]
 		}
 		at := time.Since(r.started)
 		detail, err := r.strike(ctx, rng, kind)
@@ -70,6 +73,10 @@ func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, 
 		return min + time.Duration(rng.Int64N(int64(spread)))
 	}
 	pick := func(s []*service) *service { return s[rng.IntN(len(s))] }
+	// The broker's faults: "<broker>-latency" and so on.
+	if b, f, ok := strings.Cut(kind, "-"); ok && b == r.cfg.Broker {
+		kind = "broker-" + f
+	}
 	switch kind {
 	case "kill-relay", "kill-consumer":
 		s := pick(r.relay)
@@ -131,10 +138,10 @@ func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, 
 		}
 		return fmt.Sprintf("SIGSTOP %s%s for %s (lease %s), then SIGCONT: a zombie holding stale claims", s.name, what, d.Round(time.Millisecond), lease), nil
 
-	case "pg-latency", "nats-latency", "pg-timeout", "nats-timeout", "pg-reset", "nats-reset", "pg-partition", "nats-partition":
+	case "pg-latency", "broker-latency", "pg-timeout", "broker-timeout", "pg-reset", "broker-reset", "pg-partition", "broker-partition":
 		px, link := r.px.pg, "PostgreSQL"
-		if kind[:4] == "nats" {
-			px, link = r.px.nats, "NATS"
+		if strings.HasPrefix(kind, "broker") {
+			px, link = r.px.broker, r.broker.label()
 		}
 		var toxic, attrs, what string
 		d := hold(1500*time.Millisecond, 1500*time.Millisecond)
@@ -163,12 +170,12 @@ func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, 
 		}
 		return fmt.Sprintf("%s link: %s for %s", link, what, d.Round(time.Millisecond)), nil
 
-	case "nats-restart":
+	case "broker-restart":
 		down := hold(500*time.Millisecond, 2*time.Second)
-		if err := r.nats.restart(down); err != nil {
+		if err := r.broker.restart(ctx, down); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("NATS server shut down, restarted after %s", down.Round(time.Millisecond)), nil
+		return fmt.Sprintf("%s server shut down, restarted after %s", r.broker.label(), down.Round(time.Millisecond)), nil
 
 	case "pg-restart":
 		mode := "fast"
@@ -191,51 +198,18 @@ func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, 
 	return "", fmt.Errorf("unknown fault kind %q", kind)
 }
 
-// injectDuplicates republishes random stored messages straight to NATS:
-// each once under its own broker id (JetStream drops it within its window)
-// and once under a new one (it reaches the consumers; the inbox absorbs it).
+// injectDuplicates republishes random stored messages straight to the
+// broker under new broker ids, so that they reach the consumers: the inbox
+// must absorb every copy.
 func (r *run) injectDuplicates(ctx context.Context, rng *rand.Rand) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	st, err := r.js.Stream(ctx, streamName)
+	detail, sent, err := r.broker.injectDuplicates(ctx, rng, r.cfg.Seed)
 	if err != nil {
 		return "", err
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return "", err
-	}
-	if info.State.LastSeq == 0 {
-		return "skipped: the stream is still empty", nil
-	}
-	n, sent, dropped := 10+rng.IntN(20), 0, 0
-	for range n {
-		seq := info.State.FirstSeq + rng.Uint64N(info.State.LastSeq-info.State.FirstSeq+1)
-		m, err := st.GetMsg(ctx, seq)
-		if err != nil {
-			continue
-		}
-		for copyN, msgID := range []string{m.Header.Get(broker.NATSMsgIDHeader), fmt.Sprintf("chaos-dup-%d-%d-%d", r.cfg.Seed, seq, rng.Int64())} {
-			out := nats.NewMsg(m.Subject)
-			out.Data = m.Data
-			for k, v := range m.Header {
-				out.Header[k] = v
-			}
-			out.Header.Set(broker.NATSMsgIDHeader, msgID)
-			ack, err := r.js.PublishMsg(ctx, out)
-			if err != nil {
-				return "", err
-			}
-			if copyN == 0 && ack.Duplicate {
-				dropped++
-			}
-			if copyN == 1 {
-				sent++
-			}
-		}
 	}
 	r.injected.addDuplicates(sent)
-	return fmt.Sprintf("%d duplicates published under new broker ids (and %d under their own, %d of those dropped by JetStream)", sent, sent, dropped), nil
+	return detail, nil
 }
 
 // injectOutOfOrder publishes OrderPaid events straight to NATS before their
@@ -276,20 +250,12 @@ func (r *run) injectPoison(ctx context.Context) (string, error) {
 	return fmt.Sprintf("%d malformed events (wrong JSON type, not JSON, unknown type)", len(bad)), nil
 }
 
-// publishRaw publishes one event straight to NATS with the relay's headers.
+// publishRaw publishes one event straight to the broker with the relay's
+// headers.
 func (r *run) publishRaw(ctx context.Context, id, typ, key string, payload []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	m := nats.NewMsg(subjectPrefix + ".orders")
-	m.Data = payload
-	m.Header.Set(broker.NATSMsgIDHeader, id)
-	m.Header.Set(event.HeaderEventID, id)
-	m.Header.Set(event.HeaderEventType, typ)
-	m.Header.Set(event.HeaderTopic, "orders")
-	m.Header.Set(event.HeaderKey, key)
-	m.Header.Set(event.HeaderOccurredAt, time.Now().UTC().Format(time.RFC3339Nano))
-	_, err := r.js.PublishMsg(ctx, m)
-	return err
+	return r.broker.publishRaw(ctx, id, typ, key, payload)
 }
 
 func (r *run) faultCounts() map[string]int {

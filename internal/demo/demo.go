@@ -1,7 +1,8 @@
 // Package demo runs pgrelay end to end on one machine and checks the result:
 // a producer writes orders and their events in business transactions, the
 // relay and the consumer run as real processes, duplicates, a poison message
-// and out-of-order events are injected straight into NATS, both services are
+// and out-of-order events are injected straight into the broker (NATS
+// JetStream or RabbitMQ), both services are
 // killed with SIGKILL mid-run and restarted, and the ledger is then compared
 // with the shop's own tables.
 package demo
@@ -22,10 +23,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -51,6 +49,13 @@ type Config struct {
 	// it lives in the demo, not in the relay, so that killing the relay does
 	// not take the broker down with it.
 	NATSURL string
+	// Broker is the broker the services use: BrokerNATS or BrokerRabbitMQ
+	// (the server at AMQPURL, under exchange and queue names of the run's
+	// own). Default BrokerNATS.
+	Broker string
+	// AMQPURL is the RabbitMQ server of a BrokerRabbitMQ run. Default
+	// amqp://guest:guest@127.0.0.1:5672/.
+	AMQPURL string
 	// BinDir holds the relay and consumer binaries. Default: the directory of
 	// the running executable, then PATH.
 	BinDir string
@@ -84,6 +89,12 @@ func (c Config) WithDefaults() Config {
 	if c.Timeout == 0 {
 		c.Timeout = 90 * time.Second
 	}
+	if c.Broker == "" {
+		c.Broker = BrokerNATS
+	}
+	if c.AMQPURL == "" {
+		c.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+	}
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -104,6 +115,9 @@ func (c Config) validate() error {
 			break
 		}
 	}
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ {
+		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, c.Broker))
+	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("demo: Timeout (--timeout) must be positive, got %s", c.Timeout))
 	}
@@ -115,9 +129,9 @@ type Report struct {
 	Orders, PaidOrders        int64 // the shop's truth
 	ExpectedCents             int64 // sum of paid orders
 	Produced, Published       int64 // outbox rows written / published by the relay
-	StreamMessages            int64 // messages JetStream stored
-	InjectedDuplicates        int64 // duplicates published straight to NATS under a new broker id
-	BrokerDeduplicated        int64 // duplicates JetStream itself dropped (same Nats-Msg-Id)
+	StreamMessages            int64 // messages the broker stored (JetStream's stream; RabbitMQ's audit queue)
+	InjectedDuplicates        int64 // duplicates published straight to the broker under a new broker id
+	BrokerDeduplicated        int64 // duplicates the broker itself dropped (JetStream: same Nats-Msg-Id; RabbitMQ: none)
 	Received                  int64 // distinct events stored in the inbox
 	DuplicatesAbsorbed        int64 // stream messages the inbox recognised as already stored
 	Processed, Dead           int64 // inbox rows by final state
@@ -160,10 +174,8 @@ type run struct {
 	cfg      Config
 	out      io.Writer
 	pool     *pgxpool.Pool
-	js       jetstream.JetStream
+	broker   demoBroker
 	ob       *outbox.Outbox
-	stream   string
-	prefix   string
 	relay    *proc
 	consumer *proc
 	report   Report
@@ -234,47 +246,28 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 
-	// The broker: embedded unless NATS_URL is given.
-	natsURL := r.cfg.NATSURL
-	if natsURL == "" {
-		srv, u, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: filepath.Join(work, "nats"), Listen: "127.0.0.1:0"})
-		if err != nil {
-			return err
-		}
-		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-		natsURL = u
-		r.say("embedded NATS JetStream listening on %s", u)
-	} else {
-		r.say("using NATS JetStream at %s", natsURL)
+	// The broker: NATS (embedded unless NATS_URL is given) or RabbitMQ.
+	bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer bcancel()
+	switch r.cfg.Broker {
+	case BrokerRabbitMQ:
+		r.broker, err = startRabbitBroker(bctx, r.cfg, r.say)
+	default:
+		r.broker, err = startNATSBroker(bctx, r.cfg, work, r.say)
 	}
-	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
 	if err != nil {
-		return fmt.Errorf("demo: NATS %s: %w", natsURL, err)
-	}
-	defer nc.Close()
-	if r.js, err = jetstream.New(nc); err != nil {
 		return err
 	}
-	// A stream of its own per run, so that reruns on a shared server never
-	// see another run's messages.
-	suffix := randomHex(4)
-	r.stream, r.prefix = "PGRELAY_DEMO_"+strings.ToUpper(suffix), "pgrelaydemo"+suffix
-	if _, err := r.js.CreateStream(pctx, broker.StreamSpec{Name: r.stream, SubjectPrefix: r.prefix}.Config()); err != nil {
-		return fmt.Errorf("demo: create stream %s: %w", r.stream, err)
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = r.js.DeleteStream(dctx, r.stream)
-	}()
+	defer r.broker.close()
+	relayEnv, consumerEnv := r.broker.serviceEnv()
 
 	// The services, as real processes.
 	r.relay = &proc{name: "relay", path: relayBin, args: []string{"run"}, logs: filepath.Join(work, "relay.log"),
-		env: append(dbEnv, "NATS_URL="+natsURL, "RELAY_STREAM="+r.stream, "RELAY_SUBJECT_PREFIX="+r.prefix,
+		env: append(append(append([]string{}, dbEnv...), relayEnv...),
 			"RELAY_LEASE=3s", "METRICS_ADDR=", "ADMIN_ADDR=")}
 	r.consumer = &proc{name: "consumer", path: consumerBin, args: []string{"run"}, logs: filepath.Join(work, "consumer.log"),
-		env: append(dbEnv, "NATS_URL="+natsURL, "CONSUMER_STREAM="+r.stream, "CONSUMER_SUBJECT_PREFIX="+r.prefix,
-			"CONSUMER_DURABLE=demo", "CONSUMER_ACK_WAIT=2s", "CONSUMER_MAX_PAYLOAD_BYTES=65536",
+		env: append(append(append([]string{}, dbEnv...), consumerEnv...),
+			"CONSUMER_MAX_PAYLOAD_BYTES=65536",
 			"CONSUMER_STATS_INTERVAL=5s",
 			"CONSUMER_LEASE=5s", "CONSUMER_HANDLER_TIMEOUT=2s", "METRICS_ADDR=", "ADMIN_ADDR=")}
 	for _, p := range []*proc{r.relay, r.consumer} {
@@ -350,7 +343,7 @@ func (r *run) produce(ctx context.Context) error {
 	r.report.OutOfOrders = late
 	start := time.Now()
 
-	// Out of order: payments published straight to NATS before their
+	// Out of order: payments published straight to the broker before their
 	// orders exist; the ledger defers them until OrderCreated arrives.
 	for i := range late {
 		o := lateOrder(i)
@@ -474,37 +467,17 @@ func (r *run) tx(ctx context.Context, f func(pgx.Tx) error) error {
 	return nil
 }
 
-// publishRaw publishes straight to NATS, bypassing the outbox, with the
+// publishRaw publishes straight to the broker, bypassing the outbox, with the
 // relay's headers. An empty msgID publishes without a broker dedup id.
 func (r *run) publishRaw(ctx context.Context, eventID, msgID, eventType string, payload []byte, key string) error {
 	_, err := r.publish(ctx, eventID, msgID, eventType, payload, key)
 	return err
 }
 
-func (r *run) publish(ctx context.Context, eventID, msgID, eventType string, payload []byte, key string) (*jetstream.PubAck, error) {
-	m := nats.NewMsg(r.prefix + ".orders")
-	m.Data = payload
-	if eventID != "" {
-		m.Header.Set(event.HeaderEventID, eventID)
-	}
-	if msgID != "" {
-		m.Header.Set(broker.NATSMsgIDHeader, msgID)
-	}
-	if eventType != "" {
-		m.Header.Set(event.HeaderEventType, eventType)
-	}
-	m.Header.Set(event.HeaderTopic, "orders")
-	if key != "" {
-		m.Header.Set(event.HeaderKey, key)
-	}
-	m.Header.Set(event.HeaderOccurredAt, time.Now().UTC().Format(time.RFC3339Nano))
+func (r *run) publish(ctx context.Context, eventID, msgID, eventType string, payload []byte, key string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ack, err := r.js.PublishMsg(ctx, m)
-	if err != nil {
-		return nil, fmt.Errorf("demo: publish to NATS: %w", err)
-	}
-	return ack, nil
+	return r.broker.publish(ctx, eventID, msgID, eventType, payload, key)
 }
 
 // injectPoison publishes malformed messages; each must end dead with its
@@ -533,9 +506,10 @@ func (r *run) injectPoison(ctx context.Context) error {
 	return nil
 }
 
-// injectDuplicates republishes published events straight to NATS, twice
-// each: once under the same broker id (JetStream drops it) and once under a
-// new one (it reaches the consumer, and the inbox must absorb it).
+// injectDuplicates republishes published events straight to the broker,
+// three times each: once under the same broker id (JetStream drops it;
+// RabbitMQ, without dedup, keeps it) and twice under new ones (they reach the
+// consumer, and the inbox must absorb them).
 func (r *run) injectDuplicates(ctx context.Context, max int32) error {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -544,12 +518,14 @@ func (r *run) injectDuplicates(ctx context.Context, max int32) error {
 		return fmt.Errorf("demo: read published events: %w", err)
 	}
 	for _, row := range rows {
-		ack, err := r.publish(ctx, row.EventID, row.EventID, row.EventType, row.Payload, row.Key)
+		dropped, err := r.publish(ctx, row.EventID, row.EventID, row.EventType, row.Payload, row.Key)
 		if err != nil {
 			return err
 		}
-		if ack.Duplicate {
+		if dropped {
 			r.report.BrokerDeduplicated++
+		} else if r.broker.dedupName() == "" {
+			r.report.InjectedDuplicates++ // no broker dedup: it reaches the consumer
 		}
 		for copyN := range 2 {
 			if _, err := r.publish(ctx, row.EventID, fmt.Sprintf("replay-%d-%s", copyN, row.EventID), row.EventType, row.Payload, row.Key); err != nil {
@@ -558,8 +534,13 @@ func (r *run) injectDuplicates(ctx context.Context, max int32) error {
 			r.report.InjectedDuplicates++
 		}
 	}
-	r.say("injected %d duplicate deliveries of %d published events (%d more dropped by JetStream's own dedup)",
-		r.report.InjectedDuplicates, len(rows), r.report.BrokerDeduplicated)
+	if name := r.broker.dedupName(); name != "" {
+		r.say("injected %d duplicate deliveries of %d published events (%d more dropped by %s's own dedup)",
+			r.report.InjectedDuplicates, len(rows), r.report.BrokerDeduplicated, name)
+	} else {
+		r.say("injected %d duplicate deliveries of %d published events (the broker has no dedup: the inbox absorbs them all)",
+			r.report.InjectedDuplicates, len(rows))
+	}
 	return nil
 }
 
@@ -640,11 +621,7 @@ func (r *run) verify(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	info, err := r.js.Stream(ctx, r.stream)
-	if err != nil {
-		return err
-	}
-	si, err := info.Info(ctx)
+	stored, err := r.broker.stored(ctx)
 	if err != nil {
 		return err
 	}
@@ -656,7 +633,7 @@ func (r *run) verify(ctx context.Context) error {
 	rep := &r.report
 	rep.Orders, rep.PaidOrders, rep.ExpectedCents = shop.Orders, shop.PaidOrders, shop.PaidCents
 	rep.Produced, rep.Published = ob.Total, ob.Published
-	rep.StreamMessages = int64(si.State.Msgs)
+	rep.StreamMessages = stored
 	rep.Received, rep.Processed, rep.Dead = in.Total, in.Processed, in.Dead
 	rep.Retries, rep.Deferrals = in.Retries, in.Deferrals
 	rep.DuplicatesAbsorbed = rep.StreamMessages - rep.Received
@@ -703,7 +680,7 @@ func (r *run) print() {
 	fmt.Fprintf(w, "  events produced (outbox)       %8d\n", rep.Produced)
 	fmt.Fprintf(w, "  events published by the relay  %8d\n", rep.Published)
 	fmt.Fprintf(w, "  injected out of order          %8d (OrderPaid before OrderCreated)\n", rep.OutOfOrders)
-	fmt.Fprintf(w, "  injected duplicates            %8d (+%d dropped by JetStream dedup)\n", rep.InjectedDuplicates, rep.BrokerDeduplicated)
+	fmt.Fprintf(w, "  injected duplicates            %8d (+%d dropped by the broker's dedup)\n", rep.InjectedDuplicates, rep.BrokerDeduplicated)
 	fmt.Fprintf(w, "  messages in the stream         %8d\n", rep.StreamMessages)
 	fmt.Fprintf(w, "  events received (inbox rows)   %8d\n", rep.Received)
 	fmt.Fprintf(w, "  duplicates absorbed            %8d (plus redeliveries after the SIGKILLs)\n", rep.DuplicatesAbsorbed)
