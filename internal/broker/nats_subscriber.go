@@ -262,6 +262,13 @@ func (s *NATSSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durati
 		s.checked = time.Now()
 	case err == nil && time.Since(s.checked) >= durableCheckInterval:
 		err = s.checkDurable(ctx)
+	case errors.Is(err, nats.ErrNoResponders):
+		// Servers before 2.10 answer a pull on a deleted durable with "no
+		// responders" instead of leaving it unanswered: ask whether the
+		// durable is gone; otherwise the error stays a transient one.
+		if cerr := s.checkDurable(ctx); cerr != nil {
+			err = cerr
+		}
 	}
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
 		errors.Is(err, jetstream.ErrStreamNotFound) {
