@@ -11,16 +11,20 @@ import (
 // consumer group and its limits. Every field documents its default.
 type KafkaConfig = kafka.Config
 
-// NewKafkaSubscriber joins the consumer group cfg.Group on the pgrelay topics
-// and returns it as a Subscriber, for ConsumerConfig.Subscribe:
+// SubscribeKafka returns a ConsumerConfig.Subscribe that joins the consumer
+// group cfg.Group on the pgrelay topics:
 //
-//	cfg.Subscribe = func(ctx context.Context) (pgrelay.Subscriber, error) {
-//		return pgrelay.NewKafkaSubscriber(ctx, pgrelay.KafkaConfig{Brokers: []string{"kafka:9092"}, Group: "billing"})
-//	}
+//	cfg.Subscribe = pgrelay.SubscribeKafka(pgrelay.KafkaConfig{Brokers: []string{"kafka:9092"}, Group: "billing"})
 //
 // A partition's offset is committed only over the records the inbox stored
 // (acknowledged), in order; a rebalance hands what was not stored to the new
 // owner, and the inbox absorbs what comes twice.
-func NewKafkaSubscriber(ctx context.Context, cfg KafkaConfig) (Subscriber, error) {
-	return kafka.NewSubscriber(ctx, cfg)
+func SubscribeKafka(cfg KafkaConfig) func(context.Context) (Subscriber, error) {
+	return func(ctx context.Context) (Subscriber, error) {
+		s, err := kafka.NewSubscriber(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // TestConsumerFromKafka: pgrelay.NewConsumer fetching from
-// pgrelay.NewKafkaSubscriber applies each event once.
+// pgrelay.SubscribeKafka applies each event once.
 func TestConsumerFromKafka(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -44,9 +44,7 @@ func TestConsumerFromKafka(t *testing.T) {
 
 	cons, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{Pool: pool, Handler: &countingBatchHandler{},
 		MaxWait: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		Subscribe: func(ctx context.Context) (pgrelay.Subscriber, error) {
-			return pgrelay.NewKafkaSubscriber(ctx, pgrelay.KafkaConfig{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})
-		}})
+		Subscribe: pgrelay.SubscribeKafka(pgrelay.KafkaConfig{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
