@@ -256,6 +256,8 @@ func runConsumer(parent context.Context, s settings) error {
 		StatsInterval:                s.statsInterval,
 		DupRateWarn:                  s.dupRateWarn,
 		DedupWindow:                  s.ops.DedupWindow,
+		DedupRecordMax:               s.ops.DedupRecordMax,
+		HandlerName:                  s.handler,
 		AllowReplayBeyondDedupWindow: s.allowReplay,
 		Workers:                      s.workers,
 		WorkerBatchSize:              s.workerBatchSize,
