@@ -32,6 +32,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -180,6 +181,7 @@ the reason and acknowledged, never dropped.`,
 	addExampleSchemaFlag(migrate, &s.databaseURL)
 	root.AddCommand(run, migrate, health)
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
+	root.AddCommand(tui.Command("consumer", &s.databaseURL))
 	return root
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -153,6 +154,7 @@ the stream is created, so a first run needs only PostgreSQL.`,
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
+	root.AddCommand(tui.Command("relay", &s.databaseURL))
 	return root
 }
 
