@@ -12,8 +12,8 @@ CREATE TABLE inbox_duplicates (
     -- handler is what the receiving consumer runs (its --handler).
     handler              text        NOT NULL DEFAULT '',
     -- original_received_at is when the inbox stored the original (NULL when
-    -- the original was stored by a transaction not yet visible, or repeated
-    -- in the same batch).
+    -- the original is stored by the same batch, or by a transaction the
+    -- receiving statement could not see yet).
     original_received_at timestamptz,
     seen_at              timestamptz NOT NULL DEFAULT now()
 );

@@ -38,9 +38,10 @@ WITH m AS (
         LEFT JOIN inbox i ON i.event_id = m.event_id
         WHERE m.event_id NOT IN (SELECT event_id FROM ins)
         UNION ALL
-        SELECT r.event_id, m.topic, m.event_type, NULL::timestamptz
+        SELECT r.event_id, m.topic, m.event_type, i.received_at
         FROM unnest(@repeated_ids::text[]) AS r(event_id)
         JOIN m ON m.event_id = r.event_id
+        LEFT JOIN inbox i ON i.event_id = r.event_id
     ) AS d
     WHERE @record_duplicates::boolean
 ), counts AS (

@@ -45,7 +45,8 @@ type Duplicate struct {
 	// SeenAt is when the duplicate was refused.
 	SeenAt time.Time `json:"seen_at"`
 	// OriginalReceivedAt is when the inbox stored the original; nil when
-	// the original was repeated in the same batch or not yet visible.
+	// the original was stored by the same batch (or by a transaction the
+	// receiving statement could not see yet).
 	OriginalReceivedAt *time.Time `json:"original_received_at,omitempty"`
 	// OriginalAgeSeconds is how old the original was when the duplicate
 	// arrived (0 when unknown).
