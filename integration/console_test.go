@@ -41,7 +41,9 @@ func (s *tmuxSession) run(args ...string) string {
 
 func (s *tmuxSession) capture() string { return s.run("capture-pane", "-p", "-t", "console") }
 
-func (s *tmuxSession) keys(keys ...string) { s.run(append([]string{"send-keys", "-t", "console"}, keys...)...) }
+func (s *tmuxSession) keys(keys ...string) {
+	s.run(append([]string{"send-keys", "-t", "console"}, keys...)...)
+}
 
 // waitFor waits until the screen shows every one of want, and returns it.
 func (s *tmuxSession) waitFor(what string, want ...string) string {
