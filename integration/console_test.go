@@ -176,8 +176,12 @@ func TestConsoleInTmux(t *testing.T) {
 	// A destructive key asks first; its audit row is written like the CLI's.
 	s.keys("2")
 	s.waitFor("keys tab", "[2 Keys]")
+	// Keys sent at once reach the console as one input, so each waits for
+	// the screen to answer the previous one.
 	s.keys("/")
+	s.waitFor("search prompt", "/part of an event id")
 	s.keys("-l", "dead-evt")
+	s.waitFor("search typed", "/dead-evt")
 	s.keys("Enter")
 	s.waitFor("search", "1 keys · search /dead-evt", "> dead-evt-1")
 	s.keys("d")
@@ -190,7 +194,9 @@ func TestConsoleInTmux(t *testing.T) {
 		WHERE action = 'purge' AND source = 'inbox' AND event_id = 'dead-evt-1' AND actor = 'it-operator'`))
 	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'dead-evt-1'`))
 	s.keys("Escape")
+	s.waitFor("search cleared", "3 keys · all recent keys")
 	s.keys("1")
+	s.waitFor("stats tab", "[1 Stats]")
 
 	// 200x60: the three panels and the outbox at once.
 	s.run("resize-window", "-t", "console", "-x", "200", "-y", "60")
@@ -209,7 +215,7 @@ func TestConsoleInTmux(t *testing.T) {
 	s.keys("h")
 	screen = s.waitFor("help", "Ctrl+R", "run inbox retention now")
 	saveCapture(t, "200x60-help", screen)
-	// Keys sent together arrive as one input: close the help, then quit.
+	// Close the help, then quit.
 	s.keys("x")
 	s.waitFor("help closed", "┌ Dedup")
 	s.keys("q")

@@ -98,7 +98,7 @@ func (m Model) footer(w int) string {
 	if m.snap != nil && len(m.snap.Errors) > 0 {
 		return warnStyle.Render(ansi.Truncate("! "+m.snap.Errors[0], w, "…"))
 	}
-	return plainStyle.Render(ansi.Truncate("Tab panels · / search · Enter details · d purge · s export · f retention · Ctrl+R reset", w, "…"))
+	return plainStyle.Render(ansi.Truncate("Tab/1-4 panels · / search · Enter details · d purge · s export · h help", w, "…"))
 }
 
 func (m Model) narrowBody(w, h int) string {
