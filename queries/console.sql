@@ -12,11 +12,11 @@ LIMIT @max_rows;
 -- name: ConsoleDedupHourly :many
 -- ConsoleDedupHourly sums the receive counts of the last @hours hours by hour,
 -- oldest first (hours without any message are absent).
-SELECT date_trunc('hour', minute)::timestamptz AS hour,
+SELECT date_trunc('hour', minute, 'UTC')::timestamptz AS hour,
        sum(received)::bigint AS received,
        sum(duplicates)::bigint AS duplicates
 FROM inbox_receive_counts
-WHERE minute >= date_trunc('hour', now()) - make_interval(hours => @hours::int) + interval '1 hour'
+WHERE minute >= date_trunc('hour', now(), 'UTC') - make_interval(hours => @hours::int) + interval '1 hour'
 GROUP BY 1
 ORDER BY 1;
 

@@ -7,10 +7,12 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
 func receiveIDs(t *testing.T, b *testBundle, ids ...string) {
@@ -131,4 +133,25 @@ func TestInboxKeysAndOutboxOverview(t *testing.T) {
 	require.True(t, ov.Relays[0].Alive)
 	require.Equal(t, int32(1), ov.Relays[0].Partitions)
 	require.False(t, ov.Relays[1].Alive)
+}
+
+// TestDedupReportHoursInAnyTimeZone: the hourly buckets line up with the
+// report's hours whatever the session's time zone (a half-hour offset here).
+func TestDedupReportHoursInAnyTimeZone(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["timezone"] = "Asia/Kolkata"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	svc, err := New(Config{Pool: pool})
+	require.NoError(t, err)
+	b := &testBundle{pool: pool, svc: svc}
+	receiveIDs(t, b, "e1")
+	receiveIDs(t, b, "e1")
+	rep, err := svc.Dedup(context.Background(), 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), rep.Received)
+	require.Equal(t, int64(2), rep.Hourly[23].Received, "counted in the current hour")
 }
