@@ -155,6 +155,7 @@ func TestNarrowTabs(t *testing.T) {
 	require.Contains(t, v, "ledger")
 	require.Contains(t, v, "1m25s old")
 	require.Contains(t, v, "record 60 rows · 8.0 KiB · cap 100")
+	require.Contains(t, v, "inbox table 10 rows")
 
 	m = press(t, m, "2")
 	v = checkScreen(t, m, 80, 24)

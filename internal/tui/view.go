@@ -249,12 +249,19 @@ func (m Model) dedupLines(w int, withCounts bool) []string {
 		fmt.Sprintf("record %d rows · %s · cap %d", d.RecordRows, humanBytes(d.RecordBytes), m.cfg.DedupRecordMax),
 		"window "+fmtDur(m.cfg.DedupWindow),
 	)
+	if st := m.snap.Stats; st != nil {
+		var rows int64
+		for _, n := range st.Inbox.ByStatus {
+			rows += n
+		}
+		lines = append(lines, fmt.Sprintf("inbox table %d rows · %s", rows, humanBytes(st.Inbox.TableBytes)))
+	}
 	if withCounts && m.snap.Stats != nil {
 		st := m.snap.Stats
 		lines = append(lines, fmt.Sprintf("inbox: %d pending · %d processing · %d processed · %d dead",
 			st.Inbox.ByStatus["pending"], st.Inbox.ByStatus["processing"], st.Inbox.ByStatus["processed"], st.Inbox.ByStatus["dead"]))
-		lines = append(lines, fmt.Sprintf("inbox %s · lag %s · outbox %d pending", humanBytes(st.Inbox.TableBytes),
-			fmtDur(secs(st.Inbox.OldestClaimableSeconds)), st.Outbox.ByStatus["pending"]))
+		lines = append(lines, fmt.Sprintf("lag %s · outbox %d pending · %d dead",
+			fmtDur(secs(st.Inbox.OldestClaimableSeconds)), st.Outbox.ByStatus["pending"], st.Outbox.ByStatus["dead"]))
 	}
 	lines = append(lines, "", titleStyle.Render("Recent duplicates blocked"))
 	idW := max(w-30, 8)
