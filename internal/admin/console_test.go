@@ -155,3 +155,40 @@ func TestDedupReportHoursInAnyTimeZone(t *testing.T) {
 	require.Equal(t, int64(2), rep.Received)
 	require.Equal(t, int64(2), rep.Hourly[23].Received, "counted in the current hour")
 }
+
+// TestConsoleRoutes: the keys, partitions and reset routes answer JSON, and
+// refuse bad parameters and a reset without an actor.
+func TestConsoleRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fixtures(t, b.pool)
+	srv, err := NewServer(ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+
+	code, body := do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?search=users&limit=5", "", nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var keys []InboxKey
+	require.NoError(t, json.Unmarshal(body, &keys))
+	require.Len(t, keys, 1)
+	code, _ = do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?limit=-1", "", nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _ = do(t, http.MethodGet, hs.URL+"/v1/dedup?recent=x", "", nil)
+	require.Equal(t, http.StatusBadRequest, code)
+
+	code, body = do(t, http.MethodGet, hs.URL+"/v1/outbox/partitions", "", nil)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var ov OutboxOverview
+	require.NoError(t, json.Unmarshal(body, &ov))
+	require.NotEmpty(t, ov.Partitions)
+
+	code, _ = do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"reason": "no actor"})
+	require.Equal(t, http.StatusBadRequest, code)
+	code, body = do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"actor": "ops", "reason": "baseline"})
+	require.Equal(t, http.StatusOK, code, string(body))
+	audit, err := b.svc.Audit(context.Background(), "*", SourceInbox, 10)
+	require.NoError(t, err)
+	require.Len(t, audit, 1)
+	require.Equal(t, "ops", audit[0].Actor)
+}
