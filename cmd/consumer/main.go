@@ -242,6 +242,9 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkHandlerSettings(s); err != nil {
 		return err
 	}
+	if s.ops.DedupRecordMax < 1 {
+		return fmt.Errorf("--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got %d", s.ops.DedupRecordMax)
+	}
 	cfg := pgrelay.ConsumerConfig{
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,

@@ -54,6 +54,9 @@ screens.`,
 			if window < retention.MinWindow {
 				return fmt.Errorf("--dedup-window (DEDUP_WINDOW) must be at least %s, got %s", retention.MinWindow, window)
 			}
+			if refresh < 100*time.Millisecond {
+				return fmt.Errorf("--refresh (TUI_REFRESH) must be at least 100ms, got %s", refresh)
+			}
 			if recordMax < 1 {
 				return fmt.Errorf("--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got %d", recordMax)
 			}
