@@ -22,8 +22,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
-// tmuxSession is a tmux server of its own (its own socket) running one
-// session, so the test never touches the user's tmux.
+// tmuxSession is a tmux server of its own (its own socket, in the test's
+// temporary directory) running one session, so the test never touches the
+// user's tmux.
 type tmuxSession struct {
 	t      *testing.T
 	bin    string
@@ -34,7 +35,7 @@ func (s *tmuxSession) run(args ...string) string {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, s.bin, append([]string{"-L", s.socket}, args...)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, s.bin, append([]string{"-S", s.socket}, args...)...).CombinedOutput()
 	require.NoError(s.t, err, "tmux %v: %s", args, out)
 	return string(out)
 }
@@ -147,13 +148,13 @@ func TestConsoleInTmux(t *testing.T) {
 	}, time.Minute, 50*time.Millisecond)
 	require.Equal(t, int64(3), queryInt(t, pool, `SELECT count(*) FROM ledger_orders`), "the duplicates created no order")
 
-	s := &tmuxSession{t: t, bin: tmux, socket: fmt.Sprintf("pgrelay-it-%d-%d", os.Getpid(), time.Now().UnixNano())}
+	s := &tmuxSession{t: t, bin: tmux, socket: filepath.Join(t.TempDir(), "tmux.sock")}
 	command := strings.Join([]string{consumerBin, "tui", "--database-url", "'" + dbURL + "'", "--nats-url", natsURL,
 		"--stream", stream, "--metrics-url", "http://" + metricsAddr + "/metrics", "--refresh", "500ms",
 		"--actor", "it-operator", "--dedup-window", "12h", "--export-dir", t.TempDir()}, " ")
 	s.run("new-session", "-d", "-s", "console", "-x", "80", "-y", "24", command)
 	t.Cleanup(func() {
-		_ = exec.Command(tmux, "-L", s.socket, "kill-server").Run()
+		_ = exec.Command(tmux, "-S", s.socket, "kill-server").Run()
 	})
 
 	// 80x24: tabs.
@@ -220,6 +221,6 @@ func TestConsoleInTmux(t *testing.T) {
 	s.waitFor("help closed", "┌ Dedup")
 	s.keys("q")
 	require.Eventually(t, func() bool {
-		return exec.Command(tmux, "-L", s.socket, "has-session", "-t", "console").Run() != nil
+		return exec.Command(tmux, "-S", s.socket, "has-session", "-t", "console").Run() != nil
 	}, 10*time.Second, 100*time.Millisecond, "q quits the console")
 }
