@@ -96,6 +96,12 @@ type ConsumerConfig struct {
 	// longer than DedupWindow, where a replay could apply an event twice.
 	// Default false.
 	AllowReplayBeyondDedupWindow bool
+	// DedupRecordMax is how many recorded duplicates (inbox_duplicates, the
+	// operator console's feed) retention keeps. Default 10000.
+	DedupRecordMax int
+	// HandlerName names the handler in the duplicate record (for example
+	// "ledger"). Default "".
+	HandlerName string
 	// FetchBatchSize is how many messages one fetch asks for, stored in one
 	// transaction. Default DefaultFetchBatchSize.
 	FetchBatchSize int
@@ -264,6 +270,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		StatsInterval:  cfg.StatsInterval,
 		DupRateWarn:    cfg.DupRateWarn,
 		ObserveReceive: observer.ObserveReceive,
+		Receive:        inbox.ReceiveOptions{Handler: cfg.HandlerName},
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
 			Workers:        cfg.Workers,
@@ -333,7 +340,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 	ops, err := admin.StartOps(ctx, admin.OpsConfig{
 		Flags: admin.OpsFlags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
-			AdminToken: c.cfg.AdminToken, DedupWindow: c.cfg.DedupWindow},
+			AdminToken: c.cfg.AdminToken, DedupWindow: c.cfg.DedupWindow,
+			DedupRecordMax: c.cfg.DedupRecordMax},
 		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.Logger,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(c.cfg.Pool),

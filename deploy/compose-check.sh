@@ -3,13 +3,15 @@
 # real compose file up under a project of its own, waits for every health
 # check and for the one-shot migration, writes an outbox row with psql as the
 # README shows, waits for its ledger row, scrapes the relay's and the
-# consumer's /metrics, then takes the stack down with its volumes.
+# consumer's /metrics, checks that Prometheus scrapes both (targets up) with
+# the alert rules loaded, then takes the stack down with its volumes.
 #
 # Images: PGRELAY_POSTGRES_IMAGE, PGRELAY_NATS_IMAGE, PGRELAY_RELAY_IMAGE,
-# PGRELAY_CONSUMER_IMAGE (when the relay and consumer images are named, they
-# are used as they are; otherwise compose builds them from the Dockerfile).
-# Published ports (127.0.0.1 only) default to 25432, 24222, 29090 and 29091 so
-# that the check does not collide with a PostgreSQL or NATS already running.
+# PGRELAY_CONSUMER_IMAGE, PGRELAY_PROMETHEUS_IMAGE (when the relay and
+# consumer images are named, they are used as they are; otherwise compose
+# builds them from the Dockerfile). Published ports (127.0.0.1 only) default
+# to 25432, 24222, 29090, 29091 and 29095 so that the check does not collide
+# with a PostgreSQL, NATS or Prometheus already running.
 # Without a Docker engine the check is skipped, except under CI, where it fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,7 @@ export PGRELAY_POSTGRES_PORT="${PGRELAY_POSTGRES_PORT:-25432}"
 export PGRELAY_NATS_PORT="${PGRELAY_NATS_PORT:-24222}"
 export PGRELAY_RELAY_METRICS_PORT="${PGRELAY_RELAY_METRICS_PORT:-29090}"
 export PGRELAY_CONSUMER_METRICS_PORT="${PGRELAY_CONSUMER_METRICS_PORT:-29091}"
+export PGRELAY_PROMETHEUS_PORT="${PGRELAY_PROMETHEUS_PORT:-29095}"
 timeout_s="${COMPOSE_CHECK_TIMEOUT:-240}"
 
 log() { printf 'compose-check: %s\n' "$*"; }
@@ -36,7 +39,8 @@ elif command -v docker-compose >/dev/null 2>&1; then
 else
 	die "neither 'docker compose' nor docker-compose is installed"
 fi
-for p in "$PGRELAY_POSTGRES_PORT" "$PGRELAY_NATS_PORT" "$PGRELAY_RELAY_METRICS_PORT" "$PGRELAY_CONSUMER_METRICS_PORT"; do
+command -v jq >/dev/null 2>&1 || die "jq is not installed (the Prometheus checks read its API's JSON)"
+for p in "$PGRELAY_POSTGRES_PORT" "$PGRELAY_NATS_PORT" "$PGRELAY_RELAY_METRICS_PORT" "$PGRELAY_CONSUMER_METRICS_PORT" "$PGRELAY_PROMETHEUS_PORT"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 		die "port 127.0.0.1:$p is in use; choose others with PGRELAY_*_PORT"
 	fi
@@ -60,11 +64,11 @@ cleanup() {
 trap cleanup EXIT
 
 start=$SECONDS
-log "up ($project, ${compose[*]}, images: ${PGRELAY_POSTGRES_IMAGE:-postgres:16-alpine}, ${PGRELAY_NATS_IMAGE:-nats:2.11-alpine}, ${PGRELAY_RELAY_IMAGE:-built}, ${PGRELAY_CONSUMER_IMAGE:-built})"
+log "up ($project, ${compose[*]}, images: ${PGRELAY_POSTGRES_IMAGE:-postgres:16-alpine}, ${PGRELAY_NATS_IMAGE:-nats:2.11-alpine}, ${PGRELAY_RELAY_IMAGE:-built}, ${PGRELAY_CONSUMER_IMAGE:-built}, ${PGRELAY_PROMETHEUS_IMAGE:-prom/prometheus:v2.53.0})"
 dc up -d "$build" >/dev/null 2>&1 || { dc up -d "$build" || true; die "compose up failed"; }
 
 # Every service with a health check must become healthy; migrate must exit 0.
-for svc in postgres nats relay consumer; do
+for svc in postgres nats relay consumer prometheus; do
 	id=$(dc ps -q "$svc")
 	[ -n "$id" ] || die "service $svc has no container"
 	until [ "$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")" = healthy ]; do
@@ -101,5 +105,17 @@ published=$(metric "http://127.0.0.1:$PGRELAY_RELAY_METRICS_PORT/metrics" relay_
 processed=$(metric "http://127.0.0.1:$PGRELAY_CONSUMER_METRICS_PORT/metrics" consumer_processed_total)
 log "metrics: relay_published_total=$published consumer_processed_total=$processed"
 awk -v p="$published" -v c="$processed" 'BEGIN { exit !(p >= 1 && c >= 1) }' || die "metrics do not show the event"
+# Prometheus scrapes both services (every target up) and loaded the rules.
+prom="http://127.0.0.1:$PGRELAY_PROMETHEUS_PORT"
+targets() { curl -fsS "$prom/api/v1/targets?state=active" | jq -r '[.data.activeTargets[] | "\(.labels.job)=\(.health)"] | sort | join(" ")'; }
+until [ "$(targets 2>/dev/null)" = "consumer=up relay=up" ]; do
+	((SECONDS - start < timeout_s)) || die "Prometheus targets not up after ${timeout_s}s: $(targets 2>&1)"
+	sleep 1
+done
+log "prometheus targets: $(targets)"
+loaded=$(curl -fsS "$prom/api/v1/rules?type=alert" | jq '[.data.groups[].rules[]] | length')
+expected=$(grep -c '^ *- alert: ' deploy/prometheus/alerts.yml)
+[ "$loaded" = "$expected" ] || die "Prometheus loaded $loaded alert rules, deploy/prometheus/alerts.yml has $expected"
+log "prometheus loaded $loaded alert rules"
 ok=1
 log "PASS in $((SECONDS - start)) s"

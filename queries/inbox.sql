@@ -2,13 +2,11 @@
 -- InsertInbox stores a batch of received messages in one statement. Rows whose
 -- event_id is already stored are skipped; the returned ids are the rows
 -- actually inserted. A non-empty dead reason stores the row directly as dead.
-INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
-                   status, last_error, finished_at)
-SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
-       CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
-       NULLIF(m.dead_reason, ''),
-       CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
-FROM (
+-- With @record_duplicates, the same statement also records every skipped row
+-- (and every id of @repeated_ids, repeated within the batch and not sent as
+-- rows) in inbox_duplicates, and adds the batch to this session's
+-- inbox_receive_counts row of the minute.
+WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
     SELECT unnest(@event_ids::text[]) AS event_id,
@@ -19,9 +17,44 @@ FROM (
            unnest(@headers::jsonb[]) AS headers,
            unnest(@occurred_ats::timestamptz[]) AS occurred_at,
            unnest(@dead_reasons::text[]) AS dead_reason
-) AS m
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id;
+), ins AS (
+    INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
+                       status, last_error, finished_at)
+    SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
+           CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+           NULLIF(m.dead_reason, ''),
+           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+    FROM m
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id
+), dup AS (
+    INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
+    SELECT d.event_id, d.topic, d.event_type, @handler::text, d.original_received_at
+    FROM (
+        SELECT m.event_id, m.topic, m.event_type, i.received_at AS original_received_at
+        FROM m
+        -- The original as this statement's snapshot sees it: committed
+        -- before the statement began.
+        LEFT JOIN inbox i ON i.event_id = m.event_id
+        WHERE m.event_id NOT IN (SELECT event_id FROM ins)
+        UNION ALL
+        SELECT r.event_id, m.topic, m.event_type, i.received_at
+        FROM unnest(@repeated_ids::text[]) AS r(event_id)
+        JOIN m ON m.event_id = r.event_id
+        LEFT JOIN inbox i ON i.event_id = r.event_id
+    ) AS d
+    WHERE @record_duplicates::boolean
+), counts AS (
+    INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
+    SELECT date_trunc('minute', now()), pg_backend_pid(),
+           (SELECT count(*) FROM m) + cardinality(@repeated_ids::text[]),
+           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + cardinality(@repeated_ids::text[])
+    WHERE @record_duplicates::boolean
+    ON CONFLICT (minute, backend) DO UPDATE
+    SET received = c.received + excluded.received,
+        duplicates = c.duplicates + excluded.duplicates
+)
+SELECT event_id FROM ins;
 
 -- name: ClaimInbox :many
 -- ClaimInbox moves up to @batch_size due pending events to processing under a

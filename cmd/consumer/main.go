@@ -33,6 +33,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -168,6 +169,7 @@ the reason and acknowledged, never dropped.`,
 	addExampleSchemaFlag(migrate, &s.databaseURL)
 	root.AddCommand(run, migrate, health)
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
+	root.AddCommand(tui.Command("consumer", &s.databaseURL))
 	return root
 }
 
@@ -228,6 +230,9 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkHandlerSettings(s); err != nil {
 		return err
 	}
+	if s.ops.DedupRecordMax < 1 {
+		return fmt.Errorf("--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got %d", s.ops.DedupRecordMax)
+	}
 	side, err := cli.SelectBroker(s.broker, s.brokers)
 	if err != nil {
 		return err
@@ -244,6 +249,8 @@ func runConsumer(parent context.Context, s settings) error {
 		StatsInterval:   s.statsInterval,
 		DupRateWarn:     s.dupRateWarn,
 		DedupWindow:     s.ops.DedupWindow,
+		DedupRecordMax:  s.ops.DedupRecordMax,
+		HandlerName:     s.handler,
 		Workers:         s.workers,
 		WorkerBatchSize: s.workerBatchSize,
 		MaxAttempts:     s.maxAttempts,

@@ -34,6 +34,10 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	t.Setenv("DEDUP_WINDOW", "168h")
 
 	require.ErrorContains(t, run(t, "run", "--stream", "a.b"), "--stream (CONSUMER_STREAM)")
+	require.ErrorContains(t, run(t, "run", "--dedup-record-max", "0"), "--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got 0")
+	require.ErrorContains(t, run(t, "tui", "--dedup-record-max", "0"), "--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got 0")
+	require.ErrorContains(t, run(t, "tui", "--dedup-window", "1m"), "--dedup-window (DEDUP_WINDOW) must be at least 1h0m0s")
+	require.ErrorContains(t, run(t, "tui", "--refresh", "1ms"), "--refresh")
 	require.ErrorContains(t, run(t, "run", "--ack-wait", "10ms"), "--ack-wait (CONSUMER_ACK_WAIT)")
 	require.ErrorContains(t, run(t, "run", "--durable", "a b"), "--durable (CONSUMER_DURABLE)")
 	require.ErrorContains(t, run(t, "run", "--max-payload-bytes", "-1"), "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)")

@@ -14,6 +14,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -137,6 +138,7 @@ needs only PostgreSQL.`,
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
 	root.AddCommand(admin.Commands(&s.databaseURL)...)
+	root.AddCommand(tui.Command("relay", &s.databaseURL))
 	return root
 }
 

@@ -9,9 +9,10 @@
 #   PGRELAY_NATS_IMAGE      nats-server with JetStream, from go.mod's version
 #   PGRELAY_RELAY_IMAGE     the relay, from this checkout
 #   PGRELAY_CONSUMER_IMAGE  the consumer, from this checkout
+#   PGRELAY_PROMETHEUS_IMAGE  Prometheus, Debian bookworm's prometheus package
 #
-# PostgreSQL's root filesystem and NATS are built only when their image is
-# missing (the slow part, about a minute cold); the relay and consumer images
+# PostgreSQL's root filesystem, NATS and Prometheus are built only when their
+# image is missing (the slow part, about a minute cold); the relay and consumer images
 # are rebuilt every time from the current code (Go's and Docker's caches make
 # an unchanged rebuild take seconds). debootstrap needs root.
 set -euo pipefail
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/../.."
 : "${PGRELAY_NATS_IMAGE:=pgrelay-local/nats:$(go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2)}"
 : "${PGRELAY_RELAY_IMAGE:=pgrelay-local/relay:dev}"
 : "${PGRELAY_CONSUMER_IMAGE:=pgrelay-local/consumer:dev}"
+: "${PGRELAY_PROMETHEUS_IMAGE:=pgrelay-local/prometheus:2-bookworm}"
 : "${PGRELAY_DEBIAN_MIRROR:=http://deb.debian.org/debian}"
 rootfs_image="${PGRELAY_POSTGRES_IMAGE%:*}-rootfs:${PGRELAY_POSTGRES_IMAGE##*:}"
 
@@ -35,9 +37,9 @@ have() { docker image inspect "$1" >/dev/null 2>&1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/pgrelay-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-for name in PGRELAY_POSTGRES_IMAGE PGRELAY_NATS_IMAGE PGRELAY_RELAY_IMAGE PGRELAY_CONSUMER_IMAGE; do
+for name in PGRELAY_POSTGRES_IMAGE PGRELAY_NATS_IMAGE PGRELAY_RELAY_IMAGE PGRELAY_CONSUMER_IMAGE PGRELAY_PROMETHEUS_IMAGE; do
 	case "${!name}" in
-	postgres:* | nats:* | library/* | docker.io/*)
+	postgres:* | nats:* | prom/* | library/* | docker.io/*)
 		echo "images: $name=${!name} is an official image's name; choose a local one" >&2
 		exit 1
 		;;
@@ -75,6 +77,19 @@ if ! have "$PGRELAY_NATS_IMAGE"; then
 	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/nats/nats-server" github.com/nats-io/nats-server/v2
 	busybox "$work/nats/busybox"
 	build -t "$PGRELAY_NATS_IMAGE" "$work/nats"
+fi
+
+if ! have "$PGRELAY_PROMETHEUS_IMAGE"; then
+	# Debian's binary is linked against glibc: it runs on the same Debian root
+	# filesystem as PostgreSQL.
+	log "prometheus (Debian's package) -> $PGRELAY_PROMETHEUS_IMAGE"
+	mkdir -p "$work/prometheus"
+	cp deploy/images/prometheus/Dockerfile "$work/prometheus/"
+	(cd "$work" && apt-get download -qq prometheus >/dev/null 2>"$work/apt.log") || { cat "$work/apt.log" >&2; exit 1; }
+	dpkg-deb -x "$work"/prometheus_*.deb "$work/prometheus-root"
+	cp "$work/prometheus-root/usr/bin/prometheus" "$work/prometheus/"
+	busybox "$work/prometheus/busybox"
+	build --build-arg "BASE=$rootfs_image" -t "$PGRELAY_PROMETHEUS_IMAGE" "$work/prometheus"
 fi
 
 log "relay and consumer -> $PGRELAY_RELAY_IMAGE, $PGRELAY_CONSUMER_IMAGE"

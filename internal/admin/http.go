@@ -145,6 +145,10 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/{source}/dead/requeue", s.handleRequeue)
 	mux.HandleFunc("POST /v1/{source}/dead/purge", s.handlePurge)
 	mux.HandleFunc("GET /v1/audit", s.handleAudit)
+	mux.HandleFunc("GET /v1/dedup", s.handleDedup)
+	mux.HandleFunc("POST /v1/dedup/reset", s.handleDedupReset)
+	mux.HandleFunc("GET /v1/inbox/keys", s.handleInboxKeys)
+	mux.HandleFunc("GET /v1/outbox/partitions", s.handleOutbox)
 	return s.recoverer(s.authenticate(mux))
 }
 
@@ -343,4 +347,73 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, list)
+}
+
+func queryInt(r *http.Request, name string) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: %s=%q: want a non-negative integer", ErrInvalid, name, v)
+	}
+	return n, nil
+}
+
+func (s *Server) handleDedup(w http.ResponseWriter, r *http.Request) {
+	n, err := queryInt(r, "recent")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rep, err := s.cfg.Service.Dedup(r.Context(), n)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// resetBody is the body of POST /v1/dedup/reset.
+type resetBody struct {
+	Actor  string `json:"actor"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func (s *Server) handleDedupReset(w http.ResponseWriter, r *http.Request) {
+	var body resetBody
+	if err := decodeBody(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	id, err := s.cfg.Service.ResetDedupStats(r.Context(), body.Actor, body.Reason)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"audit_id": id})
+}
+
+func (s *Server) handleInboxKeys(w http.ResponseWriter, r *http.Request) {
+	n, err := queryInt(r, "limit")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	keys, err := s.cfg.Service.InboxKeys(r.Context(), r.URL.Query().Get("search"), n)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, keys)
+}
+
+func (s *Server) handleOutbox(w http.ResponseWriter, r *http.Request) {
+	ov, err := s.cfg.Service.Outbox(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ov)
 }

@@ -29,23 +29,28 @@ type OpsFlags struct {
 	AdminToken string
 	// DedupWindow is how long processed inbox rows are kept (consumer only).
 	DedupWindow time.Duration
+	// DedupRecordMax is how many recorded duplicates retention keeps
+	// (consumer only).
+	DedupRecordMax int
 }
 
 // BindOpsFlags registers --metrics-addr, --admin-addr and --admin-token (and,
-// when withRetention is set, --dedup-window) on fs, defaulted from
-// METRICS_ADDR, ADMIN_ADDR, ADMIN_TOKEN and DEDUP_WINDOW.
+// when withRetention is set, --dedup-window and --dedup-record-max) on fs,
+// defaulted from METRICS_ADDR, ADMIN_ADDR, ADMIN_TOKEN, DEDUP_WINDOW and
+// DEDUP_RECORD_MAX.
 func BindOpsFlags(fs *pflag.FlagSet, f *OpsFlags, metricsAddr, adminAddr string, withRetention bool) {
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", metricsAddr), "address serving /metrics, /healthz and /readyz; empty disables (METRICS_ADDR)")
 	fs.StringVar(&f.AdminAddr, "admin-addr", cli.EnvString("ADMIN_ADDR", adminAddr), "address of the admin API (loopback unless --admin-token is set); empty disables (ADMIN_ADDR)")
 	fs.StringVar(&f.AdminToken, "admin-token", cli.EnvString("ADMIN_TOKEN", ""), "bearer token the admin API requires; required off loopback (ADMIN_TOKEN)")
 	if withRetention {
 		fs.DurationVar(&f.DedupWindow, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", retention.DefaultWindow), "how long processed inbox rows are kept to absorb redeliveries; must exceed the broker's redelivery horizon (DEDUP_WINDOW)")
+		fs.IntVar(&f.DedupRecordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", retention.DefaultDuplicatesMax), "how many recorded duplicates (the console's feed, inbox_duplicates) inbox retention keeps; at least 1 (DEDUP_RECORD_MAX)")
 	}
 }
 
 // OpsEnvKinds lists the typed environment variables of BindOpsFlags, for
 // cli.ValidateEnv.
-var OpsEnvKinds = map[string]string{"DEDUP_WINDOW": "duration"}
+var OpsEnvKinds = map[string]string{"DEDUP_WINDOW": "duration", "DEDUP_RECORD_MAX": "int"}
 
 // OpsConfig configures StartOps.
 type OpsConfig struct {
@@ -98,7 +103,7 @@ func StartOps(ctx context.Context, cfg OpsConfig) (*Ops, error) {
 			return nil, err
 		}
 		cfg.Registry.MustRegister(coll)
-		cleaner, err := retention.New(retention.Config{Pool: cfg.Pool, Window: cfg.Flags.DedupWindow,
+		cleaner, err := retention.New(retention.Config{Pool: cfg.Pool, Window: cfg.Flags.DedupWindow, DuplicatesMax: cfg.Flags.DedupRecordMax,
 			Observer: metrics.NewRetentionObserver(cfg.Registry), Logger: cfg.Logger})
 		if err != nil {
 			return nil, err

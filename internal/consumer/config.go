@@ -47,6 +47,9 @@ type Config struct {
 	// (DedupHitRatio) is computed and DupRateWarn checked. Default
 	// StatsInterval when that is positive, else DefaultStatsInterval.
 	RateInterval time.Duration
+	// Receive tunes each batch's inbox.ReceiveWith: the handler name recorded
+	// with each duplicate, or no duplicate record. Default: the zero options.
+	Receive inbox.ReceiveOptions
 	// ObserveReceive, when set, is called with the duration of every
 	// inbox.Receive statement (the dedup check and insert of one batch).
 	ObserveReceive func(time.Duration)

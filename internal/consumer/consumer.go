@@ -278,7 +278,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
 		start := time.Now()
-		res, err = inbox.Receive(ctx, tx, incoming)
+		res, err = inbox.ReceiveWith(ctx, tx, incoming, c.cfg.Receive)
 		if c.cfg.ObserveReceive != nil {
 			c.cfg.ObserveReceive(time.Since(start))
 		}

@@ -287,13 +287,7 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, eventID string) (Inbox,
 }
 
 const insertInbox = `-- name: InsertInbox :many
-INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
-                   status, last_error, finished_at)
-SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
-       CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
-       NULLIF(m.dead_reason, ''),
-       CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
-FROM (
+WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
     SELECT unnest($1::text[]) AS event_id,
@@ -304,25 +298,67 @@ FROM (
            unnest($6::jsonb[]) AS headers,
            unnest($7::timestamptz[]) AS occurred_at,
            unnest($8::text[]) AS dead_reason
-) AS m
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
+), ins AS (
+    INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
+                       status, last_error, finished_at)
+    SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
+           CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+           NULLIF(m.dead_reason, ''),
+           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+    FROM m
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id
+), dup AS (
+    INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
+    SELECT d.event_id, d.topic, d.event_type, $9::text, d.original_received_at
+    FROM (
+        SELECT m.event_id, m.topic, m.event_type, i.received_at AS original_received_at
+        FROM m
+        -- The original as this statement's snapshot sees it: committed
+        -- before the statement began.
+        LEFT JOIN inbox i ON i.event_id = m.event_id
+        WHERE m.event_id NOT IN (SELECT event_id FROM ins)
+        UNION ALL
+        SELECT r.event_id, m.topic, m.event_type, i.received_at
+        FROM unnest($10::text[]) AS r(event_id)
+        JOIN m ON m.event_id = r.event_id
+        LEFT JOIN inbox i ON i.event_id = r.event_id
+    ) AS d
+    WHERE $11::boolean
+), counts AS (
+    INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
+    SELECT date_trunc('minute', now()), pg_backend_pid(),
+           (SELECT count(*) FROM m) + cardinality($10::text[]),
+           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + cardinality($10::text[])
+    WHERE $11::boolean
+    ON CONFLICT (minute, backend) DO UPDATE
+    SET received = c.received + excluded.received,
+        duplicates = c.duplicates + excluded.duplicates
+)
+SELECT event_id FROM ins
 `
 
 type InsertInboxParams struct {
-	EventIds    []string
-	Topics      []string
-	Keys        []string
-	EventTypes  []string
-	Payloads    [][]byte
-	Headers     []json.RawMessage
-	OccurredAts []time.Time
-	DeadReasons []string
+	EventIds         []string
+	Topics           []string
+	Keys             []string
+	EventTypes       []string
+	Payloads         [][]byte
+	Headers          []json.RawMessage
+	OccurredAts      []time.Time
+	DeadReasons      []string
+	Handler          string
+	RepeatedIds      []string
+	RecordDuplicates bool
 }
 
 // InsertInbox stores a batch of received messages in one statement. Rows whose
 // event_id is already stored are skipped; the returned ids are the rows
 // actually inserted. A non-empty dead reason stores the row directly as dead.
+// With @record_duplicates, the same statement also records every skipped row
+// (and every id of @repeated_ids, repeated within the batch and not sent as
+// rows) in inbox_duplicates, and adds the batch to this session's
+// inbox_receive_counts row of the minute.
 func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParams) ([]string, error) {
 	rows, err := db.Query(ctx, insertInbox,
 		arg.EventIds,
@@ -333,6 +369,9 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 		arg.Headers,
 		arg.OccurredAts,
 		arg.DeadReasons,
+		arg.Handler,
+		arg.RepeatedIds,
+		arg.RecordDuplicates,
 	)
 	if err != nil {
 		return nil, err

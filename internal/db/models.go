@@ -54,6 +54,23 @@ type Inbox struct {
 	HandlerLatencyMs *float64
 }
 
+type InboxDuplicate struct {
+	ID                 int64
+	EventID            string
+	Topic              string
+	EventType          string
+	Handler            string
+	OriginalReceivedAt *time.Time
+	SeenAt             time.Time
+}
+
+type InboxReceiveCount struct {
+	Minute     time.Time
+	Backend    int32
+	Received   int64
+	Duplicates int64
+}
+
 type InboxRelease struct {
 	WaitingFor string
 	ReleasedAt time.Time

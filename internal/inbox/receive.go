@@ -31,14 +31,33 @@ type ReceiveResult struct {
 	Duplicates []string
 }
 
+// ReceiveOptions tunes ReceiveWith. The zero value is Receive's behaviour.
+type ReceiveOptions struct {
+	// Handler names what the receiving consumer runs; it is recorded with
+	// each duplicate. Default: empty.
+	Handler string
+	// NoDuplicateRecord skips recording duplicates in inbox_duplicates and
+	// counting the batch in inbox_receive_counts (the console's dedup feed
+	// and hit rate). Default false: both are written by the insert statement
+	// itself.
+	NoDuplicateRecord bool
+}
+
 // Receive stores a batch of messages in the inbox in one statement,
 // deduplicated by event id (INSERT ... ON CONFLICT (event_id) DO NOTHING). q is
 // a pool or the caller's transaction; the broker should be acknowledged only
 // once it committed, and a redelivery after a crash between commit and ack is
 // reported as a duplicate. A message that cannot be stored (invalid event id,
 // NUL bytes or invalid UTF-8 in a text field) fails the whole call with an
-// *InvalidMessageError and nothing is stored.
+// *InvalidMessageError and nothing is stored. The same statement records the
+// duplicates it refused in inbox_duplicates and counts the batch in
+// inbox_receive_counts (see ReceiveWith).
 func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, error) {
+	return ReceiveWith(ctx, q, msgs, ReceiveOptions{})
+}
+
+// ReceiveWith is Receive with options.
+func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOptions) (ReceiveResult, error) {
 	var res ReceiveResult
 	if len(msgs) == 0 {
 		return res, nil
@@ -52,6 +71,10 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		Headers:     make([]json.RawMessage, 0, len(msgs)),
 		OccurredAts: make([]time.Time, 0, len(msgs)),
 		DeadReasons: make([]string, 0, len(msgs)),
+		Handler:     opts.Handler,
+		RepeatedIds: []string{},
+		// Recorded by the insert statement itself: no extra round trip.
+		RecordDuplicates: !opts.NoDuplicateRecord,
 	}
 	seen := make(map[string]struct{}, len(msgs))
 	now := time.Now()
@@ -61,6 +84,7 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		}
 		if _, dup := seen[m.EventID]; dup {
 			res.Duplicates = append(res.Duplicates, m.EventID)
+			p.RepeatedIds = append(p.RepeatedIds, m.EventID)
 			continue
 		}
 		seen[m.EventID] = struct{}{}

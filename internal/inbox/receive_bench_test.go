@@ -78,3 +78,23 @@ func receiveByCopy(ctx context.Context, pool *pgxpool.Pool, msgs []inbox.Incomin
 		return err
 	})
 }
+
+// BenchmarkReceiveDuplicateRecord measures what recording duplicates costs:
+// Receive with the record (inbox_duplicates and inbox_receive_counts written
+// by the insert statement) against the same statement with the record
+// switched off. Half of each batch is a redelivery of the previous batch, so
+// every batch records size/2 duplicates.
+func BenchmarkReceiveDuplicateRecord(b *testing.B) {
+	pool := testdb.New(b)
+	for _, size := range []int{10, 100, 1000} {
+		for _, record := range []bool{true, false} {
+			name := fmt.Sprintf("record=%t/batch=%d", record, size)
+			b.Run(name, func(b *testing.B) {
+				benchReceive(b, pool, size, func(ctx context.Context, msgs []inbox.Incoming) error {
+					_, err := inbox.ReceiveWith(ctx, pool, msgs, inbox.ReceiveOptions{Handler: "bench", NoDuplicateRecord: !record})
+					return err
+				})
+			})
+		}
+	}
+}

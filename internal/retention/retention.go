@@ -35,6 +35,11 @@ type Config struct {
 	// BatchSize is the most rows one DELETE removes; each batch is its own
 	// short transaction. Default: 1000. Maximum: 100000.
 	BatchSize int
+	// DuplicatesMax is how many recorded duplicates (inbox_duplicates, the
+	// console's feed) each run keeps: older ones are deleted in batches of
+	// BatchSize. Receive counts older than a day (inbox_receive_counts) are
+	// deleted the same way. Default: 10000. Minimum: 1.
+	DuplicatesMax int
 	// Interval is the mean time between runs (jittered ±20%). Default: 1m.
 	Interval time.Duration
 	// Pause is the wait between two batches of one run, which leaves room to
@@ -64,12 +69,13 @@ func (nopObserver) Failed(error)  {}
 
 // Defaults for Config.
 const (
-	DefaultWindow       = 7 * 24 * time.Hour
-	DefaultBatchSize    = 1000
-	MaxBatchSize        = 100000
-	DefaultInterval     = time.Minute
-	DefaultPause        = 10 * time.Millisecond
-	DefaultQueryTimeout = 30 * time.Second
+	DefaultWindow        = 7 * 24 * time.Hour
+	DefaultBatchSize     = 1000
+	DefaultDuplicatesMax = 10000
+	MaxBatchSize         = 100000
+	DefaultInterval      = time.Minute
+	DefaultPause         = 10 * time.Millisecond
+	DefaultQueryTimeout  = 30 * time.Second
 	// MinWindow is the shortest dedup window accepted: an hour, 30 times
 	// JetStream's default duplicate window (2 minutes), so that the inbox
 	// always absorbs what the broker's own dedup lets through after its
@@ -87,6 +93,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
+	}
+	if c.DuplicatesMax == 0 {
+		c.DuplicatesMax = DefaultDuplicatesMax
 	}
 	if c.Interval == 0 {
 		c.Interval = DefaultInterval
@@ -117,6 +126,9 @@ func (c Config) validate() error {
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		errs = append(errs, fmt.Errorf("retention: Config.BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize))
 	}
+	if c.DuplicatesMax < 1 {
+		errs = append(errs, fmt.Errorf("retention: Config.DuplicatesMax (--dedup-record-max / DEDUP_RECORD_MAX) must be at least 1, got %d", c.DuplicatesMax))
+	}
 	for name, d := range map[string]time.Duration{"Interval": c.Interval, "Pause": c.Pause, "QueryTimeout": c.QueryTimeout} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("retention: Config.%s must be positive, got %s", name, d))
@@ -146,7 +158,9 @@ func New(cfg Config) (*Cleaner, error) {
 // many it deleted. Each batch is one DELETE by primary key over rows picked
 // with FOR UPDATE SKIP LOCKED: it never waits on a row a worker holds, and
 // touches no pending, processing or dead row. Then it deletes the dependency
-// release records (inbox_releases) older than the window the same way.
+// release records (inbox_releases) older than the window the same way, the
+// recorded duplicates beyond DuplicatesMax and the receive counts older than a
+// day.
 func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 	total, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
 		return c.q.AdminDeleteExpiredInboxBatch(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxBatchParams{
@@ -166,6 +180,23 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 	}
 	if releases > 0 {
 		c.log.Debug("expired inbox releases deleted", zap.Int64("rows", releases))
+	}
+	dups, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
+		return c.q.ConsolePruneDuplicates(ctx, c.cfg.Pool, db.ConsolePruneDuplicatesParams{
+			Keep: int64(c.cfg.DuplicatesMax), BatchSize: int32(c.cfg.BatchSize),
+		})
+	})
+	if err != nil {
+		return total, fmt.Errorf("retention: prune the duplicate record: %w", err)
+	}
+	counts, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
+		return c.q.ConsolePruneReceiveCounts(ctx, c.cfg.Pool, int32(c.cfg.BatchSize))
+	})
+	if err != nil {
+		return total, fmt.Errorf("retention: prune the receive counts: %w", err)
+	}
+	if dups > 0 || counts > 0 {
+		c.log.Debug("duplicate record pruned", zap.Int64("duplicates", dups), zap.Int64("minute_counts", counts))
 	}
 	return total, nil
 }

@@ -186,3 +186,27 @@ func TestDeletesExpiredReleaseRecords(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"order:young"}, left)
 }
+
+// TestPrunesTheDuplicateRecord: a run keeps only the newest DuplicatesMax
+// recorded duplicates, deleting the older ones over several batches, and
+// deletes receive counts older than a day.
+func TestPrunesTheDuplicateRecord(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO inbox_duplicates (event_id) SELECT 'd' || g FROM generate_series(1, 25) AS g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO inbox_receive_counts (minute, backend, received, duplicates)
+		VALUES (date_trunc('minute', now()), 1, 10, 1), (now() - interval '26 hours', 1, 10, 1), (now() - interval '2 days', 2, 5, 5)`)
+	require.NoError(t, err)
+	c, err := New(Config{Pool: pool, BatchSize: 4, Pause: time.Millisecond, DuplicatesMax: 7})
+	require.NoError(t, err)
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	var n, lowest int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), min(substr(event_id, 2)::int) FROM inbox_duplicates`).Scan(&n, &lowest))
+	require.Equal(t, 7, n)
+	require.Equal(t, 19, lowest, "the newest are kept")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_receive_counts`).Scan(&n))
+	require.Equal(t, 1, n)
+}

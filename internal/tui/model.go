@@ -1,0 +1,346 @@
+package tui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/charmbracelet/bubbles/textinput"
+	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/pgrelay/pgrelay/internal/admin"
+)
+
+// The panels (wide layout) and tabs (narrow layout). In the narrow layout
+// the dedup panel is the Stats tab.
+const (
+	panelDedup = iota
+	panelKeys
+	panelOutbox
+	panelConfig
+	panelCount
+)
+
+var panelNames = [panelCount]string{"Stats", "Keys", "Outbox", "Config"}
+
+// Wide is the smallest terminal that gets the wide layout.
+const (
+	WideWidth  = 120
+	WideHeight = 30
+)
+
+// Messages.
+type (
+	snapshotMsg struct{ snap *Snapshot }
+	tickMsg     struct{}
+	// doneMsg reports an operation's outcome on the status line.
+	doneMsg struct {
+		status string
+		err    error
+	}
+	detailMsg struct {
+		event *admin.DeadLetter
+		err   error
+	}
+)
+
+type confirmation struct {
+	prompt string
+	run    tea.Cmd
+}
+
+// Model is the console's bubbletea model.
+type Model struct {
+	cfg           Config
+	width, height int
+	focus         int
+	snap          *Snapshot
+	loading       bool
+	cursor        int
+	search        textinput.Model
+	searching     bool
+	query         string
+	detail        *admin.DeadLetter
+	confirm       *confirmation
+	help          bool
+	status        string
+	statusErr     bool
+}
+
+// New returns the console's model.
+func New(cfg Config) (Model, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return Model{}, err
+	}
+	ti := textinput.New()
+	ti.Prompt = "/"
+	ti.Placeholder = "part of an event id"
+	ti.CharLimit = 255
+	return Model{cfg: cfg, width: 80, height: 24, search: ti}, nil
+}
+
+// Init loads the first snapshot and starts the refresh ticks.
+func (m Model) Init() tea.Cmd {
+	return tea.Batch(m.fetch(), m.tick())
+}
+
+func (m Model) tick() tea.Cmd {
+	return tea.Tick(m.cfg.Refresh, func(time.Time) tea.Msg { return tickMsg{} })
+}
+
+func (m Model) fetch() tea.Cmd {
+	cfg, query := m.cfg, m.query
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+		defer cancel()
+		return snapshotMsg{snap: load(ctx, cfg, query)}
+	}
+}
+
+// operation runs f with a timeout as a command reporting on the status line.
+func (m Model) operation(f func(ctx context.Context) (string, error)) tea.Cmd {
+	timeout := m.cfg.Timeout
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		s, err := f(ctx)
+		return doneMsg{status: s, err: err}
+	}
+}
+
+func (m Model) wide() bool { return m.width >= WideWidth && m.height >= WideHeight }
+
+// selected returns the inbox key under the cursor.
+func (m Model) selected() (admin.InboxKey, bool) {
+	if m.snap == nil || m.cursor < 0 || m.cursor >= len(m.snap.Keys) {
+		return admin.InboxKey{}, false
+	}
+	return m.snap.Keys[m.cursor], true
+}
+
+func (m *Model) setStatus(s string, isErr bool) { m.status, m.statusErr = s, isErr }
+
+// Update handles a message.
+func (m Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg := msg.(type) {
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+		return m, nil
+	case snapshotMsg:
+		m.loading = false
+		m.snap = msg.snap
+		if m.snap != nil && m.cursor >= len(m.snap.Keys) {
+			m.cursor = max(0, len(m.snap.Keys)-1)
+		}
+		return m, nil
+	case tickMsg:
+		if m.loading {
+			return m, m.tick()
+		}
+		m.loading = true
+		return m, tea.Batch(m.fetch(), m.tick())
+	case doneMsg:
+		if msg.err != nil {
+			m.setStatus(msg.status+": "+msg.err.Error(), true)
+		} else {
+			m.setStatus(msg.status, false)
+		}
+		m.loading = true
+		return m, m.fetch()
+	case detailMsg:
+		if msg.err != nil {
+			m.setStatus("details: "+msg.err.Error(), true)
+			return m, nil
+		}
+		m.detail = msg.event
+		return m, nil
+	case tea.KeyMsg:
+		return m.key(msg)
+	}
+	return m, nil
+}
+
+func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
+	k := msg.String()
+	if k == "ctrl+c" {
+		return m, tea.Quit
+	}
+	// A confirmation takes every key: y runs, anything else cancels.
+	if m.confirm != nil {
+		c := m.confirm
+		m.confirm = nil
+		if k == "y" || k == "Y" {
+			m.setStatus("running…", false)
+			return m, c.run
+		}
+		m.setStatus("cancelled", false)
+		return m, nil
+	}
+	if m.searching {
+		switch k {
+		case "enter":
+			m.searching = false
+			m.query = m.search.Value()
+			m.search.Blur()
+			m.cursor = 0
+			m.loading = true
+			return m, m.fetch()
+		case "esc":
+			m.searching = false
+			m.search.Blur()
+			return m, nil
+		}
+		var cmd tea.Cmd
+		m.search, cmd = m.search.Update(msg)
+		return m, cmd
+	}
+	if m.help {
+		m.help = false
+		if k == "q" {
+			return m, tea.Quit
+		}
+		return m, nil
+	}
+	if m.detail != nil {
+		if k == "q" {
+			return m, tea.Quit
+		}
+		if k == "d" {
+			return m.askPurge()
+		}
+		m.detail = nil
+		return m, nil
+	}
+	switch k {
+	case "q":
+		return m, tea.Quit
+	case "h", "?":
+		m.help = true
+	case "tab":
+		m.focus = (m.focus + 1) % panelCount
+	case "shift+tab":
+		m.focus = (m.focus + panelCount - 1) % panelCount
+	case "1", "2", "3", "4":
+		m.focus = int(k[0] - '1')
+	case "k":
+		m.focus = panelKeys
+	case "o":
+		m.focus = panelOutbox
+	case "c":
+		m.focus = panelConfig
+	case "r":
+		m.loading = true
+		m.setStatus("refreshing", false)
+		return m, m.fetch()
+	case "up":
+		if m.cursor > 0 {
+			m.cursor--
+		}
+	case "down":
+		if m.snap != nil && m.cursor < len(m.snap.Keys)-1 {
+			m.cursor++
+		}
+	case "/":
+		m.focus = panelKeys
+		m.searching = true
+		m.search.SetValue(m.query)
+		m.search.CursorEnd()
+		return m, m.search.Focus()
+	case "esc":
+		if m.query != "" {
+			m.query = ""
+			m.cursor = 0
+			m.loading = true
+			return m, m.fetch()
+		}
+	case "enter":
+		key, ok := m.selected()
+		if !ok {
+			m.setStatus("no key selected", true)
+			return m, nil
+		}
+		svc, timeout := m.cfg.Admin, m.cfg.Timeout
+		return m, func() tea.Msg {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			d, err := svc.Show(ctx, admin.SourceInbox, key.EventID)
+			return detailMsg{event: d, err: err}
+		}
+	case "d":
+		return m.askPurge()
+	case "s":
+		path, err := export(m.cfg.ExportDir, m.snap)
+		if err != nil {
+			m.setStatus("export: "+err.Error(), true)
+		} else {
+			m.setStatus("statistics exported to "+path, false)
+		}
+	case "f":
+		if m.cfg.Retention == nil {
+			m.setStatus("retention is not available here", true)
+			return m, nil
+		}
+		run := m.cfg.Retention
+		m.confirm = &confirmation{
+			prompt: fmt.Sprintf("Run inbox retention now? It deletes processed events older than the dedup window (%s) and prunes the duplicate record.", fmtDur(m.cfg.DedupWindow)),
+			run: m.operation(func(ctx context.Context) (string, error) {
+				n, err := run(ctx)
+				if err != nil {
+					return "retention", err
+				}
+				return fmt.Sprintf("retention deleted %d processed event(s)", n), nil
+			}),
+		}
+	case "ctrl+r":
+		svc, actor := m.cfg.Admin, m.cfg.Actor
+		m.confirm = &confirmation{
+			prompt: fmt.Sprintf("Reset the dedup counters? This empties the duplicate record and the 24 h counts; recorded in the audit table as %s.", actor),
+			run: m.operation(func(ctx context.Context) (string, error) {
+				id, err := svc.ResetDedupStats(ctx, actor, "reset from the operator console")
+				if err != nil {
+					return "reset", err
+				}
+				return fmt.Sprintf("dedup counters reset (audit #%d)", id), nil
+			}),
+		}
+	}
+	return m, nil
+}
+
+// askPurge asks to purge the selected (or shown) key, which must be dead.
+func (m Model) askPurge() (tea.Model, tea.Cmd) {
+	var id, status string
+	if m.detail != nil {
+		id, status = m.detail.EventID, m.detail.Status
+	} else if key, ok := m.selected(); ok && (m.focus == panelKeys || !m.wide()) {
+		id, status = key.EventID, key.Status
+	} else {
+		m.setStatus("select a dead key in Keys first (k)", true)
+		return m, nil
+	}
+	if status != "dead" {
+		m.setStatus(fmt.Sprintf("%s is %s: only dead events can be purged", id, status), true)
+		return m, nil
+	}
+	svc, actor := m.cfg.Admin, m.cfg.Actor
+	m.detail = nil
+	m.confirm = &confirmation{
+		prompt: fmt.Sprintf("Purge dead event %s? It is deleted and a redelivery would be received as new; recorded in the audit table as %s.", id, actor),
+		run: m.operation(func(ctx context.Context) (string, error) {
+			zero := time.Duration(0)
+			res, err := svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{
+				Filter: admin.Filter{EventID: id}, OlderThan: &zero, Actor: actor,
+				Reason: "purged from the operator console"})
+			if err != nil {
+				return "purge " + id, err
+			}
+			if res.Count == 0 {
+				return "purge " + id, errors.New("no longer dead: nothing purged")
+			}
+			return fmt.Sprintf("purged %s (audit #%d)", id, res.Events[0].AuditID), nil
+		}),
+	}
+	return m, nil
+}
