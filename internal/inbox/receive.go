@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,48 +23,149 @@ type Incoming struct {
 	DeadReason string
 }
 
-// ReceiveResult reports what Receive stored.
-type ReceiveResult struct {
-	// Inserted counts the rows stored.
-	Inserted int
-	// Duplicates lists the event ids not stored because they were already in
-	// the inbox or repeated earlier in the same batch (once per repetition).
-	Duplicates []string
+// Target is one handler Receive stores rows for: an event is stored, and
+// later processed, once per target, deduplicated by the key its strategy
+// builds.
+type Target struct {
+	// Handler is the handler's name (ValidateHandlerName). Default
+	// DefaultHandlerName.
+	Handler string
+	// Strategy builds the dedup key. Default: the message-id strategy.
+	Strategy KeyStrategy
 }
 
-// Receive stores a batch of messages in the inbox in one statement,
-// deduplicated by event id (INSERT ... ON CONFLICT (event_id) DO NOTHING). q is
-// a pool or the caller's transaction; the broker should be acknowledged only
-// once it committed, and a redelivery after a crash between commit and ack is
-// reported as a duplicate. A message that cannot be stored (invalid event id,
-// NUL bytes or invalid UTF-8 in a text field) fails the whole call with an
-// *InvalidMessageError and nothing is stored.
+// DefaultTargets is what Receive stores for: the default handler, keyed by
+// event id.
+var DefaultTargets = []Target{{Handler: DefaultHandlerName}}
+
+// ValidateTargets checks handler names and that no handler is named twice.
+func ValidateTargets(targets []Target) error {
+	seen := make(map[string]bool, len(targets))
+	for _, t := range targets {
+		name := t.Handler
+		if name == "" {
+			name = DefaultHandlerName
+		}
+		if err := ValidateHandlerName(name); err != nil {
+			return err
+		}
+		if seen[name] {
+			return fmt.Errorf("handler %q is named twice", name)
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+// ReceiveResult reports what Receive stored.
+type ReceiveResult struct {
+	// Inserted counts the rows stored (one per message and target).
+	Inserted int
+	// Duplicates lists the event ids of the messages stored for no target
+	// because every target's key was already in the inbox or repeated
+	// earlier in the same batch (once per repetition), conflicts included.
+	Duplicates []string
+	// Absorbed lists, per target, every message not stored because its key
+	// was already stored (or repeated earlier in the batch).
+	Absorbed []Absorbed
+	// KeyFailures lists the rows stored dead because their target's
+	// strategy could not build a key.
+	KeyFailures []KeyFailure
+}
+
+// Absorbed is a delivery the inbox did not store for a handler because the
+// handler's dedup key was already stored.
+type Absorbed struct {
+	Handler, DedupKey, EventID string
+	// StoredEventID is the event id of the stored row holding the key.
+	StoredEventID string
+	// Conflict is set when the stored row's payload fingerprint differs from
+	// this delivery's: same key, different content. It is recorded in
+	// inbox_conflicts; the stored event's effect stands.
+	Conflict bool
+}
+
+// KeyFailure is a row stored dead because its key could not be built.
+type KeyFailure struct {
+	Handler, EventID, Reason string
+}
+
+// Conflicts returns the absorbed deliveries that were conflicts.
+func (r ReceiveResult) Conflicts() []Absorbed {
+	var out []Absorbed
+	for _, a := range r.Absorbed {
+		if a.Conflict {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Receive stores a batch of messages for the default handler, keyed by event
+// id: ReceiveFor(ctx, q, DefaultTargets, msgs).
 func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, error) {
+	return ReceiveFor(ctx, q, DefaultTargets, msgs)
+}
+
+// ReceiveFor stores a batch of messages in the inbox in one statement: one
+// row per message and target, deduplicated by (handler, dedup key) (INSERT
+// ... ON CONFLICT DO NOTHING). q is a pool or the caller's transaction; the
+// broker should be acknowledged only once it committed, and a redelivery after
+// a crash between commit and ack is reported as absorbed. A delivery whose key
+// is already stored with another payload (fingerprint) is a conflict: it is
+// recorded in inbox_conflicts in the same transaction (a second statement,
+// only when there are conflicts) and reported; the stored event stands. A
+// message whose key cannot be built (a payload lacking a named field) is
+// stored dead for that target with the reason, under the reserved key
+// '!'+event id. A message that cannot be stored at all (invalid event id, NUL
+// bytes or invalid UTF-8 in a text field) fails the whole call with an
+// *InvalidMessageError and nothing is stored.
+func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incoming) (ReceiveResult, error) {
 	var res ReceiveResult
 	if len(msgs) == 0 {
 		return res, nil
 	}
-	p := db.InsertInboxParams{
-		EventIds:    make([]string, 0, len(msgs)),
-		Topics:      make([]string, 0, len(msgs)),
-		Keys:        make([]string, 0, len(msgs)),
-		EventTypes:  make([]string, 0, len(msgs)),
-		Payloads:    make([][]byte, 0, len(msgs)),
-		Headers:     make([]json.RawMessage, 0, len(msgs)),
-		OccurredAts: make([]time.Time, 0, len(msgs)),
-		DeadReasons: make([]string, 0, len(msgs)),
+	if len(targets) == 0 {
+		targets = DefaultTargets
 	}
-	seen := make(map[string]struct{}, len(msgs))
+	if err := ValidateTargets(targets); err != nil {
+		return res, fmt.Errorf("inbox: receive: %w", err)
+	}
+	n := len(msgs) * len(targets)
+	p := db.InsertInboxParams{
+		Handlers:      make([]string, 0, n),
+		StrategyKeys:  make([]string, 0, n),
+		KeyStrategies: make([]string, 0, n),
+		EventIds:      make([]string, 0, n),
+		Topics:        make([]string, 0, n),
+		Keys:          make([]string, 0, n),
+		EventTypes:    make([]string, 0, n),
+		Payloads:      make([][]byte, 0, n),
+		Headers:       make([]json.RawMessage, 0, n),
+		OccurredAts:   make([]time.Time, 0, n),
+		DeadReasons:   make([]string, 0, n),
+	}
+	type rowKey struct{ handler, key string }
+	type rowRef struct {
+		msg    int
+		target int
+	}
+	first := make(map[rowKey]int, n) // row key → message index of its first copy
+	rows := make(map[rowKey]rowRef, n)
+	absorbedFor := make([]int, len(msgs)) // targets that absorbed each message
+	fps := make([][]byte, len(msgs))
+	fingerprint := func(i int) []byte {
+		if fps[i] == nil {
+			fps[i] = Fingerprint(msgs[i].Payload)
+		}
+		return fps[i]
+	}
+	var conflicts []conflictRow
 	now := time.Now()
 	for i, m := range msgs {
 		if err := validateIncoming(m); err != nil {
 			return ReceiveResult{}, &InvalidMessageError{Index: i, EventID: m.EventID, Err: err}
 		}
-		if _, dup := seen[m.EventID]; dup {
-			res.Duplicates = append(res.Duplicates, m.EventID)
-			continue
-		}
-		seen[m.EventID] = struct{}{}
 		headers := json.RawMessage("{}")
 		if stored := m.StoredHeaders(); len(stored) > 0 {
 			b, err := json.Marshal(stored)
@@ -80,46 +182,179 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 		if payload == nil {
 			payload = []byte{}
 		}
-		p.EventIds = append(p.EventIds, m.EventID)
-		p.Topics = append(p.Topics, m.Topic)
-		p.Keys = append(p.Keys, m.Key)
-		p.EventTypes = append(p.EventTypes, m.EventType)
-		p.Payloads = append(p.Payloads, payload)
-		p.Headers = append(p.Headers, headers)
-		p.OccurredAts = append(p.OccurredAts, occurred)
-		p.DeadReasons = append(p.DeadReasons, m.DeadReason)
+		for ti, t := range targets {
+			handler := t.Handler
+			if handler == "" {
+				handler = DefaultHandlerName
+			}
+			strategyKey, deadReason := "", m.DeadReason
+			key := m.EventID
+			if !t.Strategy.IsMessageID() {
+				if deadReason == "" {
+					k, err := t.Strategy.Key(m.Message)
+					if err != nil {
+						deadReason = err.Error()
+						res.KeyFailures = append(res.KeyFailures, KeyFailure{Handler: handler, EventID: m.EventID, Reason: deadReason})
+					} else {
+						key = k
+					}
+				}
+				if deadReason != "" {
+					// Never keyed by something else: dead under a key no
+					// strategy builds.
+					key = "!" + m.EventID
+				}
+				strategyKey = key
+			}
+			rk := rowKey{handler, key}
+			if j, dup := first[rk]; dup {
+				absorbedFor[i]++
+				a := Absorbed{Handler: handler, DedupKey: key, EventID: m.EventID, StoredEventID: msgs[j].EventID}
+				if !bytes.Equal(fingerprint(i), fingerprint(j)) {
+					a.Conflict = true
+					conflicts = append(conflicts, conflictRow{a: a, strategy: t.Strategy.String(), msg: i, storedFP: fingerprint(j)})
+				}
+				res.Absorbed = append(res.Absorbed, a)
+				continue
+			}
+			first[rk] = i
+			rows[rk] = rowRef{msg: i, target: ti}
+			p.Handlers = append(p.Handlers, handler)
+			p.StrategyKeys = append(p.StrategyKeys, strategyKey)
+			p.KeyStrategies = append(p.KeyStrategies, t.Strategy.String())
+			p.EventIds = append(p.EventIds, m.EventID)
+			p.Topics = append(p.Topics, m.Topic)
+			p.Keys = append(p.Keys, m.Key)
+			p.EventTypes = append(p.EventTypes, m.EventType)
+			p.Payloads = append(p.Payloads, payload)
+			p.Headers = append(p.Headers, headers)
+			p.OccurredAts = append(p.OccurredAts, occurred)
+			p.DeadReasons = append(p.DeadReasons, deadReason)
+		}
 	}
-	given := p.EventIds // reported in the caller's order
-	sortByEventID(&p)
-	inserted, err := db.New().InsertInbox(ctx, q, p)
+	sortRows(&p)
+	notInserted, err := db.New().InsertInbox(ctx, q, p)
 	if err != nil {
 		return ReceiveResult{}, fmt.Errorf("inbox: receive %d messages: %w", len(msgs), err)
 	}
-	res.Inserted = len(inserted)
-	if len(inserted) < len(p.EventIds) {
-		stored := make(map[string]struct{}, len(inserted))
-		for _, id := range inserted {
-			stored[id] = struct{}{}
-		}
-		for _, id := range given {
-			if _, ok := stored[id]; !ok {
-				res.Duplicates = append(res.Duplicates, id)
+	res.Inserted = len(p.Handlers) - len(notInserted)
+	if len(notInserted) > 0 {
+		// Stored by a transaction that committed while the insert waited for
+		// it: not in the insert's snapshot, so read it now.
+		var unseen db.InboxStoredKeysParams
+		for _, r := range notInserted {
+			if r.StoredEventID == "" {
+				unseen.Handlers = append(unseen.Handlers, r.Handler)
+				unseen.DedupKeys = append(unseen.DedupKeys, r.DedupKey)
 			}
+		}
+		stored := map[rowKey]db.InboxStoredKeysRow{}
+		if len(unseen.Handlers) > 0 {
+			got, err := db.New().InboxStoredKeys(ctx, q, unseen)
+			if err != nil {
+				return ReceiveResult{}, fmt.Errorf("inbox: receive: read stored keys: %w", err)
+			}
+			for _, g := range got {
+				stored[rowKey{g.Handler, g.DedupKey}] = g
+			}
+		}
+		for _, r := range notInserted {
+			rk := rowKey{r.Handler, r.DedupKey}
+			ref := rows[rk]
+			storedID, storedFP := r.StoredEventID, r.StoredFingerprint
+			if storedID == "" {
+				g, ok := stored[rk]
+				if !ok {
+					// Deleted again meanwhile (retention, purge): absorbed
+					// all the same; nothing to compare with.
+					res.Absorbed = append(res.Absorbed, Absorbed{Handler: r.Handler, DedupKey: r.DedupKey, EventID: msgs[ref.msg].EventID})
+					absorbedFor[ref.msg]++
+					continue
+				}
+				storedID, storedFP = g.EventID, g.Fingerprint
+			}
+			a := Absorbed{Handler: r.Handler, DedupKey: r.DedupKey, EventID: msgs[ref.msg].EventID, StoredEventID: storedID}
+			if !bytes.Equal(storedFP, fingerprint(ref.msg)) {
+				a.Conflict = true
+				conflicts = append(conflicts, conflictRow{a: a, strategy: targets[ref.target].Strategy.String(), msg: ref.msg, storedFP: storedFP})
+			}
+			res.Absorbed = append(res.Absorbed, a)
+			absorbedFor[ref.msg]++
+		}
+	}
+	if len(conflicts) > 0 {
+		if err := recordConflicts(ctx, q, conflicts, msgs, fingerprint); err != nil {
+			return ReceiveResult{}, err
+		}
+	}
+	for i, m := range msgs {
+		if absorbedFor[i] == len(targets) {
+			res.Duplicates = append(res.Duplicates, m.EventID)
 		}
 	}
 	return res, nil
 }
 
-// sortByEventID orders the rows of p by event id: the insert then takes its
-// unique-index locks in one global order, so that two consumers storing
-// overlapping batches at the same time wait for each other instead of
+type conflictRow struct {
+	a        Absorbed
+	strategy string
+	msg      int
+	storedFP []byte
+}
+
+// recordConflicts writes the batch's conflicts in one statement.
+func recordConflicts(ctx context.Context, q db.DBTX, cs []conflictRow, msgs []Incoming, fingerprint func(int) []byte) error {
+	p := db.InsertInboxConflictsParams{}
+	for _, c := range cs {
+		m := msgs[c.msg]
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		p.Handlers = append(p.Handlers, c.a.Handler)
+		p.DedupKeys = append(p.DedupKeys, c.a.DedupKey)
+		p.KeyStrategies = append(p.KeyStrategies, c.strategy)
+		p.StoredEventIds = append(p.StoredEventIds, c.a.StoredEventID)
+		p.EventIds = append(p.EventIds, c.a.EventID)
+		p.StoredFingerprints = append(p.StoredFingerprints, c.storedFP)
+		p.Fingerprints = append(p.Fingerprints, fingerprint(c.msg))
+		p.Topics = append(p.Topics, m.Topic)
+		p.EventTypes = append(p.EventTypes, m.EventType)
+		p.Payloads = append(p.Payloads, payload)
+	}
+	if err := db.New().InsertInboxConflicts(ctx, q, p); err != nil {
+		return fmt.Errorf("inbox: receive: record %d key conflicts: %w", len(cs), err)
+	}
+	return nil
+}
+
+// sortRows orders the rows of p by (handler, dedup key): the insert then
+// takes its unique-index locks in one global order, so that two consumers
+// storing overlapping batches at the same time wait for each other instead of
 // deadlocking.
-func sortByEventID(p *db.InsertInboxParams) {
+func sortRows(p *db.InsertInboxParams) {
 	idx := make([]int, len(p.EventIds))
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(p.EventIds[a], p.EventIds[b]) })
+	key := func(i int) string {
+		if p.StrategyKeys[i] != "" {
+			return p.StrategyKeys[i]
+		}
+		return p.EventIds[i]
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		if c := strings.Compare(p.Handlers[a], p.Handlers[b]); c != 0 {
+			return c
+		}
+		return strings.Compare(key(a), key(b))
+	})
+	if slices.IsSorted(idx) {
+		return
+	}
+	p.Handlers = permute(p.Handlers, idx)
+	p.StrategyKeys = permute(p.StrategyKeys, idx)
+	p.KeyStrategies = permute(p.KeyStrategies, idx)
 	p.EventIds = permute(p.EventIds, idx)
 	p.Topics = permute(p.Topics, idx)
 	p.Keys = permute(p.Keys, idx)
