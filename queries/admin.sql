@@ -228,7 +228,6 @@ WITH picked AS (
     SELECT d.id, d.attempts, d.last_error
     FROM outbox d
     WHERE d.status = 'dead'
-      AND (sqlc.narg(handler)::text IS NULL OR d.handler = sqlc.narg(handler)::text)
       AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
       AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
       AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
@@ -261,7 +260,6 @@ WITH picked AS (
     SELECT d.id
     FROM outbox d
     WHERE d.status = 'dead'
-      AND (sqlc.narg(handler)::text IS NULL OR d.handler = sqlc.narg(handler)::text)
       AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
       AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
       AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)

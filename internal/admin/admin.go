@@ -136,7 +136,10 @@ func (f Filter) IsEmpty() bool {
 		f.DeadAfter == nil && f.DeadBefore == nil
 }
 
-func (f Filter) validate() error {
+func (f Filter) validate(src Source) error {
+	if src == SourceOutbox && f.Handler != "" {
+		return fmt.Errorf("%w: handler applies to inbox rows only", ErrInvalid)
+	}
 	if f.Limit < 0 {
 		return fmt.Errorf("%w: limit must not be negative, got %d", ErrInvalid, f.Limit)
 	}
@@ -226,7 +229,7 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
-	if err := f.validate(); err != nil {
+	if err := f.validate(src); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -379,7 +382,7 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
-	if err := req.Filter.validate(); err != nil {
+	if err := req.Filter.validate(src); err != nil {
 		return nil, err
 	}
 	if err := validateActor(req.Actor, req.Reason, true); err != nil {
@@ -428,7 +431,7 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
-	if err := req.Filter.validate(); err != nil {
+	if err := req.Filter.validate(src); err != nil {
 		return nil, err
 	}
 	if err := validateActor(req.Actor, req.Reason, false); err != nil {

@@ -778,16 +778,15 @@ WITH picked AS (
     SELECT d.id
     FROM outbox d
     WHERE d.status = 'dead'
-      AND ($3::text IS NULL OR d.handler = $3::text)
-      AND ($4::text IS NULL OR d.event_id = $4::text)
-      AND ($5::text IS NULL OR d.topic = $5::text)
-      AND ($6::text IS NULL OR d.event_type = $6::text)
-      AND ($7::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($7::text)) > 0)
-      AND ($8::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $8::timestamptz)
-      AND ($9::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $9::timestamptz)
+      AND ($3::text IS NULL OR d.event_id = $3::text)
+      AND ($4::text IS NULL OR d.topic = $4::text)
+      AND ($5::text IS NULL OR d.event_type = $5::text)
+      AND ($6::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower($6::text)) > 0)
+      AND ($7::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $7::timestamptz)
+      AND ($8::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $8::timestamptz)
     ORDER BY coalesce(d.dead_at, d.created_at), d.id
-    LIMIT $10
+    LIMIT $9
     FOR UPDATE
 ), gone AS (
     DELETE FROM outbox o
@@ -804,7 +803,6 @@ RETURNING id, at, event_id, previous_attempts, previous_error
 type AdminPurgeOutboxDeadParams struct {
 	Actor         string
 	Reason        string
-	Handler       *string
 	EventID       *string
 	Topic         *string
 	EventType     *string
@@ -828,7 +826,6 @@ func (q *Queries) AdminPurgeOutboxDead(ctx context.Context, db DBTX, arg AdminPu
 	rows, err := db.Query(ctx, adminPurgeOutboxDead,
 		arg.Actor,
 		arg.Reason,
-		arg.Handler,
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
@@ -961,16 +958,15 @@ WITH picked AS (
     SELECT d.id, d.attempts, d.last_error
     FROM outbox d
     WHERE d.status = 'dead'
-      AND ($1::text IS NULL OR d.handler = $1::text)
-      AND ($2::text IS NULL OR d.event_id = $2::text)
-      AND ($3::text IS NULL OR d.topic = $3::text)
-      AND ($4::text IS NULL OR d.event_type = $4::text)
-      AND ($5::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($5::text)) > 0)
-      AND ($6::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $6::timestamptz)
-      AND ($7::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $7::timestamptz)
+      AND ($1::text IS NULL OR d.event_id = $1::text)
+      AND ($2::text IS NULL OR d.topic = $2::text)
+      AND ($3::text IS NULL OR d.event_type = $3::text)
+      AND ($4::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower($4::text)) > 0)
+      AND ($5::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $5::timestamptz)
+      AND ($6::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $6::timestamptz)
     ORDER BY coalesce(d.dead_at, d.created_at), d.id
-    LIMIT $8
+    LIMIT $7
     FOR UPDATE
 ), moved AS (
     UPDATE outbox o
@@ -980,7 +976,7 @@ WITH picked AS (
     RETURNING o.event_id, o.partition, p.attempts AS previous_attempts, p.last_error AS previous_error
 ), audited AS (
     INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-    SELECT 'outbox', 'requeue', m.event_id, $9::text, $10::text, m.previous_attempts, m.previous_error
+    SELECT 'outbox', 'requeue', m.event_id, $8::text, $9::text, m.previous_attempts, m.previous_error
     FROM moved m
     RETURNING id, at, event_id, previous_attempts, previous_error
 )
@@ -989,7 +985,6 @@ FROM audited a JOIN moved m ON m.event_id = a.event_id
 `
 
 type AdminRequeueOutboxDeadParams struct {
-	Handler       *string
 	EventID       *string
 	Topic         *string
 	EventType     *string
@@ -1015,7 +1010,6 @@ type AdminRequeueOutboxDeadRow struct {
 // relay publishes them with the broker dedup id they always had.
 func (q *Queries) AdminRequeueOutboxDead(ctx context.Context, db DBTX, arg AdminRequeueOutboxDeadParams) ([]AdminRequeueOutboxDeadRow, error) {
 	rows, err := db.Query(ctx, adminRequeueOutboxDead,
-		arg.Handler,
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
