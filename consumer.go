@@ -54,6 +54,22 @@ type ConsumerConfig struct {
 	// Handler applies each event, in the transaction that marks it processed.
 	// An InboxBatchHandler also applies whole batches. Required.
 	Handler InboxHandler
+	// HandlerName names Handler: its inbox rows, attempts, leases and dead
+	// letters are its own, so several handlers in one database each process
+	// an event once. It labels the worker metrics (handler) and, unless
+	// Durable is set, names the durable consumer
+	// (pgrelay-consumer-<name>), so that each handler receives every
+	// message. Default DefaultHandlerName ("default").
+	HandlerName string
+	// DedupKey is Handler's key strategy spec (ParseKeyStrategy): how the
+	// dedup key of its rows is built. A bad spec fails NewConsumer naming
+	// this field. Default "message-id".
+	DedupKey string
+	// Targets, when set, are the handlers each received message is stored
+	// for (one row each, in one statement), for a consumer whose ingest feeds
+	// several handlers; HandlerName must be among them. Default: HandlerName
+	// with DedupKey.
+	Targets []ConsumerTarget
 
 	// Stream is the JetStream stream to consume. Default DefaultStream.
 	Stream string
@@ -141,6 +157,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 			*p = v
 		}
 	}
+	set(&c.HandlerName, DefaultHandlerName)
+	if c.Durable == "" && c.HandlerName != DefaultHandlerName {
+		c.Durable = DefaultDurable + "-" + strings.ReplaceAll(c.HandlerName, ".", "_")
+	}
 	set(&c.Stream, DefaultStream)
 	set(&c.SubjectPrefix, DefaultSubjectPrefix)
 	set(&c.Durable, DefaultDurable)
@@ -218,8 +238,24 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := checkAddr("ConsumerConfig.AdminAddr", cfg.AdminAddr); err != nil {
 		errs = append(errs, err)
 	}
+	strategy, err := inbox.ParseKeyStrategy(cfg.DedupKey)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("ConsumerConfig.DedupKey: %w", err))
+	}
+	var targets []inbox.Target
+	var names []string
+	for i, t := range cfg.Targets {
+		s, err := inbox.ParseKeyStrategy(t.DedupKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ConsumerConfig.Targets[%d].DedupKey: %w", i, err))
+		}
+		targets = append(targets, inbox.Target{Handler: t.Handler, Strategy: s})
+		names = append(names, t.Handler)
+	}
 	pc := &Consumer{cfg: cfg, reg: metrics.NewRegistry(), started: make(chan struct{})}
 	observer := metrics.NewInboxObserver(pc.reg, metrics.InboxObserverOptions{
+		Handler:  cfg.HandlerName,
+		Handlers: names,
 		IngestStats: func() metrics.IngestStats {
 			st := pc.c.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
@@ -243,8 +279,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		StatsInterval:                cfg.StatsInterval,
 		DupRateWarn:                  cfg.DupRateWarn,
 		ObserveReceive:               observer.ObserveReceive,
+		ObserveConflicts:             observer.KeyConflicts,
+		KeyStrategy:                  strategy,
+		Targets:                      targets,
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
+			HandlerName:    cfg.HandlerName,
 			Workers:        cfg.Workers,
 			BatchSize:      cfg.WorkerBatchSize,
 			MaxAttempts:    cfg.MaxAttempts,
@@ -266,6 +306,16 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	pc.c = c
 	return pc, nil
+}
+
+// ConsumerTarget is one handler a consumer's ingest stores rows for
+// (ConsumerConfig.Targets).
+type ConsumerTarget struct {
+	// Handler is the handler's name. Required.
+	Handler string
+	// DedupKey is its key strategy spec (ParseKeyStrategy). Default
+	// "message-id".
+	DedupKey string
 }
 
 func checkAddr(field, addr string) error {

@@ -64,6 +64,8 @@ type settings struct {
 	dupRateWarn     float64
 	allowReplay     bool
 	handler         string
+	handlerName     string
+	dedupKey        string
 	sqlFunction     string
 	httpURL         string
 	httpTimeout     time.Duration
@@ -98,7 +100,9 @@ var settingNames = strings.NewReplacer(
 	"ConsumerConfig.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
 	"ConsumerConfig.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
 	"ConsumerConfig.Lease", "--lease (CONSUMER_LEASE)",
-	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout: the first match wins
+	"ConsumerConfig.HandlerName", "--handler-name (CONSUMER_HANDLER_NAME)",
+	"ConsumerConfig.DedupKey", "--dedup-key (CONSUMER_DEDUP_KEY)",
+	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout and HandlerName: the first match wins
 	"ConsumerConfig.NATSURL", "--nats-url (NATS_URL)",
 	"ConsumerConfig.Stream", "--stream (CONSUMER_STREAM)",
 	"ConsumerConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
@@ -146,7 +150,7 @@ the reason and acknowledged, never dropped.`,
 	f.StringVar(&s.stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "JetStream stream to consume (CONSUMER_STREAM)")
 	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("CONSUMER_SUBJECT_PREFIX", "pgrelay"), "subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
 	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("CONSUMER_CREATE_STREAM", false), "create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
-	f.StringVar(&s.durable, "durable", cli.EnvString("CONSUMER_DURABLE", "pgrelay-consumer"), "durable consumer name; instances sharing it share the work (CONSUMER_DURABLE)")
+	f.StringVar(&s.durable, "durable", cli.EnvString("CONSUMER_DURABLE", ""), "durable consumer name; instances sharing it share the work (default pgrelay-consumer, or pgrelay-consumer-<handler-name> for a named handler) (CONSUMER_DURABLE)")
 	f.StringVar(&s.filterSubject, "filter-subject", cli.EnvString("CONSUMER_FILTER_SUBJECT", ""), "subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", 100), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
 	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", 500*time.Millisecond), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
@@ -161,6 +165,8 @@ the reason and acknowledged, never dropped.`,
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", 0.5), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
+	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", inbox.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
+	f.StringVar(&s.dedupKey, "dedup-key", cli.EnvString("CONSUMER_DEDUP_KEY", "message-id"), "how the handler's dedup key is built: message-id, 'business:payment:{order_id}', content-hash[:field,...], 'hybrid:content-hash[:fields]@1h' or @header:<name> (CONSUMER_DEDUP_KEY)")
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
@@ -244,6 +250,8 @@ func runConsumer(parent context.Context, s settings) error {
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,
 		Handler:                      ledger.Handler{}, // replaced below once the database is checked
+		HandlerName:                  s.handlerName,
+		DedupKey:                     s.dedupKey,
 		Stream:                       s.stream,
 		SubjectPrefix:                s.subjectPrefix,
 		CreateStream:                 s.createStream,

@@ -3,6 +3,7 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -88,6 +89,20 @@ type Config struct {
 	// ObserveReceive, when set, is called with the duration of every
 	// inbox.Receive statement (the dedup check and insert of one batch).
 	ObserveReceive func(time.Duration)
+	// KeyStrategy builds the dedup key of the rows stored for the handler the
+	// workers run (Inbox.HandlerName) when Targets is empty. Default: the
+	// message-id strategy.
+	KeyStrategy inbox.KeyStrategy
+	// Targets are the handlers each received message is stored for: one
+	// inbox row per handler, all in the batch's one Receive statement, each
+	// deduplicated by its own key strategy. Default: Inbox.HandlerName with
+	// KeyStrategy. Unless DisableWorkers is set, Inbox.HandlerName must be
+	// among them.
+	Targets []inbox.Target
+	// ObserveConflicts, when set, is called with the number of key conflicts
+	// (same dedup key, different payload fingerprint) each stored batch had,
+	// per handler.
+	ObserveConflicts func(handler string, n int)
 	// Inbox configures the inbox workers that run the handler in the same
 	// process. Its Handler is required; its Pool and Logger default to this
 	// Config's.
@@ -120,8 +135,19 @@ func (c Config) WithDefaults() Config {
 	if c.SubjectPrefix == "" {
 		c.SubjectPrefix = DefaultSubjectPrefix
 	}
+	if c.Inbox.HandlerName == "" {
+		c.Inbox.HandlerName = inbox.DefaultHandlerName
+	}
 	if c.Durable == "" {
+		// A named handler gets its own durable: each handler receives every
+		// message, whatever other handlers' consumers acknowledge.
 		c.Durable = DefaultDurable
+		if c.Inbox.HandlerName != inbox.DefaultHandlerName {
+			c.Durable = DefaultDurable + "-" + strings.ReplaceAll(c.Inbox.HandlerName, ".", "_")
+		}
+	}
+	if len(c.Targets) == 0 {
+		c.Targets = []inbox.Target{{Handler: c.Inbox.HandlerName, Strategy: c.KeyStrategy}}
 	}
 	if c.FilterSubject == "" {
 		c.FilterSubject = c.SubjectPrefix + ".>"
@@ -221,6 +247,18 @@ func (c Config) validate() error {
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
 		bad("Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+	}
+	if err := inbox.ValidateHandlerName(c.Inbox.HandlerName); err != nil {
+		// Reported by the inbox worker's own validation (Config.Inbox.HandlerName).
+		if c.DisableWorkers {
+			bad("Config.Inbox.HandlerName: %v", err)
+		}
+	} else if err := inbox.ValidateTargets(c.Targets); err != nil {
+		bad("Config.Targets: %v", err)
+	} else if !c.DisableWorkers && !slices.ContainsFunc(c.Targets, func(t inbox.Target) bool {
+		return t.Handler == c.Inbox.HandlerName || (t.Handler == "" && c.Inbox.HandlerName == inbox.DefaultHandlerName)
+	}) {
+		bad("Config.Targets does not store rows for the handler the workers run (Config.Inbox.HandlerName %q)", c.Inbox.HandlerName)
 	}
 	if !c.DisableWorkers && c.Inbox.Handler == nil {
 		bad("Config.Inbox.Handler is required (or set Config.DisableWorkers)")
