@@ -103,7 +103,8 @@ FUZZTIME ?= 4s
 FUZZ_TARGETS := FuzzDecode:./internal/consumer FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
 	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \
-	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem
+	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem \
+	FuzzKeyStrategy:./internal/inbox FuzzCanonicalJSON:./internal/inbox
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} ($${t#*:}, $(FUZZTIME))"; \

@@ -158,7 +158,7 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 		}
 	}
 	set(&c.HandlerName, DefaultHandlerName)
-	if c.Durable == "" && c.HandlerName != DefaultHandlerName {
+	if c.Durable == "" && c.HandlerName != DefaultHandlerName && inbox.ValidateHandlerName(c.HandlerName) == nil {
 		c.Durable = DefaultDurable + "-" + strings.ReplaceAll(c.HandlerName, ".", "_")
 	}
 	set(&c.Stream, DefaultStream)

@@ -142,7 +142,7 @@ func (c Config) WithDefaults() Config {
 		// A named handler gets its own durable: each handler receives every
 		// message, whatever other handlers' consumers acknowledge.
 		c.Durable = DefaultDurable
-		if c.Inbox.HandlerName != inbox.DefaultHandlerName {
+		if c.Inbox.HandlerName != inbox.DefaultHandlerName && inbox.ValidateHandlerName(c.Inbox.HandlerName) == nil {
 			c.Durable = DefaultDurable + "-" + strings.ReplaceAll(c.Inbox.HandlerName, ".", "_")
 		}
 	}
