@@ -230,7 +230,7 @@ func TestScenarioTwoHandlersOneEvent(t *testing.T) {
 	t.Parallel()
 	e := newIdentityEnv(t)
 	e.run(t, pgrelay.ConsumerConfig{HandlerName: "ledger", Targets: []pgrelay.ConsumerTarget{
-		{Handler: "ledger"}, {Handler: "mailer", DedupKey: "business:mail:{order_id}"}}})
+		{Handler: "ledger"}, {Handler: "mailer"}}})
 	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{Pool: e.pool, Handler: charge("mailer"), HandlerName: "mailer",
 		PollInterval: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
 	require.NoError(t, err)
