@@ -154,7 +154,8 @@ WHERE id IN (
 SELECT pg_notify('pgrelay_inbox', '');
 
 -- name: AdminListReplayAudit :many
-SELECT id, at, source, action, event_id, actor, reason, previous_attempts, previous_error
+SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
+       previous_attempts, previous_error
 FROM replay_audit
 WHERE (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)

@@ -523,6 +523,7 @@ type AuditEntry struct {
 	Source           string    `json:"source"`
 	Action           string    `json:"action"`
 	EventID          string    `json:"event_id"`
+	Handler          string    `json:"handler,omitempty"`
 	Actor            string    `json:"actor"`
 	Reason           string    `json:"reason"`
 	PreviousAttempts int32     `json:"previous_attempts"`
@@ -546,7 +547,7 @@ func (s *Service) Audit(ctx context.Context, eventID string, src Source, limit i
 	out := make([]AuditEntry, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, AuditEntry{ID: r.ID, At: r.At, Source: r.Source, Action: r.Action,
-			EventID: r.EventID, Actor: r.Actor, Reason: r.Reason,
+			EventID: r.EventID, Handler: r.Handler, Actor: r.Actor, Reason: r.Reason,
 			PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
 	}
 	return out, nil

@@ -57,6 +57,10 @@ func TestHandlersInOperations(t *testing.T) {
 		(SELECT status FROM inbox WHERE handler = 'mail' AND event_id = 'e1')`).Scan(&ledgerStatus, &mailStatus))
 	require.Equal(t, "dead", ledgerStatus, "another handler's dead letter is left alone")
 	require.Equal(t, "pending", mailStatus)
+	audit, err := b.svc.Audit(ctx, "e1", SourceInbox, 0)
+	require.NoError(t, err)
+	require.Len(t, audit, 1)
+	require.Equal(t, "mail", audit[0].Handler, "the audit trail names the handler whose row was requeued")
 
 	st, err := b.svc.Stats(ctx)
 	require.NoError(t, err)

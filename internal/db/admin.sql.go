@@ -521,7 +521,8 @@ func (q *Queries) AdminListOutboxDead(ctx context.Context, db DBTX, arg AdminLis
 }
 
 const adminListReplayAudit = `-- name: AdminListReplayAudit :many
-SELECT id, at, source, action, event_id, actor, reason, previous_attempts, previous_error
+SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
+       previous_attempts, previous_error
 FROM replay_audit
 WHERE ($1::text IS NULL OR event_id = $1::text)
   AND ($2::text IS NULL OR source = $2::text)
@@ -541,6 +542,7 @@ type AdminListReplayAuditRow struct {
 	Source           string
 	Action           string
 	EventID          string
+	Handler          string
 	Actor            string
 	Reason           string
 	PreviousAttempts int32
@@ -562,6 +564,7 @@ func (q *Queries) AdminListReplayAudit(ctx context.Context, db DBTX, arg AdminLi
 			&i.Source,
 			&i.Action,
 			&i.EventID,
+			&i.Handler,
 			&i.Actor,
 			&i.Reason,
 			&i.PreviousAttempts,
