@@ -65,6 +65,9 @@ type ConsumerConfig struct {
 	// dedup key of its rows is built. A bad spec fails NewConsumer naming
 	// this field. Default "message-id".
 	DedupKey string
+	// DedupKeyByTopic overrides DedupKey for the messages of the named
+	// topics: topic → key strategy spec. Default: none.
+	DedupKeyByTopic map[string]string
 	// Targets, when set, are the handlers each received message is stored
 	// for (one row each, in one statement), for a consumer whose ingest feeds
 	// several handlers; HandlerName must be among them. Default: HandlerName
@@ -242,6 +245,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("ConsumerConfig.DedupKey: %w", err))
 	}
+	byTopic, topicErrs := parseByTopic("ConsumerConfig.DedupKeyByTopic", cfg.DedupKeyByTopic)
+	errs = append(errs, topicErrs...)
 	var targets []inbox.Target
 	var names []string
 	for i, t := range cfg.Targets {
@@ -249,7 +254,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("ConsumerConfig.Targets[%d].DedupKey: %w", i, err))
 		}
-		targets = append(targets, inbox.Target{Handler: t.Handler, Strategy: s})
+		bt, terrs := parseByTopic(fmt.Sprintf("ConsumerConfig.Targets[%d].DedupKeyByTopic", i), t.DedupKeyByTopic)
+		errs = append(errs, terrs...)
+		targets = append(targets, inbox.Target{Handler: t.Handler, Strategy: s, ByTopic: bt})
 		names = append(names, t.Handler)
 	}
 	pc := &Consumer{cfg: cfg, reg: metrics.NewRegistry(), started: make(chan struct{})}
@@ -281,6 +288,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		ObserveReceive:               observer.ObserveReceive,
 		ObserveConflicts:             observer.KeyConflicts,
 		KeyStrategy:                  strategy,
+		KeyStrategyByTopic:           byTopic,
 		Targets:                      targets,
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
@@ -316,6 +324,26 @@ type ConsumerTarget struct {
 	// DedupKey is its key strategy spec (ParseKeyStrategy). Default
 	// "message-id".
 	DedupKey string
+	// DedupKeyByTopic overrides DedupKey per topic. Default: none.
+	DedupKeyByTopic map[string]string
+}
+
+// parseByTopic parses per-topic key strategy specs; errors name field[topic].
+func parseByTopic(field string, specs map[string]string) (map[string]inbox.KeyStrategy, []error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]inbox.KeyStrategy, len(specs))
+	var errs []error
+	for topic, spec := range specs {
+		s, err := inbox.ParseKeyStrategy(spec)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s[%q]: %w", field, topic, err))
+			continue
+		}
+		out[topic] = s
+	}
+	return out, errs
 }
 
 func checkAddr(field, addr string) error {

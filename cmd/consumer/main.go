@@ -66,6 +66,7 @@ type settings struct {
 	handler         string
 	handlerName     string
 	dedupKey        string
+	dedupKeyTopics  []string
 	sqlFunction     string
 	httpURL         string
 	httpTimeout     time.Duration
@@ -101,6 +102,7 @@ var settingNames = strings.NewReplacer(
 	"ConsumerConfig.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
 	"ConsumerConfig.Lease", "--lease (CONSUMER_LEASE)",
 	"ConsumerConfig.HandlerName", "--handler-name (CONSUMER_HANDLER_NAME)",
+	"ConsumerConfig.DedupKeyByTopic", "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
 	"ConsumerConfig.DedupKey", "--dedup-key (CONSUMER_DEDUP_KEY)",
 	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout and HandlerName: the first match wins
 	"ConsumerConfig.NATSURL", "--nats-url (NATS_URL)",
@@ -167,6 +169,7 @@ the reason and acknowledged, never dropped.`,
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
 	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", inbox.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
 	f.StringVar(&s.dedupKey, "dedup-key", cli.EnvString("CONSUMER_DEDUP_KEY", "message-id"), "how the handler's dedup key is built: message-id, 'business:payment:{order_id}', content-hash[:field,...], 'hybrid:content-hash[:fields]@1h' or @header:<name> (CONSUMER_DEDUP_KEY)")
+	f.StringArrayVar(&s.dedupKeyTopics, "dedup-key-topic", envList("CONSUMER_DEDUP_KEY_TOPICS"), "TOPIC=SPEC: another --dedup-key for the messages of one topic; repeatable (CONSUMER_DEDUP_KEY_TOPICS, ';'-separated)")
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
@@ -246,12 +249,17 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkHandlerSettings(s); err != nil {
 		return err
 	}
+	byTopic, err := parseDedupKeyTopics(s.dedupKeyTopics)
+	if err != nil {
+		return err
+	}
 	cfg := pgrelay.ConsumerConfig{
 		Pool:                         pool,
 		NATSURL:                      s.natsURL,
 		Handler:                      ledger.Handler{}, // replaced below once the database is checked
 		HandlerName:                  s.handlerName,
 		DedupKey:                     s.dedupKey,
+		DedupKeyByTopic:              byTopic,
 		Stream:                       s.stream,
 		SubjectPrefix:                s.subjectPrefix,
 		CreateStream:                 s.createStream,
@@ -294,6 +302,39 @@ func runConsumer(parent context.Context, s settings) error {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
 	return nil
+}
+
+// envList splits the environment variable name on ';' (empty entries
+// dropped).
+func envList(name string) []string {
+	var out []string
+	for _, v := range strings.Split(os.Getenv(name), ";") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// parseDedupKeyTopics parses --dedup-key-topic TOPIC=SPEC values; the specs
+// themselves are checked with the rest of the settings.
+func parseDedupKeyTopics(vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(vals))
+	for _, v := range vals {
+		topic, spec, ok := strings.Cut(v, "=")
+		if !ok || strings.TrimSpace(topic) == "" {
+			return nil, fmt.Errorf("--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS) %q: want TOPIC=SPEC, for example 'payments=business:payment:{order_id}'", v)
+		}
+		topic = strings.TrimSpace(topic)
+		if _, dup := out[topic]; dup {
+			return nil, fmt.Errorf("--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS): topic %q is given twice", topic)
+		}
+		out[topic] = spec
+	}
+	return out, nil
 }
 
 // envFloat returns the environment variable name as a number, or def when it

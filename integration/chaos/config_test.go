@@ -80,6 +80,12 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"consumer", nil, []string{"DEDUP_WINDOW=forever"}, "DEDUP_WINDOW"},
 		{"consumer", []string{"--dedup-window", "30m"}, nil, "--dedup-window"},
 		{"consumer", nil, []string{"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW=maybe"}, "CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW"},
+		{"consumer", []string{"--dedup-key", "business:payment:{order_id"}, nil, "--dedup-key (CONSUMER_DEDUP_KEY)"},
+		{"consumer", []string{"--dedup-key", "sha1"}, nil, "--dedup-key (CONSUMER_DEDUP_KEY)"},
+		{"consumer", nil, []string{"CONSUMER_DEDUP_KEY=hybrid:content-hash"}, "--dedup-key (CONSUMER_DEDUP_KEY)"},
+		{"consumer", []string{"--dedup-key-topic", "payments"}, nil, "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)"},
+		{"consumer", []string{"--dedup-key-topic", "payments=business:"}, nil, "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)"},
+		{"consumer", []string{"--handler-name", "Not A Name"}, nil, "--handler-name (CONSUMER_HANDLER_NAME)"},
 	}
 	for _, c := range cases {
 		name := c.bin + " " + strings.Join(append(append([]string{}, c.args...), c.env...), " ")

@@ -93,6 +93,9 @@ type Config struct {
 	// workers run (Inbox.HandlerName) when Targets is empty. Default: the
 	// message-id strategy.
 	KeyStrategy inbox.KeyStrategy
+	// KeyStrategyByTopic overrides KeyStrategy for the messages of the named
+	// topics (for the default target). Default: none.
+	KeyStrategyByTopic map[string]inbox.KeyStrategy
 	// Targets are the handlers each received message is stored for: one
 	// inbox row per handler, all in the batch's one Receive statement, each
 	// deduplicated by its own key strategy. Default: Inbox.HandlerName with
@@ -147,7 +150,7 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	if len(c.Targets) == 0 {
-		c.Targets = []inbox.Target{{Handler: c.Inbox.HandlerName, Strategy: c.KeyStrategy}}
+		c.Targets = []inbox.Target{{Handler: c.Inbox.HandlerName, Strategy: c.KeyStrategy, ByTopic: c.KeyStrategyByTopic}}
 	}
 	if c.FilterSubject == "" {
 		c.FilterSubject = c.SubjectPrefix + ".>"

@@ -253,3 +253,21 @@ func TestFencingIsPerHandler(t *testing.T) {
 	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'b' AND status = 'pending' AND attempts = 0 AND lock_version = 0`),
 		"handler b's row is untouched")
 }
+
+// TestStrategyPerTopic: a target's per-topic strategy keys that topic's
+// messages; the others keep the target's own.
+func TestStrategyPerTopic(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	targets := []inbox.Target{{Handler: "h", ByTopic: map[string]inbox.KeyStrategy{
+		"payments": strategy(t, "business:payment:{order_id}")}}}
+	other := payment("o-1", "o1", 1)
+	other.Topic = "orders"
+	other2 := payment("o-2", "o1", 1)
+	other2.Topic = "orders"
+	res := receiveFor(t, pool, targets, payment("p-1", "o1", 1), payment("p-2", "o1", 1), other, other2)
+	require.Equal(t, 3, res.Inserted, "payments keyed by order (1), orders by id (2)")
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE topic = 'payments' AND dedup_key = 'payment:o1'
+		AND key_strategy = 'business:payment:{order_id}'`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE topic = 'orders' AND key_strategy = 'message-id'`))
+}

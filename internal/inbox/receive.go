@@ -32,6 +32,16 @@ type Target struct {
 	Handler string
 	// Strategy builds the dedup key. Default: the message-id strategy.
 	Strategy KeyStrategy
+	// ByTopic overrides Strategy for the messages of the named topics.
+	ByTopic map[string]KeyStrategy
+}
+
+// strategyFor returns the strategy that keys m for this target.
+func (t Target) strategyFor(m event.Message) KeyStrategy {
+	if s, ok := t.ByTopic[m.Topic]; ok {
+		return s
+	}
+	return t.Strategy
 }
 
 // DefaultTargets is what Receive stores for: the default handler, keyed by
@@ -187,11 +197,12 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 			if handler == "" {
 				handler = DefaultHandlerName
 			}
+			strat := t.strategyFor(m.Message)
 			strategyKey, deadReason := "", m.DeadReason
 			key := m.EventID
-			if !t.Strategy.IsMessageID() {
+			if !strat.IsMessageID() {
 				if deadReason == "" {
-					k, err := t.Strategy.Key(m.Message)
+					k, err := strat.Key(m.Message)
 					if err != nil {
 						deadReason = err.Error()
 						res.KeyFailures = append(res.KeyFailures, KeyFailure{Handler: handler, EventID: m.EventID, Reason: deadReason})
@@ -212,7 +223,7 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 				a := Absorbed{Handler: handler, DedupKey: key, EventID: m.EventID, StoredEventID: msgs[j].EventID}
 				if !bytes.Equal(fingerprint(i), fingerprint(j)) {
 					a.Conflict = true
-					conflicts = append(conflicts, conflictRow{a: a, strategy: t.Strategy.String(), msg: i, storedFP: fingerprint(j)})
+					conflicts = append(conflicts, conflictRow{a: a, strategy: strat.String(), msg: i, storedFP: fingerprint(j)})
 				}
 				res.Absorbed = append(res.Absorbed, a)
 				continue
@@ -221,7 +232,7 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 			rows[rk] = rowRef{msg: i, target: ti}
 			p.Handlers = append(p.Handlers, handler)
 			p.StrategyKeys = append(p.StrategyKeys, strategyKey)
-			p.KeyStrategies = append(p.KeyStrategies, t.Strategy.String())
+			p.KeyStrategies = append(p.KeyStrategies, strat.String())
 			p.EventIds = append(p.EventIds, m.EventID)
 			p.Topics = append(p.Topics, m.Topic)
 			p.Keys = append(p.Keys, m.Key)
@@ -276,7 +287,8 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 			a := Absorbed{Handler: r.Handler, DedupKey: r.DedupKey, EventID: msgs[ref.msg].EventID, StoredEventID: storedID}
 			if !bytes.Equal(storedFP, fingerprint(ref.msg)) {
 				a.Conflict = true
-				conflicts = append(conflicts, conflictRow{a: a, strategy: targets[ref.target].Strategy.String(), msg: ref.msg, storedFP: storedFP})
+				conflicts = append(conflicts, conflictRow{a: a, strategy: targets[ref.target].strategyFor(msgs[ref.msg].Message).String(),
+					msg: ref.msg, storedFP: storedFP})
 			}
 			res.Absorbed = append(res.Absorbed, a)
 			absorbedFor[ref.msg]++
