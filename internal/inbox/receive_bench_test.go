@@ -74,7 +74,7 @@ func receiveByCopy(ctx context.Context, pool *pgxpool.Pool, msgs []inbox.Incomin
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO inbox (event_id, topic, key, event_type, payload, occurred_at)
 			SELECT DISTINCT ON (event_id) event_id, topic, key, event_type, payload, coalesce(occurred_at, now())
-			FROM inbox_in ON CONFLICT (event_id) DO NOTHING`)
+			FROM inbox_in ON CONFLICT (handler, dedup_key) DO NOTHING`)
 		return err
 	})
 }
