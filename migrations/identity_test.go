@@ -39,7 +39,7 @@ func TestIdentityMigrationCarriesRowsOver(t *testing.T) {
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox
-		WHERE handler = 'default' AND dedup_key = event_id AND strategy_key IS NULL
+		WHERE handler = 'default' AND dedup_key = event_id
 		  AND key_strategy = 'message-id' AND fingerprint = sha256(payload)`).Scan(&n))
 	require.Equal(t, 2, n)
 	tag, err := pool.Exec(ctx, `INSERT INTO inbox (event_id, payload) VALUES ('old-1', 'again') ON CONFLICT (handler, dedup_key) DO NOTHING`)

@@ -1,22 +1,21 @@
 -- name: InsertInbox :many
 -- InsertInbox stores a batch of received messages in one statement: one row
--- per message and handler, keyed by (handler, dedup_key), where dedup_key is
--- the strategy's key (@strategy_keys, '' for the message-id strategy: the
--- event id). Rows whose key is already stored for their handler are skipped.
--- It returns only the rows it did not insert, each with the stored row's
--- event id and payload fingerprint, so that the caller tells a redelivery
--- (same fingerprint) from a conflict (same key, another payload) without a
--- second statement. The stored row is read from the statement's snapshot: a
--- row that a concurrent transaction committed meanwhile (ON CONFLICT waited
--- for it) is returned with an empty stored_event_id, and the caller looks it
--- up (InboxStoredKeys). A non-empty dead reason stores the row directly as
--- dead.
+-- per message and handler, keyed by (handler, dedup_key), with the payload's
+-- fingerprint. Rows whose key is already stored for their handler are
+-- skipped. It returns only the rows it did not insert, each with the stored
+-- row's event id and fingerprint, so that the caller tells a redelivery (same
+-- fingerprint) from a conflict (same key, another payload) without a second
+-- statement. The stored row is read from the statement's snapshot: a row that
+-- a concurrent transaction committed meanwhile (ON CONFLICT waited for it) is
+-- returned with an empty stored_event_id, and the caller looks it up
+-- (InboxStoredKeys). A non-empty dead reason stores the row directly as dead.
 WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
     SELECT unnest(@handlers::text[]) AS handler,
-           unnest(@strategy_keys::text[]) AS strategy_key,
+           unnest(@dedup_keys::text[]) AS dedup_key,
            unnest(@key_strategies::text[]) AS key_strategy,
+           unnest(@fingerprints::bytea[]) AS fingerprint,
            unnest(@event_ids::text[]) AS event_id,
            unnest(@topics::text[]) AS topic,
            unnest(@keys::text[]) AS key,
@@ -26,9 +25,9 @@ WITH m AS (
            unnest(@occurred_ats::timestamptz[]) AS occurred_at,
            unnest(@dead_reasons::text[]) AS dead_reason
 ), ins AS (
-    INSERT INTO inbox (handler, strategy_key, key_strategy, event_id, topic, key, event_type, payload,
+    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
                        headers, occurred_at, status, last_error, finished_at)
-    SELECT m.handler, NULLIF(m.strategy_key, ''), m.key_strategy, m.event_id, m.topic, m.key, m.event_type,
+    SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
            NULLIF(m.dead_reason, ''),
@@ -37,16 +36,12 @@ WITH m AS (
     ON CONFLICT (handler, dedup_key) DO NOTHING
     RETURNING inbox.handler, inbox.dedup_key
 )
-SELECT m.handler::text AS handler,
-       coalesce(NULLIF(m.strategy_key, ''), m.event_id)::text AS dedup_key,
+SELECT m.handler::text AS handler, m.dedup_key::text AS dedup_key,
        coalesce(i.event_id, '')::text AS stored_event_id,
        coalesce(i.fingerprint, '\x'::bytea)::bytea AS stored_fingerprint
 FROM m
-LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = coalesce(NULLIF(m.strategy_key, ''), m.event_id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM ins
-    WHERE ins.handler = m.handler AND ins.dedup_key = coalesce(NULLIF(m.strategy_key, ''), m.event_id)
-);
+LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key);
 
 -- name: InboxStoredKeys :many
 -- InboxStoredKeys reads the stored event id and fingerprint of the given

@@ -268,7 +268,7 @@ func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams)
 }
 
 const getInbox = `-- name: GetInbox :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, strategy_key, key_strategy, dedup_key, fingerprint FROM inbox WHERE handler = $1 AND dedup_key = $2
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint FROM inbox WHERE handler = $1 AND dedup_key = $2
 `
 
 type GetInboxParams struct {
@@ -302,7 +302,6 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (In
 		&i.HandlerStatus,
 		&i.HandlerLatencyMs,
 		&i.Handler,
-		&i.StrategyKey,
 		&i.KeyStrategy,
 		&i.DedupKey,
 		&i.Fingerprint,
@@ -362,20 +361,21 @@ WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
     SELECT unnest($1::text[]) AS handler,
-           unnest($2::text[]) AS strategy_key,
+           unnest($2::text[]) AS dedup_key,
            unnest($3::text[]) AS key_strategy,
-           unnest($4::text[]) AS event_id,
-           unnest($5::text[]) AS topic,
-           unnest($6::text[]) AS key,
-           unnest($7::text[]) AS event_type,
-           unnest($8::bytea[]) AS payload,
-           unnest($9::jsonb[]) AS headers,
-           unnest($10::timestamptz[]) AS occurred_at,
-           unnest($11::text[]) AS dead_reason
+           unnest($4::bytea[]) AS fingerprint,
+           unnest($5::text[]) AS event_id,
+           unnest($6::text[]) AS topic,
+           unnest($7::text[]) AS key,
+           unnest($8::text[]) AS event_type,
+           unnest($9::bytea[]) AS payload,
+           unnest($10::jsonb[]) AS headers,
+           unnest($11::timestamptz[]) AS occurred_at,
+           unnest($12::text[]) AS dead_reason
 ), ins AS (
-    INSERT INTO inbox (handler, strategy_key, key_strategy, event_id, topic, key, event_type, payload,
+    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
                        headers, occurred_at, status, last_error, finished_at)
-    SELECT m.handler, NULLIF(m.strategy_key, ''), m.key_strategy, m.event_id, m.topic, m.key, m.event_type,
+    SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
            NULLIF(m.dead_reason, ''),
@@ -384,22 +384,19 @@ WITH m AS (
     ON CONFLICT (handler, dedup_key) DO NOTHING
     RETURNING inbox.handler, inbox.dedup_key
 )
-SELECT m.handler::text AS handler,
-       coalesce(NULLIF(m.strategy_key, ''), m.event_id)::text AS dedup_key,
+SELECT m.handler::text AS handler, m.dedup_key::text AS dedup_key,
        coalesce(i.event_id, '')::text AS stored_event_id,
        coalesce(i.fingerprint, '\x'::bytea)::bytea AS stored_fingerprint
 FROM m
-LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = coalesce(NULLIF(m.strategy_key, ''), m.event_id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM ins
-    WHERE ins.handler = m.handler AND ins.dedup_key = coalesce(NULLIF(m.strategy_key, ''), m.event_id)
-)
+LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key)
 `
 
 type InsertInboxParams struct {
 	Handlers      []string
-	StrategyKeys  []string
+	DedupKeys     []string
 	KeyStrategies []string
+	Fingerprints  [][]byte
 	EventIds      []string
 	Topics        []string
 	Keys          []string
@@ -418,22 +415,21 @@ type InsertInboxRow struct {
 }
 
 // InsertInbox stores a batch of received messages in one statement: one row
-// per message and handler, keyed by (handler, dedup_key), where dedup_key is
-// the strategy's key (@strategy_keys, ” for the message-id strategy: the
-// event id). Rows whose key is already stored for their handler are skipped.
-// It returns only the rows it did not insert, each with the stored row's
-// event id and payload fingerprint, so that the caller tells a redelivery
-// (same fingerprint) from a conflict (same key, another payload) without a
-// second statement. The stored row is read from the statement's snapshot: a
-// row that a concurrent transaction committed meanwhile (ON CONFLICT waited
-// for it) is returned with an empty stored_event_id, and the caller looks it
-// up (InboxStoredKeys). A non-empty dead reason stores the row directly as
-// dead.
+// per message and handler, keyed by (handler, dedup_key), with the payload's
+// fingerprint. Rows whose key is already stored for their handler are
+// skipped. It returns only the rows it did not insert, each with the stored
+// row's event id and fingerprint, so that the caller tells a redelivery (same
+// fingerprint) from a conflict (same key, another payload) without a second
+// statement. The stored row is read from the statement's snapshot: a row that
+// a concurrent transaction committed meanwhile (ON CONFLICT waited for it) is
+// returned with an empty stored_event_id, and the caller looks it up
+// (InboxStoredKeys). A non-empty dead reason stores the row directly as dead.
 func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParams) ([]InsertInboxRow, error) {
 	rows, err := db.Query(ctx, insertInbox,
 		arg.Handlers,
-		arg.StrategyKeys,
+		arg.DedupKeys,
 		arg.KeyStrategies,
+		arg.Fingerprints,
 		arg.EventIds,
 		arg.Topics,
 		arg.Keys,

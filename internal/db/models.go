@@ -53,7 +53,6 @@ type Inbox struct {
 	HandlerStatus    *int32
 	HandlerLatencyMs *float64
 	Handler          string
-	StrategyKey      *string
 	KeyStrategy      string
 	DedupKey         string
 	Fingerprint      []byte

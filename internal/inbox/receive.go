@@ -144,7 +144,8 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 	n := len(msgs) * len(targets)
 	p := db.InsertInboxParams{
 		Handlers:      make([]string, 0, n),
-		StrategyKeys:  make([]string, 0, n),
+		DedupKeys:     make([]string, 0, n),
+		Fingerprints:  make([][]byte, 0, n),
 		KeyStrategies: make([]string, 0, n),
 		EventIds:      make([]string, 0, n),
 		Topics:        make([]string, 0, n),
@@ -198,7 +199,7 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 				handler = DefaultHandlerName
 			}
 			strat := t.strategyFor(m.Message)
-			strategyKey, deadReason := "", m.DeadReason
+			deadReason := m.DeadReason
 			key := m.EventID
 			if !strat.IsMessageID() {
 				if deadReason == "" {
@@ -215,7 +216,6 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 					// strategy builds.
 					key = "!" + m.EventID
 				}
-				strategyKey = key
 			}
 			rk := rowKey{handler, key}
 			if j, dup := first[rk]; dup {
@@ -231,7 +231,8 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 			first[rk] = i
 			rows[rk] = rowRef{msg: i, target: ti}
 			p.Handlers = append(p.Handlers, handler)
-			p.StrategyKeys = append(p.StrategyKeys, strategyKey)
+			p.DedupKeys = append(p.DedupKeys, key)
+			p.Fingerprints = append(p.Fingerprints, fingerprint(i))
 			p.KeyStrategies = append(p.KeyStrategies, strat.String())
 			p.EventIds = append(p.EventIds, m.EventID)
 			p.Topics = append(p.Topics, m.Topic)
@@ -349,23 +350,18 @@ func sortRows(p *db.InsertInboxParams) {
 	for i := range idx {
 		idx[i] = i
 	}
-	key := func(i int) string {
-		if p.StrategyKeys[i] != "" {
-			return p.StrategyKeys[i]
-		}
-		return p.EventIds[i]
-	}
 	slices.SortFunc(idx, func(a, b int) int {
 		if c := strings.Compare(p.Handlers[a], p.Handlers[b]); c != 0 {
 			return c
 		}
-		return strings.Compare(key(a), key(b))
+		return strings.Compare(p.DedupKeys[a], p.DedupKeys[b])
 	})
 	if slices.IsSorted(idx) {
 		return
 	}
 	p.Handlers = permute(p.Handlers, idx)
-	p.StrategyKeys = permute(p.StrategyKeys, idx)
+	p.DedupKeys = permute(p.DedupKeys, idx)
+	p.Fingerprints = permute(p.Fingerprints, idx)
 	p.KeyStrategies = permute(p.KeyStrategies, idx)
 	p.EventIds = permute(p.EventIds, idx)
 	p.Topics = permute(p.Topics, idx)
