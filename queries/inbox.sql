@@ -2,14 +2,17 @@
 -- InsertInbox stores a batch of received messages in one statement: one row
 -- per message and handler, keyed by (handler, dedup_key), with the payload's
 -- fingerprint. Rows whose key is already stored for their handler are
--- skipped. It returns only the rows it did not insert, each with the stored
--- row's event id and fingerprint, so that the caller tells a redelivery (same
--- fingerprint) from a conflict (same key, another payload) without a second
--- statement. The stored row is read from the statement's snapshot: a row that
--- a concurrent transaction committed meanwhile (ON CONFLICT waited for it) is
--- returned with an empty stored_event_id, and the caller looks it up
--- (InboxStoredKeys). A non-empty dead reason stores the row directly as dead.
-WITH m AS (
+-- skipped; the returned keys are the rows actually inserted, and only the
+-- others need comparing with what is stored (InboxStoredKeys). A non-empty
+-- dead reason stores the row directly as dead.
+INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
+                   headers, occurred_at, status, last_error, finished_at)
+SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
+       m.payload, m.headers, m.occurred_at,
+       CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+       NULLIF(m.dead_reason, ''),
+       CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+FROM (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
     SELECT unnest(@handlers::text[]) AS handler,
@@ -24,29 +27,14 @@ WITH m AS (
            unnest(@headers::jsonb[]) AS headers,
            unnest(@occurred_ats::timestamptz[]) AS occurred_at,
            unnest(@dead_reasons::text[]) AS dead_reason
-), ins AS (
-    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
-                       headers, occurred_at, status, last_error, finished_at)
-    SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
-           m.payload, m.headers, m.occurred_at,
-           CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
-           NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
-    FROM m
-    ON CONFLICT (handler, dedup_key) DO NOTHING
-    RETURNING inbox.handler, inbox.dedup_key
-)
-SELECT m.handler::text AS handler, m.dedup_key::text AS dedup_key,
-       coalesce(i.event_id, '')::text AS stored_event_id,
-       coalesce(i.fingerprint, '\x'::bytea)::bytea AS stored_fingerprint
-FROM m
-LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
-WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key);
+) AS m
+ON CONFLICT (handler, dedup_key) DO NOTHING
+RETURNING handler, dedup_key;
 
 -- name: InboxStoredKeys :many
 -- InboxStoredKeys reads the stored event id and fingerprint of the given
--- (handler, dedup_key) pairs: the duplicates InsertInbox could not see in its
--- snapshot.
+-- (handler, dedup_key) pairs: the rows InsertInbox did not insert, whose
+-- fingerprint tells a redelivery from a conflict.
 SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint
 FROM inbox i
 JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) AS k

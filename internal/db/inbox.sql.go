@@ -329,8 +329,8 @@ type InboxStoredKeysRow struct {
 }
 
 // InboxStoredKeys reads the stored event id and fingerprint of the given
-// (handler, dedup_key) pairs: the duplicates InsertInbox could not see in its
-// snapshot.
+// (handler, dedup_key) pairs: the rows InsertInbox did not insert, whose
+// fingerprint tells a redelivery from a conflict.
 func (q *Queries) InboxStoredKeys(ctx context.Context, db DBTX, arg InboxStoredKeysParams) ([]InboxStoredKeysRow, error) {
 	rows, err := db.Query(ctx, inboxStoredKeys, arg.Handlers, arg.DedupKeys)
 	if err != nil {
@@ -357,7 +357,14 @@ func (q *Queries) InboxStoredKeys(ctx context.Context, db DBTX, arg InboxStoredK
 }
 
 const insertInbox = `-- name: InsertInbox :many
-WITH m AS (
+INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
+                   headers, occurred_at, status, last_error, finished_at)
+SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
+       m.payload, m.headers, m.occurred_at,
+       CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+       NULLIF(m.dead_reason, ''),
+       CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+FROM (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
     SELECT unnest($1::text[]) AS handler,
@@ -372,24 +379,9 @@ WITH m AS (
            unnest($10::jsonb[]) AS headers,
            unnest($11::timestamptz[]) AS occurred_at,
            unnest($12::text[]) AS dead_reason
-), ins AS (
-    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
-                       headers, occurred_at, status, last_error, finished_at)
-    SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
-           m.payload, m.headers, m.occurred_at,
-           CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
-           NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
-    FROM m
-    ON CONFLICT (handler, dedup_key) DO NOTHING
-    RETURNING inbox.handler, inbox.dedup_key
-)
-SELECT m.handler::text AS handler, m.dedup_key::text AS dedup_key,
-       coalesce(i.event_id, '')::text AS stored_event_id,
-       coalesce(i.fingerprint, '\x'::bytea)::bytea AS stored_fingerprint
-FROM m
-LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
-WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key)
+) AS m
+ON CONFLICT (handler, dedup_key) DO NOTHING
+RETURNING handler, dedup_key
 `
 
 type InsertInboxParams struct {
@@ -408,22 +400,16 @@ type InsertInboxParams struct {
 }
 
 type InsertInboxRow struct {
-	Handler           string
-	DedupKey          string
-	StoredEventID     string
-	StoredFingerprint []byte
+	Handler  string
+	DedupKey string
 }
 
 // InsertInbox stores a batch of received messages in one statement: one row
 // per message and handler, keyed by (handler, dedup_key), with the payload's
 // fingerprint. Rows whose key is already stored for their handler are
-// skipped. It returns only the rows it did not insert, each with the stored
-// row's event id and fingerprint, so that the caller tells a redelivery (same
-// fingerprint) from a conflict (same key, another payload) without a second
-// statement. The stored row is read from the statement's snapshot: a row that
-// a concurrent transaction committed meanwhile (ON CONFLICT waited for it) is
-// returned with an empty stored_event_id, and the caller looks it up
-// (InboxStoredKeys). A non-empty dead reason stores the row directly as dead.
+// skipped; the returned keys are the rows actually inserted, and only the
+// others need comparing with what is stored (InboxStoredKeys). A non-empty
+// dead reason stores the row directly as dead.
 func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParams) ([]InsertInboxRow, error) {
 	rows, err := db.Query(ctx, insertInbox,
 		arg.Handlers,
@@ -446,12 +432,7 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 	items := []InsertInboxRow{}
 	for rows.Next() {
 		var i InsertInboxRow
-		if err := rows.Scan(
-			&i.Handler,
-			&i.DedupKey,
-			&i.StoredEventID,
-			&i.StoredFingerprint,
-		); err != nil {
+		if err := rows.Scan(&i.Handler, &i.DedupKey); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -119,7 +119,8 @@ func Receive(ctx context.Context, q db.DBTX, msgs []Incoming) (ReceiveResult, er
 
 // ReceiveFor stores a batch of messages in the inbox in one statement: one
 // row per message and target, deduplicated by (handler, dedup key) (INSERT
-// ... ON CONFLICT DO NOTHING). q is a pool or the caller's transaction; the
+// ... ON CONFLICT DO NOTHING); when some rows were not inserted, one more
+// statement reads their stored fingerprints. q is a pool or the caller's transaction; the
 // broker should be acknowledged only once it committed, and a redelivery after
 // a crash between commit and ack is reported as absorbed. A delivery whose key
 // is already stored with another payload (fingerprint) is a conflict: it is
@@ -245,51 +246,46 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 		}
 	}
 	sortRows(&p)
-	notInserted, err := db.New().InsertInbox(ctx, q, p)
+	inserted, err := db.New().InsertInbox(ctx, q, p)
 	if err != nil {
 		return ReceiveResult{}, fmt.Errorf("inbox: receive %d messages: %w", len(msgs), err)
 	}
-	res.Inserted = len(p.Handlers) - len(notInserted)
-	if len(notInserted) > 0 {
-		// Stored by a transaction that committed while the insert waited for
-		// it: not in the insert's snapshot, so read it now.
-		var unseen db.InboxStoredKeysParams
-		for _, r := range notInserted {
-			if r.StoredEventID == "" {
-				unseen.Handlers = append(unseen.Handlers, r.Handler)
-				unseen.DedupKeys = append(unseen.DedupKeys, r.DedupKey)
+	res.Inserted = len(inserted)
+	if len(inserted) < len(p.Handlers) {
+		// Only the rows not inserted are compared with what is stored: one
+		// more set-based statement, for batches holding duplicates only.
+		stored := make(map[rowKey]bool, len(inserted))
+		for _, r := range inserted {
+			stored[rowKey{r.Handler, r.DedupKey}] = true
+		}
+		var absent db.InboxStoredKeysParams
+		for i := range p.Handlers {
+			if rk := (rowKey{p.Handlers[i], p.DedupKeys[i]}); !stored[rk] {
+				absent.Handlers = append(absent.Handlers, rk.handler)
+				absent.DedupKeys = append(absent.DedupKeys, rk.key)
 			}
 		}
-		stored := map[rowKey]db.InboxStoredKeysRow{}
-		if len(unseen.Handlers) > 0 {
-			got, err := db.New().InboxStoredKeys(ctx, q, unseen)
-			if err != nil {
-				return ReceiveResult{}, fmt.Errorf("inbox: receive: read stored keys: %w", err)
-			}
-			for _, g := range got {
-				stored[rowKey{g.Handler, g.DedupKey}] = g
-			}
+		got, err := db.New().InboxStoredKeys(ctx, q, absent)
+		if err != nil {
+			return ReceiveResult{}, fmt.Errorf("inbox: receive: read stored keys: %w", err)
 		}
-		for _, r := range notInserted {
-			rk := rowKey{r.Handler, r.DedupKey}
+		found := make(map[rowKey]db.InboxStoredKeysRow, len(got))
+		for _, g := range got {
+			found[rowKey{g.Handler, g.DedupKey}] = g
+		}
+		for i := range absent.Handlers {
+			rk := rowKey{absent.Handlers[i], absent.DedupKeys[i]}
 			ref := rows[rk]
-			storedID, storedFP := r.StoredEventID, r.StoredFingerprint
-			if storedID == "" {
-				g, ok := stored[rk]
-				if !ok {
-					// Deleted again meanwhile (retention, purge): absorbed
-					// all the same; nothing to compare with.
-					res.Absorbed = append(res.Absorbed, Absorbed{Handler: r.Handler, DedupKey: r.DedupKey, EventID: msgs[ref.msg].EventID})
-					absorbedFor[ref.msg]++
-					continue
+			a := Absorbed{Handler: rk.handler, DedupKey: rk.key, EventID: msgs[ref.msg].EventID}
+			if g, ok := found[rk]; ok {
+				// A row deleted again meanwhile (retention, purge) is
+				// absorbed all the same, with nothing to compare.
+				a.StoredEventID = g.EventID
+				if !bytes.Equal(g.Fingerprint, fingerprint(ref.msg)) {
+					a.Conflict = true
+					conflicts = append(conflicts, conflictRow{a: a, strategy: targets[ref.target].strategyFor(msgs[ref.msg].Message).String(),
+						msg: ref.msg, storedFP: g.Fingerprint})
 				}
-				storedID, storedFP = g.EventID, g.Fingerprint
-			}
-			a := Absorbed{Handler: r.Handler, DedupKey: r.DedupKey, EventID: msgs[ref.msg].EventID, StoredEventID: storedID}
-			if !bytes.Equal(storedFP, fingerprint(ref.msg)) {
-				a.Conflict = true
-				conflicts = append(conflicts, conflictRow{a: a, strategy: targets[ref.target].strategyFor(msgs[ref.msg].Message).String(),
-					msg: ref.msg, storedFP: storedFP})
 			}
 			res.Absorbed = append(res.Absorbed, a)
 			absorbedFor[ref.msg]++
