@@ -100,7 +100,7 @@ chaos:
 ## fuzz: a bounded run of every fuzz target over untrusted input (their seed
 ## corpora also run as ordinary tests in unit); FUZZTIME per target.
 FUZZTIME ?= 4s
-FUZZ_TARGETS := FuzzDecode:./internal/consumer FuzzValidateEventID:./internal/event \
+FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
 	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \
 	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem \

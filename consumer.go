@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
@@ -24,12 +25,12 @@ import (
 
 // Defaults for ConsumerConfig.
 const (
-	DefaultStream                 = consumer.DefaultStream
-	DefaultSubjectPrefix          = consumer.DefaultSubjectPrefix
-	DefaultDurable                = consumer.DefaultDurable
+	DefaultStream                 = broker.DefaultStream
+	DefaultSubjectPrefix          = broker.DefaultSubjectPrefix
+	DefaultDurable                = broker.DefaultDurable
 	DefaultFetchBatchSize         = consumer.DefaultBatchSize
 	DefaultMaxWait                = consumer.DefaultMaxWait
-	DefaultAckWait                = consumer.DefaultAckWait
+	DefaultAckWait                = broker.DefaultAckWait
 	DefaultConsumerMaxPayload     = consumer.DefaultMaxPayloadBytes
 	DefaultStatsInterval          = consumer.DefaultStatsInterval
 	DefaultDedupWindow            = retention.DefaultWindow
@@ -41,6 +42,16 @@ const (
 	DefaultConsumerStartupTimeout = 30 * time.Second
 )
 
+// Subscriber is where a Consumer fetches deliveries from: a durable
+// JetStream consumer, a Kafka consumer group, a RabbitMQ queue. Deliveries
+// not acknowledged are redelivered by the broker.
+type Subscriber = broker.Subscriber
+
+// Delivery is one message a Subscriber fetched, decoded, with the functions
+// that acknowledge it (after its inbox transaction committed) and postpone
+// its redelivery.
+type Delivery = broker.Delivery
+
 // ConsumerConfig configures a Consumer. The zero value of every optional field
 // means the default it documents; WithDefaults fills them in.
 type ConsumerConfig struct {
@@ -49,8 +60,16 @@ type ConsumerConfig struct {
 	// least Workers+4 connections.
 	Pool *pgxpool.Pool
 	// NATSURL is the NATS server (or comma-separated servers) to consume
-	// from, for example "nats://127.0.0.1:4222". Required.
+	// from, for example "nats://127.0.0.1:4222". Required unless Subscribe
+	// is set.
 	NATSURL string
+	// Subscribe, when set, creates the subscriber the consumer fetches from
+	// instead of NATS JetStream (NATSURL and the JetStream settings Stream,
+	// SubjectPrefix, CreateStream, Durable, FilterSubject, AllowReplay...,
+	// AckWait and MaxPayloadBytes are then unused: the subscriber has its
+	// own). Run calls it once and closes the subscriber when it returns.
+	// Default nil: NATS JetStream.
+	Subscribe func(ctx context.Context) (Subscriber, error)
 	// Handler applies each event, in the transaction that marks it processed.
 	// An InboxBatchHandler also applies whole batches. Required.
 	Handler InboxHandler
@@ -202,7 +221,9 @@ var publicNames = strings.NewReplacer(
 	"Config.Inbox.BatchSize", "ConsumerConfig.WorkerBatchSize",
 	"Config.Inbox.", "ConsumerConfig.",
 	"Config.BatchSize", "ConsumerConfig.FetchBatchSize",
-	"Config.MaxAckPending", "10 × ConsumerConfig.FetchBatchSize",
+	"NATSSubscriberConfig.URL", "ConsumerConfig.NATSURL",
+	"NATSSubscriberConfig.MaxAckPending", "10 × ConsumerConfig.FetchBatchSize",
+	"NATSSubscriberConfig.", "ConsumerConfig.",
 	"Config.", "ConsumerConfig.",
 )
 
@@ -213,7 +234,8 @@ func publicError(err error) error {
 	return errors.New(publicNames.Replace(err.Error()))
 }
 
-// Consumer receives events from NATS JetStream into the inbox, deduplicated by
+// Consumer receives events from a broker (NATS JetStream by default, or the
+// Subscriber ConsumerConfig.Subscribe creates) into the inbox, deduplicated by
 // event id, and runs the handler over them exactly once per event, together
 // with inbox retention, Prometheus metrics, health checks and the admin API.
 // Create it with NewConsumer and run it with Run.
@@ -269,27 +291,26 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
+	subscribe := cfg.Subscribe
+	if subscribe == nil {
+		nc := cfg.natsSubscriber()
+		if err := nc.Validate(); err != nil {
+			errs = append(errs, publicError(err))
+		}
+		subscribe = broker.SubscribeNATS(nc)
+	}
 	c, err := consumer.New(consumer.Config{
-		Pool:                         cfg.Pool,
-		NATSURL:                      cfg.NATSURL,
-		Stream:                       cfg.Stream,
-		SubjectPrefix:                cfg.SubjectPrefix,
-		CreateStream:                 cfg.CreateStream,
-		Durable:                      cfg.Durable,
-		FilterSubject:                cfg.FilterSubject,
-		DedupWindow:                  cfg.DedupWindow,
-		AllowReplayBeyondDedupWindow: cfg.AllowReplayBeyondDedupWindow,
-		BatchSize:                    cfg.FetchBatchSize,
-		MaxWait:                      cfg.MaxWait,
-		AckWait:                      cfg.AckWait,
-		MaxPayloadBytes:              cfg.MaxPayloadBytes,
-		StatsInterval:                cfg.StatsInterval,
-		DupRateWarn:                  cfg.DupRateWarn,
-		ObserveReceive:               observer.ObserveReceive,
-		ObserveConflicts:             observer.KeyConflicts,
-		KeyStrategy:                  strategy,
-		KeyStrategyByTopic:           byTopic,
-		Targets:                      targets,
+		Pool:               cfg.Pool,
+		Subscribe:          subscribe,
+		BatchSize:          cfg.FetchBatchSize,
+		MaxWait:            cfg.MaxWait,
+		StatsInterval:      cfg.StatsInterval,
+		DupRateWarn:        cfg.DupRateWarn,
+		ObserveReceive:     observer.ObserveReceive,
+		ObserveConflicts:   observer.KeyConflicts,
+		KeyStrategy:        strategy,
+		KeyStrategyByTopic: byTopic,
+		Targets:            targets,
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
 			HandlerName:    cfg.HandlerName,
@@ -346,6 +367,21 @@ func parseByTopic(field string, specs map[string]string) (map[string]inbox.KeySt
 	return out, errs
 }
 
+// natsSubscriber is the NATS subscriber's configuration (with its defaults)
+// from cfg.
+func (cfg ConsumerConfig) natsSubscriber() broker.NATSSubscriberConfig {
+	nc := broker.NATSSubscriberConfig{
+		URL: cfg.NATSURL, Stream: cfg.Stream, SubjectPrefix: cfg.SubjectPrefix, CreateStream: cfg.CreateStream,
+		Durable: cfg.Durable, FilterSubject: cfg.FilterSubject, DedupWindow: cfg.DedupWindow,
+		AllowReplayBeyondDedupWindow: cfg.AllowReplayBeyondDedupWindow, AckWait: cfg.AckWait,
+		MaxPayloadBytes: cfg.MaxPayloadBytes, Logger: cfg.Logger,
+	}
+	if cfg.FetchBatchSize >= 1 { // derived from it: only once that is valid
+		nc.MaxAckPending = 10 * cfg.FetchBatchSize
+	}
+	return nc.WithDefaults()
+}
+
 func checkAddr(field, addr string) error {
 	if addr == "" {
 		return nil
@@ -381,7 +417,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			"database": metrics.PingCheck(c.cfg.Pool),
 			"broker": func(context.Context) error {
 				if !c.c.Ready() {
-					return errors.New("not attached to the JetStream consumer")
+					return errors.New("not fetching from the broker")
 				}
 				return nil
 			},
@@ -429,8 +465,8 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports whether the consumer is attached to its JetStream consumer and
-// fetching.
+// Ready reports whether the consumer is fetching: its last fetch from the
+// broker succeeded.
 func (c *Consumer) Ready() bool { return c.c.Ready() }
 
 // ConsumerStats are a consumer's ingest counters since it started.

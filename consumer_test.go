@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -115,4 +116,46 @@ func TestConsumerRunsABatchHandler(t *testing.T) {
 	require.Less(t, h.batches.Load()-h.single.Load(), int64(events), "some events were applied in batches")
 	require.Positive(t, h.batches.Load()-h.single.Load(), "HandleBatch ran on whole batches")
 	require.True(t, c.Ready())
+}
+
+// TestConsumerTakesASubscriber: with ConsumerConfig.Subscribe the consumer
+// fetches from the subscriber it creates, whatever the broker, and needs no
+// NATS settings of its own.
+func TestConsumerTakesASubscriber(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	natsURL := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, natsURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, `CREATE TABLE applied (event_id text PRIMARY KEY, times int NOT NULL)`)
+	require.NoError(t, err)
+	_, js := testnats.Connect(t, natsURL)
+	for i := range 5 {
+		m := nats.NewMsg(prefix + ".orders")
+		m.Header.Set("Pgrelay-Event-Id", fmt.Sprintf("s-%d", i))
+		m.Header.Set("Pgrelay-Event-Type", "OrderCreated")
+		m.Data = []byte(`{}`)
+		_, err := js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+	}
+	var subscribed atomic.Int32
+	subscribe := broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: natsURL, Stream: stream, SubjectPrefix: prefix})
+	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{Pool: pool, Handler: &countingBatchHandler{},
+		MaxWait: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Subscribe: func(ctx context.Context) (pgrelay.Subscriber, error) {
+			subscribed.Add(1)
+			return subscribe(ctx)
+		}})
+	require.NoError(t, err, "no NATSURL is needed with Subscribe")
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { require.NoError(t, c.Run(runCtx)) })
+	defer func() { stop(); wg.Wait() }()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM applied`).Scan(&n)
+		return n == 5
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, int32(1), subscribed.Load())
 }

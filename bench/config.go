@@ -19,6 +19,14 @@ type Config struct {
 	// NATSURL is the NATS JetStream server. Empty means an in-process
 	// nats-server started for the run (labelled as such in the results).
 	NATSURL string
+	// Broker is the broker the relay drains publish to: nats, or an adapter
+	// registered in relayTargets (which then runs with Only = [relay]).
+	// Default "nats".
+	Broker string
+	// KafkaBrokers is the Kafka cluster of -broker kafka. Empty means kfake,
+	// franz-go's in-process fake Kafka, started for the run (labelled as such
+	// in the results).
+	KafkaBrokers []string
 	// OutDir is where results.json, results.svg and results.txt are written.
 	// Default "bench-results".
 	OutDir string
@@ -76,6 +84,9 @@ var allGroups = []string{"floor", "producer", "relay", "inbox", "e2e", "scale", 
 func (c Config) WithDefaults() Config {
 	if c.OutDir == "" {
 		c.OutDir = "bench-results"
+	}
+	if c.Broker == "" {
+		c.Broker = "nats"
 	}
 	if c.Repeats == 0 {
 		c.Repeats = pick(c.Quick, 1, 3)
@@ -158,7 +169,7 @@ func (c Config) validate() error {
 			return fmt.Errorf("bench: Only (-only) names unknown group %q; known: %v", g, allGroups)
 		}
 	}
-	return nil
+	return c.checkBroker()
 }
 
 // runs reports whether the group is part of this run.

@@ -116,7 +116,9 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		return err
 	}
 	c, err := consumer.New(consumer.Config{
-		Pool: cpool, NATSURL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix, Durable: "bench", MaxWait: p.maxWait,
+		Pool: cpool, MaxWait: p.maxWait,
+		Subscribe: broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix,
+			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
 		StatsInterval: -1, Logger: b.log.Named("consumer"), Inbox: inbox.Config{Handler: ledger.Handler{}},
 	})
 	if err != nil {

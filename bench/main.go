@@ -48,6 +48,9 @@ func mainErr() error {
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.EnvString("BENCH_DATABASE_URL", cli.EnvString("DATABASE_URL", os.Getenv("TEST_DATABASE_URL"))),
 		"PostgreSQL server (maintenance database) where the run creates and drops its databases (BENCH_DATABASE_URL, else DATABASE_URL, else TEST_DATABASE_URL)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS JetStream server (NATS_URL); empty starts one in-process")
+	fs.StringVar(&cfg.Broker, "broker", cli.EnvString(cli.BrokerEnv, "nats"), "broker the relay drains publish to (PGRELAY_BROKER): nats; another broker runs with -only relay")
+	var kafkaBrokers string
+	fs.StringVar(&kafkaBrokers, "kafka-brokers", os.Getenv("KAFKA_BROKERS"), "Kafka brokers host:port,... for -broker kafka (KAFKA_BROKERS); empty starts kfake, franz-go's in-process fake Kafka")
 	fs.StringVar(&cfg.OutDir, "out", "bench-results", "output directory")
 	fs.BoolVar(&cfg.Quick, "quick", cli.EnvBool("BENCH_QUICK", false), "small sizes and one repeat: proves the benchmark runs (BENCH_QUICK)")
 	fs.IntVar(&cfg.Repeats, "repeats", 0, "repeats per figure (default 3, quick 1)")
@@ -73,6 +76,9 @@ func mainErr() error {
 	}
 	if cfg.RelayInstances, err = parseInts("-relays", relays); err != nil {
 		return err
+	}
+	if kafkaBrokers != "" {
+		cfg.KafkaBrokers = strings.Split(kafkaBrokers, ",")
 	}
 	if only != "" {
 		cfg.Only = strings.Split(only, ",")
@@ -128,6 +134,8 @@ type bench struct {
 	dbs  *databases
 	res  *Results
 	nats *natsEnv
+	// kafka is the Kafka cluster of -broker kafka, else nil.
+	kafka *kafkaEnv
 	// bins are the relay and consumer binaries; nil runs the services in
 	// this process instead (labelled so in the results).
 	bins *binaries
@@ -146,6 +154,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		"repeats": cfg.Repeats, "events": cfg.Events, "batch_size": cfg.BatchSize, "workers": cfg.Workers,
 		"prefill": cfg.Prefill, "load_duration": cfg.LoadDuration.String(), "loads": cfg.Loads,
 		"relay_instances": cfg.RelayInstances, "only": cfg.Only, "tuned_max_wait": cfg.TunedMaxWait.String(),
+		"broker": cfg.Broker,
 	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return nil, fmt.Errorf("output directory (-out): %w", err)
@@ -171,6 +180,14 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	defer b.nats.close()
 	b.res.Machine.NATS, b.res.Machine.NATSServer = b.nats.version, b.nats.where
+	if cfg.Broker == "kafka" {
+		b.kafka, err = startKafka(cfg.KafkaBrokers, b.log)
+		if err != nil {
+			return nil, err
+		}
+		defer b.kafka.close()
+		b.res.Settings["kafka"] = b.kafka.where
+	}
 
 	b.res.Settings["services"] = "not needed"
 	if cfg.runs("e2e") || cfg.runs("cost") {

@@ -10,9 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"go.uber.org/zap"
-
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
@@ -91,11 +88,11 @@ func (b *bench) outboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error
 // shared the partitions, then commits a backlog of n events in one
 // transaction and returns the time from that commit until no row is pending.
 func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts relayOptions) (time.Duration, error) {
-	streamName, prefix, err := b.nats.stream(ctx)
+	target, err := relayTargets()[b.cfg.Broker](ctx, b)
 	if err != nil {
 		return 0, err
 	}
-	defer b.nats.dropStream(streamName)
+	defer target.drop()
 	url := pool.Config().ConnString()
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -115,9 +112,7 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 		if err != nil {
 			return 0, err
 		}
-		pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: b.nats.url, SubjectPrefix: prefix, Stream: streamName,
-			// The publisher reports its own close as a disconnection.
-			Logger: b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+		pub, err := target.newPublisher(ctx)
 		if err != nil {
 			rpool.Close()
 			return 0, err
@@ -181,12 +176,12 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 	if dead, _ := count(ctx, pool, outboxDead); dead > 0 {
 		return 0, fmt.Errorf("relay drain: %d events went dead", dead)
 	}
-	info, err := b.nats.js.Stream(ctx, streamName)
+	got, err := target.stored(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("stream info: %w", err)
+		return 0, err
 	}
-	if got := info.CachedInfo().State.Msgs; got != uint64(n) {
-		return 0, fmt.Errorf("relay drain: the stream holds %d messages for %d events", got, n)
+	if got != uint64(n) {
+		return 0, fmt.Errorf("relay drain: the %s destination holds %d messages for %d events", b.cfg.Broker, got, n)
 	}
 	return end.Sub(committed), nil
 }
@@ -240,7 +235,7 @@ func (b *bench) runRelayGroup(ctx context.Context) {
 			return nil
 		})
 	}
-	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d, pool of relay.PoolConns(16) connections; time from commit to none pending; stream message count checked", n, b.cfg.BatchSize))
+	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d, pool of relay.PoolConns(16) connections; time from commit to none pending; message count at the %s destination checked", n, b.cfg.BatchSize, b.cfg.Broker))
 }
 
 func (b *bench) runRelayScale(ctx context.Context) {

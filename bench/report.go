@@ -37,6 +37,9 @@ func renderTable(r *Results) string {
 	fmt.Fprintf(&sb, "pgrelay benchmark  %s  (%s)\n", r.Started.Format("2006-01-02 15:04 UTC"), map[bool]string{true: "quick: proves it runs, not a measurement", false: "full"}[r.Quick])
 	fmt.Fprintf(&sb, "machine: %d CPUs %s, %d MiB, kernel %s, load %s\n", m.CPUs, m.CPUModel, m.MemoryMiB, m.Kernel, m.LoadAvg)
 	fmt.Fprintf(&sb, "%s; %s; NATS %s (%s); synchronous_commit=%s\n", m.GoVersion, firstWords(m.Postgres, 2), m.NATS, m.NATSServer, r.Postgres["synchronous_commit"])
+	if where, ok := r.Settings["kafka"]; ok {
+		fmt.Fprintf(&sb, "relay drains publish to Kafka: %v\n", where)
+	}
 	fmt.Fprintf(&sb, "settings: %v\n\n", settingsLine(r.Settings))
 
 	rows := [][]string{{"group", "figure", "median", "min … max", "n", "floor", "ratio", "target", ""}}

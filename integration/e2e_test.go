@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -92,7 +93,7 @@ func TestEndToEnd(t *testing.T) {
 	for _, r := range rows {
 		m := nats.NewMsg(prefix + "." + r.Topic)
 		m.Data = r.Payload
-		m.Header.Set(event.HeaderMsgID, "dup-"+r.EventID)
+		m.Header.Set(broker.NATSMsgIDHeader, "dup-"+r.EventID)
 		m.Header.Set(event.HeaderEventID, r.EventID)
 		m.Header.Set(event.HeaderEventType, r.EventType)
 		m.Header.Set(event.HeaderTopic, r.Topic)

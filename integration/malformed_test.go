@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -40,7 +40,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 
 	type header = map[string]string
 	good := func(id, typ string) header {
-		return header{event.HeaderMsgID: id, event.HeaderEventID: id, event.HeaderEventType: typ, event.HeaderTopic: "orders"}
+		return header{broker.NATSMsgIDHeader: id, event.HeaderEventID: id, event.HeaderEventType: typ, event.HeaderTopic: "orders"}
 	}
 	with := func(h header, k, v string) header {
 		out := header{}
@@ -65,12 +65,12 @@ func TestMalformedInputGoesDead(t *testing.T) {
 		{"wrong field type", good("bad-type", ledger.EventOrderPaid), []byte(`{"order_id":"o1","amount_cents":"ten","currency":"EUR"}`), "bad-type", "amount_cents"},
 		{"missing field", good("bad-missing", ledger.EventOrderCreated), []byte(`{"order_id":"o1"}`), "bad-missing", "missing or empty field"},
 		{"unknown event type", good("bad-unknown", "OrderRefunded"), []byte(`{"order_id":"o1"}`), "bad-unknown", "unknown event type"},
-		{"missing event type", with(good("bad-notype", ""), event.HeaderEventType, ""), []byte(`{}`), "bad-notype", consumer.ReasonMissingEventType},
-		{"missing event id", header{event.HeaderEventType: ledger.EventOrderPaid}, []byte(`{"order_id":"o1","amount_cents":1,"currency":"EUR"}`), "", consumer.ReasonMissingEventID},
-		{"invalid event id", with(good("", ledger.EventOrderPaid), event.HeaderEventID, strings.Repeat("x", 300)), []byte(`{}`), "", consumer.ReasonInvalidEventID},
-		{"oversized", good("bad-big", ledger.EventOrderPaid), bytes.Repeat([]byte("a"), 5000), "bad-big", consumer.ReasonPayloadTooLarge},
-		{"invalid UTF-8", with(good("bad-utf8", ledger.EventOrderPaid), event.HeaderContentType, "application/json"), []byte{'{', 0xff, 0xfe, '}'}, "bad-utf8", consumer.ReasonPayloadNotUTF8},
-		{"bad occurred-at", with(good("bad-time", ledger.EventOrderPaid), event.HeaderOccurredAt, "tomorrow"), []byte(`{}`), "bad-time", consumer.ReasonInvalidOccurredAt},
+		{"missing event type", with(good("bad-notype", ""), event.HeaderEventType, ""), []byte(`{}`), "bad-notype", broker.ReasonMissingEventType},
+		{"missing event id", header{event.HeaderEventType: ledger.EventOrderPaid}, []byte(`{"order_id":"o1","amount_cents":1,"currency":"EUR"}`), "", broker.ReasonMissingEventID},
+		{"invalid event id", with(good("", ledger.EventOrderPaid), event.HeaderEventID, strings.Repeat("x", 300)), []byte(`{}`), "", broker.ReasonInvalidEventID},
+		{"oversized", good("bad-big", ledger.EventOrderPaid), bytes.Repeat([]byte("a"), 5000), "bad-big", broker.ReasonPayloadTooLarge},
+		{"invalid UTF-8", with(good("bad-utf8", ledger.EventOrderPaid), event.HeaderContentType, "application/json"), []byte{'{', 0xff, 0xfe, '}'}, "bad-utf8", broker.ReasonPayloadNotUTF8},
+		{"bad occurred-at", with(good("bad-time", ledger.EventOrderPaid), event.HeaderOccurredAt, "tomorrow"), []byte(`{}`), "bad-time", broker.ReasonInvalidOccurredAt},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -85,7 +85,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 		if cases[i].id == "" {
 			info, err := js.Stream(ctx, stream)
 			require.NoError(t, err)
-			cases[i].id = consumer.FallbackEventID(stream, info.CachedInfo().Created, ack.Sequence)
+			cases[i].id = broker.NATSFallbackEventID(stream, info.CachedInfo().Created, ack.Sequence)
 		}
 	}
 
@@ -141,7 +141,7 @@ func publishJSON(t *testing.T, js jetstream.JetStream, prefix, id, typ string, v
 	data, err := json.Marshal(v)
 	require.NoError(t, err)
 	m := nats.NewMsg(prefix + ".orders")
-	m.Header.Set(event.HeaderMsgID, id)
+	m.Header.Set(broker.NATSMsgIDHeader, id)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, typ)
 	m.Header.Set(event.HeaderTopic, "orders")

@@ -1,6 +1,7 @@
-// Command consumer receives events from NATS JetStream into the pgrelay inbox
-// and applies each exactly once with the handler --handler selects: the
-// example ledger, the user's SQL function or the user's webhook.
+// Command consumer receives events from a message broker (--broker: NATS
+// JetStream by default) into the pgrelay inbox and applies each exactly once
+// with the handler --handler selects: the example ledger, the user's SQL
+// function or the user's webhook.
 //
 //	consumer run             consume until SIGTERM
 //	consumer migrate up      apply the database migrations (--example-schema: and the ledger's tables)
@@ -45,15 +46,10 @@ func main() {
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
 	databaseURL     string
-	natsURL         string
-	stream          string
-	subjectPrefix   string
-	createStream    bool
-	durable         string
-	filterSubject   string
+	broker          string
+	brokers         map[string]cli.ConsumerSide
 	batchSize       int
 	maxWait         time.Duration
-	ackWait         time.Duration
 	maxPayloadBytes int
 	workers         int
 	workerBatchSize int
@@ -62,7 +58,6 @@ type settings struct {
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
 	dupRateWarn     float64
-	allowReplay     bool
 	handler         string
 	handlerName     string
 	dedupKey        string
@@ -78,19 +73,16 @@ type settings struct {
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"CONSUMER_CREATE_STREAM":                    "bool",
-	"CONSUMER_BATCH_SIZE":                       "int",
-	"CONSUMER_MAX_WAIT":                         "duration",
-	"CONSUMER_ACK_WAIT":                         "duration",
-	"CONSUMER_MAX_PAYLOAD_BYTES":                "int",
-	"CONSUMER_WORKERS":                          "int",
-	"CONSUMER_WORKER_BATCH_SIZE":                "int",
-	"CONSUMER_MAX_ATTEMPTS":                     "int",
-	"CONSUMER_LEASE":                            "duration",
-	"CONSUMER_HANDLER_TIMEOUT":                  "duration",
-	"CONSUMER_STATS_INTERVAL":                   "duration",
-	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
-	"CONSUMER_HTTP_TIMEOUT":                     "duration",
+	"CONSUMER_BATCH_SIZE":        "int",
+	"CONSUMER_MAX_WAIT":          "duration",
+	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
+	"CONSUMER_WORKERS":           "int",
+	"CONSUMER_WORKER_BATCH_SIZE": "int",
+	"CONSUMER_MAX_ATTEMPTS":      "int",
+	"CONSUMER_LEASE":             "duration",
+	"CONSUMER_HANDLER_TIMEOUT":   "duration",
+	"CONSUMER_STATS_INTERVAL":    "duration",
+	"CONSUMER_HTTP_TIMEOUT":      "duration",
 }
 
 // settingNames maps the ConsumerConfig fields named by validation errors onto
@@ -126,10 +118,11 @@ func newRootCommand() *cobra.Command {
 	var s settings
 	root := &cobra.Command{
 		Use:   "consumer",
-		Short: "Receive events from NATS JetStream into the inbox and apply them exactly once",
-		Long: `consumer pulls events from a JetStream durable consumer, stores each fetched
-batch in the PostgreSQL inbox in one transaction (deduplicated by event id),
-commits, then acknowledges the batch. Inbox workers in the same process apply
+		Short: "Receive events from a message broker into the inbox and apply them exactly once",
+		Long: `consumer fetches events from a message broker (--broker; with nats, a
+JetStream durable pull consumer), stores each fetched batch in the PostgreSQL
+inbox in one transaction (deduplicated by event id), commits, then
+acknowledges the batch. Inbox workers in the same process apply
 each event exactly once with --handler: ledger (the worked example), sql (your
 function, in the inbox transaction) or http (your webhook). Malformed messages are stored dead with
 the reason and acknowledged, never dropped.`,
@@ -148,15 +141,11 @@ the reason and acknowledged, never dropped.`,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return runConsumer(cmd.Context(), s) },
 	}
 	f := run.Flags()
-	f.StringVar(&s.natsURL, "nats-url", cli.EnvString("NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated (NATS_URL)")
-	f.StringVar(&s.stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "JetStream stream to consume (CONSUMER_STREAM)")
-	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("CONSUMER_SUBJECT_PREFIX", "pgrelay"), "subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("CONSUMER_CREATE_STREAM", false), "create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
-	f.StringVar(&s.durable, "durable", cli.EnvString("CONSUMER_DURABLE", ""), "durable consumer name; instances sharing it share the work (default pgrelay-consumer, or pgrelay-consumer-<handler-name> for a named handler) (CONSUMER_DURABLE)")
-	f.StringVar(&s.filterSubject, "filter-subject", cli.EnvString("CONSUMER_FILTER_SUBJECT", ""), "subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
+	brokers := cli.Brokers()
+	cli.BindBrokerFlag(f, &s.broker, brokers)
+	s.brokers = cli.BindConsumerSides(f, brokers)
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", 100), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
 	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", 500*time.Millisecond), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
-	f.DurationVar(&s.ackWait, "ack-wait", cli.EnvDuration("CONSUMER_ACK_WAIT", 30*time.Second), "JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
 	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", 1<<20), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", inbox.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
 	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", inbox.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
@@ -165,7 +154,6 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", 0.5), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
-	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", cli.EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
 	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", inbox.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
 	f.StringVar(&s.dedupKey, "dedup-key", cli.EnvString("CONSUMER_DEDUP_KEY", "message-id"), "how the handler's dedup key is built: message-id, 'business:payment:{order_id}', content-hash[:field,...], 'hybrid:content-hash[:fields]@1h' or @header:<name> (CONSUMER_DEDUP_KEY)")
@@ -249,44 +237,46 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkHandlerSettings(s); err != nil {
 		return err
 	}
+	side, err := cli.SelectBroker(s.broker, s.brokers)
+	if err != nil {
+		return err
+	}
 	byTopic, err := parseDedupKeyTopics(s.dedupKeyTopics)
 	if err != nil {
 		return err
 	}
+	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
+		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: s.handlerName, Logger: log}
 	cfg := pgrelay.ConsumerConfig{
-		Pool:                         pool,
-		NATSURL:                      s.natsURL,
-		Handler:                      ledger.Handler{}, // replaced below once the database is checked
-		HandlerName:                  s.handlerName,
-		DedupKey:                     s.dedupKey,
-		DedupKeyByTopic:              byTopic,
-		Stream:                       s.stream,
-		SubjectPrefix:                s.subjectPrefix,
-		CreateStream:                 s.createStream,
-		Durable:                      s.durable,
-		FilterSubject:                s.filterSubject,
-		FetchBatchSize:               s.batchSize,
-		MaxWait:                      s.maxWait,
-		AckWait:                      s.ackWait,
-		MaxPayloadBytes:              s.maxPayloadBytes,
-		StatsInterval:                s.statsInterval,
-		DupRateWarn:                  s.dupRateWarn,
-		DedupWindow:                  s.ops.DedupWindow,
-		AllowReplayBeyondDedupWindow: s.allowReplay,
-		Workers:                      s.workers,
-		WorkerBatchSize:              s.workerBatchSize,
-		MaxAttempts:                  s.maxAttempts,
-		Lease:                        s.lease,
-		HandlerTimeout:               s.handlerTimeout,
-		MetricsAddr:                  s.ops.MetricsAddr,
-		AdminAddr:                    s.ops.AdminAddr,
-		AdminToken:                   s.ops.AdminToken,
-		Logger:                       log,
+		Pool:            pool,
+		Subscribe:       side.Subscribe(opts),
+		Handler:         ledger.Handler{}, // replaced below once the database is checked
+		HandlerName:     s.handlerName,
+		DedupKey:        s.dedupKey,
+		DedupKeyByTopic: byTopic,
+		FetchBatchSize:  s.batchSize,
+		MaxWait:         s.maxWait,
+		MaxPayloadBytes: s.maxPayloadBytes,
+		StatsInterval:   s.statsInterval,
+		DupRateWarn:     s.dupRateWarn,
+		DedupWindow:     s.ops.DedupWindow,
+		Workers:         s.workers,
+		WorkerBatchSize: s.workerBatchSize,
+		MaxAttempts:     s.maxAttempts,
+		Lease:           s.lease,
+		HandlerTimeout:  s.handlerTimeout,
+		MetricsAddr:     s.ops.MetricsAddr,
+		AdminAddr:       s.ops.AdminAddr,
+		AdminToken:      s.ops.AdminToken,
+		Logger:          log,
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
 	if _, err := pgrelay.NewConsumer(cfg); err != nil {
 		return errors.New(settingNames.Replace(err.Error()))
+	}
+	if err := side.Check(opts); err != nil {
+		return err
 	}
 	if err := checkDatabase(ctx, pool, s.handler == "ledger"); err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -71,7 +72,7 @@ func TestIngestCountersAndHitRateFromTheRealPath(t *testing.T) {
 	_, js := testnats.Connect(t, natsURL)
 	publish := func(eventID, msgID string) {
 		m := nats.NewMsg(prefix + ".orders")
-		m.Header.Set(event.HeaderMsgID, msgID)
+		m.Header.Set(broker.NATSMsgIDHeader, msgID)
 		m.Header.Set(event.HeaderEventID, eventID)
 		m.Header.Set(event.HeaderEventType, "Unknown") // the handler dead-letters it; ingest is what counts here
 		m.Data = []byte(`{}`)
@@ -153,7 +154,7 @@ func TestDedupHitRatioAndReceiveHistogramFromTheRealPath(t *testing.T) {
 	_, js := testnats.Connect(t, natsURL)
 	publish := func(eventID, msgID string) {
 		m := nats.NewMsg(prefix + ".orders")
-		m.Header.Set(event.HeaderMsgID, msgID)
+		m.Header.Set(broker.NATSMsgIDHeader, msgID)
 		m.Header.Set(event.HeaderEventID, eventID)
 		m.Header.Set(event.HeaderEventType, "Unknown")
 		m.Data = []byte(`{}`)

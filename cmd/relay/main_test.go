@@ -46,6 +46,8 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		{[]string{"run", "--database-url", "postgres://x", "--lease", "5s", "--heartbeat", "10s"}, "--heartbeat (RELAY_HEARTBEAT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--retention-batch", "-1"}, "--retention-batch (RELAY_RETENTION_BATCH)"},
 		{[]string{"run", "--database-url", "postgres://x", "--ack-timeout", "-1s"}, "--ack-timeout (RELAY_ACK_TIMEOUT)"},
+		{[]string{"run", "--database-url", "postgres://x", "--stream", "a.b"}, "--stream (RELAY_STREAM)"},
+		{[]string{"run", "--database-url", "postgres://x", "--broker", "carrier-pigeon"}, `--broker (PGRELAY_BROKER) "carrier-pigeon": want kafka or nats`},
 		{[]string{"run", "--database-url", "postgres://x", "--log-level", "loud"}, "--log-level"},
 		{[]string{"run", "--database-url", "::not a url::"}, "--database-url (DATABASE_URL)"},
 		{[]string{"run", "--database-url", "postgres://x", "--db-statement-timeout", "1us"}, "--db-statement-timeout (DB_STATEMENT_TIMEOUT)"},
@@ -57,6 +59,9 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		err := execute(ctx, c.args...)
 		require.ErrorContains(t, err, c.want, "%v", c.args)
 	}
+	t.Setenv("PGRELAY_BROKER", "smoke-signals")
+	require.ErrorContains(t, execute(ctx, "run", "--database-url", "postgres://x"), `--broker (PGRELAY_BROKER) "smoke-signals"`)
+	t.Setenv("PGRELAY_BROKER", "nats")
 	t.Setenv("RELAY_BATCH_SIZE", "lots")
 	require.ErrorContains(t, execute(ctx, "run", "--database-url", "postgres://x"), `invalid RELAY_BATCH_SIZE="lots"`)
 }

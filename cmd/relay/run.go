@@ -9,10 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
@@ -22,14 +20,8 @@ import (
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
 	databaseURL        string
-	natsURL            string
-	embeddedDir        string
-	embeddedListen     string
-	stream             string
-	subjectPrefix      string
-	createStream       bool
-	streamMaxAge       time.Duration
-	ackTimeout         time.Duration
+	broker             string
+	brokers            map[string]cli.RelaySide
 	nodeID             string
 	batchSize          int
 	lease              time.Duration
@@ -48,9 +40,6 @@ type settings struct {
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"RELAY_CREATE_STREAM":      "bool",
-	"RELAY_STREAM_MAX_AGE":     "duration",
-	"RELAY_ACK_TIMEOUT":        "duration",
 	"RELAY_BATCH_SIZE":         "int",
 	"RELAY_LEASE":              "duration",
 	"RELAY_HEARTBEAT":          "duration",
@@ -62,8 +51,8 @@ var envKinds = map[string]string{
 	"RELAY_MIGRATE":            "bool",
 }
 
-// configFields maps relay.Config and broker.NATSConfig fields onto the
-// settings that fill them, so validation errors name what the user sets.
+// configFields maps relay.Config fields onto the settings that fill them, so
+// validation errors name what the user sets.
 var configFields = []struct{ field, setting string }{
 	{"Config.BatchSize", "--batch-size (RELAY_BATCH_SIZE)"},
 	{"Config.LeaseDuration", "--lease (RELAY_LEASE)"},
@@ -72,19 +61,16 @@ var configFields = []struct{ field, setting string }{
 	{"Config.PublishTimeout", "--publish-timeout (RELAY_PUBLISH_TIMEOUT)"},
 	{"Config.RetentionInterval", "--retention-interval (RELAY_RETENTION_INTERVAL)"},
 	{"Config.RetentionBatchSize", "--retention-batch (RELAY_RETENTION_BATCH)"},
-	{"NATSConfig.SubjectPrefix", "--subject-prefix (RELAY_SUBJECT_PREFIX)"},
-	{"NATSConfig.Stream", "--stream (RELAY_STREAM)"},
-	{"NATSConfig.AckTimeout", "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 }
 
-// nameSetting rewrites a configuration error of the relay or broker package
-// into the settings the user sets. Those packages prefix their errors with
-// their name; main prefixes the command's name, so the package prefix is
-// dropped here rather than printed twice ("relay: relay: ...").
+// nameSetting rewrites a configuration error of the relay package into the
+// settings the user sets. The package prefixes its errors with its name; main
+// prefixes the command's name, so the package prefix is dropped here rather
+// than printed twice ("relay: relay: ...").
 func nameSetting(err error) error {
 	lines := strings.Split(err.Error(), "\n")
 	for i, msg := range lines {
-		msg = strings.TrimPrefix(strings.TrimPrefix(msg, "relay: "), "broker: ")
+		msg = strings.TrimPrefix(msg, "relay: ")
 		for _, f := range configFields {
 			msg = strings.ReplaceAll(msg, f.field, f.setting)
 		}
@@ -97,16 +83,18 @@ func newRootCommand() *cobra.Command {
 	var s settings
 	root := &cobra.Command{
 		Use:   "relay",
-		Short: "Publish committed outbox rows to NATS JetStream",
+		Short: "Publish committed outbox rows to a message broker (NATS JetStream by default)",
 		Long: `relay publishes the rows applications commit into the pgrelay outbox table to
-NATS JetStream, in commit order per key, then marks them published.
+a message broker (--broker: NATS JetStream by default), in commit order per
+key, then marks them published.
 
 Several relays can run against one database: they share the outbox partitions
 through leases, and a relay that crashes has its partitions taken over when its
 leases expire. A relay that lost a partition cannot mark its rows (fencing).
 
-Every event is published to <subject-prefix>.<topic> with the event id as
-JetStream's dedup id (Nats-Msg-Id) and its metadata in Pgrelay-* headers.`,
+With --broker nats, every event is published to <subject-prefix>.<topic> with
+the event id as JetStream's dedup id (Nats-Msg-Id) and its metadata in
+Pgrelay-* headers.`,
 		SilenceUsage: true,
 		// main prints the error once, prefixed with the command's name.
 		SilenceErrors: true,
@@ -120,21 +108,17 @@ JetStream's dedup id (Nats-Msg-Id) and its metadata in Pgrelay-* headers.`,
 batches in flight, releases its partition leases and notifies the other relays
 (channel pgrelay_relays), which take the partitions over at once, and exits.
 
-Without --nats-url an embedded NATS server with JetStream is started in this
-process (data in --embedded-nats-dir, listening on --embedded-nats-listen) and
-the stream is created, so a first run needs only PostgreSQL.`,
+With --broker nats (the default) and without --nats-url, an embedded NATS
+server with JetStream is started in this process (data in --embedded-nats-dir,
+listening on --embedded-nats-listen) and the stream is created, so a first run
+needs only PostgreSQL.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runRelay(cmd.Context(), s) },
 	}
 	f := run.Flags()
-	f.StringVar(&s.natsURL, "nats-url", cli.EnvString("NATS_URL", ""), "NATS server URL (env NATS_URL); empty starts an embedded NATS server")
-	f.StringVar(&s.embeddedDir, "embedded-nats-dir", cli.EnvString("RELAY_EMBEDDED_NATS_DIR", "./.pgrelay/nats"), "JetStream data directory of the embedded NATS server (env RELAY_EMBEDDED_NATS_DIR)")
-	f.StringVar(&s.embeddedListen, "embedded-nats-listen", cli.EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
-	f.StringVar(&s.stream, "stream", cli.EnvString("RELAY_STREAM", "PGRELAY"), "JetStream stream storing the subjects (env RELAY_STREAM)")
-	f.StringVar(&s.subjectPrefix, "subject-prefix", cli.EnvString("RELAY_SUBJECT_PREFIX", "pgrelay"), "subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", cli.EnvBool("RELAY_CREATE_STREAM", false), "create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
-	f.DurationVar(&s.streamMaxAge, "stream-max-age", cli.EnvDuration("RELAY_STREAM_MAX_AGE", broker.DefaultStreamMaxAge), "MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
-	f.DurationVar(&s.ackTimeout, "ack-timeout", cli.EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
+	brokers := cli.Brokers()
+	cli.BindBrokerFlag(f, &s.broker, brokers)
+	s.brokers = cli.BindRelaySides(f, brokers)
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", 500), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", 15*time.Second), "partition lease duration: a crashed relay's partitions move after it (env RELAY_LEASE)")
@@ -172,8 +156,12 @@ func runRelay(parent context.Context, s settings) error {
 	if s.databaseURL == "" {
 		return errors.New("--database-url (DATABASE_URL) is required")
 	}
-	if s.ackTimeout <= 0 {
-		return fmt.Errorf("--ack-timeout (RELAY_ACK_TIMEOUT) must be positive, got %s", s.ackTimeout)
+	side, err := cli.SelectBroker(s.broker, s.brokers)
+	if err != nil {
+		return err
+	}
+	if err := side.Check(); err != nil {
+		return err
 	}
 	log, err := cli.NewLogger(s.logLevel, s.logFormat)
 	if err != nil {
@@ -223,30 +211,12 @@ func runRelay(parent context.Context, s settings) error {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
 	}
 
-	natsURL, createStream := s.natsURL, s.createStream
-	if natsURL == "" {
-		srv, url, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: s.embeddedDir, Listen: s.embeddedListen})
-		if err != nil {
-			return fmt.Errorf("--embedded-nats-listen/--embedded-nats-dir: %w", err)
-		}
-		defer func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		}()
-		log.Info("embedded NATS JetStream server started", zap.String("url", url), zap.String("store_dir", s.embeddedDir))
-		natsURL, createStream = url, true
-	}
-	pub, err := broker.NewNATS(startCtx, broker.NATSConfig{
-		URL: natsURL, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log,
-	})
+	bc, err := side.Open(startCtx, log)
 	if err != nil {
-		if strings.Contains(err.Error(), "NATSConfig.") {
-			return nameSetting(err)
-		}
-		return fmt.Errorf("--nats-url (NATS_URL): %w", err)
+		return err
 	}
-	defer pub.Close()
+	defer bc.Close()
+	pub := bc.Publisher
 
 	reg := metrics.NewRegistry()
 	rcfg.Pool, rcfg.Publisher, rcfg.Observer = pool, pub, metrics.NewRelayObserver(reg)
@@ -258,12 +228,7 @@ func runRelay(parent context.Context, s settings) error {
 		Flags: s.ops, Pool: pool, Registry: reg, Outbox: true, Logger: log,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(pool),
-			"broker": func(context.Context) error {
-				if !pub.Conn().IsConnected() {
-					return errors.New("not connected to NATS")
-				}
-				return nil
-			},
+			"broker":   bc.Healthy,
 		},
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
@@ -214,13 +215,13 @@ func (r *run) injectDuplicates(ctx context.Context, rng *rand.Rand) (string, err
 		if err != nil {
 			continue
 		}
-		for copyN, msgID := range []string{m.Header.Get(event.HeaderMsgID), fmt.Sprintf("chaos-dup-%d-%d-%d", r.cfg.Seed, seq, rng.Int64())} {
+		for copyN, msgID := range []string{m.Header.Get(broker.NATSMsgIDHeader), fmt.Sprintf("chaos-dup-%d-%d-%d", r.cfg.Seed, seq, rng.Int64())} {
 			out := nats.NewMsg(m.Subject)
 			out.Data = m.Data
 			for k, v := range m.Header {
 				out.Header[k] = v
 			}
-			out.Header.Set(event.HeaderMsgID, msgID)
+			out.Header.Set(broker.NATSMsgIDHeader, msgID)
 			ack, err := r.js.PublishMsg(ctx, out)
 			if err != nil {
 				return "", err
@@ -281,7 +282,7 @@ func (r *run) publishRaw(ctx context.Context, id, typ, key string, payload []byt
 	defer cancel()
 	m := nats.NewMsg(subjectPrefix + ".orders")
 	m.Data = payload
-	m.Header.Set(event.HeaderMsgID, id)
+	m.Header.Set(broker.NATSMsgIDHeader, id)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, typ)
 	m.Header.Set(event.HeaderTopic, "orders")

@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -58,5 +57,5 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	require.Equal(t, uint64(2), info.State.Msgs, "each event is in the stream once")
 	msg, err := s.GetLastMsgForSubject(cctx, prefix+".orders")
 	require.NoError(t, err)
-	require.Equal(t, "o-dead", msg.Header.Get(event.HeaderMsgID))
+	require.Equal(t, "o-dead", msg.Header.Get(broker.NATSMsgIDHeader))
 }

@@ -1,13 +1,17 @@
-// Package broker is the seam between the relay and a message broker: the
-// Publisher interface, the classification of publish failures, and the NATS
-// JetStream implementation (with an embeddable server for a first run that
-// needs only PostgreSQL).
+// Package broker is the seam between pgrelay and a message broker: the
+// Publisher interface the relay publishes through, the Subscriber interface
+// the consumer fetches from, the classification of publish failures, and the
+// NATS JetStream implementation of both (with an embeddable server for a
+// first run that needs only PostgreSQL). Other brokers live in sub-packages.
 package broker
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // Publisher publishes batches of events to a broker.
@@ -20,6 +24,49 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []Result
 	// Close releases the publisher's connections.
 	Close() error
+}
+
+// Subscriber fetches deliveries for one named consumer (JetStream durable,
+// Kafka consumer group, RabbitMQ queue). Deliveries not acknowledged are
+// redelivered by the broker (after its ack wait, a rebalance, a
+// channel/connection close).
+type Subscriber interface {
+	// Fetch waits at most maxWait for a first delivery and returns up to max
+	// of them, in broker order. It returns (nil, nil) when nothing arrived in
+	// time. An error is a transient broker failure: the caller backs off and
+	// fetches again (the adapter reconnects by itself). Deliveries returned
+	// with an error are valid and are stored like any other. An error for
+	// which IsPermanent is true is a setting no retry can fix (a NATS stream
+	// outliving the dedup window): the consumer stops with it.
+	// Fetch never returns a delivery it cannot identify stably: one without a
+	// usable event id gets a stand-in id derived from its broker position
+	// (stream+seq, topic+partition+offset, ...), the same on every
+	// redelivery, or is left unacknowledged and logged.
+	Fetch(ctx context.Context, max int, maxWait time.Duration) ([]Delivery, error)
+	// Close stops fetching and releases connections. Unacknowledged
+	// deliveries are redelivered later.
+	Close() error
+}
+
+// Delivery is one received message, decoded.
+type Delivery struct {
+	// Message is the event, always storable: text fields valid UTF-8 without
+	// NUL, event id valid (event.ValidateEventID), even when DeadReason is
+	// set.
+	Message event.Message
+	// DeadReason is empty for a usable message; otherwise the inbox stores it
+	// dead with this reason.
+	DeadReason string
+	// Ref names the delivery's broker position for logs ("stream PGRELAY seq
+	// 42", "orders/3@17").
+	Ref string
+	// Ack tells the broker the delivery is stored; called only after the
+	// inbox transaction commits. Kafka: commits the partition's offset once
+	// every earlier delivery of that partition is acked.
+	Ack func(ctx context.Context) error
+	// InProgress postpones redelivery while storing is retried; a no-op where
+	// the broker has no such notion (return nil).
+	InProgress func(ctx context.Context) error
 }
 
 // Result is the outcome of publishing one message.

@@ -42,7 +42,7 @@ func FuzzToNATS(f *testing.F) {
 			}
 		}
 		own := map[string]bool{event.HeaderEventID: true, event.HeaderTopic: true, event.HeaderKey: true,
-			event.HeaderEventType: true, event.HeaderOccurredAt: true, event.HeaderMsgID: true}
+			event.HeaderEventType: true, event.HeaderOccurredAt: true, NATSMsgIDHeader: true}
 		for h := range msg.Header {
 			if !own[h] && !strings.HasPrefix(h, event.HeaderPrefix) {
 				t.Fatalf("unexpected header %q", h)

@@ -11,8 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
-
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // NATSConfig configures a NATS JetStream publisher.
@@ -21,10 +19,10 @@ type NATSConfig struct {
 	// Required.
 	URL string
 	// SubjectPrefix prefixes every subject: an event of topic "orders" is
-	// published to "<SubjectPrefix>.orders". Default: "pgrelay".
+	// published to "<SubjectPrefix>.orders". Default: DefaultSubjectPrefix.
 	SubjectPrefix string
 	// Stream is the JetStream stream that stores the subjects; it is created
-	// when CreateStream is set. Default: "PGRELAY".
+	// when CreateStream is set. Default: DefaultStream.
 	Stream string
 	// CreateStream creates the stream (subjects "<SubjectPrefix>.>", file
 	// storage, StreamMaxAge, DuplicateWindow) when it does not exist; an
@@ -50,13 +48,13 @@ type NATSConfig struct {
 // WithDefaults returns the config with every zero field set to its default.
 func (c NATSConfig) WithDefaults() NATSConfig {
 	if c.SubjectPrefix == "" {
-		c.SubjectPrefix = "pgrelay"
+		c.SubjectPrefix = DefaultSubjectPrefix
 	}
 	if c.Stream == "" {
-		c.Stream = "PGRELAY"
+		c.Stream = DefaultStream
 	}
 	if c.DuplicateWindow == 0 {
-		c.DuplicateWindow = 2 * time.Minute
+		c.DuplicateWindow = DefaultDuplicateWindow
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = 5 * time.Second
@@ -70,7 +68,9 @@ func (c NATSConfig) WithDefaults() NATSConfig {
 	return c
 }
 
-func (c NATSConfig) validate() error {
+// Validate checks the settings (after WithDefaults), naming a bad field as
+// NATSConfig.<Field>.
+func (c NATSConfig) Validate() error {
 	switch {
 	case c.URL == "":
 		return errors.New("broker: NATSConfig.URL is required")
@@ -93,7 +93,8 @@ const maxPendingAcks = 1 << 18
 // NATS publishes to NATS JetStream. Each message goes to
 // "<SubjectPrefix>.<topic>" with the event id as JetStream's dedup id
 // (Nats-Msg-Id), the event's metadata in Pgrelay-* headers and the payload
-// as the body.
+// as the body (EncodeHeaders: pgrelay's logical header names are the NATS
+// header names).
 type NATS struct {
 	cfg NATSConfig
 	nc  *nats.Conn
@@ -106,7 +107,7 @@ type NATS struct {
 // connection reconnects on its own after a network failure.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*NATS, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger.Named("nats")
@@ -217,24 +218,8 @@ func (p *NATS) publishKey(ctx context.Context, msgs []Message, idx []int, result
 
 func (p *NATS) toNATS(m Message) *nats.Msg {
 	h := nats.Header{}
-	h[event.HeaderEventID] = []string{m.EventID}
-	h[event.HeaderTopic] = []string{m.Topic}
-	h[event.HeaderKey] = []string{m.Key}
-	if m.EventType != "" {
-		h[event.HeaderEventType] = []string{m.EventType}
-	}
-	if !m.OccurredAt.IsZero() {
-		h[event.HeaderOccurredAt] = []string{m.OccurredAt.UTC().Format(time.RFC3339Nano)}
-	}
-	for k, v := range m.Headers {
-		if k == event.HeaderCausationID || k == event.HeaderCorrelationID || k == event.HeaderContentType {
-			h[k] = []string{v} // pgrelay's own headers, under their own names
-			continue
-		}
-		h[event.HeaderPrefix+k] = []string{v}
-	}
-	if m.ContentType != "" {
-		h[event.HeaderContentType] = []string{m.ContentType}
+	for k, v := range EncodeHeaders(m) {
+		h[k] = []string{v}
 	}
 	return &nats.Msg{Subject: p.Subject(m.Topic), Header: h, Data: m.Payload}
 }

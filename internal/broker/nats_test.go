@@ -54,7 +54,7 @@ func TestNATSPublishAcksAndDuplicates(t *testing.T) {
 	m, err := s.GetMsg(ctx, 1)
 	require.NoError(t, err)
 	require.Equal(t, p.Subject("orders"), m.Subject)
-	require.Equal(t, "e-0", m.Header.Get(event.HeaderMsgID))
+	require.Equal(t, "e-0", m.Header.Get(broker.NATSMsgIDHeader))
 	require.Equal(t, "e-0", m.Header.Get(event.HeaderEventID))
 	require.Equal(t, "OrderPaid", m.Header.Get(event.HeaderEventType))
 	require.Equal(t, "orders", m.Header.Get(event.HeaderTopic))

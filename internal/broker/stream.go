@@ -12,8 +12,14 @@ import (
 	"go.uber.org/zap"
 )
 
-// Defaults of the stream pgrelay creates.
+// Defaults of the stream pgrelay publishes to, consumes and creates: the
+// one place the relay, the consumer and the commands take them from.
 const (
+	// DefaultStream is the JetStream stream's name.
+	DefaultStream = "PGRELAY"
+	// DefaultSubjectPrefix prefixes every subject: topic "orders" is
+	// published to "pgrelay.orders"; the stream stores "pgrelay.>".
+	DefaultSubjectPrefix = "pgrelay"
 	// DefaultStreamMaxAge is how long a stream pgrelay creates keeps a
 	// message: 6 days, a day below the consumer's default dedup window
 	// (7 days), so that nothing the stream can replay outlives the inbox rows

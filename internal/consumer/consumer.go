@@ -1,8 +1,8 @@
-// Package consumer is the consumer service: it pulls messages from a
-// JetStream durable consumer, stores each fetched batch in the inbox in one
-// transaction (deduplicated by event id), commits, and only then acknowledges
-// the batch. The inbox workers, running in the same process, then apply each
-// event's side effect exactly once.
+// Package consumer is the consumer service: it fetches deliveries from a
+// broker.Subscriber (NATS JetStream, Kafka, RabbitMQ), stores each fetched
+// batch in the inbox in one transaction (deduplicated by event id), commits,
+// and only then acknowledges the batch. The inbox workers, running in the
+// same process, then apply each event's side effect exactly once.
 //
 // A crash between the commit and the acknowledgement only causes a
 // redelivery, which the inbox absorbs. A message the consumer cannot use is
@@ -16,8 +16,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,8 +23,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
@@ -34,7 +30,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
-// Consumer moves messages from JetStream into the inbox and runs the inbox
+// Consumer moves deliveries from its subscriber into the inbox and runs the inbox
 // workers. Create it with New and start it with Run.
 type Consumer struct {
 	cfg    Config
@@ -48,10 +44,6 @@ type Consumer struct {
 	// rateLast is closeRateInterval's state (the counts at the last interval's
 	// end); only the rate watcher touches it.
 	rateLast rateCounts
-	// streamCreated is the attached stream's creation time, part of the
-	// fallback id of a message without an event id. Only the ingest
-	// goroutine reads and writes it.
-	streamCreated time.Time
 
 	// crashAfterCommit, when set (tests only), is called after a batch
 	// committed and before it is acknowledged; returning true abandons the
@@ -64,7 +56,7 @@ type Consumer struct {
 
 // Stats are the consumer's running counters since it started.
 type Stats struct {
-	// Fetched counts messages fetched from JetStream, redeliveries included.
+	// Fetched counts deliveries fetched from the broker, redeliveries included.
 	Fetched int64 `json:"fetched"`
 	// Inserted counts messages stored as new inbox rows (dead ones included).
 	Inserted int64 `json:"inserted"`
@@ -129,19 +121,20 @@ func (c *Consumer) Stats() Stats {
 // then. A quiet interval keeps the last value rather than reading as 0.
 func (c *Consumer) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
 
-// Ready reports whether the consumer is attached to its JetStream consumer
-// and fetching.
+// Ready reports whether the consumer's last fetch succeeded: it is attached
+// to its broker and fetching.
 func (c *Consumer) Ready() bool { return c.ready.Load() }
 
 // Run consumes until ctx is cancelled, then shuts down gracefully: it stops
 // fetching, stores and acknowledges the batch in hand, and stops the inbox
 // workers. It returns nil after a graceful shutdown. Broker and database
 // outages are retried with backoff, never returned; what a retry cannot fix
-// is: a NATS server that cannot be reached at start-up (the first connection
-// is not retried, so a wrong URL is reported with its cause) and a stream that
-// outlives the dedup window (*ReplayWindowError).
+// is: a subscriber that cannot be created (Config.Subscribe fails: a broker
+// that cannot be reached at start-up is reported with its cause) and a
+// permanent fetch error (broker.IsPermanent: a setting to fix, such as a
+// stream that outlives the dedup window).
 func (c *Consumer) Run(ctx context.Context) error {
-	// A fatal ingest error (a refused stream) stops the workers too.
+	// A fatal ingest error (a refused setting) stops the workers too.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -164,64 +157,41 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return errors.Join(err, workerErr)
 }
 
-// ingest connects to NATS and moves batches into the inbox until ctx ends.
+// ingest subscribes and moves batches into the inbox until ctx ends.
 func (c *Consumer) ingest(ctx context.Context) error {
-	// The first connection is not retried: a wrong or unreachable URL at
-	// start-up is a setting to fix, reported at once with its cause. Once
-	// connected, the client reconnects forever.
-	dialer := &recordingDialer{Dialer: net.Dialer{Timeout: nats.DefaultTimeout}}
-	nc, err := nats.Connect(c.cfg.NATSURL,
-		nats.Name("pgrelay-consumer"),
-		nats.SetCustomDialer(dialer),
-		nats.RetryOnFailedConnect(false),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			c.log.Warn("disconnected from NATS", zap.Error(err))
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			c.log.Info("reconnected to NATS", zap.String("url", nc.ConnectedUrlRedacted()))
-		}),
-	)
+	sub, err := c.cfg.Subscribe(ctx)
 	if err != nil {
-		if cause := dialer.lastError(); cause != nil {
-			err = fmt.Errorf("%w (%v)", err, cause)
-		}
-		return fmt.Errorf("consumer: cannot connect to NATS at Config.NATSURL %s: %w", redactURLs(c.cfg.NATSURL), err)
+		return fmt.Errorf("consumer: %w", err)
 	}
 	defer func() {
-		_ = nc.FlushTimeout(2 * time.Second) // the last batch's acks
-		nc.Close()
+		if err := sub.Close(); err != nil {
+			c.log.Warn("closing the subscriber failed", zap.Error(err))
+		}
 	}()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("consumer: jetstream: %w", err)
-	}
-
 	defer c.ready.Store(false)
-	var cons jetstream.Consumer
+	c.log.Info("ingest started", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait))
 	failures := 0
 	for ctx.Err() == nil {
-		if cons == nil {
-			if cons, err = c.attachRetrying(ctx, nc, js); err != nil {
-				return fmt.Errorf("consumer: %w", err)
-			}
-			if cons == nil {
-				return nil
-			}
-		}
-		msgs, err := c.fetch(ctx, cons)
+		ds, err := sub.Fetch(ctx, c.cfg.BatchSize, c.cfg.MaxWait)
+		c.stats.fetched.Add(int64(len(ds)))
 		if err != nil {
-			c.stats.fetchErrors.Add(1)
-			c.log.Warn("fetch failed; retrying", zap.Error(err))
-			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
-				errors.Is(err, jetstream.ErrStreamNotFound) {
-				// The durable consumer (or its stream) is gone, for example
-				// deleted by an operator or lost with a memory-backed server:
-				// attach again rather than fetch from nothing forever.
-				c.ready.Store(false)
-				cons = nil
+			c.ready.Store(false)
+			if perm := (*broker.PermanentError)(nil); errors.As(err, &perm) {
+				// A setting to fix, not an outage to wait out.
+				return fmt.Errorf("consumer: %w", perm.Err)
 			}
+			c.stats.fetchErrors.Add(1)
+			c.log.Warn("fetch failed; retrying", zap.Error(err), zap.Int("attempt", failures+1))
+		} else {
+			c.ready.Store(true)
+		}
+		// Deliveries fetched before an error are stored too, and the batch
+		// in hand is stored and acknowledged even when shutdown has begun:
+		// that is what a graceful stop means.
+		if len(ds) > 0 {
+			c.handle(ctx, ds)
+		}
+		if err != nil {
 			if !c.sleep(ctx, failures) {
 				break
 			}
@@ -229,232 +199,23 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		} else {
 			failures = 0
 		}
-		if len(msgs) == 0 {
-			continue
-		}
-		// The batch in hand is stored and acknowledged even when shutdown has
-		// begun: that is what a graceful stop means.
-		c.handle(ctx, msgs)
 	}
 	return nil
 }
 
-// attachRetrying attaches with backoff until it succeeds or ctx ends (then it
-// returns a nil consumer and no error).
-func (c *Consumer) attachRetrying(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) (jetstream.Consumer, error) {
-	for attempt := 0; ; attempt++ {
-		cons, err := c.attach(ctx, js)
-		if err == nil {
-			c.ready.Store(true)
-			c.log.Info("consuming",
-				zap.String("stream", c.cfg.Stream), zap.String("durable", c.cfg.Durable),
-				zap.String("filter", c.cfg.FilterSubject), zap.Int("batch_size", c.cfg.BatchSize))
-			return cons, nil
+// handle stores a fetched batch in the inbox in one transaction and
+// acknowledges it after the commit. Storing is retried until it succeeds or
+// the consumer stops; unacknowledged deliveries are redelivered by the broker.
+func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
+	incoming := make([]inbox.Incoming, len(ds))
+	for i, d := range ds {
+		if d.DeadReason != "" {
+			c.log.Warn("malformed message stored dead", zap.String("event_id", d.Message.EventID),
+				zap.String("ref", d.Ref), zap.String("reason", d.DeadReason))
 		}
-		if ctx.Err() != nil {
-			return nil, nil
-		}
-		var rw *ReplayWindowError
-		if errors.As(err, &rw) {
-			return nil, err // a setting to fix, not an outage to wait out
-		}
-		switch {
-		case !nc.IsConnected():
-			c.log.Warn("not connected to NATS; retrying", zap.String("nats_url", redactURLs(c.cfg.NATSURL)),
-				zap.String("status", nc.Status().String()), zap.NamedError("cause", nc.LastError()), zap.Int("attempt", attempt+1))
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			c.log.Warn("stream not found; waiting for the relay to create it (or set --create-stream)",
-				zap.String("stream", c.cfg.Stream), zap.String("nats_url", redactURLs(c.cfg.NATSURL)), zap.Int("attempt", attempt+1))
-		default:
-			c.log.Warn("cannot attach to the JetStream consumer yet; retrying", zap.String("nats_url", redactURLs(c.cfg.NATSURL)),
-				zap.Error(err), zap.Int("attempt", attempt+1))
-		}
-		if !c.sleep(ctx, attempt) {
-			return nil, nil
-		}
+		incoming[i] = inbox.Incoming{Message: d.Message, DeadReason: d.DeadReason}
 	}
-}
-
-// attach finds (or creates) the stream, checks that it cannot replay an event
-// past the dedup window, and creates or updates the durable pull consumer.
-func (c *Consumer) attach(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var info *jetstream.StreamInfo
-	if c.cfg.CreateStream {
-		var err error
-		if info, err = broker.EnsureStream(ctx, js, c.streamSpec(), c.log); err != nil {
-			return nil, err
-		}
-	} else {
-		s, err := js.Stream(ctx, c.cfg.Stream)
-		if err != nil {
-			return nil, fmt.Errorf("stream %q: %w", c.cfg.Stream, err)
-		}
-		info = s.CachedInfo()
-	}
-	if err := c.checkReplayWindow(info.Config); err != nil {
-		return nil, err
-	}
-	c.streamCreated = info.Created
-	cfg := jetstream.ConsumerConfig{
-		Durable:       c.cfg.Durable,
-		FilterSubject: c.cfg.FilterSubject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.cfg.AckWait,
-		// Unlimited redeliveries: JetStream would otherwise drop a message
-		// silently after MaxDeliver attempts, and nothing may be lost.
-		MaxDeliver:    -1,
-		MaxAckPending: c.cfg.MaxAckPending,
-	}
-	existing, err := js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
-	switch {
-	case err == nil:
-		// Where it delivers from is fixed at creation.
-		cfg.DeliverPolicy, cfg.OptStartTime = existing.CachedInfo().Config.DeliverPolicy, existing.CachedInfo().Config.OptStartTime
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		// A new durable, or one that was lost: deliver from now minus the
-		// dedup window, never from the start of the stream. An older message
-		// may be an event processed so long ago that retention deleted its
-		// inbox row, and a replay would apply it again.
-		from := time.Now().Add(-c.cfg.DedupWindow)
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
-		c.log.Info("creating the durable consumer, delivering messages stored since now minus the dedup window",
-			zap.String("durable", c.cfg.Durable), zap.Time("from", from), zap.Duration("dedup_window", c.cfg.DedupWindow))
-	default:
-		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
-	}
-	return cons, nil
-}
-
-// ReplayWindowError is the refusal of a stream that can deliver an event
-// again after its inbox row left the dedup window.
-type ReplayWindowError struct {
-	Stream string
-	// MaxAge is the stream's MaxAge (zero: no limit), Duplicates its duplicate
-	// window, DedupWindow the inbox's.
-	MaxAge, Duplicates, DedupWindow time.Duration
-}
-
-func (e *ReplayWindowError) Error() string {
-	maxAge := "unlimited"
-	if e.MaxAge > 0 {
-		maxAge = e.MaxAge.String()
-	}
-	return fmt.Sprintf("stream %s keeps messages for MaxAge %s (duplicate window %s), "+
-		"longer than the inbox dedup window Config.DedupWindow %s: a replay of the stream (a lost durable consumer, a new one) "+
-		"could deliver events whose inbox rows retention already deleted, and apply them again. "+
-		"Give the stream a MaxAge within the window (the relay's --stream-max-age for a stream it creates, or "+
-		"nats stream edit %s --max-age), raise Config.DedupWindow, or accept the risk with "+
-		"Config.AllowReplayBeyondDedupWindow", e.Stream, maxAge, e.Duplicates, e.DedupWindow, e.Stream)
-}
-
-// checkReplayWindow refuses a stream whose messages (MaxAge, zero meaning
-// forever) or duplicate window outlive the dedup window, unless
-// AllowReplayBeyondDedupWindow is set; then it only warns.
-func (c *Consumer) checkReplayWindow(sc jetstream.StreamConfig) error {
-	if sc.MaxAge > 0 && sc.MaxAge <= c.cfg.DedupWindow && sc.Duplicates <= c.cfg.DedupWindow {
-		return nil
-	}
-	err := &ReplayWindowError{Stream: sc.Name, MaxAge: sc.MaxAge, Duplicates: sc.Duplicates, DedupWindow: c.cfg.DedupWindow}
-	if !c.cfg.AllowReplayBeyondDedupWindow {
-		return err
-	}
-	c.log.Warn("replays beyond the dedup window allowed", zap.String("risk", err.Error()))
-	return nil
-}
-
-// streamSpec is the stream the consumer creates when CreateStream is set: the
-// relay's settings, with a MaxAge that stays within the dedup window.
-func (c *Consumer) streamSpec() broker.StreamSpec {
-	return broker.StreamSpec{Name: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix,
-		MaxAge: min(broker.DefaultStreamMaxAge, c.cfg.DedupWindow)}
-}
-
-// fetch pulls one batch: whatever is available at once, up to BatchSize.
-// When nothing is, it waits up to MaxWait for the first message and then takes
-// whatever else is available, so a lone message is stored at once instead of
-// waiting for a full batch. The waits are pull-request expiries on the server
-// (FetchMaxWait), not client deadlines: a client that gave up before the server
-// would leave the messages delivered in between unacknowledged until AckWait.
-// A stop therefore waits for the fetch in progress (at most MaxWait); messages
-// received before an error are returned with it.
-func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer) ([]jetstream.Msg, error) {
-	msgs, err := c.pull(ctx, func() (jetstream.MessageBatch, error) { return cons.FetchNoWait(c.cfg.BatchSize) }, nil)
-	if err != nil || len(msgs) > 0 {
-		return msgs, err
-	}
-	msgs, err = c.pull(ctx, func() (jetstream.MessageBatch, error) {
-		return cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.MaxWait))
-	}, nil)
-	if err != nil || len(msgs) == 0 || c.cfg.BatchSize == 1 {
-		return msgs, err
-	}
-	return c.pull(ctx, func() (jetstream.MessageBatch, error) { return cons.FetchNoWait(c.cfg.BatchSize - 1) }, msgs)
-}
-
-// pull runs one fetch request and appends its messages to msgs. The end of a
-// request's wait, or an empty stream, is not an error.
-func (c *Consumer) pull(ctx context.Context, request func() (jetstream.MessageBatch, error), msgs []jetstream.Msg) ([]jetstream.Msg, error) {
-	batch, err := request()
-	if err != nil {
-		if ctx.Err() != nil {
-			return msgs, nil
-		}
-		return msgs, err
-	}
-	n := len(msgs)
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	c.stats.fetched.Add(int64(len(msgs) - n))
-	switch err := batch.Error(); {
-	case err == nil, ctx.Err() != nil,
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
-		errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoMessages):
-		return msgs, nil
-	default:
-		return msgs, err
-	}
-}
-
-// handle decodes a fetched batch, stores it in the inbox in one transaction
-// and acknowledges it after the commit. Storing is retried until it succeeds
-// or the consumer stops; unacknowledged messages are redelivered by JetStream.
-func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
-	opts := DecodeOptions{SubjectPrefix: c.cfg.SubjectPrefix, MaxPayloadBytes: c.cfg.MaxPayloadBytes}
-	incoming := make([]inbox.Incoming, 0, len(msgs))
-	acks := make([]jetstream.Msg, 0, len(msgs))
-	for _, m := range msgs {
-		d := Delivery{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
-		if meta, err := m.Metadata(); err == nil {
-			d.Stream, d.StreamSeq, d.Timestamp = meta.Stream, meta.Sequence.Stream, meta.Timestamp
-			if meta.Stream == c.cfg.Stream {
-				d.StreamCreated = c.streamCreated
-			}
-		}
-		dec := Decode(d, opts)
-		if d.StreamSeq == 0 && dec.DeadReason != "" {
-			// Without a stream position a broken message has no stable id;
-			// leave it unacknowledged rather than store it under a guess.
-			c.log.Error("message without JetStream metadata left unacknowledged", zap.String("subject", d.Subject), zap.String("reason", dec.DeadReason))
-			continue
-		}
-		if dec.DeadReason != "" {
-			c.log.Warn("malformed message stored dead",
-				zap.String("event_id", dec.Message.EventID), zap.String("subject", d.Subject),
-				zap.Uint64("stream_seq", d.StreamSeq), zap.String("reason", dec.DeadReason))
-		}
-		incoming = append(incoming, inbox.Incoming{Message: dec.Message, DeadReason: dec.DeadReason})
-		acks = append(acks, m)
-	}
-	if len(incoming) == 0 {
-		return
-	}
+	acks := ds
 
 	// Storing outlives cancellation: the batch in hand is finished on a
 	// graceful stop. A stop during an outage gives up after one more attempt.
@@ -474,12 +235,10 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
 		if ctx.Err() != nil {
-			c.log.Warn("stopping with a batch not stored; JetStream will redeliver it", zap.Int("messages", len(incoming)))
+			c.log.Warn("stopping with a batch not stored; the broker will redeliver it", zap.Int("messages", len(incoming)))
 			return
 		}
-		for _, m := range acks {
-			_ = m.InProgress() // keep JetStream from redelivering while we retry
-		}
+		c.inProgress(sctx, acks) // keep the broker from redelivering while we retry
 		if !c.sleep(ctx, attempt) {
 			return
 		}
@@ -487,16 +246,28 @@ func (c *Consumer) handle(ctx context.Context, msgs []jetstream.Msg) {
 	if c.crashAfterCommit != nil && c.crashAfterCommit() {
 		return
 	}
-	for i, m := range acks {
+	actx, cancel := context.WithTimeout(sctx, c.cfg.StoreTimeout)
+	defer cancel()
+	for i, d := range acks {
 		if incoming != nil && incoming[i].EventID == "" {
 			continue // not stored (see storeEach)
 		}
-		if err := m.Ack(); err != nil {
+		if err := d.Ack(actx); err != nil {
 			// Harmless: the redelivery is absorbed by the inbox.
-			c.log.Warn("ack failed; the message will be redelivered and deduplicated", zap.Error(err))
+			c.log.Warn("ack failed; the message will be redelivered and deduplicated",
+				zap.String("ref", d.Ref), zap.Error(err))
 			continue
 		}
 		c.stats.acked.Add(1)
+	}
+}
+
+// inProgress postpones the redelivery of ds while storing them is retried.
+func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	defer cancel()
+	for _, d := range ds {
+		_ = d.InProgress(ctx) // best effort: a redelivery is absorbed anyway
 	}
 }
 
@@ -559,8 +330,8 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 // timeout) is retried with backoff, keeping the messages in progress, until it
 // succeeds or the consumer stops. It returns incoming with the EventID of any
 // message that was not stored cleared, so that it is left unacknowledged and
-// JetStream redelivers it.
-func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []jetstream.Msg) []inbox.Incoming {
+// the broker redelivers it.
+func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []broker.Delivery) []inbox.Incoming {
 	out := make([]inbox.Incoming, len(incoming))
 	copy(out, incoming)
 	for i, in := range incoming {
@@ -574,7 +345,7 @@ func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incomin
 // storeOne stores one message of a refused batch, dead if the database refuses
 // it as data, and reports whether it was stored. ctx ends the retries of
 // transient failures (a stop); sctx is the store's own context.
-func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []jetstream.Msg) bool {
+func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []broker.Delivery) bool {
 	msg := in
 	refusals := 0
 	for attempt := 0; ; {
@@ -604,11 +375,7 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 		if ctx.Err() != nil {
 			return false
 		}
-		for _, m := range pending {
-			if m != nil {
-				_ = m.InProgress() // keep JetStream from redelivering while we retry
-			}
-		}
+		c.inProgress(sctx, pending) // keep the broker from redelivering while we retry
 		if !c.sleep(ctx, attempt) {
 			return false
 		}
@@ -627,14 +394,14 @@ func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming 
 	}
 	m := event.Message{EventID: in.EventID, Payload: in.Payload, OccurredAt: in.OccurredAt, Headers: map[string]string{}}
 	if keepFields {
-		clean := func(s string) string { s, _ = cleanText(s); return s }
+		clean := func(s string) string { s, _ = broker.StorableText(s); return s }
 		m.Topic, m.Key, m.EventType = clean(in.Topic), clean(in.Key), clean(in.EventType)
 		m.ContentType = clean(in.ContentType)
 		for k, v := range in.Headers {
 			m.Headers[clean(k)] = clean(v)
 		}
 	}
-	return inbox.Incoming{Message: m, DeadReason: printable(truncate(reason, 2000))}
+	return inbox.Incoming{Message: m, DeadReason: broker.Printable(broker.Truncate(reason, 2000))}
 }
 
 // isRefused reports whether the batch itself was refused, by inbox.Receive's
@@ -647,45 +414,6 @@ func isRefused(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
-}
-
-// recordingDialer dials like the NATS client's default dialer and keeps the
-// last failure, which the client itself reports only as "no servers
-// available".
-type recordingDialer struct {
-	net.Dialer
-	mu   sync.Mutex
-	last error
-}
-
-func (d *recordingDialer) Dial(network, address string) (net.Conn, error) {
-	conn, err := d.Dialer.Dial(network, address)
-	if err != nil {
-		d.mu.Lock()
-		d.last = err
-		d.mu.Unlock()
-	}
-	return conn, err
-}
-
-func (d *recordingDialer) lastError() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.last
-}
-
-// redactURLs returns a comma-separated list of server URLs with any password
-// replaced by "xxxxx", for messages.
-func redactURLs(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, p := range parts {
-		p = strings.TrimSpace(p)
-		if u, err := url.Parse(p); err == nil && u.User != nil {
-			p = u.Redacted()
-		}
-		parts[i] = p
-	}
-	return strings.Join(parts, ",")
 }
 
 // sleep waits for the attempt's backoff (exponential, with jitter, capped) or

@@ -34,6 +34,26 @@ type testBundle struct {
 	stream string
 	prefix string
 	cfg    Config
+	// nats configures the NATS subscriber config() gives the consumer.
+	nats broker.NATSSubscriberConfig
+}
+
+// config returns b.cfg subscribing to NATS with b.nats.
+func (b *testBundle) config() Config {
+	cfg, nc := b.cfg, b.nats
+	cfg.Subscribe = func(ctx context.Context) (broker.Subscriber, error) { return broker.NewNATSSubscriber(ctx, nc) }
+	return cfg
+}
+
+// deliveries returns n deliveries whose Ack and InProgress do nothing, for
+// storeEach.
+func deliveries(n int) []broker.Delivery {
+	ds := make([]broker.Delivery, n)
+	for i := range ds {
+		ds[i].Ack = func(context.Context) error { return nil }
+		ds[i].InProgress = func(context.Context) error { return nil }
+	}
+	return ds
 }
 
 func setup(t *testing.T) *testBundle {
@@ -42,15 +62,18 @@ func setup(t *testing.T) *testBundle {
 	url := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, url)
 	_, js := testnats.Connect(t, url)
-	return &testBundle{pool: pool, js: js, stream: stream, prefix: prefix, cfg: Config{
+	return &testBundle{pool: pool, js: js, stream: stream, prefix: prefix, nats: broker.NATSSubscriberConfig{
+		URL:             url,
+		Stream:          stream,
+		SubjectPrefix:   prefix,
+		Durable:         "test",
+		AckWait:         10 * time.Second, // tests that need redeliveries lower it
+		MaxAckPending:   200,
+		MaxPayloadBytes: 1 << 20,
+	}, cfg: Config{
 		Pool:          pool,
-		NATSURL:       url,
-		Stream:        stream,
-		SubjectPrefix: prefix,
-		Durable:       "test",
 		BatchSize:     20,
 		MaxWait:       100 * time.Millisecond,
-		AckWait:       10 * time.Second, // tests that need redeliveries lower it
 		RetryMin:      10 * time.Millisecond,
 		RetryMax:      200 * time.Millisecond,
 		StatsInterval: -1,
@@ -72,7 +95,7 @@ func (b *testBundle) publish(t *testing.T, id, msgID, eventType string, payload 
 	require.NoError(t, err)
 	m := nats.NewMsg(b.prefix + ".orders")
 	m.Data = data
-	m.Header.Set(event.HeaderMsgID, msgID)
+	m.Header.Set(broker.NATSMsgIDHeader, msgID)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, eventType)
 	m.Header.Set(event.HeaderTopic, "orders")
@@ -140,7 +163,7 @@ func (b *testBundle) settled(t *testing.T, entries, total int64, rows int) func(
 		if n != rows || processed != rows {
 			return false
 		}
-		cons, err := b.js.Consumer(ctx, b.stream, b.cfg.Durable)
+		cons, err := b.js.Consumer(ctx, b.stream, b.nats.Durable)
 		if err != nil {
 			return false
 		}
@@ -158,8 +181,8 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	const orders = 60
 	total := b.publishOrders(t, orders)
 
-	b.cfg.AckWait = time.Second
-	c, err := New(b.cfg)
+	b.nats.AckWait = time.Second
+	c, err := New(b.config())
 	require.NoError(t, err)
 	var crashes atomic.Int32
 	c.crashAfterCommit = func() bool { return crashes.Add(1) <= 3 }
@@ -186,7 +209,7 @@ func TestDuplicatesAbsorbed(t *testing.T) {
 		b.publish(t, "paid-"+order, "again-paid-"+order, ledger.EventOrderPaid,
 			ledger.OrderPaid{OrderID: order, AmountCents: int64(100 + i), Currency: "EUR"})
 	}
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, b.settled(t, orders, total, 2*orders), 30*time.Second, 50*time.Millisecond)
@@ -199,7 +222,7 @@ func TestDuplicatesAbsorbed(t *testing.T) {
 func TestGracefulStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -215,21 +238,20 @@ func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	_, err := New(Config{})
 	require.ErrorContains(t, err, "Config.Pool is required")
-	require.ErrorContains(t, err, "Config.NATSURL is required")
+	require.ErrorContains(t, err, "Config.Subscribe is required")
 	require.ErrorContains(t, err, "Config.Inbox.Handler is required")
 
 	pool := &pgxpool.Pool{}
-	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, BatchSize: 50, MaxAckPending: 10})
-	require.ErrorContains(t, err, "Config.MaxAckPending 10 must be at least Config.BatchSize 50")
-	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, Stream: "a.b"})
-	require.ErrorContains(t, err, "Config.Stream")
-	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, AckWait: time.Millisecond})
-	require.ErrorContains(t, err, "Config.AckWait")
+	sub := func(context.Context) (broker.Subscriber, error) { return nil, nil }
+	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, BatchSize: 20000})
+	require.ErrorContains(t, err, "Config.BatchSize 20000 must be between 1 and 10000")
+	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, MaxWait: time.Millisecond})
+	require.ErrorContains(t, err, "Config.MaxWait")
 	for _, bad := range []float64{-0.1, 1.5, math.NaN()} {
-		_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, DupRateWarn: bad})
+		_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, DupRateWarn: bad})
 		require.ErrorContains(t, err, "Config.DupRateWarn")
 	}
-	_, err = New(Config{Pool: pool, NATSURL: "nats://x", DisableWorkers: true, DupRateWarn: 1})
+	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, DupRateWarn: 1})
 	require.NoError(t, err)
 }
 
@@ -243,13 +265,13 @@ func TestReconnects(t *testing.T) {
 	url := srv.ClientURL()
 	port := srv.Addr().(*net.TCPAddr).Port
 	b := setup(t)
-	b.cfg.NATSURL = url
+	b.nats.URL = url
 	b.stream, b.prefix = testnats.Stream(t, url)
-	b.cfg.Stream, b.cfg.SubjectPrefix = b.stream, b.prefix
+	b.nats.Stream, b.nats.SubjectPrefix = b.stream, b.prefix
 	nc, js := testnats.Connect(t, url)
 	b.js = js
 
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -288,7 +310,7 @@ func TestReconnects(t *testing.T) {
 func TestReattachesAfterDurableDeleted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -297,7 +319,7 @@ func TestReattachesAfterDurableDeleted(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.cfg.Durable))
+	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.nats.Durable))
 	b.publish(t, "created-late", "created-late", ledger.EventOrderCreated,
 		ledger.OrderCreated{OrderID: "late", CustomerID: "c", AmountCents: 7, Currency: "EUR"})
 	b.publish(t, "paid-late", "paid-late", ledger.EventOrderPaid,
@@ -320,8 +342,8 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 	ack, err := b.js.PublishMsg(ctx, m)
 	require.NoError(t, err)
 
-	b.cfg.AckWait = time.Second
-	c, err := New(b.cfg)
+	b.nats.AckWait = time.Second
+	c, err := New(b.config())
 	require.NoError(t, err)
 	var crashes atomic.Int32
 	c.crashAfterCommit = func() bool { return crashes.Add(1) == 1 }
@@ -330,8 +352,8 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 		30*time.Second, 20*time.Millisecond, "the redelivery was absorbed and acknowledged")
 	var id, reason string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM inbox WHERE status = 'dead'`).Scan(&id, &reason))
-	require.Equal(t, FallbackEventID(b.stream, b.created(t), ack.Sequence), id)
-	require.Contains(t, reason, ReasonMissingEventID)
+	require.Equal(t, broker.NATSFallbackEventID(b.stream, b.created(t), ack.Sequence), id)
+	require.Contains(t, reason, broker.ReasonMissingEventID)
 	var rows int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows))
 	require.Equal(t, 1, rows)
@@ -343,7 +365,7 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	msg := func(id, topic string) inbox.Incoming {
 		return inbox.Incoming{Message: event.Message{EventID: id, Topic: topic, EventType: "T", Payload: []byte("raw"), OccurredAt: time.Now()}}
@@ -353,7 +375,7 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	defer cancel()
 	err = c.store(ctx, batch)
 	require.True(t, isRefused(err), "the batch is refused as a whole: %v", err)
-	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
+	out := c.storeEach(ctx, ctx, batch, deliveries(len(batch)))
 	for _, in := range out {
 		require.NotEmpty(t, in.EventID, "every message was stored and may be acknowledged")
 	}
@@ -387,7 +409,7 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	b.cfg.Pool, b.cfg.DisableWorkers = pool, true
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 
 	var terminated atomic.Bool
@@ -415,7 +437,7 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.True(t, isRefused(c.store(ctx, batch)), "the batch is refused as a whole")
-	out := c.storeEach(ctx, ctx, batch, make([]jetstream.Msg, len(batch)))
+	out := c.storeEach(ctx, ctx, batch, deliveries(len(batch)))
 	require.True(t, terminated.Load(), "the good message's store met a terminated connection")
 	// The bad message's refusal, and the good message's store on the
 	// terminated connection.
@@ -440,7 +462,7 @@ func TestStopFinishesBatchInHand(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.publishOrders(t, 5)
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -458,7 +480,7 @@ func TestStopFinishesBatchInHand(t *testing.T) {
 
 	ictx, icancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer icancel()
-	cons, err := b.js.Consumer(ictx, b.stream, b.cfg.Durable)
+	cons, err := b.js.Consumer(ictx, b.stream, b.nats.Durable)
 	require.NoError(t, err)
 	info, err := cons.Info(ictx)
 	require.NoError(t, err)
@@ -473,15 +495,15 @@ func TestShortFetchWaitStrandsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.cfg.MaxWait = 10 * time.Millisecond
-	b.cfg.AckWait = time.Minute
-	c, err := New(b.cfg)
+	b.nats.AckWait = time.Minute
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 
 	const orders = 150
 	total := b.publishOrders(t, orders)
 	require.Eventually(t, b.settled(t, orders, total, 2*orders), 20*time.Second, 50*time.Millisecond,
-		"messages must not wait for AckWait (%s) to be redelivered", b.cfg.AckWait)
+		"messages must not wait for AckWait (%s) to be redelivered", b.nats.AckWait)
 }
 
 // TestLoneMessageIsNotHeldForABatch: with a long MaxWait and a batch far
@@ -491,7 +513,7 @@ func TestLoneMessageIsNotHeldForABatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.cfg.MaxWait = 6 * time.Second
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 
@@ -505,7 +527,7 @@ func TestLoneMessageIsNotHeldForABatch(t *testing.T) {
 func (b *testBundle) streamWithMaxAge(t *testing.T, maxAge time.Duration) {
 	t.Helper()
 	b.stream, b.prefix = b.stream+"X", b.prefix+"x"
-	b.cfg.Stream, b.cfg.SubjectPrefix, b.cfg.FilterSubject = b.stream, b.prefix, ""
+	b.nats.Stream, b.nats.SubjectPrefix, b.nats.FilterSubject = b.stream, b.prefix, ""
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: b.stream, Subjects: []string{b.prefix + ".>"},
@@ -523,26 +545,26 @@ func TestStreamOutlivingDedupWindowRefused(t *testing.T) {
 	b := setup(t)
 	b.streamWithMaxAge(t, 0)
 	for _, window := range []time.Duration{0, time.Hour} {
-		b.cfg.DedupWindow = window
-		c, err := New(b.cfg)
+		b.nats.DedupWindow = window
+		c, err := New(b.config())
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		err = c.Run(ctx)
 		cancel()
 		require.Error(t, err, "the consumer must refuse the stream")
-		var rw *ReplayWindowError
+		var rw *broker.ReplayWindowError
 		require.ErrorAs(t, err, &rw)
 		require.ErrorContains(t, err, "MaxAge unlimited")
 		want := window
 		if want == 0 {
 			want = 7 * 24 * time.Hour
 		}
-		require.ErrorContains(t, err, "Config.DedupWindow "+want.String())
-		require.ErrorContains(t, err, "Config.AllowReplayBeyondDedupWindow")
+		require.ErrorContains(t, err, "NATSSubscriberConfig.DedupWindow "+want.String())
+		require.ErrorContains(t, err, "NATSSubscriberConfig.AllowReplayBeyondDedupWindow")
 	}
 
-	b.cfg.DedupWindow, b.cfg.AllowReplayBeyondDedupWindow = 0, true
-	c, err := New(b.cfg)
+	b.nats.DedupWindow, b.nats.AllowReplayBeyondDedupWindow = 0, true
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond, "allowed explicitly, it runs")
@@ -559,7 +581,7 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 	b := setup(t)
 	b.streamWithMaxAge(t, 0)
 	const window = 3 * time.Second
-	b.cfg.DedupWindow, b.cfg.AllowReplayBeyondDedupWindow = window, true
+	b.nats.DedupWindow, b.nats.AllowReplayBeyondDedupWindow = window, true
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
@@ -581,7 +603,7 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return got
 	}
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	for i := range 3 {
@@ -600,7 +622,7 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond)
 
 	// The durable consumer is lost.
-	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.cfg.Durable))
+	require.NoError(t, b.js.DeleteConsumer(ctx, b.stream, b.nats.Durable))
 	b.publish(t, "after", "after", "Anything", map[string]int{"n": 9})
 	require.Eventually(t, func() bool { return effects()["after"] == 1 }, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, map[string]int{"e-0": 1, "e-1": 1, "e-2": 1, "after": 1}, effects(),
@@ -613,10 +635,10 @@ func TestCreateStreamWithTheRelaysSettings(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.stream, b.prefix = b.stream+"C", b.prefix+"c"
-	b.cfg.Stream, b.cfg.SubjectPrefix, b.cfg.FilterSubject = b.stream, b.prefix, ""
-	b.cfg.CreateStream, b.cfg.DedupWindow = true, 2*time.Hour
+	b.nats.Stream, b.nats.SubjectPrefix, b.nats.FilterSubject = b.stream, b.prefix, ""
+	b.nats.CreateStream, b.nats.DedupWindow = true, 2*time.Hour
 	t.Cleanup(func() { _ = b.js.DeleteStream(context.Background(), b.stream) })
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -665,7 +687,7 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 		return n
 	}
 	publishNoID(`{"first":true}`)
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, func() bool { return dead() == 1 }, 30*time.Second, 20*time.Millisecond)
@@ -679,7 +701,7 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 	require.NoError(t, err)
 	publishNoID(`{"second":true}`)
 
-	c, err = New(b.cfg)
+	c, err = New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, func() bool { return dead() == 2 }, 30*time.Second, 20*time.Millisecond,
@@ -717,7 +739,7 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 			receives.Add(1)
 		}
 	}
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	for i := range 4 {
@@ -761,7 +783,7 @@ func TestDupRateWarnDisabledAtZero(t *testing.T) {
 	core, logs := observer.New(zap.DebugLevel)
 	b.cfg.Logger = zap.New(core)
 	b.cfg.RateInterval = time.Hour // the test closes the intervals itself
-	c, err := New(b.cfg)
+	c, err := New(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	b.publish(t, "e-0", "m-0", "Unknown", map[string]any{})

@@ -488,7 +488,7 @@ func (r *run) publish(ctx context.Context, eventID, msgID, eventType string, pay
 		m.Header.Set(event.HeaderEventID, eventID)
 	}
 	if msgID != "" {
-		m.Header.Set(event.HeaderMsgID, msgID)
+		m.Header.Set(broker.NATSMsgIDHeader, msgID)
 	}
 	if eventType != "" {
 		m.Header.Set(event.HeaderEventType, eventType)

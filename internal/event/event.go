@@ -96,11 +96,12 @@ func NormalizeOccurredAt(t time.Time) (time.Time, error) {
 	return r, nil
 }
 
-// Broker header names. The relay writes them on every published message and
-// the consumer reads them back; the payload travels as the message body.
+// pgrelay's logical header names. The relay writes them on every published
+// message and the consumer reads them back; the payload travels as the
+// message body. Each broker adapter (package broker and its sub-packages)
+// maps them onto its broker and owns its broker's own names (Nats-Msg-Id, an
+// AMQP message-id, a Kafka record key).
 const (
-	// HeaderMsgID is JetStream's dedup header; pgrelay sets it to the event id.
-	HeaderMsgID      = "Nats-Msg-Id"
 	HeaderEventID    = "Pgrelay-Event-Id"
 	HeaderEventType  = "Pgrelay-Event-Type"
 	HeaderTopic      = "Pgrelay-Topic"

@@ -77,8 +77,9 @@ func runHopChild() int {
 		return nil
 	})
 	c, err := consumer.New(consumer.Config{
-		Pool: pool, NATSURL: os.Getenv("CHILD_NATS_URL"), Stream: os.Getenv("CHILD_STREAM"),
-		SubjectPrefix: os.Getenv("CHILD_PREFIX"), Durable: "hops",
+		Pool: pool,
+		Subscribe: broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: os.Getenv("CHILD_NATS_URL"), Stream: os.Getenv("CHILD_STREAM"),
+			SubjectPrefix: os.Getenv("CHILD_PREFIX"), Durable: "hops"}),
 		Inbox: inbox.Config{Handler: handler, Workers: 1, Lease: 2 * time.Second, HandlerTimeout: time.Second},
 	})
 	if err != nil {

@@ -56,7 +56,7 @@ func TestCommittedPublishedOnceRolledBackNever(t *testing.T) {
 	for i, r := range got {
 		require.Equal(t, fmt.Sprintf("c-%d", i), r.eventID)
 		require.Equal(t, b.prefix+".orders", r.subject)
-		require.Equal(t, r.eventID, r.headers[event.HeaderMsgID][0])
+		require.Equal(t, r.eventID, r.headers[broker.NATSMsgIDHeader][0])
 		require.Equal(t, "OrderCreated", r.headers[event.HeaderEventType][0])
 		require.Equal(t, "orders", r.headers[event.HeaderTopic][0])
 		require.Equal(t, "order-1", r.headers[event.HeaderKey][0])

@@ -1,4 +1,4 @@
-package consumer
+package broker
 
 import (
 	"bytes"
@@ -13,13 +13,22 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
-var testOpts = DecodeOptions{SubjectPrefix: "pgrelay", MaxPayloadBytes: 1024}
+const testMaxPayload = 1024
 
-func goodDelivery() Delivery {
-	return Delivery{
+// decode decodes a JetStream message the way the NATS subscriber does, with
+// the subject prefix "pgrelay" and a 1 KiB payload limit.
+func decode(t testing.TB, m natsMessage) Delivery {
+	t.Helper()
+	d, err := decodeNATS(m, "pgrelay", testMaxPayload)
+	require.NoError(t, err)
+	return d
+}
+
+func goodDelivery() natsMessage {
+	return natsMessage{
 		Subject: "pgrelay.orders",
 		Header: map[string][]string{
-			event.HeaderMsgID:      {"evt-1"},
+			NATSMsgIDHeader:        {"evt-1"},
 			event.HeaderEventID:    {"evt-1"},
 			event.HeaderEventType:  {"OrderPaid"},
 			event.HeaderTopic:      {"orders"},
@@ -38,7 +47,7 @@ func goodDelivery() Delivery {
 func TestDecodeGoodMessage(t *testing.T) {
 	t.Parallel()
 	d := goodDelivery()
-	got := Decode(d, testOpts)
+	got := decode(t, d)
 	require.Empty(t, got.DeadReason)
 	require.Equal(t, event.Message{
 		EventID:    "evt-1",
@@ -65,14 +74,14 @@ func TestDecodeOccurredAtEdges(t *testing.T) {
 	for h, want := range ok {
 		d := goodDelivery()
 		d.Header[event.HeaderOccurredAt] = []string{h}
-		got := Decode(d, testOpts)
+		got := decode(t, d)
 		require.Empty(t, got.DeadReason, h)
 		require.Equal(t, want, got.Message.OccurredAt, h)
 	}
 	for _, h := range []string{"0001-01-01T00:00:00Z", "0001-01-01T00:00:00.0000004Z", "9999-12-31T23:59:59.9999995Z", "9999-12-31T23:59:59.999999999Z"} {
 		d := goodDelivery()
 		d.Header[event.HeaderOccurredAt] = []string{h}
-		got := Decode(d, testOpts)
+		got := decode(t, d)
 		require.True(t, strings.HasPrefix(got.DeadReason, ReasonInvalidOccurredAt), "%s: reason %q", h, got.DeadReason)
 		require.Contains(t, got.DeadReason, "out of range", h)
 		requireStorable(t, got)
@@ -85,7 +94,7 @@ func TestDecodeFallbacks(t *testing.T) {
 	delete(d.Header, event.HeaderEventID)
 	delete(d.Header, event.HeaderTopic)
 	delete(d.Header, event.HeaderOccurredAt)
-	got := Decode(d, testOpts)
+	got := decode(t, d)
 	require.Empty(t, got.DeadReason)
 	require.Equal(t, "evt-1", got.Message.EventID, "Nats-Msg-Id stands in for Pgrelay-Event-Id")
 	require.Equal(t, "orders", got.Message.Topic, "topic from the subject without its prefix")
@@ -96,50 +105,50 @@ func TestDecodeMalformed(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name   string
-		mutate func(d *Delivery)
+		mutate func(d *natsMessage)
 		reason string
 		id     string // expected event id; empty means the fallback id
 	}{
-		{"missing event id", func(d *Delivery) {
+		{"missing event id", func(d *natsMessage) {
 			delete(d.Header, event.HeaderEventID)
-			delete(d.Header, event.HeaderMsgID)
+			delete(d.Header, NATSMsgIDHeader)
 		}, ReasonMissingEventID, ""},
-		{"empty event id", func(d *Delivery) {
+		{"empty event id", func(d *natsMessage) {
 			d.Header[event.HeaderEventID] = []string{""}
-			d.Header[event.HeaderMsgID] = []string{""}
+			d.Header[NATSMsgIDHeader] = []string{""}
 		}, ReasonMissingEventID, ""},
-		{"event id too long", func(d *Delivery) {
+		{"event id too long", func(d *natsMessage) {
 			d.Header[event.HeaderEventID] = []string{strings.Repeat("x", 300)}
 		}, ReasonInvalidEventID, ""},
-		{"event id with control characters", func(d *Delivery) {
+		{"event id with control characters", func(d *natsMessage) {
 			d.Header[event.HeaderEventID] = []string{"a\x00b"}
 		}, ReasonInvalidEventID, ""},
-		{"event id not UTF-8", func(d *Delivery) {
+		{"event id not UTF-8", func(d *natsMessage) {
 			d.Header[event.HeaderEventID] = []string{"a\xffb"}
 		}, ReasonInvalidEventID, ""},
-		{"missing event type", func(d *Delivery) {
+		{"missing event type", func(d *natsMessage) {
 			delete(d.Header, event.HeaderEventType)
 		}, ReasonMissingEventType, "evt-1"},
-		{"event type not UTF-8", func(d *Delivery) {
+		{"event type not UTF-8", func(d *natsMessage) {
 			d.Header[event.HeaderEventType] = []string{"Order\xc3Paid"}
 		}, ReasonInvalidHeader, "evt-1"},
-		{"key with NUL", func(d *Delivery) {
+		{"key with NUL", func(d *natsMessage) {
 			d.Header[event.HeaderKey] = []string{"k\x00"}
 		}, ReasonInvalidHeader, "evt-1"},
-		{"own header not UTF-8", func(d *Delivery) {
+		{"own header not UTF-8", func(d *natsMessage) {
 			d.Header["Pgrelay-H-x"] = []string{"\xfe"}
 		}, ReasonInvalidHeader, "evt-1"},
-		{"bad occurred-at", func(d *Delivery) {
+		{"bad occurred-at", func(d *natsMessage) {
 			d.Header[event.HeaderOccurredAt] = []string{"yesterday"}
 		}, ReasonInvalidOccurredAt, "evt-1"},
-		{"oversized payload", func(d *Delivery) {
+		{"oversized payload", func(d *natsMessage) {
 			d.Data = bytes.Repeat([]byte("a"), 1025)
 		}, ReasonPayloadTooLarge, "evt-1"},
-		{"payload declared JSON, not UTF-8", func(d *Delivery) {
+		{"payload declared JSON, not UTF-8", func(d *natsMessage) {
 			d.Header[event.HeaderContentType] = []string{"application/json"}
 			d.Data = []byte{'{', 0xff, 0xfe, '}'}
 		}, ReasonPayloadNotUTF8, "evt-1"},
-		{"payload declared text, not UTF-8", func(d *Delivery) {
+		{"payload declared text, not UTF-8", func(d *natsMessage) {
 			d.Header[event.HeaderContentType] = []string{"text/plain; charset=utf-8"}
 			d.Data = []byte{0xff}
 		}, ReasonPayloadNotUTF8, "evt-1"},
@@ -149,7 +158,7 @@ func TestDecodeMalformed(t *testing.T) {
 			t.Parallel()
 			d := goodDelivery()
 			tc.mutate(&d)
-			got := Decode(d, testOpts)
+			got := decode(t, d)
 			require.True(t, strings.HasPrefix(got.DeadReason, tc.reason), "reason %q", got.DeadReason)
 			want := tc.id
 			if want == "" {
@@ -166,23 +175,30 @@ func TestDecodeKeepsRawInvalidID(t *testing.T) {
 	t.Parallel()
 	d := goodDelivery()
 	d.Header[event.HeaderEventID] = []string{"bad\x01id"}
-	got := Decode(d, testOpts)
+	got := decode(t, d)
 	require.Equal(t, `bad\x01id`, got.Message.Headers[RawEventIDHeader])
 }
 
+// TestDecodeNoStreamSequence: a message without a usable id and without a
+// stream position has no stable stand-in id; it is refused, never stored
+// under a guess.
 func TestDecodeNoStreamSequence(t *testing.T) {
 	t.Parallel()
 	d := goodDelivery()
 	delete(d.Header, event.HeaderEventID)
-	delete(d.Header, event.HeaderMsgID)
+	delete(d.Header, NATSMsgIDHeader)
 	d.StreamSeq = 0
-	got := Decode(d, testOpts)
-	require.Contains(t, got.DeadReason, ReasonNoStreamSequence)
+	_, err := decodeNATS(d, "pgrelay", testMaxPayload)
+	require.ErrorIs(t, err, ErrNoStableID)
+	d.Header[event.HeaderEventID] = []string{"evt-1"}
+	got := decode(t, d)
+	require.Equal(t, "evt-1", got.Message.EventID, "a message with its id needs no stream position")
+	require.Equal(t, "subject pgrelay.orders", got.Ref)
 }
 
 // requireStorable checks what the inbox needs of every decoded message, dead
 // or not: text PostgreSQL accepts, and a valid idempotency key.
-func requireStorable(t *testing.T, got Decoded) {
+func requireStorable(t *testing.T, got Delivery) {
 	t.Helper()
 	require.NoError(t, event.ValidateEventID(got.Message.EventID))
 	for _, s := range []string{got.Message.Topic, got.Message.Key, got.Message.EventType, got.DeadReason} {
@@ -212,20 +228,24 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 		set(event.HeaderEventID, eventID)
-		set(event.HeaderMsgID, msgID)
+		set(NATSMsgIDHeader, msgID)
 		set(event.HeaderEventType, eventType)
 		set(event.HeaderTopic, topic)
 		set(event.HeaderKey, key)
 		set(event.HeaderOccurredAt, occurredAt)
 		set(event.HeaderPrefix+hname, hval)
-		d := Delivery{Subject: subject, Header: h, Data: data, Stream: stream, StreamSeq: seq, Timestamp: time.Unix(1, 0)}
+		d := natsMessage{Subject: subject, Header: h, Data: data, Stream: stream, StreamSeq: seq, Timestamp: time.Unix(1, 0)}
 
-		got := Decode(d, testOpts)
-		require.True(t, reflect.DeepEqual(got, Decode(d, testOpts)), "Decode is not deterministic")
-		require.True(t, bytes.Equal(data, got.Message.Payload), "payload changed")
-		if !strings.Contains(got.DeadReason, ReasonNoStreamSequence) {
-			requireStorable(t, got)
+		got, err := decodeNATS(d, "pgrelay", testMaxPayload)
+		again, err2 := decodeNATS(d, "pgrelay", testMaxPayload)
+		require.True(t, reflect.DeepEqual(got, again) && err == err2, "Decode is not deterministic")
+		if err != nil {
+			require.ErrorIs(t, err, ErrNoStableID)
+			require.True(t, stream == "" || seq == 0, "refused although the stream position is known")
+			return
 		}
+		require.True(t, bytes.Equal(data, got.Message.Payload), "payload changed")
+		requireStorable(t, got)
 		if got.DeadReason == "" {
 			want := eventID
 			if want == "" {
@@ -233,7 +253,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			require.Equal(t, want, got.Message.EventID)
 			require.NotEmpty(t, got.Message.EventType)
-			require.LessOrEqual(t, len(data), testOpts.MaxPayloadBytes)
+			require.LessOrEqual(t, len(data), testMaxPayload)
 			if event.IsTextContentType(got.Message.ContentType) {
 				require.True(t, utf8.Valid(data), "a payload declared text must be UTF-8")
 			}
@@ -250,7 +270,7 @@ func TestDecodeCausation(t *testing.T) {
 	d := goodDelivery()
 	d.Header[event.HeaderCausationID] = []string{"evt-0"}
 	d.Header[event.HeaderCorrelationID] = []string{"flow-1"}
-	got := Decode(d, testOpts)
+	got := decode(t, d)
 	require.Empty(t, got.DeadReason)
 	require.Equal(t, map[string]string{"trace": "abc", event.HeaderCausationID: "evt-0", event.HeaderCorrelationID: "flow-1"}, got.Message.Headers)
 	require.Equal(t, "evt-0", got.Message.CausationID())
@@ -267,7 +287,7 @@ func TestDecodeBinaryPayload(t *testing.T) {
 		if ct != "" {
 			d.Header[event.HeaderContentType] = []string{ct}
 		}
-		got := Decode(d, DecodeOptions{SubjectPrefix: "pgrelay", MaxPayloadBytes: 1024})
+		got := decode(t, d)
 		require.Empty(t, got.DeadReason, "content type %q", ct)
 		require.Equal(t, d.Data, got.Message.Payload)
 		require.Equal(t, ct, got.Message.ContentType)

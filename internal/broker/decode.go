@@ -1,0 +1,265 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// Reasons a delivery is stored dead at ingest, the same for every broker.
+// They start the DeadReason text, followed by details.
+const (
+	ReasonMissingEventID    = "missing event id"
+	ReasonInvalidEventID    = "invalid event id"
+	ReasonMissingEventType  = "missing event type"
+	ReasonInvalidHeader     = "invalid header"
+	ReasonInvalidOccurredAt = "invalid occurred-at"
+	ReasonPayloadTooLarge   = "payload too large"
+	ReasonPayloadNotUTF8    = "payload is not valid UTF-8"
+)
+
+// RawEventIDHeader is the inbox header that keeps an unusable event id as
+// received (made printable), next to the stand-in id the row is stored under.
+const RawEventIDHeader = "Pgrelay-Raw-Event-Id"
+
+// ErrNoStableID is Decode's refusal of a delivery that has no usable event id
+// and no broker position to derive a stand-in from: storing it under a guess
+// could store one message twice, so the adapter leaves it unacknowledged and
+// logs it.
+var ErrNoStableID = errors.New("no usable event id and no broker position to derive a stable one from")
+
+// Received is a message as an adapter read it off its broker, in pgrelay's
+// logical form: what Decode reads.
+type Received struct {
+	// Headers holds pgrelay's logical headers (event.HeaderEventID,
+	// event.HeaderTopic, ..., the message's own headers under
+	// event.HeaderPrefix, causation and correlation under their own names),
+	// mapped by the adapter from wherever its broker carries them.
+	Headers map[string][]string
+	// Payload is the message body.
+	Payload []byte
+	// BrokerID is the broker's own message id (Nats-Msg-Id, AMQP
+	// message-id), which stands in for a missing event id header; empty when
+	// the broker has none. BrokerIDName names it in dead reasons.
+	BrokerID, BrokerIDName string
+	// Topic is the topic the broker's destination implies (a subject without
+	// its prefix, a Kafka topic), used when the message has no topic header.
+	Topic string
+	// FallbackID is the stable stand-in id derived from the delivery's
+	// broker position (the same on every redelivery), given to a message
+	// without a usable event id; empty when there is none.
+	FallbackID string
+	// Timestamp is when the broker stored the message; it stands in for a
+	// missing occurred-at header.
+	Timestamp time.Time
+}
+
+// DecodeOptions are the limits Decode applies.
+type DecodeOptions struct {
+	// MaxPayloadBytes is the largest accepted payload; a larger one is stored
+	// dead. Zero means no limit.
+	MaxPayloadBytes int
+}
+
+// EncodeHeaders returns pgrelay's logical headers for m: the ones Decode
+// reads back. An adapter maps them onto its broker (or carries some, such as
+// the event id, in a field of its own and puts them back before Decode).
+func EncodeHeaders(m Message) map[string]string {
+	h := make(map[string]string, len(m.Headers)+6)
+	h[event.HeaderEventID] = m.EventID
+	h[event.HeaderTopic] = m.Topic
+	h[event.HeaderKey] = m.Key
+	if m.EventType != "" {
+		h[event.HeaderEventType] = m.EventType
+	}
+	if !m.OccurredAt.IsZero() {
+		h[event.HeaderOccurredAt] = m.OccurredAt.UTC().Format(time.RFC3339Nano)
+	}
+	for k, v := range m.Headers {
+		if k == event.HeaderCausationID || k == event.HeaderCorrelationID || k == event.HeaderContentType {
+			h[k] = v // pgrelay's own headers, under their own names
+			continue
+		}
+		h[event.HeaderPrefix+k] = v
+	}
+	if m.ContentType != "" {
+		h[event.HeaderContentType] = m.ContentType
+	}
+	return h
+}
+
+// Decode turns a received message into the delivery to store (Ref, Ack and
+// InProgress are the adapter's to set). A message it cannot use comes back
+// with DeadReason set, its raw payload kept, so that the consumer stores it
+// dead, acknowledges it and moves on; the only error is ErrNoStableID.
+//
+// Decode checks what the transport carries: the event id (Pgrelay-Event-Id,
+// else the broker's message id), the event type header, the occurred-at
+// header, header text, the payload size and, when the content type
+// (Pgrelay-Content-Type) says text or JSON, that the payload is UTF-8; any
+// other payload is opaque bytes (protobuf, Avro), stored as received. It does
+// not look inside the payload: the handler owns the payload's schema and
+// reports a bad shape or an unknown event type as a permanent failure.
+func Decode(r Received, opts DecodeOptions) (Delivery, error) {
+	var reasons []string
+	fail := func(format string, args ...any) { reasons = append(reasons, fmt.Sprintf(format, args...)) }
+	header := func(name string) (string, bool) {
+		vs, ok := r.Headers[name]
+		if !ok || len(vs) == 0 {
+			return "", false
+		}
+		return vs[0], true
+	}
+	text := func(name, v string) string {
+		clean, ok := StorableText(v)
+		if !ok {
+			fail("%s: %s is not valid UTF-8 text", ReasonInvalidHeader, Printable(name))
+		}
+		return clean
+	}
+
+	m := event.Message{Payload: r.Payload, Headers: map[string]string{}}
+
+	// The event id: the idempotency key.
+	rawID, ok := header(event.HeaderEventID)
+	if !ok || rawID == "" {
+		rawID, ok = r.BrokerID, r.BrokerID != ""
+	}
+	var fallback bool
+	switch err := event.ValidateEventID(rawID); {
+	case !ok || errors.Is(err, event.ErrMissingEventID):
+		if r.BrokerIDName != "" {
+			fail("%s: no %s or %s header", ReasonMissingEventID, event.HeaderEventID, r.BrokerIDName)
+		} else {
+			fail("%s: no %s header", ReasonMissingEventID, event.HeaderEventID)
+		}
+		fallback = true
+	case err != nil:
+		fail("%s: %s", ReasonInvalidEventID, strings.TrimPrefix(err.Error(), event.ErrInvalidEventID.Error()+": "))
+		m.Headers[RawEventIDHeader] = Truncate(Printable(rawID), 512)
+		fallback = true
+	default:
+		m.EventID = rawID
+	}
+	if fallback {
+		if r.FallbackID == "" {
+			return Delivery{}, ErrNoStableID
+		}
+		id, _ := StorableText(r.FallbackID)
+		m.EventID = Truncate(Printable(id), event.MaxEventIDLen)
+	}
+
+	// The event type, topic and key.
+	if et, ok := header(event.HeaderEventType); ok && et != "" {
+		m.EventType = text(event.HeaderEventType, et)
+	} else {
+		fail("%s: no %s header", ReasonMissingEventType, event.HeaderEventType)
+	}
+	if topic, ok := header(event.HeaderTopic); ok && topic != "" {
+		m.Topic = text(event.HeaderTopic, topic)
+	} else {
+		m.Topic = text("destination", r.Topic)
+	}
+	if key, ok := header(event.HeaderKey); ok {
+		m.Key = text(event.HeaderKey, key)
+	}
+	if ct, ok := header(event.HeaderContentType); ok {
+		m.ContentType = text(event.HeaderContentType, ct)
+	}
+
+	// When the event happened.
+	m.OccurredAt = r.Timestamp
+	if at, ok := header(event.HeaderOccurredAt); ok {
+		t, err := time.Parse(time.RFC3339Nano, at)
+		if err == nil {
+			t, err = event.NormalizeOccurredAt(t)
+			if err != nil {
+				// Never replaced by another time: stored dead, saying why.
+				fail("%s: %s %q is out of range (after 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z)",
+					ReasonInvalidOccurredAt, event.HeaderOccurredAt, Truncate(Printable(at), 64))
+			} else {
+				m.OccurredAt = t
+			}
+		} else {
+			fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, Truncate(Printable(at), 64))
+		}
+	}
+	if m.OccurredAt.IsZero() {
+		m.OccurredAt = time.Unix(0, 0).UTC()
+	}
+
+	// The message's own headers travel as Pgrelay-H-<name>; causation and
+	// correlation as themselves.
+	names := make([]string, 0, len(r.Headers))
+	for name := range r.Headers {
+		names = append(names, name)
+	}
+	sort.Strings(names) // deterministic reasons
+	for _, name := range names {
+		if (name == event.HeaderCausationID || name == event.HeaderCorrelationID) && len(r.Headers[name]) > 0 {
+			m.Headers[name] = text(name, r.Headers[name][0])
+			continue
+		}
+		if !strings.HasPrefix(name, event.HeaderPrefix) || len(r.Headers[name]) == 0 {
+			continue
+		}
+		k := text(name, strings.TrimPrefix(name, event.HeaderPrefix))
+		m.Headers[k] = text(name, r.Headers[name][0])
+	}
+
+	// The payload is kept as received, whatever is wrong with it.
+	if opts.MaxPayloadBytes > 0 && len(r.Payload) > opts.MaxPayloadBytes {
+		fail("%s: %d bytes, the limit is %d", ReasonPayloadTooLarge, len(r.Payload), opts.MaxPayloadBytes)
+	} else if event.IsTextContentType(m.ContentType) && !utf8.Valid(r.Payload) {
+		// Only a payload declared text must be text: any other is opaque
+		// bytes (protobuf, Avro) and stored as received.
+		fail("%s: content type %q", ReasonPayloadNotUTF8, Truncate(Printable(m.ContentType), 128))
+	}
+
+	return Delivery{Message: m, DeadReason: strings.Join(reasons, "; ")}, nil
+}
+
+// StorableText makes s storable as PostgreSQL text and jsonb: valid UTF-8
+// with no NUL byte. ok reports whether s already was.
+func StorableText(s string) (clean string, ok bool) {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s, true
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD"), false
+}
+
+// Printable quotes control characters and invalid bytes so that s can be
+// shown and stored safely.
+func Printable(s string) string {
+	ok := utf8.ValidString(s)
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			ok = false
+			break
+		}
+	}
+	if ok {
+		return s
+	}
+	q := strconv.QuoteToASCII(s)
+	return q[1 : len(q)-1]
+}
+
+// Truncate shortens s to at most n bytes without splitting a UTF-8 sequence.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}

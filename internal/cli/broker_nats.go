@@ -1,0 +1,226 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+)
+
+// NATSBroker is NATS JetStream: the relay publishes to a stream (or starts
+// an embedded server when no --nats-url is given), the consumer reads a
+// durable pull consumer of it.
+func NATSBroker() Broker {
+	return Broker{Name: "nats", BindRelay: bindNATSRelay, BindConsumer: bindNATSConsumer}
+}
+
+// natsRelay is the relay's NATS settings.
+type natsRelay struct {
+	url            string
+	embeddedDir    string
+	embeddedListen string
+	stream         string
+	subjectPrefix  string
+	createStream   bool
+	streamMaxAge   time.Duration
+	ackTimeout     time.Duration
+}
+
+var natsRelayEnvKinds = map[string]string{
+	"RELAY_CREATE_STREAM":  "bool",
+	"RELAY_STREAM_MAX_AGE": "duration",
+	"RELAY_ACK_TIMEOUT":    "duration",
+}
+
+// natsRelayNames maps broker.NATSConfig's fields onto the relay's flags.
+var natsRelayNames = strings.NewReplacer(
+	"broker: ", "",
+	"NATSConfig.SubjectPrefix", "--subject-prefix (RELAY_SUBJECT_PREFIX)",
+	"NATSConfig.Stream", "--stream (RELAY_STREAM)",
+	"NATSConfig.AckTimeout", "--ack-timeout (RELAY_ACK_TIMEOUT)",
+	"NATSConfig.DuplicateWindow", "the stream's duplicate window",
+	"NATSConfig.URL", "--nats-url (NATS_URL)",
+)
+
+func bindNATSRelay(f *pflag.FlagSet) RelaySide {
+	s := &natsRelay{}
+	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", ""), "--broker nats: NATS server URL (env NATS_URL); empty starts an embedded NATS server")
+	f.StringVar(&s.embeddedDir, "embedded-nats-dir", EnvString("RELAY_EMBEDDED_NATS_DIR", "./.pgrelay/nats"), "--broker nats: JetStream data directory of the embedded NATS server (env RELAY_EMBEDDED_NATS_DIR)")
+	f.StringVar(&s.embeddedListen, "embedded-nats-listen", EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "--broker nats: host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
+	f.StringVar(&s.stream, "stream", EnvString("RELAY_STREAM", broker.DefaultStream), "--broker nats: JetStream stream storing the subjects (env RELAY_STREAM)")
+	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("RELAY_SUBJECT_PREFIX", broker.DefaultSubjectPrefix), "--broker nats: subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
+	f.BoolVar(&s.createStream, "create-stream", EnvBool("RELAY_CREATE_STREAM", false), "--broker nats: create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
+	f.DurationVar(&s.streamMaxAge, "stream-max-age", EnvDuration("RELAY_STREAM_MAX_AGE", broker.DefaultStreamMaxAge), "--broker nats: MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
+	f.DurationVar(&s.ackTimeout, "ack-timeout", EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "--broker nats: longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
+	return s
+}
+
+func (s *natsRelay) config(url string, createStream bool, log *zap.Logger) broker.NATSConfig {
+	return broker.NATSConfig{URL: url, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
+		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log}
+}
+
+func (s *natsRelay) Check() error {
+	if err := ValidateEnv(natsRelayEnvKinds); err != nil {
+		return err
+	}
+	if s.ackTimeout <= 0 {
+		return fmt.Errorf("--ack-timeout (RELAY_ACK_TIMEOUT) must be positive, got %s", s.ackTimeout)
+	}
+	// The URL is checked by connecting; the rest needs no server.
+	if err := s.config("nats://unused", false, nil).WithDefaults().Validate(); err != nil {
+		return errors.New(natsRelayNames.Replace(err.Error()))
+	}
+	return nil
+}
+
+func (s *natsRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, error) {
+	url, createStream := s.url, s.createStream
+	var stop func()
+	if url == "" {
+		srv, u, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: s.embeddedDir, Listen: s.embeddedListen})
+		if err != nil {
+			return nil, fmt.Errorf("--embedded-nats-listen/--embedded-nats-dir: %w", err)
+		}
+		stop = func() {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}
+		log.Info("embedded NATS JetStream server started", zap.String("url", u), zap.String("store_dir", s.embeddedDir))
+		url, createStream = u, true
+	}
+	pub, err := broker.NewNATS(ctx, s.config(url, createStream, log))
+	if err != nil {
+		if stop != nil {
+			stop()
+		}
+		if strings.Contains(err.Error(), "NATSConfig.") {
+			return nil, errors.New(natsRelayNames.Replace(err.Error()))
+		}
+		return nil, fmt.Errorf("--nats-url (NATS_URL): %w", err)
+	}
+	return &RelayBroker{
+		Publisher: pub,
+		Healthy: func(context.Context) error {
+			if !pub.Conn().IsConnected() {
+				return errors.New("not connected to NATS")
+			}
+			return nil
+		},
+		Close: func() {
+			_ = pub.Close()
+			if stop != nil {
+				stop()
+			}
+		},
+	}, nil
+}
+
+// natsConsumer is the consumer's NATS settings.
+type natsConsumer struct {
+	url           string
+	stream        string
+	subjectPrefix string
+	createStream  bool
+	durable       string
+	filterSubject string
+	ackWait       time.Duration
+	allowReplay   bool
+}
+
+var natsConsumerEnvKinds = map[string]string{
+	"CONSUMER_CREATE_STREAM":                    "bool",
+	"CONSUMER_ACK_WAIT":                         "duration",
+	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
+}
+
+// natsConsumerNames maps broker.NATSSubscriberConfig's fields onto the
+// consumer's flags.
+var natsConsumerNames = strings.NewReplacer(
+	"broker: ", "",
+	"NATSSubscriberConfig.URL", "--nats-url (NATS_URL)",
+	"NATSSubscriberConfig.Stream", "--stream (CONSUMER_STREAM)",
+	"NATSSubscriberConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
+	"NATSSubscriberConfig.Durable", "--durable (CONSUMER_DURABLE)",
+	"NATSSubscriberConfig.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
+	"NATSSubscriberConfig.MaxAckPending", "10 × --batch-size (CONSUMER_BATCH_SIZE)",
+	"NATSSubscriberConfig.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"NATSSubscriberConfig.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
+	"NATSSubscriberConfig.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+)
+
+func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
+	s := &natsConsumer{}
+	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", "nats://127.0.0.1:4222"), "--broker nats: NATS server URL(s), comma-separated (NATS_URL)")
+	f.StringVar(&s.stream, "stream", EnvString("CONSUMER_STREAM", broker.DefaultStream), "--broker nats: JetStream stream to consume (CONSUMER_STREAM)")
+	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("CONSUMER_SUBJECT_PREFIX", broker.DefaultSubjectPrefix), "--broker nats: subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
+	f.BoolVar(&s.createStream, "create-stream", EnvBool("CONSUMER_CREATE_STREAM", false), "--broker nats: create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
+	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", ""), "--broker nats: durable consumer name; instances sharing it share the work (default "+broker.DefaultDurable+", or "+broker.DefaultDurable+"-<handler-name> for a named handler) (CONSUMER_DURABLE)")
+	f.StringVar(&s.filterSubject, "filter-subject", EnvString("CONSUMER_FILTER_SUBJECT", ""), "--broker nats: subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
+	f.DurationVar(&s.ackWait, "ack-wait", EnvDuration("CONSUMER_ACK_WAIT", broker.DefaultAckWait), "--broker nats: JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
+	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "--broker nats: run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
+	return s
+}
+
+func (s *natsConsumer) config(opts SubscriberOptions) broker.NATSSubscriberConfig {
+	durable := s.durable
+	if durable == "" && opts.HandlerName != "" && opts.HandlerName != "default" && !strings.ContainsAny(opts.HandlerName, " \t\r\n*>") {
+		// A named handler gets its own durable: each handler receives every
+		// message, whatever other handlers' consumers acknowledge.
+		durable = broker.DefaultDurable + "-" + strings.ReplaceAll(opts.HandlerName, ".", "_")
+	}
+	c := broker.NATSSubscriberConfig{URL: s.url, Stream: s.stream, SubjectPrefix: s.subjectPrefix, CreateStream: s.createStream,
+		Durable: durable, FilterSubject: s.filterSubject, DedupWindow: opts.DedupWindow,
+		AllowReplayBeyondDedupWindow: s.allowReplay, AckWait: s.ackWait, MaxPayloadBytes: opts.MaxPayloadBytes,
+		Logger: opts.Logger}
+	if opts.BatchSize >= 1 { // derived from it: only once that is valid
+		c.MaxAckPending = 10 * opts.BatchSize
+	}
+	return c.WithDefaults()
+}
+
+func (s *natsConsumer) Check(opts SubscriberOptions) error {
+	if err := ValidateEnv(natsConsumerEnvKinds); err != nil {
+		return err
+	}
+	if err := s.config(opts).Validate(); err != nil {
+		return errors.New(natsConsumerNames.Replace(err.Error()))
+	}
+	return nil
+}
+
+func (s *natsConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
+	cfg := s.config(opts)
+	return func(ctx context.Context) (broker.Subscriber, error) {
+		sub, err := broker.NewNATSSubscriber(ctx, cfg)
+		if err != nil {
+			return nil, errors.New(natsConsumerNames.Replace(err.Error()))
+		}
+		return &namedSubscriber{Subscriber: sub, names: natsConsumerNames}, nil
+	}
+}
+
+// namedSubscriber renames the settings a subscriber's permanent fetch
+// errors name (a stream outliving the dedup window) to the flags that set
+// them.
+type namedSubscriber struct {
+	broker.Subscriber
+	names *strings.Replacer
+}
+
+func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Duration) ([]broker.Delivery, error) {
+	ds, err := s.Subscriber.Fetch(ctx, max, maxWait)
+	if err != nil && broker.IsPermanent(err) {
+		var perm *broker.PermanentError
+		if errors.As(err, &perm) {
+			err = broker.Permanent(errors.New(s.names.Replace(perm.Err.Error())))
+		}
+	}
+	return ds, err
+}
