@@ -117,7 +117,8 @@ FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker
 	FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
 	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \
-	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem
+	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem \
+	FuzzKeyStrategy:./internal/inbox FuzzCanonicalJSON:./internal/inbox
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} ($${t#*:}, $(FUZZTIME))"; \

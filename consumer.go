@@ -73,6 +73,25 @@ type ConsumerConfig struct {
 	// Handler applies each event, in the transaction that marks it processed.
 	// An InboxBatchHandler also applies whole batches. Required.
 	Handler InboxHandler
+	// HandlerName names Handler: its inbox rows, attempts, leases and dead
+	// letters are its own, so several handlers in one database each process
+	// an event once. It labels the worker metrics (handler) and, unless
+	// Durable is set, names the durable consumer
+	// (pgrelay-consumer-<name>), so that each handler receives every
+	// message. Default DefaultHandlerName ("default").
+	HandlerName string
+	// DedupKey is Handler's key strategy spec (ParseKeyStrategy): how the
+	// dedup key of its rows is built. A bad spec fails NewConsumer naming
+	// this field. Default "message-id".
+	DedupKey string
+	// DedupKeyByTopic overrides DedupKey for the messages of the named
+	// topics: topic → key strategy spec. Default: none.
+	DedupKeyByTopic map[string]string
+	// Targets, when set, are the handlers each received message is stored
+	// for (one row each, in one statement), for a consumer whose ingest feeds
+	// several handlers; HandlerName must be among them. Default: HandlerName
+	// with DedupKey.
+	Targets []ConsumerTarget
 
 	// Stream is the JetStream stream to consume. Default DefaultStream.
 	Stream string
@@ -99,9 +118,6 @@ type ConsumerConfig struct {
 	// DedupRecordMax is how many recorded duplicates (inbox_duplicates, the
 	// operator console's feed) retention keeps. Default 10000.
 	DedupRecordMax int
-	// HandlerName names the handler in the duplicate record (for example
-	// "ledger"). Default "".
-	HandlerName string
 	// FetchBatchSize is how many messages one fetch asks for, stored in one
 	// transaction. Default DefaultFetchBatchSize.
 	FetchBatchSize int
@@ -165,6 +181,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 		if *p == "" {
 			*p = v
 		}
+	}
+	set(&c.HandlerName, DefaultHandlerName)
+	if c.Durable == "" && c.HandlerName != DefaultHandlerName && inbox.ValidateHandlerName(c.HandlerName) == nil {
+		c.Durable = DefaultDurable + "-" + strings.ReplaceAll(c.HandlerName, ".", "_")
 	}
 	set(&c.Stream, DefaultStream)
 	set(&c.SubjectPrefix, DefaultSubjectPrefix)
@@ -246,8 +266,28 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := checkAddr("ConsumerConfig.AdminAddr", cfg.AdminAddr); err != nil {
 		errs = append(errs, err)
 	}
+	strategy, err := inbox.ParseKeyStrategy(cfg.DedupKey)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("ConsumerConfig.DedupKey: %w", err))
+	}
+	byTopic, topicErrs := parseByTopic("ConsumerConfig.DedupKeyByTopic", cfg.DedupKeyByTopic)
+	errs = append(errs, topicErrs...)
+	var targets []inbox.Target
+	var names []string
+	for i, t := range cfg.Targets {
+		s, err := inbox.ParseKeyStrategy(t.DedupKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ConsumerConfig.Targets[%d].DedupKey: %w", i, err))
+		}
+		bt, terrs := parseByTopic(fmt.Sprintf("ConsumerConfig.Targets[%d].DedupKeyByTopic", i), t.DedupKeyByTopic)
+		errs = append(errs, terrs...)
+		targets = append(targets, inbox.Target{Handler: t.Handler, Strategy: s, ByTopic: bt})
+		names = append(names, t.Handler)
+	}
 	pc := &Consumer{cfg: cfg, reg: metrics.NewRegistry(), started: make(chan struct{})}
 	observer := metrics.NewInboxObserver(pc.reg, metrics.InboxObserverOptions{
+		Handler:  cfg.HandlerName,
+		Handlers: names,
 		IngestStats: func() metrics.IngestStats {
 			st := pc.c.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
@@ -263,16 +303,20 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		subscribe = broker.SubscribeNATS(nc)
 	}
 	c, err := consumer.New(consumer.Config{
-		Pool:           cfg.Pool,
-		Subscribe:      subscribe,
-		BatchSize:      cfg.FetchBatchSize,
-		MaxWait:        cfg.MaxWait,
-		StatsInterval:  cfg.StatsInterval,
-		DupRateWarn:    cfg.DupRateWarn,
-		ObserveReceive: observer.ObserveReceive,
-		Receive:        inbox.ReceiveOptions{Handler: cfg.HandlerName},
+		Pool:               cfg.Pool,
+		Subscribe:          subscribe,
+		BatchSize:          cfg.FetchBatchSize,
+		MaxWait:            cfg.MaxWait,
+		StatsInterval:      cfg.StatsInterval,
+		DupRateWarn:        cfg.DupRateWarn,
+		ObserveReceive:     observer.ObserveReceive,
+		ObserveConflicts:   observer.KeyConflicts,
+		KeyStrategy:        strategy,
+		KeyStrategyByTopic: byTopic,
+		Targets:            targets,
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
+			HandlerName:    cfg.HandlerName,
 			Workers:        cfg.Workers,
 			BatchSize:      cfg.WorkerBatchSize,
 			MaxAttempts:    cfg.MaxAttempts,
@@ -294,6 +338,36 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	pc.c = c
 	return pc, nil
+}
+
+// ConsumerTarget is one handler a consumer's ingest stores rows for
+// (ConsumerConfig.Targets).
+type ConsumerTarget struct {
+	// Handler is the handler's name. Required.
+	Handler string
+	// DedupKey is its key strategy spec (ParseKeyStrategy). Default
+	// "message-id".
+	DedupKey string
+	// DedupKeyByTopic overrides DedupKey per topic. Default: none.
+	DedupKeyByTopic map[string]string
+}
+
+// parseByTopic parses per-topic key strategy specs; errors name field[topic].
+func parseByTopic(field string, specs map[string]string) (map[string]inbox.KeyStrategy, []error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]inbox.KeyStrategy, len(specs))
+	var errs []error
+	for topic, spec := range specs {
+		s, err := inbox.ParseKeyStrategy(spec)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s[%q]: %w", field, topic, err))
+			continue
+		}
+		out[topic] = s
+	}
+	return out, errs
 }
 
 // natsSubscriber is the NATS subscriber's configuration (with its defaults)

@@ -63,6 +63,31 @@ func Receive(ctx context.Context, q DBTX, msgs []Incoming) (ReceiveResult, error
 	return inbox.Receive(ctx, q, msgs)
 }
 
+// InboxTarget is one handler ReceiveFor stores rows for: a handler name and
+// the key strategy that deduplicates its rows.
+type InboxTarget = inbox.Target
+
+// KeyStrategy builds an event's dedup key for one handler (ParseKeyStrategy).
+type KeyStrategy = inbox.KeyStrategy
+
+// DefaultHandlerName is the handler name used when none is given; inbox rows
+// stored before handlers were named belong to it.
+const DefaultHandlerName = inbox.DefaultHandlerName
+
+// ParseKeyStrategy parses a dedup key strategy: "message-id" (the default),
+// "business:payment:{order_id}", "content-hash", "content-hash:amount,currency",
+// "hybrid:content-hash@1h" or "hybrid:content-hash@header:Producer-Id". See
+// docs/architecture.md, "Inbox identity".
+func ParseKeyStrategy(spec string) (KeyStrategy, error) { return inbox.ParseKeyStrategy(spec) }
+
+// ReceiveFor stores a batch of received messages in one statement, one inbox
+// row per message and target, each deduplicated by (handler, dedup key). A
+// key already stored with a different payload is a conflict: recorded in
+// inbox_conflicts and reported in the result; the stored event stands.
+func ReceiveFor(ctx context.Context, q DBTX, targets []InboxTarget, msgs []Incoming) (ReceiveResult, error) {
+	return inbox.ReceiveFor(ctx, q, targets, msgs)
+}
+
 // NotifyInbox wakes the inbox workers of every process when q's transaction
 // commits. Receive does not wake anyone: a process running its workers itself
 // calls InboxWorker.Wake after its commit; one storing events for workers

@@ -9,10 +9,10 @@
 -- name: AdminInboxStatusCounts :many
 -- AdminInboxStatusCounts counts inbox rows by status (exact; a full scan on a big
 -- table, so it is for on-demand statistics, not for every metrics scrape).
-SELECT status, count(*)::bigint AS row_count
+SELECT handler, key_strategy, status, count(*)::bigint AS row_count
 FROM inbox
-GROUP BY status
-ORDER BY status;
+GROUP BY handler, key_strategy, status
+ORDER BY handler, key_strategy, status;
 
 -- name: AdminInboxGauges :one
 -- AdminInboxGauges returns the inbox figures exported as gauges. Every part is
@@ -38,9 +38,10 @@ SELECT
 SELECT pg_total_relation_size(to_regclass(@table_name::text))::bigint AS table_bytes;
 
 -- name: AdminListInboxDead :many
-SELECT event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
+SELECT handler, dedup_key, event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
 FROM inbox
 WHERE status = 'dead'
+  AND (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
   AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
   AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
@@ -48,11 +49,16 @@ WHERE status = 'dead'
        OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
   AND (sqlc.narg(dead_after)::timestamptz IS NULL OR finished_at >= sqlc.narg(dead_after)::timestamptz)
   AND (sqlc.narg(dead_before)::timestamptz IS NULL OR finished_at < sqlc.narg(dead_before)::timestamptz)
-ORDER BY finished_at, event_id
+ORDER BY finished_at, event_id, handler
 LIMIT @max_rows;
 
--- name: AdminGetInboxEvent :one
-SELECT * FROM inbox WHERE event_id = @event_id;
+-- name: AdminGetInboxEvent :many
+-- AdminGetInboxEvent returns an event's rows: one per handler that stored it
+-- (under the handler's dedup key), or only the named handler's.
+SELECT * FROM inbox
+WHERE event_id = @event_id
+  AND (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
+ORDER BY handler;
 
 -- name: AdminRequeueInboxDead :many
 -- AdminRequeueInboxDead puts matching dead events back to pending, with the same
@@ -60,9 +66,10 @@ SELECT * FROM inbox WHERE event_id = @event_id;
 -- event in the same statement. lock_version is kept: it only ever grows, so a
 -- worker that held the event before it died stays fenced.
 WITH picked AS (
-    SELECT d.event_id, d.attempts, d.last_error
+    SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
     FROM inbox d
     WHERE d.status = 'dead'
+      AND (sqlc.narg(handler)::text IS NULL OR d.handler = sqlc.narg(handler)::text)
       AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
       AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
       AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
@@ -70,7 +77,7 @@ WITH picked AS (
            OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
       AND (sqlc.narg(dead_after)::timestamptz IS NULL OR d.finished_at >= sqlc.narg(dead_after)::timestamptz)
       AND (sqlc.narg(dead_before)::timestamptz IS NULL OR d.finished_at < sqlc.narg(dead_before)::timestamptz)
-    ORDER BY d.finished_at, d.event_id
+    ORDER BY d.finished_at, d.event_id, d.handler
     LIMIT @max_rows
     FOR UPDATE
 ), moved AS (
@@ -79,22 +86,23 @@ WITH picked AS (
         locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
         last_error = NULL, waiting_for = NULL, deferrals = 0
     FROM picked p
-    WHERE i.event_id = p.event_id
-    RETURNING i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
+    WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key
+    RETURNING i.handler, i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-SELECT 'inbox', 'requeue', m.event_id, @actor::text, @reason::text, m.previous_attempts, m.previous_error
+INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+SELECT 'inbox', 'requeue', m.event_id, m.handler, @actor::text, @reason::text, m.previous_attempts, m.previous_error
 FROM moved m
-RETURNING id, at, event_id, previous_attempts, previous_error;
+RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error;
 
 -- name: AdminPurgeInboxDead :many
 -- AdminPurgeInboxDead deletes matching dead events and writes one replay_audit row
 -- per event in the same statement. A purged event_id no longer deduplicates:
 -- a later redelivery of it is received as new.
 WITH picked AS (
-    SELECT d.event_id
+    SELECT d.handler, d.dedup_key, d.event_id
     FROM inbox d
     WHERE d.status = 'dead'
+      AND (sqlc.narg(handler)::text IS NULL OR d.handler = sqlc.narg(handler)::text)
       AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
       AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
       AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
@@ -102,19 +110,43 @@ WITH picked AS (
            OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
       AND (sqlc.narg(dead_after)::timestamptz IS NULL OR d.finished_at >= sqlc.narg(dead_after)::timestamptz)
       AND (sqlc.narg(dead_before)::timestamptz IS NULL OR d.finished_at < sqlc.narg(dead_before)::timestamptz)
-    ORDER BY d.finished_at, d.event_id
+    ORDER BY d.finished_at, d.event_id, d.handler
     LIMIT @max_rows
     FOR UPDATE
 ), gone AS (
     DELETE FROM inbox i
     USING picked p
-    WHERE i.event_id = p.event_id AND i.status = 'dead'
-    RETURNING i.event_id, i.attempts, i.last_error
+    WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key AND i.status = 'dead'
+    RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-SELECT 'inbox', 'purge', g.event_id, @actor::text, @reason::text, g.attempts, g.last_error
+INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+SELECT 'inbox', 'purge', g.event_id, g.handler, @actor::text, @reason::text, g.attempts, g.last_error
 FROM gone g
-RETURNING id, at, event_id, previous_attempts, previous_error;
+RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error;
+
+-- name: AdminListInboxConflicts :many
+-- AdminListInboxConflicts lists recorded key conflicts, newest first: a
+-- delivery whose dedup key was already stored for its handler with another
+-- payload fingerprint (the stored event's effect stands).
+SELECT id, detected_at, handler, dedup_key, key_strategy, stored_event_id, event_id,
+       stored_fingerprint, fingerprint, topic, event_type, payload
+FROM inbox_conflicts
+WHERE (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
+  AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text
+       OR stored_event_id = sqlc.narg(event_id)::text)
+ORDER BY id DESC
+LIMIT @max_rows;
+
+-- name: AdminDeleteExpiredInboxConflicts :execrows
+-- AdminDeleteExpiredInboxConflicts forgets recorded conflicts older than the
+-- dedup window, in batches.
+DELETE FROM inbox_conflicts
+WHERE id IN (
+    SELECT c.id FROM inbox_conflicts c
+    WHERE c.detected_at < now() - make_interval(secs => @window_seconds::float8)
+    ORDER BY c.detected_at
+    LIMIT @batch_size
+);
 
 -- name: AdminNotifyInbox :exec
 -- AdminNotifyInbox wakes inbox workers (the channel the inbox insert trigger uses),
@@ -122,7 +154,8 @@ RETURNING id, at, event_id, previous_attempts, previous_error;
 SELECT pg_notify('pgrelay_inbox', '');
 
 -- name: AdminListReplayAudit :many
-SELECT id, at, source, action, event_id, actor, reason, previous_attempts, previous_error
+SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
+       previous_attempts, previous_error
 FROM replay_audit
 WHERE (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)
@@ -135,8 +168,8 @@ LIMIT @max_rows;
 -- waits on a row another transaction holds; the status is checked again on
 -- the row itself.
 DELETE FROM inbox
-WHERE event_id IN (
-    SELECT e.event_id FROM inbox e
+WHERE (handler, dedup_key) IN (
+    SELECT e.handler, e.dedup_key FROM inbox e
     WHERE e.status = 'processed'
       AND e.finished_at < now() - make_interval(secs => @window_seconds::float8)
     ORDER BY e.finished_at

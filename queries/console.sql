@@ -67,21 +67,21 @@ RETURNING id, at;
 -- With @search, any event whose id contains it (a scan of the inbox: an
 -- operator's search, not a hot path). Processed rows carry their retention
 -- deadline (finished_at + the dedup window).
-SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
 FROM (
-    (SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+    (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM inbox
      WHERE @search::text = '' AND status IN ('pending', 'processing', 'dead')
      ORDER BY received_at DESC
      LIMIT @max_rows)
     UNION ALL
-    (SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+    (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM inbox
      WHERE @search::text = '' AND status = 'processed'
      ORDER BY finished_at DESC
      LIMIT @max_rows)
     UNION ALL
-    (SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+    (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM inbox
      WHERE @search::text <> '' AND strpos(event_id, @search::text) > 0
      ORDER BY received_at DESC

@@ -16,4 +16,4 @@ WHERE p.oid = to_regprocedure(sqlc.arg(signature)::text);
 UPDATE inbox
 SET handler_status     = sqlc.narg(status)::integer,
     handler_latency_ms = sqlc.arg(latency_ms)::double precision
-WHERE event_id = sqlc.arg(event_id) AND lock_version = sqlc.arg(lock_version);
+WHERE handler = sqlc.arg(handler) AND dedup_key = sqlc.arg(dedup_key) AND lock_version = sqlc.arg(lock_version);

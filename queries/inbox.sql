@@ -1,15 +1,22 @@
 -- name: InsertInbox :many
--- InsertInbox stores a batch of received messages in one statement. Rows whose
--- event_id is already stored are skipped; the returned ids are the rows
--- actually inserted. A non-empty dead reason stores the row directly as dead.
+-- InsertInbox stores a batch of received messages in one statement: one row
+-- per message and handler, keyed by (handler, dedup_key), with the payload's
+-- fingerprint. Rows whose key is already stored for their handler are
+-- skipped; the returned keys are the rows actually inserted, and only the
+-- others need comparing with what is stored (InboxStoredKeys). A non-empty
+-- dead reason stores the row directly as dead.
 -- With @record_duplicates, the same statement also records every skipped row
--- (and every id of @repeated_ids, repeated within the batch and not sent as
--- rows) in inbox_duplicates, and adds the batch to this session's
+-- (and every row of @repeated_*, a key repeated within the batch and not sent
+-- as a row) in inbox_duplicates, and adds the batch to this session's
 -- inbox_receive_counts row of the minute.
 WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
-    SELECT unnest(@event_ids::text[]) AS event_id,
+    SELECT unnest(@handlers::text[]) AS handler,
+           unnest(@dedup_keys::text[]) AS dedup_key,
+           unnest(@key_strategies::text[]) AS key_strategy,
+           unnest(@fingerprints::bytea[]) AS fingerprint,
+           unnest(@event_ids::text[]) AS event_id,
            unnest(@topics::text[]) AS topic,
            unnest(@keys::text[]) AS key,
            unnest(@event_types::text[]) AS event_type,
@@ -18,43 +25,67 @@ WITH m AS (
            unnest(@occurred_ats::timestamptz[]) AS occurred_at,
            unnest(@dead_reasons::text[]) AS dead_reason
 ), ins AS (
-    INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
-                       status, last_error, finished_at)
-    SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
+    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
+                       headers, occurred_at, status, last_error, finished_at)
+    SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
+           m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
            NULLIF(m.dead_reason, ''),
            CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
     FROM m
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING event_id
+    ON CONFLICT (handler, dedup_key) DO NOTHING
+    RETURNING handler, dedup_key
+), rep AS (
+    SELECT unnest(@repeated_handlers::text[]) AS handler,
+           unnest(@repeated_dedup_keys::text[]) AS dedup_key,
+           unnest(@repeated_event_ids::text[]) AS event_id
 ), dup AS (
     INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
-    SELECT d.event_id, d.topic, d.event_type, @handler::text, d.original_received_at
+    SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
     FROM (
-        SELECT m.event_id, m.topic, m.event_type, i.received_at AS original_received_at
+        SELECT m.event_id, m.topic, m.event_type, m.handler, i.received_at AS original_received_at
         FROM m
         -- The original as this statement's snapshot sees it: committed
         -- before the statement began.
-        LEFT JOIN inbox i ON i.event_id = m.event_id
-        WHERE m.event_id NOT IN (SELECT event_id FROM ins)
+        LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
+        WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key)
         UNION ALL
-        SELECT r.event_id, m.topic, m.event_type, i.received_at
-        FROM unnest(@repeated_ids::text[]) AS r(event_id)
-        JOIN m ON m.event_id = r.event_id
-        LEFT JOIN inbox i ON i.event_id = r.event_id
+        SELECT r.event_id, m.topic, m.event_type, r.handler, i.received_at
+        FROM rep r
+        JOIN m ON m.handler = r.handler AND m.dedup_key = r.dedup_key
+        LEFT JOIN inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
     ) AS d
     WHERE @record_duplicates::boolean
 ), counts AS (
     INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
     SELECT date_trunc('minute', now()), pg_backend_pid(),
-           (SELECT count(*) FROM m) + cardinality(@repeated_ids::text[]),
-           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + cardinality(@repeated_ids::text[])
+           (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
+           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
     WHERE @record_duplicates::boolean
     ON CONFLICT (minute, backend) DO UPDATE
     SET received = c.received + excluded.received,
         duplicates = c.duplicates + excluded.duplicates
 )
-SELECT event_id FROM ins;
+SELECT handler, dedup_key FROM ins;
+
+-- name: InboxStoredKeys :many
+-- InboxStoredKeys reads the stored event id and fingerprint of the given
+-- (handler, dedup_key) pairs: the rows InsertInbox did not insert, whose
+-- fingerprint tells a redelivery from a conflict.
+SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint
+FROM inbox i
+JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) AS k
+  ON i.handler = k.handler AND i.dedup_key = k.dedup_key;
+
+-- name: InsertInboxConflicts :exec
+-- InsertInboxConflicts records deliveries whose dedup key was already stored
+-- for their handler with another payload fingerprint.
+INSERT INTO inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
+                             stored_fingerprint, fingerprint, topic, event_type, payload)
+SELECT unnest(@handlers::text[]), unnest(@dedup_keys::text[]), unnest(@key_strategies::text[]),
+       unnest(@stored_event_ids::text[]), unnest(@event_ids::text[]),
+       unnest(@stored_fingerprints::bytea[]), unnest(@fingerprints::bytea[]),
+       unnest(@topics::text[]), unnest(@event_types::text[]), unnest(@payloads::bytea[]);
 
 -- name: ClaimInbox :many
 -- ClaimInbox moves up to @batch_size due pending events to processing under a
@@ -69,9 +100,9 @@ SELECT event_id FROM ins;
 -- commits synchronously and its WAL flush carries the claim's record first.
 -- This halves the flushes per batch.
 WITH due AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
-    WHERE i.status = 'pending' AND i.next_attempt_at <= now()
+    WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at <= now()
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
@@ -90,8 +121,8 @@ SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' EL
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
-WHERE inbox.event_id = due.event_id
-RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
+RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
           inbox.last_error;
@@ -104,9 +135,9 @@ RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payloa
 -- attempt was its last goes dead with the reason instead of running again:
 -- that is how an event that kills its process every time ends.
 WITH lost AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
-    WHERE i.status = 'processing' AND i.locked_until < now()
+    WHERE i.handler = @handler::text AND i.status = 'processing' AND i.locked_until < now()
     ORDER BY i.locked_until
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -124,8 +155,8 @@ SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' EL
              || ' of ' || @max_attempts::int
         ELSE 'worker lost during attempt ' || inbox.attempts END
 FROM lost
-WHERE inbox.event_id = lost.event_id
-RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
+RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
           inbox.last_error;
@@ -139,20 +170,20 @@ RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payloa
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: RetryInbox :execrows
 -- RetryInbox puts a failed event back to pending, due after @delay.
 UPDATE inbox
 SET status = 'pending', next_attempt_at = now() + @delay::interval, last_error = @last_error::text,
     locked_until = NULL, waiting_for = NULL
-WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: KillInbox :execrows
 -- KillInbox moves an event to the dead letter state with a reason.
 UPDATE inbox
 SET status = 'dead', finished_at = now(), last_error = @last_error::text, locked_until = NULL
-WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: DeferInbox :execrows
 -- DeferInbox puts an event back to pending until @waiting_for is released,
@@ -167,7 +198,7 @@ SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
         WHEN EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = @waiting_for::text) THEN now()
         ELSE now() + @fallback::interval
     END
-WHERE event_id = @event_id AND lock_version = @lock_version AND status = 'processing';
+WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: ReleaseInbox :one
 -- ReleaseInbox records the release of every dependency in @keys (sorted and
@@ -199,7 +230,7 @@ SELECT pg_notify('pgrelay_inbox', '');
 -- transaction holds are skipped: only a release (which makes them due itself)
 -- or a claim of a due row locks a deferred row.
 WITH due AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
     WHERE i.status = 'pending' AND i.waiting_for = ANY(@keys::text[])
       AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
@@ -208,7 +239,7 @@ WITH due AS (
 UPDATE inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
-WHERE inbox.event_id = due.event_id;
+WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 
 -- name: SweepReleasedInbox :execrows
 -- SweepReleasedInbox makes due every deferred event whose dependency has a
@@ -216,7 +247,7 @@ WHERE inbox.event_id = due.event_id;
 -- process that died between a commit and its check, and for Release called
 -- outside a worker's handler.
 WITH due AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
     WHERE i.status = 'pending' AND i.waiting_for IS NOT NULL
       AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
@@ -226,7 +257,7 @@ WITH due AS (
 UPDATE inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
-WHERE inbox.event_id = due.event_id;
+WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 
 -- name: UnclaimInbox :execrows
 -- UnclaimInbox hands claimed events back (graceful shutdown, or a batch that
@@ -234,18 +265,18 @@ WHERE inbox.event_id = due.event_id;
 UPDATE inbox
 SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
     locked_until = NULL
-FROM (SELECT unnest(@event_ids::text[]) AS event_id,
+FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
              unnest(@lock_versions::bigint[]) AS lock_version) AS c
 -- coalesce on the NOT NULL status hides the partial index on processing rows
 -- from the planner: statistics often say none are processing, while the index
 -- holds every row claimed since the last vacuum, and scanning it per batch
 -- cost 20 ms at 20,000 entries. The primary key is always the right path.
-WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
-RETURNING inbox.event_id;
+RETURNING inbox.dedup_key;
 
 -- name: GetInbox :one
-SELECT * FROM inbox WHERE event_id = @event_id;
+SELECT * FROM inbox WHERE handler = @handler AND dedup_key = @dedup_key;
 
 -- name: PruneInboxReleases :execrows
 -- PruneInboxReleases forgets releases older than @older_than, in batches. A
@@ -269,12 +300,12 @@ WHERE waiting_for IN (
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-FROM (SELECT unnest(@event_ids::text[]) AS event_id,
+FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
              unnest(@lock_versions::bigint[]) AS lock_version) AS c
 -- coalesce on the NOT NULL status hides the partial index on processing rows
 -- from the planner: statistics often say none are processing, while the index
 -- holds every row claimed since the last vacuum, and scanning it per batch
 -- cost 20 ms at 20,000 entries. The primary key is always the right path.
-WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
-RETURNING inbox.event_id;
+RETURNING inbox.dedup_key;

@@ -60,6 +60,9 @@ type settings struct {
 	statsInterval   time.Duration
 	dupRateWarn     float64
 	handler         string
+	handlerName     string
+	dedupKey        string
+	dedupKeyTopics  []string
 	sqlFunction     string
 	httpURL         string
 	httpTimeout     time.Duration
@@ -91,7 +94,10 @@ var settingNames = strings.NewReplacer(
 	"ConsumerConfig.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
 	"ConsumerConfig.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
 	"ConsumerConfig.Lease", "--lease (CONSUMER_LEASE)",
-	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout: the first match wins
+	"ConsumerConfig.HandlerName", "--handler-name (CONSUMER_HANDLER_NAME)",
+	"ConsumerConfig.DedupKeyByTopic", "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
+	"ConsumerConfig.DedupKey", "--dedup-key (CONSUMER_DEDUP_KEY)",
+	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout and HandlerName: the first match wins
 	"ConsumerConfig.NATSURL", "--nats-url (NATS_URL)",
 	"ConsumerConfig.Stream", "--stream (CONSUMER_STREAM)",
 	"ConsumerConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
@@ -150,6 +156,9 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", 0.5), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
+	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", inbox.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
+	f.StringVar(&s.dedupKey, "dedup-key", cli.EnvString("CONSUMER_DEDUP_KEY", "message-id"), "how the handler's dedup key is built: message-id, 'business:payment:{order_id}', content-hash[:field,...], 'hybrid:content-hash[:fields]@1h' or @header:<name> (CONSUMER_DEDUP_KEY)")
+	f.StringArrayVar(&s.dedupKeyTopics, "dedup-key-topic", envList("CONSUMER_DEDUP_KEY_TOPICS"), "TOPIC=SPEC: another --dedup-key for the messages of one topic; repeatable (CONSUMER_DEDUP_KEY_TOPICS, ';'-separated)")
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
@@ -237,12 +246,19 @@ func runConsumer(parent context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
+	byTopic, err := parseDedupKeyTopics(s.dedupKeyTopics)
+	if err != nil {
+		return err
+	}
 	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
-		MaxPayloadBytes: s.maxPayloadBytes, Logger: log}
+		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: s.handlerName, Logger: log}
 	cfg := pgrelay.ConsumerConfig{
 		Pool:            pool,
 		Subscribe:       side.Subscribe(opts),
 		Handler:         ledger.Handler{}, // replaced below once the database is checked
+		HandlerName:     s.handlerName,
+		DedupKey:        s.dedupKey,
+		DedupKeyByTopic: byTopic,
 		FetchBatchSize:  s.batchSize,
 		MaxWait:         s.maxWait,
 		MaxPayloadBytes: s.maxPayloadBytes,
@@ -250,7 +266,6 @@ func runConsumer(parent context.Context, s settings) error {
 		DupRateWarn:     s.dupRateWarn,
 		DedupWindow:     s.ops.DedupWindow,
 		DedupRecordMax:  s.ops.DedupRecordMax,
-		HandlerName:     s.handler,
 		Workers:         s.workers,
 		WorkerBatchSize: s.workerBatchSize,
 		MaxAttempts:     s.maxAttempts,
@@ -283,6 +298,39 @@ func runConsumer(parent context.Context, s settings) error {
 		return errors.New(settingNames.Replace(err.Error()))
 	}
 	return nil
+}
+
+// envList splits the environment variable name on ';' (empty entries
+// dropped).
+func envList(name string) []string {
+	var out []string
+	for _, v := range strings.Split(os.Getenv(name), ";") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// parseDedupKeyTopics parses --dedup-key-topic TOPIC=SPEC values; the specs
+// themselves are checked with the rest of the settings.
+func parseDedupKeyTopics(vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(vals))
+	for _, v := range vals {
+		topic, spec, ok := strings.Cut(v, "=")
+		if !ok || strings.TrimSpace(topic) == "" {
+			return nil, fmt.Errorf("--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS) %q: want TOPIC=SPEC, for example 'payments=business:payment:{order_id}'", v)
+		}
+		topic = strings.TrimSpace(topic)
+		if _, dup := out[topic]; dup {
+			return nil, fmt.Errorf("--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS): topic %q is given twice", topic)
+		}
+		out[topic] = spec
+	}
+	return out, nil
 }
 
 // envFloat returns the environment variable name as a number, or def when it

@@ -93,6 +93,12 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"consumer", []string{"--broker", "rabbitmq", "--amqp-url", "amqp://h/", "--amqp-queue-type", "lazy"}, nil, "--amqp-queue-type (AMQP_QUEUE_TYPE)"},
 		{"consumer", nil, []string{"PGRELAY_BROKER=rabbitmq", "AMQP_URL=amqp://h/", "AMQP_SKIP_DECLARE=maybe"}, "AMQP_SKIP_DECLARE"},
 		{"consumer", nil, []string{"PGRELAY_BROKER=rabbitmq", "AMQP_URL=amqp://guest:secret@127.0.0.1:1/"}, "--amqp-url (AMQP_URL)"},
+		{"consumer", []string{"--dedup-key", "business:payment:{order_id"}, nil, "--dedup-key (CONSUMER_DEDUP_KEY)"},
+		{"consumer", []string{"--dedup-key", "sha1"}, nil, "--dedup-key (CONSUMER_DEDUP_KEY)"},
+		{"consumer", nil, []string{"CONSUMER_DEDUP_KEY=hybrid:content-hash"}, "--dedup-key (CONSUMER_DEDUP_KEY)"},
+		{"consumer", []string{"--dedup-key-topic", "payments"}, nil, "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)"},
+		{"consumer", []string{"--dedup-key-topic", "payments=business:"}, nil, "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)"},
+		{"consumer", []string{"--handler-name", "Not A Name"}, nil, "--handler-name (CONSUMER_HANDLER_NAME)"},
 	}
 	for _, c := range cases {
 		name := c.bin + " " + strings.Join(append(append([]string{}, c.args...), c.env...), " ")

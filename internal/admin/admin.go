@@ -7,6 +7,7 @@ package admin
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -109,6 +110,9 @@ func New(cfg Config) (*Service, error) {
 // Filter selects dead letters. Every field is optional; the zero Filter
 // matches every dead letter.
 type Filter struct {
+	// Handler matches the rows of one named handler (inbox only; each
+	// handler keeps its own dead letters).
+	Handler string `json:"handler,omitempty"`
 	// EventID matches one event.
 	EventID string `json:"event_id,omitempty"`
 	// Topic matches the topic exactly.
@@ -128,11 +132,14 @@ type Filter struct {
 
 // IsEmpty reports whether f selects every dead letter.
 func (f Filter) IsEmpty() bool {
-	return f.EventID == "" && f.Topic == "" && f.EventType == "" && f.ErrorContains == "" &&
+	return f.Handler == "" && f.EventID == "" && f.Topic == "" && f.EventType == "" && f.ErrorContains == "" &&
 		f.DeadAfter == nil && f.DeadBefore == nil
 }
 
-func (f Filter) validate() error {
+func (f Filter) validate(src Source) error {
+	if src == SourceOutbox && f.Handler != "" {
+		return fmt.Errorf("%w: handler applies to inbox rows only", ErrInvalid)
+	}
 	if f.Limit < 0 {
 		return fmt.Errorf("%w: limit must not be negative, got %d", ErrInvalid, f.Limit)
 	}
@@ -152,13 +159,21 @@ func (s *Service) limit(f Filter) int32 {
 
 // DeadLetter is one dead (or, from Show, any) event.
 type DeadLetter struct {
-	Source    Source `json:"source"`
-	EventID   string `json:"event_id"`
-	Status    string `json:"status"`
-	Topic     string `json:"topic"`
-	Key       string `json:"key"`
-	EventType string `json:"event_type"`
-	Attempts  int32  `json:"attempts"`
+	Source Source `json:"source"`
+	// Handler, DedupKey and KeyStrategy identify an inbox row: the named
+	// handler it belongs to and its key under the handler's strategy.
+	Handler     string `json:"handler,omitempty"`
+	DedupKey    string `json:"dedup_key,omitempty"`
+	KeyStrategy string `json:"key_strategy,omitempty"`
+	// OtherHandlers (Show) names the other handlers that hold a row for the
+	// same event id.
+	OtherHandlers []string `json:"other_handlers,omitempty"`
+	EventID       string   `json:"event_id"`
+	Status        string   `json:"status"`
+	Topic         string   `json:"topic"`
+	Key           string   `json:"key"`
+	EventType     string   `json:"event_type"`
+	Attempts      int32    `json:"attempts"`
 	// ReceivedAt is when the inbox stored the event (inbox only).
 	ReceivedAt *time.Time `json:"received_at,omitempty"`
 	// CreatedAt is when the outbox row was committed (outbox only).
@@ -214,7 +229,7 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
-	if err := f.validate(); err != nil {
+	if err := f.validate(src); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -223,7 +238,7 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 		return s.listOutboxDead(ctx, f)
 	}
 	rows, err := s.q.AdminListInboxDead(ctx, s.cfg.Pool, db.AdminListInboxDeadParams{
-		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
+		Handler: narg(f.Handler), EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
 		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 		MaxRows: s.limit(f),
 	})
@@ -233,7 +248,7 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 	out := make([]DeadLetter, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, DeadLetter{
-			Source: src, EventID: r.EventID, Status: "dead", Topic: r.Topic, Key: r.Key,
+			Source: src, Handler: r.Handler, DedupKey: r.DedupKey, EventID: r.EventID, Status: "dead", Topic: r.Topic, Key: r.Key,
 			EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: &r.ReceivedAt,
 			DeadAt: r.FinishedAt, LastError: deref(r.LastError),
 		})
@@ -242,7 +257,9 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 }
 
 // Show returns one event, whatever its status, with its payload and headers.
-func (s *Service) Show(ctx context.Context, src Source, eventID string) (*DeadLetter, error) {
+// An inbox event has a row per handler that stored it: handler picks one;
+// without it the first by name is shown and OtherHandlers lists the rest.
+func (s *Service) Show(ctx context.Context, src Source, eventID, handler string) (*DeadLetter, error) {
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
@@ -254,21 +271,28 @@ func (s *Service) Show(ctx context.Context, src Source, eventID string) (*DeadLe
 	if src == SourceOutbox {
 		return s.showOutbox(ctx, eventID)
 	}
-	r, err := s.q.AdminGetInboxEvent(ctx, s.cfg.Pool, eventID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %s event %q", ErrNotFound, src, eventID)
-	}
+	rows, err := s.q.AdminGetInboxEvent(ctx, s.cfg.Pool, db.AdminGetInboxEventParams{EventID: eventID, Handler: narg(handler)})
 	if err != nil {
 		return nil, fmt.Errorf("admin: show %s event %q: %w", src, eventID, err)
 	}
+	if len(rows) == 0 {
+		if handler != "" {
+			return nil, fmt.Errorf("%w: %s event %q of handler %q", ErrNotFound, src, eventID, handler)
+		}
+		return nil, fmt.Errorf("%w: %s event %q", ErrNotFound, src, eventID)
+	}
+	r := rows[0]
 	d := &DeadLetter{
-		Source: src, EventID: r.EventID, Status: r.Status, Topic: r.Topic, Key: r.Key,
+		Source: src, Handler: r.Handler, DedupKey: r.DedupKey, KeyStrategy: r.KeyStrategy, EventID: r.EventID, Status: r.Status, Topic: r.Topic, Key: r.Key,
 		EventType: r.EventType, Attempts: r.Attempts, ReceivedAt: &r.ReceivedAt,
 		LastError: deref(r.LastError), OccurredAt: &r.OccurredAt, LockVersion: r.LockVersion,
 		Deferrals: r.Deferrals, WaitingFor: deref(r.WaitingFor),
 	}
 	if r.Status == "dead" || r.Status == "processed" {
 		d.DeadAt = r.FinishedAt
+	}
+	for _, o := range rows[1:] {
+		d.OtherHandlers = append(d.OtherHandlers, o.Handler)
 	}
 	d.Payload, d.PayloadEncoding = encodePayload(r.Payload)
 	d.Headers = decodeHeaders(r.Headers)
@@ -310,7 +334,9 @@ type PurgeRequest struct {
 
 // Affected is one event a requeue or purge touched.
 type Affected struct {
-	EventID          string    `json:"event_id"`
+	EventID string `json:"event_id"`
+	// Handler is the inbox row's handler (inbox only).
+	Handler          string    `json:"handler,omitempty"`
 	AuditID          int64     `json:"audit_id,omitempty"`
 	At               time.Time `json:"at"`
 	PreviousAttempts int32     `json:"previous_attempts"`
@@ -356,7 +382,7 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
-	if err := req.Filter.validate(); err != nil {
+	if err := req.Filter.validate(src); err != nil {
 		return nil, err
 	}
 	if err := validateActor(req.Actor, req.Reason, true); err != nil {
@@ -373,7 +399,7 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 			return s.requeueOutbox(ctx, tx, f, limit, req, res)
 		}
 		rows, err := s.q.AdminRequeueInboxDead(ctx, tx, db.AdminRequeueInboxDeadParams{
-			Actor: req.Actor, Reason: req.Reason,
+			Actor: req.Actor, Reason: req.Reason, Handler: narg(f.Handler),
 			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
 			ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 			MaxRows: limit,
@@ -382,7 +408,7 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 			return err
 		}
 		for _, r := range rows {
-			res.Events = append(res.Events, Affected{EventID: r.EventID, AuditID: r.ID, At: r.At,
+			res.Events = append(res.Events, Affected{EventID: r.EventID, Handler: r.Handler, AuditID: r.ID, At: r.At,
 				PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
 		}
 		if len(rows) > 0 {
@@ -405,7 +431,7 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 	if err := s.checkSource(src); err != nil {
 		return nil, err
 	}
-	if err := req.Filter.validate(); err != nil {
+	if err := req.Filter.validate(src); err != nil {
 		return nil, err
 	}
 	if err := validateActor(req.Actor, req.Reason, false); err != nil {
@@ -436,7 +462,7 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 			return s.purgeOutbox(ctx, tx, f, limit, req, res)
 		}
 		rows, err := s.q.AdminPurgeInboxDead(ctx, tx, db.AdminPurgeInboxDeadParams{
-			Actor: req.Actor, Reason: req.Reason,
+			Actor: req.Actor, Reason: req.Reason, Handler: narg(f.Handler),
 			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
 			ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 			MaxRows: limit,
@@ -445,7 +471,7 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 			return err
 		}
 		for _, r := range rows {
-			res.Events = append(res.Events, Affected{EventID: r.EventID, AuditID: r.ID, At: r.At,
+			res.Events = append(res.Events, Affected{EventID: r.EventID, Handler: r.Handler, AuditID: r.ID, At: r.At,
 				PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
 		}
 		return nil
@@ -497,6 +523,7 @@ type AuditEntry struct {
 	Source           string    `json:"source"`
 	Action           string    `json:"action"`
 	EventID          string    `json:"event_id"`
+	Handler          string    `json:"handler,omitempty"`
 	Actor            string    `json:"actor"`
 	Reason           string    `json:"reason"`
 	PreviousAttempts int32     `json:"previous_attempts"`
@@ -520,8 +547,57 @@ func (s *Service) Audit(ctx context.Context, eventID string, src Source, limit i
 	out := make([]AuditEntry, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, AuditEntry{ID: r.ID, At: r.At, Source: r.Source, Action: r.Action,
-			EventID: r.EventID, Actor: r.Actor, Reason: r.Reason,
+			EventID: r.EventID, Handler: r.Handler, Actor: r.Actor, Reason: r.Reason,
 			PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
+	}
+	return out, nil
+}
+
+// Conflict is a delivery whose dedup key was already stored for its handler
+// with a different payload fingerprint: same key, different content. The
+// stored event's effect stands; the conflicting delivery was not processed.
+type Conflict struct {
+	ID          int64     `json:"id"`
+	DetectedAt  time.Time `json:"detected_at"`
+	Handler     string    `json:"handler"`
+	DedupKey    string    `json:"dedup_key"`
+	KeyStrategy string    `json:"key_strategy"`
+	// StoredEventID is the event whose row holds the key (its effect stands);
+	// EventID is the conflicting delivery's.
+	StoredEventID     string `json:"stored_event_id"`
+	EventID           string `json:"event_id"`
+	StoredFingerprint string `json:"stored_fingerprint"`
+	Fingerprint       string `json:"fingerprint"`
+	Topic             string `json:"topic,omitempty"`
+	EventType         string `json:"event_type,omitempty"`
+	// Payload is the conflicting delivery's body (text when valid UTF-8,
+	// else base64; PayloadEncoding says which).
+	Payload         string `json:"payload,omitempty"`
+	PayloadEncoding string `json:"payload_encoding,omitempty"`
+}
+
+// ListConflicts returns the recorded key conflicts, newest first, optionally
+// of one handler and involving one event id (either side).
+func (s *Service) ListConflicts(ctx context.Context, handler, eventID string, limit int) ([]Conflict, error) {
+	if limit < 0 {
+		return nil, fmt.Errorf("%w: limit must not be negative, got %d", ErrInvalid, limit)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := s.q.AdminListInboxConflicts(ctx, s.cfg.Pool, db.AdminListInboxConflictsParams{
+		Handler: narg(handler), EventID: narg(eventID), MaxRows: s.limit(Filter{Limit: limit}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: list key conflicts: %w", err)
+	}
+	out := make([]Conflict, 0, len(rows))
+	for _, r := range rows {
+		c := Conflict{ID: r.ID, DetectedAt: r.DetectedAt, Handler: r.Handler, DedupKey: r.DedupKey,
+			KeyStrategy: r.KeyStrategy, StoredEventID: r.StoredEventID, EventID: r.EventID,
+			StoredFingerprint: hex.EncodeToString(r.StoredFingerprint), Fingerprint: hex.EncodeToString(r.Fingerprint),
+			Topic: r.Topic, EventType: r.EventType}
+		c.Payload, c.PayloadEncoding = encodePayload(r.Payload)
+		out = append(out, c)
 	}
 	return out, nil
 }

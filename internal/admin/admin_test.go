@@ -135,7 +135,7 @@ func TestShow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fixtures(t, b.pool)
-	d, err := b.svc.Show(context.Background(), SourceInbox, "d-orders-2")
+	d, err := b.svc.Show(context.Background(), SourceInbox, "d-orders-2", "")
 	require.NoError(t, err)
 	require.Equal(t, "dead", d.Status)
 	require.Equal(t, `{"n":1}`, d.Payload)
@@ -143,7 +143,7 @@ func TestShow(t *testing.T) {
 	require.Equal(t, "bad payload: unexpected EOF", d.LastError)
 	require.NotNil(t, d.DeadAt)
 
-	_, err = b.svc.Show(context.Background(), SourceInbox, "missing")
+	_, err = b.svc.Show(context.Background(), SourceInbox, "missing", "")
 	require.ErrorIs(t, err, ErrNotFound)
 }
 
@@ -372,7 +372,7 @@ func TestOutboxDeadLetters(t *testing.T) {
 	require.Equal(t, []string{"o-new"}, ids(list))
 	require.NotZero(t, list[0].ID)
 
-	d, err := b.svc.Show(ctx, SourceOutbox, "o-old")
+	d, err := b.svc.Show(ctx, SourceOutbox, "o-old", "")
 	require.NoError(t, err)
 	require.Equal(t, "dead", d.Status)
 	require.Equal(t, `{"o":1}`, d.Payload)

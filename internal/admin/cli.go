@@ -17,7 +17,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Commands returns the operator subcommands (stats, dead, outbox, audit). They
+// Commands returns the operator subcommands (stats, dead, outbox, audit,
+// conflicts). They
 // connect to the database at *databaseURL (read when a command runs) and call
 // the same Service methods as the HTTP API. Output is a table, or JSON with
 // --json.
@@ -28,7 +29,12 @@ func Commands(databaseURL *string) []*cobra.Command {
 		Short: "Operate on the outbox (dead letters)",
 	}
 	outbox.AddCommand(c.deadCommand(SourceOutbox))
-	return []*cobra.Command{c.statsCommand(), c.deadCommand(SourceInbox), outbox, c.auditCommand()}
+	conflicts := &cobra.Command{
+		Use:   "conflicts",
+		Short: "List inbox key conflicts: the same dedup key delivered with a different payload",
+	}
+	conflicts.AddCommand(c.conflictsList())
+	return []*cobra.Command{c.statsCommand(), c.deadCommand(SourceInbox), outbox, c.auditCommand(), conflicts}
 }
 
 type cliEnv struct {
@@ -111,6 +117,16 @@ func writeStats(w io.Writer, st *Stats) error {
 	for _, status := range InboxStatuses {
 		fmt.Fprintf(tw, "%s\t%d\n", status, st.Inbox.ByStatus[status])
 	}
+	for _, h := range st.Inbox.Handlers {
+		fmt.Fprintf(tw, "handler %s (%s)\t", h.Handler, strings.Join(h.KeyStrategies, ", "))
+		for i, status := range InboxStatuses {
+			if i > 0 {
+				fmt.Fprint(tw, ", ")
+			}
+			fmt.Fprintf(tw, "%s %d", status, h.ByStatus[status])
+		}
+		fmt.Fprintln(tw)
+	}
 	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Inbox.TableBytes))
 	fmt.Fprintf(tw, "oldest pending\t%s\n", secs(st.Inbox.OldestPendingSeconds))
 	fmt.Fprintf(tw, "lag (oldest claimable)\t%s\n", secs(st.Inbox.OldestClaimableSeconds))
@@ -150,11 +166,12 @@ func humanBytes(n int64) string {
 
 // filterFlags binds the dead-letter filter flags.
 type filterFlags struct {
-	topic, eventType, errorContains, since, until string
-	limit                                         int
+	handler, topic, eventType, errorContains, since, until string
+	limit                                                  int
 }
 
 func (ff *filterFlags) bind(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&ff.handler, "handler", "", "only rows of this named handler (inbox; each handler keeps its own dead letters)")
 	cmd.Flags().StringVar(&ff.topic, "topic", "", "only events of this topic")
 	cmd.Flags().StringVar(&ff.eventType, "type", "", "only events of this event type")
 	cmd.Flags().StringVar(&ff.errorContains, "error", "", "only events whose error contains this text (case-insensitive)")
@@ -164,7 +181,7 @@ func (ff *filterFlags) bind(cmd *cobra.Command) {
 }
 
 func (ff *filterFlags) filter(now time.Time) (Filter, error) {
-	f := Filter{Topic: ff.topic, EventType: ff.eventType, ErrorContains: ff.errorContains, Limit: ff.limit}
+	f := Filter{Handler: ff.handler, Topic: ff.topic, EventType: ff.eventType, ErrorContains: ff.errorContains, Limit: ff.limit}
 	for _, p := range []struct {
 		flag, v string
 		dst     **time.Time
@@ -235,8 +252,15 @@ func (c *cliEnv) deadList(src Source) *cobra.Command {
 			return printJSON(cmd.OutOrStdout(), list)
 		}
 		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "EVENT_ID\tTOPIC\tTYPE\tATTEMPTS\tDEAD_AT\tERROR")
+		if src == SourceInbox {
+			fmt.Fprintln(tw, "HANDLER\tEVENT_ID\tTOPIC\tTYPE\tATTEMPTS\tDEAD_AT\tERROR")
+		} else {
+			fmt.Fprintln(tw, "EVENT_ID\tTOPIC\tTYPE\tATTEMPTS\tDEAD_AT\tERROR")
+		}
 		for _, d := range list {
+			if src == SourceInbox {
+				fmt.Fprintf(tw, "%s\t", d.Handler)
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.EventID, d.Topic, d.EventType, d.Attempts,
 				timeOrDash(d.DeadAt), oneLine(d.LastError, 80))
 		}
@@ -262,10 +286,14 @@ func oneLine(s string, n int) string {
 
 func (c *cliEnv) deadShow(src Source) *cobra.Command {
 	var asJSON bool
+	var handler string
 	cmd := &cobra.Command{Use: "show EVENT_ID", Short: fmt.Sprintf("Show one %s event with its payload and error", src), Args: cobra.ExactArgs(1)}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	if src == SourceInbox {
+		cmd.Flags().StringVar(&handler, "handler", "", "the named handler's row (an event has one per handler that stored it)")
+	}
 	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *Service) error {
-		d, err := svc.Show(cmd.Context(), src, args[0])
+		d, err := svc.Show(cmd.Context(), src, args[0], handler)
 		if err != nil {
 			return err
 		}
@@ -275,6 +303,14 @@ func (c *cliEnv) deadShow(src Source) *cobra.Command {
 		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 		row("event_id", d.EventID)
+		if d.Source == SourceInbox {
+			row("handler", d.Handler)
+			row("dedup_key", d.DedupKey)
+			row("key_strategy", d.KeyStrategy)
+			if len(d.OtherHandlers) > 0 {
+				row("other handlers", strings.Join(d.OtherHandlers, ", ")+" (show them with --handler)")
+			}
+		}
 		row("status", d.Status)
 		row("topic", d.Topic)
 		row("key", d.Key)
@@ -432,6 +468,45 @@ func (c *cliEnv) auditCommand() *cobra.Command {
 		for _, a := range list {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.At.UTC().Format(time.RFC3339), a.Source,
 				a.Action, a.EventID, a.Actor, oneLine(a.Reason, 60))
+		}
+		return tw.Flush()
+	})
+	return cmd
+}
+
+func (c *cliEnv) conflictsList() *cobra.Command {
+	var handler, eventID string
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List inbox key conflicts, newest first",
+		Long: `List the deliveries whose dedup key was already stored for their handler with a
+different payload (SHA-256 fingerprint): the same key, different content. The
+stored event's effect stands; the conflicting delivery was not processed and is
+kept here with its payload.`,
+		Args: cobra.NoArgs,
+	}
+	cmd.Flags().StringVar(&handler, "handler", "", "only conflicts of this named handler")
+	cmd.Flags().StringVar(&eventID, "event-id", "", "only conflicts involving this event id (stored or conflicting)")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many conflicts")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+		if limit < 0 {
+			return fmt.Errorf("--limit %d: must not be negative", limit)
+		}
+		list, err := svc.ListConflicts(cmd.Context(), handler, eventID, limit)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), list)
+		}
+		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DETECTED_AT\tHANDLER\tDEDUP_KEY\tSTORED_EVENT_ID\tEVENT_ID\tTYPE")
+		for _, c := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.DetectedAt.UTC().Format(time.RFC3339), c.Handler,
+				oneLine(c.DedupKey, 60), c.StoredEventID, c.EventID, c.EventType)
 		}
 		return tw.Flush()
 	})

@@ -42,7 +42,7 @@ func TestCLI(t *testing.T) {
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 4, out)
-	require.True(t, strings.HasPrefix(lines[0], "EVENT_ID"), out)
+	require.True(t, strings.HasPrefix(lines[0], "HANDLER"), out)
 	require.Contains(t, lines[1], "d-users-1")
 
 	out, err = runCLI(t, url, "dead", "list", "--topic", "orders", "--error", "eof", "--json")

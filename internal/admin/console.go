@@ -129,6 +129,7 @@ func (s *Service) ResetDedupStats(ctx context.Context, actor, reason string) (in
 
 // InboxKey is one inbox event as the console lists it.
 type InboxKey struct {
+	Handler    string     `json:"handler"`
 	EventID    string     `json:"event_id"`
 	Status     string     `json:"status"`
 	Attempts   int32      `json:"attempts"`
@@ -158,7 +159,7 @@ func (s *Service) InboxKeys(ctx context.Context, search string, limit int) ([]In
 	}
 	out := make([]InboxKey, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, InboxKey{EventID: r.EventID, Status: r.Status, Attempts: r.Attempts, Topic: r.Topic,
+		out = append(out, InboxKey{Handler: r.Handler, EventID: r.EventID, Status: r.Status, Attempts: r.Attempts, Topic: r.Topic,
 			EventType: r.EventType, ReceivedAt: r.ReceivedAt, FinishedAt: r.FinishedAt, LastError: deref(r.LastError)})
 	}
 	return out, nil

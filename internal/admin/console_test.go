@@ -21,7 +21,7 @@ func receiveIDs(t *testing.T, b *testBundle, ids ...string) {
 	for _, id := range ids {
 		msgs = append(msgs, inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", EventType: "OrderPaid"}})
 	}
-	_, err := inbox.ReceiveWith(context.Background(), b.pool, msgs, inbox.ReceiveOptions{Handler: "ledger"})
+	_, err := inbox.ReceiveWith(context.Background(), b.pool, msgs, inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "ledger"}}})
 	require.NoError(t, err)
 }
 

@@ -149,6 +149,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/dedup/reset", s.handleDedupReset)
 	mux.HandleFunc("GET /v1/inbox/keys", s.handleInboxKeys)
 	mux.HandleFunc("GET /v1/outbox/partitions", s.handleOutbox)
+	mux.HandleFunc("GET /v1/inbox/conflicts", s.handleConflicts)
 	return s.recoverer(s.authenticate(mux))
 }
 
@@ -225,11 +226,11 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
-// filterFromQuery reads a Filter from URL parameters: event_id, topic, type,
-// error, since, until (RFC 3339) and limit.
+// filterFromQuery reads a Filter from URL parameters: handler, event_id,
+// topic, type, error, since, until (RFC 3339) and limit.
 func filterFromQuery(r *http.Request) (Filter, error) {
 	q := r.URL.Query()
-	f := Filter{EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
+	f := Filter{Handler: q.Get("handler"), EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
 		ErrorContains: q.Get("error")}
 	for name, dst := range map[string]**time.Time{"since": &f.DeadAfter, "until": &f.DeadBefore} {
 		if v := q.Get(name); v != "" {
@@ -265,7 +266,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
-	d, err := s.cfg.Service.Show(r.Context(), Source(r.PathValue("source")), r.PathValue("id"))
+	d, err := s.cfg.Service.Show(r.Context(), Source(r.PathValue("source")), r.PathValue("id"), r.URL.Query().Get("handler"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -416,4 +417,25 @@ func (s *Server) handleOutbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ov)
+}
+
+// handleConflicts lists recorded key conflicts: GET /v1/inbox/conflicts with
+// optional handler, event_id and limit parameters.
+func (s *Server) handleConflicts(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			s.fail(w, r, fmt.Errorf("%w: limit=%q: want a non-negative integer", ErrInvalid, v))
+			return
+		}
+		limit = n
+	}
+	list, err := s.cfg.Service.ListConflicts(r.Context(), q.Get("handler"), q.Get("event_id"), limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
 }

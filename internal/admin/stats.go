@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -24,6 +25,9 @@ type Stats struct {
 type InboxStats struct {
 	// ByStatus counts rows by status; every status is present.
 	ByStatus map[string]int64 `json:"by_status"`
+	// Handlers counts each named handler's rows by status, with the key
+	// strategies its rows were stored under.
+	Handlers []HandlerStats `json:"handlers"`
 	// TableBytes is the table's size on disk, indexes and TOAST included.
 	// Processed rows kept for the dedup window are most of it.
 	TableBytes int64 `json:"table_bytes"`
@@ -34,6 +38,16 @@ type InboxStats struct {
 	// and due, or with an expired lease) has been waiting for a worker: the
 	// consumer's lag. Rows backing off are not counted.
 	OldestClaimableSeconds float64 `json:"oldest_claimable_seconds"`
+}
+
+// HandlerStats describes one named handler's inbox rows.
+type HandlerStats struct {
+	Handler string `json:"handler"`
+	// KeyStrategies lists the strategies its rows were keyed by (one,
+	// unless the handler's strategy changed within the dedup window).
+	KeyStrategies []string `json:"key_strategies"`
+	// ByStatus counts its rows by status; every status is present.
+	ByStatus map[string]int64 `json:"by_status"`
 }
 
 // OutboxStats describes the outbox table.
@@ -73,8 +87,23 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin: stats: count inbox rows: %w", err)
 	}
+	st.Inbox.Handlers = []HandlerStats{}
 	for _, c := range counts {
-		st.Inbox.ByStatus[c.Status] = c.RowCount
+		st.Inbox.ByStatus[c.Status] += c.RowCount
+		n := len(st.Inbox.Handlers)
+		if n == 0 || st.Inbox.Handlers[n-1].Handler != c.Handler {
+			hs := HandlerStats{Handler: c.Handler, KeyStrategies: []string{}, ByStatus: map[string]int64{}}
+			for _, status := range InboxStatuses {
+				hs.ByStatus[status] = 0
+			}
+			st.Inbox.Handlers = append(st.Inbox.Handlers, hs)
+			n++
+		}
+		h := &st.Inbox.Handlers[n-1]
+		h.ByStatus[c.Status] += c.RowCount
+		if !slices.Contains(h.KeyStrategies, c.KeyStrategy) {
+			h.KeyStrategies = append(h.KeyStrategies, c.KeyStrategy)
+		}
 	}
 	g, err := s.q.AdminInboxGauges(ctx, s.cfg.Pool)
 	if err != nil {

@@ -72,6 +72,9 @@ type SubscriberOptions struct {
 	// MaxPayloadBytes is the largest accepted payload; a larger message is
 	// stored dead.
 	MaxPayloadBytes int
+	// HandlerName is the consumer's handler name (--handler-name): a NATS
+	// durable not set explicitly is named after it.
+	HandlerName string
 	// Logger receives the subscriber's logs.
 	Logger *zap.Logger
 }

@@ -161,7 +161,7 @@ func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
 	f.StringVar(&s.stream, "stream", EnvString("CONSUMER_STREAM", broker.DefaultStream), "--broker nats: JetStream stream to consume (CONSUMER_STREAM)")
 	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("CONSUMER_SUBJECT_PREFIX", broker.DefaultSubjectPrefix), "--broker nats: subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
 	f.BoolVar(&s.createStream, "create-stream", EnvBool("CONSUMER_CREATE_STREAM", false), "--broker nats: create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
-	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", broker.DefaultDurable), "--broker nats: durable consumer name; instances sharing it share the work (CONSUMER_DURABLE)")
+	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", ""), "--broker nats: durable consumer name; instances sharing it share the work (default "+broker.DefaultDurable+", or "+broker.DefaultDurable+"-<handler-name> for a named handler) (CONSUMER_DURABLE)")
 	f.StringVar(&s.filterSubject, "filter-subject", EnvString("CONSUMER_FILTER_SUBJECT", ""), "--broker nats: subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
 	f.DurationVar(&s.ackWait, "ack-wait", EnvDuration("CONSUMER_ACK_WAIT", broker.DefaultAckWait), "--broker nats: JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "--broker nats: run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
@@ -169,8 +169,14 @@ func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
 }
 
 func (s *natsConsumer) config(opts SubscriberOptions) broker.NATSSubscriberConfig {
+	durable := s.durable
+	if durable == "" && opts.HandlerName != "" && opts.HandlerName != "default" && !strings.ContainsAny(opts.HandlerName, " \t\r\n*>") {
+		// A named handler gets its own durable: each handler receives every
+		// message, whatever other handlers' consumers acknowledge.
+		durable = broker.DefaultDurable + "-" + strings.ReplaceAll(opts.HandlerName, ".", "_")
+	}
 	c := broker.NATSSubscriberConfig{URL: s.url, Stream: s.stream, SubjectPrefix: s.subjectPrefix, CreateStream: s.createStream,
-		Durable: s.durable, FilterSubject: s.filterSubject, DedupWindow: opts.DedupWindow,
+		Durable: durable, FilterSubject: s.filterSubject, DedupWindow: opts.DedupWindow,
 		AllowReplayBeyondDedupWindow: s.allowReplay, AckWait: s.ackWait, MaxPayloadBytes: opts.MaxPayloadBytes,
 		Logger: opts.Logger}
 	if opts.BatchSize >= 1 { // derived from it: only once that is valid

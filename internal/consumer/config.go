@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,12 +48,30 @@ type Config struct {
 	// (DedupHitRatio) is computed and DupRateWarn checked. Default
 	// StatsInterval when that is positive, else DefaultStatsInterval.
 	RateInterval time.Duration
-	// Receive tunes each batch's inbox.ReceiveWith: the handler name recorded
-	// with each duplicate, or no duplicate record. Default: the zero options.
-	Receive inbox.ReceiveOptions
+	// NoDuplicateRecord turns off the record of absorbed duplicates
+	// (inbox_duplicates) and the per-minute receive counts that Receive
+	// writes in its statement. Default false: recorded.
+	NoDuplicateRecord bool
 	// ObserveReceive, when set, is called with the duration of every
 	// inbox.Receive statement (the dedup check and insert of one batch).
 	ObserveReceive func(time.Duration)
+	// KeyStrategy builds the dedup key of the rows stored for the handler the
+	// workers run (Inbox.HandlerName) when Targets is empty. Default: the
+	// message-id strategy.
+	KeyStrategy inbox.KeyStrategy
+	// KeyStrategyByTopic overrides KeyStrategy for the messages of the named
+	// topics (for the default target). Default: none.
+	KeyStrategyByTopic map[string]inbox.KeyStrategy
+	// Targets are the handlers each received message is stored for: one
+	// inbox row per handler, all in the batch's one Receive statement, each
+	// deduplicated by its own key strategy. Default: Inbox.HandlerName with
+	// KeyStrategy. Unless DisableWorkers is set, Inbox.HandlerName must be
+	// among them.
+	Targets []inbox.Target
+	// ObserveConflicts, when set, is called with the number of key conflicts
+	// (same dedup key, different payload fingerprint) each stored batch had,
+	// per handler.
+	ObserveConflicts func(handler string, n int)
 	// Inbox configures the inbox workers that run the handler in the same
 	// process. Its Handler is required; its Pool and Logger default to this
 	// Config's.
@@ -77,6 +96,12 @@ const (
 // WithDefaults returns a copy of c with every unset optional field set to its
 // default.
 func (c Config) WithDefaults() Config {
+	if c.Inbox.HandlerName == "" {
+		c.Inbox.HandlerName = inbox.DefaultHandlerName
+	}
+	if len(c.Targets) == 0 {
+		c.Targets = []inbox.Target{{Handler: c.Inbox.HandlerName, Strategy: c.KeyStrategy, ByTopic: c.KeyStrategyByTopic}}
+	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
@@ -139,6 +164,18 @@ func (c Config) validate() error {
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
 		bad("Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+	}
+	if err := inbox.ValidateHandlerName(c.Inbox.HandlerName); err != nil {
+		// Reported by the inbox worker's own validation (Config.Inbox.HandlerName).
+		if c.DisableWorkers {
+			bad("Config.Inbox.HandlerName: %v", err)
+		}
+	} else if err := inbox.ValidateTargets(c.Targets); err != nil {
+		bad("Config.Targets: %v", err)
+	} else if !c.DisableWorkers && !slices.ContainsFunc(c.Targets, func(t inbox.Target) bool {
+		return t.Handler == c.Inbox.HandlerName || (t.Handler == "" && c.Inbox.HandlerName == inbox.DefaultHandlerName)
+	}) {
+		bad("Config.Targets does not store rows for the handler the workers run (Config.Inbox.HandlerName %q)", c.Inbox.HandlerName)
 	}
 	if !c.DisableWorkers && c.Inbox.Handler == nil {
 		bad("Config.Inbox.Handler is required (or set Config.DisableWorkers)")

@@ -70,10 +70,13 @@ type Stats struct {
 	StoreErrors int64 `json:"store_errors"`
 	// FetchErrors counts failed fetches (broker unreachable, for example).
 	FetchErrors int64 `json:"fetch_errors"`
+	// Conflicts counts deliveries whose dedup key was stored with a
+	// different payload (every handler together).
+	Conflicts int64 `json:"conflicts"`
 }
 
 type counters struct {
-	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors atomic.Int64
+	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts atomic.Int64
 }
 
 // New validates cfg (after WithDefaults) and builds a consumer. It does not
@@ -108,6 +111,7 @@ func (c *Consumer) Stats() Stats {
 		Acked:       c.stats.acked.Load(),
 		StoreErrors: c.stats.storeErrors.Load(),
 		FetchErrors: c.stats.fetchErrors.Load(),
+		Conflicts:   c.stats.conflicts.Load(),
 	}
 }
 
@@ -278,7 +282,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
 		start := time.Now()
-		res, err = inbox.ReceiveWith(ctx, tx, incoming, c.cfg.Receive)
+		res, err = inbox.ReceiveWith(ctx, tx, incoming, inbox.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord})
 		if c.cfg.ObserveReceive != nil {
 			c.cfg.ObserveReceive(time.Since(start))
 		}
@@ -307,6 +311,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 		}
 	}
 	c.stats.dead.Add(dead)
+	c.reportIdentity(res)
 	if ce := c.log.Check(zap.DebugLevel, "duplicate blocked"); ce != nil {
 		// The original's received_at is not logged: the insert that absorbs
 		// the duplicate does not return the stored row, and reading it would

@@ -13,8 +13,8 @@ import (
 
 const adminDeleteExpiredInboxBatch = `-- name: AdminDeleteExpiredInboxBatch :execrows
 DELETE FROM inbox
-WHERE event_id IN (
-    SELECT e.event_id FROM inbox e
+WHERE (handler, dedup_key) IN (
+    SELECT e.handler, e.dedup_key FROM inbox e
     WHERE e.status = 'processed'
       AND e.finished_at < now() - make_interval(secs => $1::float8)
     ORDER BY e.finished_at
@@ -35,6 +35,31 @@ type AdminDeleteExpiredInboxBatchParams struct {
 // the row itself.
 func (q *Queries) AdminDeleteExpiredInboxBatch(ctx context.Context, db DBTX, arg AdminDeleteExpiredInboxBatchParams) (int64, error) {
 	result, err := db.Exec(ctx, adminDeleteExpiredInboxBatch, arg.WindowSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const adminDeleteExpiredInboxConflicts = `-- name: AdminDeleteExpiredInboxConflicts :execrows
+DELETE FROM inbox_conflicts
+WHERE id IN (
+    SELECT c.id FROM inbox_conflicts c
+    WHERE c.detected_at < now() - make_interval(secs => $1::float8)
+    ORDER BY c.detected_at
+    LIMIT $2
+)
+`
+
+type AdminDeleteExpiredInboxConflictsParams struct {
+	WindowSeconds float64
+	BatchSize     int32
+}
+
+// AdminDeleteExpiredInboxConflicts forgets recorded conflicts older than the
+// dedup window, in batches.
+func (q *Queries) AdminDeleteExpiredInboxConflicts(ctx context.Context, db DBTX, arg AdminDeleteExpiredInboxConflictsParams) (int64, error) {
+	result, err := db.Exec(ctx, adminDeleteExpiredInboxConflicts, arg.WindowSeconds, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}
@@ -70,37 +95,64 @@ func (q *Queries) AdminDeleteExpiredInboxReleases(ctx context.Context, db DBTX, 
 	return result.RowsAffected(), nil
 }
 
-const adminGetInboxEvent = `-- name: AdminGetInboxEvent :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms FROM inbox WHERE event_id = $1
+const adminGetInboxEvent = `-- name: AdminGetInboxEvent :many
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint FROM inbox
+WHERE event_id = $1
+  AND ($2::text IS NULL OR handler = $2::text)
+ORDER BY handler
 `
 
-func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, eventID string) (Inbox, error) {
-	row := db.QueryRow(ctx, adminGetInboxEvent, eventID)
-	var i Inbox
-	err := row.Scan(
-		&i.EventID,
-		&i.Topic,
-		&i.Key,
-		&i.EventType,
-		&i.Payload,
-		&i.Headers,
-		&i.OccurredAt,
-		&i.ReceivedAt,
-		&i.Status,
-		&i.Attempts,
-		&i.NextAttemptAt,
-		&i.LockedBy,
-		&i.LockedUntil,
-		&i.LockVersion,
-		&i.StartedAt,
-		&i.FinishedAt,
-		&i.LastError,
-		&i.WaitingFor,
-		&i.Deferrals,
-		&i.HandlerStatus,
-		&i.HandlerLatencyMs,
-	)
-	return i, err
+type AdminGetInboxEventParams struct {
+	EventID string
+	Handler *string
+}
+
+// AdminGetInboxEvent returns an event's rows: one per handler that stored it
+// (under the handler's dedup key), or only the named handler's.
+func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, arg AdminGetInboxEventParams) ([]Inbox, error) {
+	rows, err := db.Query(ctx, adminGetInboxEvent, arg.EventID, arg.Handler)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Inbox{}
+	for rows.Next() {
+		var i Inbox
+		if err := rows.Scan(
+			&i.EventID,
+			&i.Topic,
+			&i.Key,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.OccurredAt,
+			&i.ReceivedAt,
+			&i.Status,
+			&i.Attempts,
+			&i.NextAttemptAt,
+			&i.LockedBy,
+			&i.LockedUntil,
+			&i.LockVersion,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.LastError,
+			&i.WaitingFor,
+			&i.Deferrals,
+			&i.HandlerStatus,
+			&i.HandlerLatencyMs,
+			&i.Handler,
+			&i.KeyStrategy,
+			&i.DedupKey,
+			&i.Fingerprint,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const adminGetOutboxEvent = `-- name: AdminGetOutboxEvent :one
@@ -196,15 +248,17 @@ func (q *Queries) AdminInboxGauges(ctx context.Context, db DBTX) (AdminInboxGaug
 
 const adminInboxStatusCounts = `-- name: AdminInboxStatusCounts :many
 
-SELECT status, count(*)::bigint AS row_count
+SELECT handler, key_strategy, status, count(*)::bigint AS row_count
 FROM inbox
-GROUP BY status
-ORDER BY status
+GROUP BY handler, key_strategy, status
+ORDER BY handler, key_strategy, status
 `
 
 type AdminInboxStatusCountsRow struct {
-	Status   string
-	RowCount int64
+	Handler     string
+	KeyStrategy string
+	Status      string
+	RowCount    int64
 }
 
 // Operator queries: statistics, dead letters (list, show, requeue, purge),
@@ -225,7 +279,80 @@ func (q *Queries) AdminInboxStatusCounts(ctx context.Context, db DBTX) ([]AdminI
 	items := []AdminInboxStatusCountsRow{}
 	for rows.Next() {
 		var i AdminInboxStatusCountsRow
-		if err := rows.Scan(&i.Status, &i.RowCount); err != nil {
+		if err := rows.Scan(
+			&i.Handler,
+			&i.KeyStrategy,
+			&i.Status,
+			&i.RowCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminListInboxConflicts = `-- name: AdminListInboxConflicts :many
+SELECT id, detected_at, handler, dedup_key, key_strategy, stored_event_id, event_id,
+       stored_fingerprint, fingerprint, topic, event_type, payload
+FROM inbox_conflicts
+WHERE ($1::text IS NULL OR handler = $1::text)
+  AND ($2::text IS NULL OR event_id = $2::text
+       OR stored_event_id = $2::text)
+ORDER BY id DESC
+LIMIT $3
+`
+
+type AdminListInboxConflictsParams struct {
+	Handler *string
+	EventID *string
+	MaxRows int32
+}
+
+type AdminListInboxConflictsRow struct {
+	ID                int64
+	DetectedAt        time.Time
+	Handler           string
+	DedupKey          string
+	KeyStrategy       string
+	StoredEventID     string
+	EventID           string
+	StoredFingerprint []byte
+	Fingerprint       []byte
+	Topic             string
+	EventType         string
+	Payload           []byte
+}
+
+// AdminListInboxConflicts lists recorded key conflicts, newest first: a
+// delivery whose dedup key was already stored for its handler with another
+// payload fingerprint (the stored event's effect stands).
+func (q *Queries) AdminListInboxConflicts(ctx context.Context, db DBTX, arg AdminListInboxConflictsParams) ([]AdminListInboxConflictsRow, error) {
+	rows, err := db.Query(ctx, adminListInboxConflicts, arg.Handler, arg.EventID, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminListInboxConflictsRow{}
+	for rows.Next() {
+		var i AdminListInboxConflictsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.DetectedAt,
+			&i.Handler,
+			&i.DedupKey,
+			&i.KeyStrategy,
+			&i.StoredEventID,
+			&i.EventID,
+			&i.StoredFingerprint,
+			&i.Fingerprint,
+			&i.Topic,
+			&i.EventType,
+			&i.Payload,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -237,21 +364,23 @@ func (q *Queries) AdminInboxStatusCounts(ctx context.Context, db DBTX) ([]AdminI
 }
 
 const adminListInboxDead = `-- name: AdminListInboxDead :many
-SELECT event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
+SELECT handler, dedup_key, event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
 FROM inbox
 WHERE status = 'dead'
-  AND ($1::text IS NULL OR event_id = $1::text)
-  AND ($2::text IS NULL OR topic = $2::text)
-  AND ($3::text IS NULL OR event_type = $3::text)
-  AND ($4::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower($4::text)) > 0)
-  AND ($5::timestamptz IS NULL OR finished_at >= $5::timestamptz)
-  AND ($6::timestamptz IS NULL OR finished_at < $6::timestamptz)
-ORDER BY finished_at, event_id
-LIMIT $7
+  AND ($1::text IS NULL OR handler = $1::text)
+  AND ($2::text IS NULL OR event_id = $2::text)
+  AND ($3::text IS NULL OR topic = $3::text)
+  AND ($4::text IS NULL OR event_type = $4::text)
+  AND ($5::text IS NULL
+       OR strpos(lower(coalesce(last_error, '')), lower($5::text)) > 0)
+  AND ($6::timestamptz IS NULL OR finished_at >= $6::timestamptz)
+  AND ($7::timestamptz IS NULL OR finished_at < $7::timestamptz)
+ORDER BY finished_at, event_id, handler
+LIMIT $8
 `
 
 type AdminListInboxDeadParams struct {
+	Handler       *string
 	EventID       *string
 	Topic         *string
 	EventType     *string
@@ -262,6 +391,8 @@ type AdminListInboxDeadParams struct {
 }
 
 type AdminListInboxDeadRow struct {
+	Handler    string
+	DedupKey   string
 	EventID    string
 	Topic      string
 	Key        string
@@ -274,6 +405,7 @@ type AdminListInboxDeadRow struct {
 
 func (q *Queries) AdminListInboxDead(ctx context.Context, db DBTX, arg AdminListInboxDeadParams) ([]AdminListInboxDeadRow, error) {
 	rows, err := db.Query(ctx, adminListInboxDead,
+		arg.Handler,
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
@@ -290,6 +422,8 @@ func (q *Queries) AdminListInboxDead(ctx context.Context, db DBTX, arg AdminList
 	for rows.Next() {
 		var i AdminListInboxDeadRow
 		if err := rows.Scan(
+			&i.Handler,
+			&i.DedupKey,
 			&i.EventID,
 			&i.Topic,
 			&i.Key,
@@ -386,7 +520,8 @@ func (q *Queries) AdminListOutboxDead(ctx context.Context, db DBTX, arg AdminLis
 }
 
 const adminListReplayAudit = `-- name: AdminListReplayAudit :many
-SELECT id, at, source, action, event_id, actor, reason, previous_attempts, previous_error
+SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
+       previous_attempts, previous_error
 FROM replay_audit
 WHERE ($1::text IS NULL OR event_id = $1::text)
   AND ($2::text IS NULL OR source = $2::text)
@@ -400,21 +535,35 @@ type AdminListReplayAuditParams struct {
 	MaxRows int32
 }
 
-func (q *Queries) AdminListReplayAudit(ctx context.Context, db DBTX, arg AdminListReplayAuditParams) ([]ReplayAudit, error) {
+type AdminListReplayAuditRow struct {
+	ID               int64
+	At               time.Time
+	Source           string
+	Action           string
+	EventID          string
+	Handler          string
+	Actor            string
+	Reason           string
+	PreviousAttempts int32
+	PreviousError    *string
+}
+
+func (q *Queries) AdminListReplayAudit(ctx context.Context, db DBTX, arg AdminListReplayAuditParams) ([]AdminListReplayAuditRow, error) {
 	rows, err := db.Query(ctx, adminListReplayAudit, arg.EventID, arg.Source, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []ReplayAudit{}
+	items := []AdminListReplayAuditRow{}
 	for rows.Next() {
-		var i ReplayAudit
+		var i AdminListReplayAuditRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.At,
 			&i.Source,
 			&i.Action,
 			&i.EventID,
+			&i.Handler,
 			&i.Actor,
 			&i.Reason,
 			&i.PreviousAttempts,
@@ -537,34 +686,36 @@ func (q *Queries) AdminOutboxStatusCounts(ctx context.Context, db DBTX) ([]Admin
 
 const adminPurgeInboxDead = `-- name: AdminPurgeInboxDead :many
 WITH picked AS (
-    SELECT d.event_id
+    SELECT d.handler, d.dedup_key, d.event_id
     FROM inbox d
     WHERE d.status = 'dead'
-      AND ($3::text IS NULL OR d.event_id = $3::text)
-      AND ($4::text IS NULL OR d.topic = $4::text)
-      AND ($5::text IS NULL OR d.event_type = $5::text)
-      AND ($6::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($6::text)) > 0)
-      AND ($7::timestamptz IS NULL OR d.finished_at >= $7::timestamptz)
-      AND ($8::timestamptz IS NULL OR d.finished_at < $8::timestamptz)
-    ORDER BY d.finished_at, d.event_id
-    LIMIT $9
+      AND ($3::text IS NULL OR d.handler = $3::text)
+      AND ($4::text IS NULL OR d.event_id = $4::text)
+      AND ($5::text IS NULL OR d.topic = $5::text)
+      AND ($6::text IS NULL OR d.event_type = $6::text)
+      AND ($7::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower($7::text)) > 0)
+      AND ($8::timestamptz IS NULL OR d.finished_at >= $8::timestamptz)
+      AND ($9::timestamptz IS NULL OR d.finished_at < $9::timestamptz)
+    ORDER BY d.finished_at, d.event_id, d.handler
+    LIMIT $10
     FOR UPDATE
 ), gone AS (
     DELETE FROM inbox i
     USING picked p
-    WHERE i.event_id = p.event_id AND i.status = 'dead'
-    RETURNING i.event_id, i.attempts, i.last_error
+    WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key AND i.status = 'dead'
+    RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-SELECT 'inbox', 'purge', g.event_id, $1::text, $2::text, g.attempts, g.last_error
+INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+SELECT 'inbox', 'purge', g.event_id, g.handler, $1::text, $2::text, g.attempts, g.last_error
 FROM gone g
-RETURNING id, at, event_id, previous_attempts, previous_error
+RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error
 `
 
 type AdminPurgeInboxDeadParams struct {
 	Actor         string
 	Reason        string
+	Handler       *string
 	EventID       *string
 	Topic         *string
 	EventType     *string
@@ -578,6 +729,7 @@ type AdminPurgeInboxDeadRow struct {
 	ID               int64
 	At               time.Time
 	EventID          string
+	Handler          string
 	PreviousAttempts int32
 	PreviousError    *string
 }
@@ -589,6 +741,7 @@ func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPur
 	rows, err := db.Query(ctx, adminPurgeInboxDead,
 		arg.Actor,
 		arg.Reason,
+		arg.Handler,
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
@@ -608,6 +761,7 @@ func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPur
 			&i.ID,
 			&i.At,
 			&i.EventID,
+			&i.Handler,
 			&i.PreviousAttempts,
 			&i.PreviousError,
 		); err != nil {
@@ -708,18 +862,19 @@ func (q *Queries) AdminPurgeOutboxDead(ctx context.Context, db DBTX, arg AdminPu
 
 const adminRequeueInboxDead = `-- name: AdminRequeueInboxDead :many
 WITH picked AS (
-    SELECT d.event_id, d.attempts, d.last_error
+    SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
     FROM inbox d
     WHERE d.status = 'dead'
-      AND ($3::text IS NULL OR d.event_id = $3::text)
-      AND ($4::text IS NULL OR d.topic = $4::text)
-      AND ($5::text IS NULL OR d.event_type = $5::text)
-      AND ($6::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($6::text)) > 0)
-      AND ($7::timestamptz IS NULL OR d.finished_at >= $7::timestamptz)
-      AND ($8::timestamptz IS NULL OR d.finished_at < $8::timestamptz)
-    ORDER BY d.finished_at, d.event_id
-    LIMIT $9
+      AND ($3::text IS NULL OR d.handler = $3::text)
+      AND ($4::text IS NULL OR d.event_id = $4::text)
+      AND ($5::text IS NULL OR d.topic = $5::text)
+      AND ($6::text IS NULL OR d.event_type = $6::text)
+      AND ($7::text IS NULL
+           OR strpos(lower(coalesce(d.last_error, '')), lower($7::text)) > 0)
+      AND ($8::timestamptz IS NULL OR d.finished_at >= $8::timestamptz)
+      AND ($9::timestamptz IS NULL OR d.finished_at < $9::timestamptz)
+    ORDER BY d.finished_at, d.event_id, d.handler
+    LIMIT $10
     FOR UPDATE
 ), moved AS (
     UPDATE inbox i
@@ -727,18 +882,19 @@ WITH picked AS (
         locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
         last_error = NULL, waiting_for = NULL, deferrals = 0
     FROM picked p
-    WHERE i.event_id = p.event_id
-    RETURNING i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
+    WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key
+    RETURNING i.handler, i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-SELECT 'inbox', 'requeue', m.event_id, $1::text, $2::text, m.previous_attempts, m.previous_error
+INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+SELECT 'inbox', 'requeue', m.event_id, m.handler, $1::text, $2::text, m.previous_attempts, m.previous_error
 FROM moved m
-RETURNING id, at, event_id, previous_attempts, previous_error
+RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error
 `
 
 type AdminRequeueInboxDeadParams struct {
 	Actor         string
 	Reason        string
+	Handler       *string
 	EventID       *string
 	Topic         *string
 	EventType     *string
@@ -752,6 +908,7 @@ type AdminRequeueInboxDeadRow struct {
 	ID               int64
 	At               time.Time
 	EventID          string
+	Handler          string
 	PreviousAttempts int32
 	PreviousError    *string
 }
@@ -764,6 +921,7 @@ func (q *Queries) AdminRequeueInboxDead(ctx context.Context, db DBTX, arg AdminR
 	rows, err := db.Query(ctx, adminRequeueInboxDead,
 		arg.Actor,
 		arg.Reason,
+		arg.Handler,
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
@@ -783,6 +941,7 @@ func (q *Queries) AdminRequeueInboxDead(ctx context.Context, db DBTX, arg AdminR
 			&i.ID,
 			&i.At,
 			&i.EventID,
+			&i.Handler,
 			&i.PreviousAttempts,
 			&i.PreviousError,
 		); err != nil {

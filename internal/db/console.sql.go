@@ -68,21 +68,21 @@ func (q *Queries) ConsoleDuplicateRecordSize(ctx context.Context, db DBTX) (Cons
 }
 
 const consoleInboxKeys = `-- name: ConsoleInboxKeys :many
-SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
 FROM (
-    (SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+    (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM inbox
      WHERE $1::text = '' AND status IN ('pending', 'processing', 'dead')
      ORDER BY received_at DESC
      LIMIT $2)
     UNION ALL
-    (SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+    (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM inbox
      WHERE $1::text = '' AND status = 'processed'
      ORDER BY finished_at DESC
      LIMIT $2)
     UNION ALL
-    (SELECT event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
+    (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM inbox
      WHERE $1::text <> '' AND strpos(event_id, $1::text) > 0
      ORDER BY received_at DESC
@@ -98,6 +98,7 @@ type ConsoleInboxKeysParams struct {
 }
 
 type ConsoleInboxKeysRow struct {
+	Handler    string
 	EventID    string
 	Status     string
 	Attempts   int32
@@ -123,6 +124,7 @@ func (q *Queries) ConsoleInboxKeys(ctx context.Context, db DBTX, arg ConsoleInbo
 	for rows.Next() {
 		var i ConsoleInboxKeysRow
 		if err := rows.Scan(
+			&i.Handler,
 			&i.EventID,
 			&i.Status,
 			&i.Attempts,

@@ -13,13 +13,14 @@ const recordHandlerResponse = `-- name: RecordHandlerResponse :exec
 UPDATE inbox
 SET handler_status     = $1::integer,
     handler_latency_ms = $2::double precision
-WHERE event_id = $3 AND lock_version = $4
+WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5
 `
 
 type RecordHandlerResponseParams struct {
 	Status      *int32
 	LatencyMs   float64
-	EventID     string
+	Handler     string
+	DedupKey    string
 	LockVersion int64
 }
 
@@ -29,7 +30,8 @@ func (q *Queries) RecordHandlerResponse(ctx context.Context, db DBTX, arg Record
 	_, err := db.Exec(ctx, recordHandlerResponse,
 		arg.Status,
 		arg.LatencyMs,
-		arg.EventID,
+		arg.Handler,
+		arg.DedupKey,
 		arg.LockVersion,
 	)
 	return err

@@ -15,12 +15,12 @@ import (
 
 const claimInbox = `-- name: ClaimInbox :many
 WITH due AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
-    WHERE i.status = 'pending' AND i.next_attempt_at <= now()
+    WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= now()
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
-    LIMIT $4
+    LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
 UPDATE inbox
@@ -36,8 +36,8 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
-WHERE inbox.event_id = due.event_id
-RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
+RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
           inbox.last_error
@@ -47,10 +47,13 @@ type ClaimInboxParams struct {
 	MaxAttempts int32
 	WorkerID    string
 	Lease       pgtype.Interval
+	Handler     string
 	BatchSize   int32
 }
 
 type ClaimInboxRow struct {
+	Handler     string
+	DedupKey    string
 	EventID     string
 	Topic       string
 	Key         string
@@ -83,6 +86,7 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 		arg.MaxAttempts,
 		arg.WorkerID,
 		arg.Lease,
+		arg.Handler,
 		arg.BatchSize,
 	)
 	if err != nil {
@@ -93,6 +97,8 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 	for rows.Next() {
 		var i ClaimInboxRow
 		if err := rows.Scan(
+			&i.Handler,
+			&i.DedupKey,
 			&i.EventID,
 			&i.Topic,
 			&i.Key,
@@ -120,11 +126,11 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 
 const claimInboxLost = `-- name: ClaimInboxLost :many
 WITH lost AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
-    WHERE i.status = 'processing' AND i.locked_until < now()
+    WHERE i.handler = $4::text AND i.status = 'processing' AND i.locked_until < now()
     ORDER BY i.locked_until
-    LIMIT $4
+    LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
 UPDATE inbox
@@ -140,8 +146,8 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
              || ' of ' || $1::int
         ELSE 'worker lost during attempt ' || inbox.attempts END
 FROM lost
-WHERE inbox.event_id = lost.event_id
-RETURNING inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
+WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
+RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
           inbox.last_error
@@ -151,10 +157,13 @@ type ClaimInboxLostParams struct {
 	MaxAttempts int32
 	WorkerID    string
 	Lease       pgtype.Interval
+	Handler     string
 	BatchSize   int32
 }
 
 type ClaimInboxLostRow struct {
+	Handler     string
+	DedupKey    string
 	EventID     string
 	Topic       string
 	Key         string
@@ -182,6 +191,7 @@ func (q *Queries) ClaimInboxLost(ctx context.Context, db DBTX, arg ClaimInboxLos
 		arg.MaxAttempts,
 		arg.WorkerID,
 		arg.Lease,
+		arg.Handler,
 		arg.BatchSize,
 	)
 	if err != nil {
@@ -192,6 +202,8 @@ func (q *Queries) ClaimInboxLost(ctx context.Context, db DBTX, arg ClaimInboxLos
 	for rows.Next() {
 		var i ClaimInboxLostRow
 		if err := rows.Scan(
+			&i.Handler,
+			&i.DedupKey,
 			&i.EventID,
 			&i.Topic,
 			&i.Key,
@@ -226,13 +238,14 @@ SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
         WHEN EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = $1::text) THEN now()
         ELSE now() + $2::interval
     END
-WHERE event_id = $3 AND lock_version = $4 AND status = 'processing'
+WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5 AND status = 'processing'
 `
 
 type DeferInboxParams struct {
 	WaitingFor  string
 	Fallback    pgtype.Interval
-	EventID     string
+	Handler     string
+	DedupKey    string
 	LockVersion int64
 }
 
@@ -244,7 +257,8 @@ func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams)
 	result, err := db.Exec(ctx, deferInbox,
 		arg.WaitingFor,
 		arg.Fallback,
-		arg.EventID,
+		arg.Handler,
+		arg.DedupKey,
 		arg.LockVersion,
 	)
 	if err != nil {
@@ -254,11 +268,16 @@ func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams)
 }
 
 const getInbox = `-- name: GetInbox :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms FROM inbox WHERE event_id = $1
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint FROM inbox WHERE handler = $1 AND dedup_key = $2
 `
 
-func (q *Queries) GetInbox(ctx context.Context, db DBTX, eventID string) (Inbox, error) {
-	row := db.QueryRow(ctx, getInbox, eventID)
+type GetInboxParams struct {
+	Handler  string
+	DedupKey string
+}
+
+func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (Inbox, error) {
+	row := db.QueryRow(ctx, getInbox, arg.Handler, arg.DedupKey)
 	var i Inbox
 	err := row.Scan(
 		&i.EventID,
@@ -282,85 +301,162 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, eventID string) (Inbox,
 		&i.Deferrals,
 		&i.HandlerStatus,
 		&i.HandlerLatencyMs,
+		&i.Handler,
+		&i.KeyStrategy,
+		&i.DedupKey,
+		&i.Fingerprint,
 	)
 	return i, err
+}
+
+const inboxStoredKeys = `-- name: InboxStoredKeys :many
+SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint
+FROM inbox i
+JOIN (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS dedup_key) AS k
+  ON i.handler = k.handler AND i.dedup_key = k.dedup_key
+`
+
+type InboxStoredKeysParams struct {
+	Handlers  []string
+	DedupKeys []string
+}
+
+type InboxStoredKeysRow struct {
+	Handler     string
+	DedupKey    string
+	EventID     string
+	Fingerprint []byte
+}
+
+// InboxStoredKeys reads the stored event id and fingerprint of the given
+// (handler, dedup_key) pairs: the rows InsertInbox did not insert, whose
+// fingerprint tells a redelivery from a conflict.
+func (q *Queries) InboxStoredKeys(ctx context.Context, db DBTX, arg InboxStoredKeysParams) ([]InboxStoredKeysRow, error) {
+	rows, err := db.Query(ctx, inboxStoredKeys, arg.Handlers, arg.DedupKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxStoredKeysRow{}
+	for rows.Next() {
+		var i InboxStoredKeysRow
+		if err := rows.Scan(
+			&i.Handler,
+			&i.DedupKey,
+			&i.EventID,
+			&i.Fingerprint,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const insertInbox = `-- name: InsertInbox :many
 WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
-    SELECT unnest($1::text[]) AS event_id,
-           unnest($2::text[]) AS topic,
-           unnest($3::text[]) AS key,
-           unnest($4::text[]) AS event_type,
-           unnest($5::bytea[]) AS payload,
-           unnest($6::jsonb[]) AS headers,
-           unnest($7::timestamptz[]) AS occurred_at,
-           unnest($8::text[]) AS dead_reason
+    SELECT unnest($1::text[]) AS handler,
+           unnest($2::text[]) AS dedup_key,
+           unnest($3::text[]) AS key_strategy,
+           unnest($4::bytea[]) AS fingerprint,
+           unnest($5::text[]) AS event_id,
+           unnest($6::text[]) AS topic,
+           unnest($7::text[]) AS key,
+           unnest($8::text[]) AS event_type,
+           unnest($9::bytea[]) AS payload,
+           unnest($10::jsonb[]) AS headers,
+           unnest($11::timestamptz[]) AS occurred_at,
+           unnest($12::text[]) AS dead_reason
 ), ins AS (
-    INSERT INTO inbox (event_id, topic, key, event_type, payload, headers, occurred_at,
-                       status, last_error, finished_at)
-    SELECT m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at,
+    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
+                       headers, occurred_at, status, last_error, finished_at)
+    SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
+           m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
            NULLIF(m.dead_reason, ''),
            CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
     FROM m
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING event_id
+    ON CONFLICT (handler, dedup_key) DO NOTHING
+    RETURNING handler, dedup_key
+), rep AS (
+    SELECT unnest($13::text[]) AS handler,
+           unnest($14::text[]) AS dedup_key,
+           unnest($15::text[]) AS event_id
 ), dup AS (
     INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
-    SELECT d.event_id, d.topic, d.event_type, $9::text, d.original_received_at
+    SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
     FROM (
-        SELECT m.event_id, m.topic, m.event_type, i.received_at AS original_received_at
+        SELECT m.event_id, m.topic, m.event_type, m.handler, i.received_at AS original_received_at
         FROM m
         -- The original as this statement's snapshot sees it: committed
         -- before the statement began.
-        LEFT JOIN inbox i ON i.event_id = m.event_id
-        WHERE m.event_id NOT IN (SELECT event_id FROM ins)
+        LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
+        WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key)
         UNION ALL
-        SELECT r.event_id, m.topic, m.event_type, i.received_at
-        FROM unnest($10::text[]) AS r(event_id)
-        JOIN m ON m.event_id = r.event_id
-        LEFT JOIN inbox i ON i.event_id = r.event_id
+        SELECT r.event_id, m.topic, m.event_type, r.handler, i.received_at
+        FROM rep r
+        JOIN m ON m.handler = r.handler AND m.dedup_key = r.dedup_key
+        LEFT JOIN inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
     ) AS d
-    WHERE $11::boolean
+    WHERE $16::boolean
 ), counts AS (
     INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
     SELECT date_trunc('minute', now()), pg_backend_pid(),
-           (SELECT count(*) FROM m) + cardinality($10::text[]),
-           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + cardinality($10::text[])
-    WHERE $11::boolean
+           (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
+           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
+    WHERE $16::boolean
     ON CONFLICT (minute, backend) DO UPDATE
     SET received = c.received + excluded.received,
         duplicates = c.duplicates + excluded.duplicates
 )
-SELECT event_id FROM ins
+SELECT handler, dedup_key FROM ins
 `
 
 type InsertInboxParams struct {
-	EventIds         []string
-	Topics           []string
-	Keys             []string
-	EventTypes       []string
-	Payloads         [][]byte
-	Headers          []json.RawMessage
-	OccurredAts      []time.Time
-	DeadReasons      []string
-	Handler          string
-	RepeatedIds      []string
-	RecordDuplicates bool
+	Handlers          []string
+	DedupKeys         []string
+	KeyStrategies     []string
+	Fingerprints      [][]byte
+	EventIds          []string
+	Topics            []string
+	Keys              []string
+	EventTypes        []string
+	Payloads          [][]byte
+	Headers           []json.RawMessage
+	OccurredAts       []time.Time
+	DeadReasons       []string
+	RepeatedHandlers  []string
+	RepeatedDedupKeys []string
+	RepeatedEventIds  []string
+	RecordDuplicates  bool
 }
 
-// InsertInbox stores a batch of received messages in one statement. Rows whose
-// event_id is already stored are skipped; the returned ids are the rows
-// actually inserted. A non-empty dead reason stores the row directly as dead.
+type InsertInboxRow struct {
+	Handler  string
+	DedupKey string
+}
+
+// InsertInbox stores a batch of received messages in one statement: one row
+// per message and handler, keyed by (handler, dedup_key), with the payload's
+// fingerprint. Rows whose key is already stored for their handler are
+// skipped; the returned keys are the rows actually inserted, and only the
+// others need comparing with what is stored (InboxStoredKeys). A non-empty
+// dead reason stores the row directly as dead.
 // With @record_duplicates, the same statement also records every skipped row
-// (and every id of @repeated_ids, repeated within the batch and not sent as
-// rows) in inbox_duplicates, and adds the batch to this session's
+// (and every row of @repeated_*, a key repeated within the batch and not sent
+// as a row) in inbox_duplicates, and adds the batch to this session's
 // inbox_receive_counts row of the minute.
-func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParams) ([]string, error) {
+func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParams) ([]InsertInboxRow, error) {
 	rows, err := db.Query(ctx, insertInbox,
+		arg.Handlers,
+		arg.DedupKeys,
+		arg.KeyStrategies,
+		arg.Fingerprints,
 		arg.EventIds,
 		arg.Topics,
 		arg.Keys,
@@ -369,21 +465,22 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 		arg.Headers,
 		arg.OccurredAts,
 		arg.DeadReasons,
-		arg.Handler,
-		arg.RepeatedIds,
+		arg.RepeatedHandlers,
+		arg.RepeatedDedupKeys,
+		arg.RepeatedEventIds,
 		arg.RecordDuplicates,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []string{}
+	items := []InsertInboxRow{}
 	for rows.Next() {
-		var event_id string
-		if err := rows.Scan(&event_id); err != nil {
+		var i InsertInboxRow
+		if err := rows.Scan(&i.Handler, &i.DedupKey); err != nil {
 			return nil, err
 		}
-		items = append(items, event_id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -391,21 +488,67 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 	return items, nil
 }
 
+const insertInboxConflicts = `-- name: InsertInboxConflicts :exec
+INSERT INTO inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
+                             stored_fingerprint, fingerprint, topic, event_type, payload)
+SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
+       unnest($4::text[]), unnest($5::text[]),
+       unnest($6::bytea[]), unnest($7::bytea[]),
+       unnest($8::text[]), unnest($9::text[]), unnest($10::bytea[])
+`
+
+type InsertInboxConflictsParams struct {
+	Handlers           []string
+	DedupKeys          []string
+	KeyStrategies      []string
+	StoredEventIds     []string
+	EventIds           []string
+	StoredFingerprints [][]byte
+	Fingerprints       [][]byte
+	Topics             []string
+	EventTypes         []string
+	Payloads           [][]byte
+}
+
+// InsertInboxConflicts records deliveries whose dedup key was already stored
+// for their handler with another payload fingerprint.
+func (q *Queries) InsertInboxConflicts(ctx context.Context, db DBTX, arg InsertInboxConflictsParams) error {
+	_, err := db.Exec(ctx, insertInboxConflicts,
+		arg.Handlers,
+		arg.DedupKeys,
+		arg.KeyStrategies,
+		arg.StoredEventIds,
+		arg.EventIds,
+		arg.StoredFingerprints,
+		arg.Fingerprints,
+		arg.Topics,
+		arg.EventTypes,
+		arg.Payloads,
+	)
+	return err
+}
+
 const killInbox = `-- name: KillInbox :execrows
 UPDATE inbox
 SET status = 'dead', finished_at = now(), last_error = $1::text, locked_until = NULL
-WHERE event_id = $2 AND lock_version = $3 AND status = 'processing'
+WHERE handler = $2 AND dedup_key = $3 AND lock_version = $4 AND status = 'processing'
 `
 
 type KillInboxParams struct {
 	LastError   string
-	EventID     string
+	Handler     string
+	DedupKey    string
 	LockVersion int64
 }
 
 // KillInbox moves an event to the dead letter state with a reason.
 func (q *Queries) KillInbox(ctx context.Context, db DBTX, arg KillInboxParams) (int64, error) {
-	result, err := db.Exec(ctx, killInbox, arg.LastError, arg.EventID, arg.LockVersion)
+	result, err := db.Exec(ctx, killInbox,
+		arg.LastError,
+		arg.Handler,
+		arg.DedupKey,
+		arg.LockVersion,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -416,15 +559,16 @@ const markInboxBatchProcessed = `-- name: MarkInboxBatchProcessed :many
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-FROM (SELECT unnest($1::text[]) AS event_id,
-             unnest($2::bigint[]) AS lock_version) AS c
-WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+FROM (SELECT unnest($2::text[]) AS dedup_key,
+             unnest($3::bigint[]) AS lock_version) AS c
+WHERE inbox.handler = $1::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
-RETURNING inbox.event_id
+RETURNING inbox.dedup_key
 `
 
 type MarkInboxBatchProcessedParams struct {
-	EventIds     []string
+	Handler      string
+	DedupKeys    []string
 	LockVersions []int64
 }
 
@@ -438,18 +582,18 @@ type MarkInboxBatchProcessedParams struct {
 // holds every row claimed since the last vacuum, and scanning it per batch
 // cost 20 ms at 20,000 entries. The primary key is always the right path.
 func (q *Queries) MarkInboxBatchProcessed(ctx context.Context, db DBTX, arg MarkInboxBatchProcessedParams) ([]string, error) {
-	rows, err := db.Query(ctx, markInboxBatchProcessed, arg.EventIds, arg.LockVersions)
+	rows, err := db.Query(ctx, markInboxBatchProcessed, arg.Handler, arg.DedupKeys, arg.LockVersions)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	items := []string{}
 	for rows.Next() {
-		var event_id string
-		if err := rows.Scan(&event_id); err != nil {
+		var dedup_key string
+		if err := rows.Scan(&dedup_key); err != nil {
 			return nil, err
 		}
-		items = append(items, event_id)
+		items = append(items, dedup_key)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -461,11 +605,12 @@ const markInboxProcessed = `-- name: MarkInboxProcessed :execrows
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-WHERE event_id = $1 AND lock_version = $2 AND status = 'processing'
+WHERE handler = $1 AND dedup_key = $2 AND lock_version = $3 AND status = 'processing'
 `
 
 type MarkInboxProcessedParams struct {
-	EventID     string
+	Handler     string
+	DedupKey    string
 	LockVersion int64
 }
 
@@ -475,7 +620,7 @@ type MarkInboxProcessedParams struct {
 // nothing when another worker has since taken the event over (the fencing
 // check): the caller then rolls back the handler's side effect.
 func (q *Queries) MarkInboxProcessed(ctx context.Context, db DBTX, arg MarkInboxProcessedParams) (int64, error) {
-	result, err := db.Exec(ctx, markInboxProcessed, arg.EventID, arg.LockVersion)
+	result, err := db.Exec(ctx, markInboxProcessed, arg.Handler, arg.DedupKey, arg.LockVersion)
 	if err != nil {
 		return 0, err
 	}
@@ -548,13 +693,14 @@ const retryInbox = `-- name: RetryInbox :execrows
 UPDATE inbox
 SET status = 'pending', next_attempt_at = now() + $1::interval, last_error = $2::text,
     locked_until = NULL, waiting_for = NULL
-WHERE event_id = $3 AND lock_version = $4 AND status = 'processing'
+WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5 AND status = 'processing'
 `
 
 type RetryInboxParams struct {
 	Delay       pgtype.Interval
 	LastError   string
-	EventID     string
+	Handler     string
+	DedupKey    string
 	LockVersion int64
 }
 
@@ -563,7 +709,8 @@ func (q *Queries) RetryInbox(ctx context.Context, db DBTX, arg RetryInboxParams)
 	result, err := db.Exec(ctx, retryInbox,
 		arg.Delay,
 		arg.LastError,
-		arg.EventID,
+		arg.Handler,
+		arg.DedupKey,
 		arg.LockVersion,
 	)
 	if err != nil {
@@ -574,7 +721,7 @@ func (q *Queries) RetryInbox(ctx context.Context, db DBTX, arg RetryInboxParams)
 
 const sweepReleasedInbox = `-- name: SweepReleasedInbox :execrows
 WITH due AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
     WHERE i.status = 'pending' AND i.waiting_for IS NOT NULL
       AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
@@ -584,7 +731,7 @@ WITH due AS (
 UPDATE inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
-WHERE inbox.event_id = due.event_id
+WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 `
 
 // SweepReleasedInbox makes due every deferred event whose dependency has a
@@ -603,15 +750,16 @@ const unclaimInbox = `-- name: UnclaimInbox :execrows
 UPDATE inbox
 SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
     locked_until = NULL
-FROM (SELECT unnest($1::text[]) AS event_id,
-             unnest($2::bigint[]) AS lock_version) AS c
-WHERE inbox.event_id = c.event_id AND inbox.lock_version = c.lock_version
+FROM (SELECT unnest($2::text[]) AS dedup_key,
+             unnest($3::bigint[]) AS lock_version) AS c
+WHERE inbox.handler = $1::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
-RETURNING inbox.event_id
+RETURNING inbox.dedup_key
 `
 
 type UnclaimInboxParams struct {
-	EventIds     []string
+	Handler      string
+	DedupKeys    []string
 	LockVersions []int64
 }
 
@@ -622,7 +770,7 @@ type UnclaimInboxParams struct {
 // holds every row claimed since the last vacuum, and scanning it per batch
 // cost 20 ms at 20,000 entries. The primary key is always the right path.
 func (q *Queries) UnclaimInbox(ctx context.Context, db DBTX, arg UnclaimInboxParams) (int64, error) {
-	result, err := db.Exec(ctx, unclaimInbox, arg.EventIds, arg.LockVersions)
+	result, err := db.Exec(ctx, unclaimInbox, arg.Handler, arg.DedupKeys, arg.LockVersions)
 	if err != nil {
 		return 0, err
 	}
@@ -631,7 +779,7 @@ func (q *Queries) UnclaimInbox(ctx context.Context, db DBTX, arg UnclaimInboxPar
 
 const wakeReleasedInbox = `-- name: WakeReleasedInbox :execrows
 WITH due AS (
-    SELECT i.event_id
+    SELECT i.handler, i.dedup_key
     FROM inbox i
     WHERE i.status = 'pending' AND i.waiting_for = ANY($1::text[])
       AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
@@ -640,7 +788,7 @@ WITH due AS (
 UPDATE inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
-WHERE inbox.event_id = due.event_id
+WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 `
 
 // WakeReleasedInbox runs after a batch committed: it makes due at once the

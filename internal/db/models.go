@@ -52,6 +52,25 @@ type Inbox struct {
 	Deferrals        int32
 	HandlerStatus    *int32
 	HandlerLatencyMs *float64
+	Handler          string
+	KeyStrategy      string
+	DedupKey         string
+	Fingerprint      []byte
+}
+
+type InboxConflict struct {
+	ID                int64
+	Handler           string
+	DedupKey          string
+	KeyStrategy       string
+	StoredEventID     string
+	EventID           string
+	StoredFingerprint []byte
+	Fingerprint       []byte
+	Topic             string
+	EventType         string
+	Payload           []byte
+	DetectedAt        time.Time
 }
 
 type InboxDuplicate struct {
@@ -142,6 +161,7 @@ type ReplayAudit struct {
 	Reason           string
 	PreviousAttempts int32
 	PreviousError    *string
+	Handler          *string
 }
 
 type ShopOrder struct {

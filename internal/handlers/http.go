@@ -135,7 +135,7 @@ func (h *HTTP) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 	case code >= 200 && code < 300:
 		// Recorded with the processed mark: both commit or neither does.
 		if err := db.New().RecordHandlerResponse(ctx, tx, db.RecordHandlerResponseParams{
-			Status: &status, LatencyMs: ms, EventID: ev.EventID, LockVersion: ev.LockVersion,
+			Status: &status, LatencyMs: ms, Handler: ev.Handler, DedupKey: ev.DedupKey, LockVersion: ev.LockVersion,
 		}); err != nil {
 			return fmt.Errorf("recording the webhook response: %w", err)
 		}
@@ -158,7 +158,7 @@ func (h *HTTP) record(ctx context.Context, ev *inbox.Event, status *int32, ms fl
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := db.New().RecordHandlerResponse(rctx, h.cfg.Recorder, db.RecordHandlerResponseParams{
-		Status: status, LatencyMs: ms, EventID: ev.EventID, LockVersion: ev.LockVersion,
+		Status: status, LatencyMs: ms, Handler: ev.Handler, DedupKey: ev.DedupKey, LockVersion: ev.LockVersion,
 	}); err != nil {
 		h.log.Warn("recording a failed webhook attempt", zap.String("event_id", ev.EventID), zap.Error(err))
 	}

@@ -18,6 +18,11 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Handler runs each event's side effect. Required.
 	Handler Handler
+	// HandlerName names the handler: the worker claims only the inbox rows
+	// stored for it (Receive's targets), so several handlers in one database
+	// each process an event once, with their own status, attempts, lease and
+	// dead letters. Default DefaultHandlerName ("default").
+	HandlerName string
 	// Logger receives the worker's logs. Default: a no-op logger.
 	Logger *zap.Logger
 	// Observer is told about every state change, for metrics. Default: NopObserver.
@@ -90,6 +95,9 @@ func (c Config) WithDefaults() Config {
 	if c.WorkerID == "" {
 		c.WorkerID = defaultWorkerID()
 	}
+	if c.HandlerName == "" {
+		c.HandlerName = DefaultHandlerName
+	}
 	setDefault(&c.Workers, DefaultWorkers)
 	setDefault(&c.BatchSize, DefaultBatchSize)
 	setDefault(&c.Lease, DefaultLease)
@@ -122,6 +130,9 @@ func (c Config) validate() error {
 	}
 	if c.Handler == nil {
 		bad("Handler", "is required")
+	}
+	if err := ValidateHandlerName(c.HandlerName); err != nil {
+		bad("HandlerName", "%v", err)
 	}
 	if len(c.WorkerID) > 200 {
 		bad("WorkerID", "is longer than 200 bytes")

@@ -18,7 +18,7 @@ func TestReceiveRecordsDuplicates(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	opts := inbox.ReceiveOptions{Handler: "ledger"}
+	opts := inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "ledger"}}}
 
 	_, err := inbox.ReceiveWith(ctx, pool, []inbox.Incoming{orderPaid("a", "o1", 1), orderPaid("b", "o1", 1)}, opts)
 	require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestReceiveRecordsDuplicates(t *testing.T) {
 	require.Equal(t, int64(2), dups)
 
 	// Without the record: the duplicate is still refused, nothing is written.
-	res, err = inbox.ReceiveWith(ctx, pool, []inbox.Incoming{orderPaid("b", "o1", 1)}, inbox.ReceiveOptions{NoDuplicateRecord: true})
+	res, err = inbox.ReceiveWith(ctx, pool, []inbox.Incoming{orderPaid("b", "o1", 1)}, inbox.ReceiveOptions{Targets: opts.Targets, NoDuplicateRecord: true})
 	require.NoError(t, err)
 	require.Equal(t, []string{"b"}, res.Duplicates)
 	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox_duplicates`))

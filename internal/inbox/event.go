@@ -14,6 +14,11 @@ import (
 // Event is a claimed inbox event, as a handler sees it.
 type Event struct {
 	event.Message
+	// Handler is the name of the handler the event's inbox row belongs to.
+	Handler string
+	// DedupKey is the row's dedup key under the handler's key strategy (the
+	// event id for the message-id strategy).
+	DedupKey string
 	// ReceivedAt is when the inbox stored the event.
 	ReceivedAt time.Time
 	// Attempts counts the attempts so far, this one included (1 on the first).
@@ -71,13 +76,17 @@ type claimed struct {
 }
 
 func fromClaimRow(r db.ClaimInboxRow) claimed {
-	return claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
+	c := claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
 		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
+	c.ev.Handler, c.ev.DedupKey = r.Handler, r.DedupKey
+	return c
 }
 
 func fromLostRow(r db.ClaimInboxLostRow) claimed {
-	return claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
+	c := claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
 		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
+	c.ev.Handler, c.ev.DedupKey = r.Handler, r.DedupKey
+	return c
 }
 
 func newEvent(id, topic, key, typ string, payload []byte, headers json.RawMessage, occurred, received time.Time,

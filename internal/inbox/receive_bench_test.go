@@ -74,7 +74,7 @@ func receiveByCopy(ctx context.Context, pool *pgxpool.Pool, msgs []inbox.Incomin
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO inbox (event_id, topic, key, event_type, payload, occurred_at)
 			SELECT DISTINCT ON (event_id) event_id, topic, key, event_type, payload, coalesce(occurred_at, now())
-			FROM inbox_in ON CONFLICT (event_id) DO NOTHING`)
+			FROM inbox_in ON CONFLICT (handler, dedup_key) DO NOTHING`)
 		return err
 	})
 }
@@ -91,7 +91,7 @@ func BenchmarkReceiveDuplicateRecord(b *testing.B) {
 			name := fmt.Sprintf("record=%t/batch=%d", record, size)
 			b.Run(name, func(b *testing.B) {
 				benchReceive(b, pool, size, func(ctx context.Context, msgs []inbox.Incoming) error {
-					_, err := inbox.ReceiveWith(ctx, pool, msgs, inbox.ReceiveOptions{Handler: "bench", NoDuplicateRecord: !record})
+					_, err := inbox.ReceiveWith(ctx, pool, msgs, inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "bench"}}, NoDuplicateRecord: !record})
 					return err
 				})
 			})

@@ -45,7 +45,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	return &Worker{
 		cfg:  cfg,
 		q:    db.New(),
-		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID)),
+		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID), zap.String("handler", cfg.HandlerName)),
 		wake: newWaker(),
 	}, nil
 }
@@ -145,7 +145,7 @@ func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer cancel()
 	rows, err := w.q.ClaimInbox(qctx, w.cfg.Pool, db.ClaimInboxParams{
-		MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
+		Handler: w.cfg.HandlerName, MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
 		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize),
 	})
 	if err != nil {
@@ -163,7 +163,7 @@ func (w *Worker) claimLost(ctx context.Context) ([]*Event, error) {
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer cancel()
 	rows, err := w.q.ClaimInboxLost(qctx, w.cfg.Pool, db.ClaimInboxLostParams{
-		MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
+		Handler: w.cfg.HandlerName, MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
 		Lease: interval(w.cfg.Lease), BatchSize: 1,
 	})
 	if err != nil {
@@ -188,7 +188,7 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 		if c := a.ev.ReceivedAt.Compare(b.ev.ReceivedAt); c != 0 {
 			return c
 		}
-		return strings.Compare(a.ev.EventID, b.ev.EventID)
+		return strings.Compare(a.ev.DedupKey, b.ev.DedupKey)
 	})
 	evs := make([]*Event, 0, len(cs))
 	for i := range cs {
@@ -352,9 +352,11 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 	if len(ran) == 0 {
 		return nil, rest, nil, true, nil
 	}
-	p := db.MarkInboxBatchProcessedParams{EventIds: make([]string, len(ran)), LockVersions: make([]int64, len(ran))}
+	p := db.MarkInboxBatchProcessedParams{
+		Handler: w.cfg.HandlerName, DedupKeys: make([]string, len(ran)), LockVersions: make([]int64, len(ran)),
+	}
 	for i, ev := range ran {
-		p.EventIds[i], p.LockVersions[i] = ev.EventID, ev.LockVersion
+		p.DedupKeys[i], p.LockVersions[i] = ev.DedupKey, ev.LockVersion
 	}
 	marked, err := w.q.MarkInboxBatchProcessed(ctx, tx, p)
 	if err != nil {
@@ -366,12 +368,12 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 		// Another worker took events over: roll back (their effects here
 		// must not commit) and run the others again, isolated.
 		ok := make(map[string]bool, len(marked))
-		for _, id := range marked {
-			ok[id] = true
+		for _, key := range marked {
+			ok[key] = true
 		}
 		known = make(map[*Event]error)
 		for _, ev := range ran {
-			if !ok[ev.EventID] {
+			if !ok[ev.DedupKey] {
 				known[ev] = errFenced
 			}
 		}
@@ -456,7 +458,7 @@ func (w *Worker) processOne(ctx context.Context, tx pgx.Tx, ev *Event) (result, 
 	r.dur = time.Since(start)
 	if herr == nil {
 		n, err := w.q.MarkInboxProcessed(ctx, sp, db.MarkInboxProcessedParams{
-			EventID: ev.EventID, LockVersion: ev.LockVersion,
+			Handler: ev.Handler, DedupKey: ev.DedupKey, LockVersion: ev.LockVersion,
 		})
 		switch {
 		case err != nil:
@@ -504,15 +506,16 @@ func (w *Worker) applyDecision(ctx context.Context, q db.DBTX, ev *Event, d deci
 	switch d.outcome {
 	case outcomeRetry:
 		return w.q.RetryInbox(ctx, q, db.RetryInboxParams{
-			Delay: interval(d.delay), LastError: d.reason, EventID: ev.EventID, LockVersion: ev.LockVersion,
+			Delay: interval(d.delay), LastError: d.reason, Handler: ev.Handler, DedupKey: ev.DedupKey, LockVersion: ev.LockVersion,
 		})
 	case outcomeDefer:
 		return w.q.DeferInbox(ctx, q, db.DeferInboxParams{
-			WaitingFor: d.waitingFor, Fallback: interval(d.delay), EventID: ev.EventID, LockVersion: ev.LockVersion,
+			WaitingFor: d.waitingFor, Fallback: interval(d.delay), Handler: ev.Handler, DedupKey: ev.DedupKey,
+			LockVersion: ev.LockVersion,
 		})
 	default:
 		return w.q.KillInbox(ctx, q, db.KillInboxParams{
-			LastError: d.reason, EventID: ev.EventID, LockVersion: ev.LockVersion,
+			LastError: d.reason, Handler: ev.Handler, DedupKey: ev.DedupKey, LockVersion: ev.LockVersion,
 		})
 	}
 }
@@ -631,9 +634,11 @@ func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
 
 // unclaim hands claimed events back: pending, due now, attempt refunded.
 func (w *Worker) unclaim(ctx context.Context, evs []*Event) {
-	p := db.UnclaimInboxParams{EventIds: make([]string, len(evs)), LockVersions: make([]int64, len(evs))}
+	p := db.UnclaimInboxParams{
+		Handler: w.cfg.HandlerName, DedupKeys: make([]string, len(evs)), LockVersions: make([]int64, len(evs)),
+	}
 	for i, ev := range evs {
-		p.EventIds[i], p.LockVersions[i] = ev.EventID, ev.LockVersion
+		p.DedupKeys[i], p.LockVersions[i] = ev.DedupKey, ev.LockVersion
 	}
 	n, err := w.q.UnclaimInbox(ctx, w.cfg.Pool, p)
 	if err != nil {

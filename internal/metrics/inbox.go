@@ -22,6 +22,7 @@ type InboxObserver struct {
 	fenced     prometheus.Counter
 	handlerDur prometheus.Histogram
 	receiveDur prometheus.Histogram
+	conflicts  *prometheus.CounterVec
 }
 
 var _ inbox.Observer = (*InboxObserver)(nil)
@@ -33,6 +34,15 @@ type InboxObserverOptions struct {
 	// of counting Received calls: use it when the ingest side keeps its own
 	// counters (consumer.Consumer.Stats). Default: nil, counting Received.
 	IngestStats func() IngestStats
+	// Handler is the name of the handler the process's inbox workers run:
+	// the handler label of the worker-side series (claimed, processed,
+	// retries, deferrals, dead letters, fenced, handler duration). Default
+	// inbox.DefaultHandlerName.
+	Handler string
+	// Handlers lists the handlers the ingest side stores rows for, whose
+	// consumer_key_conflicts_total series exist from start-up. Default:
+	// Handler alone.
+	Handlers []string
 }
 
 // IngestStats are the ingest side's running totals.
@@ -57,39 +67,58 @@ type IngestStats struct {
 // NewInboxObserver registers the consumer's inbox metrics on reg and returns
 // the observer that drives them.
 func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *InboxObserver {
+	if opts.Handler == "" {
+		opts.Handler = inbox.DefaultHandlerName
+	}
+	if len(opts.Handlers) == 0 {
+		opts.Handlers = []string{opts.Handler}
+	}
+	handler := prometheus.Labels{"handler": opts.Handler}
 	o := &InboxObserver{
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_key_conflicts_total",
+			Help: "Deliveries whose dedup key was already stored for the handler with a different payload fingerprint (recorded in inbox_conflicts; the stored event's effect stands).",
+		}, []string{"handler"}),
 		claimed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "consumer_claimed_total",
-			Help: "Inbox events claimed by a worker (each attempt counts once).",
+			Name:        "consumer_claimed_total",
+			Help:        "Inbox events claimed by a worker (each attempt counts once).",
+			ConstLabels: handler,
 		}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "consumer_lease_takeovers_total",
-			Help: "Inbox events claimed from a worker whose lease expired (stale-lock recovery).",
+			Name:        "consumer_lease_takeovers_total",
+			Help:        "Inbox events claimed from a worker whose lease expired (stale-lock recovery).",
+			ConstLabels: handler,
 		}),
 		processed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "consumer_processed_total",
-			Help: "Inbox events whose handler committed together with the processed mark.",
+			Name:        "consumer_processed_total",
+			Help:        "Inbox events whose handler committed together with the processed mark.",
+			ConstLabels: handler,
 		}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "consumer_retries_total",
-			Help: "Inbox events put back for another attempt after a transient failure, by reason (error, timeout, panic).",
+			Name:        "consumer_retries_total",
+			Help:        "Inbox events put back for another attempt after a transient failure, by reason (error, timeout, panic).",
+			ConstLabels: handler,
 		}, []string{"reason"}),
 		deferrals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "consumer_deferrals_total",
-			Help: "Inbox events put back to wait for a dependency (attempt refunded).",
+			Name:        "consumer_deferrals_total",
+			Help:        "Inbox events put back to wait for a dependency (attempt refunded).",
+			ConstLabels: handler,
 		}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "consumer_dlq_total",
-			Help: "Inbox events moved to the dead letter state, by reason (permanent, attempts_exhausted, worker_lost, deferrals_exhausted, other).",
+			Name:        "consumer_dlq_total",
+			Help:        "Inbox events moved to the dead letter state, by reason (permanent, attempts_exhausted, worker_lost, deferrals_exhausted, other).",
+			ConstLabels: handler,
 		}, []string{"reason"}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "consumer_fenced_total",
-			Help: "Inbox commits refused because another worker took the event over; the stale side effect was rolled back.",
+			Name:        "consumer_fenced_total",
+			Help:        "Inbox commits refused because another worker took the event over; the stale side effect was rolled back.",
+			ConstLabels: handler,
 		}),
 		handlerDur: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "consumer_handler_duration_seconds",
-			Help:    "Time a handler ran for an event that was then processed.",
-			Buckets: latencyBuckets,
+			Name:        "consumer_handler_duration_seconds",
+			Help:        "Time a handler ran for an event that was then processed.",
+			ConstLabels: handler,
+			Buckets:     latencyBuckets,
 		}),
 		receiveDur: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "consumer_receive_duration_seconds",
@@ -129,7 +158,11 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 	for _, r := range DeadReasons {
 		o.dead.WithLabelValues(r)
 	}
-	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur, o.receiveDur)
+	for _, h := range opts.Handlers {
+		o.conflicts.WithLabelValues(h)
+	}
+	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur, o.receiveDur,
+		o.conflicts)
 	return o
 }
 
@@ -174,3 +207,9 @@ func (o *InboxObserver) Dead(_ *inbox.Event, reason string) {
 
 // Fenced counts a fenced commit.
 func (o *InboxObserver) Fenced(*inbox.Event) { o.fenced.Inc() }
+
+// KeyConflicts counts n key conflicts of a handler
+// (consumer_key_conflicts_total{handler}).
+func (o *InboxObserver) KeyConflicts(handler string, n int) {
+	o.conflicts.WithLabelValues(handler).Add(float64(n))
+}

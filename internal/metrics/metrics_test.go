@@ -78,9 +78,10 @@ func TestSeriesPresentFromStartUp(t *testing.T) {
 	b := setup(t)
 	m := scrape(t, b.url+"/metrics")
 	want := []string{
-		"consumer_received_total", "consumer_dedup_total", "consumer_processed_total",
-		"consumer_claimed_total", "consumer_lease_takeovers_total", "consumer_fenced_total",
-		"consumer_deferrals_total", "consumer_handler_duration_seconds_count",
+		"consumer_received_total", "consumer_dedup_total", `consumer_processed_total{handler="default"}`,
+		`consumer_claimed_total{handler="default"}`, `consumer_lease_takeovers_total{handler="default"}`,
+		`consumer_fenced_total{handler="default"}`, `consumer_deferrals_total{handler="default"}`,
+		`consumer_handler_duration_seconds_count{handler="default"}`, `consumer_key_conflicts_total{handler="default"}`,
 		"relay_published_total", "relay_publish_errors_total", "relay_publish_duplicates_total",
 		"relay_dead_total", "relay_fenced_total", "relay_lease_takeovers_total",
 		"relay_lease_acquired_total", "relay_lease_lost_total", "relay_outbox_lag_seconds_count", "relay_publish_duration_seconds_count",
@@ -89,10 +90,10 @@ func TestSeriesPresentFromStartUp(t *testing.T) {
 		"inbox_dedup_table_rows",
 	}
 	for _, r := range RetryReasons {
-		want = append(want, fmt.Sprintf(`consumer_retries_total{reason=%q}`, r))
+		want = append(want, fmt.Sprintf(`consumer_retries_total{handler="default",reason=%q}`, r))
 	}
 	for _, r := range DeadReasons {
-		want = append(want, fmt.Sprintf(`consumer_dlq_total{reason=%q}`, r))
+		want = append(want, fmt.Sprintf(`consumer_dlq_total{handler="default",reason=%q}`, r))
 	}
 	for _, name := range want {
 		v, ok := m[name]
@@ -162,17 +163,17 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		m = scrape(t, b.url+"/metrics")
-		return m["consumer_processed_total"] == 2 && m["inbox_dead_rows"] == 2 && m["inbox_pending_rows"] == 0
+		return m[`consumer_processed_total{handler="default"}`] == 2 && m["inbox_dead_rows"] == 2 && m["inbox_pending_rows"] == 0
 	}, 20*time.Second, 20*time.Millisecond, "the processed and dead counts never matched")
 
-	require.Equal(t, 2.0, m[`consumer_retries_total{reason="error"}`], "flaky once, hopeless once")
-	require.Equal(t, 0.0, m[`consumer_retries_total{reason="panic"}`])
-	require.Equal(t, 1.0, m[`consumer_dlq_total{reason="permanent"}`])
-	require.Equal(t, 1.0, m[`consumer_dlq_total{reason="attempts_exhausted"}`])
-	require.Equal(t, 0.0, m[`consumer_dlq_total{reason="other"}`])
-	require.Equal(t, 2.0, m["consumer_handler_duration_seconds_count"])
-	require.Equal(t, 0.0, m["consumer_fenced_total"])
-	require.GreaterOrEqual(t, m["consumer_claimed_total"], 6.0)
+	require.Equal(t, 2.0, m[`consumer_retries_total{handler="default",reason="error"}`], "flaky once, hopeless once")
+	require.Equal(t, 0.0, m[`consumer_retries_total{handler="default",reason="panic"}`])
+	require.Equal(t, 1.0, m[`consumer_dlq_total{handler="default",reason="permanent"}`])
+	require.Equal(t, 1.0, m[`consumer_dlq_total{handler="default",reason="attempts_exhausted"}`])
+	require.Equal(t, 0.0, m[`consumer_dlq_total{handler="default",reason="other"}`])
+	require.Equal(t, 2.0, m[`consumer_handler_duration_seconds_count{handler="default"}`])
+	require.Equal(t, 0.0, m[`consumer_fenced_total{handler="default"}`])
+	require.GreaterOrEqual(t, m[`consumer_claimed_total{handler="default"}`], 6.0)
 	require.Equal(t, 0.0, m["inbox_oldest_claimable_age_seconds"])
 }
 
@@ -451,8 +452,8 @@ func TestFencedAndTakeoverMetrics(t *testing.T) {
 	var m map[string]float64
 	require.Eventually(t, func() bool {
 		m = scrape(t, b.url+"/metrics")
-		return m["consumer_fenced_total"] == 1 && m["consumer_lease_takeovers_total"] == 1
+		return m[`consumer_fenced_total{handler="default"}`] == 1 && m[`consumer_lease_takeovers_total{handler="default"}`] == 1
 	}, 20*time.Second, 20*time.Millisecond, "the fenced and takeover counters never reached 1")
-	require.Equal(t, 1.0, m["consumer_processed_total"], "the orphan is processed; the overtaken commit is not")
+	require.Equal(t, 1.0, m[`consumer_processed_total{handler="default"}`], "the orphan is processed; the overtaken commit is not")
 	require.Equal(t, 1.0, m["inbox_processing_rows"], "the overtaken event waits for its lease to expire")
 }

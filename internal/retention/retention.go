@@ -158,9 +158,9 @@ func New(cfg Config) (*Cleaner, error) {
 // many it deleted. Each batch is one DELETE by primary key over rows picked
 // with FOR UPDATE SKIP LOCKED: it never waits on a row a worker holds, and
 // touches no pending, processing or dead row. Then it deletes the dependency
-// release records (inbox_releases) older than the window the same way, the
-// recorded duplicates beyond DuplicatesMax and the receive counts older than a
-// day.
+// release records (inbox_releases) and the recorded key conflicts
+// (inbox_conflicts) older than the window the same way, the recorded
+// duplicates beyond DuplicatesMax and the receive counts older than a day.
 func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 	total, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
 		return c.q.AdminDeleteExpiredInboxBatch(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxBatchParams{
@@ -180,6 +180,17 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 	}
 	if releases > 0 {
 		c.log.Debug("expired inbox releases deleted", zap.Int64("rows", releases))
+	}
+	conflicts, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
+		return c.q.AdminDeleteExpiredInboxConflicts(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxConflictsParams{
+			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
+		})
+	})
+	if err != nil {
+		return total, fmt.Errorf("retention: delete expired key conflicts: %w", err)
+	}
+	if conflicts > 0 {
+		c.log.Debug("expired key conflicts deleted", zap.Int64("rows", conflicts))
 	}
 	dups, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
 		return c.q.ConsolePruneDuplicates(ctx, c.cfg.Pool, db.ConsolePruneDuplicatesParams{

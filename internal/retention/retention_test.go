@@ -210,3 +210,23 @@ func TestPrunesTheDuplicateRecord(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_receive_counts`).Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// TestDeletesExpiredConflicts: recorded key conflicts older than the window
+// go, in batches; younger ones stay.
+func TestDeletesExpiredConflicts(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
+		stored_fingerprint, fingerprint, detected_at)
+		SELECT 'h', 'k' || i, 'message-id', 'a', 'b', '\x01', '\x02', now() - make_interval(days => i)
+		FROM generate_series(1, 10) AS i`)
+	require.NoError(t, err)
+	c, err := New(Config{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
+	require.NoError(t, err)
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts`).Scan(&left))
+	require.Equal(t, 6, left, "days 1 to 6 are inside the 7-day window")
+}

@@ -265,7 +265,7 @@ func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 		return m, func() tea.Msg {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			d, err := svc.Show(ctx, admin.SourceInbox, key.EventID)
+			d, err := svc.Show(ctx, admin.SourceInbox, key.EventID, key.Handler)
 			return detailMsg{event: d, err: err}
 		}
 	case "d":
@@ -311,11 +311,11 @@ func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 
 // askPurge asks to purge the selected (or shown) key, which must be dead.
 func (m Model) askPurge() (tea.Model, tea.Cmd) {
-	var id, status string
+	var id, status, handler string
 	if m.detail != nil {
-		id, status = m.detail.EventID, m.detail.Status
+		id, status, handler = m.detail.EventID, m.detail.Status, m.detail.Handler
 	} else if key, ok := m.selected(); ok && (m.focus == panelKeys || !m.wide()) {
-		id, status = key.EventID, key.Status
+		id, status, handler = key.EventID, key.Status, key.Handler
 	} else {
 		m.setStatus("select a dead key in Keys first (k)", true)
 		return m, nil
@@ -331,7 +331,7 @@ func (m Model) askPurge() (tea.Model, tea.Cmd) {
 		run: m.operation(func(ctx context.Context) (string, error) {
 			zero := time.Duration(0)
 			res, err := svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{
-				Filter: admin.Filter{EventID: id}, OlderThan: &zero, Actor: actor,
+				Filter: admin.Filter{EventID: id, Handler: handler}, OlderThan: &zero, Actor: actor,
 				Reason: "purged from the operator console"})
 			if err != nil {
 				return "purge " + id, err

@@ -1,0 +1,204 @@
+package inbox_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+func keyOf(t *testing.T, spec string, m event.Message) (string, error) {
+	t.Helper()
+	s, err := inbox.ParseKeyStrategy(spec)
+	require.NoError(t, err, spec)
+	return s.Key(m)
+}
+
+// TestKeyStrategies: each strategy builds the documented key, and a payload
+// lacking a named field is an error naming the field, never another key.
+func TestKeyStrategies(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 23, 10, 42, 0, 0, time.UTC)
+	m := event.Message{EventID: "e1", EventType: "OrderPaid", OccurredAt: at,
+		Headers: map[string]string{"Producer-Id": "shop-7"},
+		Payload: []byte(`{"order_id":"o-42","amount_cents":1250,"currency":"EUR","customer":{"id":7},"ok":true}`)}
+
+	k, err := keyOf(t, "", m)
+	require.NoError(t, err)
+	require.Equal(t, "e1", k)
+	k, err = keyOf(t, "message-id", m)
+	require.NoError(t, err)
+	require.Equal(t, "e1", k)
+
+	k, err = keyOf(t, "business:payment:{order_id}", m)
+	require.NoError(t, err)
+	require.Equal(t, "payment:o-42", k)
+	k, err = keyOf(t, "business:{order_id}", m)
+	require.NoError(t, err)
+	require.Equal(t, "OrderPaid:o-42", k, "a template without an operation is scoped by the event type")
+	k, err = keyOf(t, "business:charge:{customer.id}/{amount_cents}/{ok}", m)
+	require.NoError(t, err)
+	require.Equal(t, "charge:7/1250/true", k)
+	k, err = keyOf(t, "business:c:{customer}", m)
+	require.NoError(t, err)
+	require.Equal(t, `c:{"id":7}`, k)
+
+	whole, err := keyOf(t, "content-hash", m)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(whole, "OrderPaid:sha256:"), whole)
+	reordered := m
+	reordered.EventID = "e2"
+	reordered.Payload = []byte(" { \"ok\" : true, \"customer\":{\"id\":7},\"currency\":\"\\u0045UR\",\"amount_cents\":1250,\"order_id\":\"o-42\"}\n")
+	again, err := keyOf(t, "content-hash", reordered)
+	require.NoError(t, err)
+	require.Equal(t, whole, again, "member order, white space and escapes do not change the content hash")
+
+	fields, err := keyOf(t, "content-hash:amount_cents,currency", m)
+	require.NoError(t, err)
+	other := m
+	other.Payload = []byte(`{"order_id":"o-99","amount_cents":1250,"currency":"EUR"}`)
+	same, err := keyOf(t, "content-hash:amount_cents,currency", other)
+	require.NoError(t, err)
+	require.Equal(t, fields, same, "only the chosen fields are hashed")
+	require.NotEqual(t, whole, fields)
+
+	hour, err := keyOf(t, "hybrid:content-hash@1h", m)
+	require.NoError(t, err)
+	require.Equal(t, whole+"@2026-11-23T10:00:00Z", hour)
+	later := m
+	later.OccurredAt = at.Add(time.Hour)
+	next, err := keyOf(t, "hybrid:content-hash@1h", later)
+	require.NoError(t, err)
+	require.NotEqual(t, hour, next, "the next hour's bucket is another key")
+	prod, err := keyOf(t, "hybrid:content-hash:amount_cents@header:Producer-Id", m)
+	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(prod, "@Producer-Id=shop-7"), prod)
+
+	// Missing fields: an error naming the field, never a fallback key.
+	for spec, want := range map[string]string{
+		"business:payment:{order_ref}":         "payload lacks field order_ref",
+		"business:x:{customer.name}":           "payload lacks field customer.name",
+		"content-hash:amount_cents,tax":        "payload lacks field tax",
+		"hybrid:content-hash@header:Tenant-Id": "lacks the producer header Tenant-Id",
+	} {
+		_, err := keyOf(t, spec, m)
+		require.ErrorContains(t, err, want, spec)
+		var ke *inbox.KeyError
+		require.ErrorAs(t, err, &ke)
+	}
+	notJSON := m
+	notJSON.Payload = []byte("not json")
+	_, err = keyOf(t, "business:p:{order_id}", notJSON)
+	require.ErrorContains(t, err, "not JSON")
+	dupMember := m
+	dupMember.Payload = []byte(`{"order_id":"a","order_id":"b"}`)
+	_, err = keyOf(t, "business:p:{order_id}", dupMember)
+	require.ErrorContains(t, err, `member "order_id" appears twice`)
+	long := m
+	long.Payload = []byte(`{"order_id":"` + strings.Repeat("x", 600) + `"}`)
+	_, err = keyOf(t, "business:p:{order_id}", long)
+	require.ErrorContains(t, err, "longer than 512")
+	ctl := m
+	ctl.Payload = []byte(`{"order_id":"a\nb"}`)
+	_, err = keyOf(t, "business:p:{order_id}", ctl)
+	require.ErrorContains(t, err, "control characters")
+}
+
+// TestParseKeyStrategyRefusesBadSpecs: every malformed spec is an error that
+// quotes it.
+func TestParseKeyStrategyRefusesBadSpecs(t *testing.T) {
+	t.Parallel()
+	for _, spec := range []string{
+		"business:", "business:payment", "business:payment:{order_id", "business:p:{}", "business:p:{a b}",
+		"business:!x:{a}", "business:p:}{a}", "content-hash:", "content-hash:a,,b", "content-hash:a,a",
+		"hybrid:content-hash", "hybrid:content-hash@", "hybrid:content-hash@0s", "hybrid:content-hash@1500ms",
+		"hybrid:content-hash@soon", "hybrid:business:{a}@1h", "hybrid:content-hash@header:", "sha1", "message-id:x",
+		"business:p:{a}\nx",
+	} {
+		_, err := inbox.ParseKeyStrategy(spec)
+		require.Error(t, err, spec)
+		require.Contains(t, err.Error(), "dedup key strategy", spec)
+	}
+	for _, spec := range []string{"message-id", "business:payment:{order_id}", "content-hash", "content-hash:a,b.c",
+		"hybrid:content-hash@1h", "hybrid:content-hash:a@24h", "hybrid:content-hash@header:Producer-Id"} {
+		s, err := inbox.ParseKeyStrategy(spec)
+		require.NoError(t, err, spec)
+		require.Equal(t, spec, s.String())
+	}
+}
+
+// FuzzKeyStrategy: parsing never panics; a parsed strategy's String parses
+// back to the same strategy; a key, when built, is deterministic and valid,
+// and a failure is a *KeyError.
+func FuzzKeyStrategy(f *testing.F) {
+	f.Add("business:payment:{order_id}", []byte(`{"order_id":"o-1"}`), "OrderPaid", int64(0))
+	f.Add("content-hash", []byte(`{"b":[1,2,{"c":null}],"a":"x"}`), "T", int64(1))
+	f.Add("content-hash:amount,currency", []byte(`{"amount":1.50,"currency":"EUR"}`), "", int64(2))
+	f.Add("hybrid:content-hash@1h", []byte(`"just a string"`), "T", int64(3e9))
+	f.Add("hybrid:content-hash@header:P", []byte(`{}`), "T", int64(-5))
+	f.Add("business:{a.b}", []byte(`{"a":{"b":false}}`), "T", int64(0))
+	f.Add("message-id", []byte{0xff, 0x00}, "T", int64(0))
+	f.Fuzz(func(t *testing.T, spec string, payload []byte, typ string, secs int64) {
+		s, err := inbox.ParseKeyStrategy(spec)
+		if err != nil {
+			return
+		}
+		back, err := inbox.ParseKeyStrategy(s.String())
+		require.NoError(t, err)
+		require.Equal(t, s.String(), back.String())
+		m := event.Message{EventID: "e", EventType: typ, Payload: payload,
+			OccurredAt: time.Unix(secs%(1<<33), 0), Headers: map[string]string{"P": "p"}}
+		k1, err1 := s.Key(m)
+		k2, err2 := s.Key(m)
+		require.Equal(t, k1, k2, "deterministic")
+		require.Equal(t, err1 == nil, err2 == nil)
+		if err1 != nil {
+			var ke *inbox.KeyError
+			require.ErrorAs(t, err1, &ke)
+			return
+		}
+		if s.IsMessageID() {
+			require.Equal(t, "e", k1)
+			return
+		}
+		require.NoError(t, inbox.ValidateDedupKey(k1))
+		require.True(t, utf8.ValidString(k1))
+	})
+}
+
+// FuzzCanonicalJSON: canonicalisation is idempotent, yields valid JSON equal
+// in value to the input, and ignores member order and white space.
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{`{"b":1,"a":[true,null,"x"]}`, ` [ 1 , 2.50 , -0 , 1e3 ] `, `"\u00e9\ud83d\ude00"`,
+		`{"a":{"b":{"c":{}}}}`, `{"a":1,"a":2}`, `{"x":"\u0000\n"}`, `nope`, `{} {}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := inbox.CanonicalJSON(b)
+		if err != nil {
+			return
+		}
+		require.True(t, json.Valid(c), "canonical form is JSON: %q", c)
+		again, err := inbox.CanonicalJSON(c)
+		require.NoError(t, err)
+		require.Equal(t, c, again, "idempotent")
+		var v1, v2 any
+		require.NoError(t, json.Unmarshal(b, &v1))
+		require.NoError(t, json.Unmarshal(c, &v2))
+		require.Equal(t, v1, v2, "same value")
+		// Re-indenting the input does not change its canonical form.
+		var ind bytes.Buffer
+		if json.Indent(&ind, b, " ", "\t") == nil {
+			c2, err := inbox.CanonicalJSON(ind.Bytes())
+			require.NoError(t, err)
+			require.Equal(t, c, c2)
+		}
+	})
+}
