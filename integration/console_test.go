@@ -105,7 +105,7 @@ func TestConsoleInTmux(t *testing.T) {
 	}, "run")
 	metricsAddr := freeAddr(t)
 	consumerBin := filepath.Join(dir, "consumer")
-	startService(t, consumerBin, consumerEnv(dbURL, natsURL, stream, prefix, "METRICS_ADDR="+metricsAddr, "LOG_LEVEL=warn"), "run")
+	startService(t, consumerBin, consumerEnv(dbURL, natsURL, stream, prefix, "METRICS_ADDR="+metricsAddr, "LOG_LEVEL=warn", "CONSUMER_HANDLER_NAME=ledger"), "run")
 
 	// Three orders through the relay, credited by the consumer.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
