@@ -66,8 +66,8 @@ func bindKafkaConsumer(f *pflag.FlagSet) ConsumerSide {
 	s := kafkaConsumerSide{&kafkaSettings{}}
 	d := kafka.Config{}.WithDefaults()
 	bindKafkaCommon(f, s.kafkaSettings)
-	f.StringVar(&s.group, "kafka-group", EnvString("KAFKA_GROUP", d.Group),
-		"--broker kafka: consumer group; instances sharing it share the partitions (env KAFKA_GROUP)")
+	f.StringVar(&s.group, "kafka-group", EnvString("KAFKA_GROUP", ""),
+		"--broker kafka: consumer group; instances sharing it share the partitions (default "+d.Group+", or "+d.Group+"-<handler-name> for a named handler) (env KAFKA_GROUP)")
 	f.StringVar(&s.topics, "kafka-topics", EnvString("KAFKA_TOPICS", ""),
 		"--broker kafka: pgrelay topics to consume, comma-separated; empty: every <prefix>.* topic (env KAFKA_TOPICS)")
 	f.DurationVar(&s.sessionTimeout, "kafka-session-timeout", EnvDuration("KAFKA_SESSION_TIMEOUT", d.SessionTimeout),
@@ -114,6 +114,11 @@ func (s *kafkaSettings) Open(ctx context.Context, log *zap.Logger) (*RelayBroker
 func (s *kafkaSettings) consumerConfig(opts SubscriberOptions) kafka.Config {
 	c := s.config(opts.Logger)
 	c.DedupWindow, c.MaxPayloadBytes = opts.DedupWindow, opts.MaxPayloadBytes
+	if c.Group == "" && handlerNamed(opts.HandlerName) {
+		// A named handler's consumers form a group of their own: each
+		// handler receives every record.
+		c.Group = kafka.Config{}.WithDefaults().Group + "-" + opts.HandlerName
+	}
 	return c.WithDefaults()
 }
 

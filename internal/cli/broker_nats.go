@@ -170,7 +170,7 @@ func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
 
 func (s *natsConsumer) config(opts SubscriberOptions) broker.NATSSubscriberConfig {
 	durable := s.durable
-	if durable == "" && opts.HandlerName != "" && opts.HandlerName != "default" && !strings.ContainsAny(opts.HandlerName, " \t\r\n*>") {
+	if durable == "" && handlerNamed(opts.HandlerName) && !strings.ContainsAny(opts.HandlerName, " \t\r\n*>") {
 		// A named handler gets its own durable: each handler receives every
 		// message, whatever other handlers' consumers acknowledge.
 		durable = broker.DefaultDurable + "-" + strings.ReplaceAll(opts.HandlerName, ".", "_")
@@ -224,3 +224,9 @@ func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durat
 	}
 	return ds, err
 }
+
+// handlerNamed reports whether the consumer runs a named handler (not the
+// default one). A named handler reads from a broker subscription of its own
+// (NATS durable, Kafka consumer group, RabbitMQ queue) unless one is given:
+// sharing one with another handler would split the messages between them.
+func handlerNamed(name string) bool { return name != "" && name != "default" }

@@ -50,7 +50,7 @@ var rabbitMQEnvKinds = map[string]string{
 func bindRabbitMQCommon(f *pflag.FlagSet, c *rabbitmq.Config) {
 	f.StringVar(&c.URL, "amqp-url", EnvString("AMQP_URL", ""), "--broker rabbitmq: RabbitMQ URL, amqp://user:password@host:5672/vhost (env AMQP_URL); required")
 	f.StringVar(&c.Exchange, "amqp-exchange", EnvString("AMQP_EXCHANGE", "pgrelay"), "--broker rabbitmq: durable topic exchange events are published to, routing key = topic (env AMQP_EXCHANGE)")
-	f.StringVar(&c.Queue, "amqp-queue", EnvString("AMQP_QUEUE", "pgrelay"), "--broker rabbitmq: durable queue bound to the exchange, read by the consumer and declared by both (env AMQP_QUEUE)")
+	f.StringVar(&c.Queue, "amqp-queue", EnvString("AMQP_QUEUE", ""), "--broker rabbitmq: durable queue bound to the exchange, read by the consumer and declared by both (default pgrelay; a named handler's consumer: pgrelay-<handler-name>) (env AMQP_QUEUE)")
 	f.StringVar(&c.BindingKey, "amqp-binding-key", EnvString("AMQP_BINDING_KEY", "#"), "--broker rabbitmq: binding of the queue to the exchange; # takes every topic (env AMQP_BINDING_KEY)")
 	f.StringVar(&c.QueueType, "amqp-queue-type", EnvString("AMQP_QUEUE_TYPE", rabbitmq.QueueTypeAuto), "--broker rabbitmq: type a missing queue is declared with: auto (quorum where supported), quorum or classic (env AMQP_QUEUE_TYPE)")
 	f.BoolVar(&c.SkipDeclare, "amqp-skip-declare", EnvBool("AMQP_SKIP_DECLARE", false), "--broker rabbitmq: declare nothing; the exchange, queue and binding must exist (env AMQP_SKIP_DECLARE)")
@@ -117,6 +117,12 @@ func bindRabbitMQConsumer(f *pflag.FlagSet) ConsumerSide {
 func (s *rabbitMQConsumer) config(opts SubscriberOptions) rabbitmq.Config {
 	c := s.cfg
 	c.Logger = opts.Logger
+	if c.Queue == "" && handlerNamed(opts.HandlerName) {
+		// A named handler reads a queue of its own, bound like the default
+		// one: each handler receives every message published once the queue
+		// exists (its consumer declares it at start).
+		c.Queue = rabbitmq.Config{}.WithDefaults().Queue + "-" + opts.HandlerName
+	}
 	return c.WithDefaults()
 }
 

@@ -31,3 +31,40 @@ func TestNATSDurableNamedAfterTheHandler(t *testing.T) {
 		require.Equal(t, c.want, got, "%v %q", c.args, c.handler)
 	}
 }
+
+// TestKafkaGroupAndRabbitMQQueueNamedAfterTheHandler: the same for a Kafka
+// consumer group and a RabbitMQ queue: a named handler without --kafka-group
+// or --amqp-queue gets its own, so that two handlers never split the
+// messages between them.
+func TestKafkaGroupAndRabbitMQQueueNamedAfterTheHandler(t *testing.T) {
+	t.Setenv("KAFKA_GROUP", "")
+	t.Setenv("AMQP_QUEUE", "")
+	for _, c := range []struct {
+		args                 []string
+		handler              string
+		wantGroup, wantQueue string
+	}{
+		{nil, "", "pgrelay-consumer", "pgrelay"},
+		{nil, "default", "pgrelay-consumer", "pgrelay"},
+		{nil, "mail", "pgrelay-consumer-mail", "pgrelay-mail"},
+		{[]string{"--kafka-group", "g", "--amqp-queue", "q"}, "mail", "g", "q"},
+	} {
+		opts := SubscriberOptions{BatchSize: 10, HandlerName: c.handler}
+		fk := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		k := bindKafkaConsumer(fk).(kafkaConsumerSide)
+		fr := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		r := bindRabbitMQConsumer(fr).(*rabbitMQConsumer)
+		var kargs, rargs []string
+		for i := 0; i < len(c.args); i += 2 {
+			if c.args[i] == "--kafka-group" {
+				kargs = append(kargs, c.args[i:i+2]...)
+			} else {
+				rargs = append(rargs, c.args[i:i+2]...)
+			}
+		}
+		require.NoError(t, fk.Parse(kargs))
+		require.NoError(t, fr.Parse(rargs))
+		require.Equal(t, c.wantGroup, k.consumerConfig(opts).WithDefaults().Group, "%v %q", c.args, c.handler)
+		require.Equal(t, c.wantQueue, r.config(opts).Queue, "%v %q", c.args, c.handler)
+	}
+}
