@@ -113,7 +113,7 @@ chaos:
 ## fuzz: a bounded run of every fuzz target over untrusted input (their seed
 ## corpora also run as ordinary tests in unit); FUZZTIME per target.
 FUZZTIME ?= 4s
-FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker FuzzRabbitMQRoundTrip:./internal/broker/rabbitmq \
+FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker FuzzRabbitMQRoundTrip:./internal/broker/rabbitmq FuzzKafkaRoundTrip:./internal/broker/kafka \
 	FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
 	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \

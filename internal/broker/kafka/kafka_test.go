@@ -544,8 +544,8 @@ func TestConfigValidationNamesFlags(t *testing.T) {
 	}
 }
 
-// FuzzRoundTrip: the publisher's record mapping decoded by the subscriber.
-func FuzzRoundTrip(f *testing.F) {
+// FuzzKafkaRoundTrip: the publisher's record mapping decoded by the subscriber.
+func FuzzKafkaRoundTrip(f *testing.F) {
 	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
 		r := toRecord("pgrelay", m)
 		r.Partition, r.Offset, r.Timestamp = 2, 7, time.Unix(1700000000, 0)
