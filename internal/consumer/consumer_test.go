@@ -580,7 +580,11 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.streamWithMaxAge(t, 0)
-	const window = 3 * time.Second
+	// The window must outlast the subscriber's notice of the lost durable (an
+	// idle subscriber checks every 5 s): it re-creates the durable delivering
+	// from now minus the window, which must still cover the event published
+	// right after the loss.
+	const window = 10 * time.Second
 	b.nats.DedupWindow, b.nats.AllowReplayBeyondDedupWindow = window, true
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
