@@ -333,14 +333,10 @@ func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit := 0
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			s.fail(w, r, fmt.Errorf("%w: limit=%q: want a non-negative integer", ErrInvalid, v))
-			return
-		}
-		limit = n
+	limit, err := queryInt(r, "limit")
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	list, err := s.cfg.Service.Audit(r.Context(), q.Get("event_id"), Source(q.Get("source")), limit)
 	if err != nil {
@@ -423,14 +419,10 @@ func (s *Server) handleOutbox(w http.ResponseWriter, r *http.Request) {
 // optional handler, event_id and limit parameters.
 func (s *Server) handleConflicts(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit := 0
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			s.fail(w, r, fmt.Errorf("%w: limit=%q: want a non-negative integer", ErrInvalid, v))
-			return
-		}
-		limit = n
+	limit, err := queryInt(r, "limit")
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	list, err := s.cfg.Service.ListConflicts(r.Context(), q.Get("handler"), q.Get("event_id"), limit)
 	if err != nil {
