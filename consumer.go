@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/retention"
@@ -248,7 +248,7 @@ type Consumer struct {
 	reg     *prometheus.Registry
 	running atomic.Bool
 	started chan struct{}
-	ops     *admin.Ops
+	ops     *endpoints.Running
 }
 
 // NewConsumer checks cfg (after WithDefaults) and builds a consumer; it does
@@ -412,8 +412,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	ops, err := admin.StartOps(ctx, admin.OpsConfig{
-		Flags: admin.OpsFlags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
+	ops, err := endpoints.Start(ctx, endpoints.Config{
+		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
 			AdminToken: c.cfg.AdminToken, DedupWindow: c.cfg.DedupWindow,
 			DedupRecordMax: c.cfg.DedupRecordMax},
 		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.Logger,

@@ -24,6 +24,7 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -269,7 +270,7 @@ func TestScenarioConflictListed(t *testing.T) {
 
 	var out bytes.Buffer
 	url := e.url
-	for _, cmd := range admin.Commands(&url) {
+	for _, cmd := range admincli.Commands(&url) {
 		if cmd.Name() != "conflicts" {
 			continue
 		}

@@ -27,8 +27,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -66,7 +67,7 @@ type settings struct {
 	sqlFunction     string
 	httpURL         string
 	httpTimeout     time.Duration
-	ops             admin.OpsFlags
+	ops             endpoints.Flags
 	logLevel        string
 	logFormat       string
 	db              cli.DBSettings
@@ -162,7 +163,7 @@ the reason and acknowledged, never dropped.`,
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
-	admin.BindOpsFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
+	endpoints.BindFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	var probeAddr string
@@ -177,7 +178,7 @@ the reason and acknowledged, never dropped.`,
 	migrate := cli.MigrateCommand(&s.databaseURL)
 	addExampleSchemaFlag(migrate, &s.databaseURL)
 	root.AddCommand(run, migrate, health)
-	root.AddCommand(admin.Commands(&s.databaseURL)...)
+	root.AddCommand(admincli.Commands(&s.databaseURL)...)
 	root.AddCommand(tui.Command("consumer", &s.databaseURL))
 	return root
 }
@@ -191,7 +192,7 @@ func runConsumer(parent context.Context, s settings) error {
 			return fmt.Errorf("CONSUMER_DUP_RATE_WARN %q: want a number between 0 and 1", v)
 		}
 	}
-	if err := cli.ValidateEnv(admin.OpsEnvKinds); err != nil {
+	if err := cli.ValidateEnv(endpoints.EnvKinds); err != nil {
 		return err
 	}
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {

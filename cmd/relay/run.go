@@ -10,8 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
-	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/tui"
@@ -35,7 +36,7 @@ type settings struct {
 	migrate            bool
 	logLevel           string
 	logFormat          string
-	ops                admin.OpsFlags
+	ops                endpoints.Flags
 	db                 cli.DBSettings
 }
 
@@ -133,11 +134,11 @@ needs only PostgreSQL.`,
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
-	admin.BindOpsFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
+	endpoints.BindFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
-	root.AddCommand(admin.Commands(&s.databaseURL)...)
+	root.AddCommand(admincli.Commands(&s.databaseURL)...)
 	root.AddCommand(tui.Command("relay", &s.databaseURL))
 	return root
 }
@@ -226,7 +227,7 @@ func runRelay(parent context.Context, s settings) error {
 	if err != nil {
 		return nameSetting(err)
 	}
-	ops, err := admin.StartOps(ctx, admin.OpsConfig{
+	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: s.ops, Pool: pool, Registry: reg, Outbox: true, Logger: log,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(pool),

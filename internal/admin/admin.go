@@ -1,8 +1,7 @@
 // Package admin holds pgrelay's operator operations (statistics, dead-letter
-// listing, requeue and purge, the replay audit trail), the HTTP admin API that
-// serves them and the cobra subcommands that run them against the database
-// directly. The API and the CLI call the same Service methods, so they behave
-// identically.
+// listing, requeue and purge, the replay audit trail, the console's reads).
+// The HTTP API (adminhttp), the subcommands (admincli) and the console call
+// the same Service methods, so they behave identically.
 package admin
 
 import (

@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"context"
@@ -8,18 +8,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
 type testBundle struct {
 	pool *pgxpool.Pool
-	svc  *Service
+	svc  *admin.Service
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	pool := testdb.New(t)
-	svc, err := New(Config{Pool: pool, QueryTimeout: 10 * time.Second})
+	svc, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	return &testBundle{pool: pool, svc: svc}
 }
@@ -83,7 +84,7 @@ func fixtures(t *testing.T, pool *pgxpool.Pool) {
 	)
 }
 
-func ids(list []DeadLetter) []string {
+func ids(list []admin.DeadLetter) []string {
 	out := []string{}
 	for _, d := range list {
 		out = append(out, d.EventID)
@@ -91,7 +92,7 @@ func ids(list []DeadLetter) []string {
 	return out
 }
 
-func affectedIDs(res *Result) []string {
+func affectedIDs(res *admin.Result) []string {
 	out := []string{}
 	for _, e := range res.Events {
 		out = append(out, e.EventID)
@@ -108,34 +109,34 @@ func TestListDeadFilters(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		f    Filter
+		f    admin.Filter
 		want []string
 	}{
-		{"all dead, oldest first", Filter{}, []string{"d-users-1", "d-orders-1", "d-orders-2"}},
-		{"topic", Filter{Topic: "orders"}, []string{"d-orders-1", "d-orders-2"}},
-		{"type", Filter{EventType: "OrderCreated"}, []string{"d-orders-2"}},
-		{"error substring ignores case", Filter{ErrorContains: "TIMEOUT"}, []string{"d-users-1", "d-orders-1"}},
-		{"time range", Filter{DeadAfter: ago(60 * time.Hour), DeadBefore: ago(24 * time.Hour)}, []string{"d-orders-1"}},
-		{"event id", Filter{EventID: "d-orders-2"}, []string{"d-orders-2"}},
-		{"limit", Filter{Limit: 1}, []string{"d-users-1"}},
-		{"no match", Filter{Topic: "nope"}, []string{}},
+		{"all dead, oldest first", admin.Filter{}, []string{"d-users-1", "d-orders-1", "d-orders-2"}},
+		{"topic", admin.Filter{Topic: "orders"}, []string{"d-orders-1", "d-orders-2"}},
+		{"type", admin.Filter{EventType: "OrderCreated"}, []string{"d-orders-2"}},
+		{"error substring ignores case", admin.Filter{ErrorContains: "TIMEOUT"}, []string{"d-users-1", "d-orders-1"}},
+		{"time range", admin.Filter{DeadAfter: ago(60 * time.Hour), DeadBefore: ago(24 * time.Hour)}, []string{"d-orders-1"}},
+		{"event id", admin.Filter{EventID: "d-orders-2"}, []string{"d-orders-2"}},
+		{"limit", admin.Filter{Limit: 1}, []string{"d-users-1"}},
+		{"no match", admin.Filter{Topic: "nope"}, []string{}},
 	} {
-		list, err := b.svc.ListDead(ctx, SourceInbox, tc.f)
+		list, err := b.svc.ListDead(ctx, admin.SourceInbox, tc.f)
 		require.NoError(t, err, tc.name)
 		require.Equal(t, tc.want, ids(list), tc.name)
 	}
 
-	_, err := b.svc.ListDead(ctx, "nope", Filter{})
-	require.ErrorIs(t, err, ErrInvalid)
-	_, err = b.svc.ListDead(ctx, SourceInbox, Filter{DeadAfter: ago(time.Hour), DeadBefore: ago(2 * time.Hour)})
-	require.ErrorIs(t, err, ErrInvalid)
+	_, err := b.svc.ListDead(ctx, "nope", admin.Filter{})
+	require.ErrorIs(t, err, admin.ErrInvalid)
+	_, err = b.svc.ListDead(ctx, admin.SourceInbox, admin.Filter{DeadAfter: ago(time.Hour), DeadBefore: ago(2 * time.Hour)})
+	require.ErrorIs(t, err, admin.ErrInvalid)
 }
 
 func TestShow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fixtures(t, b.pool)
-	d, err := b.svc.Show(context.Background(), SourceInbox, "d-orders-2", "")
+	d, err := b.svc.Show(context.Background(), admin.SourceInbox, "d-orders-2", "")
 	require.NoError(t, err)
 	require.Equal(t, "dead", d.Status)
 	require.Equal(t, `{"n":1}`, d.Payload)
@@ -143,8 +144,8 @@ func TestShow(t *testing.T) {
 	require.Equal(t, "bad payload: unexpected EOF", d.LastError)
 	require.NotNil(t, d.DeadAt)
 
-	_, err = b.svc.Show(context.Background(), SourceInbox, "missing", "")
-	require.ErrorIs(t, err, ErrNotFound)
+	_, err = b.svc.Show(context.Background(), admin.SourceInbox, "missing", "")
+	require.ErrorIs(t, err, admin.ErrNotFound)
 }
 
 // TestRequeueByFilter: requeue moves exactly the selected dead events back to
@@ -155,8 +156,8 @@ func TestRequeueByFilter(t *testing.T) {
 	fixtures(t, b.pool)
 	ctx := context.Background()
 
-	res, err := b.svc.Requeue(ctx, SourceInbox, RequeueRequest{
-		Filter: Filter{Topic: "orders", ErrorContains: "timeout"}, Actor: "alice", Reason: "ledger is back",
+	res, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{
+		Filter: admin.Filter{Topic: "orders", ErrorContains: "timeout"}, Actor: "alice", Reason: "ledger is back",
 	})
 	require.NoError(t, err)
 	require.False(t, res.DryRun)
@@ -189,7 +190,7 @@ func TestRequeueByFilter(t *testing.T) {
 	require.WithinDuration(t, time.Now(), audit[0].At, time.Minute)
 
 	// Requeueing again finds nothing: the event is no longer dead.
-	res, err = b.svc.Requeue(ctx, SourceInbox, RequeueRequest{Filter: Filter{EventID: "d-orders-1"}, Actor: "alice", Reason: "again"})
+	res, err = b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "d-orders-1"}, Actor: "alice", Reason: "again"})
 	require.NoError(t, err)
 	require.Equal(t, 0, res.Count)
 }
@@ -200,19 +201,19 @@ func TestRequeueValidation(t *testing.T) {
 	fixtures(t, b.pool)
 	ctx := context.Background()
 	before := snapshot(t, b.pool)
-	for name, req := range map[string]RequeueRequest{
+	for name, req := range map[string]admin.RequeueRequest{
 		"empty filter without all": {Actor: "a", Reason: "r"},
-		"no actor":                 {Filter: Filter{EventID: "d-orders-1"}, Reason: "r"},
-		"no reason":                {Filter: Filter{EventID: "d-orders-1"}, Actor: "a"},
-		"negative limit":           {Filter: Filter{EventID: "d-orders-1", Limit: -1}, Actor: "a", Reason: "r"},
+		"no actor":                 {Filter: admin.Filter{EventID: "d-orders-1"}, Reason: "r"},
+		"no reason":                {Filter: admin.Filter{EventID: "d-orders-1"}, Actor: "a"},
+		"negative limit":           {Filter: admin.Filter{EventID: "d-orders-1", Limit: -1}, Actor: "a", Reason: "r"},
 	} {
-		_, err := b.svc.Requeue(ctx, SourceInbox, req)
-		require.ErrorIs(t, err, ErrInvalid, name)
+		_, err := b.svc.Requeue(ctx, admin.SourceInbox, req)
+		require.ErrorIs(t, err, admin.ErrInvalid, name)
 	}
 	require.Equal(t, before, snapshot(t, b.pool))
 
 	// --all requeues every dead letter, up to the limit.
-	res, err := b.svc.Requeue(ctx, SourceInbox, RequeueRequest{All: true, Actor: "a", Reason: "r", Filter: Filter{Limit: 2}})
+	res, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{All: true, Actor: "a", Reason: "r", Filter: admin.Filter{Limit: 2}})
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Count)
 	require.True(t, res.More)
@@ -227,7 +228,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	before := snapshot(t, b.pool)
 
-	dryReq, err := b.svc.Requeue(ctx, SourceInbox, RequeueRequest{Filter: Filter{Topic: "orders"}, Actor: "a", Reason: "r", DryRun: true})
+	dryReq, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{Topic: "orders"}, Actor: "a", Reason: "r", DryRun: true})
 	require.NoError(t, err)
 	require.True(t, dryReq.DryRun)
 	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, affectedIDs(dryReq))
@@ -235,13 +236,13 @@ func TestDryRunChangesNothing(t *testing.T) {
 		require.Zero(t, e.AuditID)
 	}
 	day := 24 * time.Hour
-	dryPurge, err := b.svc.Purge(ctx, SourceInbox, PurgeRequest{OlderThan: &day, Actor: "a", DryRun: true})
+	dryPurge, err := b.svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{OlderThan: &day, Actor: "a", DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, []string{"d-users-1", "d-orders-1"}, affectedIDs(dryPurge))
 	require.Equal(t, before, snapshot(t, b.pool), "a dry run must change nothing")
 
 	// The real operations do what the dry runs said.
-	realPurge, err := b.svc.Purge(ctx, SourceInbox, PurgeRequest{OlderThan: &day, Actor: "a"})
+	realPurge, err := b.svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{OlderThan: &day, Actor: "a"})
 	require.NoError(t, err)
 	require.Equal(t, affectedIDs(dryPurge), affectedIDs(realPurge))
 	require.NotEqual(t, before, snapshot(t, b.pool))
@@ -258,7 +259,7 @@ func TestPurgeRemovesOnlyWhatItSays(t *testing.T) {
 	ctx := context.Background()
 
 	day := 24 * time.Hour
-	res, err := b.svc.Purge(ctx, SourceInbox, PurgeRequest{Filter: Filter{Topic: "orders"}, OlderThan: &day, Actor: "bob", Reason: "cleanup"})
+	res, err := b.svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{Filter: admin.Filter{Topic: "orders"}, OlderThan: &day, Actor: "bob", Reason: "cleanup"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"d-orders-1", "d-orders-3"}, affectedIDs(res))
 
@@ -273,7 +274,7 @@ func TestPurgeRemovesOnlyWhatItSays(t *testing.T) {
 		got, _, _ := statusOf(t, b.pool, id)
 		require.Equal(t, status, got, id)
 	}
-	audit, err := b.svc.Audit(ctx, "", SourceInbox, 0)
+	audit, err := b.svc.Audit(ctx, "", admin.SourceInbox, 0)
 	require.NoError(t, err)
 	require.Len(t, audit, 2)
 	for _, a := range audit {
@@ -281,11 +282,11 @@ func TestPurgeRemovesOnlyWhatItSays(t *testing.T) {
 		require.Equal(t, "bob", a.Actor)
 	}
 
-	_, err = b.svc.Purge(ctx, SourceInbox, PurgeRequest{Actor: "bob"})
-	require.ErrorIs(t, err, ErrInvalid, "older_than is required")
+	_, err = b.svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{Actor: "bob"})
+	require.ErrorIs(t, err, admin.ErrInvalid, "older_than is required")
 	neg := -time.Hour
-	_, err = b.svc.Purge(ctx, SourceInbox, PurgeRequest{Actor: "bob", OlderThan: &neg})
-	require.ErrorIs(t, err, ErrInvalid)
+	_, err = b.svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{Actor: "bob", OlderThan: &neg})
+	require.ErrorIs(t, err, admin.ErrInvalid)
 }
 
 func TestStats(t *testing.T) {
@@ -300,7 +301,7 @@ func TestStats(t *testing.T) {
 		next_attempt_at = now() - interval '5 minutes' WHERE event_id = 'q-orders-1'`)
 	require.NoError(t, err)
 
-	svc, err := New(Config{Pool: b.pool, Counters: func() (float64, float64, bool) { return 200, 50, true }})
+	svc, err := admin.New(admin.Config{Pool: b.pool, Counters: func() (float64, float64, bool) { return 200, 50, true }})
 	require.NoError(t, err)
 	st, err := svc.Stats(context.Background())
 	require.NoError(t, err)
@@ -315,12 +316,12 @@ func TestStats(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	_, err := New(Config{})
+	_, err := admin.New(admin.Config{})
 	require.ErrorContains(t, err, "Config.Pool")
 	pool := &pgxpool.Pool{}
-	_, err = New(Config{Pool: pool, QueryTimeout: -time.Second})
+	_, err = admin.New(admin.Config{Pool: pool, QueryTimeout: -time.Second})
 	require.ErrorContains(t, err, "Config.QueryTimeout")
-	_, err = New(Config{Pool: pool, MaxRows: -1})
+	_, err = admin.New(admin.Config{Pool: pool, MaxRows: -1})
 	require.ErrorContains(t, err, "Config.MaxRows")
 }
 
@@ -364,27 +365,27 @@ func TestOutboxDeadLetters(t *testing.T) {
 	outboxRow(t, b.pool, "o-new", "orders", "OrderCreated", true, time.Hour, "nats: no stream matches subject")
 	outboxRow(t, b.pool, "o-live", "orders", "OrderPaid", false, 0, "")
 
-	list, err := b.svc.ListDead(ctx, SourceOutbox, Filter{})
+	list, err := b.svc.ListDead(ctx, admin.SourceOutbox, admin.Filter{})
 	require.NoError(t, err)
 	require.Equal(t, []string{"o-old", "o-new"}, ids(list))
-	list, err = b.svc.ListDead(ctx, SourceOutbox, Filter{ErrorContains: "STREAM"})
+	list, err = b.svc.ListDead(ctx, admin.SourceOutbox, admin.Filter{ErrorContains: "STREAM"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"o-new"}, ids(list))
 	require.NotZero(t, list[0].ID)
 
-	d, err := b.svc.Show(ctx, SourceOutbox, "o-old", "")
+	d, err := b.svc.Show(ctx, admin.SourceOutbox, "o-old", "")
 	require.NoError(t, err)
 	require.Equal(t, "dead", d.Status)
 	require.Equal(t, `{"o":1}`, d.Payload)
 	require.WithinDuration(t, time.Now().Add(-48*time.Hour), *d.DeadAt, time.Minute)
 
 	before := snapshotOutbox(t, b.pool)
-	res, err := b.svc.Requeue(ctx, SourceOutbox, RequeueRequest{Filter: Filter{EventID: "o-new"}, Actor: "ops", Reason: "stream created", DryRun: true})
+	res, err := b.svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "o-new"}, Actor: "ops", Reason: "stream created", DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, []string{"o-new"}, affectedIDs(res))
 	require.Equal(t, before, snapshotOutbox(t, b.pool), "a dry run changes nothing")
 
-	res, err = b.svc.Requeue(ctx, SourceOutbox, RequeueRequest{Filter: Filter{EventID: "o-new"}, Actor: "ops", Reason: "stream created"})
+	res, err = b.svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "o-new"}, Actor: "ops", Reason: "stream created"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Count)
 	var attempts int
@@ -397,14 +398,14 @@ func TestOutboxDeadLetters(t *testing.T) {
 	require.Nil(t, deadAt)
 
 	day := 24 * time.Hour
-	res, err = b.svc.Purge(ctx, SourceOutbox, PurgeRequest{OlderThan: &day, Actor: "ops"})
+	res, err = b.svc.Purge(ctx, admin.SourceOutbox, admin.PurgeRequest{OlderThan: &day, Actor: "ops"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"o-old"}, affectedIDs(res))
 	require.Equal(t, "absent", outboxStatus(t, b.pool, "o-old"))
 	require.Equal(t, "pending", outboxStatus(t, b.pool, "o-new"))
 	require.Equal(t, "pending", outboxStatus(t, b.pool, "o-live"))
 
-	audit, err := b.svc.Audit(ctx, "", SourceOutbox, 0)
+	audit, err := b.svc.Audit(ctx, "", admin.SourceOutbox, 0)
 	require.NoError(t, err)
 	require.Len(t, audit, 2)
 	require.Equal(t, "purge", audit[0].Action)
@@ -434,14 +435,14 @@ func TestPurgeCutoffUsesTheDatabaseClock(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	fast := func() time.Time { return time.Now().Add(48 * time.Hour) }
-	svc, err := New(Config{Pool: pool, QueryTimeout: 10 * time.Second, Now: fast})
+	svc, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second, Now: fast})
 	require.NoError(t, err)
 	insertRows(t, pool,
 		row{id: "d-young", topic: "orders", typ: "OrderPaid", status: "dead", attempts: 1, lastError: "x", finishedAgo: time.Hour},
 		row{id: "d-old", topic: "orders", typ: "OrderPaid", status: "dead", attempts: 1, lastError: "x", finishedAgo: 30 * time.Hour},
 	)
 	day := 24 * time.Hour
-	res, err := svc.Purge(context.Background(), SourceInbox, PurgeRequest{OlderThan: &day, Actor: "ops"})
+	res, err := svc.Purge(context.Background(), admin.SourceInbox, admin.PurgeRequest{OlderThan: &day, Actor: "ops"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"d-old"}, affectedIDs(res))
 	got, _, _ := statusOf(t, pool, "d-young")

@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -21,7 +23,7 @@ import (
 func runCLI(t *testing.T, url string, args ...string) (string, error) {
 	t.Helper()
 	root := &cobra.Command{Use: "consumer", SilenceUsage: true, SilenceErrors: true}
-	root.AddCommand(Commands(&url)...)
+	root.AddCommand(admincli.Commands(&url)...)
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
@@ -47,7 +49,7 @@ func TestCLI(t *testing.T) {
 
 	out, err = runCLI(t, url, "dead", "list", "--topic", "orders", "--error", "eof", "--json")
 	require.NoError(t, err)
-	var list []DeadLetter
+	var list []admin.DeadLetter
 	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
 	require.Equal(t, []string{"d-orders-2"}, ids(list))
 
@@ -61,7 +63,7 @@ func TestCLI(t *testing.T) {
 	require.Contains(t, out, "bad payload: unexpected EOF")
 	require.Contains(t, out, `{"n":1}`)
 	_, err = runCLI(t, url, "dead", "show", "missing")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, admin.ErrNotFound)
 
 	before := snapshot(t, svcPool)
 	_, err = runCLI(t, url, "dead", "requeue", "d-orders-2")
@@ -80,7 +82,7 @@ func TestCLI(t *testing.T) {
 
 	out, err = runCLI(t, url, "dead", "requeue", "d-orders-2", "--reason", "fixed parser", "--actor", "carol", "--json")
 	require.NoError(t, err)
-	var res Result
+	var res admin.Result
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Equal(t, 1, res.Count)
 	st, _, _ := statusOf(t, svcPool, "d-orders-2")
@@ -109,7 +111,7 @@ func TestCLI(t *testing.T) {
 	defer ms.Close()
 	out, err = runCLI(t, url, "stats", "--metrics-url", ms.URL, "--json")
 	require.NoError(t, err)
-	var stats Stats
+	var stats admin.Stats
 	require.NoError(t, json.Unmarshal([]byte(out), &stats), out)
 	require.NotNil(t, stats.Dedup)
 	require.InDelta(t, 0.25, stats.Dedup.HitRate, 1e-9)

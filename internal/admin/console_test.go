@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -35,13 +37,13 @@ func TestDedupReportFromTheDatabase(t *testing.T) {
 	receiveIDs(t, b, "e1", "e4")
 	receiveIDs(t, b, "e2", "e1")
 
-	srv, err := NewServer(ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	code, body := do(t, http.MethodGet, hs.URL+"/v1/dedup?recent=2", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var rep DedupReport
+	var rep admin.DedupReport
 	require.NoError(t, json.Unmarshal(body, &rep))
 	require.Equal(t, int64(7), rep.Received)
 	require.Equal(t, int64(3), rep.Duplicates)
@@ -69,7 +71,7 @@ func TestResetDedupStatsIsAudited(t *testing.T) {
 	receiveIDs(t, b, "e1")
 	ctx := context.Background()
 	_, err := b.svc.ResetDedupStats(ctx, "", "why")
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, admin.ErrInvalid)
 	rep, err := b.svc.Dedup(ctx, 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), rep.Duplicates)
@@ -80,7 +82,7 @@ func TestResetDedupStatsIsAudited(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, rep.Received)
 	require.Zero(t, rep.RecordRows)
-	audit, err := b.svc.Audit(ctx, "*", SourceInbox, 10)
+	audit, err := b.svc.Audit(ctx, "*", admin.SourceInbox, 10)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)
 	require.Equal(t, id, audit[0].ID)
@@ -145,7 +147,7 @@ func TestDedupReportHoursInAnyTimeZone(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	svc, err := New(Config{Pool: pool})
+	svc, err := admin.New(admin.Config{Pool: pool})
 	require.NoError(t, err)
 	b := &testBundle{pool: pool, svc: svc}
 	receiveIDs(t, b, "e1")
@@ -162,14 +164,14 @@ func TestConsoleRoutes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fixtures(t, b.pool)
-	srv, err := NewServer(ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 
 	code, body := do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?search=users&limit=5", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var keys []InboxKey
+	var keys []admin.InboxKey
 	require.NoError(t, json.Unmarshal(body, &keys))
 	require.Len(t, keys, 1)
 	code, _ = do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?limit=-1", "", nil)
@@ -179,7 +181,7 @@ func TestConsoleRoutes(t *testing.T) {
 
 	code, body = do(t, http.MethodGet, hs.URL+"/v1/outbox/partitions", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var ov OutboxOverview
+	var ov admin.OutboxOverview
 	require.NoError(t, json.Unmarshal(body, &ov))
 	require.NotEmpty(t, ov.Partitions)
 
@@ -187,7 +189,7 @@ func TestConsoleRoutes(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code)
 	code, body = do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"actor": "ops", "reason": "baseline"})
 	require.Equal(t, http.StatusOK, code, string(body))
-	audit, err := b.svc.Audit(context.Background(), "*", SourceInbox, 10)
+	audit, err := b.svc.Audit(context.Background(), "*", admin.SourceInbox, 10)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)
 	require.Equal(t, "ops", audit[0].Actor)

@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
@@ -49,20 +51,20 @@ func TestServerRefusesToStartOffLoopbackWithoutToken(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for _, addr := range []string{"0.0.0.0:9091", ":9091", "10.1.2.3:9091", "[::]:9091", "example.com:9091"} {
-		_, err := NewServer(ServerConfig{Service: b.svc, Addr: addr})
+		_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: addr})
 		require.ErrorContains(t, err, "--admin-token", addr)
 	}
 	for _, addr := range []string{"127.0.0.1:0", "localhost:9091", "[::1]:9091", "127.1.2.3:80"} {
-		_, err := NewServer(ServerConfig{Service: b.svc, Addr: addr})
+		_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: addr})
 		require.NoError(t, err, addr)
 	}
-	_, err := NewServer(ServerConfig{Service: b.svc, Addr: "0.0.0.0:9091", Token: "short"})
+	_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "0.0.0.0:9091", Token: "short"})
 	require.ErrorContains(t, err, "at least 16")
-	_, err = NewServer(ServerConfig{Service: b.svc, Addr: "nonsense"})
+	_, err = adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "nonsense"})
 	require.ErrorContains(t, err, "--admin-addr")
-	srv, err := NewServer(ServerConfig{Service: b.svc})
+	_, err = adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc})
 	require.NoError(t, err)
-	require.Equal(t, "127.0.0.1:9091", srv.cfg.Addr, "loopback by default")
+	require.Equal(t, "127.0.0.1:9091", adminhttp.ServerConfig{}.WithDefaults().Addr, "loopback by default")
 }
 
 // TestAPIRequiresTheToken: bound off loopback, every endpoint refuses a
@@ -71,7 +73,7 @@ func TestAPIRequiresTheToken(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fixtures(t, b.pool)
-	srv, err := NewServer(ServerConfig{Service: b.svc, Addr: "0.0.0.0:0", Token: token})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "0.0.0.0:0", Token: token})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -82,7 +84,7 @@ func TestAPIRequiresTheToken(t *testing.T) {
 	base := "http://" + ln.Addr().String()
 	before := snapshot(t, b.pool)
 
-	requeue := RequeueRequest{All: true, Actor: "mallory", Reason: "r"}
+	requeue := admin.RequeueRequest{All: true, Actor: "mallory", Reason: "r"}
 	for _, bearer := range []string{"", "wrong-token-0123456789", token + "x", strings.ToUpper(token)} {
 		for _, c := range []struct {
 			method, path string
@@ -103,7 +105,7 @@ func TestAPIRequiresTheToken(t *testing.T) {
 
 	code, body := do(t, "GET", base+"/v1/inbox/dead?topic=orders", token, nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var list []DeadLetter
+	var list []admin.DeadLetter
 	require.NoError(t, json.Unmarshal(body, &list))
 	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, ids(list))
 }
@@ -115,14 +117,14 @@ func TestAPIOperations(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fixtures(t, b.pool)
-	srv, err := NewServer(ServerConfig{Service: b.svc})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 
 	code, body := do(t, "GET", hs.URL+"/v1/inbox/dead/d-users-1", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var d DeadLetter
+	var d admin.DeadLetter
 	require.NoError(t, json.Unmarshal(body, &d))
 	require.Equal(t, "timeout", d.LastError)
 
@@ -135,22 +137,22 @@ func TestAPIOperations(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code)
 	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", map[string]any{"actor": "a", "reason": "r", "bogus": 1})
 	require.Equal(t, http.StatusBadRequest, code, "unknown fields are refused: %s", body)
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{Actor: "a", Reason: "r"})
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{Actor: "a", Reason: "r"})
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, string(body), "without a filter")
 
 	before := snapshot(t, b.pool)
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{
-		Filter: Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed", DryRun: true})
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
+		Filter: admin.Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed", DryRun: true})
 	require.Equal(t, http.StatusOK, code, string(body))
-	var res Result
+	var res admin.Result
 	require.NoError(t, json.Unmarshal(body, &res))
 	require.True(t, res.DryRun)
 	require.Equal(t, []string{"d-users-1"}, affectedIDs(&res))
 	require.Equal(t, before, snapshot(t, b.pool))
 
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{
-		Filter: Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed"})
+	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
+		Filter: admin.Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed"})
 	require.Equal(t, http.StatusOK, code, string(body))
 	st, _, _ := statusOf(t, b.pool, "d-users-1")
 	require.Equal(t, "pending", st)
@@ -164,14 +166,14 @@ func TestAPIOperations(t *testing.T) {
 
 	code, body = do(t, "GET", hs.URL+"/v1/audit?event_id=d-users-1", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var audit []AuditEntry
+	var audit []admin.AuditEntry
 	require.NoError(t, json.Unmarshal(body, &audit))
 	require.Len(t, audit, 1)
 	require.Equal(t, "ops", audit[0].Actor)
 
 	code, body = do(t, "GET", hs.URL+"/v1/stats", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var stats Stats
+	var stats admin.Stats
 	require.NoError(t, json.Unmarshal(body, &stats))
 	require.Equal(t, int64(2), stats.Inbox.ByStatus["dead"])
 }
@@ -218,18 +220,18 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	srv, err := NewServer(ServerConfig{Service: b.svc})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
-	code, body := do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", RequeueRequest{
-		Filter: Filter{EventID: "evt-42"}, Actor: "ops", Reason: "handler fixed"})
+	code, body := do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
+		Filter: admin.Filter{EventID: "evt-42"}, Actor: "ops", Reason: "handler fixed"})
 	require.Equal(t, http.StatusOK, code, string(body))
 
 	require.Eventually(t, func() bool { st, _, _ := statusOf(t, b.pool, "evt-42"); return st == "processed" },
 		10*time.Second, 10*time.Millisecond)
 	// A second requeue finds nothing dead, and a redelivery is absorbed.
-	res, err := b.svc.Requeue(ctx, SourceInbox, RequeueRequest{Filter: Filter{EventID: "evt-42"}, Actor: "ops", Reason: "again"})
+	res, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "evt-42"}, Actor: "ops", Reason: "again"})
 	require.NoError(t, err)
 	require.Zero(t, res.Count)
 	rr, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{in})

@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -25,29 +27,29 @@ func TestHandlersInOperations(t *testing.T) {
 		('mail', 'e2', 'processed', 1, NULL, now())`)
 	require.NoError(t, err)
 
-	all, err := b.svc.ListDead(ctx, SourceInbox, Filter{})
+	all, err := b.svc.ListDead(ctx, admin.SourceInbox, admin.Filter{})
 	require.NoError(t, err)
 	require.Len(t, all, 2)
-	mail, err := b.svc.ListDead(ctx, SourceInbox, Filter{Handler: "mail"})
+	mail, err := b.svc.ListDead(ctx, admin.SourceInbox, admin.Filter{Handler: "mail"})
 	require.NoError(t, err)
 	require.Len(t, mail, 1)
 	require.Equal(t, "mail", mail[0].Handler)
 	require.Equal(t, "smtp down", mail[0].LastError)
-	_, err = b.svc.ListDead(ctx, SourceOutbox, Filter{Handler: "mail"})
-	require.ErrorIs(t, err, ErrInvalid)
+	_, err = b.svc.ListDead(ctx, admin.SourceOutbox, admin.Filter{Handler: "mail"})
+	require.ErrorIs(t, err, admin.ErrInvalid)
 
-	d, err := b.svc.Show(ctx, SourceInbox, "e1", "")
+	d, err := b.svc.Show(ctx, admin.SourceInbox, "e1", "")
 	require.NoError(t, err)
 	require.Equal(t, "ledger", d.Handler)
 	require.Equal(t, []string{"mail"}, d.OtherHandlers)
-	d, err = b.svc.Show(ctx, SourceInbox, "e1", "mail")
+	d, err = b.svc.Show(ctx, admin.SourceInbox, "e1", "mail")
 	require.NoError(t, err)
 	require.Equal(t, "smtp down", d.LastError)
 	require.Equal(t, "e1", d.DedupKey)
-	_, err = b.svc.Show(ctx, SourceInbox, "e2", "ledger")
-	require.ErrorIs(t, err, ErrNotFound)
+	_, err = b.svc.Show(ctx, admin.SourceInbox, "e2", "ledger")
+	require.ErrorIs(t, err, admin.ErrNotFound)
 
-	res, err := b.svc.Requeue(ctx, SourceInbox, RequeueRequest{Filter: Filter{Handler: "mail"}, Actor: "op", Reason: "smtp back"})
+	res, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{Handler: "mail"}, Actor: "op", Reason: "smtp back"})
 	require.NoError(t, err)
 	require.Len(t, res.Events, 1)
 	require.Equal(t, "mail", res.Events[0].Handler)
@@ -57,7 +59,7 @@ func TestHandlersInOperations(t *testing.T) {
 		(SELECT status FROM inbox WHERE handler = 'mail' AND event_id = 'e1')`).Scan(&ledgerStatus, &mailStatus))
 	require.Equal(t, "dead", ledgerStatus, "another handler's dead letter is left alone")
 	require.Equal(t, "pending", mailStatus)
-	audit, err := b.svc.Audit(ctx, "e1", SourceInbox, 0)
+	audit, err := b.svc.Audit(ctx, "e1", admin.SourceInbox, 0)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)
 	require.Equal(t, "mail", audit[0].Handler, "the audit trail names the handler whose row was requeued")
@@ -87,13 +89,13 @@ func TestHandlersInOperations(t *testing.T) {
 	require.Equal(t, "pay:o1", list[0].DedupKey)
 	require.Equal(t, "business:pay:{order_id}", list[0].KeyStrategy)
 
-	srv, err := NewServer(ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	code, body := do(t, http.MethodGet, hs.URL+"/v1/inbox/conflicts?handler=pay", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var got []Conflict
+	var got []admin.Conflict
 	require.NoError(t, json.Unmarshal(body, &got))
 	require.Len(t, got, 1)
 	require.Equal(t, `{"order_id":"o1","n":2}`, got[0].Payload)
@@ -102,7 +104,7 @@ func TestHandlersInOperations(t *testing.T) {
 	require.JSONEq(t, `[]`, string(body))
 	code, body = do(t, http.MethodGet, hs.URL+"/v1/inbox/dead?handler=ledger", "", nil)
 	require.Equal(t, http.StatusOK, code)
-	var dead []DeadLetter
+	var dead []admin.DeadLetter
 	require.NoError(t, json.Unmarshal(body, &dead))
 	require.Len(t, dead, 1)
 	require.Equal(t, "ledger", dead[0].Handler)

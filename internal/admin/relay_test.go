@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -45,7 +46,7 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	require.Eventually(t, func() bool { return outboxStatus(t, b.pool, "o-live") == "published" }, 20*time.Second, 10*time.Millisecond)
 	require.Equal(t, "dead", outboxStatus(t, b.pool, "o-dead"))
 
-	res, err := b.svc.Requeue(ctx, SourceOutbox, RequeueRequest{Filter: Filter{EventID: "o-dead"}, Actor: "ops", Reason: "limit raised"})
+	res, err := b.svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "o-dead"}, Actor: "ops", Reason: "limit raised"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Count)
 	require.Eventually(t, func() bool { return outboxStatus(t, b.pool, "o-dead") == "published" }, 20*time.Second, 10*time.Millisecond)

@@ -1,4 +1,4 @@
-package admin
+package endpoints_test
 
 import (
 	"context"
@@ -7,11 +7,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/testdb"
 )
+
+func inboxStatus(t *testing.T, pool *pgxpool.Pool, id string) string {
+	t.Helper()
+	var st string
+	if err := pool.QueryRow(context.Background(), `SELECT status FROM inbox WHERE event_id = $1`, id).Scan(&st); err != nil {
+		return "absent"
+	}
+	return st
+}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -28,28 +40,28 @@ func get(t *testing.T, url string) (int, string) {
 // when its context is cancelled.
 func TestOpsServeAndStop(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
+	pool := testdb.New(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
 		VALUES ('expired', 'processed', now() - interval '8 days'), ('kept', 'processed', now())`)
 	require.NoError(t, err)
 
-	var f OpsFlags
+	var f endpoints.Flags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-	BindOpsFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
+	endpoints.BindFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
 	require.NoError(t, fs.Parse(nil))
 	require.Equal(t, 7*24*time.Hour, f.DedupWindow)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	ops, err := StartOps(ctx, OpsConfig{Flags: f, Pool: b.pool, Registry: metrics.NewRegistry(), Inbox: true, Outbox: true,
-		Checks: map[string]metrics.Check{"database": metrics.PingCheck(b.pool)}})
+	ops, err := endpoints.Start(ctx, endpoints.Config{Flags: f, Pool: pool, Registry: metrics.NewRegistry(), Inbox: true, Outbox: true,
+		Checks: map[string]metrics.Check{"database": metrics.PingCheck(pool)}})
 	require.NoError(t, err)
 
 	base := "http://" + ops.MetricsAddr().String()
 	require.Eventually(t, func() bool {
-		st, _, _ := statusOf(t, b.pool, "expired")
+		st := inboxStatus(t, pool, "expired")
 		return st == "absent"
 	}, 10*time.Second, 10*time.Millisecond, "retention runs at start-up")
-	st, _, _ := statusOf(t, b.pool, "kept")
+	st := inboxStatus(t, pool, "kept")
 	require.Equal(t, "processed", st)
 	code, body := get(t, base+"/metrics")
 	require.Equal(t, http.StatusOK, code)
@@ -76,17 +88,17 @@ func TestOpsServeAndStop(t *testing.T) {
 // address and a too-short dedup window fail at start-up, naming the setting.
 func TestOpsRefuseBadSettings(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	pool := testdb.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	_, err := StartOps(ctx, OpsConfig{Flags: OpsFlags{AdminAddr: "0.0.0.0:0"}, Pool: b.pool, Registry: metrics.NewRegistry()})
+	_, err := endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{AdminAddr: "0.0.0.0:0"}, Pool: pool, Registry: metrics.NewRegistry()})
 	require.ErrorContains(t, err, "--admin-token")
-	_, err = StartOps(ctx, OpsConfig{Flags: OpsFlags{DedupWindow: time.Second}, Pool: b.pool, Registry: metrics.NewRegistry(), Inbox: true})
+	_, err = endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{DedupWindow: time.Second}, Pool: pool, Registry: metrics.NewRegistry(), Inbox: true})
 	require.ErrorContains(t, err, "--dedup-window")
 
-	ops, err := StartOps(ctx, OpsConfig{Flags: OpsFlags{MetricsAddr: "127.0.0.1:0"}, Pool: b.pool, Registry: metrics.NewRegistry()})
+	ops, err := endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{MetricsAddr: "127.0.0.1:0"}, Pool: pool, Registry: metrics.NewRegistry()})
 	require.NoError(t, err)
-	_, err = StartOps(ctx, OpsConfig{Flags: OpsFlags{MetricsAddr: ops.MetricsAddr().String()}, Pool: b.pool, Registry: metrics.NewRegistry()})
+	_, err = endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{MetricsAddr: ops.MetricsAddr().String()}, Pool: pool, Registry: metrics.NewRegistry()})
 	require.ErrorContains(t, err, "--metrics-addr")
 	cancel()
 	require.NoError(t, ops.Wait())

@@ -1,4 +1,5 @@
-package admin
+// Package adminhttp serves the admin HTTP API over admin.Service.
+package adminhttp
 
 import (
 	"context"
@@ -14,12 +15,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/admin"
 )
 
 // ServerConfig configures the admin HTTP API.
 type ServerConfig struct {
 	// Service runs the operations. Required.
-	Service *Service
+	Service *admin.Service
 	// Addr is the listen address. Default: 127.0.0.1:9091 (loopback only).
 	Addr string
 	// Token is the bearer token every request must present
@@ -204,11 +207,11 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, admin.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, admin.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, ErrUnsupported):
+	case errors.Is(err, admin.ErrUnsupported):
 		writeError(w, http.StatusNotImplemented, err.Error())
 	default:
 		s.cfg.Logger.Error("admin API request failed", zap.Error(err),
@@ -228,15 +231,15 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 
 // filterFromQuery reads a Filter from URL parameters: handler, event_id,
 // topic, type, error, since, until (RFC 3339) and limit.
-func filterFromQuery(r *http.Request) (Filter, error) {
+func filterFromQuery(r *http.Request) (admin.Filter, error) {
 	q := r.URL.Query()
-	f := Filter{Handler: q.Get("handler"), EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
+	f := admin.Filter{Handler: q.Get("handler"), EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
 		ErrorContains: q.Get("error")}
 	for name, dst := range map[string]**time.Time{"since": &f.DeadAfter, "until": &f.DeadBefore} {
 		if v := q.Get(name); v != "" {
 			t, err := time.Parse(time.RFC3339Nano, v)
 			if err != nil {
-				return f, fmt.Errorf("%w: %s=%q: want an RFC 3339 time", ErrInvalid, name, v)
+				return f, fmt.Errorf("%w: %s=%q: want an RFC 3339 time", admin.ErrInvalid, name, v)
 			}
 			*dst = &t
 		}
@@ -244,7 +247,7 @@ func filterFromQuery(r *http.Request) (Filter, error) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return f, fmt.Errorf("%w: limit=%q: want a non-negative integer", ErrInvalid, v)
+			return f, fmt.Errorf("%w: limit=%q: want a non-negative integer", admin.ErrInvalid, v)
 		}
 		f.Limit = n
 	}
@@ -257,7 +260,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, err := s.cfg.Service.ListDead(r.Context(), Source(r.PathValue("source")), f)
+	list, err := s.cfg.Service.ListDead(r.Context(), admin.Source(r.PathValue("source")), f)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -266,7 +269,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
-	d, err := s.cfg.Service.Show(r.Context(), Source(r.PathValue("source")), r.PathValue("id"), r.URL.Query().Get("handler"))
+	d, err := s.cfg.Service.Show(r.Context(), admin.Source(r.PathValue("source")), r.PathValue("id"), r.URL.Query().Get("handler"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -280,18 +283,18 @@ func decodeBody(r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: request body: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: request body: %v", admin.ErrInvalid, err)
 	}
 	return nil
 }
 
 func (s *Server) handleRequeue(w http.ResponseWriter, r *http.Request) {
-	var req RequeueRequest
+	var req admin.RequeueRequest
 	if err := decodeBody(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.cfg.Service.Requeue(r.Context(), Source(r.PathValue("source")), req)
+	res, err := s.cfg.Service.Requeue(r.Context(), admin.Source(r.PathValue("source")), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -301,11 +304,11 @@ func (s *Server) handleRequeue(w http.ResponseWriter, r *http.Request) {
 
 // purgeBody is PurgeRequest on the wire: older_than is a Go duration string.
 type purgeBody struct {
-	Filter    Filter `json:"filter"`
-	OlderThan string `json:"older_than"`
-	Actor     string `json:"actor"`
-	Reason    string `json:"reason,omitempty"`
-	DryRun    bool   `json:"dry_run,omitempty"`
+	Filter    admin.Filter `json:"filter"`
+	OlderThan string       `json:"older_than"`
+	Actor     string       `json:"actor"`
+	Reason    string       `json:"reason,omitempty"`
+	DryRun    bool         `json:"dry_run,omitempty"`
 }
 
 func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
@@ -314,16 +317,16 @@ func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	req := PurgeRequest{Filter: body.Filter, Actor: body.Actor, Reason: body.Reason, DryRun: body.DryRun}
+	req := admin.PurgeRequest{Filter: body.Filter, Actor: body.Actor, Reason: body.Reason, DryRun: body.DryRun}
 	if body.OlderThan != "" {
 		d, err := time.ParseDuration(body.OlderThan)
 		if err != nil {
-			s.fail(w, r, fmt.Errorf("%w: older_than=%q: want a duration such as 720h", ErrInvalid, body.OlderThan))
+			s.fail(w, r, fmt.Errorf("%w: older_than=%q: want a duration such as 720h", admin.ErrInvalid, body.OlderThan))
 			return
 		}
 		req.OlderThan = &d
 	}
-	res, err := s.cfg.Service.Purge(r.Context(), Source(r.PathValue("source")), req)
+	res, err := s.cfg.Service.Purge(r.Context(), admin.Source(r.PathValue("source")), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -338,7 +341,7 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, err := s.cfg.Service.Audit(r.Context(), q.Get("event_id"), Source(q.Get("source")), limit)
+	list, err := s.cfg.Service.Audit(r.Context(), q.Get("event_id"), admin.Source(q.Get("source")), limit)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -353,7 +356,7 @@ func queryInt(r *http.Request, name string) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%w: %s=%q: want a non-negative integer", ErrInvalid, name, v)
+		return 0, fmt.Errorf("%w: %s=%q: want a non-negative integer", admin.ErrInvalid, name, v)
 	}
 	return n, nil
 }

@@ -1,4 +1,7 @@
-package admin
+// Package endpoints starts a service's operator endpoints: the metrics and
+// health server, the admin API and the database gauges (and inbox retention),
+// from the settings both services take on their command line.
+package endpoints
 
 import (
 	"context"
@@ -13,14 +16,16 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/retention"
 )
 
-// OpsFlags are the operator settings both services take on their command
+// Flags are the operator settings both services take on their command
 // line.
-type OpsFlags struct {
+type Flags struct {
 	// MetricsAddr serves /metrics, /healthz and /readyz; empty disables.
 	MetricsAddr string
 	// AdminAddr serves the admin API; empty disables.
@@ -34,11 +39,11 @@ type OpsFlags struct {
 	DedupRecordMax int
 }
 
-// BindOpsFlags registers --metrics-addr, --admin-addr and --admin-token (and,
+// BindFlags registers --metrics-addr, --admin-addr and --admin-token (and,
 // when withRetention is set, --dedup-window and --dedup-record-max) on fs,
 // defaulted from METRICS_ADDR, ADMIN_ADDR, ADMIN_TOKEN, DEDUP_WINDOW and
 // DEDUP_RECORD_MAX.
-func BindOpsFlags(fs *pflag.FlagSet, f *OpsFlags, metricsAddr, adminAddr string, withRetention bool) {
+func BindFlags(fs *pflag.FlagSet, f *Flags, metricsAddr, adminAddr string, withRetention bool) {
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", metricsAddr), "address serving /metrics, /healthz and /readyz; empty disables (METRICS_ADDR)")
 	fs.StringVar(&f.AdminAddr, "admin-addr", cli.EnvString("ADMIN_ADDR", adminAddr), "address of the admin API (loopback unless --admin-token is set); empty disables (ADMIN_ADDR)")
 	fs.StringVar(&f.AdminToken, "admin-token", cli.EnvString("ADMIN_TOKEN", ""), "bearer token the admin API requires; required off loopback (ADMIN_TOKEN)")
@@ -48,14 +53,14 @@ func BindOpsFlags(fs *pflag.FlagSet, f *OpsFlags, metricsAddr, adminAddr string,
 	}
 }
 
-// OpsEnvKinds lists the typed environment variables of BindOpsFlags, for
+// EnvKinds lists the typed environment variables of BindFlags, for
 // cli.ValidateEnv.
-var OpsEnvKinds = map[string]string{"DEDUP_WINDOW": "duration", "DEDUP_RECORD_MAX": "int"}
+var EnvKinds = map[string]string{"DEDUP_WINDOW": "duration", "DEDUP_RECORD_MAX": "int"}
 
-// OpsConfig configures StartOps.
-type OpsConfig struct {
+// Config configures Start.
+type Config struct {
 	// Flags are the operator settings.
-	Flags OpsFlags
+	Flags Flags
 	// Pool is the service's database. Required.
 	Pool *pgxpool.Pool
 	// Registry is the service's registry; the DB gauges are registered on
@@ -73,9 +78,9 @@ type OpsConfig struct {
 	Logger *zap.Logger
 }
 
-// Ops runs a service's operator endpoints and maintenance: the metrics and
+// Running is a service's operator endpoints and maintenance: the metrics and
 // health server, the admin API and inbox retention.
-type Ops struct {
+type Running struct {
 	wg          sync.WaitGroup
 	mu          sync.Mutex
 	errs        []error
@@ -83,17 +88,17 @@ type Ops struct {
 	adminAddr   net.Addr
 }
 
-// StartOps checks cfg, binds the listeners (so a bad or busy address fails
+// Start checks cfg, binds the listeners (so a bad or busy address fails
 // here, naming its flag) and starts serving until ctx is cancelled. Wait
 // returns once everything stopped.
-func StartOps(ctx context.Context, cfg OpsConfig) (*Ops, error) {
+func Start(ctx context.Context, cfg Config) (*Running, error) {
 	if cfg.Pool == nil || cfg.Registry == nil {
-		return nil, errors.New("admin: OpsConfig.Pool and OpsConfig.Registry are required")
+		return nil, errors.New("endpoints: Config.Pool and Config.Registry are required")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	o := &Ops{}
+	o := &Running{}
 	type runner func(context.Context) error
 	var runners []runner
 
@@ -139,12 +144,12 @@ func StartOps(ctx context.Context, cfg OpsConfig) (*Ops, error) {
 		runners = append(runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	}
 	if cfg.Flags.AdminAddr != "" {
-		svc, err := New(Config{Pool: cfg.Pool, Logger: cfg.Logger, Counters: cfg.Counters})
+		svc, err := admin.New(admin.Config{Pool: cfg.Pool, Logger: cfg.Logger, Counters: cfg.Counters})
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
-		srv, err := NewServer(ServerConfig{Service: svc, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken, Logger: cfg.Logger})
+		srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: svc, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken, Logger: cfg.Logger})
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -172,14 +177,14 @@ func StartOps(ctx context.Context, cfg OpsConfig) (*Ops, error) {
 }
 
 // MetricsAddr returns the metrics server's bound address, or nil.
-func (o *Ops) MetricsAddr() net.Addr { return o.metricsAddr }
+func (o *Running) MetricsAddr() net.Addr { return o.metricsAddr }
 
 // AdminAddr returns the admin API's bound address, or nil.
-func (o *Ops) AdminAddr() net.Addr { return o.adminAddr }
+func (o *Running) AdminAddr() net.Addr { return o.adminAddr }
 
-// Wait blocks until everything StartOps started has stopped (after its
+// Wait blocks until everything Start started has stopped (after its
 // context was cancelled) and returns the errors of those that failed.
-func (o *Ops) Wait() error {
+func (o *Running) Wait() error {
 	o.wg.Wait()
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -1,4 +1,6 @@
-package admin
+// Package admincli holds the operator subcommands both binaries carry; they
+// call admin.Service, as the HTTP API does.
+package admincli
 
 import (
 	"context"
@@ -15,6 +17,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+
+	"github.com/pgrelay/pgrelay/internal/admin"
 )
 
 // Commands returns the operator subcommands (stats, dead, outbox, audit,
@@ -28,20 +32,20 @@ func Commands(databaseURL *string) []*cobra.Command {
 		Use:   "outbox",
 		Short: "Operate on the outbox (dead letters)",
 	}
-	outbox.AddCommand(c.deadCommand(SourceOutbox))
+	outbox.AddCommand(c.deadCommand(admin.SourceOutbox))
 	conflicts := &cobra.Command{
 		Use:   "conflicts",
 		Short: "List inbox key conflicts: the same dedup key delivered with a different payload",
 	}
 	conflicts.AddCommand(c.conflictsList())
-	return []*cobra.Command{c.statsCommand(), c.deadCommand(SourceInbox), outbox, c.auditCommand(), conflicts}
+	return []*cobra.Command{c.statsCommand(), c.deadCommand(admin.SourceInbox), outbox, c.auditCommand(), conflicts}
 }
 
 type cliEnv struct {
 	databaseURL *string
 }
 
-func (c *cliEnv) service(ctx context.Context) (*Service, func(), error) {
+func (c *cliEnv) service(ctx context.Context, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
 	if *c.databaseURL == "" {
 		return nil, nil, errors.New("--database-url (DATABASE_URL) is required")
 	}
@@ -55,7 +59,7 @@ func (c *cliEnv) service(ctx context.Context) (*Service, func(), error) {
 		pool.Close()
 		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
-	svc, err := New(Config{Pool: pool})
+	svc, err := admin.New(admin.Config{Pool: pool, Counters: counters})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -64,9 +68,19 @@ func (c *cliEnv) service(ctx context.Context) (*Service, func(), error) {
 }
 
 // run wraps a command body with the service's set-up and tear-down.
-func (c *cliEnv) run(f func(cmd *cobra.Command, args []string, svc *Service) error) func(*cobra.Command, []string) error {
+func (c *cliEnv) run(f func(cmd *cobra.Command, args []string, svc *admin.Service) error) func(*cobra.Command, []string) error {
+	return c.runWith(nil, f)
+}
+
+// runWith is run with the service's dedup counters read from the /metrics
+// URL *metricsURL, when it is set.
+func (c *cliEnv) runWith(metricsURL *string, f func(cmd *cobra.Command, args []string, svc *admin.Service) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		svc, closeFn, err := c.service(cmd.Context())
+		var counters func() (float64, float64, bool)
+		if metricsURL != nil && *metricsURL != "" {
+			counters = admin.ScrapeCounters(cmd.Context(), *metricsURL)
+		}
+		svc, closeFn, err := c.service(cmd.Context(), counters)
 		if err != nil {
 			return err
 		}
@@ -93,10 +107,7 @@ relay's lag (the oldest outbox row waiting to be published). The dedup hit rate 
 running consumer's counters: pass its metrics endpoint with --metrics-url.`,
 		Args: cobra.NoArgs,
 	}
-	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
-		if metricsURL != "" {
-			svc.cfg.Counters = ScrapeCounters(cmd.Context(), metricsURL)
-		}
+	cmd.RunE = c.runWith(&metricsURL, func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
 		st, err := svc.Stats(cmd.Context())
 		if err != nil {
 			return err
@@ -111,15 +122,15 @@ running consumer's counters: pass its metrics endpoint with --metrics-url.`,
 	return cmd
 }
 
-func writeStats(w io.Writer, st *Stats) error {
+func writeStats(w io.Writer, st *admin.Stats) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INBOX\tVALUE")
-	for _, status := range InboxStatuses {
+	for _, status := range admin.InboxStatuses {
 		fmt.Fprintf(tw, "%s\t%d\n", status, st.Inbox.ByStatus[status])
 	}
 	for _, h := range st.Inbox.Handlers {
 		fmt.Fprintf(tw, "handler %s (%s)\t", h.Handler, strings.Join(h.KeyStrategies, ", "))
-		for i, status := range InboxStatuses {
+		for i, status := range admin.InboxStatuses {
 			if i > 0 {
 				fmt.Fprint(tw, ", ")
 			}
@@ -137,7 +148,7 @@ func writeStats(w io.Writer, st *Stats) error {
 	}
 	fmt.Fprintln(tw, "\t")
 	fmt.Fprintln(tw, "OUTBOX\tVALUE")
-	for _, status := range OutboxStatuses {
+	for _, status := range admin.OutboxStatuses {
 		fmt.Fprintf(tw, "%s\t%d\n", status, st.Outbox.ByStatus[status])
 	}
 	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Outbox.TableBytes))
@@ -180,8 +191,8 @@ func (ff *filterFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&ff.limit, "limit", 0, "at most this many events (default and maximum: 1000)")
 }
 
-func (ff *filterFlags) filter(now time.Time) (Filter, error) {
-	f := Filter{Handler: ff.handler, Topic: ff.topic, EventType: ff.eventType, ErrorContains: ff.errorContains, Limit: ff.limit}
+func (ff *filterFlags) filter(now time.Time) (admin.Filter, error) {
+	f := admin.Filter{Handler: ff.handler, Topic: ff.topic, EventType: ff.eventType, ErrorContains: ff.errorContains, Limit: ff.limit}
 	for _, p := range []struct {
 		flag, v string
 		dst     **time.Time
@@ -224,7 +235,7 @@ func defaultActor() string {
 	return "cli:" + name + "@" + host
 }
 
-func (c *cliEnv) deadCommand(src Source) *cobra.Command {
+func (c *cliEnv) deadCommand(src admin.Source) *cobra.Command {
 	dead := &cobra.Command{
 		Use:   "dead",
 		Short: fmt.Sprintf("List, show, requeue or purge dead %s events", src),
@@ -233,14 +244,14 @@ func (c *cliEnv) deadCommand(src Source) *cobra.Command {
 	return dead
 }
 
-func (c *cliEnv) deadList(src Source) *cobra.Command {
+func (c *cliEnv) deadList(src admin.Source) *cobra.Command {
 	var ff filterFlags
 	var asJSON bool
 	cmd := &cobra.Command{Use: "list", Short: fmt.Sprintf("List dead %s events, oldest first", src), Args: cobra.NoArgs}
 	ff.bind(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
-		f, err := ff.filter(svc.cfg.Now())
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
+		f, err := ff.filter(time.Now())
 		if err != nil {
 			return err
 		}
@@ -252,13 +263,13 @@ func (c *cliEnv) deadList(src Source) *cobra.Command {
 			return printJSON(cmd.OutOrStdout(), list)
 		}
 		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		if src == SourceInbox {
+		if src == admin.SourceInbox {
 			fmt.Fprintln(tw, "HANDLER\tEVENT_ID\tTOPIC\tTYPE\tATTEMPTS\tDEAD_AT\tERROR")
 		} else {
 			fmt.Fprintln(tw, "EVENT_ID\tTOPIC\tTYPE\tATTEMPTS\tDEAD_AT\tERROR")
 		}
 		for _, d := range list {
-			if src == SourceInbox {
+			if src == admin.SourceInbox {
 				fmt.Fprintf(tw, "%s\t", d.Handler)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.EventID, d.Topic, d.EventType, d.Attempts,
@@ -284,15 +295,15 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-func (c *cliEnv) deadShow(src Source) *cobra.Command {
+func (c *cliEnv) deadShow(src admin.Source) *cobra.Command {
 	var asJSON bool
 	var handler string
 	cmd := &cobra.Command{Use: "show EVENT_ID", Short: fmt.Sprintf("Show one %s event with its payload and error", src), Args: cobra.ExactArgs(1)}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	if src == SourceInbox {
+	if src == admin.SourceInbox {
 		cmd.Flags().StringVar(&handler, "handler", "", "the named handler's row (an event has one per handler that stored it)")
 	}
-	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *Service) error {
+	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *admin.Service) error {
 		d, err := svc.Show(cmd.Context(), src, args[0], handler)
 		if err != nil {
 			return err
@@ -303,7 +314,7 @@ func (c *cliEnv) deadShow(src Source) *cobra.Command {
 		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 		row("event_id", d.EventID)
-		if d.Source == SourceInbox {
+		if d.Source == admin.SourceInbox {
 			row("handler", d.Handler)
 			row("dedup_key", d.DedupKey)
 			row("key_strategy", d.KeyStrategy)
@@ -316,7 +327,7 @@ func (c *cliEnv) deadShow(src Source) *cobra.Command {
 		row("key", d.Key)
 		row("event_type", d.EventType)
 		row("attempts", fmt.Sprint(d.Attempts))
-		if d.Source == SourceOutbox {
+		if d.Source == admin.SourceOutbox {
 			row("id", fmt.Sprint(d.ID))
 			row("partition", fmt.Sprint(d.Partition))
 			row("created_at", timeOrDash(d.CreatedAt))
@@ -339,7 +350,7 @@ func (c *cliEnv) deadShow(src Source) *cobra.Command {
 	return cmd
 }
 
-func writeResult(w io.Writer, res *Result) error {
+func writeResult(w io.Writer, res *admin.Result) error {
 	verb := map[string]string{"requeue": "requeued", "purge": "purged"}[res.Action]
 	if res.DryRun {
 		fmt.Fprintf(w, "dry run: would have %s %d dead %s event(s); nothing changed\n", verb, res.Count, res.Source)
@@ -362,7 +373,7 @@ func writeResult(w io.Writer, res *Result) error {
 	return nil
 }
 
-func (c *cliEnv) deadRequeue(src Source) *cobra.Command {
+func (c *cliEnv) deadRequeue(src admin.Source) *cobra.Command {
 	var ff filterFlags
 	var asJSON, dryRun, all bool
 	var actor, reason string
@@ -382,8 +393,8 @@ nothing.`, src),
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who requeues (recorded in the audit table)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be requeued; change nothing")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *Service) error {
-		f, err := ff.filter(svc.cfg.Now())
+	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *admin.Service) error {
+		f, err := ff.filter(time.Now())
 		if err != nil {
 			return err
 		}
@@ -393,7 +404,7 @@ nothing.`, src),
 		if reason == "" {
 			return errors.New("--reason is required: say why the events are requeued (it is recorded in the audit table)")
 		}
-		res, err := svc.Requeue(cmd.Context(), src, RequeueRequest{Filter: f, All: all, Actor: actor, Reason: reason, DryRun: dryRun})
+		res, err := svc.Requeue(cmd.Context(), src, admin.RequeueRequest{Filter: f, All: all, Actor: actor, Reason: reason, DryRun: dryRun})
 		if err != nil {
 			return err
 		}
@@ -405,7 +416,7 @@ nothing.`, src),
 	return cmd
 }
 
-func (c *cliEnv) deadPurge(src Source) *cobra.Command {
+func (c *cliEnv) deadPurge(src admin.Source) *cobra.Command {
 	var ff filterFlags
 	var asJSON, dryRun bool
 	var actor, reason string
@@ -426,15 +437,15 @@ changes nothing.`, src),
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who purges (recorded in the audit table)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be deleted; change nothing")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
 		if !cmd.Flags().Changed("older-than") {
 			return errors.New("--older-than is required (for example --older-than 720h; 0s purges every match)")
 		}
-		f, err := ff.filter(svc.cfg.Now())
+		f, err := ff.filter(time.Now())
 		if err != nil {
 			return err
 		}
-		res, err := svc.Purge(cmd.Context(), src, PurgeRequest{Filter: f, OlderThan: &olderThan, Actor: actor, Reason: reason, DryRun: dryRun})
+		res, err := svc.Purge(cmd.Context(), src, admin.PurgeRequest{Filter: f, OlderThan: &olderThan, Actor: actor, Reason: reason, DryRun: dryRun})
 		if err != nil {
 			return err
 		}
@@ -455,8 +466,8 @@ func (c *cliEnv) auditCommand() *cobra.Command {
 	cmd.Flags().StringVar(&source, "source", "", "only entries for this source (inbox or outbox)")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many entries")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
-		list, err := svc.Audit(cmd.Context(), eventID, Source(source), limit)
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
+		list, err := svc.Audit(cmd.Context(), eventID, admin.Source(source), limit)
 		if err != nil {
 			return err
 		}
@@ -491,7 +502,7 @@ kept here with its payload.`,
 	cmd.Flags().StringVar(&eventID, "event-id", "", "only conflicts involving this event id (stored or conflicting)")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many conflicts")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *Service) error {
+	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
 		if limit < 0 {
 			return fmt.Errorf("--limit %d: must not be negative", limit)
 		}
