@@ -1,10 +1,11 @@
 -- Operator queries: statistics, dead letters (list, show, requeue, purge),
 -- the replay audit trail, inbox retention and the gauges behind /metrics.
 --
--- The dead-letter filter is repeated in AdminListInboxDead,
--- AdminRequeueInboxDead and AdminPurgeInboxDead (sqlc has no shared
--- fragments); every parameter is optional (NULL matches everything) and the
--- three copies must stay identical.
+-- The dead-letter filter is written once per table, in AdminListInboxDead and
+-- AdminListOutboxDead: every parameter is optional (NULL matches everything).
+-- Requeue and purge run the list in their transaction and then act on the
+-- rows it returned, by key, each taking the row again only while it is still
+-- dead.
 
 -- name: AdminInboxStatusCounts :many
 -- AdminInboxStatusCounts counts inbox rows by status (exact; a full scan on a big
@@ -61,25 +62,18 @@ WHERE event_id = @event_id
 ORDER BY handler;
 
 -- name: AdminRequeueInboxDead :many
--- AdminRequeueInboxDead puts matching dead events back to pending, with the same
--- event_id, attempts reset and no lock, and writes one replay_audit row per
--- event in the same statement. lock_version is kept: it only ever grows, so a
--- worker that held the event before it died stays fenced.
+-- AdminRequeueInboxDead puts the given dead events (by handler and dedup key,
+-- from AdminListInboxDead) back to pending, with the same event_id, attempts
+-- reset and no lock, and writes one replay_audit row per event in the same
+-- statement. A row no longer dead is left alone. lock_version is kept: it only
+-- ever grows, so a worker that held the event before it died stays fenced.
 WITH picked AS (
     SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
     FROM inbox d
+    JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) k
+      ON d.handler = k.handler AND d.dedup_key = k.dedup_key
     WHERE d.status = 'dead'
-      AND (sqlc.narg(handler)::text IS NULL OR d.handler = sqlc.narg(handler)::text)
-      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
-      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
-      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
-      AND (sqlc.narg(error_contains)::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
-      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR d.finished_at >= sqlc.narg(dead_after)::timestamptz)
-      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR d.finished_at < sqlc.narg(dead_before)::timestamptz)
-    ORDER BY d.finished_at, d.event_id, d.handler
-    LIMIT @max_rows
-    FOR UPDATE
+    FOR UPDATE OF d
 ), moved AS (
     UPDATE inbox i
     SET status = 'pending', attempts = 0, next_attempt_at = now(),
@@ -92,37 +86,23 @@ WITH picked AS (
 INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'requeue', m.event_id, m.handler, @actor::text, @reason::text, m.previous_attempts, m.previous_error
 FROM moved m
-RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error;
+RETURNING *;
 
 -- name: AdminPurgeInboxDead :many
--- AdminPurgeInboxDead deletes matching dead events and writes one replay_audit row
--- per event in the same statement. A purged event_id no longer deduplicates:
--- a later redelivery of it is received as new.
-WITH picked AS (
-    SELECT d.handler, d.dedup_key, d.event_id
-    FROM inbox d
-    WHERE d.status = 'dead'
-      AND (sqlc.narg(handler)::text IS NULL OR d.handler = sqlc.narg(handler)::text)
-      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
-      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
-      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
-      AND (sqlc.narg(error_contains)::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
-      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR d.finished_at >= sqlc.narg(dead_after)::timestamptz)
-      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR d.finished_at < sqlc.narg(dead_before)::timestamptz)
-    ORDER BY d.finished_at, d.event_id, d.handler
-    LIMIT @max_rows
-    FOR UPDATE
-), gone AS (
+-- AdminPurgeInboxDead deletes the given dead events (by handler and dedup key,
+-- from AdminListInboxDead) and writes one replay_audit row per event in the
+-- same statement. A purged event_id no longer deduplicates: a later
+-- redelivery of it is received as new.
+WITH gone AS (
     DELETE FROM inbox i
-    USING picked p
-    WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key AND i.status = 'dead'
+    USING (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) k
+    WHERE i.handler = k.handler AND i.dedup_key = k.dedup_key AND i.status = 'dead'
     RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
 INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'purge', g.event_id, g.handler, @actor::text, @reason::text, g.attempts, g.last_error
 FROM gone g
-RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error;
+RETURNING *;
 
 -- name: AdminListInboxConflicts :many
 -- AdminListInboxConflicts lists recorded key conflicts, newest first: a
@@ -202,7 +182,7 @@ SELECT
     pg_total_relation_size('outbox'::regclass)::bigint AS table_bytes;
 
 -- name: AdminListOutboxDead :many
-SELECT id, event_id, topic, key, event_type, attempts, created_at,
+SELECT id, event_id, topic, key, event_type, attempts, created_at, partition,
        coalesce(dead_at, created_at)::timestamptz AS dead_at, last_error
 FROM outbox
 WHERE status = 'dead'
@@ -222,65 +202,39 @@ SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, crea
 FROM outbox WHERE event_id = @event_id;
 
 -- name: AdminRequeueOutboxDead :many
--- AdminRequeueOutboxDead puts matching dead outbox rows back to pending (same
--- id and event_id, attempts reset) and audits each one, in one statement. The
--- relay publishes them with the broker dedup id they always had.
+-- AdminRequeueOutboxDead puts the given dead outbox rows (by id, from
+-- AdminListOutboxDead) back to pending (same id and event_id, attempts reset)
+-- and audits each one, in one statement. A row no longer dead is left alone.
+-- The relay publishes them with the broker dedup id they always had.
 WITH picked AS (
     SELECT d.id, d.attempts, d.last_error
     FROM outbox d
-    WHERE d.status = 'dead'
-      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
-      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
-      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
-      AND (sqlc.narg(error_contains)::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
-      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= sqlc.narg(dead_after)::timestamptz)
-      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < sqlc.narg(dead_before)::timestamptz)
-    ORDER BY coalesce(d.dead_at, d.created_at), d.id
-    LIMIT @max_rows
+    WHERE d.id = ANY(@ids::bigint[]) AND d.status = 'dead'
     FOR UPDATE
 ), moved AS (
     UPDATE outbox o
     SET status = 'pending', attempts = 0, next_attempt_at = NULL, last_error = NULL, dead_at = NULL
     FROM picked p
     WHERE o.id = p.id
-    RETURNING o.event_id, o.partition, p.attempts AS previous_attempts, p.last_error AS previous_error
-), audited AS (
-    INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-    SELECT 'outbox', 'requeue', m.event_id, @actor::text, @reason::text, m.previous_attempts, m.previous_error
-    FROM moved m
-    RETURNING id, at, event_id, previous_attempts, previous_error
+    RETURNING o.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-SELECT a.id, a.at, a.event_id, a.previous_attempts, a.previous_error, m.partition
-FROM audited a JOIN moved m ON m.event_id = a.event_id;
+INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+SELECT 'outbox', 'requeue', m.event_id, @actor::text, @reason::text, m.previous_attempts, m.previous_error
+FROM moved m
+RETURNING *;
 
 -- name: AdminPurgeOutboxDead :many
--- AdminPurgeOutboxDead deletes matching dead outbox rows and audits each one,
--- in one statement.
-WITH picked AS (
-    SELECT d.id
-    FROM outbox d
-    WHERE d.status = 'dead'
-      AND (sqlc.narg(event_id)::text IS NULL OR d.event_id = sqlc.narg(event_id)::text)
-      AND (sqlc.narg(topic)::text IS NULL OR d.topic = sqlc.narg(topic)::text)
-      AND (sqlc.narg(event_type)::text IS NULL OR d.event_type = sqlc.narg(event_type)::text)
-      AND (sqlc.narg(error_contains)::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
-      AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= sqlc.narg(dead_after)::timestamptz)
-      AND (sqlc.narg(dead_before)::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < sqlc.narg(dead_before)::timestamptz)
-    ORDER BY coalesce(d.dead_at, d.created_at), d.id
-    LIMIT @max_rows
-    FOR UPDATE
-), gone AS (
+-- AdminPurgeOutboxDead deletes the given dead outbox rows (by id, from
+-- AdminListOutboxDead) and audits each one, in one statement.
+WITH gone AS (
     DELETE FROM outbox o
-    USING picked p
-    WHERE o.id = p.id AND o.status = 'dead'
+    WHERE o.id = ANY(@ids::bigint[]) AND o.status = 'dead'
     RETURNING o.event_id, o.attempts, o.last_error
 )
 INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'outbox', 'purge', g.event_id, @actor::text, @reason::text, g.attempts, g.last_error
 FROM gone g
-RETURNING id, at, event_id, previous_attempts, previous_error;
+RETURNING *;
 
 -- name: AdminNotifyOutbox :exec
 -- AdminNotifyOutbox wakes the relays for the given partitions (the payload

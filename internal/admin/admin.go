@@ -5,11 +5,13 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -233,16 +235,26 @@ func (s *Service) ListDead(ctx context.Context, src Source, f Filter) ([]DeadLet
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	if src == SourceOutbox {
-		return s.listOutboxDead(ctx, f)
+	out, err := s.listDead(ctx, s.cfg.Pool, src, f)
+	if err != nil {
+		return nil, fmt.Errorf("admin: list dead %s events: %w", src, err)
 	}
-	rows, err := s.q.AdminListInboxDead(ctx, s.cfg.Pool, db.AdminListInboxDeadParams{
+	return out, nil
+}
+
+// listDead runs the one dead-letter filter of src on q (the pool, or the
+// transaction of a requeue or purge), oldest first, at most s.limit(f).
+func (s *Service) listDead(ctx context.Context, q db.DBTX, src Source, f Filter) ([]DeadLetter, error) {
+	if src == SourceOutbox {
+		return s.listOutboxDead(ctx, q, f)
+	}
+	rows, err := s.q.AdminListInboxDead(ctx, q, db.AdminListInboxDeadParams{
 		Handler: narg(f.Handler), EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
 		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 		MaxRows: s.limit(f),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("admin: list dead %s events: %w", src, err)
+		return nil, err
 	}
 	out := make([]DeadLetter, 0, len(rows))
 	for _, r := range rows {
@@ -390,30 +402,19 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 	if req.Filter.IsEmpty() && !req.All {
 		return nil, fmt.Errorf("%w: refusing to requeue every dead letter without a filter; give an event id or a filter, or set all", ErrInvalid)
 	}
-	f := req.Filter
-	limit := s.limit(f)
-	res := &Result{Source: src, Action: "requeue", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
+	res := &Result{Source: src, Action: "requeue", DryRun: req.DryRun, Limit: int(s.limit(req.Filter)), Events: []Affected{}}
 	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
-		if src == SourceOutbox {
-			return s.requeueOutbox(ctx, tx, f, limit, req, res)
-		}
-		rows, err := s.q.AdminRequeueInboxDead(ctx, tx, db.AdminRequeueInboxDeadParams{
-			Actor: req.Actor, Reason: req.Reason, Handler: narg(f.Handler),
-			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
-			ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
-			MaxRows: limit,
+		picked, err := s.applyToDead(ctx, tx, src, req.Filter, res, func(k deadKeys) ([]db.ReplayAudit, error) {
+			if src == SourceOutbox {
+				return s.q.AdminRequeueOutboxDead(ctx, tx, db.AdminRequeueOutboxDeadParams{Actor: req.Actor, Reason: req.Reason, Ids: k.ids})
+			}
+			return s.q.AdminRequeueInboxDead(ctx, tx, db.AdminRequeueInboxDeadParams{Actor: req.Actor, Reason: req.Reason,
+				Handlers: k.handlers, DedupKeys: k.dedupKeys})
 		})
-		if err != nil {
+		if err != nil || len(res.Events) == 0 {
 			return err
 		}
-		for _, r := range rows {
-			res.Events = append(res.Events, Affected{EventID: r.EventID, Handler: r.Handler, AuditID: r.ID, At: r.At,
-				PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
-		}
-		if len(rows) > 0 {
-			return s.q.AdminNotifyInbox(ctx, tx)
-		}
-		return nil
+		return s.wake(ctx, tx, src, picked)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admin: requeue dead %s events: %w", src, err)
@@ -443,8 +444,7 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 		return nil, fmt.Errorf("%w: older_than must not be negative, got %s", ErrInvalid, *req.OlderThan)
 	}
 	f := req.Filter
-	limit := s.limit(f)
-	res := &Result{Source: src, Action: "purge", DryRun: req.DryRun, Limit: int(limit), Events: []Affected{}}
+	res := &Result{Source: src, Action: "purge", DryRun: req.DryRun, Limit: int(s.limit(f)), Events: []Affected{}}
 	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
 		// The cut-off is measured with the database's clock, which wrote the
 		// times it is compared with: a client whose clock runs fast must not
@@ -457,29 +457,77 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 		if f.DeadBefore == nil || cutoff.Before(*f.DeadBefore) {
 			f.DeadBefore = &cutoff
 		}
-		if src == SourceOutbox {
-			return s.purgeOutbox(ctx, tx, f, limit, req, res)
-		}
-		rows, err := s.q.AdminPurgeInboxDead(ctx, tx, db.AdminPurgeInboxDeadParams{
-			Actor: req.Actor, Reason: req.Reason, Handler: narg(f.Handler),
-			EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
-			ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
-			MaxRows: limit,
+		_, err = s.applyToDead(ctx, tx, src, f, res, func(k deadKeys) ([]db.ReplayAudit, error) {
+			if src == SourceOutbox {
+				return s.q.AdminPurgeOutboxDead(ctx, tx, db.AdminPurgeOutboxDeadParams{Actor: req.Actor, Reason: req.Reason, Ids: k.ids})
+			}
+			return s.q.AdminPurgeInboxDead(ctx, tx, db.AdminPurgeInboxDeadParams{Actor: req.Actor, Reason: req.Reason,
+				Handlers: k.handlers, DedupKeys: k.dedupKeys})
 		})
-		if err != nil {
-			return err
-		}
-		for _, r := range rows {
-			res.Events = append(res.Events, Affected{EventID: r.EventID, Handler: r.Handler, AuditID: r.ID, At: r.At,
-				PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admin: purge dead %s events: %w", src, err)
 	}
 	s.finish(res, req.Actor, req.Reason)
 	return res, nil
+}
+
+// deadKeys are the keys of the dead letters a requeue or purge acts on: an
+// inbox row's handler and dedup key, an outbox row's id.
+type deadKeys struct {
+	handlers, dedupKeys []string
+	ids                 []int64
+}
+
+// applyToDead runs the dead-letter filter f of src in tx and hands the keys
+// of the rows it selected to act, which requeues or purges those still dead
+// and returns their audit rows. They fill res.Events, in the filter's order
+// (oldest first). It returns the selected dead letters.
+func (s *Service) applyToDead(ctx context.Context, tx pgx.Tx, src Source, f Filter, res *Result,
+	act func(deadKeys) ([]db.ReplayAudit, error)) ([]DeadLetter, error) {
+	picked, err := s.listDead(ctx, tx, src, f)
+	if err != nil || len(picked) == 0 {
+		return picked, err
+	}
+	var k deadKeys
+	order := make(map[string]int, len(picked))
+	for i, d := range picked {
+		if src == SourceOutbox {
+			k.ids = append(k.ids, d.ID)
+		} else {
+			k.handlers = append(k.handlers, d.Handler)
+			k.dedupKeys = append(k.dedupKeys, d.DedupKey)
+		}
+		order[d.Handler+"\x00"+d.EventID] = i
+	}
+	rows, err := act(k)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		res.Events = append(res.Events, Affected{EventID: r.EventID, Handler: deref(r.Handler), AuditID: r.ID, At: r.At,
+			PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
+	}
+	slices.SortStableFunc(res.Events, func(a, b Affected) int {
+		return cmp.Compare(order[a.Handler+"\x00"+a.EventID], order[b.Handler+"\x00"+b.EventID])
+	})
+	return picked, nil
+}
+
+// wake tells the workers of src that requeued dead letters are pending: the
+// inbox workers, or the relays of the requeued outbox rows' partitions.
+func (s *Service) wake(ctx context.Context, tx pgx.Tx, src Source, requeued []DeadLetter) error {
+	if src == SourceInbox {
+		return s.q.AdminNotifyInbox(ctx, tx)
+	}
+	var partitions []int32
+	for _, d := range requeued {
+		if !slices.Contains(partitions, d.Partition) {
+			partitions = append(partitions, d.Partition)
+		}
+	}
+	return s.q.AdminNotifyOutbox(ctx, tx, partitions)
 }
 
 func (s *Service) finish(res *Result, actor, reason string) {

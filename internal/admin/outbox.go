@@ -10,21 +10,21 @@ import (
 	"github.com/pgrelay/pgrelay/internal/db"
 )
 
-func (s *Service) listOutboxDead(ctx context.Context, f Filter) ([]DeadLetter, error) {
-	rows, err := s.q.AdminListOutboxDead(ctx, s.cfg.Pool, db.AdminListOutboxDeadParams{
+func (s *Service) listOutboxDead(ctx context.Context, q db.DBTX, f Filter) ([]DeadLetter, error) {
+	rows, err := s.q.AdminListOutboxDead(ctx, q, db.AdminListOutboxDeadParams{
 		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
 		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 		MaxRows: s.limit(f),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("admin: list dead outbox events: %w", err)
+		return nil, err
 	}
 	out := make([]DeadLetter, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, DeadLetter{
 			Source: SourceOutbox, ID: r.ID, EventID: r.EventID, Status: "dead", Topic: r.Topic, Key: r.Key,
 			EventType: r.EventType, Attempts: r.Attempts, CreatedAt: &r.CreatedAt,
-			DeadAt: &r.DeadAt, LastError: deref(r.LastError),
+			DeadAt: &r.DeadAt, LastError: deref(r.LastError), Partition: r.Partition,
 		})
 	}
 	return out, nil
@@ -55,47 +55,4 @@ func (s *Service) showOutbox(ctx context.Context, eventID string) (*DeadLetter, 
 	d.Payload, d.PayloadEncoding = encodePayload(r.Payload)
 	d.Headers = decodeHeaders(r.Headers)
 	return d, nil
-}
-
-func (s *Service) requeueOutbox(ctx context.Context, tx pgx.Tx, f Filter, limit int32, req RequeueRequest, res *Result) error {
-	rows, err := s.q.AdminRequeueOutboxDead(ctx, tx, db.AdminRequeueOutboxDeadParams{
-		Actor: req.Actor, Reason: req.Reason,
-		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
-		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
-		MaxRows: limit,
-	})
-	if err != nil {
-		return err
-	}
-	seen := map[int32]bool{}
-	var partitions []int32
-	for _, r := range rows {
-		res.Events = append(res.Events, Affected{EventID: r.EventID, AuditID: r.ID, At: r.At,
-			PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
-		if !seen[r.Partition] {
-			seen[r.Partition] = true
-			partitions = append(partitions, r.Partition)
-		}
-	}
-	if len(partitions) > 0 {
-		return s.q.AdminNotifyOutbox(ctx, tx, partitions)
-	}
-	return nil
-}
-
-func (s *Service) purgeOutbox(ctx context.Context, tx pgx.Tx, f Filter, limit int32, req PurgeRequest, res *Result) error {
-	rows, err := s.q.AdminPurgeOutboxDead(ctx, tx, db.AdminPurgeOutboxDeadParams{
-		Actor: req.Actor, Reason: req.Reason,
-		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
-		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
-		MaxRows: limit,
-	})
-	if err != nil {
-		return err
-	}
-	for _, r := range rows {
-		res.Events = append(res.Events, Affected{EventID: r.EventID, AuditID: r.ID, At: r.At,
-			PreviousAttempts: r.PreviousAttempts, PreviousError: deref(r.PreviousError)})
-	}
-	return nil
 }

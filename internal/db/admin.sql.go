@@ -264,10 +264,11 @@ type AdminInboxStatusCountsRow struct {
 // Operator queries: statistics, dead letters (list, show, requeue, purge),
 // the replay audit trail, inbox retention and the gauges behind /metrics.
 //
-// The dead-letter filter is repeated in AdminListInboxDead,
-// AdminRequeueInboxDead and AdminPurgeInboxDead (sqlc has no shared
-// fragments); every parameter is optional (NULL matches everything) and the
-// three copies must stay identical.
+// The dead-letter filter is written once per table, in AdminListInboxDead and
+// AdminListOutboxDead: every parameter is optional (NULL matches everything).
+// Requeue and purge run the list in their transaction and then act on the
+// rows it returned, by key, each taking the row again only while it is still
+// dead.
 // AdminInboxStatusCounts counts inbox rows by status (exact; a full scan on a big
 // table, so it is for on-demand statistics, not for every metrics scrape).
 func (q *Queries) AdminInboxStatusCounts(ctx context.Context, db DBTX) ([]AdminInboxStatusCountsRow, error) {
@@ -444,7 +445,7 @@ func (q *Queries) AdminListInboxDead(ctx context.Context, db DBTX, arg AdminList
 }
 
 const adminListOutboxDead = `-- name: AdminListOutboxDead :many
-SELECT id, event_id, topic, key, event_type, attempts, created_at,
+SELECT id, event_id, topic, key, event_type, attempts, created_at, partition,
        coalesce(dead_at, created_at)::timestamptz AS dead_at, last_error
 FROM outbox
 WHERE status = 'dead'
@@ -477,6 +478,7 @@ type AdminListOutboxDeadRow struct {
 	EventType string
 	Attempts  int32
 	CreatedAt time.Time
+	Partition int32
 	DeadAt    time.Time
 	LastError *string
 }
@@ -506,6 +508,7 @@ func (q *Queries) AdminListOutboxDead(ctx context.Context, db DBTX, arg AdminLis
 			&i.EventType,
 			&i.Attempts,
 			&i.CreatedAt,
+			&i.Partition,
 			&i.DeadAt,
 			&i.LastError,
 		); err != nil {
@@ -685,85 +688,54 @@ func (q *Queries) AdminOutboxStatusCounts(ctx context.Context, db DBTX) ([]Admin
 }
 
 const adminPurgeInboxDead = `-- name: AdminPurgeInboxDead :many
-WITH picked AS (
-    SELECT d.handler, d.dedup_key, d.event_id
-    FROM inbox d
-    WHERE d.status = 'dead'
-      AND ($3::text IS NULL OR d.handler = $3::text)
-      AND ($4::text IS NULL OR d.event_id = $4::text)
-      AND ($5::text IS NULL OR d.topic = $5::text)
-      AND ($6::text IS NULL OR d.event_type = $6::text)
-      AND ($7::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($7::text)) > 0)
-      AND ($8::timestamptz IS NULL OR d.finished_at >= $8::timestamptz)
-      AND ($9::timestamptz IS NULL OR d.finished_at < $9::timestamptz)
-    ORDER BY d.finished_at, d.event_id, d.handler
-    LIMIT $10
-    FOR UPDATE
-), gone AS (
+WITH gone AS (
     DELETE FROM inbox i
-    USING picked p
-    WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key AND i.status = 'dead'
+    USING (SELECT unnest($3::text[]) AS handler, unnest($4::text[]) AS dedup_key) k
+    WHERE i.handler = k.handler AND i.dedup_key = k.dedup_key AND i.status = 'dead'
     RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
 INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'purge', g.event_id, g.handler, $1::text, $2::text, g.attempts, g.last_error
 FROM gone g
-RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error
+RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
 `
 
 type AdminPurgeInboxDeadParams struct {
-	Actor         string
-	Reason        string
-	Handler       *string
-	EventID       *string
-	Topic         *string
-	EventType     *string
-	ErrorContains *string
-	DeadAfter     *time.Time
-	DeadBefore    *time.Time
-	MaxRows       int32
+	Actor     string
+	Reason    string
+	Handlers  []string
+	DedupKeys []string
 }
 
-type AdminPurgeInboxDeadRow struct {
-	ID               int64
-	At               time.Time
-	EventID          string
-	Handler          string
-	PreviousAttempts int32
-	PreviousError    *string
-}
-
-// AdminPurgeInboxDead deletes matching dead events and writes one replay_audit row
-// per event in the same statement. A purged event_id no longer deduplicates:
-// a later redelivery of it is received as new.
-func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPurgeInboxDeadParams) ([]AdminPurgeInboxDeadRow, error) {
+// AdminPurgeInboxDead deletes the given dead events (by handler and dedup key,
+// from AdminListInboxDead) and writes one replay_audit row per event in the
+// same statement. A purged event_id no longer deduplicates: a later
+// redelivery of it is received as new.
+func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPurgeInboxDeadParams) ([]ReplayAudit, error) {
 	rows, err := db.Query(ctx, adminPurgeInboxDead,
 		arg.Actor,
 		arg.Reason,
-		arg.Handler,
-		arg.EventID,
-		arg.Topic,
-		arg.EventType,
-		arg.ErrorContains,
-		arg.DeadAfter,
-		arg.DeadBefore,
-		arg.MaxRows,
+		arg.Handlers,
+		arg.DedupKeys,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []AdminPurgeInboxDeadRow{}
+	items := []ReplayAudit{}
 	for rows.Next() {
-		var i AdminPurgeInboxDeadRow
+		var i ReplayAudit
 		if err := rows.Scan(
 			&i.ID,
 			&i.At,
+			&i.Source,
+			&i.Action,
 			&i.EventID,
-			&i.Handler,
+			&i.Actor,
+			&i.Reason,
 			&i.PreviousAttempts,
 			&i.PreviousError,
+			&i.Handler,
 		); err != nil {
 			return nil, err
 		}
@@ -776,79 +748,45 @@ func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPur
 }
 
 const adminPurgeOutboxDead = `-- name: AdminPurgeOutboxDead :many
-WITH picked AS (
-    SELECT d.id
-    FROM outbox d
-    WHERE d.status = 'dead'
-      AND ($3::text IS NULL OR d.event_id = $3::text)
-      AND ($4::text IS NULL OR d.topic = $4::text)
-      AND ($5::text IS NULL OR d.event_type = $5::text)
-      AND ($6::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($6::text)) > 0)
-      AND ($7::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $7::timestamptz)
-      AND ($8::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $8::timestamptz)
-    ORDER BY coalesce(d.dead_at, d.created_at), d.id
-    LIMIT $9
-    FOR UPDATE
-), gone AS (
+WITH gone AS (
     DELETE FROM outbox o
-    USING picked p
-    WHERE o.id = p.id AND o.status = 'dead'
+    WHERE o.id = ANY($3::bigint[]) AND o.status = 'dead'
     RETURNING o.event_id, o.attempts, o.last_error
 )
 INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'outbox', 'purge', g.event_id, $1::text, $2::text, g.attempts, g.last_error
 FROM gone g
-RETURNING id, at, event_id, previous_attempts, previous_error
+RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
 `
 
 type AdminPurgeOutboxDeadParams struct {
-	Actor         string
-	Reason        string
-	EventID       *string
-	Topic         *string
-	EventType     *string
-	ErrorContains *string
-	DeadAfter     *time.Time
-	DeadBefore    *time.Time
-	MaxRows       int32
+	Actor  string
+	Reason string
+	Ids    []int64
 }
 
-type AdminPurgeOutboxDeadRow struct {
-	ID               int64
-	At               time.Time
-	EventID          string
-	PreviousAttempts int32
-	PreviousError    *string
-}
-
-// AdminPurgeOutboxDead deletes matching dead outbox rows and audits each one,
-// in one statement.
-func (q *Queries) AdminPurgeOutboxDead(ctx context.Context, db DBTX, arg AdminPurgeOutboxDeadParams) ([]AdminPurgeOutboxDeadRow, error) {
-	rows, err := db.Query(ctx, adminPurgeOutboxDead,
-		arg.Actor,
-		arg.Reason,
-		arg.EventID,
-		arg.Topic,
-		arg.EventType,
-		arg.ErrorContains,
-		arg.DeadAfter,
-		arg.DeadBefore,
-		arg.MaxRows,
-	)
+// AdminPurgeOutboxDead deletes the given dead outbox rows (by id, from
+// AdminListOutboxDead) and audits each one, in one statement.
+func (q *Queries) AdminPurgeOutboxDead(ctx context.Context, db DBTX, arg AdminPurgeOutboxDeadParams) ([]ReplayAudit, error) {
+	rows, err := db.Query(ctx, adminPurgeOutboxDead, arg.Actor, arg.Reason, arg.Ids)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []AdminPurgeOutboxDeadRow{}
+	items := []ReplayAudit{}
 	for rows.Next() {
-		var i AdminPurgeOutboxDeadRow
+		var i ReplayAudit
 		if err := rows.Scan(
 			&i.ID,
 			&i.At,
+			&i.Source,
+			&i.Action,
 			&i.EventID,
+			&i.Actor,
+			&i.Reason,
 			&i.PreviousAttempts,
 			&i.PreviousError,
+			&i.Handler,
 		); err != nil {
 			return nil, err
 		}
@@ -864,18 +802,10 @@ const adminRequeueInboxDead = `-- name: AdminRequeueInboxDead :many
 WITH picked AS (
     SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
     FROM inbox d
+    JOIN (SELECT unnest($3::text[]) AS handler, unnest($4::text[]) AS dedup_key) k
+      ON d.handler = k.handler AND d.dedup_key = k.dedup_key
     WHERE d.status = 'dead'
-      AND ($3::text IS NULL OR d.handler = $3::text)
-      AND ($4::text IS NULL OR d.event_id = $4::text)
-      AND ($5::text IS NULL OR d.topic = $5::text)
-      AND ($6::text IS NULL OR d.event_type = $6::text)
-      AND ($7::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($7::text)) > 0)
-      AND ($8::timestamptz IS NULL OR d.finished_at >= $8::timestamptz)
-      AND ($9::timestamptz IS NULL OR d.finished_at < $9::timestamptz)
-    ORDER BY d.finished_at, d.event_id, d.handler
-    LIMIT $10
-    FOR UPDATE
+    FOR UPDATE OF d
 ), moved AS (
     UPDATE inbox i
     SET status = 'pending', attempts = 0, next_attempt_at = now(),
@@ -888,62 +818,46 @@ WITH picked AS (
 INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'requeue', m.event_id, m.handler, $1::text, $2::text, m.previous_attempts, m.previous_error
 FROM moved m
-RETURNING id, at, event_id, coalesce(handler, '')::text AS handler, previous_attempts, previous_error
+RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
 `
 
 type AdminRequeueInboxDeadParams struct {
-	Actor         string
-	Reason        string
-	Handler       *string
-	EventID       *string
-	Topic         *string
-	EventType     *string
-	ErrorContains *string
-	DeadAfter     *time.Time
-	DeadBefore    *time.Time
-	MaxRows       int32
+	Actor     string
+	Reason    string
+	Handlers  []string
+	DedupKeys []string
 }
 
-type AdminRequeueInboxDeadRow struct {
-	ID               int64
-	At               time.Time
-	EventID          string
-	Handler          string
-	PreviousAttempts int32
-	PreviousError    *string
-}
-
-// AdminRequeueInboxDead puts matching dead events back to pending, with the same
-// event_id, attempts reset and no lock, and writes one replay_audit row per
-// event in the same statement. lock_version is kept: it only ever grows, so a
-// worker that held the event before it died stays fenced.
-func (q *Queries) AdminRequeueInboxDead(ctx context.Context, db DBTX, arg AdminRequeueInboxDeadParams) ([]AdminRequeueInboxDeadRow, error) {
+// AdminRequeueInboxDead puts the given dead events (by handler and dedup key,
+// from AdminListInboxDead) back to pending, with the same event_id, attempts
+// reset and no lock, and writes one replay_audit row per event in the same
+// statement. A row no longer dead is left alone. lock_version is kept: it only
+// ever grows, so a worker that held the event before it died stays fenced.
+func (q *Queries) AdminRequeueInboxDead(ctx context.Context, db DBTX, arg AdminRequeueInboxDeadParams) ([]ReplayAudit, error) {
 	rows, err := db.Query(ctx, adminRequeueInboxDead,
 		arg.Actor,
 		arg.Reason,
-		arg.Handler,
-		arg.EventID,
-		arg.Topic,
-		arg.EventType,
-		arg.ErrorContains,
-		arg.DeadAfter,
-		arg.DeadBefore,
-		arg.MaxRows,
+		arg.Handlers,
+		arg.DedupKeys,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []AdminRequeueInboxDeadRow{}
+	items := []ReplayAudit{}
 	for rows.Next() {
-		var i AdminRequeueInboxDeadRow
+		var i ReplayAudit
 		if err := rows.Scan(
 			&i.ID,
 			&i.At,
+			&i.Source,
+			&i.Action,
 			&i.EventID,
-			&i.Handler,
+			&i.Actor,
+			&i.Reason,
 			&i.PreviousAttempts,
 			&i.PreviousError,
+			&i.Handler,
 		); err != nil {
 			return nil, err
 		}
@@ -959,83 +873,51 @@ const adminRequeueOutboxDead = `-- name: AdminRequeueOutboxDead :many
 WITH picked AS (
     SELECT d.id, d.attempts, d.last_error
     FROM outbox d
-    WHERE d.status = 'dead'
-      AND ($1::text IS NULL OR d.event_id = $1::text)
-      AND ($2::text IS NULL OR d.topic = $2::text)
-      AND ($3::text IS NULL OR d.event_type = $3::text)
-      AND ($4::text IS NULL
-           OR strpos(lower(coalesce(d.last_error, '')), lower($4::text)) > 0)
-      AND ($5::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) >= $5::timestamptz)
-      AND ($6::timestamptz IS NULL OR coalesce(d.dead_at, d.created_at) < $6::timestamptz)
-    ORDER BY coalesce(d.dead_at, d.created_at), d.id
-    LIMIT $7
+    WHERE d.id = ANY($3::bigint[]) AND d.status = 'dead'
     FOR UPDATE
 ), moved AS (
     UPDATE outbox o
     SET status = 'pending', attempts = 0, next_attempt_at = NULL, last_error = NULL, dead_at = NULL
     FROM picked p
     WHERE o.id = p.id
-    RETURNING o.event_id, o.partition, p.attempts AS previous_attempts, p.last_error AS previous_error
-), audited AS (
-    INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
-    SELECT 'outbox', 'requeue', m.event_id, $8::text, $9::text, m.previous_attempts, m.previous_error
-    FROM moved m
-    RETURNING id, at, event_id, previous_attempts, previous_error
+    RETURNING o.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-SELECT a.id, a.at, a.event_id, a.previous_attempts, a.previous_error, m.partition
-FROM audited a JOIN moved m ON m.event_id = a.event_id
+INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+SELECT 'outbox', 'requeue', m.event_id, $1::text, $2::text, m.previous_attempts, m.previous_error
+FROM moved m
+RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
 `
 
 type AdminRequeueOutboxDeadParams struct {
-	EventID       *string
-	Topic         *string
-	EventType     *string
-	ErrorContains *string
-	DeadAfter     *time.Time
-	DeadBefore    *time.Time
-	MaxRows       int32
-	Actor         string
-	Reason        string
+	Actor  string
+	Reason string
+	Ids    []int64
 }
 
-type AdminRequeueOutboxDeadRow struct {
-	ID               int64
-	At               time.Time
-	EventID          string
-	PreviousAttempts int32
-	PreviousError    *string
-	Partition        int32
-}
-
-// AdminRequeueOutboxDead puts matching dead outbox rows back to pending (same
-// id and event_id, attempts reset) and audits each one, in one statement. The
-// relay publishes them with the broker dedup id they always had.
-func (q *Queries) AdminRequeueOutboxDead(ctx context.Context, db DBTX, arg AdminRequeueOutboxDeadParams) ([]AdminRequeueOutboxDeadRow, error) {
-	rows, err := db.Query(ctx, adminRequeueOutboxDead,
-		arg.EventID,
-		arg.Topic,
-		arg.EventType,
-		arg.ErrorContains,
-		arg.DeadAfter,
-		arg.DeadBefore,
-		arg.MaxRows,
-		arg.Actor,
-		arg.Reason,
-	)
+// AdminRequeueOutboxDead puts the given dead outbox rows (by id, from
+// AdminListOutboxDead) back to pending (same id and event_id, attempts reset)
+// and audits each one, in one statement. A row no longer dead is left alone.
+// The relay publishes them with the broker dedup id they always had.
+func (q *Queries) AdminRequeueOutboxDead(ctx context.Context, db DBTX, arg AdminRequeueOutboxDeadParams) ([]ReplayAudit, error) {
+	rows, err := db.Query(ctx, adminRequeueOutboxDead, arg.Actor, arg.Reason, arg.Ids)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []AdminRequeueOutboxDeadRow{}
+	items := []ReplayAudit{}
 	for rows.Next() {
-		var i AdminRequeueOutboxDeadRow
+		var i ReplayAudit
 		if err := rows.Scan(
 			&i.ID,
 			&i.At,
+			&i.Source,
+			&i.Action,
 			&i.EventID,
+			&i.Actor,
+			&i.Reason,
 			&i.PreviousAttempts,
 			&i.PreviousError,
-			&i.Partition,
+			&i.Handler,
 		); err != nil {
 			return nil, err
 		}

@@ -350,7 +350,11 @@ func (c *cliEnv) deadShow(src admin.Source) *cobra.Command {
 	return cmd
 }
 
-func writeResult(w io.Writer, res *admin.Result) error {
+// writeResult prints a requeue's or purge's result as a table, or as JSON.
+func writeResult(w io.Writer, res *admin.Result, asJSON bool) error {
+	if asJSON {
+		return printJSON(w, res)
+	}
 	verb := map[string]string{"requeue": "requeued", "purge": "purged"}[res.Action]
 	if res.DryRun {
 		fmt.Fprintf(w, "dry run: would have %s %d dead %s event(s); nothing changed\n", verb, res.Count, res.Source)
@@ -408,10 +412,7 @@ nothing.`, src),
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			return printJSON(cmd.OutOrStdout(), res)
-		}
-		return writeResult(cmd.OutOrStdout(), res)
+		return writeResult(cmd.OutOrStdout(), res, asJSON)
 	})
 	return cmd
 }
@@ -449,10 +450,7 @@ changes nothing.`, src),
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			return printJSON(cmd.OutOrStdout(), res)
-		}
-		return writeResult(cmd.OutOrStdout(), res)
+		return writeResult(cmd.OutOrStdout(), res, asJSON)
 	})
 	return cmd
 }
