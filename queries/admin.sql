@@ -1,5 +1,6 @@
--- Operator queries: statistics, dead letters (list, show, requeue, purge),
--- the replay audit trail, inbox retention and the gauges behind /metrics.
+-- Operator queries: statistics, dead letters (list, show, requeue, purge)
+-- and the replay audit trail. The gauges behind /metrics are in metrics.sql,
+-- inbox retention in retention.sql.
 --
 -- The dead-letter filter is written once per table, in AdminListInboxDead and
 -- AdminListOutboxDead: every parameter is optional (NULL matches everything).
@@ -14,24 +15,6 @@ SELECT handler, key_strategy, status, count(*)::bigint AS row_count
 FROM inbox
 GROUP BY handler, key_strategy, status
 ORDER BY handler, key_strategy, status;
-
--- name: AdminInboxGauges :one
--- AdminInboxGauges returns the inbox figures exported as gauges. Every part is
--- served by a partial index or the catalog, so it stays cheap however many
--- processed rows the dedup window holds. The oldest claimable row ignores rows
--- backing off (next_attempt_at in the future): it measures how long ready work
--- has waited for a worker, including work whose lease expired.
-SELECT
-    (SELECT count(*) FROM inbox WHERE status = 'pending')::bigint    AS pending,
-    (SELECT count(*) FROM inbox WHERE status = 'processing')::bigint AS processing,
-    (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint       AS dead,
-    coalesce(extract(epoch FROM now() - least(
-        (SELECT min(next_attempt_at) FROM inbox WHERE status = 'pending' AND next_attempt_at <= now()),
-        (SELECT min(locked_until) FROM inbox WHERE status = 'processing' AND locked_until <= now())
-    )), 0)::float8 AS oldest_claimable_seconds,
-    coalesce(extract(epoch FROM now() - (SELECT min(received_at) FROM inbox WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds,
-    (SELECT greatest(c.reltuples, 0) FROM pg_catalog.pg_class c WHERE c.oid = 'inbox'::regclass)::bigint AS rows_estimate,
-    pg_total_relation_size('inbox'::regclass)::bigint AS table_bytes;
 
 -- name: AdminTableSize :one
 -- AdminTableSize returns a table's total size on disk (with indexes and TOAST), or
@@ -117,17 +100,6 @@ WHERE (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
 ORDER BY id DESC
 LIMIT @max_rows;
 
--- name: AdminDeleteExpiredInboxConflicts :execrows
--- AdminDeleteExpiredInboxConflicts forgets recorded conflicts older than the
--- dedup window, in batches.
-DELETE FROM inbox_conflicts
-WHERE id IN (
-    SELECT c.id FROM inbox_conflicts c
-    WHERE c.detected_at < now() - make_interval(secs => @window_seconds::float8)
-    ORDER BY c.detected_at
-    LIMIT @batch_size
-);
-
 -- name: AdminNotifyInbox :exec
 -- AdminNotifyInbox wakes inbox workers (the channel the inbox insert trigger uses),
 -- so requeued events are claimed without waiting for the next poll.
@@ -142,22 +114,6 @@ WHERE (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text
 ORDER BY id DESC
 LIMIT @max_rows;
 
--- name: AdminDeleteExpiredInboxBatch :execrows
--- AdminDeleteExpiredInboxBatch deletes up to batch_size processed inbox rows whose
--- dedup window (window_seconds) has passed, by key. SKIP LOCKED means it never
--- waits on a row another transaction holds; the status is checked again on
--- the row itself.
-DELETE FROM inbox
-WHERE (handler, dedup_key) IN (
-    SELECT e.handler, e.dedup_key FROM inbox e
-    WHERE e.status = 'processed'
-      AND e.finished_at < now() - make_interval(secs => @window_seconds::float8)
-    ORDER BY e.finished_at
-    LIMIT @batch_size
-    FOR UPDATE SKIP LOCKED
-)
-AND status = 'processed';
-
 -- The outbox's dead letters. The filter is the inbox's, on the outbox's
 -- columns: the dead time is dead_at (created_at for rows that went dead
 -- before dead_at existed).
@@ -167,19 +123,6 @@ SELECT status, count(*)::bigint AS row_count
 FROM outbox
 GROUP BY status
 ORDER BY status;
-
--- name: AdminOutboxGauges :one
--- AdminOutboxGauges returns the outbox figures exported as gauges, from the
--- partial indexes and the catalog. The oldest pending age ignores rows backing
--- off after a transient publish failure: it is the relay's lag.
-SELECT
-    (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS pending,
-    (SELECT count(*) FROM outbox WHERE status = 'dead')::bigint    AS dead,
-    coalesce(extract(epoch FROM now() - (
-        SELECT min(created_at) FROM outbox
-        WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-    )), 0)::float8 AS oldest_pending_seconds,
-    pg_total_relation_size('outbox'::regclass)::bigint AS table_bytes;
 
 -- name: AdminListOutboxDead :many
 SELECT id, event_id, topic, key, event_type, attempts, created_at, partition,
@@ -240,21 +183,6 @@ RETURNING *;
 -- AdminNotifyOutbox wakes the relays for the given partitions (the payload
 -- format of the outbox insert trigger: a comma-separated partition list).
 SELECT pg_notify('pgrelay_outbox', array_to_string(@partitions::int[], ','));
-
--- name: AdminDeleteExpiredInboxReleases :execrows
--- AdminDeleteExpiredInboxReleases deletes up to batch_size release records
--- (inbox_releases) older than the dedup window. A release only matters to a
--- deferral racing with it; one that old can race with nothing, and a handler
--- deferring now on a dependency released that long ago finds it present.
--- There is no index on released_at (it would cost every release a write):
--- each batch scans the table, which the window keeps small.
-DELETE FROM inbox_releases
-WHERE waiting_for IN (
-    SELECT r.waiting_for FROM inbox_releases r
-    WHERE r.released_at < now() - make_interval(secs => @window_seconds::float8)
-    LIMIT @batch_size
-    FOR UPDATE SKIP LOCKED
-);
 
 -- name: AdminNow :one
 -- AdminNow reads the database's clock (the transaction's start time): purge

@@ -105,7 +105,7 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 			h.KeyStrategies = append(h.KeyStrategies, c.KeyStrategy)
 		}
 	}
-	g, err := s.q.AdminInboxGauges(ctx, s.cfg.Pool)
+	g, err := s.q.InboxGauges(ctx, s.cfg.Pool)
 	if err != nil {
 		return nil, fmt.Errorf("admin: stats: inbox gauges: %w", err)
 	}
@@ -123,7 +123,7 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 	for _, c := range ocounts {
 		st.Outbox.ByStatus[c.Status] = c.RowCount
 	}
-	og, err := s.q.AdminOutboxGauges(ctx, s.cfg.Pool)
+	og, err := s.q.OutboxGauges(ctx, s.cfg.Pool)
 	if err != nil {
 		return nil, fmt.Errorf("admin: stats: outbox gauges: %w", err)
 	}

@@ -11,90 +11,6 @@ import (
 	"time"
 )
 
-const adminDeleteExpiredInboxBatch = `-- name: AdminDeleteExpiredInboxBatch :execrows
-DELETE FROM inbox
-WHERE (handler, dedup_key) IN (
-    SELECT e.handler, e.dedup_key FROM inbox e
-    WHERE e.status = 'processed'
-      AND e.finished_at < now() - make_interval(secs => $1::float8)
-    ORDER BY e.finished_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-AND status = 'processed'
-`
-
-type AdminDeleteExpiredInboxBatchParams struct {
-	WindowSeconds float64
-	BatchSize     int32
-}
-
-// AdminDeleteExpiredInboxBatch deletes up to batch_size processed inbox rows whose
-// dedup window (window_seconds) has passed, by key. SKIP LOCKED means it never
-// waits on a row another transaction holds; the status is checked again on
-// the row itself.
-func (q *Queries) AdminDeleteExpiredInboxBatch(ctx context.Context, db DBTX, arg AdminDeleteExpiredInboxBatchParams) (int64, error) {
-	result, err := db.Exec(ctx, adminDeleteExpiredInboxBatch, arg.WindowSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const adminDeleteExpiredInboxConflicts = `-- name: AdminDeleteExpiredInboxConflicts :execrows
-DELETE FROM inbox_conflicts
-WHERE id IN (
-    SELECT c.id FROM inbox_conflicts c
-    WHERE c.detected_at < now() - make_interval(secs => $1::float8)
-    ORDER BY c.detected_at
-    LIMIT $2
-)
-`
-
-type AdminDeleteExpiredInboxConflictsParams struct {
-	WindowSeconds float64
-	BatchSize     int32
-}
-
-// AdminDeleteExpiredInboxConflicts forgets recorded conflicts older than the
-// dedup window, in batches.
-func (q *Queries) AdminDeleteExpiredInboxConflicts(ctx context.Context, db DBTX, arg AdminDeleteExpiredInboxConflictsParams) (int64, error) {
-	result, err := db.Exec(ctx, adminDeleteExpiredInboxConflicts, arg.WindowSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const adminDeleteExpiredInboxReleases = `-- name: AdminDeleteExpiredInboxReleases :execrows
-DELETE FROM inbox_releases
-WHERE waiting_for IN (
-    SELECT r.waiting_for FROM inbox_releases r
-    WHERE r.released_at < now() - make_interval(secs => $1::float8)
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-`
-
-type AdminDeleteExpiredInboxReleasesParams struct {
-	WindowSeconds float64
-	BatchSize     int32
-}
-
-// AdminDeleteExpiredInboxReleases deletes up to batch_size release records
-// (inbox_releases) older than the dedup window. A release only matters to a
-// deferral racing with it; one that old can race with nothing, and a handler
-// deferring now on a dependency released that long ago finds it present.
-// There is no index on released_at (it would cost every release a write):
-// each batch scans the table, which the window keeps small.
-func (q *Queries) AdminDeleteExpiredInboxReleases(ctx context.Context, db DBTX, arg AdminDeleteExpiredInboxReleasesParams) (int64, error) {
-	result, err := db.Exec(ctx, adminDeleteExpiredInboxReleases, arg.WindowSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const adminGetInboxEvent = `-- name: AdminGetInboxEvent :many
 SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint FROM inbox
 WHERE event_id = $1
@@ -202,50 +118,6 @@ func (q *Queries) AdminGetOutboxEvent(ctx context.Context, db DBTX, eventID stri
 	return i, err
 }
 
-const adminInboxGauges = `-- name: AdminInboxGauges :one
-SELECT
-    (SELECT count(*) FROM inbox WHERE status = 'pending')::bigint    AS pending,
-    (SELECT count(*) FROM inbox WHERE status = 'processing')::bigint AS processing,
-    (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint       AS dead,
-    coalesce(extract(epoch FROM now() - least(
-        (SELECT min(next_attempt_at) FROM inbox WHERE status = 'pending' AND next_attempt_at <= now()),
-        (SELECT min(locked_until) FROM inbox WHERE status = 'processing' AND locked_until <= now())
-    )), 0)::float8 AS oldest_claimable_seconds,
-    coalesce(extract(epoch FROM now() - (SELECT min(received_at) FROM inbox WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds,
-    (SELECT greatest(c.reltuples, 0) FROM pg_catalog.pg_class c WHERE c.oid = 'inbox'::regclass)::bigint AS rows_estimate,
-    pg_total_relation_size('inbox'::regclass)::bigint AS table_bytes
-`
-
-type AdminInboxGaugesRow struct {
-	Pending                int64
-	Processing             int64
-	Dead                   int64
-	OldestClaimableSeconds float64
-	OldestPendingSeconds   float64
-	RowsEstimate           int64
-	TableBytes             int64
-}
-
-// AdminInboxGauges returns the inbox figures exported as gauges. Every part is
-// served by a partial index or the catalog, so it stays cheap however many
-// processed rows the dedup window holds. The oldest claimable row ignores rows
-// backing off (next_attempt_at in the future): it measures how long ready work
-// has waited for a worker, including work whose lease expired.
-func (q *Queries) AdminInboxGauges(ctx context.Context, db DBTX) (AdminInboxGaugesRow, error) {
-	row := db.QueryRow(ctx, adminInboxGauges)
-	var i AdminInboxGaugesRow
-	err := row.Scan(
-		&i.Pending,
-		&i.Processing,
-		&i.Dead,
-		&i.OldestClaimableSeconds,
-		&i.OldestPendingSeconds,
-		&i.RowsEstimate,
-		&i.TableBytes,
-	)
-	return i, err
-}
-
 const adminInboxStatusCounts = `-- name: AdminInboxStatusCounts :many
 
 SELECT handler, key_strategy, status, count(*)::bigint AS row_count
@@ -261,8 +133,9 @@ type AdminInboxStatusCountsRow struct {
 	RowCount    int64
 }
 
-// Operator queries: statistics, dead letters (list, show, requeue, purge),
-// the replay audit trail, inbox retention and the gauges behind /metrics.
+// Operator queries: statistics, dead letters (list, show, requeue, purge)
+// and the replay audit trail. The gauges behind /metrics are in metrics.sql,
+// inbox retention in retention.sql.
 //
 // The dead-letter filter is written once per table, in AdminListInboxDead and
 // AdminListOutboxDead: every parameter is optional (NULL matches everything).
@@ -616,39 +489,6 @@ func (q *Queries) AdminNow(ctx context.Context, db DBTX) (time.Time, error) {
 	var now time.Time
 	err := row.Scan(&now)
 	return now, err
-}
-
-const adminOutboxGauges = `-- name: AdminOutboxGauges :one
-SELECT
-    (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS pending,
-    (SELECT count(*) FROM outbox WHERE status = 'dead')::bigint    AS dead,
-    coalesce(extract(epoch FROM now() - (
-        SELECT min(created_at) FROM outbox
-        WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-    )), 0)::float8 AS oldest_pending_seconds,
-    pg_total_relation_size('outbox'::regclass)::bigint AS table_bytes
-`
-
-type AdminOutboxGaugesRow struct {
-	Pending              int64
-	Dead                 int64
-	OldestPendingSeconds float64
-	TableBytes           int64
-}
-
-// AdminOutboxGauges returns the outbox figures exported as gauges, from the
-// partial indexes and the catalog. The oldest pending age ignores rows backing
-// off after a transient publish failure: it is the relay's lag.
-func (q *Queries) AdminOutboxGauges(ctx context.Context, db DBTX) (AdminOutboxGaugesRow, error) {
-	row := db.QueryRow(ctx, adminOutboxGauges)
-	var i AdminOutboxGaugesRow
-	err := row.Scan(
-		&i.Pending,
-		&i.Dead,
-		&i.OldestPendingSeconds,
-		&i.TableBytes,
-	)
-	return i, err
 }
 
 const adminOutboxStatusCounts = `-- name: AdminOutboxStatusCounts :many

@@ -132,7 +132,7 @@ func NewInboxCollector(cfg DBCollectorConfig) (prometheus.Collector, error) {
 	}
 	return newCachedCollector(cfg, "inbox_db_stats_up", "1 when the last query for the inbox gauges succeeded, 0 when it failed (the gauges then hold their last known values).",
 		descs, func(ctx context.Context) ([]float64, error) {
-			g, err := q.AdminInboxGauges(ctx, cfg.Pool)
+			g, err := q.InboxGauges(ctx, cfg.Pool)
 			if err != nil {
 				return nil, err
 			}
@@ -154,7 +154,7 @@ func NewOutboxCollector(cfg DBCollectorConfig) (prometheus.Collector, error) {
 	}
 	return newCachedCollector(cfg, "outbox_db_stats_up", "1 when the last query for the outbox gauges succeeded, 0 when it failed (the gauges then hold their last known values).",
 		descs, func(ctx context.Context) ([]float64, error) {
-			g, err := q.AdminOutboxGauges(ctx, cfg.Pool)
+			g, err := q.OutboxGauges(ctx, cfg.Pool)
 			if err != nil {
 				return nil, err
 			}

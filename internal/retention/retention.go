@@ -163,7 +163,7 @@ func New(cfg Config) (*Cleaner, error) {
 // duplicates beyond DuplicatesMax and the receive counts older than a day.
 func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 	total, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
-		return c.q.AdminDeleteExpiredInboxBatch(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxBatchParams{
+		return c.q.DeleteExpiredInboxBatch(ctx, c.cfg.Pool, db.DeleteExpiredInboxBatchParams{
 			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
 		})
 	})
@@ -171,7 +171,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 		return total, fmt.Errorf("retention: delete expired inbox rows: %w", err)
 	}
 	releases, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
-		return c.q.AdminDeleteExpiredInboxReleases(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxReleasesParams{
+		return c.q.DeleteExpiredInboxReleases(ctx, c.cfg.Pool, db.DeleteExpiredInboxReleasesParams{
 			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
 		})
 	})
@@ -182,7 +182,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 		c.log.Debug("expired inbox releases deleted", zap.Int64("rows", releases))
 	}
 	conflicts, err := c.batches(ctx, func(ctx context.Context) (int64, error) {
-		return c.q.AdminDeleteExpiredInboxConflicts(ctx, c.cfg.Pool, db.AdminDeleteExpiredInboxConflictsParams{
+		return c.q.DeleteExpiredInboxConflicts(ctx, c.cfg.Pool, db.DeleteExpiredInboxConflictsParams{
 			WindowSeconds: c.cfg.Window.Seconds(), BatchSize: int32(c.cfg.BatchSize),
 		})
 	})

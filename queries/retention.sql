@@ -1,0 +1,44 @@
+-- Inbox retention: processed rows past the dedup window, and the conflict and
+-- release records of the same age, deleted in bounded batches.
+
+-- name: DeleteExpiredInboxBatch :execrows
+-- DeleteExpiredInboxBatch deletes up to batch_size processed inbox rows whose
+-- dedup window (window_seconds) has passed, by key. SKIP LOCKED means it never
+-- waits on a row another transaction holds; the status is checked again on
+-- the row itself.
+DELETE FROM inbox
+WHERE (handler, dedup_key) IN (
+    SELECT e.handler, e.dedup_key FROM inbox e
+    WHERE e.status = 'processed'
+      AND e.finished_at < now() - make_interval(secs => @window_seconds::float8)
+    ORDER BY e.finished_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+AND status = 'processed';
+
+-- name: DeleteExpiredInboxConflicts :execrows
+-- DeleteExpiredInboxConflicts forgets recorded conflicts older than the
+-- dedup window, in batches.
+DELETE FROM inbox_conflicts
+WHERE id IN (
+    SELECT c.id FROM inbox_conflicts c
+    WHERE c.detected_at < now() - make_interval(secs => @window_seconds::float8)
+    ORDER BY c.detected_at
+    LIMIT @batch_size
+);
+
+-- name: DeleteExpiredInboxReleases :execrows
+-- DeleteExpiredInboxReleases deletes up to batch_size release records
+-- (inbox_releases) older than the dedup window. A release only matters to a
+-- deferral racing with it; one that old can race with nothing, and a handler
+-- deferring now on a dependency released that long ago finds it present.
+-- There is no index on released_at (it would cost every release a write):
+-- each batch scans the table, which the window keeps small.
+DELETE FROM inbox_releases
+WHERE waiting_for IN (
+    SELECT r.waiting_for FROM inbox_releases r
+    WHERE r.released_at < now() - make_interval(secs => @window_seconds::float8)
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);
