@@ -73,6 +73,15 @@ type settings struct {
 	db              cli.DBSettings
 }
 
+// The command's own defaults: the operator endpoints' addresses (the relay's
+// are one below), and the duplicate rate worth a warning (ConsumerConfig
+// leaves the warning off).
+const (
+	defaultMetricsAddr = ":9091"
+	defaultAdminAddr   = "127.0.0.1:9191"
+	defaultDupRateWarn = 0.5
+)
+
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
 	"CONSUMER_BATCH_SIZE":        "int",
@@ -146,24 +155,24 @@ the reason and acknowledged, never dropped.`,
 	brokers := cli.Brokers()
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindConsumerSides(f, brokers)
-	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", 100), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
-	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", 500*time.Millisecond), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
-	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", 1<<20), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
-	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", inbox.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
-	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", inbox.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
-	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", inbox.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
-	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", inbox.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
-	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", inbox.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
-	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", 30*time.Second), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
-	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", 0.5), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
+	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", pgrelay.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
+	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", pgrelay.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
+	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", pgrelay.DefaultConsumerMaxPayload), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
+	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", pgrelay.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
+	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", pgrelay.DefaultWorkerBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
+	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", pgrelay.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
+	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", pgrelay.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
+	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", pgrelay.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
+	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", pgrelay.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", defaultDupRateWarn), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
-	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", inbox.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
+	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", pgrelay.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
 	f.StringVar(&s.dedupKey, "dedup-key", cli.EnvString("CONSUMER_DEDUP_KEY", "message-id"), "how the handler's dedup key is built: message-id, 'business:payment:{order_id}', content-hash[:field,...], 'hybrid:content-hash[:fields]@1h' or @header:<name> (CONSUMER_DEDUP_KEY)")
 	f.StringArrayVar(&s.dedupKeyTopics, "dedup-key-topic", envList("CONSUMER_DEDUP_KEY_TOPICS"), "TOPIC=SPEC: another --dedup-key for the messages of one topic; repeatable (CONSUMER_DEDUP_KEY_TOPICS, ';'-separated)")
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
-	endpoints.BindFlags(f, &s.ops, ":9091", "127.0.0.1:9191", true)
+	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	var probeAddr string
@@ -173,7 +182,7 @@ the reason and acknowledged, never dropped.`,
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return metrics.ProbeReady(cmd.Context(), probeAddr) },
 	}
-	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", ":9091"), "the consumer's --metrics-addr (METRICS_ADDR)")
+	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", defaultMetricsAddr), "the consumer's --metrics-addr (METRICS_ADDR)")
 
 	migrate := cli.MigrateCommand(&s.databaseURL)
 	addExampleSchemaFlag(migrate, &s.databaseURL)

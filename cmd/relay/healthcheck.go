@@ -17,6 +17,6 @@ func healthCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return metrics.ProbeReady(cmd.Context(), probeAddr) },
 	}
-	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", ":9090"), "the relay's --metrics-addr (METRICS_ADDR)")
+	health.Flags().StringVar(&probeAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", defaultMetricsAddr), "the relay's --metrics-addr (METRICS_ADDR)")
 	return health
 }

@@ -40,6 +40,12 @@ type settings struct {
 	db                 cli.DBSettings
 }
 
+// The operator endpoints' default addresses (the consumer's are one above).
+const (
+	defaultMetricsAddr = ":9090"
+	defaultAdminAddr   = "127.0.0.1:9190"
+)
+
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
 	"RELAY_BATCH_SIZE":         "int",
@@ -122,19 +128,19 @@ needs only PostgreSQL.`,
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindRelaySides(f, brokers)
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
-	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", 500), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
-	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", 15*time.Second), "partition lease duration: a crashed relay's partitions move after it (env RELAY_LEASE)")
+	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", relay.DefaultBatchSize), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
+	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", relay.DefaultLease), "partition lease duration: a crashed relay's partitions move after it (env RELAY_LEASE)")
 	f.DurationVar(&s.heartbeat, "heartbeat", cli.EnvDuration("RELAY_HEARTBEAT", 0), "lease renewal and rebalancing interval, at most lease/2 (env RELAY_HEARTBEAT); default lease/3")
-	f.DurationVar(&s.pollInterval, "poll-interval", cli.EnvDuration("RELAY_POLL_INTERVAL", time.Second), "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner (env RELAY_POLL_INTERVAL)")
-	f.DurationVar(&s.publishTimeout, "publish-timeout", cli.EnvDuration("RELAY_PUBLISH_TIMEOUT", 30*time.Second), "longest time to publish one batch and collect its acknowledgements (env RELAY_PUBLISH_TIMEOUT)")
-	f.DurationVar(&s.retention, "retention", cli.EnvDuration("RELAY_RETENTION", 24*time.Hour), "how long published rows are kept; negative keeps them forever; dead rows are always kept (env RELAY_RETENTION)")
-	f.DurationVar(&s.retentionInterval, "retention-interval", cli.EnvDuration("RELAY_RETENTION_INTERVAL", time.Minute), "how often expired published rows are deleted (env RELAY_RETENTION_INTERVAL)")
-	f.IntVar(&s.retentionBatchSize, "retention-batch", cli.EnvInt("RELAY_RETENTION_BATCH", 1000), "rows deleted per retention statement (env RELAY_RETENTION_BATCH)")
+	f.DurationVar(&s.pollInterval, "poll-interval", cli.EnvDuration("RELAY_POLL_INTERVAL", relay.DefaultPollInterval), "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner (env RELAY_POLL_INTERVAL)")
+	f.DurationVar(&s.publishTimeout, "publish-timeout", cli.EnvDuration("RELAY_PUBLISH_TIMEOUT", relay.DefaultPublishTimeout), "longest time to publish one batch and collect its acknowledgements (env RELAY_PUBLISH_TIMEOUT)")
+	f.DurationVar(&s.retention, "retention", cli.EnvDuration("RELAY_RETENTION", relay.DefaultRetention), "how long published rows are kept; negative keeps them forever; dead rows are always kept (env RELAY_RETENTION)")
+	f.DurationVar(&s.retentionInterval, "retention-interval", cli.EnvDuration("RELAY_RETENTION_INTERVAL", relay.DefaultRetentionInterval), "how often expired published rows are deleted (env RELAY_RETENTION_INTERVAL)")
+	f.IntVar(&s.retentionBatchSize, "retention-batch", cli.EnvInt("RELAY_RETENTION_BATCH", relay.DefaultRetentionBatchSize), "rows deleted per retention statement (env RELAY_RETENTION_BATCH)")
 	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
-	endpoints.BindFlags(f, &s.ops, ":9090", "127.0.0.1:9190", false)
+	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())

@@ -74,8 +74,19 @@ type hooks struct {
 	afterRead       func(partition int32, rows int)
 }
 
-// DefaultBatchSize is Config.BatchSize's default.
-const DefaultBatchSize = 500
+// Defaults for Config; the relay command's flags default to them too.
+const (
+	DefaultBatchSize          = 500
+	DefaultLease              = 15 * time.Second
+	DefaultPollInterval       = time.Second
+	DefaultPublishTimeout     = 30 * time.Second
+	DefaultQueryTimeout       = 10 * time.Second
+	DefaultBackoffMin         = 100 * time.Millisecond
+	DefaultBackoffMax         = 30 * time.Second
+	DefaultRetention          = 24 * time.Hour
+	DefaultRetentionInterval  = time.Minute
+	DefaultRetentionBatchSize = 1000
+)
 
 // WithDefaults returns the config with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -95,34 +106,34 @@ func (c Config) WithDefaults() Config {
 		c.BatchSize = DefaultBatchSize
 	}
 	if c.LeaseDuration == 0 {
-		c.LeaseDuration = 15 * time.Second
+		c.LeaseDuration = DefaultLease
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = c.LeaseDuration / 3
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = DefaultPollInterval
 	}
 	if c.PublishTimeout == 0 {
-		c.PublishTimeout = 30 * time.Second
+		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.QueryTimeout == 0 {
-		c.QueryTimeout = 10 * time.Second
+		c.QueryTimeout = DefaultQueryTimeout
 	}
 	if c.BackoffMin == 0 {
-		c.BackoffMin = 100 * time.Millisecond
+		c.BackoffMin = DefaultBackoffMin
 	}
 	if c.BackoffMax == 0 {
-		c.BackoffMax = 30 * time.Second
+		c.BackoffMax = DefaultBackoffMax
 	}
 	if c.Retention == 0 {
-		c.Retention = 24 * time.Hour
+		c.Retention = DefaultRetention
 	}
 	if c.RetentionInterval == 0 {
-		c.RetentionInterval = time.Minute
+		c.RetentionInterval = DefaultRetentionInterval
 	}
 	if c.RetentionBatchSize == 0 {
-		c.RetentionBatchSize = 1000
+		c.RetentionBatchSize = DefaultRetentionBatchSize
 	}
 	return c
 }
