@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -15,6 +14,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -59,32 +59,23 @@ var envKinds = map[string]string{
 	"RELAY_MIGRATE":            "bool",
 }
 
-// configFields maps relay.Config fields onto the settings that fill them, so
-// validation errors name what the user sets.
-var configFields = []struct{ field, setting string }{
-	{"Config.BatchSize", "--batch-size (RELAY_BATCH_SIZE)"},
-	{"Config.LeaseDuration", "--lease (RELAY_LEASE)"},
-	{"Config.HeartbeatInterval", "--heartbeat (RELAY_HEARTBEAT)"},
-	{"Config.PollInterval", "--poll-interval (RELAY_POLL_INTERVAL)"},
-	{"Config.PublishTimeout", "--publish-timeout (RELAY_PUBLISH_TIMEOUT)"},
-	{"Config.RetentionInterval", "--retention-interval (RELAY_RETENTION_INTERVAL)"},
-	{"Config.RetentionBatchSize", "--retention-batch (RELAY_RETENTION_BATCH)"},
+// flagOf names the flag and environment variable that fill each relay.Config
+// field, so that validation errors name what the user sets.
+var flagOf = map[string]string{
+	"BatchSize":          "--batch-size (RELAY_BATCH_SIZE)",
+	"LeaseDuration":      "--lease (RELAY_LEASE)",
+	"HeartbeatInterval":  "--heartbeat (RELAY_HEARTBEAT)",
+	"PollInterval":       "--poll-interval (RELAY_POLL_INTERVAL)",
+	"PublishTimeout":     "--publish-timeout (RELAY_PUBLISH_TIMEOUT)",
+	"RetentionInterval":  "--retention-interval (RELAY_RETENTION_INTERVAL)",
+	"RetentionBatchSize": "--retention-batch (RELAY_RETENTION_BATCH)",
 }
 
-// nameSetting rewrites a configuration error of the relay package into the
-// settings the user sets. The package prefixes its errors with its name; main
-// prefixes the command's name, so the package prefix is dropped here rather
-// than printed twice ("relay: relay: ...").
-func nameSetting(err error) error {
-	lines := strings.Split(err.Error(), "\n")
-	for i, msg := range lines {
-		msg = strings.TrimPrefix(msg, "relay: ")
-		for _, f := range configFields {
-			msg = strings.ReplaceAll(msg, f.field, f.setting)
-		}
-		lines[i] = msg
-	}
-	return errors.New(strings.Join(lines, "\n"))
+// nameSettings spells the relay.Config fields of err's *setting.FieldErrors
+// as the settings the user sets, without the relay package's prefix: main
+// prefixes the command's name ("relay: relay: ..." would say it twice).
+func nameSettings(err error) error {
+	return setting.Name(err, func(field string) string { return flagOf[field] })
 }
 
 func newRootCommand() *cobra.Command {
@@ -183,7 +174,7 @@ func runRelay(parent context.Context, s settings) error {
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
 	}.WithDefaults()
 	if err := rcfg.Validate(); err != nil {
-		return nameSetting(err)
+		return nameSettings(err)
 	}
 	dbs, err := s.db.Resolve(rcfg.LeaseDuration, 0)
 	if err != nil {
@@ -231,7 +222,7 @@ func runRelay(parent context.Context, s settings) error {
 	rcfg.Pool, rcfg.Publisher, rcfg.Observer = pool, pub, metrics.NewRelayObserver(reg)
 	r, err := relay.New(rcfg)
 	if err != nil {
-		return nameSetting(err)
+		return nameSettings(err)
 	}
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: s.ops, Pool: pool, Registry: reg, Outbox: true, Logger: log,

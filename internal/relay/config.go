@@ -3,7 +3,6 @@ package relay
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Config configures a Relay.
@@ -141,36 +141,42 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	switch {
 	case c.Pool == nil:
-		return errors.New("relay: Config.Pool is required")
+		return bad("Pool", "{} is required")
 	case c.Publisher == nil:
-		return errors.New("relay: Config.Publisher is required")
+		return bad("Publisher", "{} is required")
 	}
 	return c.Validate()
 }
 
+// bad returns the *setting.FieldError of a Config field.
+func bad(field, format string, args ...any) error {
+	return setting.Errorf("relay", "Config", field, format, args...)
+}
+
 // Validate checks every field but Pool and Publisher (which New requires as
 // well), so that a service can reject bad settings before it connects. Call
-// it on the result of WithDefaults.
+// it on the result of WithDefaults. The error is a *setting.FieldError naming
+// the field.
 func (c Config) Validate() error {
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return fmt.Errorf("relay: Config.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
+		return bad("BatchSize", "{} must be between 1 and 10000, got %d", c.BatchSize)
 	case c.LeaseDuration < 100*time.Millisecond:
-		return fmt.Errorf("relay: Config.LeaseDuration must be at least 100ms, got %s", c.LeaseDuration)
+		return bad("LeaseDuration", "{} must be at least 100ms, got %s", c.LeaseDuration)
 	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval > c.LeaseDuration/2:
-		return fmt.Errorf("relay: Config.HeartbeatInterval must be positive and at most half of LeaseDuration (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)
+		return bad("HeartbeatInterval", "{} must be positive and at most half of {LeaseDuration} (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)
 	case c.PollInterval <= 0:
-		return fmt.Errorf("relay: Config.PollInterval must be positive, got %s", c.PollInterval)
+		return bad("PollInterval", "{} must be positive, got %s", c.PollInterval)
 	case c.PublishTimeout <= 0:
-		return fmt.Errorf("relay: Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
+		return bad("PublishTimeout", "{} must be positive, got %s", c.PublishTimeout)
 	case c.QueryTimeout <= 0:
-		return fmt.Errorf("relay: Config.QueryTimeout must be positive, got %s", c.QueryTimeout)
+		return bad("QueryTimeout", "{} must be positive, got %s", c.QueryTimeout)
 	case c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin:
-		return fmt.Errorf("relay: Config.BackoffMin (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffMin, c.BackoffMax)
+		return bad("BackoffMin", "{} (%s) must be positive and at most {BackoffMax} (%s)", c.BackoffMin, c.BackoffMax)
 	case c.RetentionInterval <= 0:
-		return fmt.Errorf("relay: Config.RetentionInterval must be positive, got %s", c.RetentionInterval)
+		return bad("RetentionInterval", "{} must be positive, got %s", c.RetentionInterval)
 	case c.RetentionBatchSize < 1:
-		return fmt.Errorf("relay: Config.RetentionBatchSize must be positive, got %d", c.RetentionBatchSize)
+		return bad("RetentionBatchSize", "{} must be positive, got %d", c.RetentionBatchSize)
 	}
 	return nil
 }
