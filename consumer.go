@@ -20,6 +20,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/retention"
+	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -217,24 +218,45 @@ func setZero[T int | time.Duration](p *T, def T) {
 	}
 }
 
-// publicNames renames the internal services' fields in errors to the
-// ConsumerConfig fields that set them. One pass: an output is never renamed
-// again.
-var publicNames = strings.NewReplacer(
-	"Config.Inbox.BatchSize", "ConsumerConfig.WorkerBatchSize",
-	"Config.Inbox.", "ConsumerConfig.",
-	"Config.BatchSize", "ConsumerConfig.FetchBatchSize",
-	"NATSSubscriberConfig.URL", "ConsumerConfig.NATSURL",
-	"NATSSubscriberConfig.MaxAckPending", "10 × ConsumerConfig.FetchBatchSize",
-	"NATSSubscriberConfig.", "ConsumerConfig.",
-	"Config.", "ConsumerConfig.",
-)
-
-func publicError(err error) error {
-	if err == nil {
-		return nil
+// publicField names the ConsumerConfig field that sets a field of the
+// internal services' configs (structName: consumer.Config,
+// broker.NATSSubscriberConfig).
+func publicField(structName, field string) string {
+	switch structName {
+	case "NATSSubscriberConfig":
+		switch field {
+		case "URL":
+			return "NATSURL"
+		case "MaxAckPending":
+			return "10 × {FetchBatchSize}"
+		}
+	case "Config":
+		switch {
+		case field == "BatchSize":
+			return "FetchBatchSize"
+		case field == "Inbox.BatchSize":
+			return "WorkerBatchSize"
+		case strings.HasPrefix(field, "Inbox."):
+			return strings.TrimPrefix(field, "Inbox.")
+		}
 	}
-	return errors.New(publicNames.Replace(err.Error()))
+	return field
+}
+
+// publicError renames the internal services' fields in err's
+// *setting.FieldErrors to the ConsumerConfig fields that set them.
+func publicError(err error) error {
+	return setting.Map(err, func(fe *setting.FieldError) error {
+		if fe.Struct == "ConsumerConfig" {
+			return fe
+		}
+		return fe.Renamed("ConsumerConfig", func(f string) string { return publicField(fe.Struct, f) })
+	})
+}
+
+// configError is a *setting.FieldError of a ConsumerConfig field.
+func configError(field, format string, args ...any) error {
+	return setting.Errorf("", "ConsumerConfig", field, format, args...)
 }
 
 // Consumer receives events from a broker (NATS JetStream by default, or the
@@ -258,28 +280,28 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
 	var errs []error
 	if cfg.StartupTimeout < 0 {
-		errs = append(errs, fmt.Errorf("ConsumerConfig.StartupTimeout %s must be positive", cfg.StartupTimeout))
+		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", cfg.StartupTimeout))
 	}
-	if err := checkAddr("ConsumerConfig.MetricsAddr", cfg.MetricsAddr); err != nil {
+	if err := checkAddr("MetricsAddr", cfg.MetricsAddr); err != nil {
 		errs = append(errs, err)
 	}
-	if err := checkAddr("ConsumerConfig.AdminAddr", cfg.AdminAddr); err != nil {
+	if err := checkAddr("AdminAddr", cfg.AdminAddr); err != nil {
 		errs = append(errs, err)
 	}
 	strategy, err := inbox.ParseKeyStrategy(cfg.DedupKey)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("ConsumerConfig.DedupKey: %w", err))
+		errs = append(errs, configError("DedupKey", "{}: %w", err))
 	}
-	byTopic, topicErrs := parseByTopic("ConsumerConfig.DedupKeyByTopic", cfg.DedupKeyByTopic)
+	byTopic, topicErrs := parseByTopic("DedupKeyByTopic", cfg.DedupKeyByTopic)
 	errs = append(errs, topicErrs...)
 	var targets []inbox.Target
 	var names []string
 	for i, t := range cfg.Targets {
 		s, err := inbox.ParseKeyStrategy(t.DedupKey)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("ConsumerConfig.Targets[%d].DedupKey: %w", i, err))
+			errs = append(errs, configError(fmt.Sprintf("Targets[%d].DedupKey", i), "{}: %w", err))
 		}
-		bt, terrs := parseByTopic(fmt.Sprintf("ConsumerConfig.Targets[%d].DedupKeyByTopic", i), t.DedupKeyByTopic)
+		bt, terrs := parseByTopic(fmt.Sprintf("Targets[%d].DedupKeyByTopic", i), t.DedupKeyByTopic)
 		errs = append(errs, terrs...)
 		targets = append(targets, inbox.Target{Handler: t.Handler, Strategy: s, ByTopic: bt})
 		names = append(names, t.Handler)
@@ -331,7 +353,10 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	})
 	if err != nil {
 		// consumer.New prefixes "consumer: "; keep it once, before the list.
-		errs = append([]error{publicError(errors.New(strings.TrimPrefix(err.Error(), "consumer: ")))}, errs...)
+		if inner := errors.Unwrap(err); inner != nil && strings.HasPrefix(err.Error(), "consumer: ") {
+			err = inner
+		}
+		errs = append([]error{publicError(err)}, errs...)
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("consumer: %w", errors.Join(errs...))
@@ -362,7 +387,7 @@ func parseByTopic(field string, specs map[string]string) (map[string]inbox.KeySt
 	for topic, spec := range specs {
 		s, err := inbox.ParseKeyStrategy(spec)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s[%q]: %w", field, topic, err))
+			errs = append(errs, configError(field, "{}[%q]: %w", topic, err))
 			continue
 		}
 		out[topic] = s
@@ -390,7 +415,7 @@ func checkAddr(field, addr string) error {
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return fmt.Errorf("%s %q: %w", field, addr, err)
+		return configError(field, "{} %q: %w", addr, err)
 	}
 	return nil
 }
@@ -459,12 +484,12 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
 	defer cancel()
 	if err := c.cfg.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("consumer: ConsumerConfig.Pool: cannot reach PostgreSQL: %w", err)
+		return setting.Errorf("consumer", "ConsumerConfig", "Pool", "{}: cannot reach PostgreSQL: %w", err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(c.cfg.Pool)
 	defer sqlDB.Close()
 	if err := migrations.Check(ctx, sqlDB); err != nil {
-		return fmt.Errorf("consumer: ConsumerConfig.Pool: %w; apply the migrations first", err)
+		return setting.Errorf("consumer", "ConsumerConfig", "Pool", "{}: %w; apply the migrations first", err)
 	}
 	return nil
 }

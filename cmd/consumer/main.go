@@ -34,6 +34,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -96,34 +97,40 @@ var envKinds = map[string]string{
 	"CONSUMER_HTTP_TIMEOUT":      "duration",
 }
 
-// settingNames maps the ConsumerConfig fields named by validation errors onto
-// the flags and environment variables that set them.
-var settingNames = strings.NewReplacer(
-	"ConsumerConfig.WorkerBatchSize", "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
-	"ConsumerConfig.Workers", "--workers (CONSUMER_WORKERS)",
-	"ConsumerConfig.MaxAttempts", "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"ConsumerConfig.HandlerTimeout", "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"ConsumerConfig.Lease", "--lease (CONSUMER_LEASE)",
-	"ConsumerConfig.HandlerName", "--handler-name (CONSUMER_HANDLER_NAME)",
-	"ConsumerConfig.DedupKeyByTopic", "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
-	"ConsumerConfig.DedupKey", "--dedup-key (CONSUMER_DEDUP_KEY)",
-	"ConsumerConfig.Handler", "the handler", // after HandlerTimeout and HandlerName: the first match wins
-	"ConsumerConfig.NATSURL", "--nats-url (NATS_URL)",
-	"ConsumerConfig.Stream", "--stream (CONSUMER_STREAM)",
-	"ConsumerConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
-	"ConsumerConfig.Durable", "--durable (CONSUMER_DURABLE)",
-	"ConsumerConfig.FetchBatchSize", "--batch-size (CONSUMER_BATCH_SIZE)",
-	"ConsumerConfig.MaxWait", "--max-wait (CONSUMER_MAX_WAIT)",
-	"ConsumerConfig.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
-	"ConsumerConfig.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"ConsumerConfig.DupRateWarn", "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
-	"ConsumerConfig.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
-	"ConsumerConfig.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
-	"ConsumerConfig.MetricsAddr", "--metrics-addr (METRICS_ADDR)",
-	"ConsumerConfig.AdminAddr", "--admin-addr (ADMIN_ADDR)",
-	"ConsumerConfig.AdminToken", "--admin-token (ADMIN_TOKEN)",
-	"ConsumerConfig.Pool", "--database-url (DATABASE_URL)",
-)
+// flagOf names the flag and environment variable that set each ConsumerConfig
+// field, so that validation errors name what the user sets.
+var flagOf = map[string]string{
+	"WorkerBatchSize":              "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Workers":                      "--workers (CONSUMER_WORKERS)",
+	"MaxAttempts":                  "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"HandlerTimeout":               "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"Lease":                        "--lease (CONSUMER_LEASE)",
+	"HandlerName":                  "--handler-name (CONSUMER_HANDLER_NAME)",
+	"DedupKeyByTopic":              "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
+	"DedupKey":                     "--dedup-key (CONSUMER_DEDUP_KEY)",
+	"Handler":                      "the handler",
+	"NATSURL":                      "--nats-url (NATS_URL)",
+	"Stream":                       "--stream (CONSUMER_STREAM)",
+	"SubjectPrefix":                "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
+	"Durable":                      "--durable (CONSUMER_DURABLE)",
+	"FetchBatchSize":               "--batch-size (CONSUMER_BATCH_SIZE)",
+	"MaxWait":                      "--max-wait (CONSUMER_MAX_WAIT)",
+	"AckWait":                      "--ack-wait (CONSUMER_ACK_WAIT)",
+	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"DupRateWarn":                  "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
+	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
+	"AllowReplayBeyondDedupWindow": "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+	"MetricsAddr":                  "--metrics-addr (METRICS_ADDR)",
+	"AdminAddr":                    "--admin-addr (ADMIN_ADDR)",
+	"AdminToken":                   "--admin-token (ADMIN_TOKEN)",
+	"Pool":                         "--database-url (DATABASE_URL)",
+}
+
+// nameSettings spells the ConsumerConfig fields of err's
+// *setting.FieldErrors as the settings the user sets.
+func nameSettings(err error) error {
+	return setting.Name(err, func(field string) string { return flagOf[field] })
+}
 
 func newRootCommand() *cobra.Command {
 	var s settings
@@ -289,7 +296,7 @@ func runConsumer(parent context.Context, s settings) error {
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
 	if _, err := pgrelay.NewConsumer(cfg); err != nil {
-		return errors.New(settingNames.Replace(err.Error()))
+		return nameSettings(err)
 	}
 	if err := side.Check(opts); err != nil {
 		return err
@@ -302,10 +309,10 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	c, err := pgrelay.NewConsumer(cfg)
 	if err != nil {
-		return errors.New(settingNames.Replace(err.Error()))
+		return nameSettings(err)
 	}
 	if err := c.Run(ctx); err != nil {
-		return errors.New(settingNames.Replace(err.Error()))
+		return nameSettings(err)
 	}
 	return nil
 }

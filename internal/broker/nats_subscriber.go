@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/retention"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // NATSSubscriberConfig configures a NATS JetStream subscriber: a durable pull
@@ -112,33 +113,35 @@ func (c NATSSubscriberConfig) WithDefaults() NATSSubscriberConfig {
 }
 
 // Validate checks the settings (after WithDefaults), naming each bad field
-// as NATSSubscriberConfig.<Field>.
+// as NATSSubscriberConfig.<Field> (a *setting.FieldError).
 func (c NATSSubscriberConfig) Validate() error {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, setting.Errorf("", "NATSSubscriberConfig", field, format, args...))
+	}
 	if strings.TrimSpace(c.URL) == "" {
-		bad("NATSSubscriberConfig.URL is required")
+		bad("URL", "{} is required")
 	}
 	if strings.ContainsAny(c.Stream, " \t\r\n.*>/\\") {
-		bad("NATSSubscriberConfig.Stream %q must not contain spaces, '.', '*', '>' or slashes", c.Stream)
+		bad("Stream", "{} %q must not contain spaces, '.', '*', '>' or slashes", c.Stream)
 	}
 	if strings.ContainsAny(c.Durable, " \t\r\n.*>/\\") {
-		bad("NATSSubscriberConfig.Durable %q must not contain spaces, '.', '*', '>' or slashes", c.Durable)
+		bad("Durable", "{} %q must not contain spaces, '.', '*', '>' or slashes", c.Durable)
 	}
 	if strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasPrefix(c.SubjectPrefix, ".") || strings.HasSuffix(c.SubjectPrefix, ".") {
-		bad("NATSSubscriberConfig.SubjectPrefix %q is not a subject prefix", c.SubjectPrefix)
+		bad("SubjectPrefix", "{} %q is not a subject prefix", c.SubjectPrefix)
 	}
 	if c.DedupWindow < 0 {
-		bad("NATSSubscriberConfig.DedupWindow %s must be positive", c.DedupWindow)
+		bad("DedupWindow", "{} %s must be positive", c.DedupWindow)
 	}
 	if c.AckWait < time.Second {
-		bad("NATSSubscriberConfig.AckWait %s must be at least 1s", c.AckWait)
+		bad("AckWait", "{} %s must be at least 1s", c.AckWait)
 	}
 	if c.MaxAckPending < 1 {
-		bad("NATSSubscriberConfig.MaxAckPending %d must be positive", c.MaxAckPending)
+		bad("MaxAckPending", "{} %d must be positive", c.MaxAckPending)
 	}
 	if c.MaxPayloadBytes < 0 {
-		bad("NATSSubscriberConfig.MaxPayloadBytes %d must not be negative", c.MaxPayloadBytes)
+		bad("MaxPayloadBytes", "{} %d must not be negative", c.MaxPayloadBytes)
 	}
 	return errors.Join(errs...)
 }
@@ -200,7 +203,7 @@ func NewNATSSubscriber(ctx context.Context, cfg NATSSubscriberConfig) (*NATSSubs
 		if cause := dialer.lastError(); cause != nil {
 			err = fmt.Errorf("%w (%v)", err, cause)
 		}
-		return nil, fmt.Errorf("broker: cannot connect to NATS at NATSSubscriberConfig.URL %s: %w", RedactURLs(cfg.URL), err)
+		return nil, setting.Errorf("broker", "NATSSubscriberConfig", "URL", "cannot connect to NATS at {} %s: %w", RedactURLs(cfg.URL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -514,17 +517,23 @@ type ReplayWindowError struct {
 	MaxAge, Duplicates, DedupWindow time.Duration
 }
 
-func (e *ReplayWindowError) Error() string {
+func (e *ReplayWindowError) Error() string { return e.fieldError().Error() }
+
+// fieldError is e as the *setting.FieldError of the settings it names, which
+// wraps e.
+func (e *ReplayWindowError) fieldError() *setting.FieldError {
 	maxAge := "unlimited"
 	if e.MaxAge > 0 {
 		maxAge = e.MaxAge.String()
 	}
-	return fmt.Sprintf("stream %s keeps messages for MaxAge %s (duplicate window %s), "+
-		"longer than the inbox dedup window NATSSubscriberConfig.DedupWindow %s: a replay of the stream (a lost durable consumer, a new one) "+
+	fe := setting.Errorf("", "NATSSubscriberConfig", "DedupWindow", "stream %s keeps messages for MaxAge %s (duplicate window %s), "+
+		"longer than the inbox dedup window {} %s: a replay of the stream (a lost durable consumer, a new one) "+
 		"could deliver events whose inbox rows retention already deleted, and apply them again. "+
 		"Give the stream a MaxAge within the window (the relay's --stream-max-age for a stream it creates, or "+
-		"nats stream edit %s --max-age), raise NATSSubscriberConfig.DedupWindow, or accept the risk with "+
-		"NATSSubscriberConfig.AllowReplayBeyondDedupWindow", e.Stream, maxAge, e.Duplicates, e.DedupWindow, e.Stream)
+		"nats stream edit %s --max-age), raise {}, or accept the risk with "+
+		"{AllowReplayBeyondDedupWindow}", e.Stream, maxAge, e.Duplicates, e.DedupWindow, e.Stream)
+	fe.Cause = e
+	return fe
 }
 
 // checkReplayWindow refuses a stream whose messages (MaxAge, zero meaning
@@ -536,7 +545,7 @@ func (s *NATSSubscriber) checkReplayWindow(sc jetstream.StreamConfig) error {
 	}
 	err := &ReplayWindowError{Stream: sc.Name, MaxAge: sc.MaxAge, Duplicates: sc.Duplicates, DedupWindow: s.cfg.DedupWindow}
 	if !s.cfg.AllowReplayBeyondDedupWindow {
-		return err
+		return err.fieldError()
 	}
 	s.log.Warn("replays beyond the dedup window allowed", zap.String("risk", err.Error()))
 	return nil

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Config configures a Consumer. The zero value of every optional field means
@@ -140,45 +140,47 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) validate() error {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, setting.Errorf("", "Config", field, format, args...))
+	}
 	if c.Pool == nil {
-		bad("Config.Pool is required")
+		bad("Pool", "{} is required")
 	}
 	if c.Subscribe == nil {
-		bad("Config.Subscribe is required")
+		bad("Subscribe", "{} is required")
 	}
 	if !(c.DupRateWarn >= 0 && c.DupRateWarn <= 1) { // NaN fails too
-		bad("Config.DupRateWarn %g must be between 0 and 1 (0 disables)", c.DupRateWarn)
+		bad("DupRateWarn", "{} %g must be between 0 and 1 (0 disables)", c.DupRateWarn)
 	}
 	if c.RateInterval < 0 {
-		bad("Config.RateInterval %s must be positive", c.RateInterval)
+		bad("RateInterval", "{} %s must be positive", c.RateInterval)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
-		bad("Config.BatchSize %d must be between 1 and 10000", c.BatchSize)
+		bad("BatchSize", "{} %d must be between 1 and 10000", c.BatchSize)
 	}
 	if c.MaxWait < 10*time.Millisecond {
-		bad("Config.MaxWait %s must be at least 10ms", c.MaxWait)
+		bad("MaxWait", "{} %s must be at least 10ms", c.MaxWait)
 	}
 	if c.StoreTimeout <= 0 {
-		bad("Config.StoreTimeout %s must be positive", c.StoreTimeout)
+		bad("StoreTimeout", "{} %s must be positive", c.StoreTimeout)
 	}
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
-		bad("Config.RetryMin %s and Config.RetryMax %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+		bad("RetryMin", "{} %s and {RetryMax} %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
 	}
 	if err := inbox.ValidateHandlerName(c.Inbox.HandlerName); err != nil {
 		// Reported by the inbox worker's own validation (Config.Inbox.HandlerName).
 		if c.DisableWorkers {
-			bad("Config.Inbox.HandlerName: %v", err)
+			bad("Inbox.HandlerName", "{}: %v", err)
 		}
 	} else if err := inbox.ValidateTargets(c.Targets); err != nil {
-		bad("Config.Targets: %v", err)
+		bad("Targets", "{}: %v", err)
 	} else if !c.DisableWorkers && !slices.ContainsFunc(c.Targets, func(t inbox.Target) bool {
 		return t.Handler == c.Inbox.HandlerName || (t.Handler == "" && c.Inbox.HandlerName == inbox.DefaultHandlerName)
 	}) {
-		bad("Config.Targets does not store rows for the handler the workers run (Config.Inbox.HandlerName %q)", c.Inbox.HandlerName)
+		bad("Targets", "{} does not store rows for the handler the workers run ({Inbox.HandlerName} %q)", c.Inbox.HandlerName)
 	}
 	if !c.DisableWorkers && c.Inbox.Handler == nil {
-		bad("Config.Inbox.Handler is required (or set Config.DisableWorkers)")
+		bad("Inbox.Handler", "{} is required (or set {DisableWorkers})")
 	}
 	return errors.Join(errs...)
 }

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Consumer moves deliveries from its subscriber into the inbox and runs the inbox
@@ -90,8 +90,11 @@ func New(cfg Config) (*Consumer, error) {
 		if w, err = inbox.NewWorker(cfg.Inbox); err != nil {
 			// The inbox names its own fields "inbox: Config.X"; here they
 			// are Config.Inbox.X, which tells them from the consumer's own.
-			msg := strings.ReplaceAll(err.Error(), "inbox: Config.", "Config.")
-			errs = errors.Join(errs, errors.New(strings.ReplaceAll(msg, "Config.", "Config.Inbox.")))
+			errs = errors.Join(errs, setting.Map(err, func(fe *setting.FieldError) error {
+				c := fe.Renamed("Config", func(f string) string { return "Inbox." + f })
+				c.Pkg = ""
+				return c
+			}))
 		}
 	}
 	if errs != nil {

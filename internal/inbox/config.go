@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Config configures a Worker. Zero fields take the documented defaults.
@@ -119,11 +121,12 @@ func setDefault[T int | time.Duration](p *T, def T) {
 	}
 }
 
-// validate checks a Config that WithDefaults has filled; errors name the field.
+// validate checks a Config that WithDefaults has filled; each error is a
+// *setting.FieldError naming the field.
 func (c Config) validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("inbox: Config.%s %s", field, fmt.Sprintf(format, args...)))
+		errs = append(errs, setting.Errorf("inbox", "Config", field, "{} "+format, args...))
 	}
 	if c.Pool == nil {
 		bad("Pool", "is required")
@@ -155,10 +158,10 @@ func (c Config) validate() error {
 		}
 	}
 	if c.HandlerTimeout >= c.Lease {
-		bad("HandlerTimeout", "(%s) must be shorter than Config.Lease (%s)", c.HandlerTimeout, c.Lease)
+		bad("HandlerTimeout", "(%s) must be shorter than {Lease} (%s)", c.HandlerTimeout, c.Lease)
 	}
 	if c.BackoffMax < c.BackoffMin {
-		bad("BackoffMax", "(%s) must not be below Config.BackoffMin (%s)", c.BackoffMax, c.BackoffMin)
+		bad("BackoffMax", "(%s) must not be below {BackoffMin} (%s)", c.BackoffMax, c.BackoffMin)
 	}
 	if c.MaxAttempts < 1 {
 		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)

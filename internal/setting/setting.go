@@ -27,6 +27,9 @@ type FieldError struct {
 	// stands for Field and "{Name}" for the field Name of Struct.
 	Format string
 	Args   []any
+	// Cause, when set, is an error e stands for (Unwrap returns it); its
+	// text is not printed.
+	Cause error
 	// Name, when set, spells the fields in the message (a command names its
 	// flags); by default a field F is spelled Struct.F.
 	Name func(field string) string
@@ -37,7 +40,7 @@ func Errorf(pkg, structName, field, format string, args ...any) *FieldError {
 	return &FieldError{Pkg: pkg, Struct: structName, Field: field, Format: format, Args: args}
 }
 
-var fieldRef = regexp.MustCompile(`\{[A-Za-z0-9_.]*\}`)
+var fieldRef = regexp.MustCompile(`\{[A-Za-z0-9_.\[\]]*\}`)
 
 // Error spells the message with its fields' names.
 func (e *FieldError) Error() string {
@@ -59,9 +62,12 @@ func (e *FieldError) Error() string {
 	return msg
 }
 
-// Unwrap returns the errors among Args.
+// Unwrap returns Cause and the errors among Args.
 func (e *FieldError) Unwrap() []error {
 	var errs []error
+	if e.Cause != nil {
+		errs = append(errs, e.Cause)
+	}
 	for _, a := range e.Args {
 		if err, ok := a.(error); ok {
 			errs = append(errs, err)
