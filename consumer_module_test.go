@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/proc"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -83,11 +84,8 @@ func TestProgramInAnotherModule(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(userProgram), 0o644))
 	bin := filepath.Join(dir, "app")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = dir
-	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build of the user's module:\n%s", out)
+	require.NoError(t, proc.Build(context.Background(), proc.BuildSpec{Dir: dir, Out: bin, Packages: []string{"."},
+		Env: []string{"GOFLAGS=-mod=mod", "GOWORK=off"}}), "go build of the user's module")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

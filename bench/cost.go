@@ -46,11 +46,11 @@ func (p *pipeline) startProcesses(ctx context.Context) error {
 	for _, proc := range p.procs {
 		go func() {
 			select {
-			case <-proc.done:
+			case <-proc.Done():
 				select {
 				case <-stopped:
 				default:
-					p.failed <- proc.exited()
+					p.failed <- proc.Exited()
 				}
 			case <-stopped:
 			}

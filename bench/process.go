@@ -1,18 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
+
+	"github.com/pgrelay/pgrelay/internal/proc"
 )
 
 // binaries are the relay and consumer commands, built for the run (or given
@@ -39,13 +37,9 @@ func buildBinaries(ctx context.Context, dir string) (*binaries, error) {
 		return nil, err
 	}
 	b := &binaries{relay: filepath.Join(tmp, "relay"), consumer: filepath.Join(tmp, "consumer"), tmp: tmp}
-	for _, target := range []struct{ out, pkg string }{{b.relay, "./cmd/relay"}, {b.consumer, "./cmd/consumer"}} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", target.out, target.pkg)
-		cmd.Dir = moduleRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.remove()
-			return nil, fmt.Errorf("go build %s: %v: %s", target.pkg, err, firstLine(string(out)))
-		}
+	if err := proc.Build(ctx, proc.BuildSpec{Out: tmp + string(os.PathSeparator), Packages: []string{"./cmd/relay", "./cmd/consumer"}}); err != nil {
+		b.remove()
+		return nil, fmt.Errorf("%s", firstLine(err.Error()))
 	}
 	return b, nil
 }
@@ -56,75 +50,25 @@ func (b *binaries) remove() {
 	}
 }
 
-// moduleRoot finds the directory holding go.mod, from the working directory
-// up (the benchmark runs from the repository root or from bench/ in tests).
-func moduleRoot() string {
-	dir, _ := os.Getwd()
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			return dir
-		}
-	}
-}
-
 // process is a service started for a measurement.
-type process struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-	out  *tailBuffer
-}
+type process struct{ *proc.Process }
 
 func startProcess(name, path string, args, env []string) (*process, error) {
-	p := &process{name: name, done: make(chan struct{}), out: &tailBuffer{max: 8 << 10}}
-	p.cmd = exec.Command(path, args...)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
+	p := proc.New(name, path, args, env, "")
+	if err := p.Start(); err != nil {
+		return nil, err
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// exited returns why the process ended, or nil while it runs.
-func (p *process) exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s exited (%v): %s", p.name, p.err, lastLine(p.out.String()))
-	default:
-		return nil
-	}
+	return &process{p}, nil
 }
 
 // stop sends SIGTERM and waits for a graceful exit, killing the process
 // after 20 s.
-func (p *process) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+func (p *process) stop() { _ = p.Stop(20 * time.Second) }
 
 // cpuSeconds returns the user and system CPU time the process has used so
 // far, from /proc/<pid>/stat.
 func (p *process) cpuSeconds() (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
 	if err != nil {
 		return 0, err
 	}
@@ -148,7 +92,7 @@ const clockTicks = 100
 
 // peakRSS returns the process's peak resident set (VmHWM), in MiB.
 func (p *process) peakRSS() (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
 	if err != nil {
 		return 0, err
 	}
@@ -164,41 +108,10 @@ func (p *process) peakRSS() (float64, error) {
 	return 0, errors.New("no VmHWM in /proc status")
 }
 
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-	max int
-}
-
-func (t *tailBuffer) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf.Write(b)
-	if over := t.buf.Len() - t.max; over > 0 {
-		t.buf.Next(over)
-	}
-	return len(b), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.buf.String()
-}
-
 func firstLine(s string) string {
 	s = strings.TrimSpace(s)
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
 		return s[:i]
-	}
-	return s
-}
-
-func lastLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		return s[i+1:]
 	}
 	return s
 }

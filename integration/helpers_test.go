@@ -18,39 +18,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/proc"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
 // binaries are built once per test binary run.
-var binaries struct {
-	once sync.Once
-	dir  string
-	err  error
-}
+var binaries = proc.NewBinaries("./cmd/relay", "./cmd/consumer", "./cmd/demo")
 
 // bins builds relay, consumer and demo into a temporary directory, once.
 func bins(t *testing.T) string {
 	t.Helper()
-	binaries.once.Do(func() {
-		binaries.dir, binaries.err = os.MkdirTemp("", "pgrelay-it-bin-")
-		if binaries.err != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", binaries.dir+string(os.PathSeparator), "../cmd/relay", "../cmd/consumer", "../cmd/demo")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			binaries.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, binaries.err)
-	return binaries.dir
+	return binaries.Dir(t)
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binaries.dir != "" {
-		os.RemoveAll(binaries.dir)
-	}
+	binaries.Remove()
 	// A PostgreSQL container this binary started (make containers): removed
 	// here, since the reaper is disabled where no registry serves its image.
 	if err := testdb.Terminate(); err != nil {

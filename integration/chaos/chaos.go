@@ -20,7 +20,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,8 +29,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/demo"
 	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
+	"github.com/pgrelay/pgrelay/internal/proc"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -340,7 +339,7 @@ func (r *run) startServices(binDir, dbURL, brokerAddr string) error {
 			"RELAY_PUBLISH_TIMEOUT=10s", "RELAY_BATCH_SIZE=100", "RELAY_POLL_INTERVAL=500ms",
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
 		s := &service{name: name, metricsAddr: fmt.Sprintf("127.0.0.1:%d", addr),
-			proc: demo.NewProcess(name, filepath.Join(binDir, "relay"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
+			proc: proc.New(name, filepath.Join(binDir, "relay"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
 		r.relay = append(r.relay, s)
 		r.svcs = append(r.svcs, s)
 	}
@@ -356,7 +355,7 @@ func (r *run) startServices(binDir, dbURL, brokerAddr string) error {
 			"CONSUMER_MAX_ATTEMPTS=50", "CONSUMER_STATS_INTERVAL=10s", "CONSUMER_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
 		s := &service{name: name, metricsAddr: fmt.Sprintf("127.0.0.1:%d", addr),
-			proc: demo.NewProcess(name, filepath.Join(binDir, "consumer"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
+			proc: proc.New(name, filepath.Join(binDir, "consumer"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
 		r.cons = append(r.cons, s)
 		r.svcs = append(r.svcs, s)
 	}
@@ -450,17 +449,11 @@ func (r *run) countLogLines() (inboxFenced, relayFenced, relayTakeovers int64) {
 }
 
 func moduleRoot(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	root, err := proc.ModuleRoot(ctx)
 	if err != nil {
-		return "", fmt.Errorf("chaos: go env GOMOD: %w", err)
+		return "", fmt.Errorf("chaos: %w; set ModuleRoot or BinDir", err)
 	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("chaos: not inside the pgrelay module; set ModuleRoot or BinDir")
-	}
-	return filepath.Dir(gomod), nil
+	return root, nil
 }
 
 // newRand returns the seeded generator for one purpose of the run, so that

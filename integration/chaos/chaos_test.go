@@ -85,9 +85,7 @@ func TestChaos(t *testing.T) {
 func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
-	if testBinaries.dir != "" {
-		_ = os.RemoveAll(testBinaries.dir)
-	}
+	testBinaries.Remove()
 	os.Exit(code)
 }
 

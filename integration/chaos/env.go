@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/proc"
 )
 
 // pgBinDir holds initdb and pg_ctl.
@@ -257,13 +257,9 @@ func freePort() (int, error) {
 
 // buildBinaries builds the relay and consumer into dir.
 func buildBinaries(ctx context.Context, moduleRoot, dir string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(os.PathSeparator), "./cmd/relay", "./cmd/consumer")
-	cmd.Dir = moduleRoot
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return errors.Join(fmt.Errorf("chaos: go build: %w", err), errors.New(string(out)))
+	if err := proc.Build(ctx, proc.BuildSpec{Dir: moduleRoot, Out: dir + string(os.PathSeparator),
+		Packages: []string{"./cmd/relay", "./cmd/consumer"}}); err != nil {
+		return fmt.Errorf("chaos: %w", err)
 	}
 	return nil
 }

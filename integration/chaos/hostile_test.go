@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,38 +14,19 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/demo"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/proc"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
 // testBinaries holds the relay and consumer, built once per test binary and
 // removed by TestMain.
-var testBinaries struct {
-	once sync.Once
-	dir  string
-	err  error
-}
+var testBinaries = proc.NewBinaries("./cmd/relay", "./cmd/consumer")
 
 func binaries(t *testing.T) string {
 	t.Helper()
-	testBinaries.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		root, err := moduleRoot(ctx)
-		if err != nil {
-			testBinaries.err = err
-			return
-		}
-		if testBinaries.dir, err = os.MkdirTemp("", "pgrelay-chaos-bin-"); err != nil {
-			testBinaries.err = err
-			return
-		}
-		testBinaries.err = buildBinaries(ctx, root, testBinaries.dir)
-	})
-	require.NoError(t, testBinaries.err)
-	return testBinaries.dir
+	return testBinaries.Dir(t)
 }
 
 // TestHostileValuesEndToEnd sends hostile topics, keys, event types, headers
@@ -77,12 +57,12 @@ func TestHostileValuesEndToEnd(t *testing.T) {
 	})
 
 	common := []string{"DATABASE_URL=" + dbURL, "NATS_URL=" + natsURL, "LOG_FORMAT=json", "METRICS_ADDR=", "ADMIN_ADDR="}
-	relay := demo.NewProcess("relay", filepath.Join(bin, "relay"), []string{"run"},
+	relay := proc.New("relay", filepath.Join(bin, "relay"), []string{"run"},
 		append(append([]string{}, common...), "RELAY_STREAM="+stream, "RELAY_SUBJECT_PREFIX="+prefix, "RELAY_LEASE=3s"), filepath.Join(work, "relay.log"))
-	consumer := demo.NewProcess("consumer", filepath.Join(bin, "consumer"), []string{"run"},
+	consumer := proc.New("consumer", filepath.Join(bin, "consumer"), []string{"run"},
 		append(append([]string{}, common...), "CONSUMER_STREAM="+stream, "CONSUMER_SUBJECT_PREFIX="+prefix, "CONSUMER_DURABLE=hostile",
 			"CONSUMER_MAX_WAIT=100ms", "CONSUMER_MAX_ATTEMPTS=3", "CONSUMER_LEASE=4s", "CONSUMER_HANDLER_TIMEOUT=2s"), filepath.Join(work, "consumer.log"))
-	for _, p := range []*demo.Process{relay, consumer} {
+	for _, p := range []*proc.Process{relay, consumer} {
 		require.NoError(t, p.Start())
 		defer func() { _ = p.Stop(20 * time.Second) }()
 	}

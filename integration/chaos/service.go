@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/demo"
+	"github.com/pgrelay/pgrelay/internal/proc"
 )
 
 // scraped lists the counters read from the services' /metrics endpoints.
@@ -24,7 +24,7 @@ var scraped = []string{
 type service struct {
 	name        string
 	metricsAddr string
-	proc        *demo.Process
+	proc        *proc.Process
 
 	mu     sync.Mutex
 	starts int

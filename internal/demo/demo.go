@@ -29,6 +29,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
+	"github.com/pgrelay/pgrelay/internal/proc"
 )
 
 // Config configures a demo run. Zero fields take the documented defaults.
@@ -176,8 +177,8 @@ type run struct {
 	pool     *pgxpool.Pool
 	broker   demoBroker
 	ob       *outbox.Outbox
-	relay    *proc
-	consumer *proc
+	relay    *proc.Process
+	consumer *proc.Process
 	report   Report
 	started  time.Time
 }
@@ -262,19 +263,19 @@ func (r *run) run(ctx context.Context) error {
 	relayEnv, consumerEnv := r.broker.serviceEnv()
 
 	// The services, as real processes.
-	r.relay = &proc{name: "relay", path: relayBin, args: []string{"run"}, logs: filepath.Join(work, "relay.log"),
-		env: append(append(append([]string{}, dbEnv...), relayEnv...),
-			"RELAY_LEASE=3s", "METRICS_ADDR=", "ADMIN_ADDR=")}
-	r.consumer = &proc{name: "consumer", path: consumerBin, args: []string{"run"}, logs: filepath.Join(work, "consumer.log"),
-		env: append(append(append([]string{}, dbEnv...), consumerEnv...),
+	r.relay = proc.New("relay", relayBin, []string{"run"},
+		append(append(append([]string{}, dbEnv...), relayEnv...),
+			"RELAY_LEASE=3s", "METRICS_ADDR=", "ADMIN_ADDR="), filepath.Join(work, "relay.log"))
+	r.consumer = proc.New("consumer", consumerBin, []string{"run"},
+		append(append(append([]string{}, dbEnv...), consumerEnv...),
 			"CONSUMER_MAX_PAYLOAD_BYTES=65536",
 			"CONSUMER_STATS_INTERVAL=5s",
-			"CONSUMER_LEASE=5s", "CONSUMER_HANDLER_TIMEOUT=2s", "METRICS_ADDR=", "ADMIN_ADDR=")}
-	for _, p := range []*proc{r.relay, r.consumer} {
-		if err := p.start(); err != nil {
+			"CONSUMER_LEASE=5s", "CONSUMER_HANDLER_TIMEOUT=2s", "METRICS_ADDR=", "ADMIN_ADDR="), filepath.Join(work, "consumer.log"))
+	for _, p := range []*proc.Process{r.relay, r.consumer} {
+		if err := p.Start(); err != nil {
 			return err
 		}
-		defer func() { _ = p.stop(20 * time.Second) }()
+		defer func() { _ = p.Stop(20 * time.Second) }()
 	}
 	r.say("relay and consumer started (logs in %s)", work)
 
@@ -285,9 +286,9 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 	// Graceful stop, then the verification.
-	for _, p := range []*proc{r.relay, r.consumer} {
-		if err := p.stop(20 * time.Second); err != nil {
-			r.say("%s stop: %v", p.name, err)
+	for _, p := range []*proc.Process{r.relay, r.consumer} {
+		if err := p.Stop(20 * time.Second); err != nil {
+			r.say("%s stop: %v", p.Name(), err)
 		}
 	}
 	r.say("relay and consumer stopped with SIGTERM")
@@ -368,11 +369,11 @@ func (r *run) produce(ctx context.Context) error {
 				return err
 			}
 		case n / 3:
-			r.consumer.kill()
+			r.consumer.Kill()
 			r.report.Kills++
 			r.say("SIGKILL consumer (order %d/%d)", i, n)
 		case n/3 + n/20:
-			if err := r.consumer.start(); err != nil {
+			if err := r.consumer.Start(); err != nil {
 				return err
 			}
 			r.say("consumer restarted")
@@ -390,11 +391,11 @@ func (r *run) produce(ctx context.Context) error {
 				}
 			}
 		case 2 * n / 3:
-			r.relay.kill()
+			r.relay.Kill()
 			r.report.Kills++
 			r.say("SIGKILL relay (order %d/%d)", i, n)
 		case 2*n/3 + n/20:
-			if err := r.relay.start(); err != nil {
+			if err := r.relay.Start(); err != nil {
 				return err
 			}
 			r.say("relay restarted")
@@ -561,7 +562,7 @@ func (r *run) settle(ctx context.Context) error {
 			r.say("not settled within %s; verifying what there is", r.cfg.Timeout)
 			return nil
 		}
-		if !r.relay.running() || !r.consumer.running() {
+		if !r.relay.Running() || !r.consumer.Running() {
 			return fmt.Errorf("demo: a service exited unexpectedly; see the logs in %s", r.report.LogsDir)
 		}
 		select {
