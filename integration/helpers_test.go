@@ -3,15 +3,11 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -44,86 +40,31 @@ func TestMain(m *testing.M) {
 }
 
 // service is a binary running as a child process for one test.
-type service struct {
-	t    *testing.T
-	name string
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{}
-	err  error
-}
+type service struct{ *proc.Process }
 
 // startService runs bin with args and env (added to the test's environment);
-// it is stopped with SIGTERM when the test ends.
+// it is stopped with SIGTERM when the test ends, and its output's end is
+// logged when the test failed.
 func startService(t *testing.T, bin string, env []string, args ...string) *service {
 	t.Helper()
-	s := &service{t: t, name: filepath.Base(bin), out: &syncBuffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Env = append(os.Environ(), env...)
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	require.NoError(t, s.cmd.Start())
-	go func() {
-		s.err = s.cmd.Wait()
-		close(s.done)
-	}()
+	p := proc.New(filepath.Base(bin), bin, args, env, "")
+	require.NoError(t, p.Start())
 	t.Cleanup(func() {
-		s.stop()
+		_ = p.Stop(30 * time.Second)
 		if t.Failed() {
-			t.Logf("%s output:\n%s", s.name, tail(s.out.String(), 8000))
+			t.Logf("%s output:\n%s", p.Name(), p.Output())
 		}
 	})
-	return s
+	return &service{p}
 }
 
-func (s *service) running() bool {
-	select {
-	case <-s.done:
-		return false
-	default:
-		return true
-	}
-}
+func (s *service) running() bool { return s.Running() }
 
 // stop sends SIGTERM and waits for a graceful exit (killing after 30s).
-func (s *service) stop() error {
-	if !s.running() {
-		return s.err
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-		return s.err
-	case <-time.After(30 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-		return fmt.Errorf("%s: no exit within 30s of SIGTERM", s.name)
-	}
-}
+func (s *service) stop() error { return s.Stop(30 * time.Second) }
 
 // kill sends SIGKILL and waits for the process to die.
-func (s *service) kill() {
-	if s.running() {
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+func (s *service) kill() { s.Kill() }
 
 func tail(s string, n int) string {
 	if len(s) <= n {
