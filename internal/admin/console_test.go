@@ -12,36 +12,25 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
-
-func receiveIDs(t *testing.T, b *testBundle, ids ...string) {
-	t.Helper()
-	msgs := make([]inbox.Incoming, 0, len(ids))
-	for _, id := range ids {
-		msgs = append(msgs, inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", EventType: "OrderPaid"}})
-	}
-	_, err := inbox.ReceiveWith(context.Background(), b.pool, msgs, inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "ledger"}}})
-	require.NoError(t, err)
-}
 
 // TestDedupReportFromTheDatabase: the report's hit rate, hourly activity and
 // feed come from what the receive statements recorded, with no consumer
 // running, and reach the API as JSON.
 func TestDedupReportFromTheDatabase(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	receiveIDs(t, b, "e1", "e2", "e3")
-	receiveIDs(t, b, "e1", "e4")
-	receiveIDs(t, b, "e2", "e1")
+	b := admintest.Setup(t)
+	admintest.ReceiveIDs(t, b, "e1", "e2", "e3")
+	admintest.ReceiveIDs(t, b, "e1", "e4")
+	admintest.ReceiveIDs(t, b, "e2", "e1")
 
-	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
-	code, body := do(t, http.MethodGet, hs.URL+"/v1/dedup?recent=2", "", nil)
+	code, body := admintest.Do(t, http.MethodGet, hs.URL+"/v1/dedup?recent=2", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var rep admin.DedupReport
 	require.NoError(t, json.Unmarshal(body, &rep))
@@ -66,23 +55,23 @@ func TestDedupReportFromTheDatabase(t *testing.T) {
 // leaves an audit row naming the actor; without an actor it changes nothing.
 func TestResetDedupStatsIsAudited(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	receiveIDs(t, b, "e1")
-	receiveIDs(t, b, "e1")
+	b := admintest.Setup(t)
+	admintest.ReceiveIDs(t, b, "e1")
+	admintest.ReceiveIDs(t, b, "e1")
 	ctx := context.Background()
-	_, err := b.svc.ResetDedupStats(ctx, "", "why")
+	_, err := b.Svc.ResetDedupStats(ctx, "", "why")
 	require.ErrorIs(t, err, admin.ErrInvalid)
-	rep, err := b.svc.Dedup(ctx, 0)
+	rep, err := b.Svc.Dedup(ctx, 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), rep.Duplicates)
 
-	id, err := b.svc.ResetDedupStats(ctx, "tui:alice@host", "new baseline")
+	id, err := b.Svc.ResetDedupStats(ctx, "tui:alice@host", "new baseline")
 	require.NoError(t, err)
-	rep, err = b.svc.Dedup(ctx, 0)
+	rep, err = b.Svc.Dedup(ctx, 0)
 	require.NoError(t, err)
 	require.Zero(t, rep.Received)
 	require.Zero(t, rep.RecordRows)
-	audit, err := b.svc.Audit(ctx, "*", admin.SourceInbox, 10)
+	audit, err := b.Svc.Audit(ctx, "*", admin.SourceInbox, 10)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)
 	require.Equal(t, id, audit[0].ID)
@@ -96,28 +85,28 @@ func TestResetDedupStatsIsAudited(t *testing.T) {
 // every partition with its backlog and the relays by heartbeat.
 func TestInboxKeysAndOutboxOverview(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	fixtures(t, b.pool)
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
 	ctx := context.Background()
-	keys, err := b.svc.InboxKeys(ctx, "", 0)
+	keys, err := b.Svc.InboxKeys(ctx, "", 0)
 	require.NoError(t, err)
 	require.Len(t, keys, 5)
 	require.NotEqual(t, "processed", keys[0].Status)
 	require.Equal(t, "processed", keys[4].Status)
 	require.NotNil(t, keys[4].FinishedAt)
-	keys, err = b.svc.InboxKeys(ctx, "users", 0)
+	keys, err = b.Svc.InboxKeys(ctx, "users", 0)
 	require.NoError(t, err)
 	require.Len(t, keys, 1)
 	require.Equal(t, "d-users-1", keys[0].EventID)
 
-	_, err = b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ('o1', 't', 'k1', 'T', '\x')`)
+	_, err = b.Pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ('o1', 't', 'k1', 'T', '\x')`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `INSERT INTO relay_nodes (node_id, last_seen) VALUES ('relay-a', now()), ('relay-old', now() - interval '1 hour')`)
+	_, err = b.Pool.Exec(ctx, `INSERT INTO relay_nodes (node_id, last_seen) VALUES ('relay-a', now()), ('relay-old', now() - interval '1 hour')`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE relay_partitions SET owner = 'relay-a', epoch = 7, lease_until = now() + interval '1 minute'
+	_, err = b.Pool.Exec(ctx, `UPDATE relay_partitions SET owner = 'relay-a', epoch = 7, lease_until = now() + interval '1 minute'
 		WHERE partition = outbox_partition('k1')`)
 	require.NoError(t, err)
-	ov, err := b.svc.Outbox(ctx)
+	ov, err := b.Svc.Outbox(ctx)
 	require.NoError(t, err)
 	require.NotEmpty(t, ov.Partitions)
 	var pending int64
@@ -149,9 +138,9 @@ func TestDedupReportHoursInAnyTimeZone(t *testing.T) {
 	t.Cleanup(pool.Close)
 	svc, err := admin.New(admin.Config{Pool: pool})
 	require.NoError(t, err)
-	b := &testBundle{pool: pool, svc: svc}
-	receiveIDs(t, b, "e1")
-	receiveIDs(t, b, "e1")
+	b := &admintest.Bundle{Pool: pool, Svc: svc}
+	admintest.ReceiveIDs(t, b, "e1")
+	admintest.ReceiveIDs(t, b, "e1")
 	rep, err := svc.Dedup(context.Background(), 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), rep.Received)
@@ -162,34 +151,34 @@ func TestDedupReportHoursInAnyTimeZone(t *testing.T) {
 // refuse bad parameters and a reset without an actor.
 func TestConsoleRoutes(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	fixtures(t, b.pool)
-	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 
-	code, body := do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?search=users&limit=5", "", nil)
+	code, body := admintest.Do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?search=users&limit=5", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var keys []admin.InboxKey
 	require.NoError(t, json.Unmarshal(body, &keys))
 	require.Len(t, keys, 1)
-	code, _ = do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?limit=-1", "", nil)
+	code, _ = admintest.Do(t, http.MethodGet, hs.URL+"/v1/inbox/keys?limit=-1", "", nil)
 	require.Equal(t, http.StatusBadRequest, code)
-	code, _ = do(t, http.MethodGet, hs.URL+"/v1/dedup?recent=x", "", nil)
+	code, _ = admintest.Do(t, http.MethodGet, hs.URL+"/v1/dedup?recent=x", "", nil)
 	require.Equal(t, http.StatusBadRequest, code)
 
-	code, body = do(t, http.MethodGet, hs.URL+"/v1/outbox/partitions", "", nil)
+	code, body = admintest.Do(t, http.MethodGet, hs.URL+"/v1/outbox/partitions", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var ov admin.OutboxOverview
 	require.NoError(t, json.Unmarshal(body, &ov))
 	require.NotEmpty(t, ov.Partitions)
 
-	code, _ = do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"reason": "no actor"})
+	code, _ = admintest.Do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"reason": "no actor"})
 	require.Equal(t, http.StatusBadRequest, code)
-	code, body = do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"actor": "ops", "reason": "baseline"})
+	code, body = admintest.Do(t, http.MethodPost, hs.URL+"/v1/dedup/reset", "", map[string]string{"actor": "ops", "reason": "baseline"})
 	require.Equal(t, http.StatusOK, code, string(body))
-	audit, err := b.svc.Audit(context.Background(), "*", admin.SourceInbox, 10)
+	audit, err := b.Svc.Audit(context.Background(), "*", admin.SourceInbox, 10)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)
 	require.Equal(t, "ops", audit[0].Actor)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -20,51 +21,51 @@ import (
 // listed through the service and GET /v1/inbox/conflicts.
 func TestHandlersInOperations(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := admintest.Setup(t)
 	ctx := context.Background()
-	_, err := b.pool.Exec(ctx, `INSERT INTO inbox (handler, event_id, status, attempts, last_error, finished_at) VALUES
+	_, err := b.Pool.Exec(ctx, `INSERT INTO inbox (handler, event_id, status, attempts, last_error, finished_at) VALUES
 		('ledger', 'e1', 'dead', 3, 'ledger down', now()), ('mail', 'e1', 'dead', 2, 'smtp down', now()),
 		('mail', 'e2', 'processed', 1, NULL, now())`)
 	require.NoError(t, err)
 
-	all, err := b.svc.ListDead(ctx, admin.SourceInbox, admin.Filter{})
+	all, err := b.Svc.ListDead(ctx, admin.SourceInbox, admin.Filter{})
 	require.NoError(t, err)
 	require.Len(t, all, 2)
-	mail, err := b.svc.ListDead(ctx, admin.SourceInbox, admin.Filter{Handler: "mail"})
+	mail, err := b.Svc.ListDead(ctx, admin.SourceInbox, admin.Filter{Handler: "mail"})
 	require.NoError(t, err)
 	require.Len(t, mail, 1)
 	require.Equal(t, "mail", mail[0].Handler)
 	require.Equal(t, "smtp down", mail[0].LastError)
-	_, err = b.svc.ListDead(ctx, admin.SourceOutbox, admin.Filter{Handler: "mail"})
+	_, err = b.Svc.ListDead(ctx, admin.SourceOutbox, admin.Filter{Handler: "mail"})
 	require.ErrorIs(t, err, admin.ErrInvalid)
 
-	d, err := b.svc.Show(ctx, admin.SourceInbox, "e1", "")
+	d, err := b.Svc.Show(ctx, admin.SourceInbox, "e1", "")
 	require.NoError(t, err)
 	require.Equal(t, "ledger", d.Handler)
 	require.Equal(t, []string{"mail"}, d.OtherHandlers)
-	d, err = b.svc.Show(ctx, admin.SourceInbox, "e1", "mail")
+	d, err = b.Svc.Show(ctx, admin.SourceInbox, "e1", "mail")
 	require.NoError(t, err)
 	require.Equal(t, "smtp down", d.LastError)
 	require.Equal(t, "e1", d.DedupKey)
-	_, err = b.svc.Show(ctx, admin.SourceInbox, "e2", "ledger")
+	_, err = b.Svc.Show(ctx, admin.SourceInbox, "e2", "ledger")
 	require.ErrorIs(t, err, admin.ErrNotFound)
 
-	res, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{Handler: "mail"}, Actor: "op", Reason: "smtp back"})
+	res, err := b.Svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{Handler: "mail"}, Actor: "op", Reason: "smtp back"})
 	require.NoError(t, err)
 	require.Len(t, res.Events, 1)
 	require.Equal(t, "mail", res.Events[0].Handler)
 	var ledgerStatus, mailStatus string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT
 		(SELECT status FROM inbox WHERE handler = 'ledger' AND event_id = 'e1'),
 		(SELECT status FROM inbox WHERE handler = 'mail' AND event_id = 'e1')`).Scan(&ledgerStatus, &mailStatus))
 	require.Equal(t, "dead", ledgerStatus, "another handler's dead letter is left alone")
 	require.Equal(t, "pending", mailStatus)
-	audit, err := b.svc.Audit(ctx, "e1", admin.SourceInbox, 0)
+	audit, err := b.Svc.Audit(ctx, "e1", admin.SourceInbox, 0)
 	require.NoError(t, err)
 	require.Len(t, audit, 1)
 	require.Equal(t, "mail", audit[0].Handler, "the audit trail names the handler whose row was requeued")
 
-	st, err := b.svc.Stats(ctx)
+	st, err := b.Svc.Stats(ctx)
 	require.NoError(t, err)
 	require.Len(t, st.Inbox.Handlers, 2)
 	require.Equal(t, "ledger", st.Inbox.Handlers[0].Handler)
@@ -77,11 +78,11 @@ func TestHandlersInOperations(t *testing.T) {
 	require.NoError(t, err)
 	targets := []inbox.Target{{Handler: "pay", Strategy: s}}
 	for _, p := range []string{`{"order_id":"o1","n":1}`, `{"order_id":"o1","n":2}`} {
-		_, err := inbox.ReceiveFor(ctx, b.pool, targets, []inbox.Incoming{{Message: event.Message{
+		_, err := inbox.ReceiveFor(ctx, b.Pool, targets, []inbox.Incoming{{Message: event.Message{
 			EventID: "x" + p[len(p)-2:len(p)-1], EventType: "Pay", Payload: []byte(p)}}})
 		require.NoError(t, err)
 	}
-	list, err := b.svc.ListConflicts(ctx, "pay", "", 0)
+	list, err := b.Svc.ListConflicts(ctx, "pay", "", 0)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, "x1", list[0].StoredEventID)
@@ -89,20 +90,20 @@ func TestHandlersInOperations(t *testing.T) {
 	require.Equal(t, "pay:o1", list[0].DedupKey)
 	require.Equal(t, "business:pay:{order_id}", list[0].KeyStrategy)
 
-	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "127.0.0.1:0"})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
-	code, body := do(t, http.MethodGet, hs.URL+"/v1/inbox/conflicts?handler=pay", "", nil)
+	code, body := admintest.Do(t, http.MethodGet, hs.URL+"/v1/inbox/conflicts?handler=pay", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var got []admin.Conflict
 	require.NoError(t, json.Unmarshal(body, &got))
 	require.Len(t, got, 1)
 	require.Equal(t, `{"order_id":"o1","n":2}`, got[0].Payload)
-	code, body = do(t, http.MethodGet, hs.URL+"/v1/inbox/conflicts?handler=nobody", "", nil)
+	code, body = admintest.Do(t, http.MethodGet, hs.URL+"/v1/inbox/conflicts?handler=nobody", "", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `[]`, string(body))
-	code, body = do(t, http.MethodGet, hs.URL+"/v1/inbox/dead?handler=ledger", "", nil)
+	code, body = admintest.Do(t, http.MethodGet, hs.URL+"/v1/inbox/dead?handler=ledger", "", nil)
 	require.Equal(t, http.StatusOK, code)
 	var dead []admin.DeadLetter
 	require.NoError(t, json.Unmarshal(body, &dead))

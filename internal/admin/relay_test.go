@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -20,10 +21,10 @@ import (
 // broker's dedup id.
 func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := admintest.Setup(t)
 	ctx := context.Background()
 	// The row went dead before this relay started (a broker rejection).
-	outboxRow(t, b.pool, "o-dead", "orders", "OrderPaid", true, time.Hour, "nats: maximum payload exceeded")
+	admintest.OutboxRow(t, b.Pool, "o-dead", "orders", "OrderPaid", true, time.Hour, "nats: maximum payload exceeded")
 
 	natsURL := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, natsURL)
@@ -33,7 +34,7 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	pub, err := broker.NewNATS(cctx, broker.NATSConfig{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	r, err := relay.New(relay.Config{Pool: b.pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
+	r, err := relay.New(relay.Config{Pool: b.Pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), LeaseDuration: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
@@ -42,14 +43,14 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 
 	// A live row proves the relay runs; the dead one stays unpublished.
-	outboxRow(t, b.pool, "o-live", "orders", "OrderPaid", false, 0, "")
-	require.Eventually(t, func() bool { return outboxStatus(t, b.pool, "o-live") == "published" }, 20*time.Second, 10*time.Millisecond)
-	require.Equal(t, "dead", outboxStatus(t, b.pool, "o-dead"))
+	admintest.OutboxRow(t, b.Pool, "o-live", "orders", "OrderPaid", false, 0, "")
+	require.Eventually(t, func() bool { return admintest.OutboxStatus(t, b.Pool, "o-live") == "published" }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, "dead", admintest.OutboxStatus(t, b.Pool, "o-dead"))
 
-	res, err := b.svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "o-dead"}, Actor: "ops", Reason: "limit raised"})
+	res, err := b.Svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "o-dead"}, Actor: "ops", Reason: "limit raised"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Count)
-	require.Eventually(t, func() bool { return outboxStatus(t, b.pool, "o-dead") == "published" }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return admintest.OutboxStatus(t, b.Pool, "o-dead") == "published" }, 20*time.Second, 10*time.Millisecond)
 
 	s, err := js.Stream(cctx, stream)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package admin_test
+package admincli_test
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -38,7 +39,7 @@ func TestCLI(t *testing.T) {
 	svcPool, err := pgxpool.New(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(svcPool.Close)
-	fixtures(t, svcPool)
+	admintest.Fixtures(t, svcPool)
 
 	out, err := runCLI(t, url, "dead", "list")
 	require.NoError(t, err)
@@ -51,7 +52,7 @@ func TestCLI(t *testing.T) {
 	require.NoError(t, err)
 	var list []admin.DeadLetter
 	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
-	require.Equal(t, []string{"d-orders-2"}, ids(list))
+	require.Equal(t, []string{"d-orders-2"}, admintest.IDs(list))
 
 	out, err = runCLI(t, url, "dead", "list", "--since", "50h")
 	require.NoError(t, err)
@@ -65,7 +66,7 @@ func TestCLI(t *testing.T) {
 	_, err = runCLI(t, url, "dead", "show", "missing")
 	require.ErrorIs(t, err, admin.ErrNotFound)
 
-	before := snapshot(t, svcPool)
+	before := admintest.Snapshot(t, svcPool)
 	_, err = runCLI(t, url, "dead", "requeue", "d-orders-2")
 	require.ErrorContains(t, err, "--reason is required")
 	_, err = runCLI(t, url, "dead", "requeue", "--reason", "x")
@@ -78,20 +79,20 @@ func TestCLI(t *testing.T) {
 	out, err = runCLI(t, url, "dead", "purge", "--older-than", "1h", "--dry-run")
 	require.NoError(t, err)
 	require.Contains(t, out, "dry run: would have purged 3")
-	require.Equal(t, before, snapshot(t, svcPool), "dry runs change nothing")
+	require.Equal(t, before, admintest.Snapshot(t, svcPool), "dry runs change nothing")
 
 	out, err = runCLI(t, url, "dead", "requeue", "d-orders-2", "--reason", "fixed parser", "--actor", "carol", "--json")
 	require.NoError(t, err)
 	var res admin.Result
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Equal(t, 1, res.Count)
-	st, _, _ := statusOf(t, svcPool, "d-orders-2")
+	st, _, _ := admintest.StatusOf(t, svcPool, "d-orders-2")
 	require.Equal(t, "pending", st)
 
 	out, err = runCLI(t, url, "dead", "purge", "--older-than", "60h", "--reason", "stale")
 	require.NoError(t, err)
 	require.Contains(t, out, "purged 1 dead inbox event(s)")
-	st, _, _ = statusOf(t, svcPool, "d-users-1")
+	st, _, _ = admintest.StatusOf(t, svcPool, "d-users-1")
 	require.Equal(t, "absent", st)
 
 	out, err = runCLI(t, url, "audit")

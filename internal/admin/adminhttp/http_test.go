@@ -1,7 +1,6 @@
-package admin_test
+package adminhttp_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -19,61 +18,39 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
-const token = "s3cret-token-0123456789"
-
-func do(t *testing.T, method, url, bearer string, body any) (int, []byte) {
-	t.Helper()
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		require.NoError(t, err)
-		r = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, url, r)
-	require.NoError(t, err)
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, out
-}
-
 // TestServerRefusesToStartOffLoopbackWithoutToken: any address that is not
-// loopback needs a token; loopback does not.
+// loopback needs a admintest.Token; loopback does not.
 func TestServerRefusesToStartOffLoopbackWithoutToken(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := admintest.Setup(t)
 	for _, addr := range []string{"0.0.0.0:9091", ":9091", "10.1.2.3:9091", "[::]:9091", "example.com:9091"} {
-		_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: addr})
+		_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: addr})
 		require.ErrorContains(t, err, "--admin-token", addr)
 	}
 	for _, addr := range []string{"127.0.0.1:0", "localhost:9091", "[::1]:9091", "127.1.2.3:80"} {
-		_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: addr})
+		_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: addr})
 		require.NoError(t, err, addr)
 	}
-	_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "0.0.0.0:9091", Token: "short"})
+	_, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "0.0.0.0:9091", Token: "short"})
 	require.ErrorContains(t, err, "at least 16")
-	_, err = adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "nonsense"})
+	_, err = adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "nonsense"})
 	require.ErrorContains(t, err, "--admin-addr")
-	_, err = adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc})
+	_, err = adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:9091", adminhttp.ServerConfig{}.WithDefaults().Addr, "loopback by default")
 }
 
 // TestAPIRequiresTheToken: bound off loopback, every endpoint refuses a
-// request without the right bearer token and changes nothing.
+// request without the right bearer admintest.Token and changes nothing.
 func TestAPIRequiresTheToken(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	fixtures(t, b.pool)
-	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc, Addr: "0.0.0.0:0", Token: token})
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "0.0.0.0:0", Token: admintest.Token})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -82,10 +59,10 @@ func TestAPIRequiresTheToken(t *testing.T) {
 	go func() { done <- srv.Serve(ctx, ln) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	base := "http://" + ln.Addr().String()
-	before := snapshot(t, b.pool)
+	before := admintest.Snapshot(t, b.Pool)
 
 	requeue := admin.RequeueRequest{All: true, Actor: "mallory", Reason: "r"}
-	for _, bearer := range []string{"", "wrong-token-0123456789", token + "x", strings.ToUpper(token)} {
+	for _, bearer := range []string{"", "wrong-admintest.Token-0123456789", admintest.Token + "x", strings.ToUpper(admintest.Token)} {
 		for _, c := range []struct {
 			method, path string
 			body         any
@@ -97,81 +74,81 @@ func TestAPIRequiresTheToken(t *testing.T) {
 			{"POST", "/v1/inbox/dead/purge", map[string]any{"older_than": "0s", "actor": "mallory"}},
 			{"GET", "/v1/audit", nil},
 		} {
-			code, body := do(t, c.method, base+c.path, bearer, c.body)
+			code, body := admintest.Do(t, c.method, base+c.path, bearer, c.body)
 			require.Equal(t, http.StatusUnauthorized, code, "%s %s with %q: %s", c.method, c.path, bearer, body)
 		}
 	}
-	require.Equal(t, before, snapshot(t, b.pool), "refused requests change nothing")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "refused requests change nothing")
 
-	code, body := do(t, "GET", base+"/v1/inbox/dead?topic=orders", token, nil)
+	code, body := admintest.Do(t, "GET", base+"/v1/inbox/dead?topic=orders", admintest.Token, nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var list []admin.DeadLetter
 	require.NoError(t, json.Unmarshal(body, &list))
-	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, ids(list))
+	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, admintest.IDs(list))
 }
 
 // TestAPIOperations exercises every endpoint on a loopback server without a
-// token: list, show, dry-run and real requeue, purge, audit, stats, and the
+// admintest.Token: list, show, dry-run and real requeue, purge, audit, stats, and the
 // error mapping.
 func TestAPIOperations(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	fixtures(t, b.pool)
-	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc})
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 
-	code, body := do(t, "GET", hs.URL+"/v1/inbox/dead/d-users-1", "", nil)
+	code, body := admintest.Do(t, "GET", hs.URL+"/v1/inbox/dead/d-users-1", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var d admin.DeadLetter
 	require.NoError(t, json.Unmarshal(body, &d))
 	require.Equal(t, "timeout", d.LastError)
 
-	code, _ = do(t, "GET", hs.URL+"/v1/inbox/dead/nope", "", nil)
+	code, _ = admintest.Do(t, "GET", hs.URL+"/v1/inbox/dead/nope", "", nil)
 	require.Equal(t, http.StatusNotFound, code)
-	code, body = do(t, "GET", hs.URL+"/v1/inbox/dead?since=yesterday", "", nil)
+	code, body = admintest.Do(t, "GET", hs.URL+"/v1/inbox/dead?since=yesterday", "", nil)
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, string(body), "since")
-	code, _ = do(t, "GET", hs.URL+"/v1/bogus/dead", "", nil)
+	code, _ = admintest.Do(t, "GET", hs.URL+"/v1/bogus/dead", "", nil)
 	require.Equal(t, http.StatusBadRequest, code)
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", map[string]any{"actor": "a", "reason": "r", "bogus": 1})
+	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", map[string]any{"actor": "a", "reason": "r", "bogus": 1})
 	require.Equal(t, http.StatusBadRequest, code, "unknown fields are refused: %s", body)
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{Actor: "a", Reason: "r"})
+	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{Actor: "a", Reason: "r"})
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, string(body), "without a filter")
 
-	before := snapshot(t, b.pool)
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
+	before := admintest.Snapshot(t, b.Pool)
+	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
 		Filter: admin.Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed", DryRun: true})
 	require.Equal(t, http.StatusOK, code, string(body))
 	var res admin.Result
 	require.NoError(t, json.Unmarshal(body, &res))
 	require.True(t, res.DryRun)
-	require.Equal(t, []string{"d-users-1"}, affectedIDs(&res))
-	require.Equal(t, before, snapshot(t, b.pool))
+	require.Equal(t, []string{"d-users-1"}, admintest.AffectedIDs(&res))
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
 
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
+	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
 		Filter: admin.Filter{EventType: "UserCreated"}, Actor: "ops", Reason: "fixed"})
 	require.Equal(t, http.StatusOK, code, string(body))
-	st, _, _ := statusOf(t, b.pool, "d-users-1")
+	st, _, _ := admintest.StatusOf(t, b.Pool, "d-users-1")
 	require.Equal(t, "pending", st)
 
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{"older_than": "24h", "actor": "ops", "dry_run": true})
+	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{"older_than": "24h", "actor": "ops", "dry_run": true})
 	require.Equal(t, http.StatusOK, code, string(body))
 	require.NoError(t, json.Unmarshal(body, &res))
-	require.Equal(t, []string{"d-orders-1"}, affectedIDs(&res))
-	code, body = do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{"older_than": "soon", "actor": "ops"})
+	require.Equal(t, []string{"d-orders-1"}, admintest.AffectedIDs(&res))
+	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{"older_than": "soon", "actor": "ops"})
 	require.Equal(t, http.StatusBadRequest, code, string(body))
 
-	code, body = do(t, "GET", hs.URL+"/v1/audit?event_id=d-users-1", "", nil)
+	code, body = admintest.Do(t, "GET", hs.URL+"/v1/audit?event_id=d-users-1", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var audit []admin.AuditEntry
 	require.NoError(t, json.Unmarshal(body, &audit))
 	require.Len(t, audit, 1)
 	require.Equal(t, "ops", audit[0].Actor)
 
-	code, body = do(t, "GET", hs.URL+"/v1/stats", "", nil)
+	code, body = admintest.Do(t, "GET", hs.URL+"/v1/stats", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
 	var stats admin.Stats
 	require.NoError(t, json.Unmarshal(body, &stats))
@@ -183,9 +160,9 @@ func TestAPIOperations(t *testing.T) {
 // with the same event id.
 func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := admintest.Setup(t)
 	ctx := context.Background()
-	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
+	_, err := b.Pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
 	require.NoError(t, err)
 
 	// The handler fails permanently until it is "fixed".
@@ -202,7 +179,7 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 		return err
 	})
 	stats := &inbox.Stats{}
-	w, err := inbox.NewWorker(inbox.Config{Pool: b.pool, Handler: handler, Observer: stats, Logger: zaptest.NewLogger(t),
+	w, err := inbox.NewWorker(inbox.Config{Pool: b.Pool, Handler: handler, Observer: stats, Logger: zaptest.NewLogger(t),
 		Workers: 1, PollInterval: 20 * time.Millisecond, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	wctx, cancel := context.WithCancel(ctx)
@@ -212,37 +189,37 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 
 	in := inbox.Incoming{}
 	in.EventID, in.Topic, in.EventType, in.Payload = "evt-42", "orders", "OrderPaid", []byte(`{}`)
-	_, err = inbox.Receive(ctx, b.pool, []inbox.Incoming{in})
+	_, err = inbox.Receive(ctx, b.Pool, []inbox.Incoming{in})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { st, _, _ := statusOf(t, b.pool, "evt-42"); return st == "dead" },
+	require.Eventually(t, func() bool { st, _, _ := admintest.StatusOf(t, b.Pool, "evt-42"); return st == "dead" },
 		10*time.Second, 10*time.Millisecond)
 
 	mu.Lock()
 	fixed = true
 	mu.Unlock()
-	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.svc})
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
-	code, body := do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
+	code, body := admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/requeue", "", admin.RequeueRequest{
 		Filter: admin.Filter{EventID: "evt-42"}, Actor: "ops", Reason: "handler fixed"})
 	require.Equal(t, http.StatusOK, code, string(body))
 
-	require.Eventually(t, func() bool { st, _, _ := statusOf(t, b.pool, "evt-42"); return st == "processed" },
+	require.Eventually(t, func() bool { st, _, _ := admintest.StatusOf(t, b.Pool, "evt-42"); return st == "processed" },
 		10*time.Second, 10*time.Millisecond)
 	// A second requeue finds nothing dead, and a redelivery is absorbed.
-	res, err := b.svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "evt-42"}, Actor: "ops", Reason: "again"})
+	res, err := b.Svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "evt-42"}, Actor: "ops", Reason: "again"})
 	require.NoError(t, err)
 	require.Zero(t, res.Count)
-	rr, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{in})
+	rr, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{in})
 	require.NoError(t, err)
 	require.Equal(t, []string{"evt-42"}, rr.Duplicates)
 
 	var effects int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE event_id = 'evt-42'`).Scan(&effects))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE event_id = 'evt-42'`).Scan(&effects))
 	require.Equal(t, 1, effects, "the side effect happens exactly once")
 	require.Equal(t, 1, stats.ProcessedCount("evt-42"))
-	st, attempts, _ := statusOf(t, b.pool, "evt-42")
+	st, attempts, _ := admintest.StatusOf(t, b.Pool, "evt-42")
 	require.Equal(t, "processed", st)
 	require.Equal(t, 1, attempts, "attempts were reset by the requeue")
 }
