@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -416,22 +416,12 @@ func isRefused(err error) bool {
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
 }
 
-// sleep waits for the attempt's backoff (exponential, with jitter, capped) or
-// until ctx ends, and reports whether ctx is still live.
+// sleep waits for the attempt's backoff (attempt from 0: exponential from
+// RetryMin, capped at RetryMax, ×0.5–1.5) or until ctx ends, and reports
+// whether ctx is still live.
 func (c *Consumer) sleep(ctx context.Context, attempt int) bool {
-	d := c.cfg.RetryMin << min(attempt, 20)
-	if d > c.cfg.RetryMax || d <= 0 {
-		d = c.cfg.RetryMax
-	}
-	d = d/2 + rand.N(d/2+1)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	p := backoff.Policy{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Spread: 0.5}
+	return backoff.Sleep(ctx, p.Delay(attempt+1))
 }
 
 func (c *Consumer) logStats(ctx context.Context) {

@@ -17,23 +17,23 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/notifier"
 )
-
-// NotifyChannel is the PostgreSQL channel the inbox table's insert trigger
-// notifies, and that workers listen on.
-const NotifyChannel = "pgrelay_inbox"
 
 // Worker claims due inbox events and runs the handler on them, each event's
 // side effect committing with its processed mark. Several workers, in one
 // process or many, share the inbox safely.
 type Worker struct {
-	cfg     Config
-	q       *db.Queries
-	log     *zap.Logger
-	wake    *waker
-	running atomic.Bool
+	cfg  Config
+	q    *db.Queries
+	log  *zap.Logger
+	wake *waker
+	// notifier wakes the goroutines when another process stored events.
+	notifier *notifier.Notifier
+	running  atomic.Bool
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -42,12 +42,24 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Worker{
+	w := &Worker{
 		cfg:  cfg,
 		q:    db.New(),
 		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID), zap.String("handler", cfg.HandlerName)),
 		wake: newWaker(),
-	}, nil
+	}
+	n, err := notifier.New(notifier.Config{
+		Pool:         cfg.Pool,
+		Topics:       []notifier.Topic{{Channel: notifier.InboxChannel, Notify: func(string) { w.wake.broadcast() }}},
+		OnListen:     w.wake.broadcast, // anything stored while not listening is picked up now
+		QueryTimeout: cfg.QueryTimeout,
+		Logger:       w.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
+	w.notifier = n
+	return w, nil
 }
 
 // Run processes events until ctx is cancelled, then stops gracefully: batches
@@ -60,7 +72,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.running.Store(false)
 	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
 	var wg sync.WaitGroup
-	wg.Go(func() { w.listen(ctx) })
+	wg.Go(func() { w.notifier.Run(ctx) })
 	wg.Go(func() { w.pruneReleases(ctx) })
 	wg.Go(func() { w.sweepReleased(ctx) })
 	for range w.cfg.Workers {
@@ -96,7 +108,7 @@ func (w *Worker) loop(ctx context.Context) {
 		if full && err == nil {
 			continue
 		}
-		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		t := time.NewTimer(backoff.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
 		case <-ctx.Done():
 		case <-wake:
@@ -649,56 +661,6 @@ func (w *Worker) unclaim(ctx context.Context, evs []*Event) {
 	w.wake.broadcast()
 }
 
-// listen wakes the worker goroutines on each notification of NotifyChannel,
-// on a dedicated connection, reconnecting with backoff when it drops.
-func (w *Worker) listen(ctx context.Context) {
-	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := w.listenOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > time.Minute {
-			delay = 100 * time.Millisecond
-		}
-		w.log.Warn("inbox listener disconnected; polling meanwhile", zap.Error(err), zap.Duration("retry_in", delay))
-		t := time.NewTimer(jitter(delay))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		delay = min(delay*2, 30*time.Second)
-	}
-}
-
-func (w *Worker) listenOnce(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, w.cfg.Pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	// LISTEN is a utility statement sqlc cannot generate code for.
-	if _, err := conn.Exec(cctx, "LISTEN "+NotifyChannel); err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	// Anything inserted while the listener was down is picked up now.
-	w.wake.broadcast()
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		w.wake.broadcast()
-	}
-}
-
 // releaseRetention is how long Release records are kept: many leases, and
 // at least ten minutes.
 func (w *Worker) releaseRetention() time.Duration {
@@ -726,7 +688,7 @@ func (w *Worker) pruneReleases(ctx context.Context) {
 				break
 			}
 		}
-		t := time.NewTimer(jitter(time.Minute))
+		t := time.NewTimer(backoff.Jitter(time.Minute, jitterSpread))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -765,7 +727,7 @@ func (w *Worker) wakeReleased(ctx context.Context, keys []string, wake bool) {
 // process that died in between, or Release called outside a handler).
 func (w *Worker) sweepReleased(ctx context.Context) {
 	for {
-		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		t := time.NewTimer(backoff.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -806,7 +768,5 @@ func (w *waker) broadcast() {
 	w.ch = make(chan struct{})
 }
 
-// jitter returns d scaled by a random factor in [0.5, 1.5).
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.5 + rand.Float64()))
-}
+// jitterSpread is the jitter of the workers' polls: ×0.5–1.5.
+const jitterSpread = 0.5

@@ -16,12 +16,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/db"
 )
 
@@ -252,7 +252,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 				c.log.Info("expired inbox rows deleted", zap.Int64("rows", n), zap.Duration("window", c.cfg.Window))
 			}
 		}
-		d := time.Duration(float64(c.cfg.Interval) * (0.8 + 0.4*rand.Float64()))
+		d := backoff.Jitter(c.cfg.Interval, 0.2)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

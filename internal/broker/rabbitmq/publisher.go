@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
 )
 
@@ -38,11 +39,11 @@ type Publisher struct {
 	// while a reconnection holds it.
 	current atomic.Pointer[pubSession]
 
-	mu      sync.Mutex // guards the fields below
-	sess    *pubSession
-	closed  bool
-	retryAt time.Time     // no new connection attempt before then
-	backoff time.Duration // the pause after the next failed attempt
+	mu        sync.Mutex // guards the fields below
+	sess      *pubSession
+	closed    bool
+	retryAt   time.Time        // no new connection attempt before then
+	reconnect *backoff.Backoff // the pauses after failed attempts
 }
 
 var _ broker.Publisher = (*Publisher)(nil)
@@ -57,7 +58,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), backoff: cfg.ReconnectWait}
+	p := &Publisher{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), reconnect: backoff.New(backoff.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait})}
 	p.maxBytes.Store(int64(cfg.MaxMessageBytes))
 	s, err := p.connect(ctx)
 	if err != nil {
@@ -214,11 +215,10 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	}
 	s, err := p.connect(ctx)
 	if err != nil {
-		p.retryAt = time.Now().Add(p.backoff)
-		p.backoff = min(2*p.backoff, p.cfg.ReconnectMaxWait)
+		p.retryAt = time.Now().Add(p.reconnect.Next())
 		return nil, fmt.Errorf("rabbitmq: reconnect: %w", err)
 	}
-	p.backoff = p.cfg.ReconnectWait
+	p.reconnect.Reset()
 	p.log.Info("connected to RabbitMQ", zap.String("url", RedactURL(p.cfg.URL)))
 	p.sess = s
 	p.current.Store(s)

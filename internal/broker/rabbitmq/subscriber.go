@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -32,11 +33,11 @@ type Subscriber struct {
 	log  *zap.Logger
 	opts broker.DecodeOptions
 
-	mu      sync.Mutex // guards the fields below
-	sess    *subSession
-	closed  bool
-	retryAt time.Time
-	backoff time.Duration
+	mu        sync.Mutex // guards the fields below
+	sess      *subSession
+	closed    bool
+	retryAt   time.Time
+	reconnect *backoff.Backoff
 }
 
 var _ broker.Subscriber = (*Subscriber)(nil)
@@ -58,7 +59,7 @@ func NewSubscriber(ctx context.Context, cfg Config, maxPayloadBytes int) (*Subsc
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), backoff: cfg.ReconnectWait,
+	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), reconnect: backoff.New(backoff.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait}),
 		opts: broker.DecodeOptions{MaxPayloadBytes: maxPayloadBytes}}
 	sess, err := s.connect(ctx)
 	if err != nil {
@@ -123,11 +124,10 @@ func (s *Subscriber) session(ctx context.Context, maxWait time.Duration) (*subSe
 	}
 	sess, err := s.connect(ctx)
 	if err != nil {
-		s.retryAt = time.Now().Add(s.backoff)
-		s.backoff = min(2*s.backoff, s.cfg.ReconnectMaxWait)
+		s.retryAt = time.Now().Add(s.reconnect.Next())
 		return nil, fmt.Errorf("rabbitmq: reconnect: %w", err)
 	}
-	s.backoff = s.cfg.ReconnectWait
+	s.reconnect.Reset()
 	s.log.Info("consuming from RabbitMQ again", zap.String("queue", s.cfg.Queue))
 	s.sess = sess
 	return sess, nil
