@@ -19,7 +19,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
-	"github.com/pgrelay/pgrelay/internal/retention"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -33,7 +32,7 @@ const (
 	DefaultAckWait                = broker.DefaultAckWait
 	DefaultConsumerMaxPayload     = consumer.DefaultMaxPayloadBytes
 	DefaultStatsInterval          = consumer.DefaultStatsInterval
-	DefaultDedupWindow            = retention.DefaultWindow
+	DefaultDedupWindow            = inbox.DefaultDedupWindow
 	DefaultWorkers                = inbox.DefaultWorkers
 	DefaultWorkerBatchSize        = inbox.DefaultBatchSize
 	DefaultMaxAttempts            = inbox.DefaultMaxAttempts
@@ -222,6 +221,8 @@ func setZero[T int | time.Duration](p *T, def T) {
 // again.
 var publicNames = strings.NewReplacer(
 	"Config.Inbox.BatchSize", "ConsumerConfig.WorkerBatchSize",
+	"Config.Inbox.Retention.Window", "ConsumerConfig.DedupWindow",
+	"Config.Inbox.Retention.DuplicatesMax", "ConsumerConfig.DedupRecordMax",
 	"Config.Inbox.", "ConsumerConfig.",
 	"Config.BatchSize", "ConsumerConfig.FetchBatchSize",
 	"NATSSubscriberConfig.URL", "ConsumerConfig.NATSURL",
@@ -326,6 +327,10 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			BackoffMax:     cfg.BackoffMax,
 			PollInterval:   cfg.PollInterval,
 			Observer:       observer,
+			Retention: inbox.RetentionConfig{
+				Window: cfg.DedupWindow, DuplicatesMax: cfg.DedupRecordMax,
+				Observer: metrics.NewRetentionObserver(pc.reg), Logger: cfg.Logger,
+			},
 		},
 		Logger: cfg.Logger,
 	})
@@ -414,8 +419,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 	ops, err := admin.StartOps(ctx, admin.OpsConfig{
 		Flags: admin.OpsFlags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
-			AdminToken: c.cfg.AdminToken, DedupWindow: c.cfg.DedupWindow,
-			DedupRecordMax: c.cfg.DedupRecordMax},
+			AdminToken: c.cfg.AdminToken},
 		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.Logger,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(c.cfg.Pool),
@@ -448,7 +452,6 @@ func publicOpsError(err error) error {
 		"--metrics-addr (METRICS_ADDR)", "ConsumerConfig.MetricsAddr",
 		"--admin-addr (ADMIN_ADDR)", "ConsumerConfig.AdminAddr",
 		"--admin-token (ADMIN_TOKEN)", "ConsumerConfig.AdminToken",
-		"--dedup-window (DEDUP_WINDOW)", "ConsumerConfig.DedupWindow",
 	).Replace(err.Error()))
 }
 

@@ -23,16 +23,11 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestOpsServeAndStop: StartOps serves metrics (with the DB gauges and the
-// retention counter), readiness and the admin API, runs retention, and stops
-// when its context is cancelled.
+// TestOpsServeAndStop: StartOps serves metrics (with the DB gauges),
+// readiness and the admin API, and stops when its context is cancelled.
 func TestOpsServeAndStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
-		VALUES ('expired', 'processed', now() - interval '8 days'), ('kept', 'processed', now())`)
-	require.NoError(t, err)
-
 	var f OpsFlags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 	BindOpsFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
@@ -45,15 +40,9 @@ func TestOpsServeAndStop(t *testing.T) {
 	require.NoError(t, err)
 
 	base := "http://" + ops.MetricsAddr().String()
-	require.Eventually(t, func() bool {
-		st, _, _ := statusOf(t, b.pool, "expired")
-		return st == "absent"
-	}, 10*time.Second, 10*time.Millisecond, "retention runs at start-up")
-	st, _, _ := statusOf(t, b.pool, "kept")
-	require.Equal(t, "processed", st)
 	code, body := get(t, base+"/metrics")
 	require.Equal(t, http.StatusOK, code)
-	for _, name := range []string{"inbox_pending_rows", "outbox_pending_rows", "inbox_retention_deleted_total"} {
+	for _, name := range []string{"inbox_pending_rows", "outbox_pending_rows"} {
 		require.Contains(t, body, "\n"+name+" ", name)
 	}
 	code, _ = get(t, base+"/readyz")
@@ -72,8 +61,8 @@ func TestOpsServeAndStop(t *testing.T) {
 	}
 }
 
-// TestOpsRefuseBadSettings: an admin API off loopback without a token, a busy
-// address and a too-short dedup window fail at start-up, naming the setting.
+// TestOpsRefuseBadSettings: an admin API off loopback without a token and a
+// busy address fail at start-up, naming the setting.
 func TestOpsRefuseBadSettings(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -81,8 +70,6 @@ func TestOpsRefuseBadSettings(t *testing.T) {
 	defer cancel()
 	_, err := StartOps(ctx, OpsConfig{Flags: OpsFlags{AdminAddr: "0.0.0.0:0"}, Pool: b.pool, Registry: metrics.NewRegistry()})
 	require.ErrorContains(t, err, "--admin-token")
-	_, err = StartOps(ctx, OpsConfig{Flags: OpsFlags{DedupWindow: time.Second}, Pool: b.pool, Registry: metrics.NewRegistry(), Inbox: true})
-	require.ErrorContains(t, err, "--dedup-window")
 
 	ops, err := StartOps(ctx, OpsConfig{Flags: OpsFlags{MetricsAddr: "127.0.0.1:0"}, Pool: b.pool, Registry: metrics.NewRegistry()})
 	require.NoError(t, err)

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/retention"
+	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // NATSSubscriberConfig configures a NATS JetStream subscriber: a durable pull
@@ -75,7 +75,7 @@ const (
 	DefaultDurable = "pgrelay-consumer"
 	// DefaultDedupWindow is the inbox's default dedup window: inbox
 	// retention's default window.
-	DefaultDedupWindow = retention.DefaultWindow
+	DefaultDedupWindow = inbox.DefaultDedupWindow
 	DefaultAckWait     = 30 * time.Second
 )
 

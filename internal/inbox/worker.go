@@ -33,7 +33,9 @@ type Worker struct {
 	wake *waker
 	// notifier wakes the goroutines when another process stored events.
 	notifier *notifier.Notifier
-	running  atomic.Bool
+	// cleaner is the inbox's upkeep; nil when Config.Retention.Disabled.
+	cleaner *Cleaner
+	running atomic.Bool
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -59,6 +61,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	w.notifier = n
+	if !cfg.Retention.Disabled {
+		if w.cleaner, err = NewCleaner(cfg.Retention); err != nil {
+			return nil, err
+		}
+	}
 	return w, nil
 }
 
@@ -73,7 +80,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
 	var wg sync.WaitGroup
 	wg.Go(func() { w.notifier.Run(ctx) })
-	wg.Go(func() { w.pruneReleases(ctx) })
+	if w.cleaner != nil {
+		wg.Go(func() { _ = w.cleaner.Run(ctx) })
+	}
 	wg.Go(func() { w.sweepReleased(ctx) })
 	for range w.cfg.Workers {
 		wg.Go(func() { w.loop(ctx) })
@@ -659,43 +668,6 @@ func (w *Worker) unclaim(ctx context.Context, evs []*Event) {
 	}
 	w.log.Info("inbox claims handed back", zap.Int64("events", n))
 	w.wake.broadcast()
-}
-
-// releaseRetention is how long Release records are kept: many leases, and
-// at least ten minutes.
-func (w *Worker) releaseRetention() time.Duration {
-	return max(10*w.cfg.Lease, 10*time.Minute)
-}
-
-// pruneReleases deletes old Release records at start-up and about every
-// minute, in batches of 1000.
-func (w *Worker) pruneReleases(ctx context.Context) {
-	const batch = 1000
-	for {
-		for ctx.Err() == nil {
-			qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-			n, err := w.q.PruneInboxReleases(qctx, w.cfg.Pool, db.PruneInboxReleasesParams{
-				OlderThan: interval(w.releaseRetention()), BatchSize: batch,
-			})
-			cancel()
-			if err != nil {
-				if ctx.Err() == nil {
-					w.log.Warn("inbox: prune releases", zap.Error(err))
-				}
-				break
-			}
-			if n < batch {
-				break
-			}
-		}
-		t := time.NewTimer(backoff.Jitter(time.Minute, jitterSpread))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // wakeReleased runs after a batch committed its deferrals and releases: it

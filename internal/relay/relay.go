@@ -38,6 +38,8 @@ type Relay struct {
 	// notifier wakes the partition workers on outbox inserts and the
 	// heartbeat when a peer released partitions.
 	notifier *notifier.Notifier
+	// cleaner deletes published rows past the retention.
+	cleaner *OutboxCleaner
 
 	mu      sync.Mutex
 	workers map[int32]*worker
@@ -91,6 +93,7 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
 	r.notifier = n
+	r.cleaner = newOutboxCleaner(cfg, r.log)
 	return r, nil
 }
 
@@ -105,7 +108,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Add(2)
 	go func() { defer bg.Done(); r.notifier.Run(ctx) }()
-	go func() { defer bg.Done(); r.retain(ctx) }()
+	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
 
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -321,41 +324,6 @@ func (r *Relay) wakePartitions(payload string) {
 		}
 		if w := r.workers[int32(p)]; w != nil {
 			w.nudge()
-		}
-	}
-}
-
-// retain deletes published rows past the retention, in bounded batches.
-func (r *Relay) retain(ctx context.Context) {
-	if r.cfg.Retention < 0 {
-		return
-	}
-	t := time.NewTicker(r.cfg.RetentionInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		total := int64(0)
-		for ctx.Err() == nil {
-			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-			n, err := r.q.DeletePublished(qctx, r.cfg.Pool, db.DeletePublishedParams{
-				RetentionSeconds: r.cfg.Retention.Seconds(), BatchSize: int32(r.cfg.RetentionBatchSize),
-			})
-			cancel()
-			if err != nil {
-				r.log.Warn("retention delete failed", zap.Error(err))
-				break
-			}
-			total += n
-			if n < int64(r.cfg.RetentionBatchSize) {
-				break
-			}
-		}
-		if total > 0 {
-			r.log.Debug("deleted published rows past retention", zap.Int64("rows", total))
 		}
 	}
 }
