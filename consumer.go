@@ -477,7 +477,7 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 func (c *Consumer) Ready() bool { return c.c.Ready() }
 
 // ConsumerStats are a consumer's ingest counters since it started.
-type ConsumerStats = consumer.Stats
+type ConsumerStats = consumer.IngestCounts
 
 // Stats returns a snapshot of the ingest counters.
 func (c *Consumer) Stats() ConsumerStats { return c.c.Stats() }

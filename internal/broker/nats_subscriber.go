@@ -237,7 +237,7 @@ func (s *NATSSubscriber) Close() error {
 // Fetch implements Subscriber. It attaches first when it is not attached
 // (creating the stream with CreateStream, checking the replay window,
 // creating or updating the durable). A stream that outlives the dedup window
-// is refused with a permanent *ReplayWindowError (IsPermanent): a setting to
+// is refused with a permanent *ReplayWindowError (IsTerminal): a setting to
 // fix, not an outage to wait out.
 //
 // It takes whatever is available at once, up to max. When nothing is, it
@@ -441,7 +441,7 @@ func (s *NATSSubscriber) attach(ctx context.Context) error {
 	var rw *ReplayWindowError
 	switch {
 	case errors.As(err, &rw):
-		return Permanent(err)
+		return Terminal(err)
 	case !s.nc.IsConnected():
 		return fmt.Errorf("not connected to NATS at %s (%s): %w", RedactURLs(s.cfg.URL), s.nc.Status(), err)
 	case errors.Is(err, jetstream.ErrStreamNotFound):

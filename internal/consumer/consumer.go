@@ -54,8 +54,8 @@ type Consumer struct {
 	beforeStore func([]inbox.Incoming)
 }
 
-// Stats are the consumer's running counters since it started.
-type Stats struct {
+// IngestCounts are the consumer's running counters since it started.
+type IngestCounts struct {
 	// Fetched counts deliveries fetched from the broker, redeliveries included.
 	Fetched int64 `json:"fetched"`
 	// Inserted counts messages stored as new inbox rows (dead ones included).
@@ -102,8 +102,8 @@ func New(cfg Config) (*Consumer, error) {
 }
 
 // Stats returns a snapshot of the consumer's counters.
-func (c *Consumer) Stats() Stats {
-	return Stats{
+func (c *Consumer) Stats() IngestCounts {
+	return IngestCounts{
 		Fetched:     c.stats.fetched.Load(),
 		Inserted:    c.stats.inserted.Load(),
 		Duplicates:  c.stats.duplicates.Load(),
@@ -131,7 +131,7 @@ func (c *Consumer) Ready() bool { return c.ready.Load() }
 // outages are retried with backoff, never returned; what a retry cannot fix
 // is: a subscriber that cannot be created (Config.Subscribe fails: a broker
 // that cannot be reached at start-up is reported with its cause) and a
-// permanent fetch error (broker.IsPermanent: a setting to fix, such as a
+// permanent fetch error (broker.IsTerminal: a setting to fix, such as a
 // stream that outlives the dedup window).
 func (c *Consumer) Run(ctx context.Context) error {
 	// A fatal ingest error (a refused setting) stops the workers too.
@@ -176,7 +176,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		c.stats.fetched.Add(int64(len(ds)))
 		if err != nil {
 			c.ready.Store(false)
-			if perm := (*broker.PermanentError)(nil); errors.As(err, &perm) {
+			if perm := (*broker.TerminalError)(nil); errors.As(err, &perm) {
 				// A setting to fix, not an outage to wait out.
 				return fmt.Errorf("consumer: %w", perm.Err)
 			}

@@ -635,7 +635,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
 		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
 			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
-				results[i].Err = broker.Permanentf("headers must be a JSON object of strings: %v", err)
+				results[i].Err = broker.Terminalf("headers must be a JSON object of strings: %v", err)
 				continue
 			}
 		}
@@ -680,7 +680,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 	published, dead, dups := 0, 0, 0
 	var transient error
 	for i, res := range results {
-		if res.Err != nil && !broker.IsPermanent(res.Err) {
+		if res.Err != nil && !broker.IsTerminal(res.Err) {
 			if transient == nil {
 				transient = res.Err
 			}
@@ -725,7 +725,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 			r.cfg.Observer.Published(int(w.partition), published, dups, time.Since(rows[0].CreatedAt))
 		}
 		if dead > 0 {
-			r.cfg.Observer.Dead(int(w.partition), dead)
+			r.cfg.Observer.MarkedDead(int(w.partition), dead)
 		}
 		return nil
 	}

@@ -264,7 +264,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
 	for n, i := range idx {
 		err := p.publishOne(ctx, msgs[i])
-		if err == nil || broker.IsPermanent(err) {
+		if err == nil || broker.IsTerminal(err) {
 			// A permanent failure: the relay dead-letters this one and
 			// moves on to the next.
 			results[i].Err = err
@@ -321,7 +321,7 @@ func (p *Publisher) publishOne(ctx context.Context, m broker.Message) error {
 		return errors.New("rabbitmq: confirmed, but the connection closed before its routing was known")
 	}
 	if ret != nil {
-		return broker.Permanentf("unroutable: no queue is bound to exchange %q for routing key %q (basic.return %d %s)",
+		return broker.Terminalf("unroutable: no queue is bound to exchange %q for routing key %q (basic.return %d %s)",
 			p.cfg.Exchange, rk, ret.ReplyCode, ret.ReplyText)
 	}
 	return nil
@@ -355,7 +355,7 @@ func (p *Publisher) nacked(s *pubSession, size int) error {
 			p.log.Warn("the server's max_message_size is below Config.MaxMessageBytes: using the server's", zap.Int("max_message_size", limit))
 		}
 		if size > limit {
-			return broker.Permanentf("message too large for RabbitMQ: %s", e.Reason)
+			return broker.Terminalf("message too large for RabbitMQ: %s", e.Reason)
 		}
 	}
 	return fmt.Errorf("rabbitmq: channel closed before the confirm: %w", e)
