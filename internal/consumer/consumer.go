@@ -24,10 +24,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Consumer moves deliveries from its subscriber into the inbox and runs the inbox
@@ -420,36 +420,24 @@ func isRefused(err error) bool {
 // RetryMin, capped at RetryMax, ×0.5–1.5) or until ctx ends, and reports
 // whether ctx is still live.
 func (c *Consumer) sleep(ctx context.Context, attempt int) bool {
-	p := backoff.Policy{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Spread: 0.5}
-	return backoff.Sleep(ctx, p.Delay(attempt+1))
+	p := wait.Policy{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Spread: 0.5}
+	return wait.Sleep(ctx, p.Delay(attempt+1))
 }
 
 func (c *Consumer) logStats(ctx context.Context) {
-	t := time.NewTicker(c.cfg.StatsInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.log.Info("consumer stats", c.statsFields()...)
-		}
-	}
+	_ = wait.Tick(ctx, c.cfg.StatsInterval, func() error {
+		c.log.Info("consumer stats", c.statsFields()...)
+		return nil
+	})
 }
 
 // watchDupRate computes the dedup hit ratio every rate interval and warns
 // when it is above Config.DupRateWarn.
 func (c *Consumer) watchDupRate(ctx context.Context) {
-	t := time.NewTicker(c.cfg.RateInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.closeRateInterval()
-		}
-	}
+	_ = wait.Tick(ctx, c.cfg.RateInterval, func() error {
+		c.closeRateInterval()
+		return nil
+	})
 }
 
 // rateCounts are the stored and duplicate counts at the end of the last rate

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // outcome is what happens to an event after its handler failed.
@@ -75,9 +75,9 @@ func decideRaw(p policy, err error, attempts, deferrals int, random func() float
 
 // retryDelay returns the wait before the attempt after attempt number attempt
 // (1-based): the backoff's ceiling (min, 2·min, 4·min, ... capped at max,
-// backoff.Policy) with full jitter above the floor: uniform in [min, ceiling].
+// wait.Policy) with full jitter above the floor: uniform in [min, ceiling].
 func retryDelay(attempt int, minD, maxD time.Duration, random func() float64) time.Duration {
-	ceiling := backoff.Policy{Min: minD, Max: maxD}.Ceiling(attempt)
+	ceiling := wait.Policy{Min: minD, Max: maxD}.Ceiling(attempt)
 	if ceiling <= minD {
 		return minD
 	}

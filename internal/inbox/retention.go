@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // RetentionConfig configures the inbox's upkeep (Cleaner). A Worker runs a
@@ -237,7 +238,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 // ctx is cancelled, and then returns nil. Failures are logged and retried at
 // the next interval.
 func (c *Cleaner) Run(ctx context.Context) error {
-	maintenance.Every(ctx, c.cfg.Interval, 0.2, func(ctx context.Context) {
+	wait.Every(ctx, c.cfg.Interval, 0.2, func(ctx context.Context) {
 		n, err := c.RunOnce(ctx)
 		switch {
 		case ctx.Err() != nil:

@@ -17,10 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/notifier"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Worker claims due inbox events and runs the handler on them, each event's
@@ -117,7 +117,7 @@ func (w *Worker) loop(ctx context.Context) {
 		if full && err == nil {
 			continue
 		}
-		t := time.NewTimer(backoff.Jitter(w.cfg.PollInterval, jitterSpread))
+		t := time.NewTimer(wait.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
 		case <-ctx.Done():
 		case <-wake:
@@ -699,7 +699,7 @@ func (w *Worker) wakeReleased(ctx context.Context, keys []string, wake bool) {
 // process that died in between, or Release called outside a handler).
 func (w *Worker) sweepReleased(ctx context.Context) {
 	for {
-		t := time.NewTimer(backoff.Jitter(w.cfg.PollInterval, jitterSpread))
+		t := time.NewTimer(wait.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -1,16 +1,16 @@
-// Package maintenance runs the periodic upkeep of pgrelay's tables. Each
+// Package maintenance holds what the upkeep of pgrelay's tables shares. Each
 // table's upkeep lives beside the service that owns the table and starts
 // with it: the inbox worker cleans the inbox and its side tables
 // (inbox.Cleaner), the relay deletes published outbox rows
-// (relay.OutboxCleaner). This package holds what they share: deleting in
-// bounded batches, and running on a jittered interval.
+// (relay.OutboxCleaner). Both delete in bounded batches (Batches) and run
+// on a jittered interval (wait.Every).
 package maintenance
 
 import (
 	"context"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Batches bounds a delete: each batch is its own short statement, so that
@@ -41,19 +41,8 @@ func (b Batches) Delete(ctx context.Context, batch func(ctx context.Context, siz
 		if n < int64(b.Size) {
 			return total, nil
 		}
-		if ctx.Err() != nil || b.Pause > 0 && !backoff.Sleep(ctx, b.Pause) {
+		if ctx.Err() != nil || b.Pause > 0 && !wait.Sleep(ctx, b.Pause) {
 			return total, ctx.Err()
-		}
-	}
-}
-
-// Every calls run at once, then again every interval (jittered ±spread,
-// backoff.Jitter) after the previous call returned, until ctx ends.
-func Every(ctx context.Context, interval time.Duration, spread float64, run func(context.Context)) {
-	for ctx.Err() == nil {
-		run(ctx)
-		if !backoff.Sleep(ctx, backoff.Jitter(interval, spread)) {
-			return
 		}
 	}
 }

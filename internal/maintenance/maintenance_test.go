@@ -55,23 +55,3 @@ func TestDeleteStopsOnErrorAndCancel(t *testing.T) {
 	require.Equal(t, int64(1), total)
 	require.Equal(t, 1, calls)
 }
-
-// TestEveryRunsAtOnceThenOnInterval: the first run is immediate, later ones
-// follow the interval, and cancelling ends the loop.
-func TestEveryRunsAtOnceThenOnInterval(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	runs := make(chan time.Time, 10)
-	done := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(done)
-		Every(ctx, 20*time.Millisecond, 0.2, func(context.Context) { runs <- time.Now() })
-	}()
-	first := <-runs
-	require.Less(t, first.Sub(start), 15*time.Millisecond, "the first run waited for the interval")
-	second := <-runs
-	require.GreaterOrEqual(t, second.Sub(first), 15*time.Millisecond)
-	cancel()
-	<-done
-}

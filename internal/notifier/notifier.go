@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // The channels pgrelay notifies.
@@ -56,7 +56,7 @@ type Config struct {
 	// Backoff paces the reconnects; it starts from Min again once a
 	// connection stayed up for StableAfter. Default: 100ms doubling up to
 	// 30s, ×0.5–1.5.
-	Backoff backoff.Policy
+	Backoff wait.Policy
 	// StableAfter is how long a connection must have lasted for its loss to
 	// count as a first failure again. Default: 1m.
 	StableAfter time.Duration
@@ -67,7 +67,7 @@ type Config struct {
 }
 
 // Defaults for Config.
-var defaultBackoff = backoff.Policy{Min: 100 * time.Millisecond, Max: 30 * time.Second, Spread: 0.5}
+var defaultBackoff = wait.Policy{Min: 100 * time.Millisecond, Max: 30 * time.Second, Spread: 0.5}
 
 const (
 	defaultStableAfter  = time.Minute
@@ -116,7 +116,7 @@ func New(cfg Config) (*Notifier, error) {
 // Run listens until ctx is cancelled, dialling again with backoff whenever
 // the connection fails.
 func (n *Notifier) Run(ctx context.Context) {
-	bo := backoff.New(n.cfg.Backoff)
+	bo := wait.New(n.cfg.Backoff)
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := n.listen(ctx)
@@ -128,7 +128,7 @@ func (n *Notifier) Run(ctx context.Context) {
 		}
 		d := bo.Next()
 		n.cfg.Logger.Warn("LISTEN connection lost; polling until it is back", zap.Error(err), zap.Duration("retry_in", d))
-		backoff.Sleep(ctx, d)
+		wait.Sleep(ctx, d)
 	}
 }
 

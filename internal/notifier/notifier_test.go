@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // recorder collects the notifications of each channel and the PIDs of the
@@ -47,7 +47,7 @@ func (r *recorder) lastPID() (uint32, int) {
 
 func start(t *testing.T, pool *pgxpool.Pool, r *recorder, channels ...string) {
 	t.Helper()
-	cfg := Config{Pool: pool, Backoff: backoff.Policy{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+	cfg := Config{Pool: pool, Backoff: wait.Policy{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
 		OnListen: func() { r.mu.Lock(); r.listened++; r.mu.Unlock() }}
 	for _, c := range channels {
 		cfg.Topics = append(cfg.Topics, r.topic(c))

@@ -22,11 +22,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/notifier"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Relay is the outbox relay service.
@@ -131,7 +131,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("lease heartbeat failed", zap.Error(err))
 		}
-		t.Reset(backoff.Jitter(r.cfg.HeartbeatInterval, jitterSpread))
+		t.Reset(wait.Jitter(r.cfg.HeartbeatInterval, jitterSpread))
 	}
 }
 
@@ -468,7 +468,7 @@ func (r *Relay) work(w *worker) {
 			}
 			d := bo.Last()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
-			backoff.Sleep(w.ctx, d)
+			wait.Sleep(w.ctx, d)
 			continue
 		}
 		bo.Reset()
@@ -500,7 +500,7 @@ func (r *Relay) work(w *worker) {
 				continue // look again: rows committed while arming
 			}
 		}
-		if r.sleepOrWake(w, backoff.Jitter(r.cfg.PollInterval, jitterSpread)) {
+		if r.sleepOrWake(w, wait.Jitter(r.cfg.PollInterval, jitterSpread)) {
 			armed = false // the notification disarmed the partition
 		}
 	}
@@ -795,18 +795,18 @@ func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []br
 // retryBackoff is a partition's backoff, and whether the current batch has
 // already advanced it.
 type retryBackoff struct {
-	*backoff.Backoff
+	*wait.Backoff
 	advanced bool // Next was called during the current batch
 }
 
 func (r *Relay) newBackoff() *retryBackoff {
-	return &retryBackoff{Backoff: backoff.New(r.backoffPolicy())}
+	return &retryBackoff{Backoff: wait.New(r.backoffPolicy())}
 }
 
 // backoffPolicy is the relay's backoff: from BackoffMin, doubling up to
 // BackoffMax, ±10%.
-func (r *Relay) backoffPolicy() backoff.Policy {
-	return backoff.Policy{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Spread: jitterSpread}
+func (r *Relay) backoffPolicy() wait.Policy {
+	return wait.Policy{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Spread: jitterSpread}
 }
 
 // jitterSpread is the relay's jitter on its polls, heartbeats and backoffs:

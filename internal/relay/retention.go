@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // OutboxCleaner is the outbox's upkeep, run by the relay beside its
@@ -44,7 +45,7 @@ func (c *OutboxCleaner) Run(ctx context.Context) {
 	if c.cfg.Retention < 0 {
 		return
 	}
-	maintenance.Every(ctx, c.cfg.RetentionInterval, jitterSpread, func(ctx context.Context) {
+	wait.Every(ctx, c.cfg.RetentionInterval, jitterSpread, func(ctx context.Context) {
 		n, err := c.RunOnce(ctx)
 		switch {
 		case ctx.Err() != nil:

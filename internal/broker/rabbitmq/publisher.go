@@ -13,8 +13,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Publisher publishes to RabbitMQ with publisher confirms: every message is
@@ -42,8 +42,8 @@ type Publisher struct {
 	mu        sync.Mutex // guards the fields below
 	sess      *pubSession
 	closed    bool
-	retryAt   time.Time        // no new connection attempt before then
-	reconnect *backoff.Backoff // the pauses after failed attempts
+	retryAt   time.Time     // no new connection attempt before then
+	reconnect *wait.Backoff // the pauses after failed attempts
 }
 
 var _ broker.Publisher = (*Publisher)(nil)
@@ -58,7 +58,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), reconnect: backoff.New(backoff.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait})}
+	p := &Publisher{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait})}
 	p.maxBytes.Store(int64(cfg.MaxMessageBytes))
 	s, err := p.connect(ctx)
 	if err != nil {

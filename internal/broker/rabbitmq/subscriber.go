@@ -16,9 +16,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/backoff"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Subscriber consumes Config.Queue with manual acknowledgements: a delivery
@@ -37,7 +37,7 @@ type Subscriber struct {
 	sess      *subSession
 	closed    bool
 	retryAt   time.Time
-	reconnect *backoff.Backoff
+	reconnect *wait.Backoff
 }
 
 var _ broker.Subscriber = (*Subscriber)(nil)
@@ -59,7 +59,7 @@ func NewSubscriber(ctx context.Context, cfg Config, maxPayloadBytes int) (*Subsc
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), reconnect: backoff.New(backoff.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait}),
+	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait}),
 		opts: broker.DecodeOptions{MaxPayloadBytes: maxPayloadBytes}}
 	sess, err := s.connect(ctx)
 	if err != nil {

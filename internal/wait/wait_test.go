@@ -1,7 +1,8 @@
-package backoff
+package wait
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -85,4 +86,49 @@ func TestSleepEndsWithContext(t *testing.T) {
 	start := time.Now()
 	require.False(t, Sleep(ctx, time.Hour))
 	require.Less(t, time.Since(start), time.Second)
+}
+
+// TestEveryRunsAtOnceThenOnInterval: the first run is immediate, later ones
+// follow the interval, and cancelling ends the loop.
+func TestEveryRunsAtOnceThenOnInterval(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	runs := make(chan time.Time, 10)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		Every(ctx, 20*time.Millisecond, 0.2, func(context.Context) { runs <- time.Now() })
+	}()
+	first := <-runs
+	require.Less(t, first.Sub(start), 15*time.Millisecond, "the first run waited for the interval")
+	second := <-runs
+	require.GreaterOrEqual(t, second.Sub(first), 15*time.Millisecond)
+	cancel()
+	<-done
+}
+
+// TestTickStopsOnErrorOrCancel: Tick calls fn on each tick (not at once),
+// returns fn's first error, and returns nil once ctx ends.
+func TestTickStopsOnErrorOrCancel(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	calls := 0
+	start := time.Now()
+	err := Tick(context.Background(), 5*time.Millisecond, func() error {
+		if calls == 0 {
+			require.GreaterOrEqual(t, time.Since(start), 4*time.Millisecond, "called before the first tick")
+		}
+		calls++
+		if calls == 3 {
+			return boom
+		}
+		return nil
+	})
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, 3, calls)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, Tick(ctx, time.Hour, func() error { return boom }))
 }

@@ -1,9 +1,10 @@
-// Package backoff is pgrelay's one jitter and one exponential backoff. Every
-// loop that waits uses it: the relay's and the inbox's polls and retries, the
-// consumer's fetch and store retries, the LISTEN reconnects
-// (internal/notifier), the maintenance services' intervals and the broker
-// adapters' reconnects.
-package backoff
+// Package wait is how pgrelay's loops wait: one jitter, one exponential
+// backoff, a cancellable sleep and the periodic loops. The relay's and the
+// inbox's polls and retries, the consumer's fetch and store retries, the
+// LISTEN reconnects (internal/notifier), the table upkeep's intervals
+// (internal/maintenance), the broker adapters' reconnects and the periodic
+// reports all use it.
+package wait
 
 import (
 	"context"
@@ -84,5 +85,34 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// Every calls run at once, then again every interval (jittered ±spread)
+// after the previous call returned, until ctx ends.
+func Every(ctx context.Context, interval time.Duration, spread float64, run func(context.Context)) {
+	for ctx.Err() == nil {
+		run(ctx)
+		if !Sleep(ctx, Jitter(interval, spread)) {
+			return
+		}
+	}
+}
+
+// Tick calls fn every interval, on a ticker (the first call one interval
+// from now), until ctx ends or fn fails, and returns fn's error (nil when ctx
+// ended).
+func Tick(ctx context.Context, interval time.Duration, fn func() error) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := fn(); err != nil {
+				return err
+			}
+		}
 	}
 }
