@@ -92,24 +92,13 @@ type takeReq struct {
 
 // connect dials, declares the topology and opens a channel in confirm mode.
 func (p *Publisher) connect(ctx context.Context) (*pubSession, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	conn, err := dial(p.cfg, "pgrelay-relay")
+	conn, ch, err := openChannel(ctx, p.cfg, "pgrelay-relay", false, p.log)
 	if err != nil {
 		return nil, err
 	}
-	if err := declareTopology(conn, p.cfg, false, p.log); err != nil {
+	if err := ch.Confirm(false); err != nil {
 		_ = conn.Close()
-		return nil, err
-	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("open a channel in confirm mode: %w", err)
+		return nil, fmt.Errorf("put the channel in confirm mode: %w", err)
 	}
 	s := &pubSession{conn: conn, ch: ch, frameMax: conn.Config.FrameSize, done: make(chan struct{}),
 		stop: make(chan struct{}), take: make(chan takeReq)}

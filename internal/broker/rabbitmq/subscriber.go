@@ -70,21 +70,11 @@ func NewSubscriber(ctx context.Context, cfg Config, maxPayloadBytes int) (*Subsc
 }
 
 func (s *Subscriber) connect(ctx context.Context) (*subSession, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	conn, err := dial(s.cfg, "pgrelay-consumer")
+	conn, ch, err := openChannel(ctx, s.cfg, "pgrelay-consumer", true, s.log)
 	if err != nil {
 		return nil, err
 	}
-	if err := declareTopology(conn, s.cfg, true, s.log); err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Qos(s.cfg.Prefetch, 0, false)
-	}
+	err = ch.Qos(s.cfg.Prefetch, 0, false)
 	var deliveries <-chan amqp.Delivery
 	if err == nil {
 		// Manual acknowledgements (autoAck false): nothing counts as
