@@ -71,7 +71,9 @@ func NewWorker(cfg Config) (*Worker, error) {
 
 // Run processes events until ctx is cancelled, then stops gracefully: batches
 // in flight finish within Config.ShutdownTimeout or are rolled back and their
-// claims handed back. It returns nil after a graceful stop.
+// claims handed back. Beside the workers it runs the inbox's upkeep
+// (Config.Retention, unless Disabled) and its LISTEN connection. It returns
+// nil after a graceful stop.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return errors.New("inbox: worker is already running")
