@@ -27,15 +27,16 @@ import (
 // side effect committing with its processed mark. Several workers, in one
 // process or many, share the inbox safely.
 type Worker struct {
-	cfg  Config
-	q    *db.Queries
-	log  *zap.Logger
-	wake *waker
+	cfg     Config
+	q       *db.Queries
+	log     *zap.Logger
+	wake    *waker
+	running atomic.Bool
+
 	// notifier wakes the goroutines when another process stored events.
 	notifier *notifier.Notifier
 	// cleaner is the inbox's upkeep; nil when Config.Retention.Disabled.
 	cleaner *Cleaner
-	running atomic.Bool
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
