@@ -19,7 +19,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
-	"github.com/pgrelay/pgrelay/internal/retention"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -34,7 +33,7 @@ const (
 	DefaultAckWait                = broker.DefaultAckWait
 	DefaultConsumerMaxPayload     = consumer.DefaultMaxPayloadBytes
 	DefaultStatsInterval          = consumer.DefaultStatsInterval
-	DefaultDedupWindow            = retention.DefaultWindow
+	DefaultDedupWindow            = inbox.DefaultDedupWindow
 	DefaultWorkers                = inbox.DefaultWorkers
 	DefaultWorkerBatchSize        = inbox.DefaultBatchSize
 	DefaultMaxAttempts            = inbox.DefaultMaxAttempts
@@ -236,6 +235,10 @@ func publicField(structName, field string) string {
 			return "FetchBatchSize"
 		case field == "Inbox.BatchSize":
 			return "WorkerBatchSize"
+		case field == "Inbox.Retention.Window":
+			return "DedupWindow"
+		case field == "Inbox.Retention.DuplicatesMax":
+			return "DedupRecordMax"
 		case strings.HasPrefix(field, "Inbox."):
 			return strings.TrimPrefix(field, "Inbox.")
 		}
@@ -348,6 +351,10 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			BackoffMax:     cfg.BackoffMax,
 			PollInterval:   cfg.PollInterval,
 			Observer:       observer,
+			Retention: inbox.RetentionConfig{
+				Window: cfg.DedupWindow, DuplicatesMax: cfg.DedupRecordMax,
+				Observer: metrics.NewRetentionObserver(pc.reg), Logger: cfg.Logger,
+			},
 		},
 		Logger: cfg.Logger,
 	})
@@ -439,8 +446,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
-			AdminToken: c.cfg.AdminToken, DedupWindow: c.cfg.DedupWindow,
-			DedupRecordMax: c.cfg.DedupRecordMax},
+			AdminToken: c.cfg.AdminToken},
 		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.Logger,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(c.cfg.Pool),
@@ -473,7 +479,6 @@ func publicOpsError(err error) error {
 		"--metrics-addr (METRICS_ADDR)", "ConsumerConfig.MetricsAddr",
 		"--admin-addr (ADMIN_ADDR)", "ConsumerConfig.AdminAddr",
 		"--admin-token (ADMIN_TOKEN)", "ConsumerConfig.AdminToken",
-		"--dedup-window (DEDUP_WINDOW)", "ConsumerConfig.DedupWindow",
 	).Replace(err.Error()))
 }
 
@@ -499,7 +504,7 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 func (c *Consumer) Ready() bool { return c.c.Ready() }
 
 // ConsumerStats are a consumer's ingest counters since it started.
-type ConsumerStats = consumer.Stats
+type ConsumerStats = consumer.IngestCounts
 
 // Stats returns a snapshot of the ingest counters.
 func (c *Consumer) Stats() ConsumerStats { return c.c.Stats() }

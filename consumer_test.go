@@ -30,12 +30,14 @@ func TestConsumerConfigErrorsNameTheField(t *testing.T) {
 	require.ErrorContains(t, err, "ConsumerConfig.Handler is required")
 
 	_, err = pgrelay.NewConsumer(pgrelay.ConsumerConfig{FetchBatchSize: -1, WorkerBatchSize: -3, Workers: -1,
-		Lease: time.Second, MetricsAddr: "nonsense"})
+		Lease: time.Second, MetricsAddr: "nonsense", DedupWindow: time.Minute, DedupRecordMax: -1})
 	require.ErrorContains(t, err, "ConsumerConfig.FetchBatchSize -1 must be between 1 and 10000")
 	require.ErrorContains(t, err, "ConsumerConfig.WorkerBatchSize must be between 1 and 10000, got -3")
 	require.ErrorContains(t, err, "ConsumerConfig.Workers must be between 1 and 1000, got -1")
 	require.ErrorContains(t, err, "ConsumerConfig.HandlerTimeout (10s) must be shorter than ConsumerConfig.Lease (1s)")
 	require.ErrorContains(t, err, `ConsumerConfig.MetricsAddr "nonsense"`)
+	require.ErrorContains(t, err, "ConsumerConfig.DedupWindow must be at least 1h0m0s, got 1m0s")
+	require.ErrorContains(t, err, "ConsumerConfig.DedupRecordMax must be at least 1, got -1")
 	require.NotContains(t, err.Error(), "Config.Inbox")
 	require.NotContains(t, err.Error(), " Config.")
 

@@ -49,6 +49,15 @@ type InboxWorker = inbox.Worker
 // InboxObserver is told about every inbox state change, for metrics.
 type InboxObserver = inbox.Observer
 
+// InboxRetentionConfig configures the inbox's upkeep (InboxConfig.Retention),
+// which an inbox worker runs by default: processed rows are deleted after
+// the dedup window (7 days), old Release records, key conflicts and the
+// duplicate record are pruned. Disabled leaves it to another process.
+type InboxRetentionConfig = inbox.RetentionConfig
+
+// InboxRetentionObserver is told what the inbox's upkeep deleted, for metrics.
+type InboxRetentionObserver = inbox.RetentionObserver
+
 // InvalidMessageError reports a message Receive refused (its whole batch was
 // not stored).
 type InvalidMessageError = inbox.InvalidMessageError

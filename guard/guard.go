@@ -23,6 +23,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Errors returned by Reserve and the Reservation methods.
@@ -267,18 +269,9 @@ func (r *Reservation) KeepAlive(ctx context.Context, ttl time.Duration) (stop fu
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(max(ttl/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := r.Extend(ctx, ttl); err != nil && ctx.Err() == nil {
-					first = err
-					return
-				}
-			}
+		err := wait.Tick(ctx, max(ttl/3, time.Millisecond), func() error { return r.Extend(ctx, ttl) })
+		if err != nil && ctx.Err() == nil {
+			first = err
 		}
 	}()
 	return func() error {

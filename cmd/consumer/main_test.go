@@ -37,6 +37,7 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--dedup-record-max", "0"), "--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got 0")
 	require.ErrorContains(t, run(t, "tui", "--dedup-record-max", "0"), "--dedup-record-max (DEDUP_RECORD_MAX) must be at least 1, got 0")
 	require.ErrorContains(t, run(t, "tui", "--dedup-window", "1m"), "--dedup-window (DEDUP_WINDOW) must be at least 1h0m0s")
+	require.ErrorContains(t, run(t, "run", "--dedup-window", "1m"), "--dedup-window (DEDUP_WINDOW) must be at least 1h0m0s")
 	require.ErrorContains(t, run(t, "tui", "--refresh", "1ms"), "--refresh")
 	require.ErrorContains(t, run(t, "run", "--ack-wait", "10ms"), "--ack-wait (CONSUMER_ACK_WAIT)")
 	require.ErrorContains(t, run(t, "run", "--durable", "a b"), "--durable (CONSUMER_DURABLE)")

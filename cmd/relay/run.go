@@ -188,9 +188,10 @@ func runRelay(parent context.Context, s settings) error {
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// Enough connections for one relay owning every partition of a default
-	// install (16): its partition workers read and mark at once, and the
-	// LISTEN connection leaves the pool. pgxpool opens them only as needed.
-	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, int32(relay.PoolConns(defaultPartitions)+1))
+	// install (16): its partition workers read and mark at once (the LISTEN
+	// connection is dialled beside the pool). pgxpool opens them only as
+	// needed.
+	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, int32(relay.PoolConns(defaultPartitions)))
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ type Subscriber interface {
 	// time. An error is a transient broker failure: the caller backs off and
 	// fetches again (the adapter reconnects by itself). Deliveries returned
 	// with an error are valid and are stored like any other. An error for
-	// which IsPermanent is true is a setting no retry can fix (a NATS stream
+	// which IsTerminal is true is a setting no retry can fix (a NATS stream
 	// outliving the dedup window): the consumer stops with it.
 	// Fetch never returns a delivery it cannot identify stably: one without a
 	// usable event id gets a stand-in id derived from its broker position
@@ -72,40 +72,40 @@ type Delivery struct {
 // Result is the outcome of publishing one message.
 type Result struct {
 	// Err is nil once the broker acknowledged the message. Otherwise it is
-	// the failure; IsPermanent tells whether retrying can help.
+	// the failure; IsTerminal tells whether retrying can help.
 	Err error
 	// Duplicate is set when the broker acknowledged the message as a
 	// duplicate of one it already holds (same event id).
 	Duplicate bool
 }
 
-// PermanentError marks a failure that no retry can fix (the message is too
+// TerminalError marks a failure that no retry can fix (the message is too
 // large, no stream accepts its subject): the relay dead-letters the event.
-type PermanentError struct {
+type TerminalError struct {
 	Err error
 }
 
 // Error returns the reason.
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *TerminalError) Error() string { return "permanent: " + e.Err.Error() }
 
 // Unwrap returns the underlying error.
-func (e *PermanentError) Unwrap() error { return e.Err }
+func (e *TerminalError) Unwrap() error { return e.Err }
 
-// Permanent wraps err as a PermanentError.
-func Permanent(err error) error {
+// Terminal wraps err as a TerminalError.
+func Terminal(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &PermanentError{Err: err}
+	return &TerminalError{Err: err}
 }
 
-// Permanentf formats a PermanentError.
-func Permanentf(format string, args ...any) error {
-	return &PermanentError{Err: fmt.Errorf(format, args...)}
+// Terminalf formats a TerminalError.
+func Terminalf(format string, args ...any) error {
+	return &TerminalError{Err: fmt.Errorf(format, args...)}
 }
 
-// IsPermanent reports whether err is a PermanentError.
-func IsPermanent(err error) bool {
-	var p *PermanentError
+// IsTerminal reports whether err is a TerminalError.
+func IsTerminal(err error) bool {
+	var p *TerminalError
 	return errors.As(err, &p)
 }

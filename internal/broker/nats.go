@@ -205,7 +205,7 @@ func (p *NATS) publishKey(ctx context.Context, msgs []Message, idx []int, result
 			continue
 		}
 		results[i].Err = p.classify(ctx, nm.Subject, err)
-		if IsPermanent(results[i].Err) {
+		if IsTerminal(results[i].Err) {
 			// The relay dead-letters this one and moves on to the next.
 			continue
 		}
@@ -234,20 +234,20 @@ func (p *NATS) classify(ctx context.Context, subject string, err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
-		return Permanentf("message too large for the NATS server: %w", err)
+		return Terminalf("message too large for the NATS server: %w", err)
 	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, jetstream.ErrInvalidSubject):
-		return Permanentf("invalid subject %q: %w", subject, err)
+		return Terminalf("invalid subject %q: %w", subject, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
-		return Permanentf("message too large for the stream: %w", err)
+		return Terminalf("message too large for the stream: %w", err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeHeaderExceedsMaximum:
-		return Permanentf("message headers (key, event type and headers) too large for the stream: %w", err)
+		return Terminalf("message headers (key, event type and headers) too large for the stream: %w", err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		// No responders: either no stream stores the subject (permanent) or
 		// the server is restarting (transient). Ask JetStream which.
 		lctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
 		defer cancel()
 		if _, lerr := p.js.StreamNameBySubject(lctx, subject); errors.Is(lerr, jetstream.ErrStreamNotFound) {
-			return Permanentf("no stream stores subject %q", subject)
+			return Terminalf("no stream stores subject %q", subject)
 		}
 	}
 	return err

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/retention"
+	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -76,7 +76,7 @@ const (
 	DefaultDurable = "pgrelay-consumer"
 	// DefaultDedupWindow is the inbox's default dedup window: inbox
 	// retention's default window.
-	DefaultDedupWindow = retention.DefaultWindow
+	DefaultDedupWindow = inbox.DefaultDedupWindow
 	DefaultAckWait     = 30 * time.Second
 )
 
@@ -240,7 +240,7 @@ func (s *NATSSubscriber) Close() error {
 // Fetch implements Subscriber. It attaches first when it is not attached
 // (creating the stream with CreateStream, checking the replay window,
 // creating or updating the durable). A stream that outlives the dedup window
-// is refused with a permanent *ReplayWindowError (IsPermanent): a setting to
+// is refused with a permanent *ReplayWindowError (IsTerminal): a setting to
 // fix, not an outage to wait out.
 //
 // It takes whatever is available at once, up to max. When nothing is, it
@@ -444,7 +444,7 @@ func (s *NATSSubscriber) attach(ctx context.Context) error {
 	var rw *ReplayWindowError
 	switch {
 	case errors.As(err, &rw):
-		return Permanent(err)
+		return Terminal(err)
 	case !s.nc.IsConnected():
 		return fmt.Errorf("not connected to NATS at %s (%s): %w", RedactURLs(s.cfg.URL), s.nc.Status(), err)
 	case errors.Is(err, jetstream.ErrStreamNotFound):

@@ -74,16 +74,16 @@ func TestNATSPermanentAndTransientErrors(t *testing.T) {
 		{EventID: "bad", Topic: "orders x"},
 		{EventID: "ok", Topic: "orders"},
 	})
-	require.True(t, broker.IsPermanent(res[0].Err), "%v", res[0].Err)
+	require.True(t, broker.IsTerminal(res[0].Err), "%v", res[0].Err)
 	require.ErrorContains(t, res[0].Err, "too large")
-	require.True(t, broker.IsPermanent(res[1].Err), "%v", res[1].Err)
+	require.True(t, broker.IsTerminal(res[1].Err), "%v", res[1].Err)
 	require.NoError(t, res[2].Err, "one bad message does not spoil the batch")
 
 	done, cancelDone := context.WithCancel(context.Background())
 	cancelDone()
 	res = p.Publish(done, []broker.Message{{EventID: "late", Topic: "orders"}})
 	if res[0].Err != nil {
-		require.False(t, broker.IsPermanent(res[0].Err), "a cancelled wait is transient: %v", res[0].Err)
+		require.False(t, broker.IsTerminal(res[0].Err), "a cancelled wait is transient: %v", res[0].Err)
 	}
 }
 
@@ -116,7 +116,7 @@ func TestNATSKeyNotSentAfterTransientFailure(t *testing.T) {
 		{EventID: "j-1", Topic: "other", Key: "j"},
 	})
 	require.Error(t, res[0].Err)
-	require.False(t, broker.IsPermanent(res[0].Err), "a full subject is transient: %v", res[0].Err)
+	require.False(t, broker.IsTerminal(res[0].Err), "a full subject is transient: %v", res[0].Err)
 	require.ErrorContains(t, res[1].Err, "not sent")
 	require.NoError(t, res[2].Err, "another key goes on")
 	info, err := s.Info(ctx)

@@ -216,10 +216,10 @@ type namedSubscriber struct {
 
 func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Duration) ([]broker.Delivery, error) {
 	ds, err := s.Subscriber.Fetch(ctx, max, maxWait)
-	if err != nil && broker.IsPermanent(err) {
-		var perm *broker.PermanentError
+	if err != nil && broker.IsTerminal(err) {
+		var perm *broker.TerminalError
 		if errors.As(err, &perm) {
-			err = broker.Permanent(errors.New(s.names.Replace(perm.Err.Error())))
+			err = broker.Terminal(errors.New(s.names.Replace(perm.Err.Error())))
 		}
 	}
 	return ds, err

@@ -34,8 +34,9 @@ type Config struct {
 	MaxWait time.Duration
 	// StoreTimeout bounds one batch's inbox transaction. Default 15s.
 	StoreTimeout time.Duration
-	// RetryMin and RetryMax bound the exponential backoff (with jitter) after
-	// a failed fetch, store or connect. Defaults 100ms and 5s.
+	// RetryMin and RetryMax bound the exponential backoff after a failed
+	// fetch, store or connect: it doubles from RetryMin up to RetryMax, each
+	// wait jittered ×0.5–1.5. Defaults 100ms and 5s.
 	RetryMin, RetryMax time.Duration
 	// StatsInterval is how often the consumer logs its counters; negative
 	// disables the log. Default 30s.

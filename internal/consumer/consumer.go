@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Consumer moves deliveries from its subscriber into the inbox and runs the inbox
@@ -54,8 +54,8 @@ type Consumer struct {
 	beforeStore func([]inbox.Incoming)
 }
 
-// Stats are the consumer's running counters since it started.
-type Stats struct {
+// IngestCounts are the consumer's running counters since it started.
+type IngestCounts struct {
 	// Fetched counts deliveries fetched from the broker, redeliveries included.
 	Fetched int64 `json:"fetched"`
 	// Inserted counts messages stored as new inbox rows (dead ones included).
@@ -105,8 +105,8 @@ func New(cfg Config) (*Consumer, error) {
 }
 
 // Stats returns a snapshot of the consumer's counters.
-func (c *Consumer) Stats() Stats {
-	return Stats{
+func (c *Consumer) Stats() IngestCounts {
+	return IngestCounts{
 		Fetched:     c.stats.fetched.Load(),
 		Inserted:    c.stats.inserted.Load(),
 		Duplicates:  c.stats.duplicates.Load(),
@@ -134,7 +134,7 @@ func (c *Consumer) Ready() bool { return c.ready.Load() }
 // outages are retried with backoff, never returned; what a retry cannot fix
 // is: a subscriber that cannot be created (Config.Subscribe fails: a broker
 // that cannot be reached at start-up is reported with its cause) and a
-// permanent fetch error (broker.IsPermanent: a setting to fix, such as a
+// permanent fetch error (broker.IsTerminal: a setting to fix, such as a
 // stream that outlives the dedup window).
 func (c *Consumer) Run(ctx context.Context) error {
 	// A fatal ingest error (a refused setting) stops the workers too.
@@ -179,7 +179,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		c.stats.fetched.Add(int64(len(ds)))
 		if err != nil {
 			c.ready.Store(false)
-			if perm := (*broker.PermanentError)(nil); errors.As(err, &perm) {
+			if perm := (*broker.TerminalError)(nil); errors.As(err, &perm) {
 				// A setting to fix, not an outage to wait out.
 				return fmt.Errorf("consumer: %w", perm.Err)
 			}
@@ -419,50 +419,28 @@ func isRefused(err error) bool {
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
 }
 
-// sleep waits for the attempt's backoff (exponential, with jitter, capped) or
-// until ctx ends, and reports whether ctx is still live.
+// sleep waits for the attempt's backoff (attempt from 0: exponential from
+// RetryMin, capped at RetryMax, ×0.5–1.5) or until ctx ends, and reports
+// whether ctx is still live.
 func (c *Consumer) sleep(ctx context.Context, attempt int) bool {
-	d := c.cfg.RetryMin << min(attempt, 20)
-	if d > c.cfg.RetryMax || d <= 0 {
-		d = c.cfg.RetryMax
-	}
-	d = d/2 + rand.N(d/2+1)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	p := wait.Policy{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Spread: 0.5}
+	return wait.Sleep(ctx, p.Delay(attempt+1))
 }
 
 func (c *Consumer) logStats(ctx context.Context) {
-	t := time.NewTicker(c.cfg.StatsInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.log.Info("consumer stats", c.statsFields()...)
-		}
-	}
+	_ = wait.Tick(ctx, c.cfg.StatsInterval, func() error {
+		c.log.Info("consumer stats", c.statsFields()...)
+		return nil
+	})
 }
 
 // watchDupRate computes the dedup hit ratio every rate interval and warns
 // when it is above Config.DupRateWarn.
 func (c *Consumer) watchDupRate(ctx context.Context) {
-	t := time.NewTicker(c.cfg.RateInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.closeRateInterval()
-		}
-	}
+	_ = wait.Tick(ctx, c.cfg.RateInterval, func() error {
+		c.closeRateInterval()
+		return nil
+	})
 }
 
 // rateCounts are the stored and duplicate counts at the end of the last rate

@@ -1,5 +1,5 @@
 // Package endpoints starts a service's operator endpoints: the metrics and
-// health server, the admin API and the database gauges (and inbox retention),
+// health server, the admin API and the database gauges,
 // from the settings both services take on their command line.
 package endpoints
 
@@ -19,8 +19,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
-	"github.com/pgrelay/pgrelay/internal/retention"
 )
 
 // Flags are the operator settings both services take on their command
@@ -32,7 +32,8 @@ type Flags struct {
 	AdminAddr string
 	// AdminToken is the admin API's bearer token.
 	AdminToken string
-	// DedupWindow is how long processed inbox rows are kept (consumer only).
+	// DedupWindow is how long processed inbox rows are kept (consumer only;
+	// the consumer's inbox worker runs the retention, inbox.RetentionConfig).
 	DedupWindow time.Duration
 	// DedupRecordMax is how many recorded duplicates retention keeps
 	// (consumer only).
@@ -48,8 +49,8 @@ func BindFlags(fs *pflag.FlagSet, f *Flags, metricsAddr, adminAddr string, withR
 	fs.StringVar(&f.AdminAddr, "admin-addr", cli.EnvString("ADMIN_ADDR", adminAddr), "address of the admin API (loopback unless --admin-token is set); empty disables (ADMIN_ADDR)")
 	fs.StringVar(&f.AdminToken, "admin-token", cli.EnvString("ADMIN_TOKEN", ""), "bearer token the admin API requires; required off loopback (ADMIN_TOKEN)")
 	if withRetention {
-		fs.DurationVar(&f.DedupWindow, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", retention.DefaultWindow), "how long processed inbox rows are kept to absorb redeliveries; must exceed the broker's redelivery horizon (DEDUP_WINDOW)")
-		fs.IntVar(&f.DedupRecordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", retention.DefaultDuplicatesMax), "how many recorded duplicates (the console's feed, inbox_duplicates) inbox retention keeps; at least 1 (DEDUP_RECORD_MAX)")
+		fs.DurationVar(&f.DedupWindow, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", inbox.DefaultDedupWindow), "how long processed inbox rows are kept to absorb redeliveries; must exceed the broker's redelivery horizon (DEDUP_WINDOW)")
+		fs.IntVar(&f.DedupRecordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", inbox.DefaultDuplicatesMax), "how many recorded duplicates (the console's feed, inbox_duplicates) inbox retention keeps; at least 1 (DEDUP_RECORD_MAX)")
 	}
 }
 
@@ -68,7 +69,7 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Checks are the readiness checks of /readyz. Default: none.
 	Checks map[string]metrics.Check
-	// Inbox registers the inbox gauges and runs inbox retention (consumer).
+	// Inbox registers the inbox gauges (consumer).
 	Inbox bool
 	// Outbox registers the outbox gauges (relay).
 	Outbox bool
@@ -78,8 +79,9 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// Running is a service's operator endpoints and maintenance: the metrics and
-// health server, the admin API and inbox retention.
+// Running is a service's operator endpoints: the metrics and health server and
+// the admin API. Table upkeep is the services' own (the inbox worker's
+// inbox.Cleaner, the relay's OutboxCleaner).
 type Running struct {
 	wg          sync.WaitGroup
 	mu          sync.Mutex
@@ -108,12 +110,6 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 			return nil, err
 		}
 		cfg.Registry.MustRegister(coll)
-		cleaner, err := retention.New(retention.Config{Pool: cfg.Pool, Window: cfg.Flags.DedupWindow, DuplicatesMax: cfg.Flags.DedupRecordMax,
-			Observer: metrics.NewRetentionObserver(cfg.Registry), Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
-		runners = append(runners, cleaner.Run)
 	}
 	if cfg.Outbox {
 		coll, err := metrics.NewOutboxCollector(metrics.DBCollectorConfig{Pool: cfg.Pool, Logger: cfg.Logger})

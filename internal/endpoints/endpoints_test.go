@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
@@ -15,15 +14,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
-
-func inboxStatus(t *testing.T, pool *pgxpool.Pool, id string) string {
-	t.Helper()
-	var st string
-	if err := pool.QueryRow(context.Background(), `SELECT status FROM inbox WHERE event_id = $1`, id).Scan(&st); err != nil {
-		return "absent"
-	}
-	return st
-}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -35,16 +25,11 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestOpsServeAndStop: StartOps serves metrics (with the DB gauges and the
-// retention counter), readiness and the admin API, runs retention, and stops
-// when its context is cancelled.
+// TestOpsServeAndStop: StartOps serves metrics (with the DB gauges),
+// readiness and the admin API, and stops when its context is cancelled.
 func TestOpsServeAndStop(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
-		VALUES ('expired', 'processed', now() - interval '8 days'), ('kept', 'processed', now())`)
-	require.NoError(t, err)
-
 	var f endpoints.Flags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 	endpoints.BindFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
@@ -57,15 +42,9 @@ func TestOpsServeAndStop(t *testing.T) {
 	require.NoError(t, err)
 
 	base := "http://" + ops.MetricsAddr().String()
-	require.Eventually(t, func() bool {
-		st := inboxStatus(t, pool, "expired")
-		return st == "absent"
-	}, 10*time.Second, 10*time.Millisecond, "retention runs at start-up")
-	st := inboxStatus(t, pool, "kept")
-	require.Equal(t, "processed", st)
 	code, body := get(t, base+"/metrics")
 	require.Equal(t, http.StatusOK, code)
-	for _, name := range []string{"inbox_pending_rows", "outbox_pending_rows", "inbox_retention_deleted_total"} {
+	for _, name := range []string{"inbox_pending_rows", "outbox_pending_rows"} {
 		require.Contains(t, body, "\n"+name+" ", name)
 	}
 	code, _ = get(t, base+"/readyz")
@@ -84,8 +63,8 @@ func TestOpsServeAndStop(t *testing.T) {
 	}
 }
 
-// TestOpsRefuseBadSettings: an admin API off loopback without a token, a busy
-// address and a too-short dedup window fail at start-up, naming the setting.
+// TestOpsRefuseBadSettings: an admin API off loopback without a token and a
+// busy address fail at start-up, naming the setting.
 func TestOpsRefuseBadSettings(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -93,8 +72,6 @@ func TestOpsRefuseBadSettings(t *testing.T) {
 	defer cancel()
 	_, err := endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{AdminAddr: "0.0.0.0:0"}, Pool: pool, Registry: metrics.NewRegistry()})
 	require.ErrorContains(t, err, "--admin-token")
-	_, err = endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{DedupWindow: time.Second}, Pool: pool, Registry: metrics.NewRegistry(), Inbox: true})
-	require.ErrorContains(t, err, "--dedup-window")
 
 	ops, err := endpoints.Start(ctx, endpoints.Config{Flags: endpoints.Flags{MetricsAddr: "127.0.0.1:0"}, Pool: pool, Registry: metrics.NewRegistry()})
 	require.NoError(t, err)

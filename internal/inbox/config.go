@@ -67,6 +67,12 @@ type Config struct {
 	// context is cancelled; then they are rolled back and their claims handed
 	// back (pending, attempt refunded). Default: 10s.
 	ShutdownTimeout time.Duration
+	// Retention is the inbox's upkeep, which Run runs beside the workers
+	// unless Retention.Disabled: processed rows past the dedup window (7 days
+	// by default), old Release records, key conflicts, the duplicate record.
+	// Its Pool and Logger default to this Config's, its ReleaseHorizon to ten
+	// leases (at least 10m).
+	Retention RetentionConfig
 }
 
 // Defaults for Config.
@@ -112,6 +118,14 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.PollInterval, DefaultPollInterval)
 	setDefault(&c.QueryTimeout, DefaultQueryTimeout)
 	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.Retention.Pool == nil {
+		c.Retention.Pool = c.Pool
+	}
+	if c.Retention.Logger == nil {
+		c.Retention.Logger = c.Logger.Named("inbox")
+	}
+	setDefault(&c.Retention.ReleaseHorizon, releaseHorizon(c.Lease))
+	c.Retention = c.Retention.WithDefaults()
 	return c
 }
 
@@ -168,6 +182,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxDeferrals < 1 {
 		bad("MaxDeferrals", "must be at least 1, got %d", c.MaxDeferrals)
+	}
+	if !c.Retention.Disabled {
+		errs = append(errs, c.Retention.validate())
 	}
 	return errors.Join(errs...)
 }

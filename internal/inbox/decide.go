@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // outcome is what happens to an event after its handler failed.
@@ -66,20 +68,16 @@ func decideRaw(p policy, err error, attempts, deferrals int, random func() float
 		return decision{outcome: outcomeDead, reason: fmt.Sprintf(
 			"attempts exhausted: %d of %d: %v", attempts, p.maxAttempts, err)}
 	default:
-		return decision{outcome: outcomeRetry, delay: backoff(attempts, p.backoffMin, p.backoffMax, random),
+		return decision{outcome: outcomeRetry, delay: retryDelay(attempts, p.backoffMin, p.backoffMax, random),
 			reason: err.Error()}
 	}
 }
 
-// backoff returns the wait before the attempt after attempt number attempt
-// (1-based): exponential (min, 2·min, 4·min, ...) capped at max, with full
-// jitter above the floor: uniform in [min, ceiling].
-func backoff(attempt int, minD, maxD time.Duration, random func() float64) time.Duration {
-	ceiling := minD
-	for i := 1; i < attempt && ceiling < maxD; i++ {
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, maxD)
+// retryDelay returns the wait before the attempt after attempt number attempt
+// (1-based): the backoff's ceiling (min, 2·min, 4·min, ... capped at max,
+// wait.Policy) with full jitter above the floor: uniform in [min, ceiling].
+func retryDelay(attempt int, minD, maxD time.Duration, random func() float64) time.Duration {
+	ceiling := wait.Policy{Min: minD, Max: maxD}.Ceiling(attempt)
 	if ceiling <= minD {
 		return minD
 	}

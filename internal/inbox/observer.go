@@ -52,29 +52,29 @@ func (NopObserver) Dead(*Event, string) {}
 // Fenced does nothing.
 func (NopObserver) Fenced(*Event) {}
 
-// Stats is an Observer that counts, for tests and simple reporting. The zero
-// value is ready to use.
-type Stats struct {
+// CountingObserver is an Observer that counts, for tests and simple
+// reporting. The zero value is ready to use.
+type CountingObserver struct {
 	mu        sync.Mutex
-	counts    StatsSnapshot
+	counts    ObservedCounts
 	deadWhy   map[string]string
 	processed map[string]int
 }
 
-// StatsSnapshot is a copy of the counters of a Stats.
-type StatsSnapshot struct {
+// ObservedCounts is a copy of the counters of a CountingObserver.
+type ObservedCounts struct {
 	Inserted, Duplicates, Claimed, Takeovers, Processed, Retried, Deferred, Dead, Fenced int
 }
 
 // Snapshot returns the counters.
-func (s *Stats) Snapshot() StatsSnapshot {
+func (s *CountingObserver) Snapshot() ObservedCounts {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.counts
 }
 
 // DeadReason returns the reason recorded for a dead event id, if any.
-func (s *Stats) DeadReason(eventID string) (string, bool) {
+func (s *CountingObserver) DeadReason(eventID string) (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.deadWhy[eventID]
@@ -82,14 +82,14 @@ func (s *Stats) DeadReason(eventID string) (string, bool) {
 }
 
 // ProcessedCount returns how many times eventID was reported processed.
-func (s *Stats) ProcessedCount(eventID string) int {
+func (s *CountingObserver) ProcessedCount(eventID string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.processed[eventID]
 }
 
 // Received counts.
-func (s *Stats) Received(inserted, duplicates int) {
+func (s *CountingObserver) Received(inserted, duplicates int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Inserted += inserted
@@ -97,7 +97,7 @@ func (s *Stats) Received(inserted, duplicates int) {
 }
 
 // Claimed counts.
-func (s *Stats) Claimed(n, takeovers int) {
+func (s *CountingObserver) Claimed(n, takeovers int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Claimed += n
@@ -105,7 +105,7 @@ func (s *Stats) Claimed(n, takeovers int) {
 }
 
 // Processed counts.
-func (s *Stats) Processed(ev *Event, _ time.Duration) {
+func (s *CountingObserver) Processed(ev *Event, _ time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Processed++
@@ -116,21 +116,21 @@ func (s *Stats) Processed(ev *Event, _ time.Duration) {
 }
 
 // Retried counts.
-func (s *Stats) Retried(*Event, string) {
+func (s *CountingObserver) Retried(*Event, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Retried++
 }
 
 // Deferred counts.
-func (s *Stats) Deferred(*Event) {
+func (s *CountingObserver) Deferred(*Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Deferred++
 }
 
 // Dead counts and remembers the reason.
-func (s *Stats) Dead(ev *Event, reason string) {
+func (s *CountingObserver) Dead(ev *Event, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Dead++
@@ -141,7 +141,7 @@ func (s *Stats) Dead(ev *Event, reason string) {
 }
 
 // Fenced counts.
-func (s *Stats) Fenced(*Event) {
+func (s *CountingObserver) Fenced(*Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts.Fenced++

@@ -251,7 +251,7 @@ func TestWorkerKilledMidBatch(t *testing.T) {
 	t.Logf("at the kill: %d credited, %d claimed in flight", credited, inFlight)
 	require.Less(t, credited, 500)
 
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfg := fastConfig(t, pool, ledger.Handler{})
 	cfg.Observer = stats
 	startWorker(t, cfg)
@@ -338,7 +338,7 @@ func TestConcurrentWorkers(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	createOrders(t, pool, orderIDs()...)
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfg := fastConfig(t, pool, ledger.Handler{})
 	cfg.Workers, cfg.BatchSize, cfg.Observer = 8, 50, stats
 	cfg.Logger = zap.NewNop()

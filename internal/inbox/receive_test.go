@@ -44,7 +44,7 @@ func TestDuplicateDeliveriesCreditOnce(t *testing.T) {
 	require.Equal(t, 1, res.Inserted)
 	require.Equal(t, []string{"pay-3"}, res.Duplicates)
 
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfg := fastConfig(t, pool, ledger.Handler{})
 	cfg.Observer = stats
 	startWorker(t, cfg)

@@ -24,13 +24,13 @@ func TestBackoff(t *testing.T) {
 	lo, hi := func() float64 { return 0 }, func() float64 { return 0.999999 }
 	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second,
 		5: 16 * time.Second, 6: 30 * time.Second, 60: 30 * time.Second} {
-		require.Equal(t, time.Second, backoff(attempt, time.Second, 30*time.Second, lo), "attempt %d floor", attempt)
-		require.InDelta(t, float64(want), float64(backoff(attempt, time.Second, 30*time.Second, hi)),
+		require.Equal(t, time.Second, retryDelay(attempt, time.Second, 30*time.Second, lo), "attempt %d floor", attempt)
+		require.InDelta(t, float64(want), float64(retryDelay(attempt, time.Second, 30*time.Second, hi)),
 			float64(time.Millisecond), "attempt %d ceiling", attempt)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 1000 {
-		d := backoff(4, time.Second, 30*time.Second, r.Float64)
+		d := retryDelay(4, time.Second, 30*time.Second, r.Float64)
 		require.True(t, d >= time.Second && d <= 8*time.Second, "%s", d)
 	}
 }

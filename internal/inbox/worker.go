@@ -19,11 +19,9 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/notifier"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
-
-// NotifyChannel is the PostgreSQL channel the inbox table's insert trigger
-// notifies, and that workers listen on.
-const NotifyChannel = "pgrelay_inbox"
 
 // Worker claims due inbox events and runs the handler on them, each event's
 // side effect committing with its processed mark. Several workers, in one
@@ -34,6 +32,11 @@ type Worker struct {
 	log     *zap.Logger
 	wake    *waker
 	running atomic.Bool
+
+	// notifier wakes the goroutines when another process stored events.
+	notifier *notifier.Notifier
+	// cleaner is the inbox's upkeep; nil when Config.Retention.Disabled.
+	cleaner *Cleaner
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -42,17 +45,36 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Worker{
+	w := &Worker{
 		cfg:  cfg,
 		q:    db.New(),
 		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID), zap.String("handler", cfg.HandlerName)),
 		wake: newWaker(),
-	}, nil
+	}
+	n, err := notifier.New(notifier.Config{
+		Pool:         cfg.Pool,
+		Topics:       []notifier.Topic{{Channel: notifier.InboxChannel, Notify: func(string) { w.wake.broadcast() }}},
+		OnListen:     w.wake.broadcast, // anything stored while not listening is picked up now
+		QueryTimeout: cfg.QueryTimeout,
+		Logger:       w.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %w", err)
+	}
+	w.notifier = n
+	if !cfg.Retention.Disabled {
+		if w.cleaner, err = NewCleaner(cfg.Retention); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
 }
 
 // Run processes events until ctx is cancelled, then stops gracefully: batches
 // in flight finish within Config.ShutdownTimeout or are rolled back and their
-// claims handed back. It returns nil after a graceful stop.
+// claims handed back. Beside the workers it runs the inbox's upkeep
+// (Config.Retention, unless Disabled) and its LISTEN connection. It returns
+// nil after a graceful stop.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return errors.New("inbox: worker is already running")
@@ -60,8 +82,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.running.Store(false)
 	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
 	var wg sync.WaitGroup
-	wg.Go(func() { w.listen(ctx) })
-	wg.Go(func() { w.pruneReleases(ctx) })
+	wg.Go(func() { w.notifier.Run(ctx) })
+	if w.cleaner != nil {
+		wg.Go(func() { _ = w.cleaner.Run(ctx) })
+	}
 	wg.Go(func() { w.sweepReleased(ctx) })
 	for range w.cfg.Workers {
 		wg.Go(func() { w.loop(ctx) })
@@ -96,7 +120,7 @@ func (w *Worker) loop(ctx context.Context) {
 		if full && err == nil {
 			continue
 		}
-		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		t := time.NewTimer(wait.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
 		case <-ctx.Done():
 		case <-wake:
@@ -649,93 +673,6 @@ func (w *Worker) unclaim(ctx context.Context, evs []*Event) {
 	w.wake.broadcast()
 }
 
-// listen wakes the worker goroutines on each notification of NotifyChannel,
-// on a dedicated connection, reconnecting with backoff when it drops.
-func (w *Worker) listen(ctx context.Context) {
-	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := w.listenOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > time.Minute {
-			delay = 100 * time.Millisecond
-		}
-		w.log.Warn("inbox listener disconnected; polling meanwhile", zap.Error(err), zap.Duration("retry_in", delay))
-		t := time.NewTimer(jitter(delay))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		delay = min(delay*2, 30*time.Second)
-	}
-}
-
-func (w *Worker) listenOnce(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, w.cfg.Pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	// LISTEN is a utility statement sqlc cannot generate code for.
-	if _, err := conn.Exec(cctx, "LISTEN "+NotifyChannel); err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	// Anything inserted while the listener was down is picked up now.
-	w.wake.broadcast()
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		w.wake.broadcast()
-	}
-}
-
-// releaseRetention is how long Release records are kept: many leases, and
-// at least ten minutes.
-func (w *Worker) releaseRetention() time.Duration {
-	return max(10*w.cfg.Lease, 10*time.Minute)
-}
-
-// pruneReleases deletes old Release records at start-up and about every
-// minute, in batches of 1000.
-func (w *Worker) pruneReleases(ctx context.Context) {
-	const batch = 1000
-	for {
-		for ctx.Err() == nil {
-			qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-			n, err := w.q.PruneInboxReleases(qctx, w.cfg.Pool, db.PruneInboxReleasesParams{
-				OlderThan: interval(w.releaseRetention()), BatchSize: batch,
-			})
-			cancel()
-			if err != nil {
-				if ctx.Err() == nil {
-					w.log.Warn("inbox: prune releases", zap.Error(err))
-				}
-				break
-			}
-			if n < batch {
-				break
-			}
-		}
-		t := time.NewTimer(jitter(time.Minute))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // wakeReleased runs after a batch committed its deferrals and releases: it
 // makes due the events deferred on keys whose release is committed, and wakes
 // this process's goroutines when it did, or when wake is set (the batch
@@ -765,7 +702,7 @@ func (w *Worker) wakeReleased(ctx context.Context, keys []string, wake bool) {
 // process that died in between, or Release called outside a handler).
 func (w *Worker) sweepReleased(ctx context.Context) {
 	for {
-		t := time.NewTimer(jitter(w.cfg.PollInterval))
+		t := time.NewTimer(wait.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -806,7 +743,5 @@ func (w *waker) broadcast() {
 	w.ch = make(chan struct{})
 }
 
-// jitter returns d scaled by a random factor in [0.5, 1.5).
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.5 + rand.Float64()))
-}
+// jitterSpread is the jitter of the workers' polls: ×0.5–1.5.
+const jitterSpread = 0.5

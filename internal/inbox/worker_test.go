@@ -36,7 +36,7 @@ func TestTransientFailureThenSuccess(t *testing.T) {
 		}
 		return nil
 	})
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfg := fastConfig(t, pool, h)
 	cfg.Observer = stats
 	startWorker(t, cfg)
@@ -66,7 +66,7 @@ func TestPoisonGoesDeadOthersFlow(t *testing.T) {
 	cfg := fastConfig(t, pool, h)
 	cfg.MaxAttempts = 4
 	cfg.BackoffMin, cfg.BackoffMax = 50*time.Millisecond, 100*time.Millisecond
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfg.Observer = stats
 	startWorker(t, cfg)
 
@@ -198,7 +198,7 @@ func TestZombieWorkerIsFenced(t *testing.T) {
 			return nil
 		}
 	}
-	statsA, statsB := &inbox.Stats{}, &inbox.Stats{}
+	statsA, statsB := &inbox.CountingObserver{}, &inbox.CountingObserver{}
 	cfgA := fastConfig(t, pool, effect("A"))
 	cfgA.WorkerID, cfgA.Workers, cfgA.Observer = "A", 1, statsA
 	cfgA.Lease, cfgA.HandlerTimeout = 300*time.Millisecond, 200*time.Millisecond
@@ -359,7 +359,7 @@ func TestLongBatchStopsAtHalfLease(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // slow work, not a wait for the test
 		return ledger.Handler{}.Handle(ctx, tx, ev)
 	})
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfg := fastConfig(t, pool, h)
 	cfg.Workers, cfg.BatchSize, cfg.Lease, cfg.HandlerTimeout, cfg.Observer = 2, 8, 2*time.Second, time.Second, stats
 	startWorker(t, cfg)

@@ -143,7 +143,7 @@ func TestReleaseDuringDeferral(t *testing.T) {
 	receive(t, pool, paid("pay-1", "o1"))
 	<-inHandler
 
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	cfgB := config(t, pool, ledger.Handler{}, "B")
 	cfgB.Observer = stats
 	run(t, cfgB)

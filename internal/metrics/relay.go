@@ -103,8 +103,8 @@ func (o *RelayObserver) PublishFailed(_ int, n int, _ error) {
 	o.failedEvents.Add(float64(n))
 }
 
-// Dead counts events marked dead.
-func (o *RelayObserver) Dead(_ int, n int) { o.dead.Add(float64(n)) }
+// MarkedDead counts events marked dead.
+func (o *RelayObserver) MarkedDead(_ int, n int) { o.dead.Add(float64(n)) }
 
 // Fenced counts a refused mark.
 func (o *RelayObserver) Fenced(int) { o.fenced.Inc() }

@@ -2,7 +2,8 @@ package metrics
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// RetentionObserver implements retention.Observer with Prometheus counters.
+// RetentionObserver implements inbox.RetentionObserver with Prometheus
+// counters.
 type RetentionObserver struct {
 	deleted  prometheus.Counter
 	failures prometheus.Counter

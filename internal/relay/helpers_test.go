@@ -188,7 +188,7 @@ func (o *countingObserver) Published(_ int, n, dups int, _ time.Duration) {
 }
 func (o *countingObserver) PublishDuration(int, int, time.Duration) {}
 func (o *countingObserver) PublishFailed(int, int, error)           { o.failed.Add(1) }
-func (o *countingObserver) Dead(_ int, n int)                       { o.dead.Add(int64(n)) }
+func (o *countingObserver) MarkedDead(_ int, n int)                 { o.dead.Add(int64(n)) }
 func (o *countingObserver) Fenced(int)                              { o.fenced.Add(1) }
 func (o *countingObserver) LeaseAcquired(_ int, _ int64, takenOver bool) {
 	o.acquired.Add(1)

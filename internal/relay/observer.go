@@ -14,8 +14,8 @@ type Observer interface {
 	PublishDuration(partition int, n int, d time.Duration)
 	// PublishFailed reports a transient failure that left n events pending.
 	PublishFailed(partition int, n int, err error)
-	// Dead reports n events rejected permanently and marked dead.
-	Dead(partition int, n int)
+	// MarkedDead reports n events the broker rejected for good, marked dead.
+	MarkedDead(partition int, n int)
 	// Fenced reports a mark refused because another relay took the
 	// partition over (its epoch moved on).
 	Fenced(partition int)
@@ -41,8 +41,8 @@ func (NopObserver) PublishDuration(int, int, time.Duration) {}
 // PublishFailed implements Observer.
 func (NopObserver) PublishFailed(int, int, error) {}
 
-// Dead implements Observer.
-func (NopObserver) Dead(int, int) {}
+// MarkedDead implements Observer.
+func (NopObserver) MarkedDead(int, int) {}
 
 // Fenced implements Observer.
 func (NopObserver) Fenced(int) {}

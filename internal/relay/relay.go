@@ -25,21 +25,21 @@ import (
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/notifier"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
-
-// NotifyChannel is the channel the outbox insert trigger notifies.
-const NotifyChannel = "pgrelay_outbox"
-
-// ControlChannel is the channel on which a relay tells the others that it
-// released partitions (queries/relay.sql, NotifyRelays), so that they take
-// them at once rather than at their next heartbeat.
-const ControlChannel = "pgrelay_relays"
 
 // Relay is the outbox relay service.
 type Relay struct {
 	cfg Config
 	q   *db.Queries
 	log *zap.Logger
+
+	// notifier wakes the partition workers on outbox inserts and the
+	// heartbeat when a peer released partitions.
+	notifier *notifier.Notifier
+	// cleaner deletes published rows past the retention.
+	cleaner *OutboxCleaner
 
 	mu      sync.Mutex
 	workers map[int32]*worker
@@ -59,7 +59,7 @@ type Relay struct {
 // PoolConns is how many connections a relay owning partitions uses at most
 // at once: per partition the read of its next batch and the mark of the
 // previous one, which run at the same time, plus the heartbeat and the
-// retention delete. (The LISTEN connection is taken out of the pool.) A
+// retention delete. (The LISTEN connection is dialled beside the pool.) A
 // smaller pool makes partition workers queue for connections: with 16
 // partitions on a 6-connection pool the relay drained 40–80 % slower.
 func PoolConns(partitions int) int { return 2*partitions + 2 }
@@ -70,14 +70,31 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{
+	r := &Relay{
 		cfg:     cfg,
 		q:       db.New(),
 		log:     cfg.Logger.Named("relay").With(zap.String("node", cfg.NodeID)),
 		workers: map[int32]*worker{},
 		clock:   time.Now(),
 		kick:    make(chan struct{}, 1),
-	}, nil
+	}
+	n, err := notifier.New(notifier.Config{
+		Pool: cfg.Pool,
+		Topics: []notifier.Topic{
+			{Channel: notifier.OutboxChannel, Notify: r.wakePartitions},
+			{Channel: notifier.RelaysChannel, Notify: func(string) { r.kickHeartbeat() }},
+		},
+		OnListen:     r.wakeAll, // notifications sent while not listening are lost
+		Backoff:      r.backoffPolicy(),
+		QueryTimeout: cfg.QueryTimeout,
+		Logger:       r.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	r.notifier = n
+	r.cleaner = newOutboxCleaner(cfg, r.log)
+	return r, nil
 }
 
 // NodeID returns the name this relay owns partitions under.
@@ -90,8 +107,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.LeaseDuration))
 	var bg sync.WaitGroup
 	bg.Add(2)
-	go func() { defer bg.Done(); r.listen(ctx) }()
-	go func() { defer bg.Done(); r.retain(ctx) }()
+	go func() { defer bg.Done(); r.notifier.Run(ctx) }()
+	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
 
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -114,7 +131,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("lease heartbeat failed", zap.Error(err))
 		}
-		t.Reset(jitter(r.cfg.HeartbeatInterval))
+		t.Reset(wait.Jitter(r.cfg.HeartbeatInterval, jitterSpread))
 	}
 }
 
@@ -311,93 +328,6 @@ func (r *Relay) wakePartitions(payload string) {
 	}
 }
 
-// listen wakes the workers on every outbox insert notification, reconnecting
-// with backoff when the connection drops.
-func (r *Relay) listen(ctx context.Context) {
-	bo := r.newBackoff()
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, bo)
-		if ctx.Err() != nil {
-			return
-		}
-		r.log.Warn("LISTEN connection failed; polling until it is back", zap.Error(err))
-		sleepCtx(ctx, bo.next())
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context, bo *backoff) error {
-	actx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	pc, err := r.cfg.Pool.Acquire(actx)
-	cancel()
-	if err != nil {
-		return err
-	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	lctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	// LISTEN takes no parameters; sqlc has nothing to generate.
-	_, err = conn.Exec(lctx, "LISTEN "+NotifyChannel)
-	if err == nil {
-		_, err = conn.Exec(lctx, "LISTEN "+ControlChannel)
-	}
-	cancel()
-	if err != nil {
-		return err
-	}
-	bo.reset()
-	r.wakeAll() // notifications sent while not listening are lost
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if n.Channel == ControlChannel {
-			r.kickHeartbeat()
-			continue
-		}
-		r.wakePartitions(n.Payload)
-	}
-}
-
-// retain deletes published rows past the retention, in bounded batches.
-func (r *Relay) retain(ctx context.Context) {
-	if r.cfg.Retention < 0 {
-		return
-	}
-	t := time.NewTicker(r.cfg.RetentionInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		total := int64(0)
-		for ctx.Err() == nil {
-			qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-			n, err := r.q.DeletePublished(qctx, r.cfg.Pool, db.DeletePublishedParams{
-				RetentionSeconds: r.cfg.Retention.Seconds(), BatchSize: int32(r.cfg.RetentionBatchSize),
-			})
-			cancel()
-			if err != nil {
-				r.log.Warn("retention delete failed", zap.Error(err))
-				break
-			}
-			total += n
-			if n < int64(r.cfg.RetentionBatchSize) {
-				break
-			}
-		}
-		if total > 0 {
-			r.log.Debug("deleted published rows past retention", zap.Int64("rows", total))
-		}
-	}
-}
-
 // worker publishes one leased partition.
 type worker struct {
 	partition int32
@@ -536,12 +466,12 @@ func (r *Relay) work(w *worker) {
 				w.cancel()
 				return
 			}
-			d := bo.current()
+			d := bo.Last()
 			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
-			sleepCtx(w.ctx, d)
+			wait.Sleep(w.ctx, d)
 			continue
 		}
-		bo.reset()
+		bo.Reset()
 		if n > 0 {
 			armed = false // a notification may have been spent on these rows
 		}
@@ -570,7 +500,7 @@ func (r *Relay) work(w *worker) {
 				continue // look again: rows committed while arming
 			}
 		}
-		if r.sleepOrWake(w, jitter(r.cfg.PollInterval)) {
+		if r.sleepOrWake(w, wait.Jitter(r.cfg.PollInterval, jitterSpread)) {
 			armed = false // the notification disarmed the partition
 		}
 	}
@@ -642,10 +572,10 @@ func (r *Relay) arm(w *worker) (nudged bool, err error) {
 // the number of rows read.
 // A failure advances bo, so that the retry time recorded on the rows is the
 // one the worker waits for.
-func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *backoff, inflight *pendingMark) (int, error) {
+func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
 	n, err := r.runBatchOnce(w, log, bo, inflight)
 	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
-		bo.next()
+		bo.Next()
 	}
 	bo.advanced = false
 	return n, err
@@ -679,7 +609,7 @@ func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
 // key's earlier rows are acknowledged), and its own mark waits for this one,
 // so a fenced or failed mark stops the partition before anything later is
 // marked.
-func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *pendingMark) (int, error) {
+func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
 	exclude := inflight.ids
 	if exclude == nil {
 		exclude = []int64{}
@@ -705,7 +635,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *
 		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
 		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
 			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
-				results[i].Err = broker.Permanentf("headers must be a JSON object of strings: %v", err)
+				results[i].Err = broker.Terminalf("headers must be a JSON object of strings: %v", err)
 				continue
 			}
 		}
@@ -750,7 +680,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *
 	published, dead, dups := 0, 0, 0
 	var transient error
 	for i, res := range results {
-		if res.Err != nil && !broker.IsPermanent(res.Err) {
+		if res.Err != nil && !broker.IsTerminal(res.Err) {
 			if transient == nil {
 				transient = res.Err
 			}
@@ -795,7 +725,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *
 			r.cfg.Observer.Published(int(w.partition), published, dups, time.Since(rows[0].CreatedAt))
 		}
 		if dead > 0 {
-			r.cfg.Observer.Dead(int(w.partition), dead)
+			r.cfg.Observer.MarkedDead(int(w.partition), dead)
 		}
 		return nil
 	}
@@ -820,7 +750,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *backoff, inflight *
 	if transient != nil {
 		rest := failedIDs
 		r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
-		retryAt := time.Now().Add(bo.next())
+		retryAt := time.Now().Add(bo.Next())
 		bo.advanced = true
 		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 		_, err := r.q.RecordPublishFailure(qctx, r.cfg.Pool, db.RecordPublishFailureParams{
@@ -862,45 +792,23 @@ func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []br
 	return results
 }
 
-// backoff is an exponential backoff with jitter.
-type backoff struct {
-	min, max, cur time.Duration
-	last          time.Duration // the last duration next returned
-	advanced      bool          // next was called during the current batch
+// retryBackoff is a partition's backoff, and whether the current batch has
+// already advanced it.
+type retryBackoff struct {
+	*wait.Backoff
+	advanced bool // Next was called during the current batch
 }
 
-func (r *Relay) newBackoff() *backoff {
-	return &backoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
+func (r *Relay) newBackoff() *retryBackoff {
+	return &retryBackoff{Backoff: wait.New(r.backoffPolicy())}
 }
 
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(b.cur*2, b.max)
-	}
-	b.last = jitter(b.cur)
-	return b.last
+// backoffPolicy is the relay's backoff: from BackoffMin, doubling up to
+// BackoffMax, ±10%.
+func (r *Relay) backoffPolicy() wait.Policy {
+	return wait.Policy{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Spread: jitterSpread}
 }
 
-// current returns the duration next returned last.
-func (b *backoff) current() time.Duration { return b.last }
-
-func (b *backoff) reset() { b.cur, b.last = 0, 0 }
-
-// jitter returns d plus or minus up to 10%.
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d + time.Duration(rand.Int64N(int64(d)/5+1)) - d/10
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
+// jitterSpread is the relay's jitter on its polls, heartbeats and backoffs:
+// ±10%.
+const jitterSpread = 0.1

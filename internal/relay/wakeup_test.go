@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/notifier"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -22,7 +23,7 @@ func TestProducersNotifyOnlyArmedPartitions(t *testing.T) {
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(ctx, "LISTEN "+NotifyChannel)
+	_, err = conn.Exec(ctx, "LISTEN "+notifier.OutboxChannel)
 	require.NoError(t, err)
 	var p int32
 	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('k')`).Scan(&p))

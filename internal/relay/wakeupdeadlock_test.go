@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/notifier"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -43,7 +44,7 @@ func TestProducersCrossingArmedPartitionsDoNotWait(t *testing.T) {
 	listen, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer listen.Release()
-	_, err = listen.Exec(ctx, "LISTEN "+NotifyChannel)
+	_, err = listen.Exec(ctx, "LISTEN "+notifier.OutboxChannel)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE relay_wakeups SET armed = true WHERE partition = ANY($1)`, []int32{pa, pb})
 	require.NoError(t, err)

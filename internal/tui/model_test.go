@@ -17,7 +17,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/retention"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -34,7 +33,7 @@ func setup(t *testing.T) *bundle {
 	pool := testdb.New(t)
 	svc, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	cleaner, err := retention.New(retention.Config{Pool: pool, Window: 2 * time.Hour, DuplicatesMax: 100})
+	cleaner, err := inbox.NewCleaner(inbox.RetentionConfig{Pool: pool, Window: 2 * time.Hour, DuplicatesMax: 100})
 	require.NoError(t, err)
 	return &bundle{pool: pool, svc: svc, cfg: Config{Service: "consumer", Admin: svc, Actor: actor,
 		DedupWindow: 2 * time.Hour, DedupRecordMax: 100, Retention: cleaner.RunOnce, ExportDir: t.TempDir(),

@@ -178,7 +178,7 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.EventID)
 		return err
 	})
-	stats := &inbox.Stats{}
+	stats := &inbox.CountingObserver{}
 	w, err := inbox.NewWorker(inbox.Config{Pool: b.Pool, Handler: handler, Observer: stats, Logger: zaptest.NewLogger(t),
 		Workers: 1, PollInterval: 20 * time.Millisecond, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second})
 	require.NoError(t, err)

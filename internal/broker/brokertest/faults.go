@@ -40,7 +40,7 @@ func publishRetrying(t *testing.T, p broker.Publisher, msgs []event.Message, d t
 				}
 				continue
 			}
-			if broker.IsPermanent(r.Err) {
+			if broker.IsTerminal(r.Err) {
 				t.Fatalf("round %d: %s failed permanently during a transient failure: %v", round, m.EventID, r.Err)
 			}
 			failed[m.Key] = true

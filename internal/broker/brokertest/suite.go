@@ -308,7 +308,7 @@ func testPermanentErrors(t *testing.T, h Harness) {
 		big.ContentType = "text/plain"
 		small := message(ns, "small", 0)
 		res := p.Publish(timeout(t, 30*time.Second), []event.Message{big, small})
-		if !broker.IsPermanent(res[0].Err) {
+		if !broker.IsTerminal(res[0].Err) {
 			t.Fatalf("a message over MaxMessageBytes: got %v, want a permanent error", res[0].Err)
 		}
 		if res[1].Err != nil {
@@ -326,7 +326,7 @@ func testPermanentErrors(t *testing.T, h Harness) {
 		p := h.UnknownDestination(t, ns+"_missing")
 		t.Cleanup(func() { _ = p.Close() })
 		res := p.Publish(timeout(t, 30*time.Second), []event.Message{message(ns, "k", 1)})
-		if !broker.IsPermanent(res[0].Err) {
+		if !broker.IsTerminal(res[0].Err) {
 			t.Fatalf("publishing to a missing destination: got %v, want a permanent error", res[0].Err)
 		}
 	}

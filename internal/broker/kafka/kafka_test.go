@@ -58,7 +58,7 @@ func publishAll(t *testing.T, p *Publisher, msgs []broker.Message) (failures int
 			case r.Err == nil && failed[m.Key]:
 				t.Fatalf("round %d: %s confirmed after an earlier event of key %q failed", round, m.EventID, m.Key)
 			case r.Err == nil:
-			case broker.IsPermanent(r.Err):
+			case broker.IsTerminal(r.Err):
 				t.Fatalf("round %d: %s failed permanently: %v", round, m.EventID, r.Err)
 			default:
 				failed[m.Key] = true

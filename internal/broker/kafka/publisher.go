@@ -177,7 +177,7 @@ func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx [
 			continue
 		}
 		results[i].Err = err
-		if broker.IsPermanent(err) {
+		if broker.IsTerminal(err) {
 			continue // dead-lettered by the relay; the key goes on
 		}
 		for _, j := range idx[n+1:] {
@@ -194,10 +194,10 @@ func notSent(key string, err error) error {
 // check refuses, without sending it, a record no broker will accept.
 func (p *Publisher) check(r *kgo.Record) error {
 	if !legalTopic.MatchString(r.Topic) || len(r.Topic) > maxTopicLen {
-		return broker.Permanentf("%q is not a legal Kafka topic name (letters, digits, '.', '_', '-', at most %d)", r.Topic, maxTopicLen)
+		return broker.Terminalf("%q is not a legal Kafka topic name (letters, digits, '.', '_', '-', at most %d)", r.Topic, maxTopicLen)
 	}
 	if n := recordSize(r); n > p.cfg.MaxMessageBytes {
-		return broker.Permanentf("record of %d bytes (key, payload and headers) is larger than --kafka-max-message-bytes %d", n, p.cfg.MaxMessageBytes)
+		return broker.Terminalf("record of %d bytes (key, payload and headers) is larger than --kafka-max-message-bytes %d", n, p.cfg.MaxMessageBytes)
 	}
 	return nil
 }
@@ -213,14 +213,14 @@ func (p *Publisher) classify(r *kgo.Record, err error) error {
 	switch {
 	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
 		// Only after UnknownTopicRetries metadata refreshes in a row.
-		return broker.Permanentf("no Kafka topic %q (topics are not created automatically): %w", r.Topic, err)
+		return broker.Terminalf("no Kafka topic %q (topics are not created automatically): %w", r.Topic, err)
 	case errors.Is(err, kerr.InvalidTopicException):
-		return broker.Permanentf("invalid Kafka topic %q: %w", r.Topic, err)
+		return broker.Terminalf("invalid Kafka topic %q: %w", r.Topic, err)
 	case errors.Is(err, kerr.InvalidRecord):
-		return broker.Permanentf("record refused by the broker: %w", err)
+		return broker.Terminalf("record refused by the broker: %w", err)
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
 		if recordSize(r)+tooLargeSlack > p.cfg.MaxMessageBytes {
-			return broker.Permanentf("record too large for topic %q: %w", r.Topic, err)
+			return broker.Terminalf("record too large for topic %q: %w", r.Topic, err)
 		}
 		// A smaller record fails with the batch it was in: the topic's
 		// max.message.bytes is below --kafka-max-message-bytes.

@@ -39,19 +39,19 @@ func Headers(m event.Message) amqp.Table {
 // negotiated frame size (0: unknown), maxBytes the largest body accepted.
 func encode(m event.Message, frameMax, maxBytes int) (amqp.Publishing, string, error) {
 	if len(m.Payload) > maxBytes {
-		return amqp.Publishing{}, "", broker.Permanentf("message too large for RabbitMQ: payload of %d bytes, the limit is %d (Config.MaxMessageBytes or the server's max_message_size)", len(m.Payload), maxBytes)
+		return amqp.Publishing{}, "", broker.Terminalf("message too large for RabbitMQ: payload of %d bytes, the limit is %d (Config.MaxMessageBytes or the server's max_message_size)", len(m.Payload), maxBytes)
 	}
 	if len(m.Topic) > maxShortstr {
-		return amqp.Publishing{}, "", broker.Permanentf("topic of %d bytes is too long for an AMQP routing key (at most %d)", len(m.Topic), maxShortstr)
+		return amqp.Publishing{}, "", broker.Terminalf("topic of %d bytes is too long for an AMQP routing key (at most %d)", len(m.Topic), maxShortstr)
 	}
 	if len(m.EventID) > maxShortstr {
-		return amqp.Publishing{}, "", broker.Permanentf("event id of %d bytes is too long for the AMQP message-id (at most %d)", len(m.EventID), maxShortstr)
+		return amqp.Publishing{}, "", broker.Terminalf("event id of %d bytes is too long for the AMQP message-id (at most %d)", len(m.EventID), maxShortstr)
 	}
 	h := Headers(m)
 	size := headerFrameOverhead + len(m.EventID) + len(appID)
 	for k, v := range h {
 		if len(k) > maxShortstr {
-			return amqp.Publishing{}, "", broker.Permanentf("header name %.40q... of %d bytes is too long for AMQP (at most %d)", k, len(k), maxShortstr)
+			return amqp.Publishing{}, "", broker.Terminalf("header name %.40q... of %d bytes is too long for AMQP (at most %d)", k, len(k), maxShortstr)
 		}
 		size += 1 + len(k) + 1 + 4 + len(v.(string))
 	}
@@ -76,10 +76,10 @@ func encode(m event.Message, frameMax, maxBytes int) (amqp.Publishing, string, e
 		p.Timestamp = m.OccurredAt
 	}
 	if frameMax > 0 && size > frameMax {
-		return amqp.Publishing{}, "", broker.Permanentf("message headers (key, event type and headers: about %d bytes) do not fit in one AMQP frame of %d bytes", size, frameMax)
+		return amqp.Publishing{}, "", broker.Terminalf("message headers (key, event type and headers: about %d bytes) do not fit in one AMQP frame of %d bytes", size, frameMax)
 	}
 	if err := p.Headers.Validate(); err != nil {
-		return amqp.Publishing{}, "", broker.Permanent(fmt.Errorf("headers: %w", err))
+		return amqp.Publishing{}, "", broker.Terminal(fmt.Errorf("headers: %w", err))
 	}
 	return p, m.Topic, nil
 }

@@ -16,7 +16,7 @@ import (
 func RoundTrip(t *testing.T, m event.Message) broker.Delivery {
 	p, rk, err := encode(m, 0, DefaultMaxMessageBytes)
 	if err != nil {
-		if !broker.IsPermanent(err) {
+		if !broker.IsTerminal(err) {
 			t.Fatalf("encode: a non-permanent error: %v", err)
 		}
 		t.Skipf("refused by the publisher: %v", err)

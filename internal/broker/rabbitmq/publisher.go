@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Publisher publishes to RabbitMQ with publisher confirms: every message is
@@ -38,11 +39,11 @@ type Publisher struct {
 	// while a reconnection holds it.
 	current atomic.Pointer[pubSession]
 
-	mu      sync.Mutex // guards the fields below
-	sess    *pubSession
-	closed  bool
-	retryAt time.Time     // no new connection attempt before then
-	backoff time.Duration // the pause after the next failed attempt
+	mu        sync.Mutex // guards the fields below
+	sess      *pubSession
+	closed    bool
+	retryAt   time.Time     // no new connection attempt before then
+	reconnect *wait.Backoff // the pauses after failed attempts
 }
 
 var _ broker.Publisher = (*Publisher)(nil)
@@ -57,7 +58,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), backoff: cfg.ReconnectWait}
+	p := &Publisher{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait})}
 	p.maxBytes.Store(int64(cfg.MaxMessageBytes))
 	s, err := p.connect(ctx)
 	if err != nil {
@@ -91,24 +92,13 @@ type takeReq struct {
 
 // connect dials, declares the topology and opens a channel in confirm mode.
 func (p *Publisher) connect(ctx context.Context) (*pubSession, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	conn, err := dial(p.cfg, "pgrelay-relay")
+	conn, ch, err := openChannel(ctx, p.cfg, "pgrelay-relay", false, p.log)
 	if err != nil {
 		return nil, err
 	}
-	if err := declareTopology(conn, p.cfg, false, p.log); err != nil {
+	if err := ch.Confirm(false); err != nil {
 		_ = conn.Close()
-		return nil, err
-	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("open a channel in confirm mode: %w", err)
+		return nil, fmt.Errorf("put the channel in confirm mode: %w", err)
 	}
 	s := &pubSession{conn: conn, ch: ch, frameMax: conn.Config.FrameSize, done: make(chan struct{}),
 		stop: make(chan struct{}), take: make(chan takeReq)}
@@ -214,11 +204,10 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	}
 	s, err := p.connect(ctx)
 	if err != nil {
-		p.retryAt = time.Now().Add(p.backoff)
-		p.backoff = min(2*p.backoff, p.cfg.ReconnectMaxWait)
+		p.retryAt = time.Now().Add(p.reconnect.Next())
 		return nil, fmt.Errorf("rabbitmq: reconnect: %w", err)
 	}
-	p.backoff = p.cfg.ReconnectWait
+	p.reconnect.Reset()
 	p.log.Info("connected to RabbitMQ", zap.String("url", RedactURL(p.cfg.URL)))
 	p.sess = s
 	p.current.Store(s)
@@ -264,7 +253,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
 	for n, i := range idx {
 		err := p.publishOne(ctx, msgs[i])
-		if err == nil || broker.IsPermanent(err) {
+		if err == nil || broker.IsTerminal(err) {
 			// A permanent failure: the relay dead-letters this one and
 			// moves on to the next.
 			results[i].Err = err
@@ -321,7 +310,7 @@ func (p *Publisher) publishOne(ctx context.Context, m broker.Message) error {
 		return errors.New("rabbitmq: confirmed, but the connection closed before its routing was known")
 	}
 	if ret != nil {
-		return broker.Permanentf("unroutable: no queue is bound to exchange %q for routing key %q (basic.return %d %s)",
+		return broker.Terminalf("unroutable: no queue is bound to exchange %q for routing key %q (basic.return %d %s)",
 			p.cfg.Exchange, rk, ret.ReplyCode, ret.ReplyText)
 	}
 	return nil
@@ -355,7 +344,7 @@ func (p *Publisher) nacked(s *pubSession, size int) error {
 			p.log.Warn("the server's max_message_size is below Config.MaxMessageBytes: using the server's", zap.Int("max_message_size", limit))
 		}
 		if size > limit {
-			return broker.Permanentf("message too large for RabbitMQ: %s", e.Reason)
+			return broker.Terminalf("message too large for RabbitMQ: %s", e.Reason)
 		}
 	}
 	return fmt.Errorf("rabbitmq: channel closed before the confirm: %w", e)

@@ -127,10 +127,10 @@ func TestUnroutableIsPermanent(t *testing.T) {
 		sample("evt-routable", "orders", "k2"),
 		sample("evt-unroutable-2", "nowhere", "k1"),
 	})
-	require.True(t, broker.IsPermanent(res[0].Err), "unroutable: %v", res[0].Err)
+	require.True(t, broker.IsTerminal(res[0].Err), "unroutable: %v", res[0].Err)
 	require.Contains(t, res[0].Err.Error(), "unroutable")
 	require.NoError(t, res[1].Err)
-	require.True(t, broker.IsPermanent(res[2].Err), "unroutable: %v", res[2].Err)
+	require.True(t, broker.IsTerminal(res[2].Err), "unroutable: %v", res[2].Err)
 	require.Equal(t, 1, testamqp.Count(t, cfg.URL, cfg.Queue))
 	require.Equal(t, "evt-routable", rawGet(t, cfg.URL, cfg.Queue).MessageId)
 }
@@ -145,7 +145,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	big := sample("evt-big", "orders", "k1")
 	big.Payload = bytes.Repeat([]byte("x"), 1001)
 	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{big, sample("evt-small", "orders", "k2")})
-	require.True(t, broker.IsPermanent(res[0].Err), "too large: %v", res[0].Err)
+	require.True(t, broker.IsTerminal(res[0].Err), "too large: %v", res[0].Err)
 	require.NoError(t, res[1].Err)
 	require.Equal(t, 1, testamqp.Count(t, cfg.URL, cfg.Queue))
 }
@@ -181,7 +181,7 @@ func TestServerMaxMessageSizeIsPermanent(t *testing.T) {
 	big := sample("evt-server-big", "orders", "k1")
 	big.Payload = bytes.Repeat([]byte("x"), 300000)
 	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{big})
-	require.True(t, broker.IsPermanent(res[0].Err), "over the server's limit: %v", res[0].Err)
+	require.True(t, broker.IsTerminal(res[0].Err), "over the server's limit: %v", res[0].Err)
 	require.Contains(t, res[0].Err.Error(), "larger than configured max size")
 
 	// The learned limit refuses the next one before sending it, so the
@@ -190,7 +190,7 @@ func TestServerMaxMessageSizeIsPermanent(t *testing.T) {
 	big2.EventID = "evt-server-big-2"
 	big2.Payload = bytes.Repeat([]byte("y"), 250000)
 	res = p.Publish(ctxT(t, 30*time.Second), []event.Message{big2})
-	require.True(t, broker.IsPermanent(res[0].Err), "over the learned limit: %v", res[0].Err)
+	require.True(t, broker.IsTerminal(res[0].Err), "over the learned limit: %v", res[0].Err)
 	require.Contains(t, res[0].Err.Error(), "the limit is 200000")
 	res = p.Publish(ctxT(t, 30*time.Second), []event.Message{sample("evt-after-big", "orders", "k2")})
 	require.NoError(t, res[0].Err)

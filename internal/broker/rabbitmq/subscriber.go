@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // Subscriber consumes Config.Queue with manual acknowledgements: a delivery
@@ -32,11 +33,11 @@ type Subscriber struct {
 	log  *zap.Logger
 	opts broker.DecodeOptions
 
-	mu      sync.Mutex // guards the fields below
-	sess    *subSession
-	closed  bool
-	retryAt time.Time
-	backoff time.Duration
+	mu        sync.Mutex // guards the fields below
+	sess      *subSession
+	closed    bool
+	retryAt   time.Time
+	reconnect *wait.Backoff
 }
 
 var _ broker.Subscriber = (*Subscriber)(nil)
@@ -58,7 +59,7 @@ func NewSubscriber(ctx context.Context, cfg Config, maxPayloadBytes int) (*Subsc
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), backoff: cfg.ReconnectWait,
+	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("rabbitmq"), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait}),
 		opts: broker.DecodeOptions{MaxPayloadBytes: maxPayloadBytes}}
 	sess, err := s.connect(ctx)
 	if err != nil {
@@ -69,21 +70,11 @@ func NewSubscriber(ctx context.Context, cfg Config, maxPayloadBytes int) (*Subsc
 }
 
 func (s *Subscriber) connect(ctx context.Context) (*subSession, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	conn, err := dial(s.cfg, "pgrelay-consumer")
+	conn, ch, err := openChannel(ctx, s.cfg, "pgrelay-consumer", true, s.log)
 	if err != nil {
 		return nil, err
 	}
-	if err := declareTopology(conn, s.cfg, true, s.log); err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Qos(s.cfg.Prefetch, 0, false)
-	}
+	err = ch.Qos(s.cfg.Prefetch, 0, false)
 	var deliveries <-chan amqp.Delivery
 	if err == nil {
 		// Manual acknowledgements (autoAck false): nothing counts as
@@ -123,11 +114,10 @@ func (s *Subscriber) session(ctx context.Context, maxWait time.Duration) (*subSe
 	}
 	sess, err := s.connect(ctx)
 	if err != nil {
-		s.retryAt = time.Now().Add(s.backoff)
-		s.backoff = min(2*s.backoff, s.cfg.ReconnectMaxWait)
+		s.retryAt = time.Now().Add(s.reconnect.Next())
 		return nil, fmt.Errorf("rabbitmq: reconnect: %w", err)
 	}
-	s.backoff = s.cfg.ReconnectWait
+	s.reconnect.Reset()
 	s.log.Info("consuming from RabbitMQ again", zap.String("queue", s.cfg.Queue))
 	s.sess = sess
 	return sess, nil

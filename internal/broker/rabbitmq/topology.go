@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -24,6 +25,30 @@ func dial(cfg Config, name string) (*amqp.Connection, error) {
 		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", RedactURL(cfg.URL), err)
 	}
 	return conn, nil
+}
+
+// openChannel dials a connection named name, declares the topology (the
+// subscriber's queue too when subscriber is set) and opens a channel, for a
+// publisher's or a subscriber's (re)connection. On an error nothing stays
+// open.
+func openChannel(ctx context.Context, cfg Config, name string, subscriber bool, log *zap.Logger) (*amqp.Connection, *amqp.Channel, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	conn, err := dial(cfg, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := declareTopology(conn, cfg, subscriber, log); err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("open a channel: %w", err)
+	}
+	return conn, ch, nil
 }
 
 // supportsQuorum reports whether the server announces a version with quorum

@@ -1,4 +1,4 @@
-package retention
+package inbox
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -15,7 +16,7 @@ import (
 const day = 24 * time.Hour
 
 // seed inserts inbox rows: id -> (status, age of finished_at or received_at).
-func seed(t *testing.T, pool *pgxpool.Pool, rows map[string]struct {
+func seedInbox(t *testing.T, pool *pgxpool.Pool, rows map[string]struct {
 	status string
 	age    time.Duration
 }) {
@@ -32,7 +33,7 @@ func seed(t *testing.T, pool *pgxpool.Pool, rows map[string]struct {
 	}
 }
 
-func remaining(t *testing.T, pool *pgxpool.Pool) []string {
+func remainingInbox(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT event_id FROM inbox`)
 	require.NoError(t, err)
@@ -47,7 +48,7 @@ func remaining(t *testing.T, pool *pgxpool.Pool) []string {
 	return ids
 }
 
-type row = struct {
+type inboxRow = struct {
 	status string
 	age    time.Duration
 }
@@ -58,7 +59,7 @@ type row = struct {
 func TestDeletesOnlyRowsPastTheWindow(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	seed(t, pool, map[string]row{
+	seedInbox(t, pool, map[string]inboxRow{
 		"old-1": {"processed", 8 * day}, "old-2": {"processed", 9 * day}, "old-3": {"processed", 30 * day},
 		"old-4": {"processed", 7*day + time.Hour}, "old-5": {"processed", 100 * day},
 		"young":      {"processed", 7*day - time.Hour},
@@ -66,24 +67,24 @@ func TestDeletesOnlyRowsPastTheWindow(t *testing.T) {
 		"pending":    {"pending", 60 * day},
 		"processing": {"processing", 60 * day},
 	})
-	c, err := New(Config{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
+	c, err := NewCleaner(RetentionConfig{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
 	require.NoError(t, err)
 	n, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, int64(5), n)
-	require.Equal(t, []string{"dead-old", "pending", "processing", "young"}, remaining(t, pool))
+	require.Equal(t, []string{"dead-old", "pending", "processing", "young"}, remainingInbox(t, pool))
 
 	n, err = c.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
 
-// TestNeverWaitsOnLockedRows: a row held by another transaction is skipped,
+// TestNeverWaitsOnLockedRows: a inboxRow held by another transaction is skipped,
 // not waited for; the rest of the batch is deleted.
 func TestNeverWaitsOnLockedRows(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	seed(t, pool, map[string]row{"held": {"processed", 8 * day}, "free": {"processed", 8 * day}})
+	seedInbox(t, pool, map[string]inboxRow{"held": {"processed", 8 * day}, "free": {"processed", 8 * day}})
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -91,7 +92,7 @@ func TestNeverWaitsOnLockedRows(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM inbox WHERE event_id = 'held' FOR UPDATE`)
 	require.NoError(t, err)
 
-	c, err := New(Config{Pool: pool, QueryTimeout: 3 * time.Second})
+	c, err := NewCleaner(RetentionConfig{Pool: pool, QueryTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	start := time.Now()
 	n, err := c.RunOnce(ctx)
@@ -99,22 +100,22 @@ func TestNeverWaitsOnLockedRows(t *testing.T) {
 	require.Equal(t, int64(1), n)
 	require.Less(t, time.Since(start), 2*time.Second)
 	require.NoError(t, tx.Rollback(ctx))
-	require.Equal(t, []string{"held"}, remaining(t, pool))
+	require.Equal(t, []string{"held"}, remainingInbox(t, pool))
 }
 
-type countingObserver struct{ deleted chan int64 }
+type deletedObserver struct{ deleted chan int64 }
 
-func (o countingObserver) Deleted(n int64) { o.deleted <- n }
-func (o countingObserver) Failed(error)    {}
+func (o deletedObserver) Deleted(n int64) { o.deleted <- n }
+func (o deletedObserver) Failed(error)    {}
 
 // TestRunLoopsUntilCancelled: Run deletes on its schedule and returns nil on
 // cancel.
 func TestRunLoopsUntilCancelled(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	seed(t, pool, map[string]row{"old": {"processed", 8 * day}})
-	obs := countingObserver{deleted: make(chan int64, 100)}
-	c, err := New(Config{Pool: pool, Interval: 10 * time.Millisecond, Observer: obs})
+	seedInbox(t, pool, map[string]inboxRow{"old": {"processed", 8 * day}})
+	obs := deletedObserver{deleted: make(chan int64, 100)}
+	c, err := NewCleaner(RetentionConfig{Pool: pool, Interval: 10 * time.Millisecond, Observer: obs})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -128,23 +129,23 @@ func TestRunLoopsUntilCancelled(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return")
 	}
-	require.Empty(t, remaining(t, pool))
+	require.Empty(t, remainingInbox(t, pool))
 }
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	pool := &pgxpool.Pool{}
-	_, err := New(Config{})
-	require.ErrorContains(t, err, "Config.Pool")
-	_, err = New(Config{Pool: pool, Window: time.Second})
-	require.ErrorContains(t, err, "Config.Window")
-	_, err = New(Config{Pool: pool, BatchSize: -1})
-	require.ErrorContains(t, err, "Config.BatchSize")
-	_, err = New(Config{Pool: pool, Interval: -time.Second})
-	require.ErrorContains(t, err, "Config.Interval")
-	c, err := New(Config{Pool: pool})
+	_, err := NewCleaner(RetentionConfig{})
+	require.ErrorContains(t, err, "Config.Retention.Pool")
+	_, err = NewCleaner(RetentionConfig{Pool: pool, Window: time.Second})
+	require.ErrorContains(t, err, "Config.Retention.Window")
+	_, err = NewCleaner(RetentionConfig{Pool: pool, BatchSize: -1})
+	require.ErrorContains(t, err, "Config.Retention.BatchSize")
+	_, err = NewCleaner(RetentionConfig{Pool: pool, Interval: -time.Second})
+	require.ErrorContains(t, err, "Config.Retention.Interval")
+	c, err := NewCleaner(RetentionConfig{Pool: pool})
 	require.NoError(t, err)
-	require.Equal(t, DefaultWindow, c.cfg.Window)
+	require.Equal(t, DefaultDedupWindow, c.cfg.Window)
 }
 
 // TestMinimumWindowCoversTheDuplicateWindow: a dedup window shorter than an
@@ -154,25 +155,27 @@ func TestMinimumWindowCoversTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
 	pool := &pgxpool.Pool{}
 	for _, w := range []time.Duration{time.Minute, 2 * time.Minute, 59 * time.Minute} {
-		_, err := New(Config{Pool: pool, Window: w})
+		_, err := NewCleaner(RetentionConfig{Pool: pool, Window: w})
 		require.ErrorContains(t, err, "must be at least 1h0m0s", "window %s", w)
 	}
-	_, err := New(Config{Pool: pool, Window: time.Hour})
+	_, err := NewCleaner(RetentionConfig{Pool: pool, Window: time.Hour})
 	require.NoError(t, err)
 }
 
 // TestDeletesExpiredReleaseRecords: dependency release records older than the
-// window go; younger ones stay.
+// release horizon go, however much longer the dedup window is; younger ones
+// stay. The horizon is the only one: the worker runs no other pruning.
 func TestDeletesExpiredReleaseRecords(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO inbox_releases (waiting_for, released_at) VALUES
-		('order:old-1', now() - interval '8 days'), ('order:old-2', now() - interval '30 days'),
-		('order:old-3', now() - interval '9 days'), ('order:young', now() - interval '6 days')`)
+		('order:old-1', now() - interval '11 minutes'), ('order:old-2', now() - interval '30 days'),
+		('order:old-3', now() - interval '2 hours'), ('order:young', now() - interval '1 minute')`)
 	require.NoError(t, err)
-	c, err := New(Config{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
+	c, err := NewCleaner(RetentionConfig{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
 	require.NoError(t, err)
+	require.Equal(t, 10*time.Minute, c.cfg.ReleaseHorizon, "the default horizon: ten default leases, at least 10m")
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
 	var left []string
@@ -187,6 +190,19 @@ func TestDeletesExpiredReleaseRecords(t *testing.T) {
 	require.Equal(t, []string{"order:young"}, left)
 }
 
+// TestWorkerDerivesTheReleaseHorizonFromItsLease: a worker's upkeep keeps
+// Release records for ten of its leases, and at least ten minutes.
+func TestWorkerDerivesTheReleaseHorizonFromItsLease(t *testing.T) {
+	t.Parallel()
+	pool := &pgxpool.Pool{}
+	for lease, want := range map[time.Duration]time.Duration{time.Second: 10 * time.Minute, 2 * time.Minute: 20 * time.Minute} {
+		cfg := Config{Pool: pool, Lease: lease, HandlerTimeout: lease / 2}.WithDefaults()
+		require.Equal(t, want, cfg.Retention.ReleaseHorizon, "lease %s", lease)
+	}
+	cfg := Config{Pool: pool, Retention: RetentionConfig{ReleaseHorizon: time.Hour}}.WithDefaults()
+	require.Equal(t, time.Hour, cfg.Retention.ReleaseHorizon, "a horizon set is kept")
+}
+
 // TestPrunesTheDuplicateRecord: a run keeps only the newest DuplicatesMax
 // recorded duplicates, deleting the older ones over several batches, and
 // deletes receive counts older than a day.
@@ -199,7 +215,7 @@ func TestPrunesTheDuplicateRecord(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO inbox_receive_counts (minute, backend, received, duplicates)
 		VALUES (date_trunc('minute', now()), 1, 10, 1), (now() - interval '26 hours', 1, 10, 1), (now() - interval '2 days', 2, 5, 5)`)
 	require.NoError(t, err)
-	c, err := New(Config{Pool: pool, BatchSize: 4, Pause: time.Millisecond, DuplicatesMax: 7})
+	c, err := NewCleaner(RetentionConfig{Pool: pool, BatchSize: 4, Pause: time.Millisecond, DuplicatesMax: 7})
 	require.NoError(t, err)
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
@@ -222,11 +238,28 @@ func TestDeletesExpiredConflicts(t *testing.T) {
 		SELECT 'h', 'k' || i, 'message-id', 'a', 'b', '\x01', '\x02', now() - make_interval(days => i)
 		FROM generate_series(1, 10) AS i`)
 	require.NoError(t, err)
-	c, err := New(Config{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
+	c, err := NewCleaner(RetentionConfig{Pool: pool, BatchSize: 2, Pause: time.Millisecond})
 	require.NoError(t, err)
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts`).Scan(&left))
 	require.Equal(t, 6, left, "days 1 to 6 are inside the 7-day window")
+}
+
+// TestWorkerRetentionCanBeDisabled: Retention.Disabled builds a worker
+// without upkeep, and skips the upkeep's settings checks; otherwise a bad
+// setting fails NewWorker naming Config.Retention's field.
+func TestWorkerRetentionCanBeDisabled(t *testing.T) {
+	t.Parallel()
+	h := HandlerFunc(func(context.Context, pgx.Tx, *Event) error { return nil })
+	pool := &pgxpool.Pool{}
+	w, err := NewWorker(Config{Pool: pool, Handler: h})
+	require.NoError(t, err)
+	require.NotNil(t, w.cleaner)
+	w, err = NewWorker(Config{Pool: pool, Handler: h, Retention: RetentionConfig{Disabled: true, Window: time.Second}})
+	require.NoError(t, err)
+	require.Nil(t, w.cleaner)
+	_, err = NewWorker(Config{Pool: pool, Handler: h, Retention: RetentionConfig{Window: time.Second}})
+	require.ErrorContains(t, err, "inbox: Config.Retention.Window must be at least 1h0m0s, got 1s")
 }

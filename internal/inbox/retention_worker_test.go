@@ -1,0 +1,31 @@
+package inbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// TestWorkerRunsInboxRetention: a worker built with the default Config (as a
+// library user of pgrelay.NewInboxWorker builds it) runs the inbox's upkeep:
+// processed rows past the dedup window are deleted, younger ones and dead
+// ones stay.
+func TestWorkerRunsInboxRetention(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, received_at, finished_at) VALUES
+		('expired', 'processed', now() - interval '8 days', now() - interval '8 days'),
+		('young', 'processed', now() - interval '6 days', now() - interval '6 days'),
+		('dead-old', 'dead', now() - interval '60 days', now() - interval '60 days')`)
+	require.NoError(t, err)
+	startWorker(t, fastConfig(t, pool, ledger.Handler{}))
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'expired'`) == 0
+	}, 10*time.Second, 20*time.Millisecond, "the worker ran no inbox retention")
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id IN ('young', 'dead-old')`))
+}
