@@ -213,3 +213,15 @@ LIMIT 1;
 INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error, handler)
 VALUES ('inbox', @action::text, @event_id::text, @actor::text, @reason::text, @previous_attempts::int,
         sqlc.narg('previous_error')::text, @handler::text);
+
+-- name: OrderedSkipsSince :many
+-- OrderedSkipsSince counts the skips of @handler audited after audit id
+-- @after, by action, with the highest id seen: how a worker counts the skips
+-- made by any process (admin API or CLI).
+SELECT action, count(*)::bigint AS n, max(id)::bigint AS last_id
+FROM replay_audit
+WHERE handler = @handler::text AND action IN ('skip_gap', 'skip_dead') AND id > @after::bigint
+GROUP BY action;
+
+-- name: LastAuditID :one
+SELECT coalesce(max(id), 0)::bigint FROM replay_audit;

@@ -358,6 +358,17 @@ func (q *Queries) InsertOrderedSkipAudit(ctx context.Context, db DBTX, arg Inser
 	return err
 }
 
+const lastAuditID = `-- name: LastAuditID :one
+SELECT coalesce(max(id), 0)::bigint FROM replay_audit
+`
+
+func (q *Queries) LastAuditID(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, lastAuditID)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const listInboxOrderedKeys = `-- name: ListInboxOrderedKeys :many
 WITH w AS (
     SELECT i.handler, i.key, coalesce(s.last_applied, 0) AS last_applied, count(*)::bigint AS held,
@@ -502,6 +513,47 @@ func (q *Queries) LockInboxKeyStateRow(ctx context.Context, db DBTX, arg LockInb
 	var last_applied int64
 	err := row.Scan(&last_applied)
 	return last_applied, err
+}
+
+const orderedSkipsSince = `-- name: OrderedSkipsSince :many
+SELECT action, count(*)::bigint AS n, max(id)::bigint AS last_id
+FROM replay_audit
+WHERE handler = $1::text AND action IN ('skip_gap', 'skip_dead') AND id > $2::bigint
+GROUP BY action
+`
+
+type OrderedSkipsSinceParams struct {
+	Handler string
+	After   int64
+}
+
+type OrderedSkipsSinceRow struct {
+	Action string
+	N      int64
+	LastID int64
+}
+
+// OrderedSkipsSince counts the skips of @handler audited after audit id
+// @after, by action, with the highest id seen: how a worker counts the skips
+// made by any process (admin API or CLI).
+func (q *Queries) OrderedSkipsSince(ctx context.Context, db DBTX, arg OrderedSkipsSinceParams) ([]OrderedSkipsSinceRow, error) {
+	rows, err := db.Query(ctx, orderedSkipsSince, arg.Handler, arg.After)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OrderedSkipsSinceRow{}
+	for rows.Next() {
+		var i OrderedSkipsSinceRow
+		if err := rows.Scan(&i.Action, &i.N, &i.LastID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const recordInboxGaps = `-- name: RecordInboxGaps :exec

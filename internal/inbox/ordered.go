@@ -284,7 +284,19 @@ func (w *Worker) advance(ctx context.Context, tx pgx.Tx, applied []*Event) (int6
 // lost), makes wait the due events whose turn has not, notes gaps and reports
 // those open longer than Config.GapTimeout.
 func (w *Worker) scanOrdered(ctx context.Context) {
+	// Skips are counted from the audit trail, whoever made them; those made
+	// before this worker started are not counted again.
+	skipsSeen := int64(-1)
 	for {
+		if skipsSeen < 0 {
+			qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+			if id, err := w.q.LastAuditID(qctx, w.cfg.Pool); err == nil {
+				skipsSeen = id
+			}
+			cancel()
+		} else {
+			skipsSeen = w.countSkips(ctx, skipsSeen)
+		}
 		if err := w.scanOrderedOnce(ctx); err != nil && ctx.Err() == nil {
 			w.log.Warn("inbox: ordered scan", zap.Error(err))
 		}
@@ -296,6 +308,27 @@ func (w *Worker) scanOrdered(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// countSkips reports the skips audited after audit id seen and returns the
+// new highest id.
+func (w *Worker) countSkips(ctx context.Context, seen int64) int64 {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := w.q.OrderedSkipsSince(qctx, w.cfg.Pool, db.OrderedSkipsSinceParams{Handler: w.cfg.HandlerName, After: seen})
+	if err != nil {
+		return seen
+	}
+	for _, r := range rows {
+		switch r.Action {
+		case "skip_gap":
+			w.sequence(SeqGapSkipped, int(r.N))
+		case "skip_dead":
+			w.sequence(SeqDeadSkipped, int(r.N))
+		}
+		seen = max(seen, r.LastID)
+	}
+	return seen
 }
 
 func (w *Worker) scanOrderedOnce(ctx context.Context) error {
@@ -447,6 +480,9 @@ func SkipGap(ctx context.Context, pool txBeginner, s Skip, key string) (SkipResu
 		}); err != nil {
 			return fmt.Errorf("inbox: skip gap: %w", err)
 		}
+		if err := q.NotifyInbox(ctx, tx); err != nil {
+			return fmt.Errorf("inbox: skip gap: notify: %w", err)
+		}
 		return q.InsertOrderedSkipAudit(ctx, tx, db.InsertOrderedSkipAuditParams{
 			Action: "skip_gap", EventID: fmt.Sprintf("%s#%d-%d", key, res.From, res.To), Actor: s.Actor,
 			Reason: s.Reason, Handler: s.Handler,
@@ -491,6 +527,9 @@ func SkipDead(ctx context.Context, pool txBeginner, s Skip, eventID string) (Ski
 			Handler: s.Handler, Keys: []string{row.Key}, Seqs: []int64{*row.KeySeq},
 		}); err != nil {
 			return fmt.Errorf("inbox: skip dead: %w", err)
+		}
+		if err := q.NotifyInbox(ctx, tx); err != nil {
+			return fmt.Errorf("inbox: skip dead: notify: %w", err)
 		}
 		return q.InsertOrderedSkipAudit(ctx, tx, db.InsertOrderedSkipAuditParams{
 			Action: "skip_dead", EventID: eventID, Actor: s.Actor, Reason: s.Reason,

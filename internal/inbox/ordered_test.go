@@ -230,7 +230,8 @@ func TestOrderedSkipDeadAndSkipGap(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	h := applyLog(t, pool, func(ev *inbox.Event) bool { return ev.EventID == "d-2" })
-	startWorker(t, orderedConfig(t, pool, h, &seqObserver{}))
+	obs := &seqObserver{}
+	startWorker(t, orderedConfig(t, pool, h, obs))
 	ctx := context.Background()
 	op := inbox.Skip{Handler: inbox.DefaultHandlerName, Actor: "alice", Reason: "test"}
 
@@ -262,6 +263,10 @@ func TestOrderedSkipDeadAndSkipGap(t *testing.T) {
 	require.Equal(t, 2, queryInt(t, pool,
 		`SELECT count(*) FROM replay_audit WHERE action IN ('skip_gap', 'skip_dead') AND actor = 'alice' AND handler = 'default'`))
 	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM replay_audit WHERE event_id = 'g#2-3'`))
+	require.Eventually(t, func() bool {
+		return obs.get(inbox.SeqGapSkipped) == 1 && obs.get(inbox.SeqDeadSkipped) == 1
+	}, 10*time.Second, 20*time.Millisecond, "skips not counted from the audit trail")
+	require.Equal(t, 1, obs.get(inbox.SeqDuplicate), "the late skipped event was not absorbed")
 	_, err = inbox.SkipGap(ctx, pool, inbox.Skip{Handler: "default"}, "g")
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "actor"))
