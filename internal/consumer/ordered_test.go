@@ -58,7 +58,7 @@ func TestOrderedThroughTheBroker(t *testing.T) {
 		b.publishSeq(t, "e-"+s, "e-"+s, "k", s)
 	}
 	b.publishSeq(t, "e-3", "e-3-redelivered", "k", "3") // passes the broker's dedup; the inbox absorbs it
-	b.publishSeq(t, "e-2-again", "e-2-again", "k", "2")  // another event with an applied sequence
+	b.publishSeq(t, "e-2-again", "e-2-again", "k", "2") // another event with an applied sequence
 	b.publishSeq(t, "bad", "bad", "k", "two")
 
 	applied := func() []int64 {
