@@ -271,3 +271,52 @@ func TestOrderedSkipDeadAndSkipGap(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "actor"))
 }
+
+// TestOrderedUnderRetriesAndConcurrency: many keys, their events shuffled
+// across batches, four workers and a handler that fails transiently now and
+// then: every key applies 1..n exactly once, in order.
+func TestOrderedUnderRetriesAndConcurrency(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	h := applyLog(t, pool, nil)
+	flaky := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		mu.Lock()
+		// Every third event fails its first attempt.
+		fail := ev.KeySeq%3 == 0 && !failed[ev.EventID]
+		failed[ev.EventID] = true
+		mu.Unlock()
+		if fail {
+			return errors.New("transient")
+		}
+		return h.Handle(ctx, tx, ev)
+	})
+	cfg := orderedConfig(t, pool, flaky, &seqObserver{})
+	cfg.Workers, cfg.BatchSize = 4, 7
+	startWorker(t, cfg)
+
+	const keys, per = 20, 15
+	var msgs []inbox.Incoming
+	for k := range keys {
+		for s := 1; s <= per; s++ {
+			msgs = append(msgs, seqMsg(fmt.Sprintf("c%d-%d", k, s), fmt.Sprintf("c%d", k), int64(s)))
+		}
+	}
+	// A fixed shuffle, received in batches of 9.
+	for i := range msgs {
+		j := (i*7919 + 13) % len(msgs)
+		msgs[i], msgs[j] = msgs[j], msgs[i]
+	}
+	for i := 0; i < len(msgs); i += 9 {
+		receive(t, pool, msgs[i:min(i+9, len(msgs))]...)
+	}
+	want := make([]int64, per)
+	for i := range want {
+		want[i] = int64(i + 1)
+	}
+	for k := range keys {
+		waitSeqs(t, pool, fmt.Sprintf("c%d", k), want)
+	}
+	waitAllDone(t, pool, 10*time.Second)
+}

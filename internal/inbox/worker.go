@@ -351,6 +351,11 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 	durs := make([]time.Duration, len(evs))
 	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
 		if stopEarly() {
+			// Nothing commits: the duplicates the gate closed are handed
+			// back too (absorbed again by the next claim).
+			for _, r := range g.absorbed {
+				evs = append(evs, r.ev)
+			}
 			return nil, evs, nil, true, nil
 		}
 		start := time.Now()
