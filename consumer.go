@@ -157,6 +157,15 @@ type ConsumerConfig struct {
 	BackoffMin, BackoffMax time.Duration
 	// PollInterval is the fallback poll for due events. Default 1s.
 	PollInterval time.Duration
+	// Ordered applies the events of one key strictly in their per-key
+	// sequence (Pgrelay-Key-Seq): a key's later event waits while an earlier
+	// one is missing, retrying or dead; a duplicate sequence is absorbed.
+	// Events without a sequence are applied unordered. Default false. See
+	// README "Ordered apply".
+	Ordered bool
+	// GapTimeout is how long an ordered key may wait for a missing sequence
+	// before the gap is reported. Default 5m.
+	GapTimeout time.Duration
 
 	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9091".
 	// Default "": not served.
@@ -355,6 +364,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 				Window: cfg.DedupWindow, DuplicatesMax: cfg.DedupRecordMax,
 				Observer: metrics.NewRetentionObserver(pc.reg), Logger: cfg.Logger,
 			},
+			Ordered:        cfg.Ordered,
+			GapTimeout:     cfg.GapTimeout,
 		},
 		Logger: cfg.Logger,
 	})

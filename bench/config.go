@@ -78,7 +78,7 @@ type Config struct {
 }
 
 // Groups the benchmark knows, in the order it runs them.
-var allGroups = []string{"floor", "producer", "relay", "inbox", "e2e", "scale", "cost"}
+var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost"}
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {

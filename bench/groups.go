@@ -45,6 +45,8 @@ func (b *bench) declareFigures() {
 	// that also pays for writing the backlog: that would flatter it.
 	add("floor_producer_one", "producer", "producer floor: plain-table INSERT, 1/tx, "+strconv.Itoa(producerConns)+" connections", unitRate, "sql", "", nil, "")
 	add("producer_one", "producer", "producer: outbox INSERT (triggers), 1/tx, "+strconv.Itoa(producerConns)+" connections", unitRate, "sql", "floor_producer_one", ratio(0.8, "≥ 0.8× plain insert"), "")
+	add("producer_one_noseq", "producer", "  producer: outbox INSERT keyed by its own id (key lock, no per-key sequence), 1/tx", unitRate, "sql", "", nil, "")
+	add("producer_one_seq", "producer", "  producer with per-key sequences (= producer_one), against the same without", unitRate, "sql", "producer_one_noseq", nil, "")
 	add("floor_relay_mark", "relay", "  relay floor part: read & mark, "+batch+"/stmt", unitRate, "sql", "", nil, "")
 	add("floor_broker", "relay", "  relay floor part: JetStream async publish with msg ids, window "+batch, unitRate, "nats", "", nil, "")
 	add("floor_relay", "relay", "relay floor: read & mark then publish", unitRate, "sql+nats", "", nil, "1 / (1/read&mark + 1/broker), measured in the same run")
@@ -56,6 +58,8 @@ func (b *bench) declareFigures() {
 	}
 	add("relay_drain_default", "relay", "relay drain, the relay's default batch ("+strconv.Itoa(relay.DefaultBatchSize)+")", unitRate, "in-process", "floor_relay", nil, "")
 	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.5, "≥ 0.5× inbox floor"), "")
+	add("inbox_keyed_unordered", "inbox-ordered", "inbox drain, keyed events with sequences, unordered handler", unitRate, "in-process", "", nil, "")
+	add("inbox_keyed_ordered", "inbox-ordered", "inbox drain, the same events, ordered handler (--ordered)", unitRate, "in-process", "inbox_keyed_unordered", nil, "")
 
 	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.5, "≥ 0.5× combined floor"), "")
 	add("e2e_one", "e2e", "end to end, 1 event/tx", unitRate, "process", "floor_combined_one", ratio(0.7, "≥ 0.7× 1-event floor"), "")

@@ -71,11 +71,18 @@ func (b *bench) inboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error)
 // alongside the drain (for example a retention cleanup) and is cancelled when
 // the drain ends.
 func (b *bench) inboxDrain(ctx context.Context, pool *pgxpool.Pool, n int, during func(ctx context.Context) error) (time.Duration, error) {
+	return b.inboxDrainWith(ctx, pool, n, during, seedInboxPending, false)
+}
+
+// inboxDrainWith is inboxDrain with the backlog seeded by seed (id prefix,
+// count) and the worker in ordered mode when ordered is set.
+func (b *bench) inboxDrainWith(ctx context.Context, pool *pgxpool.Pool, n int, during func(ctx context.Context) error,
+	seed string, ordered bool) (time.Duration, error) {
 	before, err := count(ctx, pool, ledgerCount)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := pool.Exec(ctx, seedInboxPending, "bench-"+randomHex(4)+"-", n); err != nil {
+	if _, err := pool.Exec(ctx, seed, "bench-"+randomHex(4)+"-", n); err != nil {
 		return 0, fmt.Errorf("inbox backlog: %w", err)
 	}
 	if _, err := pool.Exec(ctx, "ANALYZE inbox"); err != nil {
@@ -83,7 +90,7 @@ func (b *bench) inboxDrain(ctx context.Context, pool *pgxpool.Pool, n int, durin
 	}
 	w, err := inbox.NewWorker(inbox.Config{
 		Pool: pool, Handler: ledger.Handler{}, Logger: b.log.Named("inbox"),
-		Workers: b.cfg.Workers, BatchSize: b.cfg.BatchSize,
+		Workers: b.cfg.Workers, BatchSize: b.cfg.BatchSize, Ordered: ordered,
 	})
 	if err != nil {
 		return 0, err
@@ -156,4 +163,45 @@ func count(ctx context.Context, pool *pgxpool.Pool, sql string) (int64, error) {
 		return 0, fmt.Errorf("count: %w", err)
 	}
 	return n, nil
+}
+
+// seedInboxKeyed inserts $2 pending OrderPaid events with ids $1 || i over
+// 1000 keys, each key's events carrying contiguous per-key sequences
+// 1, 2, 3, ... in id order, as the relay delivers them.
+const seedInboxKeyed = `INSERT INTO inbox (event_id, topic, key, key_seq, event_type, payload)
+SELECT $1::text || i, 'orders', 'order-' || (i % 1000), i / 1000 + 1, 'OrderPaid',
+       convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
+                                    'currency', 'EUR')::text, 'UTF8')
+FROM generate_series(0, $2::int - 1) AS i`
+
+// runOrderedInboxGroup drains the same backlog of keyed, sequenced events
+// with an unordered handler and with an ordered one (--ordered), each in a
+// fresh database: the ratio is what ordered apply costs the drain.
+func (b *bench) runOrderedInboxGroup(ctx context.Context) {
+	n := b.cfg.Events
+	for range b.cfg.Repeats {
+		for _, ordered := range []bool{false, true} {
+			id := "inbox_keyed_unordered"
+			if ordered {
+				id = "inbox_keyed_ordered"
+			}
+			b.attempt(ctx, id, []string{id}, func(ctx context.Context) error {
+				pool, err := b.inboxDB(ctx, 0)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				d, err := b.inboxDrainWith(ctx, pool, n, nil, seedInboxKeyed, ordered)
+				if err != nil {
+					return err
+				}
+				b.sample(id, rate(n, d))
+				return nil
+			})
+		}
+	}
+	note := fmt.Sprintf("backlog of %d over 1000 keys (%d per key, in sequence); %d workers × batch %d; ledger.Handler",
+		n, max(n/1000, 1), b.cfg.Workers, b.cfg.BatchSize)
+	b.note("inbox_keyed_unordered", note)
+	b.note("inbox_keyed_ordered", note+"; a key's events apply one batch after the other")
 }

@@ -36,6 +36,8 @@ func (b *bench) runPipelineGroup(ctx context.Context, group string) {
 			})
 		}
 		b.note("inbox_drain", fmt.Sprintf("backlog of %d; %d workers × batch %d; ledger.Handler", n, b.cfg.Workers, b.cfg.BatchSize))
+	case "inbox-ordered":
+		b.runOrderedInboxGroup(ctx)
 	case "scale":
 		b.runScaleGroup(ctx)
 	case "e2e":

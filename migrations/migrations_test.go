@@ -136,9 +136,12 @@ func TestDownRefusesToDropData(t *testing.T) {
 	exec(`INSERT INTO replay_audit (source, action, event_id, actor) VALUES ('inbox', 'purge', 'e1', 'alice')`)
 	exec(`INSERT INTO outbox (topic, key) VALUES ('orders', 'o1')`)
 	exec(`INSERT INTO inbox (event_id, topic) VALUES ('e3', 'orders')`)
+	exec(`INSERT INTO inbox_key_state (handler, key, last_applied) VALUES ('default', 'o1', 3)`)
 
 	// Each guarded table, the statement that empties it, in rollback order.
 	guarded := []struct{ migration, empty string }{
+		{"00086_inbox_ordered.sql", `DELETE FROM inbox_key_state`},
+		{"00085_outbox_key_seqs.sql", `DELETE FROM outbox_key_seqs`}, // o1's sequence
 		{"00010_replay_audit.sql", `DELETE FROM replay_audit`},
 		{"00003_outbox.sql", `UPDATE outbox SET status = 'published'`}, // published rows may go
 		{"00001_inbox.sql", `DELETE FROM inbox`},

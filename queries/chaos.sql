@@ -27,3 +27,12 @@ SELECT (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS outbox_
        (SELECT count(*) FROM outbox)::bigint AS outbox_total,
        (SELECT count(*) FROM inbox)::bigint AS inbox_total,
        (SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open;
+
+-- name: ChaosInboxOrder :many
+-- ChaosInboxOrder lists the inbox rows that carry a per-key sequence, by
+-- handler, key and sequence, with when each was applied: the fault-test
+-- checker's per-key apply order of an ordered handler.
+SELECT handler, key, key_seq::bigint AS key_seq, event_id, status, finished_at
+FROM inbox
+WHERE key_seq IS NOT NULL
+ORDER BY handler, key, key_seq, finished_at;

@@ -23,15 +23,17 @@ WITH m AS (
            unnest(@payloads::bytea[]) AS payload,
            unnest(@headers::jsonb[]) AS headers,
            unnest(@occurred_ats::timestamptz[]) AS occurred_at,
-           unnest(@dead_reasons::text[]) AS dead_reason
+           unnest(@dead_reasons::text[]) AS dead_reason,
+           unnest(@key_seqs::bigint[]) AS key_seq
 ), ins AS (
     INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
-                       headers, occurred_at, status, last_error, finished_at)
+                       headers, occurred_at, status, last_error, finished_at, key_seq)
     SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
            NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END,
+           NULLIF(m.key_seq, 0)
     FROM m
     ON CONFLICT (handler, dedup_key) DO NOTHING
     RETURNING handler, dedup_key
@@ -125,7 +127,7 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error;
+          inbox.last_error, inbox.key_seq;
 
 -- name: ClaimInboxLost :many
 -- ClaimInboxLost takes over up to @batch_size events whose lease expired while
@@ -159,7 +161,7 @@ WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error;
+          inbox.last_error, inbox.key_seq;
 
 -- name: MarkInboxProcessed :execrows
 -- MarkInboxProcessed records that the event's handler committed; a deferral's

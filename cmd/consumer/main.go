@@ -72,6 +72,8 @@ type settings struct {
 	logLevel        string
 	logFormat       string
 	db              cli.DBSettings
+	ordered         bool
+	gapTimeout      time.Duration
 }
 
 // The command's own defaults: the operator endpoints' addresses (the relay's
@@ -89,6 +91,8 @@ var envKinds = map[string]string{
 	"CONSUMER_MAX_WAIT":          "duration",
 	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
 	"CONSUMER_WORKERS":           "int",
+	"CONSUMER_ORDERED":           "bool",
+	"CONSUMER_GAP_TIMEOUT":       "duration",
 	"CONSUMER_WORKER_BATCH_SIZE": "int",
 	"CONSUMER_MAX_ATTEMPTS":      "int",
 	"CONSUMER_LEASE":             "duration",
@@ -105,6 +109,8 @@ var flagOf = map[string]string{
 	"MaxAttempts":                  "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
 	"HandlerTimeout":               "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
 	"Lease":                        "--lease (CONSUMER_LEASE)",
+	"GapTimeout":                   "--gap-timeout (CONSUMER_GAP_TIMEOUT)",
+	"DedupRecordMax":               "--dedup-record-max (DEDUP_RECORD_MAX)",
 	"HandlerName":                  "--handler-name (CONSUMER_HANDLER_NAME)",
 	"DedupKeyByTopic":              "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
 	"DedupKey":                     "--dedup-key (CONSUMER_DEDUP_KEY)",
@@ -179,6 +185,8 @@ the reason and acknowledged, never dropped.`,
 	f.StringVar(&s.sqlFunction, "sql-function", cli.EnvString("CONSUMER_SQL_FUNCTION", ""), "with --handler sql: the function called with each event in the inbox transaction, name or schema.name, taking "+handlers.SQLSignature+" (CONSUMER_SQL_FUNCTION)")
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
+	f.BoolVar(&s.ordered, "ordered", cli.EnvBool("CONSUMER_ORDERED", false), "apply each key's events strictly in their per-key sequence (Pgrelay-Key-Seq): later events wait for a missing, retrying or dead earlier one; duplicates are absorbed (CONSUMER_ORDERED)")
+	f.DurationVar(&s.gapTimeout, "gap-timeout", cli.EnvDuration("CONSUMER_GAP_TIMEOUT", inbox.DefaultGapTimeout), "with --ordered: how long a key waits for a missing sequence before the gap is reported (consumer gaps list/skip) (CONSUMER_GAP_TIMEOUT)")
 	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
@@ -288,6 +296,8 @@ func runConsumer(parent context.Context, s settings) error {
 		MaxAttempts:     s.maxAttempts,
 		Lease:           s.lease,
 		HandlerTimeout:  s.handlerTimeout,
+		Ordered:         s.ordered,
+		GapTimeout:      s.gapTimeout,
 		MetricsAddr:     s.ops.MetricsAddr,
 		AdminAddr:       s.ops.AdminAddr,
 		AdminToken:      s.ops.AdminToken,

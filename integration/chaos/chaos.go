@@ -75,6 +75,10 @@ type Config struct {
 	// server with rabbitmqctl stop_app / start_app. A NATS run always
 	// restarts its private server. Default false.
 	BrokerRestart bool
+	// Ordered runs the consumers with --ordered, and the checker then also
+	// checks each key's apply order: sequences applied one after the other,
+	// none while an earlier one was unapplied, none missing. Default false.
+	Ordered bool
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.
@@ -296,7 +300,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	defer ccancel()
 	rep, err := check(cctx, checkInput{
 		pool: r.pool, readLog: r.broker.readLog,
-		injected: r.injected.snapshot(), acknowledged: r.prod.acknowledged(),
+		injected: r.injected.snapshot(), acknowledged: r.prod.acknowledged(), ordered: r.cfg.Ordered,
 	})
 	if err != nil {
 		return nil, err
@@ -354,6 +358,9 @@ func (r *run) startServices(binDir, dbURL, brokerAddr string) error {
 			"CONSUMER_LEASE="+r.cfg.ConsumerLease.String(), "CONSUMER_HANDLER_TIMEOUT=2s",
 			"CONSUMER_MAX_ATTEMPTS=50", "CONSUMER_STATS_INTERVAL=10s", "CONSUMER_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
+		if r.cfg.Ordered {
+			env = append(env, "CONSUMER_ORDERED=true", "CONSUMER_GAP_TIMEOUT=30s")
+		}
 		s := &service{name: name, metricsAddr: fmt.Sprintf("127.0.0.1:%d", addr),
 			proc: proc.New(name, filepath.Join(binDir, "consumer"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
 		r.cons = append(r.cons, s)

@@ -14,6 +14,7 @@ var (
 	flagDuration = flag.Duration("chaos.duration", 0, "fault phase of one long run (e.g. 20m); 0 runs the short CI mode: a fixed seed and a random one")
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the run; 0 picks a random one (printed)")
 	flagWorkDir  = flag.String("chaos.workdir", "", "directory kept with the services' logs; default a temporary one, removed when the run passes")
+	flagOrdered  = flag.Bool("chaos.ordered", false, "run the consumers with --ordered and check each key's apply order (the short CI mode's random-seed run always does)")
 	flagBroker   = flag.String("chaos.broker", "", "broker of the runs: nats or rabbitmq (RabbitMQ at AMQP_URL, default the local one, restarted with rabbitmqctl); empty: the short CI mode's NATS runs and a short RabbitMQ run")
 )
 
@@ -41,6 +42,7 @@ func TestChaos(t *testing.T) {
 		seed     uint64
 		duration time.Duration
 		broker   string
+		ordered  bool
 	}
 	// An explicit -chaos.broker rabbitmq run may restart RabbitMQ.
 	restart := *flagBroker == BrokerRabbitMQ
@@ -51,14 +53,16 @@ func TestChaos(t *testing.T) {
 		if seed == 0 {
 			seed = rand.Uint64N(1<<31) + 2
 		}
-		runs = []runSpec{{"long", seed, *flagDuration, *flagBroker}}
+		runs = []runSpec{{"long", seed, *flagDuration, *flagBroker, *flagOrdered}}
 	case *flagSeed != 0:
-		runs = []runSpec{{"seeded", *flagSeed, 60 * time.Second, *flagBroker}}
+		runs = []runSpec{{"seeded", *flagSeed, 60 * time.Second, *flagBroker, *flagOrdered}}
 	case *flagBroker != "":
-		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, *flagBroker}, {"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, *flagBroker}}
+		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, *flagBroker, *flagOrdered},
+			{"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, *flagBroker, true}}
 	default:
-		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, BrokerNATS}, {"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, BrokerNATS},
-			{"rabbitmq", rand.Uint64N(1<<31) + 2, 20 * time.Second, BrokerRabbitMQ}}
+		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, BrokerNATS, *flagOrdered},
+			{"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, BrokerNATS, true},
+			{"rabbitmq", rand.Uint64N(1<<31) + 2, 20 * time.Second, BrokerRabbitMQ, *flagOrdered}}
 	}
 	amqpURL := os.Getenv("AMQP_URL")
 	binDir := binaries(t)
@@ -70,10 +74,13 @@ func TestChaos(t *testing.T) {
 			t.Logf("chaos seed %d on %s (rerun: make chaos SEED=%d BROKER=%s)", spec.seed, spec.broker, spec.seed, spec.broker)
 			rep, err := Run(ctx, Config{
 				Seed: spec.seed, Duration: spec.duration, BinDir: binDir, WorkDir: *flagWorkDir, Out: testWriter{t},
-				Broker: spec.broker, AMQPURL: amqpURL, BrokerRestart: restart,
+				Broker: spec.broker, AMQPURL: amqpURL, BrokerRestart: restart, Ordered: spec.ordered,
 			})
 			if err != nil {
 				t.Fatalf("seed %d: %v", spec.seed, err)
+			}
+			if spec.ordered && rep.OrderedKeys == 0 {
+				t.Fatalf("seed %d: an ordered run checked no key's apply order", spec.seed)
 			}
 			if rep.Produced == 0 || rep.Credits == 0 || len(rep.Faults) == 0 {
 				t.Fatalf("seed %d: the run proved nothing: %d events, %d credits, %d fault kinds", spec.seed, rep.Produced, rep.Credits, len(rep.Faults))

@@ -26,6 +26,7 @@ type checkInput struct {
 	readLog      func(context.Context) ([]streamMsg, error) // every message the broker stored, in order
 	injected     map[string]expectation
 	acknowledged []string
+	ordered      bool // the consumers ran with --ordered: check each key's apply order
 }
 
 // Report is a chaos run's outcome.
@@ -57,6 +58,8 @@ type Report struct {
 
 	DeadLetters []string // "event_id (type): reason"
 	Violations  []string
+
+	OrderedKeys int // keys whose apply order was checked (ordered runs)
 }
 
 // OK reports whether the run found no violation.
@@ -245,9 +248,61 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 			seq uint64
 		}{o.ID, o.EventID, seq}
 	}
+	if in.ordered {
+		order, err := q.ChaosInboxOrder(ctx, in.pool)
+		if err != nil {
+			return nil, fmt.Errorf("chaos: read inbox order: %w", err)
+		}
+		rep.OrderedKeys = checkApplyOrder(order, fail)
+	}
 	sort.Strings(violations)
 	rep.Violations = violations
 	return rep, nil
+}
+
+// checkApplyOrder checks the per-key apply order of an ordered handler (rows
+// sorted by handler, key, sequence): each key's sequences are 1, 2, 3, ...
+// with none missing or repeated, a sequence is applied only when every earlier
+// one is, and never before an earlier one (a later sequence's batch starts
+// after the earlier one's committed, so finished_at never goes back). It
+// returns how many keys it checked.
+func checkApplyOrder(rows []db.ChaosInboxOrderRow, fail func(string, ...any)) int {
+	keys := 0
+	for i := 0; i < len(rows); {
+		j := i
+		for j < len(rows) && rows[j].Handler == rows[i].Handler && rows[j].Key == rows[i].Key {
+			j++
+		}
+		keys++
+		key := rows[i].Key
+		var prevApplied *time.Time
+		unapplied := ""
+		for n, r := range rows[i:j] {
+			want := int64(n + 1)
+			if r.KeySeq != want {
+				fail("ordered key %s: sequence %d missing or repeated (found %d, event %s)", key, want, r.KeySeq, r.EventID)
+				break
+			}
+			if r.Status != "processed" {
+				if unapplied == "" {
+					unapplied = fmt.Sprintf("%d (event %s, %s)", r.KeySeq, r.EventID, r.Status)
+				}
+				continue
+			}
+			if unapplied != "" {
+				fail("ordered key %s: sequence %d (event %s) applied while sequence %s was not", key, r.KeySeq, r.EventID, unapplied)
+			}
+			if r.FinishedAt != nil {
+				if prevApplied != nil && r.FinishedAt.Before(*prevApplied) {
+					fail("ordered key %s: sequence %d (event %s) applied at %s, before sequence %d at %s", key, r.KeySeq,
+						r.EventID, r.FinishedAt.Format(time.RFC3339Nano), r.KeySeq-1, prevApplied.Format(time.RFC3339Nano))
+				}
+				prevApplied = r.FinishedAt
+			}
+		}
+		i = j
+	}
+	return keys
 }
 
 type idCount struct {
@@ -337,6 +392,9 @@ func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "  fenced commits                 %8d inbox (%d logged), %d relay marks logged (%d counted)\n", r.InboxFenced, r.InboxFencedLogLines, r.RelayFenced, r.RelayFencedScraped)
 	fmt.Fprintf(w, "  lease takeovers                %8d inbox claims, %d relay partitions logged (%d counted)\n", r.InboxTakeovers, r.RelayTakeovers, r.RelayTakeoversScraped)
 	fmt.Fprintf(w, "  service restarts               %8d\n", r.Restarts)
+	if r.OrderedKeys > 0 {
+		fmt.Fprintf(w, "  ordered keys (apply order)     %8d checked\n", r.OrderedKeys)
+	}
 	total := 0
 	for _, n := range r.Faults {
 		total += n

@@ -19,6 +19,8 @@ type Stats struct {
 	Dedup *DedupStats `json:"dedup,omitempty"`
 	// AuditTableBytes is the replay audit table's size on disk.
 	AuditTableBytes int64 `json:"audit_table_bytes"`
+	// Ordered describes the waiting keys of ordered handlers.
+	Ordered OrderedStats `json:"ordered"`
 }
 
 // InboxStats describes the inbox table.
@@ -134,6 +136,9 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 		return nil, fmt.Errorf("admin: stats: audit table size: %w", err)
 	}
 	st.AuditTableBytes = audit
+	if st.Ordered, err = s.orderedStats(ctx); err != nil {
+		return nil, err
+	}
 	if s.cfg.Counters != nil {
 		if received, dups, ok := s.cfg.Counters(); ok {
 			st.Dedup = &DedupStats{Received: received, Duplicates: dups}

@@ -20,6 +20,7 @@ const (
 	ReasonMissingEventType  = "missing event type"
 	ReasonInvalidHeader     = "invalid header"
 	ReasonInvalidOccurredAt = "invalid occurred-at"
+	ReasonInvalidKeySeq     = "invalid key sequence"
 	ReasonPayloadTooLarge   = "payload too large"
 	ReasonPayloadNotUTF8    = "payload is not valid UTF-8"
 )
@@ -75,6 +76,9 @@ func EncodeHeaders(m Message) map[string]string {
 	h[event.HeaderEventID] = m.EventID
 	h[event.HeaderTopic] = m.Topic
 	h[event.HeaderKey] = m.Key
+	if m.KeySeq > 0 {
+		h[event.HeaderKeySeq] = strconv.FormatInt(m.KeySeq, 10)
+	}
 	if m.EventType != "" {
 		h[event.HeaderEventType] = m.EventType
 	}
@@ -168,6 +172,19 @@ func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	}
 	if key, ok := header(event.HeaderKey); ok {
 		m.Key = text(event.HeaderKey, key)
+	}
+	if seq, ok := header(event.HeaderKeySeq); ok {
+		// A sequence the consumer cannot read would silently break a key's
+		// order: the delivery is stored dead, saying why.
+		n, err := strconv.ParseInt(seq, 10, 64)
+		switch {
+		case err != nil || n <= 0:
+			fail("%s: %s %q is not a positive decimal integer", ReasonInvalidKeySeq, event.HeaderKeySeq, Truncate(Printable(seq), 64))
+		case m.Key == "":
+			fail("%s: %s %d without a %s header", ReasonInvalidKeySeq, event.HeaderKeySeq, n, event.HeaderKey)
+		default:
+			m.KeySeq = n
+		}
 	}
 	if ct, ok := header(event.HeaderContentType); ok {
 		m.ContentType = text(event.HeaderContentType, ct)

@@ -294,3 +294,30 @@ func TestDecodeBinaryPayload(t *testing.T) {
 		require.NotContains(t, got.Message.Headers, event.HeaderContentType)
 	}
 }
+
+// TestDecodeKeySeq: Pgrelay-Key-Seq comes back as Message.KeySeq, and
+// EncodeHeaders writes it only when set; a sequence the consumer cannot read
+// stores the delivery dead with the reason.
+func TestDecodeKeySeq(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	d.Header[event.HeaderKeySeq] = []string{"17"}
+	got := decode(t, d)
+	require.Empty(t, got.DeadReason)
+	require.EqualValues(t, 17, got.Message.KeySeq)
+
+	require.Equal(t, "17", EncodeHeaders(event.Message{Key: "k", KeySeq: 17})[event.HeaderKeySeq])
+	require.NotContains(t, EncodeHeaders(event.Message{Key: "k"}), event.HeaderKeySeq)
+
+	for _, bad := range []string{"", "0", "-3", "x1", "1.5", "99999999999999999999"} {
+		d := goodDelivery()
+		d.Header[event.HeaderKeySeq] = []string{bad}
+		got := decode(t, d)
+		require.True(t, strings.HasPrefix(got.DeadReason, ReasonInvalidKeySeq), "%q: %q", bad, got.DeadReason)
+		require.Zero(t, got.Message.KeySeq)
+	}
+	d = goodDelivery()
+	delete(d.Header, event.HeaderKey)
+	d.Header[event.HeaderKeySeq] = []string{"2"}
+	require.Contains(t, decode(t, d).DeadReason, "without a "+event.HeaderKey)
+}

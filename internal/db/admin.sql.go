@@ -12,7 +12,7 @@ import (
 )
 
 const adminGetInboxEvent = `-- name: AdminGetInboxEvent :many
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint FROM inbox
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint, key_seq FROM inbox
 WHERE event_id = $1
   AND ($2::text IS NULL OR handler = $2::text)
 ORDER BY handler
@@ -60,6 +60,7 @@ func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, arg AdminGetI
 			&i.KeyStrategy,
 			&i.DedupKey,
 			&i.Fingerprint,
+			&i.KeySeq,
 		); err != nil {
 			return nil, err
 		}

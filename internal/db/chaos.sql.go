@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 )
 
 const chaosInboxEvents = `-- name: ChaosInboxEvents :many
@@ -41,6 +42,52 @@ func (q *Queries) ChaosInboxEvents(ctx context.Context, db DBTX) ([]ChaosInboxEv
 			&i.Attempts,
 			&i.LastError,
 			&i.LeaseExpired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const chaosInboxOrder = `-- name: ChaosInboxOrder :many
+SELECT handler, key, key_seq::bigint AS key_seq, event_id, status, finished_at
+FROM inbox
+WHERE key_seq IS NOT NULL
+ORDER BY handler, key, key_seq, finished_at
+`
+
+type ChaosInboxOrderRow struct {
+	Handler    string
+	Key        string
+	KeySeq     int64
+	EventID    string
+	Status     string
+	FinishedAt *time.Time
+}
+
+// ChaosInboxOrder lists the inbox rows that carry a per-key sequence, by
+// handler, key and sequence, with when each was applied: the fault-test
+// checker's per-key apply order of an ordered handler.
+func (q *Queries) ChaosInboxOrder(ctx context.Context, db DBTX) ([]ChaosInboxOrderRow, error) {
+	rows, err := db.Query(ctx, chaosInboxOrder)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ChaosInboxOrderRow{}
+	for rows.Next() {
+		var i ChaosInboxOrderRow
+		if err := rows.Scan(
+			&i.Handler,
+			&i.Key,
+			&i.KeySeq,
+			&i.EventID,
+			&i.Status,
+			&i.FinishedAt,
 		); err != nil {
 			return nil, err
 		}

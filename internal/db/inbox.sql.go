@@ -40,7 +40,7 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error
+          inbox.last_error, inbox.key_seq
 `
 
 type ClaimInboxParams struct {
@@ -68,6 +68,7 @@ type ClaimInboxRow struct {
 	LockVersion int64
 	WaitingFor  *string
 	LastError   *string
+	KeySeq      *int64
 }
 
 // ClaimInbox moves up to @batch_size due pending events to processing under a
@@ -113,6 +114,7 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 			&i.LockVersion,
 			&i.WaitingFor,
 			&i.LastError,
+			&i.KeySeq,
 		); err != nil {
 			return nil, err
 		}
@@ -150,7 +152,7 @@ WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error
+          inbox.last_error, inbox.key_seq
 `
 
 type ClaimInboxLostParams struct {
@@ -178,6 +180,7 @@ type ClaimInboxLostRow struct {
 	LockVersion int64
 	WaitingFor  *string
 	LastError   *string
+	KeySeq      *int64
 }
 
 // ClaimInboxLost takes over up to @batch_size events whose lease expired while
@@ -218,6 +221,7 @@ func (q *Queries) ClaimInboxLost(ctx context.Context, db DBTX, arg ClaimInboxLos
 			&i.LockVersion,
 			&i.WaitingFor,
 			&i.LastError,
+			&i.KeySeq,
 		); err != nil {
 			return nil, err
 		}
@@ -268,7 +272,7 @@ func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams)
 }
 
 const getInbox = `-- name: GetInbox :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint FROM inbox WHERE handler = $1 AND dedup_key = $2
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint, key_seq FROM inbox WHERE handler = $1 AND dedup_key = $2
 `
 
 type GetInboxParams struct {
@@ -305,6 +309,7 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (In
 		&i.KeyStrategy,
 		&i.DedupKey,
 		&i.Fingerprint,
+		&i.KeySeq,
 	)
 	return i, err
 }
@@ -371,22 +376,24 @@ WITH m AS (
            unnest($9::bytea[]) AS payload,
            unnest($10::jsonb[]) AS headers,
            unnest($11::timestamptz[]) AS occurred_at,
-           unnest($12::text[]) AS dead_reason
+           unnest($12::text[]) AS dead_reason,
+           unnest($13::bigint[]) AS key_seq
 ), ins AS (
     INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
-                       headers, occurred_at, status, last_error, finished_at)
+                       headers, occurred_at, status, last_error, finished_at, key_seq)
     SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
            NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END
+           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END,
+           NULLIF(m.key_seq, 0)
     FROM m
     ON CONFLICT (handler, dedup_key) DO NOTHING
     RETURNING handler, dedup_key
 ), rep AS (
-    SELECT unnest($13::text[]) AS handler,
-           unnest($14::text[]) AS dedup_key,
-           unnest($15::text[]) AS event_id
+    SELECT unnest($14::text[]) AS handler,
+           unnest($15::text[]) AS dedup_key,
+           unnest($16::text[]) AS event_id
 ), dup AS (
     INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
     SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
@@ -403,13 +410,13 @@ WITH m AS (
         JOIN m ON m.handler = r.handler AND m.dedup_key = r.dedup_key
         LEFT JOIN inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
     ) AS d
-    WHERE $16::boolean
+    WHERE $17::boolean
 ), counts AS (
     INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
     SELECT date_trunc('minute', now()), pg_backend_pid(),
            (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
            (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
-    WHERE $16::boolean
+    WHERE $17::boolean
     ON CONFLICT (minute, backend) DO UPDATE
     SET received = c.received + excluded.received,
         duplicates = c.duplicates + excluded.duplicates
@@ -430,6 +437,7 @@ type InsertInboxParams struct {
 	Headers           []json.RawMessage
 	OccurredAts       []time.Time
 	DeadReasons       []string
+	KeySeqs           []int64
 	RepeatedHandlers  []string
 	RepeatedDedupKeys []string
 	RepeatedEventIds  []string
@@ -465,6 +473,7 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 		arg.Headers,
 		arg.OccurredAts,
 		arg.DeadReasons,
+		arg.KeySeqs,
 		arg.RepeatedHandlers,
 		arg.RepeatedDedupKeys,
 		arg.RepeatedEventIds,

@@ -56,6 +56,7 @@ type Inbox struct {
 	KeyStrategy      string
 	DedupKey         string
 	Fingerprint      []byte
+	KeySeq           *int64
 }
 
 type InboxConflict struct {
@@ -81,6 +82,16 @@ type InboxDuplicate struct {
 	Handler            string
 	OriginalReceivedAt *time.Time
 	SeenAt             time.Time
+}
+
+type InboxKeyState struct {
+	Handler       string
+	Key           string
+	LastApplied   int64
+	MissingSeq    *int64
+	GapSince      *time.Time
+	GapReportedAt *time.Time
+	UpdatedAt     time.Time
 }
 
 type InboxReceiveCount struct {
@@ -131,6 +142,12 @@ type Outbox struct {
 	LastError     *string
 	Partition     int32
 	DeadAt        *time.Time
+	KeySeq        *int64
+}
+
+type OutboxKeySeq struct {
+	Key string
+	Seq int64
 }
 
 type RelayNode struct {

@@ -237,7 +237,7 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 }
 
 const pendingBatch = `-- name: PendingBatch :many
-SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at
+SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq
 FROM outbox
 WHERE partition >= $1::int AND partition <= $1::int AND status = 'pending'
   AND id <> ALL($2::bigint[])
@@ -261,6 +261,7 @@ type PendingBatchRow struct {
 	Headers    json.RawMessage
 	OccurredAt time.Time
 	CreatedAt  time.Time
+	KeySeq     *int64
 }
 
 // PendingBatch reads the oldest pending rows of one partition, in id order.
@@ -291,6 +292,7 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 			&i.Headers,
 			&i.OccurredAt,
 			&i.CreatedAt,
+			&i.KeySeq,
 		); err != nil {
 			return nil, err
 		}

@@ -24,6 +24,14 @@ type Message struct {
 	// Key is the ordering key: events with the same key are published in
 	// commit order (for example the order id).
 	Key string
+	// KeySeq is the event's per-key sequence: 1, 2, 3, ... for the events of
+	// one explicit Key, contiguous and in commit order, assigned by the
+	// outbox when the event is stored and carried as the HeaderKeySeq broker
+	// header. Zero means none: an event without an explicit key, or one
+	// that never went through pgrelay's outbox. The outbox ignores a value
+	// set by the producer. An ordered inbox handler applies a key's events
+	// strictly in this order.
+	KeySeq int64
 	// EventType names the event's schema (for example "OrderPaid").
 	EventType string
 	// Payload is the event body: any bytes (JSON, protobuf, Avro, ...).
@@ -102,10 +110,12 @@ func NormalizeOccurredAt(t time.Time) (time.Time, error) {
 // maps them onto its broker and owns its broker's own names (Nats-Msg-Id, an
 // AMQP message-id, a Kafka record key).
 const (
-	HeaderEventID    = "Pgrelay-Event-Id"
-	HeaderEventType  = "Pgrelay-Event-Type"
-	HeaderTopic      = "Pgrelay-Topic"
-	HeaderKey        = "Pgrelay-Key"
+	HeaderEventID   = "Pgrelay-Event-Id"
+	HeaderEventType = "Pgrelay-Event-Type"
+	HeaderTopic     = "Pgrelay-Topic"
+	HeaderKey       = "Pgrelay-Key"
+	// HeaderKeySeq carries Message.KeySeq in decimal; absent when zero.
+	HeaderKeySeq     = "Pgrelay-Key-Seq"
 	HeaderOccurredAt = "Pgrelay-Occurred-At" // RFC 3339 with nanoseconds
 	// HeaderCausationID is the event id of the event whose handling produced
 	// this one. It is kept in Message.Headers under this very name, stored

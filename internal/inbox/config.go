@@ -73,6 +73,19 @@ type Config struct {
 	// Its Pool and Logger default to this Config's, its ReleaseHorizon to ten
 	// leases (at least 10m).
 	Retention RetentionConfig
+	// Ordered applies the events of one key strictly in their per-key
+	// sequence (Message.KeySeq, the Pgrelay-Key-Seq header): a key's later
+	// event never runs while an earlier one is unapplied (missing, retrying
+	// or dead); a sequence at or below the last applied one is absorbed as a
+	// duplicate without running the handler. Events without a sequence are
+	// applied unordered. Default: false (every event applied as soon as it is
+	// due). See ordered.go.
+	Ordered bool
+	// GapTimeout is how long, in ordered mode, a key may wait for a missing
+	// sequence before the gap is reported (log, metric, stats, admin API);
+	// the key keeps waiting until the sequence arrives or an operator skips
+	// it. Default: 5m.
+	GapTimeout time.Duration
 }
 
 // Defaults for Config.
@@ -90,6 +103,7 @@ const (
 	DefaultPollInterval    = time.Second
 	DefaultQueryTimeout    = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultGapTimeout      = 5 * time.Minute
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -126,6 +140,7 @@ func (c Config) WithDefaults() Config {
 	}
 	setDefault(&c.Retention.ReleaseHorizon, releaseHorizon(c.Lease))
 	c.Retention = c.Retention.WithDefaults()
+	setDefault(&c.GapTimeout, DefaultGapTimeout)
 	return c
 }
 
@@ -163,10 +178,10 @@ func (c Config) validate() error {
 	positive := map[string]time.Duration{
 		"Lease": c.Lease, "HandlerTimeout": c.HandlerTimeout, "BackoffMin": c.BackoffMin,
 		"BackoffMax": c.BackoffMax, "DeferFallback": c.DeferFallback, "PollInterval": c.PollInterval,
-		"QueryTimeout": c.QueryTimeout, "ShutdownTimeout": c.ShutdownTimeout,
+		"QueryTimeout": c.QueryTimeout, "ShutdownTimeout": c.ShutdownTimeout, "GapTimeout": c.GapTimeout,
 	}
 	for _, name := range []string{"Lease", "HandlerTimeout", "BackoffMin", "BackoffMax", "DeferFallback",
-		"PollInterval", "QueryTimeout", "ShutdownTimeout"} {
+		"PollInterval", "QueryTimeout", "ShutdownTimeout", "GapTimeout"} {
 		if positive[name] < 0 {
 			bad(name, "must be positive, got %s", positive[name])
 		}

@@ -29,6 +29,8 @@ type Event struct {
 	LockVersion int64
 	// LastError is the error recorded by the previous attempt, if any.
 	LastError string
+
+	heldBack bool // ordered mode: handed back out of order by this claim
 }
 
 // Handler runs an event's side effect. It must do all its database work in tx:
@@ -79,13 +81,30 @@ func fromClaimRow(r db.ClaimInboxRow) claimed {
 	c := claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
 		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
 	c.ev.Handler, c.ev.DedupKey = r.Handler, r.DedupKey
+	c.ev.KeySeq = seqOf(r.KeySeq)
 	return c
+}
+
+func fromOrderedRow(r db.ClaimInboxOrderedRow) claimed {
+	c := claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
+		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
+	c.ev.Handler, c.ev.DedupKey = r.Handler, r.DedupKey
+	c.ev.KeySeq = seqOf(r.KeySeq)
+	return c
+}
+
+func seqOf(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 func fromLostRow(r db.ClaimInboxLostRow) claimed {
 	c := claimed{status: r.Status, ev: newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload,
 		r.Headers, r.OccurredAt, r.ReceivedAt, r.Attempts, r.Deferrals, r.LockVersion, r.LastError)}
 	c.ev.Handler, c.ev.DedupKey = r.Handler, r.DedupKey
+	c.ev.KeySeq = seqOf(r.KeySeq)
 	return c
 }
 

@@ -271,6 +271,7 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			p.Headers = append(p.Headers, headers)
 			p.OccurredAts = append(p.OccurredAts, occurred)
 			p.DeadReasons = append(p.DeadReasons, deadReason)
+			p.KeySeqs = append(p.KeySeqs, m.KeySeq)
 		}
 	}
 	sortRows(&p)
@@ -395,6 +396,7 @@ func sortRows(p *db.InsertInboxParams) {
 	p.Headers = permute(p.Headers, idx)
 	p.OccurredAts = permute(p.OccurredAts, idx)
 	p.DeadReasons = permute(p.DeadReasons, idx)
+	p.KeySeqs = permute(p.KeySeqs, idx)
 }
 
 func permute[T any](s []T, idx []int) []T {
@@ -408,6 +410,12 @@ func permute[T any](s []T, idx []int) []T {
 func validateIncoming(m Incoming) error {
 	if err := event.ValidateEventID(m.EventID); err != nil {
 		return err
+	}
+	switch {
+	case m.KeySeq < 0:
+		return fmt.Errorf("key sequence %d: must be positive (0: none)", m.KeySeq)
+	case m.KeySeq > 0 && m.Key == "":
+		return fmt.Errorf("key sequence %d without a key", m.KeySeq)
 	}
 	fields := []struct{ name, v string }{
 		{"topic", m.Topic}, {"key", m.Key}, {"event_type", m.EventType}, {"dead reason", m.DeadReason},

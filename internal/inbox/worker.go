@@ -87,6 +87,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		wg.Go(func() { _ = w.cleaner.Run(ctx) })
 	}
 	wg.Go(func() { w.sweepReleased(ctx) })
+	if w.cfg.Ordered {
+		wg.Go(func() { w.scanOrdered(ctx) })
+	}
 	for range w.cfg.Workers {
 		wg.Go(func() { w.loop(ctx) })
 	}
@@ -168,6 +171,20 @@ func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
 	// are handed back at once when the worker is stopping (processBatch).
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer cancel()
+	if w.cfg.Ordered {
+		rows, err := w.q.ClaimInboxOrdered(qctx, w.cfg.Pool, db.ClaimInboxOrderedParams{
+			Handler: w.cfg.HandlerName, MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
+			Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("inbox: claim: %w", err)
+		}
+		cs := make([]claimed, len(rows))
+		for i, r := range rows {
+			cs[i] = fromOrderedRow(r)
+		}
+		return w.claimedEvents(cs, false), nil
+	}
 	rows, err := w.q.ClaimInbox(qctx, w.cfg.Pool, db.ClaimInboxParams{
 		Handler: w.cfg.HandlerName, MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
 		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize),
@@ -220,6 +237,9 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 		if cs[i].status == "dead" {
 			w.log.Warn("inbox event dead", zap.String("event_id", ev.EventID), zap.String("reason", ev.LastError))
 			w.cfg.Observer.Dead(ev, ev.LastError)
+			if w.cfg.Ordered && ev.KeySeq > 0 {
+				w.sequence(SeqParked, 1)
+			}
 			continue
 		}
 		if takeover {
@@ -233,6 +253,9 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 		takeovers = len(cs)
 	}
 	w.cfg.Observer.Claimed(len(cs), takeovers)
+	if w.cfg.Ordered {
+		orderRun(evs)
+	}
 	return evs
 }
 
@@ -244,6 +267,9 @@ type result struct {
 	processed bool
 	dur       time.Duration
 	d         decision
+	// absorbed (ordered mode) is a duplicate sequence closed without running
+	// the handler.
+	absorbed bool
 }
 
 // errBatchBroken means the batch transaction can no longer be used; culprit
@@ -338,10 +364,22 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
+	var g gated
+	if w.cfg.Ordered {
+		if g, err = w.gate(ctx, tx, evs); err != nil {
+			return nil, nil, nil, true, err
+		}
+		evs = g.run
+	}
 	ran := evs
 	durs := make([]time.Duration, len(evs))
 	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
 		if stopEarly() {
+			// Nothing commits: the duplicates the gate closed are handed
+			// back too (absorbed again by the next claim).
+			for _, r := range g.absorbed {
+				evs = append(evs, r.ev)
+			}
 			return nil, evs, nil, true, nil
 		}
 		start := time.Now()
@@ -373,7 +411,7 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 			}
 		}
 	}
-	if len(ran) == 0 {
+	if len(ran) == 0 && len(g.absorbed) == 0 {
 		return nil, rest, nil, true, nil
 	}
 	p := db.MarkInboxBatchProcessedParams{
@@ -382,7 +420,7 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 	for i, ev := range ran {
 		p.DedupKeys[i], p.LockVersions[i] = ev.DedupKey, ev.LockVersion
 	}
-	marked, err := w.q.MarkInboxBatchProcessed(ctx, tx, p)
+	marked, err := w.markBatch(ctx, tx, p)
 	if err != nil {
 		// Aborted by a handler that swallowed an error: the isolated run
 		// tells which event, and keeps the others' work.
@@ -403,16 +441,35 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 		}
 		return nil, nil, known, false, nil
 	}
+	var woke int64
+	if w.cfg.Ordered {
+		if woke, err = w.advance(ctx, tx, ran); err != nil {
+			// The isolated run tries again, and reports a lasting failure.
+			return nil, nil, nil, false, nil
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
 		return nil, nil, nil, true, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
 	}
-	results = make([]result, len(ran))
+	if woke > 0 {
+		w.wake.broadcast()
+	}
+	results = make([]result, len(ran), len(ran)+len(g.absorbed))
 	for i, ev := range ran {
 		results[i] = result{ev: ev, processed: true, dur: durs[i]}
 	}
-	return results, rest, nil, true, nil
+	return append(results, g.absorbed...), rest, nil, true, nil
+}
+
+// markBatch runs MarkInboxBatchProcessed, or nothing for an empty batch (an
+// ordered batch whose events were all absorbed as duplicates).
+func (w *Worker) markBatch(ctx context.Context, tx pgx.Tx, p db.MarkInboxBatchProcessedParams) ([]string, error) {
+	if len(p.DedupKeys) == 0 {
+		return nil, nil
+	}
+	return w.q.MarkInboxBatchProcessed(ctx, tx, p)
 }
 
 // errFenced marks, for runIsolated, an event the optimistic run found taken
@@ -438,8 +495,24 @@ func (w *Worker) runIsolated(ctx context.Context, evs []*Event, stopEarly func()
 		return nil, nil, fmt.Errorf("inbox: begin batch: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	results = make([]result, 0, len(evs))
+	var g gated
+	if w.cfg.Ordered {
+		if g, err = w.gate(ctx, tx, evs); err != nil {
+			return nil, nil, err
+		}
+		evs = g.run
+	}
+	results = make([]result, 0, len(evs)+len(g.absorbed))
+	results = append(results, g.absorbed...)
+	// Ordered mode: once one of a key's events did not commit, its later
+	// events of the batch are handed back unstarted.
+	blocked := map[string]bool{}
+	var woke int64
 	for i, ev := range evs {
+		if ev.KeySeq > 0 && blocked[ev.Key] {
+			rest = append(rest, ev)
+			continue
+		}
 		var r result
 		if herr, ok := known[ev]; ok {
 			// Already run: only its outcome is recorded, even past the
@@ -460,11 +533,25 @@ func (w *Worker) runIsolated(ctx context.Context, evs []*Event, stopEarly func()
 			return nil, nil, err
 		}
 		results = append(results, r)
+		if w.cfg.Ordered && ev.KeySeq > 0 {
+			if !r.processed {
+				blocked[ev.Key] = true
+				continue
+			}
+			n, err := w.advance(ctx, tx, []*Event{ev})
+			if err != nil {
+				return nil, nil, &errBatchBroken{err: err}
+			}
+			woke += n
+		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer cancel()
 	if err := tx.Commit(cctx); err != nil {
 		return nil, nil, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
+	}
+	if woke > 0 {
+		w.wake.broadcast()
 	}
 	return results, rest, nil
 }
@@ -587,6 +674,12 @@ func (w *Worker) Wake() { w.wake.broadcast() }
 // report logs a committed outcome and tells the observer.
 func (w *Worker) report(r result) {
 	ev := r.ev
+	if w.cfg.Ordered {
+		w.reportSequence(r)
+		if r.absorbed {
+			return
+		}
+	}
 	switch {
 	case r.fenced:
 		w.log.Warn("inbox event fenced: another worker took it over; its side effect here was rolled back",

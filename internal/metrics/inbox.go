@@ -23,9 +23,13 @@ type InboxObserver struct {
 	handlerDur prometheus.Histogram
 	receiveDur prometheus.Histogram
 	conflicts  *prometheus.CounterVec
+	sequence   *prometheus.CounterVec
 }
 
-var _ inbox.Observer = (*InboxObserver)(nil)
+var (
+	_ inbox.Observer         = (*InboxObserver)(nil)
+	_ inbox.SequenceObserver = (*InboxObserver)(nil)
+)
 
 // InboxObserverOptions configures NewInboxObserver.
 type InboxObserverOptions struct {
@@ -120,6 +124,15 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 			ConstLabels: handler,
 			Buckets:     latencyBuckets,
 		}),
+		sequence: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_sequence_total",
+			Help: "Ordered apply (--ordered), by outcome: applied_in_order, duplicate_seq (absorbed without running), " +
+				"out_of_order (claimed before an earlier sequence; handed back), held (made to wait for an earlier sequence), " +
+				"gap_reported (a key waited longer than --gap-timeout), gap_skipped and dead_skipped (operator skips, " +
+				"from the audit trail), parked (a sequenced event went dead; its key waits), fenced, unsequenced " +
+				"(no sequence: applied unordered).",
+			ConstLabels: handler,
+		}, []string{"outcome"}),
 		receiveDur: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "consumer_receive_duration_seconds",
 			Help:    "Time the inbox's Receive statement took for one fetched batch (the dedup check and insert).",
@@ -161,8 +174,11 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 	for _, h := range opts.Handlers {
 		o.conflicts.WithLabelValues(h)
 	}
+	for _, out := range inbox.SeqOutcomes {
+		o.sequence.WithLabelValues(string(out))
+	}
 	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur, o.receiveDur,
-		o.conflicts)
+		o.conflicts, o.sequence)
 	return o
 }
 
@@ -203,6 +219,11 @@ func (o *InboxObserver) Deferred(*inbox.Event) { o.deferrals.Inc() }
 // Dead counts a dead letter by its classified reason.
 func (o *InboxObserver) Dead(_ *inbox.Event, reason string) {
 	o.dead.WithLabelValues(ClassifyDead(reason)).Inc()
+}
+
+// Sequence counts n ordered-apply outcomes.
+func (o *InboxObserver) Sequence(out inbox.SeqOutcome, n int) {
+	o.sequence.WithLabelValues(string(out)).Add(float64(n))
 }
 
 // Fenced counts a fenced commit.

@@ -633,6 +633,9 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 	idx := make([]int, 0, len(rows))
 	for i, row := range rows {
 		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
+		if row.KeySeq != nil {
+			m.KeySeq = *row.KeySeq
+		}
 		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
 			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
 				results[i].Err = broker.Terminalf("headers must be a JSON object of strings: %v", err)

@@ -38,7 +38,9 @@ func Commands(databaseURL *string) []*cobra.Command {
 		Short: "List inbox key conflicts: the same dedup key delivered with a different payload",
 	}
 	conflicts.AddCommand(c.conflictsList())
-	return []*cobra.Command{c.statsCommand(), c.deadCommand(admin.SourceInbox), outbox, c.auditCommand(), conflicts}
+	dead := c.deadCommand(admin.SourceInbox)
+	dead.AddCommand(c.deadSkipCommand())
+	return []*cobra.Command{c.statsCommand(), dead, outbox, c.auditCommand(), conflicts, c.gapsCommand()}
 }
 
 type cliEnv struct {
@@ -146,6 +148,7 @@ func writeStats(w io.Writer, st *admin.Stats) error {
 	} else {
 		fmt.Fprintf(tw, "dedup hit rate\tunknown (pass --metrics-url)\n")
 	}
+	writeOrderedStats(tw, st.Ordered)
 	fmt.Fprintln(tw, "\t")
 	fmt.Fprintln(tw, "OUTBOX\tVALUE")
 	for _, status := range admin.OutboxStatuses {

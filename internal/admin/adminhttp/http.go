@@ -153,6 +153,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/inbox/keys", s.handleInboxKeys)
 	mux.HandleFunc("GET /v1/outbox/partitions", s.handleOutbox)
 	mux.HandleFunc("GET /v1/inbox/conflicts", s.handleConflicts)
+	mux.HandleFunc("GET /v1/inbox/gaps", s.handleGaps)
+	mux.HandleFunc("POST /v1/inbox/gaps/skip", s.handleGapSkip)
+	mux.HandleFunc("POST /v1/inbox/dead/skip", s.handleDeadSkip)
 	return s.recoverer(s.authenticate(mux))
 }
 

@@ -19,6 +19,7 @@ func message(ns, key string, i int) event.Message {
 		EventID:     fmt.Sprintf("%s-%s-%d", ns, key, i),
 		Topic:       "orders",
 		Key:         key,
+		KeySeq:      int64(i + 1),
 		EventType:   "OrderPaid",
 		Payload:     fmt.Appendf(nil, `{"key":%q,"n":%d}`, key, i),
 		ContentType: "application/json",
@@ -155,6 +156,8 @@ func sameMessage(t *testing.T, want, got event.Message) {
 			got.Topic, got.Key, got.EventType, want.Topic, want.Key, want.EventType)
 	case !bytes.Equal(got.Payload, want.Payload):
 		t.Fatalf("%s: payload %q, want %q", want.EventID, got.Payload, want.Payload)
+	case got.KeySeq != want.KeySeq:
+		t.Fatalf("%s: key sequence %d, want %d", want.EventID, got.KeySeq, want.KeySeq)
 	case got.ContentType != want.ContentType:
 		t.Fatalf("%s: content type %q, want %q", want.EventID, got.ContentType, want.ContentType)
 	case !got.OccurredAt.Equal(wantAt(want.OccurredAt)):

@@ -1,0 +1,140 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// Operations of ordered apply (inbox handlers run with --ordered): the keys
+// whose events wait, skipping a gap, skipping a dead event that parks a key.
+
+// OrderedStats summarises the keys of ordered handlers whose events wait.
+type OrderedStats struct {
+	// Gaps counts keys waiting for a sequence that never arrived; Reported
+	// those of them waiting longer than the consumer's --gap-timeout.
+	Gaps     int64 `json:"gaps"`
+	Reported int64 `json:"gaps_reported"`
+	// Parked counts keys waiting behind a dead event.
+	Parked int64 `json:"parked"`
+	// Behind counts keys whose next sequence is pending, retrying or in
+	// flight while later ones wait.
+	Behind int64 `json:"behind"`
+	// Held counts the events waiting in all those keys.
+	Held int64 `json:"held"`
+}
+
+// orderedStatsLimit bounds the keys Stats looks at.
+const orderedStatsLimit = 10000
+
+func (s *Service) orderedStats(ctx context.Context) (OrderedStats, error) {
+	keys, err := inbox.ListWaiting(ctx, s.cfg.Pool, "", orderedStatsLimit)
+	if err != nil {
+		return OrderedStats{}, fmt.Errorf("admin: stats: %w", err)
+	}
+	var st OrderedStats
+	for _, k := range keys {
+		st.Held += k.Held
+		switch k.State {
+		case "gap":
+			st.Gaps++
+			if k.Reported != nil {
+				st.Reported++
+			}
+		case "parked":
+			st.Parked++
+		default:
+			st.Behind++
+		}
+	}
+	return st, nil
+}
+
+// Waiting lists up to limit keys of ordered handlers whose events wait (of
+// handler, or of every handler when it is empty).
+func (s *Service) Waiting(ctx context.Context, handler string, limit int) ([]inbox.WaitingKey, error) {
+	if handler != "" {
+		if err := inbox.ValidateHandlerName(handler); err != nil {
+			return nil, fmt.Errorf("%w: handler: %v", ErrInvalid, err)
+		}
+	}
+	if limit <= 0 || limit > s.cfg.MaxRows {
+		limit = s.cfg.MaxRows
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	return inbox.ListWaiting(ctx, s.cfg.Pool, handler, limit)
+}
+
+// SkipRequest names what to skip and who asks.
+type SkipRequest struct {
+	Handler string `json:"handler"`
+	// Key (SkipGap) or EventID (SkipDead).
+	Key     string `json:"key,omitempty"`
+	EventID string `json:"event_id,omitempty"`
+	Actor   string `json:"actor"`
+	Reason  string `json:"reason"`
+}
+
+func (r SkipRequest) check() error {
+	if err := validateActor(r.Actor, r.Reason, true); err != nil {
+		return err
+	}
+	if err := inbox.ValidateHandlerName(r.Handler); err != nil {
+		return fmt.Errorf("%w: handler: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// skipError maps the inbox's refusals onto ErrInvalid.
+func skipError(err error) error {
+	if errors.Is(err, inbox.ErrNoGap) || errors.Is(err, inbox.ErrNotParked) {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return err
+}
+
+// SkipGap gives up on the missing sequences of an ordered key (inbox.SkipGap):
+// its held events run. Audited; the reason is required.
+func (s *Service) SkipGap(ctx context.Context, r SkipRequest) (inbox.SkipResult, error) {
+	if err := r.check(); err != nil {
+		return inbox.SkipResult{}, err
+	}
+	if r.Key == "" {
+		return inbox.SkipResult{}, fmt.Errorf("%w: key is required", ErrInvalid)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	res, err := inbox.SkipGap(ctx, s.cfg.Pool, inbox.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason}, r.Key)
+	if err != nil {
+		return res, skipError(err)
+	}
+	s.cfg.Logger.Info("ordered gap skipped", zap.String("handler", r.Handler), zap.String("key", r.Key),
+		zap.Int64("from_seq", res.From), zap.Int64("to_seq", res.To), zap.String("actor", r.Actor))
+	return res, nil
+}
+
+// SkipDead gives up on a dead event that parks its ordered key
+// (inbox.SkipDead): the key's later events run; the event stays dead.
+// Audited; the reason is required.
+func (s *Service) SkipDead(ctx context.Context, r SkipRequest) (inbox.SkipResult, error) {
+	if err := r.check(); err != nil {
+		return inbox.SkipResult{}, err
+	}
+	if r.EventID == "" {
+		return inbox.SkipResult{}, fmt.Errorf("%w: event_id is required", ErrInvalid)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	res, err := inbox.SkipDead(ctx, s.cfg.Pool, inbox.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason}, r.EventID)
+	if err != nil {
+		return res, skipError(err)
+	}
+	s.cfg.Logger.Info("ordered dead event skipped", zap.String("handler", r.Handler), zap.String("event_id", r.EventID),
+		zap.String("key", res.Key), zap.Int64("seq", res.From), zap.String("actor", r.Actor))
+	return res, nil
+}

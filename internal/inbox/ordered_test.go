@@ -1,0 +1,322 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// seqObserver counts sequence outcomes.
+type seqObserver struct {
+	inbox.NopObserver
+	mu sync.Mutex
+	n  map[inbox.SeqOutcome]int
+}
+
+func (o *seqObserver) Sequence(out inbox.SeqOutcome, n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[inbox.SeqOutcome]int{}
+	}
+	o.n[out] += n
+}
+
+func (o *seqObserver) get(out inbox.SeqOutcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[out]
+}
+
+// applyLog is a handler that records, in the handler's transaction, each
+// event it applies: only committed applies are in the table, in commit order.
+func applyLog(t *testing.T, pool *pgxpool.Pool, poison func(*inbox.Event) bool) inbox.Handler {
+	t.Helper()
+	_, err := pool.Exec(context.Background(),
+		`CREATE TABLE applied (n bigserial PRIMARY KEY, key text NOT NULL, seq bigint NOT NULL, event_id text NOT NULL)`)
+	require.NoError(t, err)
+	return inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		if poison != nil && poison(ev) {
+			return inbox.Permanent(errors.New("poison"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq, event_id) VALUES ($1, $2, $3)`, ev.Key, ev.KeySeq, ev.EventID)
+		return err
+	})
+}
+
+// appliedSeqs returns the sequences applied for key, in apply order.
+func appliedSeqs(t *testing.T, pool *pgxpool.Pool, key string) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT seq FROM applied WHERE key = $1 ORDER BY n`, key)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return out
+}
+
+func seqMsg(id, key string, seq int64) inbox.Incoming {
+	return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq,
+		EventType: "Step", Payload: []byte(fmt.Sprintf(`{"seq":%d}`, seq))}}
+}
+
+func orderedConfig(t *testing.T, pool *pgxpool.Pool, h inbox.Handler, obs inbox.Observer) inbox.Config {
+	cfg := fastConfig(t, pool, h)
+	cfg.Ordered = true
+	cfg.GapTimeout = 300 * time.Millisecond
+	cfg.Observer = obs
+	return cfg
+}
+
+func waitSeqs(t *testing.T, pool *pgxpool.Pool, key string, want []int64) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got := appliedSeqs(t, pool, key)
+		return len(got) >= len(want)
+	}, 20*time.Second, 20*time.Millisecond, "key %s: want %v applied", key, want)
+	require.Equal(t, want, appliedSeqs(t, pool, key), "key %s applied out of order or more than once", key)
+}
+
+func waitingKey(t *testing.T, pool *pgxpool.Pool, key string) (inbox.WaitingKey, bool) {
+	t.Helper()
+	ks, err := inbox.ListWaiting(context.Background(), pool, inbox.DefaultHandlerName, 100)
+	require.NoError(t, err)
+	for _, k := range ks {
+		if k.Key == key {
+			return k, true
+		}
+	}
+	return inbox.WaitingKey{}, false
+}
+
+// TestOrderedAppliesReversedDuplicatedAndGappedInSequence delivers one key's
+// events in reverse, one twice, one as a second event with an already used
+// sequence, and one not at all: the key applies in sequence exactly once up to
+// the gap, holds the rest (visible as waiting for the missing sequence),
+// reports the gap after the timeout, then drains when it arrives. Another key
+// and an event without a sequence flow meanwhile.
+func TestOrderedAppliesReversedDuplicatedAndGappedInSequence(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	obs := &seqObserver{}
+	startWorker(t, orderedConfig(t, pool, applyLog(t, pool, nil), obs))
+
+	// Reversed, one batch at a time, without sequence 4.
+	for _, seq := range []int64{6, 5, 3, 3, 2, 1} {
+		receive(t, pool, seqMsg(fmt.Sprintf("k1-%d", seq), "k1", seq))
+	}
+	// A different event carrying an applied sequence: a duplicate sequence.
+	receive(t, pool, seqMsg("k1-2-again", "k1", 2))
+	// Another key, in order, and an unsequenced event: they flow.
+	receive(t, pool, seqMsg("k2-1", "k2", 1), seqMsg("k2-2", "k2", 2), seqMsg("k2-3", "k2", 3),
+		inbox.Incoming{Message: event.Message{EventID: "free", Topic: "orders", Key: "free", EventType: "Step", Payload: []byte(`{}`)}})
+
+	waitSeqs(t, pool, "k1", []int64{1, 2, 3})
+	waitSeqs(t, pool, "k2", []int64{1, 2, 3})
+	waitSeqs(t, pool, "free", []int64{0})
+	waitStatus(t, pool, "k1-2-again", "processed", 10*time.Second)
+	require.Contains(t, inboxRow(t, pool, "k1-2-again").LastError, "duplicate key sequence 2")
+
+	// The gap: 5 and 6 wait for 4, visible, and are reported after the timeout.
+	var k inbox.WaitingKey
+	require.Eventually(t, func() bool {
+		var ok bool
+		k, ok = waitingKey(t, pool, "k1")
+		return ok && k.Reported != nil
+	}, 10*time.Second, 20*time.Millisecond, "the gap was never reported")
+	require.Equal(t, "gap", k.State)
+	require.EqualValues(t, 3, k.LastApplied)
+	require.EqualValues(t, 4, k.WaitingFor)
+	require.EqualValues(t, 2, k.Held)
+	require.EqualValues(t, 5, k.FirstHeld)
+	require.Equal(t, 1, obs.get(inbox.SeqGapReported))
+	require.Contains(t, inboxRow(t, pool, "k1-5").LastError, "waiting for key sequence 4")
+	require.Equal(t, "pending", inboxRow(t, pool, "k1-6").Status)
+	require.Equal(t, []int64{1, 2, 3}, appliedSeqs(t, pool, "k1"), "held events ran")
+
+	// The missing event arrives: the key drains in order.
+	receive(t, pool, seqMsg("k1-4", "k1", 4))
+	waitSeqs(t, pool, "k1", []int64{1, 2, 3, 4, 5, 6})
+	waitAllDone(t, pool, 10*time.Second)
+	_, waiting := waitingKey(t, pool, "k1")
+	require.False(t, waiting)
+	require.Equal(t, 9, obs.get(inbox.SeqApplied)) // 6 of k1, 3 of k2
+	require.Equal(t, 1, obs.get(inbox.SeqDuplicate))
+	require.Equal(t, 1, obs.get(inbox.SeqUnsequenced))
+	require.Equal(t, 0, obs.get(inbox.SeqOutOfOrder))
+}
+
+// TestOrderedClaimNeverTakesALaterSequenceWhileAnEarlierIsUnapplied checks the
+// claim itself: while sequence 1 of a key is claimed and not applied,
+// sequence 2 is not handed out, however often claims run; another key's
+// event is.
+func TestOrderedClaimNeverTakesALaterSequenceWhileAnEarlierIsUnapplied(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	receive(t, pool, seqMsg("a-2", "a", 2), seqMsg("a-1", "a", 1), seqMsg("a-3", "a", 3))
+	claim := func() []string {
+		rows, err := db.New().ClaimInboxOrdered(context.Background(), pool, db.ClaimInboxOrderedParams{
+			Handler: inbox.DefaultHandlerName, MaxAttempts: 5, WorkerID: "test",
+			Lease: pgtype.Interval{Microseconds: time.Minute.Microseconds(), Valid: true}, BatchSize: 10,
+		})
+		require.NoError(t, err)
+		var got []string
+		for _, r := range rows {
+			got = append(got, r.EventID)
+		}
+		return got
+	}
+	require.Equal(t, []string{"a-1"}, claim(), "a later sequence was claimed before an earlier one was applied")
+	receive(t, pool, seqMsg("b-1", "b", 1))
+	require.Equal(t, []string{"b-1"}, claim(), "a-2 was claimed while a-1 was in flight")
+	require.Empty(t, claim())
+}
+
+// TestOrderedPoisonParksTheKeyAndRequeueResumesIt: a poison event in the
+// middle of a key goes dead and parks the key (its later events wait,
+// visible as parked); other keys flow; requeueing it resumes the key in order.
+func TestOrderedPoisonParksTheKeyAndRequeueResumesIt(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var cured sync.Map
+	h := applyLog(t, pool, func(ev *inbox.Event) bool {
+		_, ok := cured.Load(ev.EventID)
+		return ev.EventID == "p-2" && !ok
+	})
+	obs := &seqObserver{}
+	startWorker(t, orderedConfig(t, pool, h, obs))
+
+	receive(t, pool, seqMsg("p-1", "p", 1), seqMsg("p-2", "p", 2), seqMsg("p-3", "p", 3), seqMsg("p-4", "p", 4))
+	waitStatus(t, pool, "p-2", "dead", 10*time.Second)
+	receive(t, pool, seqMsg("q-1", "q", 1), seqMsg("q-2", "q", 2))
+	waitSeqs(t, pool, "q", []int64{1, 2})
+
+	var k inbox.WaitingKey
+	require.Eventually(t, func() bool {
+		var ok bool
+		k, ok = waitingKey(t, pool, "p")
+		return ok && k.Held == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, "parked", k.State)
+	require.EqualValues(t, 2, k.WaitingFor)
+	require.Equal(t, []int64{1}, appliedSeqs(t, pool, "p"))
+	require.Equal(t, 1, obs.get(inbox.SeqParked))
+
+	// Requeue (as consumer dead requeue does): it runs again, in order.
+	cured.Store("p-2", true)
+	_, err := pool.Exec(context.Background(),
+		`UPDATE inbox SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL WHERE event_id = 'p-2'`)
+	require.NoError(t, err)
+	waitSeqs(t, pool, "p", []int64{1, 2, 3, 4})
+}
+
+// TestOrderedSkipDeadAndSkipGap: an operator skips a dead event parking a key,
+// and a gap; each is audited, the key resumes after it, and a skipped sequence
+// arriving late is absorbed without running.
+func TestOrderedSkipDeadAndSkipGap(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	h := applyLog(t, pool, func(ev *inbox.Event) bool { return ev.EventID == "d-2" })
+	obs := &seqObserver{}
+	startWorker(t, orderedConfig(t, pool, h, obs))
+	ctx := context.Background()
+	op := inbox.Skip{Handler: inbox.DefaultHandlerName, Actor: "alice", Reason: "test"}
+
+	// A dead event: skip it.
+	receive(t, pool, seqMsg("d-1", "d", 1), seqMsg("d-2", "d", 2), seqMsg("d-3", "d", 3))
+	waitStatus(t, pool, "d-2", "dead", 10*time.Second)
+	_, err := inbox.SkipGap(ctx, pool, op, "d")
+	require.ErrorIs(t, err, inbox.ErrNoGap, "a dead event is not a gap")
+	_, err = inbox.SkipDead(ctx, pool, op, "d-1")
+	require.ErrorIs(t, err, inbox.ErrNotParked)
+	res, err := inbox.SkipDead(ctx, pool, op, "d-2")
+	require.NoError(t, err)
+	require.Equal(t, inbox.SkipResult{Key: "d", From: 2, To: 2, Woken: res.Woken}, res)
+	waitSeqs(t, pool, "d", []int64{1, 3})
+
+	// A gap: skip it; the late event is absorbed.
+	receive(t, pool, seqMsg("g-1", "g", 1), seqMsg("g-4", "g", 4), seqMsg("g-5", "g", 5))
+	waitSeqs(t, pool, "g", []int64{1})
+	require.Eventually(t, func() bool { _, ok := waitingKey(t, pool, "g"); return ok }, 10*time.Second, 20*time.Millisecond)
+	res, err = inbox.SkipGap(ctx, pool, op, "g")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), res.From)
+	require.Equal(t, int64(3), res.To)
+	waitSeqs(t, pool, "g", []int64{1, 4, 5})
+	receive(t, pool, seqMsg("g-2", "g", 2))
+	waitStatus(t, pool, "g-2", "processed", 10*time.Second)
+	require.Equal(t, []int64{1, 4, 5}, appliedSeqs(t, pool, "g"))
+
+	require.Equal(t, 2, queryInt(t, pool,
+		`SELECT count(*) FROM replay_audit WHERE action IN ('skip_gap', 'skip_dead') AND actor = 'alice' AND handler = 'default'`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM replay_audit WHERE event_id = 'g#2-3'`))
+	require.Eventually(t, func() bool {
+		return obs.get(inbox.SeqGapSkipped) == 1 && obs.get(inbox.SeqDeadSkipped) == 1
+	}, 10*time.Second, 20*time.Millisecond, "skips not counted from the audit trail")
+	require.Equal(t, 1, obs.get(inbox.SeqDuplicate), "the late skipped event was not absorbed")
+	_, err = inbox.SkipGap(ctx, pool, inbox.Skip{Handler: "default"}, "g")
+	require.Error(t, err)
+	require.True(t, strings.Contains(err.Error(), "actor"))
+}
+
+// TestOrderedUnderRetriesAndConcurrency: many keys, their events shuffled
+// across batches, four workers and a handler that fails transiently now and
+// then: every key applies 1..n exactly once, in order.
+func TestOrderedUnderRetriesAndConcurrency(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	h := applyLog(t, pool, nil)
+	flaky := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		mu.Lock()
+		// Every third event fails its first attempt.
+		fail := ev.KeySeq%3 == 0 && !failed[ev.EventID]
+		failed[ev.EventID] = true
+		mu.Unlock()
+		if fail {
+			return errors.New("transient")
+		}
+		return h.Handle(ctx, tx, ev)
+	})
+	cfg := orderedConfig(t, pool, flaky, &seqObserver{})
+	cfg.Workers, cfg.BatchSize = 4, 7
+	startWorker(t, cfg)
+
+	const keys, per = 20, 15
+	var msgs []inbox.Incoming
+	for k := range keys {
+		for s := 1; s <= per; s++ {
+			msgs = append(msgs, seqMsg(fmt.Sprintf("c%d-%d", k, s), fmt.Sprintf("c%d", k), int64(s)))
+		}
+	}
+	// A fixed shuffle, received in batches of 9.
+	for i := range msgs {
+		j := (i*7919 + 13) % len(msgs)
+		msgs[i], msgs[j] = msgs[j], msgs[i]
+	}
+	for i := 0; i < len(msgs); i += 9 {
+		receive(t, pool, msgs[i:min(i+9, len(msgs))]...)
+	}
+	want := make([]int64, per)
+	for i := range want {
+		want[i] = int64(i + 1)
+	}
+	for k := range keys {
+		waitSeqs(t, pool, fmt.Sprintf("c%d", k), want)
+	}
+	waitAllDone(t, pool, 10*time.Second)
+}
