@@ -364,8 +364,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 				Window: cfg.DedupWindow, DuplicatesMax: cfg.DedupRecordMax,
 				Observer: metrics.NewRetentionObserver(pc.reg), Logger: cfg.Logger,
 			},
-			Ordered:        cfg.Ordered,
-			GapTimeout:     cfg.GapTimeout,
+			Ordered:    cfg.Ordered,
+			GapTimeout: cfg.GapTimeout,
 		},
 		Logger: cfg.Logger,
 	})
