@@ -34,6 +34,8 @@ type Worker struct {
 	log     *zap.Logger
 	wake    *waker
 	running atomic.Bool
+	// busy counts the goroutines processing a batch (see Idle).
+	busy atomic.Int32
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -243,6 +245,8 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	w.busy.Add(1)
+	defer w.busy.Add(-1)
 	leaseHalf := time.Now().Add(w.cfg.Lease / 2)
 	stopEarly := func() bool { return ctx.Err() != nil || time.Now().After(leaseHalf) }
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
