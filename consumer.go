@@ -301,7 +301,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		IngestStats: func() metrics.IngestStats {
 			st := pc.c.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
-				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, HitRatio: pc.c.DedupHitRatio()}
+				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, AppliedOnReceive: st.AppliedOnReceive,
+				HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
 	subscribe := cfg.Subscribe
