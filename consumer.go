@@ -138,6 +138,16 @@ type ConsumerConfig struct {
 	// warn. Default 0: no warning.
 	DupRateWarn float64
 
+	// NoApplyOnReceive turns off applying on receive. By default, while the
+	// inbox workers are idle and the consumer keeps up with the broker (a
+	// fetch returns less than a full batch), the events of a fetched batch
+	// are stored and their handler run in one transaction, so that an event
+	// is not claimed a second time; whatever fails there (an error, a
+	// deferral, a panic) is rolled back and left to the workers, uncounted
+	// as an attempt. Under a backlog the workers take every event. Default
+	// false.
+	NoApplyOnReceive bool
+
 	// Workers is how many inbox batches run concurrently. Default
 	// DefaultWorkers.
 	Workers int
@@ -325,7 +335,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		IngestStats: func() metrics.IngestStats {
 			st := pc.c.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
-				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, HitRatio: pc.c.DedupHitRatio()}
+				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, AppliedOnReceive: st.AppliedOnReceive,
+				HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
 	subscribe := cfg.Subscribe
@@ -348,6 +359,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		KeyStrategy:        strategy,
 		KeyStrategyByTopic: byTopic,
 		Targets:            targets,
+		NoApplyOnReceive:   cfg.NoApplyOnReceive,
 		Inbox: inbox.Config{
 			Handler:        cfg.Handler,
 			HandlerName:    cfg.HandlerName,

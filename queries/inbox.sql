@@ -311,3 +311,26 @@ FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
 WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
 RETURNING inbox.dedup_key;
+
+-- name: SelectInboxStored :many
+-- SelectInboxStored reads back the rows of @handler that the calling
+-- transaction has just stored (@dedup_keys), for applying the pending ones in
+-- that same transaction (Worker.ApplyStored). Rows another transaction stored
+-- are left to the workers: the caller passes only the keys its own insert
+-- returned, which no other session can see, let alone claim, before the
+-- commit.
+SELECT handler, dedup_key, event_id, topic, key, event_type, payload, headers, occurred_at, received_at,
+       status, attempts, deferrals, lock_version, last_error
+FROM inbox
+WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]);
+
+-- name: MarkInboxStoredProcessed :many
+-- MarkInboxStoredProcessed records, in the transaction that stored them, that
+-- the handlers of rows read by SelectInboxStored committed: one attempt, a new
+-- fencing version, processed. It returns the keys it marked; the caller rolls
+-- back when one is missing.
+UPDATE inbox
+SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
+    locked_by = @worker_id::text, started_at = @started_at::timestamptz, finished_at = now()
+WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]) AND status = 'pending'
+RETURNING dedup_key;

@@ -61,6 +61,7 @@ type settings struct {
 	handlerTimeout  time.Duration
 	statsInterval   time.Duration
 	dupRateWarn     float64
+	applyOnReceive  bool
 	handler         string
 	handlerName     string
 	dedupKey        string
@@ -177,6 +178,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", pgrelay.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", pgrelay.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", pgrelay.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.BoolVar(&s.applyOnReceive, "apply-on-receive", cli.EnvBool("CONSUMER_APPLY_ON_RECEIVE", true), "while the workers are idle and the consumer keeps up, run the handler in the transaction that stores a fetched batch; what fails there is left to the workers (CONSUMER_APPLY_ON_RECEIVE)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", defaultDupRateWarn), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
 	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", pgrelay.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
@@ -278,30 +280,31 @@ func runConsumer(parent context.Context, s settings) error {
 	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
 		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: s.handlerName, Logger: log}
 	cfg := pgrelay.ConsumerConfig{
-		Pool:            pool,
-		Subscribe:       side.Subscribe(opts),
-		Handler:         ledger.Handler{}, // replaced below once the database is checked
-		HandlerName:     s.handlerName,
-		DedupKey:        s.dedupKey,
-		DedupKeyByTopic: byTopic,
-		FetchBatchSize:  s.batchSize,
-		MaxWait:         s.maxWait,
-		MaxPayloadBytes: s.maxPayloadBytes,
-		StatsInterval:   s.statsInterval,
-		DupRateWarn:     s.dupRateWarn,
-		DedupWindow:     s.ops.DedupWindow,
-		DedupRecordMax:  s.ops.DedupRecordMax,
-		Workers:         s.workers,
-		WorkerBatchSize: s.workerBatchSize,
-		MaxAttempts:     s.maxAttempts,
-		Lease:           s.lease,
-		HandlerTimeout:  s.handlerTimeout,
-		Ordered:         s.ordered,
-		GapTimeout:      s.gapTimeout,
-		MetricsAddr:     s.ops.MetricsAddr,
-		AdminAddr:       s.ops.AdminAddr,
-		AdminToken:      s.ops.AdminToken,
-		Logger:          log,
+		Pool:             pool,
+		Subscribe:        side.Subscribe(opts),
+		Handler:          ledger.Handler{}, // replaced below once the database is checked
+		HandlerName:      s.handlerName,
+		DedupKey:         s.dedupKey,
+		DedupKeyByTopic:  byTopic,
+		FetchBatchSize:   s.batchSize,
+		MaxWait:          s.maxWait,
+		MaxPayloadBytes:  s.maxPayloadBytes,
+		StatsInterval:    s.statsInterval,
+		DupRateWarn:      s.dupRateWarn,
+		NoApplyOnReceive: !s.applyOnReceive,
+		DedupWindow:      s.ops.DedupWindow,
+		DedupRecordMax:   s.ops.DedupRecordMax,
+		Workers:          s.workers,
+		WorkerBatchSize:  s.workerBatchSize,
+		MaxAttempts:      s.maxAttempts,
+		Lease:            s.lease,
+		HandlerTimeout:   s.handlerTimeout,
+		Ordered:          s.ordered,
+		GapTimeout:       s.gapTimeout,
+		MetricsAddr:      s.ops.MetricsAddr,
+		AdminAddr:        s.ops.AdminAddr,
+		AdminToken:       s.ops.AdminToken,
+		Logger:           log,
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.

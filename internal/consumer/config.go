@@ -80,6 +80,13 @@ type Config struct {
 	// DisableWorkers runs only the ingest side (broker into the inbox),
 	// for deployments that run the inbox workers elsewhere. Default false.
 	DisableWorkers bool
+	// NoApplyOnReceive turns off applying on receive: by default, when the
+	// inbox workers of this process are idle and a fetch did not fill a
+	// batch (the consumer keeps up), the batch's events are stored and
+	// their handler run in one transaction (inbox.Worker.ApplyStored), and
+	// only what fails there is left to the workers. Under a backlog the
+	// workers take every event, as with this set. Default false.
+	NoApplyOnReceive bool
 	// Logger receives the consumer's logs. Default: a no-op logger.
 	Logger *zap.Logger
 }

@@ -73,10 +73,13 @@ type IngestCounts struct {
 	// Conflicts counts deliveries whose dedup key was stored with a
 	// different payload (every handler together).
 	Conflicts int64 `json:"conflicts"`
+	// AppliedOnReceive counts events whose handler ran in the transaction
+	// that stored them (Config.NoApplyOnReceive).
+	AppliedOnReceive int64 `json:"applied_on_receive"`
 }
 
 type counters struct {
-	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts atomic.Int64
+	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive atomic.Int64
 }
 
 // New validates cfg (after WithDefaults) and builds a consumer. It does not
@@ -115,6 +118,8 @@ func (c *Consumer) Stats() IngestCounts {
 		StoreErrors: c.stats.storeErrors.Load(),
 		FetchErrors: c.stats.fetchErrors.Load(),
 		Conflicts:   c.stats.conflicts.Load(),
+
+		AppliedOnReceive: c.stats.appliedOnReceive.Load(),
 	}
 }
 
@@ -223,8 +228,11 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	// Storing outlives cancellation: the batch in hand is finished on a
 	// graceful stop. A stop during an outage gives up after one more attempt.
 	sctx := context.WithoutCancel(ctx)
+	apply := c.applyOnReceive(len(ds))
 	for attempt := 0; ; attempt++ {
-		err := c.store(sctx, incoming)
+		// A retry only stores: whatever failed the first attempt (a handler
+		// that broke the connection, say) is left to the workers.
+		err := c.store(sctx, incoming, apply && attempt == 0)
 		if err == nil {
 			break
 		}
@@ -274,20 +282,35 @@ func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 	}
 }
 
-// store writes one batch into the inbox in one transaction.
-func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
+// applyOnReceive reports whether a fetched batch of n deliveries is applied
+// in the transaction that stores it (Config.NoApplyOnReceive): only while the
+// consumer keeps up (the fetch did not fill a batch) and this process's
+// workers are idle, so that under a backlog the workers, several
+// connections at once, do the work while ingest goes on fetching.
+func (c *Consumer) applyOnReceive(n int) bool {
+	return !c.cfg.NoApplyOnReceive && c.worker != nil && n < c.cfg.BatchSize && c.worker.Idle()
+}
+
+// store writes one batch into the inbox in one transaction. With apply, the
+// same transaction runs the handler on the events it stored
+// (inbox.Worker.ApplyStored); the workers take whatever that leaves pending.
+func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply bool) error {
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
 	defer cancel()
 	var res inbox.ReceiveResult
+	var applied *inbox.Applied
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
 		start := time.Now()
 		res, err = inbox.ReceiveWith(ctx, tx, incoming, inbox.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord})
 		if c.cfg.ObserveReceive != nil {
 			c.cfg.ObserveReceive(time.Since(start))
+		}
+		if err == nil && apply && res.Inserted > 0 {
+			applied, err = c.worker.ApplyStored(ctx, tx, res.Stored)
 		}
 		if err == nil && res.Inserted > 0 && c.worker == nil {
 			// The inbox workers run elsewhere: wake them at the commit.
@@ -298,7 +321,9 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming) error {
 	if err != nil {
 		return err
 	}
-	if res.Inserted > 0 && c.worker != nil {
+	applied.Committed(ctx)
+	c.stats.appliedOnReceive.Add(int64(applied.Len()))
+	if res.Inserted > applied.Len() && c.worker != nil {
 		c.worker.Wake()
 	}
 	c.stats.inserted.Add(int64(res.Inserted))
@@ -352,7 +377,7 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 	msg := in
 	refusals := 0
 	for attempt := 0; ; {
-		err := c.store(sctx, []inbox.Incoming{msg})
+		err := c.store(sctx, []inbox.Incoming{msg}, false)
 		if err == nil {
 			return true
 		}
@@ -475,6 +500,6 @@ func (c *Consumer) statsFields() []zap.Field {
 		zap.Int64("fetched", s.Fetched), zap.Int64("inserted", s.Inserted),
 		zap.Int64("duplicates", s.Duplicates), zap.Int64("dead_at_ingest", s.Dead),
 		zap.Int64("acked", s.Acked), zap.Int64("store_errors", s.StoreErrors),
-		zap.Int64("fetch_errors", s.FetchErrors),
+		zap.Int64("fetch_errors", s.FetchErrors), zap.Int64("applied_on_receive", s.AppliedOnReceive),
 	}
 }

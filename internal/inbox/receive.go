@@ -81,7 +81,13 @@ type ReceiveResult struct {
 	// KeyFailures lists the rows stored dead because their target's
 	// strategy could not build a key.
 	KeyFailures []KeyFailure
+	// Stored lists the rows this call inserted (dead ones included), by
+	// handler and dedup key; Worker.ApplyStored takes them.
+	Stored []StoredRow
 }
+
+// StoredRow names an inbox row: its handler and dedup key.
+type StoredRow struct{ Handler, DedupKey string }
 
 // Absorbed is a delivery the inbox did not store for a handler because the
 // handler's dedup key was already stored.
@@ -280,6 +286,10 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 		return ReceiveResult{}, fmt.Errorf("inbox: receive %d messages: %w", len(msgs), err)
 	}
 	res.Inserted = len(inserted)
+	res.Stored = make([]StoredRow, len(inserted))
+	for i, r := range inserted {
+		res.Stored[i] = StoredRow{Handler: r.Handler, DedupKey: r.DedupKey}
+	}
 	if len(inserted) < len(p.Handlers) {
 		// Only the rows not inserted are compared with what is stored: one
 		// more set-based statement, for batches holding duplicates only.

@@ -37,6 +37,8 @@ type Worker struct {
 	notifier *notifier.Notifier
 	// cleaner is the inbox's upkeep; nil when Config.Retention.Disabled.
 	cleaner *Cleaner
+	// busy counts the goroutines processing a batch (see Idle).
+	busy atomic.Int32
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -293,6 +295,8 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	w.busy.Add(1)
+	defer w.busy.Add(-1)
 	leaseHalf := time.Now().Add(w.cfg.Lease / 2)
 	stopEarly := func() bool { return ctx.Err() != nil || time.Now().After(leaseHalf) }
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -63,6 +63,9 @@ type IngestStats struct {
 	StoreErrors int64
 	// FetchErrors counts failed fetches from the broker.
 	FetchErrors int64
+	// AppliedOnReceive counts events whose handler ran in the transaction
+	// that stored them.
+	AppliedOnReceive int64
 	// HitRatio is the share of deliveries absorbed as duplicates over the
 	// ingest side's last rate interval in which anything arrived (0..1).
 	HitRatio float64
@@ -156,6 +159,9 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_fetch_errors_total",
 				Help: "Failed fetches from the broker (retried with backoff)."},
 				func() float64 { return float64(opts.IngestStats().FetchErrors) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_applied_on_receive_total",
+				Help: "Events applied in the transaction that stored them (the consumer kept up and the workers were idle); the others are claimed by the workers."},
+				func() float64 { return float64(opts.IngestStats().AppliedOnReceive) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "consumer_dedup_hit_ratio",
 				Help: "Share of deliveries absorbed as duplicates over the consumer's last rate interval in which anything arrived (0..1)."},
 				func() float64 { return opts.IngestStats().HitRatio }),

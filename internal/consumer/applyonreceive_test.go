@@ -1,0 +1,86 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+)
+
+// TestApplyOnReceive: while the workers are idle and the consumer keeps up,
+// events are applied in the transaction that stores them; with
+// NoApplyOnReceive the workers apply every one. Both credit each event once.
+func TestApplyOnReceive(t *testing.T) {
+	t.Parallel()
+	for _, off := range []bool{false, true} {
+		b := setup(t)
+		b.cfg.NoApplyOnReceive = off
+		c, err := New(b.config())
+		require.NoError(t, err)
+		stop := b.start(t, c)
+
+		// One event at a time: the consumer keeps up.
+		const orders = 5
+		var total int64
+		for i := range orders {
+			order, amount := fmt.Sprintf("o-%d", i), int64(100+i)
+			total += amount
+			b.publish(t, "created-"+order, "created-"+order, ledger.EventOrderCreated,
+				ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: amount, Currency: "EUR"})
+			require.Eventually(t, func() bool { return c.Stats().Acked == int64(2*i+1) }, 10*time.Second, 5*time.Millisecond)
+			b.publish(t, "paid-"+order, "paid-"+order, ledger.EventOrderPaid,
+				ledger.OrderPaid{OrderID: order, AmountCents: amount, Currency: "EUR"})
+			require.Eventually(t, func() bool { return c.Stats().Acked == int64(2*i+2) }, 10*time.Second, 5*time.Millisecond)
+		}
+		require.Eventually(t, b.settled(t, orders, total, 2*orders), 10*time.Second, 20*time.Millisecond)
+		require.NoError(t, stop())
+		if off {
+			require.Zero(t, c.Stats().AppliedOnReceive, "NoApplyOnReceive must leave every event to the workers")
+		} else {
+			require.Positive(t, c.Stats().AppliedOnReceive, "no event was applied on receive")
+		}
+	}
+}
+
+// TestApplyOnReceiveFailureLeavesTheEventToTheWorkers: a handler that fails
+// when run on receive has its effect rolled back and the event stored
+// pending; a worker then applies it, with that failed run not counted as an
+// attempt, and it is credited once.
+func TestApplyOnReceiveFailureLeavesTheEventToTheWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int64
+	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		if err := (ledger.Handler{}).Handle(ctx, tx, ev); err != nil {
+			return err
+		}
+		if ev.EventType == ledger.EventOrderPaid && calls.Add(1) == 1 {
+			return errors.New("first run fails after its credit")
+		}
+		return nil
+	})
+	c, err := New(b.config())
+	require.NoError(t, err)
+	b.start(t, c)
+
+	b.publish(t, "created-o-1", "created-o-1", ledger.EventOrderCreated,
+		ledger.OrderCreated{OrderID: "o-1", CustomerID: "c", AmountCents: 700, Currency: "EUR"})
+	require.Eventually(t, func() bool { return c.Stats().AppliedOnReceive == 1 }, 10*time.Second, 5*time.Millisecond)
+	b.publish(t, "paid-o-1", "paid-o-1", ledger.EventOrderPaid,
+		ledger.OrderPaid{OrderID: "o-1", AmountCents: 700, Currency: "EUR"})
+	require.Eventually(t, b.settled(t, 1, 700, 2), 10*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, 2, calls.Load(), "the paid event runs on receive, fails, and runs once more in a worker")
+	require.EqualValues(t, 1, c.Stats().AppliedOnReceive)
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT attempts FROM inbox WHERE event_id = 'paid-o-1'`).Scan(&attempts))
+	require.Equal(t, 1, attempts, "the rolled-back run on receive is not an attempt")
+}
