@@ -67,6 +67,13 @@ type Delivery struct {
 	// InProgress postpones redelivery while storing is retried; a no-op where
 	// the broker has no such notion (return nil).
 	InProgress func(ctx context.Context) error
+	// FirstDelivery is set only when the broker says it never delivered
+	// this message before (NATS: NumDelivered 1; RabbitMQ: not redelivered).
+	// False when it was redelivered or the broker cannot tell (Kafka): the
+	// consumer then never applies it on receive, so that a message whose
+	// handler kills the process is next run by a claim, which counts the
+	// attempt.
+	FirstDelivery bool
 }
 
 // Result is the outcome of publishing one message.

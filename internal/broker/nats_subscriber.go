@@ -346,7 +346,9 @@ func (s *NATSSubscriber) deliveries(msgs []jetstream.Msg) []Delivery {
 	out := make([]Delivery, 0, len(msgs))
 	for _, m := range msgs {
 		nm := natsMessage{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
+		first := false
 		if meta, err := m.Metadata(); err == nil {
+			first = meta.NumDelivered == 1
 			nm.Stream, nm.StreamSeq, nm.Timestamp = meta.Stream, meta.Sequence.Stream, meta.Timestamp
 			if meta.Stream == s.cfg.Stream {
 				nm.StreamCreated = s.streamCreated
@@ -360,6 +362,7 @@ func (s *NATSSubscriber) deliveries(msgs []jetstream.Msg) []Delivery {
 		}
 		d.Ack = func(context.Context) error { return m.Ack() }
 		d.InProgress = func(context.Context) error { return m.InProgress() }
+		d.FirstDelivery = first
 		out = append(out, d)
 	}
 	return out

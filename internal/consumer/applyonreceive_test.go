@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
@@ -83,4 +87,70 @@ func TestApplyOnReceiveFailureLeavesTheEventToTheWorkers(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(context.Background(),
 		`SELECT attempts FROM inbox WHERE event_id = 'paid-o-1'`).Scan(&attempts))
 	require.Equal(t, 1, attempts, "the rolled-back run on receive is not an attempt")
+}
+
+// oneShotSubscriber hands out its deliveries once, then nothing.
+type oneShotSubscriber struct {
+	mu sync.Mutex
+	ds []broker.Delivery
+}
+
+func (s *oneShotSubscriber) Fetch(ctx context.Context, _ int, maxWait time.Duration) ([]broker.Delivery, error) {
+	s.mu.Lock()
+	ds := s.ds
+	s.ds = nil
+	s.mu.Unlock()
+	if len(ds) == 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(maxWait):
+		}
+	}
+	return ds, nil
+}
+
+func (s *oneShotSubscriber) Close() error { return nil }
+
+// TestRedeliveryIsNotAppliedOnReceive: a delivery the broker says it
+// delivered before (FirstDelivery false: it may have killed the consumer on
+// receive) is stored for the workers, whose claim counts the attempt; only
+// first deliveries are applied on receive. Applying redeliveries on receive
+// would let a message that kills the process do so forever, never counted.
+func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
+	t.Parallel()
+	for _, first := range []bool{true, false} {
+		b := setup(t)
+		order := fmt.Sprintf("o-%v", first)
+		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 300, Currency: "EUR"})
+		require.NoError(t, err)
+		var acked atomic.Bool
+		sub := &oneShotSubscriber{ds: []broker.Delivery{{
+			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
+			Ref:           "test",
+			FirstDelivery: first,
+			Ack:           func(context.Context) error { acked.Store(true); return nil },
+			InProgress:    func(context.Context) error { return nil },
+		}}}
+		cfg := b.cfg
+		cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
+		c, err := New(cfg)
+		require.NoError(t, err)
+		stop := b.start(t, c)
+		require.Eventually(t, func() bool {
+			var st string
+			err := b.pool.QueryRow(context.Background(), `SELECT status FROM inbox WHERE event_id = $1`, "created-"+order).Scan(&st)
+			return err == nil && st == "processed" && acked.Load()
+		}, 10*time.Second, 10*time.Millisecond)
+		require.NoError(t, stop())
+		var attempts int
+		require.NoError(t, b.pool.QueryRow(context.Background(),
+			`SELECT attempts FROM inbox WHERE event_id = $1`, "created-"+order).Scan(&attempts))
+		require.Equal(t, 1, attempts)
+		if first {
+			require.EqualValues(t, 1, c.Stats().AppliedOnReceive, "a first delivery is applied on receive")
+		} else {
+			require.Zero(t, c.Stats().AppliedOnReceive, "a redelivery must be left to the workers' counted claims")
+		}
+	}
 }

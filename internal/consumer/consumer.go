@@ -228,7 +228,7 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	// Storing outlives cancellation: the batch in hand is finished on a
 	// graceful stop. A stop during an outage gives up after one more attempt.
 	sctx := context.WithoutCancel(ctx)
-	apply := c.applyOnReceive(len(ds))
+	apply := c.applyOnReceive(ds)
 	for attempt := 0; ; attempt++ {
 		// A retry only stores: whatever failed the first attempt (a handler
 		// that broke the connection, say) is left to the workers.
@@ -282,13 +282,27 @@ func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 	}
 }
 
-// applyOnReceive reports whether a fetched batch of n deliveries is applied
-// in the transaction that stores it (Config.NoApplyOnReceive): only while the
+// applyOnReceive reports whether a fetched batch is applied in the
+// transaction that stores it (Config.NoApplyOnReceive): only while the
 // consumer keeps up (the fetch did not fill a batch) and this process's
 // workers are idle, so that under a backlog the workers, several
-// connections at once, do the work while ingest goes on fetching.
-func (c *Consumer) applyOnReceive(n int) bool {
-	return !c.cfg.NoApplyOnReceive && c.worker != nil && n < c.cfg.BatchSize && c.worker.Idle()
+// connections at once, do the work while ingest goes on fetching; and only
+// when the broker says every delivery is a first delivery. A run on receive
+// counts no attempt (it commits with the store or not at all), so a message
+// whose handler kills the process there comes back redelivered, is stored
+// for the workers, and from then on each run is a counted attempt: a poison
+// message reaches the dead letters after at most one uncounted run instead
+// of killing the consumer forever.
+func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
+	if c.cfg.NoApplyOnReceive || c.worker == nil || len(ds) >= c.cfg.BatchSize || !c.worker.Idle() {
+		return false
+	}
+	for _, d := range ds {
+		if !d.FirstDelivery {
+			return false
+		}
+	}
+	return true
 }
 
 // store writes one batch into the inbox in one transaction. With apply, the

@@ -48,9 +48,9 @@ func (a *Applied) Committed(ctx context.Context) {
 	}
 }
 
-// Idle reports whether the worker is running and none of its goroutines is
-// processing a batch: what it would claim next, it would claim at once.
-func (w *Worker) Idle() bool { return w.running.Load() && w.busy.Load() == 0 }
+// Idle reports whether none of the worker's goroutines is processing a
+// batch: whatever it would claim next, it would claim at once.
+func (w *Worker) Idle() bool { return w.busy.Load() == 0 }
 
 // ApplyStored runs the handler on the events that tx itself has just stored
 // with Receive (stored: ReceiveResult.Stored; rows of other handlers and

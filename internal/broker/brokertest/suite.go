@@ -357,6 +357,14 @@ func testUnackedRedelivered(t *testing.T, h Harness) {
 	if !haveAll(ids(msgs))(again) {
 		t.Fatalf("unacknowledged deliveries not redelivered: got %v, want %v", distinctIDs(again), ids(msgs))
 	}
+	// A redelivery is never a first delivery: the consumer applies only
+	// first deliveries on receive, so a message that killed it there is
+	// next run by a claim that counts the attempt.
+	for _, d := range again {
+		if d.FirstDelivery {
+			t.Fatalf("redelivered %s (%s) says FirstDelivery", d.Message.EventID, d.Ref)
+		}
+	}
 	ackAll(t, again)
 }
 

@@ -173,6 +173,8 @@ func (s *Subscriber) Fetch(ctx context.Context, n int, maxWait time.Duration) ([
 		d := decodeRecord(s.cfg.TopicPrefix, r, broker.DecodeOptions{MaxPayloadBytes: s.cfg.MaxPayloadBytes})
 		d.Ack = func(context.Context) error { return s.ack(p, pr) }
 		d.InProgress = func(context.Context) error { return nil }
+		// A record read again after a restart carries no sign of it:
+		// FirstDelivery stays false.
 		out[i] = d
 	}
 	return out, nil

@@ -211,6 +211,7 @@ func (s *Subscriber) appendDelivery(out []broker.Delivery, sess *subSession, d a
 	}
 	// RabbitMQ redelivers only when the channel closes: nothing to extend.
 	dv.InProgress = func(context.Context) error { return nil }
+	dv.FirstDelivery = !d.Redelivered
 	return append(out, dv)
 }
 
