@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +40,12 @@ func TestQuick(t *testing.T) {
 	for _, f := range res.Figures {
 		require.Empty(t, f.Error, "figure %s", f.ID)
 		require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
+		if strings.HasPrefix(f.ID, "stage_") && strings.HasSuffix(f.ID, "_inbox") {
+			// Events applied on receive are credited by the transaction
+			// that stores them: that stage is then 0.
+			require.GreaterOrEqual(t, f.Median, 0.0, "figure %s", f.ID)
+			continue
+		}
 		require.Greater(t, f.Median, 0.0, "figure %s", f.ID)
 	}
 	for _, name := range []string{"results.json", "results.txt", "results.svg"} {
