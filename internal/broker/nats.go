@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // NATSConfig configures a NATS JetStream publisher.
@@ -69,19 +71,22 @@ func (c NATSConfig) WithDefaults() NATSConfig {
 }
 
 // Validate checks the settings (after WithDefaults), naming a bad field as
-// NATSConfig.<Field>.
+// NATSConfig.<Field> (a *setting.FieldError).
 func (c NATSConfig) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return setting.Errorf("broker", "NATSConfig", field, format, args...)
+	}
 	switch {
 	case c.URL == "":
-		return errors.New("broker: NATSConfig.URL is required")
+		return bad("URL", "{} is required")
 	case strings.ContainsAny(c.SubjectPrefix, " \t\r\n*>") || strings.HasPrefix(c.SubjectPrefix, ".") || strings.HasSuffix(c.SubjectPrefix, "."):
-		return fmt.Errorf("broker: NATSConfig.SubjectPrefix %q is not a valid subject prefix", c.SubjectPrefix)
+		return bad("SubjectPrefix", "{} %q is not a valid subject prefix", c.SubjectPrefix)
 	case strings.ContainsAny(c.Stream, " \t\r\n.*>/\\"):
-		return fmt.Errorf("broker: NATSConfig.Stream %q is not a valid stream name", c.Stream)
+		return bad("Stream", "{} %q is not a valid stream name", c.Stream)
 	case c.AckTimeout < 0:
-		return errors.New("broker: NATSConfig.AckTimeout must not be negative")
+		return bad("AckTimeout", "{} must not be negative")
 	case c.DuplicateWindow < 0:
-		return errors.New("broker: NATSConfig.DuplicateWindow must not be negative")
+		return bad("DuplicateWindow", "{} must not be negative")
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // NATSBroker is NATS JetStream: the relay publishes to a stream (or starts
@@ -38,15 +39,19 @@ var natsRelayEnvKinds = map[string]string{
 	"RELAY_ACK_TIMEOUT":    "duration",
 }
 
-// natsRelayNames maps broker.NATSConfig's fields onto the relay's flags.
-var natsRelayNames = strings.NewReplacer(
-	"broker: ", "",
-	"NATSConfig.SubjectPrefix", "--subject-prefix (RELAY_SUBJECT_PREFIX)",
-	"NATSConfig.Stream", "--stream (RELAY_STREAM)",
-	"NATSConfig.AckTimeout", "--ack-timeout (RELAY_ACK_TIMEOUT)",
-	"NATSConfig.DuplicateWindow", "the stream's duplicate window",
-	"NATSConfig.URL", "--nats-url (NATS_URL)",
-)
+// natsRelayFlags names the relay's flags that set broker.NATSConfig's
+// fields.
+var natsRelayFlags = map[string]string{
+	"SubjectPrefix":   "--subject-prefix (RELAY_SUBJECT_PREFIX)",
+	"Stream":          "--stream (RELAY_STREAM)",
+	"AckTimeout":      "--ack-timeout (RELAY_ACK_TIMEOUT)",
+	"DuplicateWindow": "the stream's duplicate window",
+	"URL":             "--nats-url (NATS_URL)",
+}
+
+func natsRelayNames(err error) error {
+	return setting.Name(err, func(f string) string { return natsRelayFlags[f] })
+}
 
 func bindNATSRelay(f *pflag.FlagSet) RelaySide {
 	s := &natsRelay{}
@@ -75,7 +80,7 @@ func (s *natsRelay) Check() error {
 	}
 	// The URL is checked by connecting; the rest needs no server.
 	if err := s.config("nats://unused", false, nil).WithDefaults().Validate(); err != nil {
-		return errors.New(natsRelayNames.Replace(err.Error()))
+		return natsRelayNames(err)
 	}
 	return nil
 }
@@ -100,8 +105,8 @@ func (s *natsRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, er
 		if stop != nil {
 			stop()
 		}
-		if strings.Contains(err.Error(), "NATSConfig.") {
-			return nil, errors.New(natsRelayNames.Replace(err.Error()))
+		if fe := (*setting.FieldError)(nil); errors.As(err, &fe) {
+			return nil, natsRelayNames(err)
 		}
 		return nil, fmt.Errorf("--nats-url (NATS_URL): %w", err)
 	}
@@ -140,20 +145,23 @@ var natsConsumerEnvKinds = map[string]string{
 	"CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW": "bool",
 }
 
-// natsConsumerNames maps broker.NATSSubscriberConfig's fields onto the
-// consumer's flags.
-var natsConsumerNames = strings.NewReplacer(
-	"broker: ", "",
-	"NATSSubscriberConfig.URL", "--nats-url (NATS_URL)",
-	"NATSSubscriberConfig.Stream", "--stream (CONSUMER_STREAM)",
-	"NATSSubscriberConfig.SubjectPrefix", "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
-	"NATSSubscriberConfig.Durable", "--durable (CONSUMER_DURABLE)",
-	"NATSSubscriberConfig.AckWait", "--ack-wait (CONSUMER_ACK_WAIT)",
-	"NATSSubscriberConfig.MaxAckPending", "10 × --batch-size (CONSUMER_BATCH_SIZE)",
-	"NATSSubscriberConfig.MaxPayloadBytes", "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"NATSSubscriberConfig.DedupWindow", "--dedup-window (DEDUP_WINDOW)",
-	"NATSSubscriberConfig.AllowReplayBeyondDedupWindow", "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
-)
+// natsConsumerFlags names the consumer's flags that set
+// broker.NATSSubscriberConfig's fields.
+var natsConsumerFlags = map[string]string{
+	"URL":                          "--nats-url (NATS_URL)",
+	"Stream":                       "--stream (CONSUMER_STREAM)",
+	"SubjectPrefix":                "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
+	"Durable":                      "--durable (CONSUMER_DURABLE)",
+	"AckWait":                      "--ack-wait (CONSUMER_ACK_WAIT)",
+	"MaxAckPending":                "10 × --batch-size (CONSUMER_BATCH_SIZE)",
+	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
+	"AllowReplayBeyondDedupWindow": "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+}
+
+func natsConsumerNames(err error) error {
+	return setting.Name(err, func(f string) string { return natsConsumerFlags[f] })
+}
 
 func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
 	s := &natsConsumer{}
@@ -190,7 +198,7 @@ func (s *natsConsumer) Check(opts SubscriberOptions) error {
 		return err
 	}
 	if err := s.config(opts).Validate(); err != nil {
-		return errors.New(natsConsumerNames.Replace(err.Error()))
+		return natsConsumerNames(err)
 	}
 	return nil
 }
@@ -200,7 +208,7 @@ func (s *natsConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (
 	return func(ctx context.Context) (broker.Subscriber, error) {
 		sub, err := broker.NewNATSSubscriber(ctx, cfg)
 		if err != nil {
-			return nil, errors.New(natsConsumerNames.Replace(err.Error()))
+			return nil, natsConsumerNames(err)
 		}
 		return &namedSubscriber{Subscriber: sub, names: natsConsumerNames}, nil
 	}
@@ -211,7 +219,7 @@ func (s *natsConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (
 // them.
 type namedSubscriber struct {
 	broker.Subscriber
-	names *strings.Replacer
+	names func(error) error
 }
 
 func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Duration) ([]broker.Delivery, error) {
@@ -219,7 +227,7 @@ func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durat
 	if err != nil && broker.IsTerminal(err) {
 		var perm *broker.TerminalError
 		if errors.As(err, &perm) {
-			err = broker.Terminal(errors.New(s.names.Replace(perm.Err.Error())))
+			err = broker.Terminal(s.names(perm.Err))
 		}
 	}
 	return ds, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // RabbitMQBroker is RabbitMQ: the relay publishes to a durable topic
@@ -21,21 +22,25 @@ func RabbitMQBroker() Broker {
 	return Broker{Name: "rabbitmq", BindRelay: bindRabbitMQRelay, BindConsumer: bindRabbitMQConsumer}
 }
 
-// rabbitMQNames maps rabbitmq.Config's fields onto the flags that set them
-// (Config.QueueType before Config.Queue, which it starts with).
-var rabbitMQNames = strings.NewReplacer(
-	"rabbitmq: ", "",
-	"Config.URL", "--amqp-url (AMQP_URL)",
-	"Config.Exchange", "--amqp-exchange (AMQP_EXCHANGE)",
-	"Config.QueueType", "--amqp-queue-type (AMQP_QUEUE_TYPE)",
-	"Config.Queue", "--amqp-queue (AMQP_QUEUE)",
-	"Config.BindingKey", "--amqp-binding-key (AMQP_BINDING_KEY)",
-	"Config.SkipDeclare", "--amqp-skip-declare (AMQP_SKIP_DECLARE)",
-	"Config.Prefetch", "--amqp-prefetch (AMQP_PREFETCH)",
-	"Config.MaxInFlight", "--amqp-max-in-flight (AMQP_MAX_IN_FLIGHT)",
-	"Config.ConfirmTimeout", "--amqp-confirm-timeout (AMQP_CONFIRM_TIMEOUT)",
-	"Config.MaxMessageBytes", "--amqp-max-message-bytes (AMQP_MAX_MESSAGE_BYTES)",
-)
+// rabbitMQFlags names the flags that set rabbitmq.Config's fields.
+var rabbitMQFlags = map[string]string{
+	"URL":             "--amqp-url (AMQP_URL)",
+	"Exchange":        "--amqp-exchange (AMQP_EXCHANGE)",
+	"QueueType":       "--amqp-queue-type (AMQP_QUEUE_TYPE)",
+	"Queue":           "--amqp-queue (AMQP_QUEUE)",
+	"BindingKey":      "--amqp-binding-key (AMQP_BINDING_KEY)",
+	"SkipDeclare":     "--amqp-skip-declare (AMQP_SKIP_DECLARE)",
+	"Prefetch":        "--amqp-prefetch (AMQP_PREFETCH)",
+	"MaxInFlight":     "--amqp-max-in-flight (AMQP_MAX_IN_FLIGHT)",
+	"ConfirmTimeout":  "--amqp-confirm-timeout (AMQP_CONFIRM_TIMEOUT)",
+	"MaxMessageBytes": "--amqp-max-message-bytes (AMQP_MAX_MESSAGE_BYTES)",
+}
+
+// rabbitMQNames spells the rabbitmq.Config fields of err's
+// *setting.FieldErrors as the flags that set them.
+func rabbitMQNames(err error) error {
+	return setting.Name(err, func(f string) string { return rabbitMQFlags[f] })
+}
 
 var rabbitMQEnvKinds = map[string]string{
 	"AMQP_SKIP_DECLARE":      "bool",
@@ -82,7 +87,7 @@ func (s *rabbitMQRelay) Check() error {
 		return fmt.Errorf("--amqp-confirm-timeout (AMQP_CONFIRM_TIMEOUT) must be positive, got %s", s.cfg.ConfirmTimeout)
 	}
 	if err := s.config(nil).Validate(); err != nil {
-		return errors.New(rabbitMQNames.Replace(err.Error()))
+		return rabbitMQNames(err)
 	}
 	return nil
 }
@@ -132,7 +137,7 @@ func (s *rabbitMQConsumer) Check(opts SubscriberOptions) error {
 	}
 	c := s.config(opts)
 	if err := c.Validate(); err != nil {
-		return errors.New(rabbitMQNames.Replace(err.Error()))
+		return rabbitMQNames(err)
 	}
 	if opts.BatchSize > 0 && c.Prefetch < opts.BatchSize {
 		return fmt.Errorf("--amqp-prefetch (AMQP_PREFETCH) %d is below --batch-size (CONSUMER_BATCH_SIZE) %d: a fetched batch could never fill", c.Prefetch, opts.BatchSize)
@@ -154,9 +159,8 @@ func (s *rabbitMQConsumer) Subscribe(opts SubscriberOptions) func(context.Contex
 // rabbitMQOpenError names the settings of a failed start: those the error
 // names (a topology that does not match), else the server's URL.
 func rabbitMQOpenError(err error) error {
-	msg := rabbitMQNames.Replace(err.Error())
-	if strings.Contains(msg, "--amqp-") {
-		return errors.New(msg)
+	if fe := (*setting.FieldError)(nil); errors.As(err, &fe) {
+		return rabbitMQNames(err)
 	}
-	return errors.New("--amqp-url (AMQP_URL): " + msg)
+	return errors.New("--amqp-url (AMQP_URL): " + strings.TrimPrefix(err.Error(), "rabbitmq: "))
 }

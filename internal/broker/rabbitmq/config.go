@@ -15,12 +15,13 @@ package rabbitmq
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Queue types for Config.QueueType.
@@ -135,43 +136,46 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports every invalid setting, each named "Config.<Field>".
+// Validate reports every invalid setting, each a *setting.FieldError naming
+// "Config.<Field>".
 func (c Config) Validate() error {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("rabbitmq: "+format, args...)) }
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, setting.Errorf("rabbitmq", "Config", field, format, args...))
+	}
 	if c.URL == "" {
-		bad("Config.URL is required")
+		bad("URL", "{} is required")
 	} else if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
-		bad("Config.URL %q is not an amqp:// or amqps:// URL", RedactURL(c.URL))
+		bad("URL", "{} %q is not an amqp:// or amqps:// URL", RedactURL(c.URL))
 	}
 	name := func(field, v string) {
 		switch {
 		case len(v) > 255:
-			bad("Config.%s is longer than 255 bytes", field)
+			bad(field, "{} is longer than 255 bytes")
 		case strings.HasPrefix(v, "amq."):
-			bad("Config.%s %q: names starting with \"amq.\" are reserved by RabbitMQ", field, v)
+			bad(field, "{} %q: names starting with \"amq.\" are reserved by RabbitMQ", v)
 		case strings.ContainsAny(v, "\x00\r\n"):
-			bad("Config.%s %q contains control characters", field, v)
+			bad(field, "{} %q contains control characters", v)
 		}
 	}
 	name("Exchange", c.Exchange)
 	name("Queue", c.Queue)
 	if len(c.BindingKey) > 255 {
-		bad("Config.BindingKey is longer than 255 bytes")
+		bad("BindingKey", "{} is longer than 255 bytes")
 	}
 	switch c.QueueType {
 	case QueueTypeAuto, QueueTypeQuorum, QueueTypeClassic:
 	default:
-		bad("Config.QueueType %q: want %q, %q or %q", c.QueueType, QueueTypeAuto, QueueTypeQuorum, QueueTypeClassic)
+		bad("QueueType", "{} %q: want %q, %q or %q", c.QueueType, QueueTypeAuto, QueueTypeQuorum, QueueTypeClassic)
 	}
 	if c.Prefetch < 1 || c.Prefetch > 65535 {
-		bad("Config.Prefetch %d: want 1 to 65535", c.Prefetch)
+		bad("Prefetch", "{} %d: want 1 to 65535", c.Prefetch)
 	}
 	if c.MaxInFlight < 1 {
-		bad("Config.MaxInFlight %d must be at least 1", c.MaxInFlight)
+		bad("MaxInFlight", "{} %d must be at least 1", c.MaxInFlight)
 	}
 	if c.MaxMessageBytes < 1 {
-		bad("Config.MaxMessageBytes %d must be at least 1", c.MaxMessageBytes)
+		bad("MaxMessageBytes", "{} %d must be at least 1", c.MaxMessageBytes)
 	}
 	for _, d := range []struct {
 		field string
@@ -179,11 +183,11 @@ func (c Config) Validate() error {
 	}{{"ConfirmTimeout", c.ConfirmTimeout}, {"DialTimeout", c.DialTimeout}, {"Heartbeat", c.Heartbeat},
 		{"ReconnectWait", c.ReconnectWait}, {"ReconnectMaxWait", c.ReconnectMaxWait}} {
 		if d.v < 0 {
-			bad("Config.%s %s must not be negative", d.field, d.v)
+			bad(d.field, "{} %s must not be negative", d.v)
 		}
 	}
 	if c.ReconnectMaxWait < c.ReconnectWait {
-		bad("Config.ReconnectMaxWait %s is shorter than Config.ReconnectWait %s", c.ReconnectMaxWait, c.ReconnectWait)
+		bad("ReconnectMaxWait", "{} %s is shorter than {ReconnectWait} %s", c.ReconnectMaxWait, c.ReconnectWait)
 	}
 	return errors.Join(errs...)
 }

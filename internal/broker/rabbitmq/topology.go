@@ -9,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // dial opens a connection named name (shown in the management UI).
@@ -86,9 +88,9 @@ func declareExchange(ch *amqp.Channel, cfg Config) error {
 	case err == nil:
 		return nil
 	case isAMQPCode(err, amqp.NotFound):
-		return fmt.Errorf("exchange %q (Config.Exchange) does not exist and declaring is off (Config.SkipDeclare): %w", cfg.Exchange, err)
+		return setting.Errorf("", "Config", "Exchange", "exchange %q ({}) does not exist and declaring is off ({SkipDeclare}): %w", cfg.Exchange, err)
 	case isAMQPCode(err, amqp.PreconditionFailed):
-		return fmt.Errorf("exchange %q (Config.Exchange) exists with other settings than a durable topic exchange: %w", cfg.Exchange, err)
+		return setting.Errorf("", "Config", "Exchange", "exchange %q ({}) exists with other settings than a durable topic exchange: %w", cfg.Exchange, err)
 	}
 	return fmt.Errorf("declare exchange %q: %w", cfg.Exchange, err)
 }
@@ -109,7 +111,7 @@ func declareQueue(conn *amqp.Connection, cfg Config, log *zap.Logger) (string, e
 	switch {
 	case err == nil:
 	case isAMQPCode(err, amqp.NotFound) && cfg.SkipDeclare:
-		return "", fmt.Errorf("queue %q (Config.Queue) does not exist and declaring is off (Config.SkipDeclare): %w", cfg.Queue, err)
+		return "", setting.Errorf("", "Config", "Queue", "queue %q ({}) does not exist and declaring is off ({SkipDeclare}): %w", cfg.Queue, err)
 	case isAMQPCode(err, amqp.NotFound):
 		if ch, err = conn.Channel(); err != nil {
 			return "", fmt.Errorf("open channel: %w", err)
@@ -128,7 +130,7 @@ func declareQueue(conn *amqp.Connection, cfg Config, log *zap.Logger) (string, e
 		}
 		if _, err := ch.QueueDeclare(cfg.Queue, true, false, false, false, args); err != nil {
 			if isAMQPCode(err, amqp.PreconditionFailed) {
-				return "", fmt.Errorf("queue %q (Config.Queue) was declared meanwhile with other settings: %w", cfg.Queue, err)
+				return "", setting.Errorf("", "Config", "Queue", "queue %q ({}) was declared meanwhile with other settings: %w", cfg.Queue, err)
 			}
 			return "", fmt.Errorf("declare %s queue %q: %w", declared, cfg.Queue, err)
 		}

@@ -1,0 +1,36 @@
+package cli
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/setting"
+)
+
+// failingSubscriber fails every fetch with err.
+type failingSubscriber struct {
+	broker.Subscriber
+	err error
+}
+
+func (s failingSubscriber) Fetch(context.Context, int, time.Duration) ([]broker.Delivery, error) {
+	return nil, s.err
+}
+
+// TestNATSSubscriberRefusalNamesTheFlags: a permanent refusal naming the
+// subscriber's settings (a stream outliving the dedup window) reaches the
+// consumer naming its flags, and stays permanent.
+func TestNATSSubscriberRefusalNamesTheFlags(t *testing.T) {
+	t.Parallel()
+	refusal := setting.Errorf("", "NATSSubscriberConfig", "DedupWindow",
+		"stream keeps messages longer than {} %s; raise {} or set {AllowReplayBeyondDedupWindow}", time.Hour)
+	sub := &namedSubscriber{Subscriber: failingSubscriber{err: broker.Terminal(refusal)}, names: natsConsumerNames}
+	_, err := sub.Fetch(context.Background(), 1, time.Millisecond)
+	require.True(t, broker.IsTerminal(err))
+	require.EqualError(t, err, "permanent: stream keeps messages longer than --dedup-window (DEDUP_WINDOW) 1h0m0s; raise "+
+		"--dedup-window (DEDUP_WINDOW) or set --allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
+}
