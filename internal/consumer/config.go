@@ -78,7 +78,8 @@ type Config struct {
 	// Config's.
 	Inbox inbox.Config
 	// DisableWorkers runs only the ingest side (broker into the inbox),
-	// for deployments that run the inbox workers elsewhere. Default false.
+	// for deployments that run the inbox workers, and with them the inbox's
+	// upkeep (inbox.Config.Retention), elsewhere. Default false.
 	DisableWorkers bool
 	// NoApplyOnReceive turns off applying on receive: by default, when the
 	// inbox workers of this process are idle and a fetch did not fill a
