@@ -27,18 +27,3 @@ WHERE id IN (
     ORDER BY c.detected_at
     LIMIT @batch_size
 );
-
--- name: DeleteExpiredInboxReleases :execrows
--- DeleteExpiredInboxReleases deletes up to batch_size release records
--- (inbox_releases) older than the dedup window. A release only matters to a
--- deferral racing with it; one that old can race with nothing, and a handler
--- deferring now on a dependency released that long ago finds it present.
--- There is no index on released_at (it would cost every release a write):
--- each batch scans the table, which the window keeps small.
-DELETE FROM inbox_releases
-WHERE waiting_for IN (
-    SELECT r.waiting_for FROM inbox_releases r
-    WHERE r.released_at < now() - make_interval(secs => @window_seconds::float8)
-    LIMIT @batch_size
-    FOR UPDATE SKIP LOCKED
-);

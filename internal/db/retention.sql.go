@@ -66,32 +66,3 @@ func (q *Queries) DeleteExpiredInboxConflicts(ctx context.Context, db DBTX, arg 
 	}
 	return result.RowsAffected(), nil
 }
-
-const deleteExpiredInboxReleases = `-- name: DeleteExpiredInboxReleases :execrows
-DELETE FROM inbox_releases
-WHERE waiting_for IN (
-    SELECT r.waiting_for FROM inbox_releases r
-    WHERE r.released_at < now() - make_interval(secs => $1::float8)
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-`
-
-type DeleteExpiredInboxReleasesParams struct {
-	WindowSeconds float64
-	BatchSize     int32
-}
-
-// DeleteExpiredInboxReleases deletes up to batch_size release records
-// (inbox_releases) older than the dedup window. A release only matters to a
-// deferral racing with it; one that old can race with nothing, and a handler
-// deferring now on a dependency released that long ago finds it present.
-// There is no index on released_at (it would cost every release a write):
-// each batch scans the table, which the window keeps small.
-func (q *Queries) DeleteExpiredInboxReleases(ctx context.Context, db DBTX, arg DeleteExpiredInboxReleasesParams) (int64, error) {
-	result, err := db.Exec(ctx, deleteExpiredInboxReleases, arg.WindowSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
