@@ -43,6 +43,7 @@ CREATE INDEX outbox_key_seq_idx ON outbox (key, key_seq) WHERE key_seq IS NOT NU
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION outbox_before_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    stored   boolean;
     next_seq bigint;
     mine     boolean;
 BEGIN
@@ -50,20 +51,24 @@ BEGIN
     IF NEW.key IS NULL OR NEW.key = '' THEN
         -- No ordering key: the event is ordered with nothing, so no lock.
         NEW.key := NEW.event_id;
+    ELSIF NEW.key = NEW.event_id THEN
+        -- A key equal to the event's own id is the default key: no sequence.
+        PERFORM pg_advisory_xact_lock(1885434465, hashtext(NEW.key));
     ELSE
         PERFORM pg_advisory_xact_lock(1885434465, hashtext(NEW.key));
-        -- A key equal to the event's own id is the default key: no sequence.
-        -- An event id already stored is an idempotent retry that the insert
-        -- will skip: it must not consume a sequence number.
-        IF NEW.key <> NEW.event_id
-           AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = NEW.event_id) THEN
-            SELECT greatest(coalesce((SELECT max(o.key_seq) FROM outbox o
-                                      WHERE o.key = NEW.key AND o.key_seq IS NOT NULL), 0),
-                            coalesce(s.seq, 0)) + 1,
-                   coalesce(s.xmin = pg_current_xact_id()::xid, false)
-            INTO next_seq, mine
-            FROM (SELECT 1) AS one
-            LEFT JOIN outbox_key_seqs s ON s.key = NEW.key;
+        -- One statement (one snapshot, one round of the executor per row):
+        -- whether the event id is already stored (an idempotent retry the
+        -- insert will skip: it must not consume a number), the next number,
+        -- and whether this transaction already wrote the key's counter.
+        SELECT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = NEW.event_id),
+               greatest(coalesce((SELECT max(o.key_seq) FROM outbox o
+                                  WHERE o.key = NEW.key AND o.key_seq IS NOT NULL), 0),
+                        coalesce(s.seq, 0)) + 1,
+               coalesce(s.xmin = pg_current_xact_id()::xid, false)
+        INTO stored, next_seq, mine
+        FROM (SELECT 1) AS one
+        LEFT JOIN outbox_key_seqs s ON s.key = NEW.key;
+        IF NOT stored THEN
             IF NOT mine THEN
                 INSERT INTO outbox_key_seqs AS s (key, seq) VALUES (NEW.key, next_seq)
                 ON CONFLICT (key) DO UPDATE SET seq = greatest(s.seq, excluded.seq);
