@@ -76,6 +76,8 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"consumer", []string{"--log-level", "loud"}, nil, "loud"},
 		{"consumer", nil, []string{"CONSUMER_BATCH_SIZE=lots"}, "CONSUMER_BATCH_SIZE"},
 		{"consumer", nil, []string{"CONSUMER_LEASE=soon"}, "CONSUMER_LEASE"},
+		{"consumer", []string{"--ordered", "--gap-timeout", "-1s"}, nil, "--gap-timeout (CONSUMER_GAP_TIMEOUT)"},
+		{"consumer", nil, []string{"CONSUMER_ORDERED=sometimes"}, "CONSUMER_ORDERED"},
 		{"consumer", nil, []string{"CONSUMER_CREATE_STREAM=maybe"}, "CONSUMER_CREATE_STREAM"},
 		{"consumer", nil, []string{"DEDUP_WINDOW=forever"}, "DEDUP_WINDOW"},
 		{"consumer", []string{"--dedup-window", "30m"}, nil, "--dedup-window"},

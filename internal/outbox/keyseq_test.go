@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -74,4 +75,86 @@ func TestKeySeqContiguousPerKey(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, enqueue(t, pool, o, msg("a4", "a")))
 	require.EqualValues(t, 4, keySeqs(t, pool)["a4"])
+
+	// Many events of one key in one transaction, one of them in a
+	// savepoint, and a rolled-back savepoint: contiguous.
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := o.Enqueue(ctx, tx, msg("c1", "c"), msg("c2", "c"), msg("c3", "c")); err != nil {
+			return err
+		}
+		if err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return o.Enqueue(ctx, sp, msg("c4", "c")) }); err != nil {
+			return err
+		}
+		_ = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			if err := o.Enqueue(ctx, sp, msg("c-gone", "c")); err != nil {
+				return err
+			}
+			return boom
+		})
+		return o.Enqueue(ctx, tx, msg("c5", "c"))
+	}))
+	got := keySeqs(t, pool)
+	for i, id := range []string{"c1", "c2", "c3", "c4", "c5"} {
+		require.EqualValues(t, i+1, got[id], id)
+	}
+
+	// Deleting them (the counter was written with c1 only) and truncating
+	// keep the numbering.
+	_, err = pool.Exec(ctx, `DELETE FROM outbox WHERE key = 'c'`)
+	require.NoError(t, err)
+	require.NoError(t, enqueue(t, pool, o, msg("c6", "c")))
+	require.EqualValues(t, 6, keySeqs(t, pool)["c6"])
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return o.Enqueue(ctx, tx, msg("c7", "c"), msg("c8", "c"))
+	}))
+	_, err = pool.Exec(ctx, `TRUNCATE outbox`)
+	require.NoError(t, err)
+	require.NoError(t, enqueue(t, pool, o, msg("a5", "a"), msg("c9", "c")))
+	require.Equal(t, map[string]int64{"a5": 5, "c9": 9}, keySeqs(t, pool))
 }
+
+// TestKeySeqConcurrentProducers: producers of one key racing, some rolling
+// back: the committed events carry 1..n exactly once, in id (commit) order.
+func TestKeySeqConcurrentProducers(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	const producers, each = 6, 20
+	errs := make(chan error, producers)
+	for p := range producers {
+		go func() {
+			for i := range each {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					m := event.Message{EventID: fmt.Sprintf("x-%d-%d", p, i), Topic: "orders", Key: "x", EventType: "T"}
+					if err := o.Enqueue(ctx, tx, m); err != nil {
+						return err
+					}
+					if i%5 == 4 {
+						return errRolledBack
+					}
+					return nil
+				})
+				if err != nil && !errors.Is(err, errRolledBack) {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range producers {
+		require.NoError(t, <-errs)
+	}
+	rows, err := pool.Query(ctx, `SELECT key_seq FROM outbox WHERE key = 'x' ORDER BY id`)
+	require.NoError(t, err)
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, seqs, producers*each*4/5)
+	for i, s := range seqs {
+		require.EqualValues(t, i+1, s, "sequence %d in id order", i)
+	}
+}
+
+var errRolledBack = errors.New("rolled back")
