@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -137,12 +136,7 @@ func (w *Worker) applyStored(ctx context.Context, sp pgx.Tx, keys []string) (*Ap
 		return nil, ""
 	}
 	// In arrival order, as a claim runs them.
-	slices.SortStableFunc(evs, func(a, b *Event) int {
-		if c := a.ReceivedAt.Compare(b.ReceivedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.DedupKey, b.DedupKey)
-	})
+	slices.SortStableFunc(evs, arrivalOrder)
 	released := &releaseSet{}
 	hctx := withReleaseSet(ctx, released)
 	durs := make([]time.Duration, len(evs))

@@ -227,12 +227,7 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 	}
 	// RETURNING follows no order: run the batch in arrival order, so that
 	// events are handled first come, first served.
-	slices.SortStableFunc(cs, func(a, b claimed) int {
-		if c := a.ev.ReceivedAt.Compare(b.ev.ReceivedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ev.DedupKey, b.ev.DedupKey)
-	})
+	slices.SortStableFunc(cs, func(a, b claimed) int { return arrivalOrder(&a.ev, &b.ev) })
 	evs := make([]*Event, 0, len(cs))
 	for i := range cs {
 		ev := &cs[i].ev
@@ -259,6 +254,15 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 		orderRun(evs)
 	}
 	return evs
+}
+
+// arrivalOrder orders events first come, first served: by the time the inbox
+// stored them, then by dedup key.
+func arrivalOrder(a, b *Event) int {
+	if c := a.ReceivedAt.Compare(b.ReceivedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(a.DedupKey, b.DedupKey)
 }
 
 // result is what happened to one event of a batch, reported once the batch
