@@ -101,40 +101,45 @@ func skipError(err error) error {
 // SkipGap gives up on the missing sequences of an ordered key (inbox.SkipGap):
 // its held events run. Audited; the reason is required.
 func (s *Service) SkipGap(ctx context.Context, r SkipRequest) (inbox.SkipResult, error) {
-	if err := r.check(); err != nil {
-		return inbox.SkipResult{}, err
+	res, err := s.skip(ctx, r, "key", r.Key, func(ctx context.Context, sk inbox.Skip) (inbox.SkipResult, error) {
+		return inbox.SkipGap(ctx, s.cfg.Pool, sk, r.Key)
+	})
+	if err == nil {
+		s.cfg.Logger.Info("ordered gap skipped", zap.String("handler", r.Handler), zap.String("key", r.Key),
+			zap.Int64("from_seq", res.From), zap.Int64("to_seq", res.To), zap.String("actor", r.Actor))
 	}
-	if r.Key == "" {
-		return inbox.SkipResult{}, fmt.Errorf("%w: key is required", ErrInvalid)
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	res, err := inbox.SkipGap(ctx, s.cfg.Pool, inbox.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason}, r.Key)
-	if err != nil {
-		return res, skipError(err)
-	}
-	s.cfg.Logger.Info("ordered gap skipped", zap.String("handler", r.Handler), zap.String("key", r.Key),
-		zap.Int64("from_seq", res.From), zap.Int64("to_seq", res.To), zap.String("actor", r.Actor))
-	return res, nil
+	return res, err
 }
 
 // SkipDead gives up on a dead event that parks its ordered key
 // (inbox.SkipDead): the key's later events run; the event stays dead.
 // Audited; the reason is required.
 func (s *Service) SkipDead(ctx context.Context, r SkipRequest) (inbox.SkipResult, error) {
+	res, err := s.skip(ctx, r, "event_id", r.EventID, func(ctx context.Context, sk inbox.Skip) (inbox.SkipResult, error) {
+		return inbox.SkipDead(ctx, s.cfg.Pool, sk, r.EventID)
+	})
+	if err == nil {
+		s.cfg.Logger.Info("ordered dead event skipped", zap.String("handler", r.Handler), zap.String("event_id", r.EventID),
+			zap.String("key", res.Key), zap.Int64("seq", res.From), zap.String("actor", r.Actor))
+	}
+	return res, err
+}
+
+// skip checks r and its target (field names it for the error), then runs
+// the inbox's skip with the query timeout.
+func (s *Service) skip(ctx context.Context, r SkipRequest, field, target string,
+	run func(context.Context, inbox.Skip) (inbox.SkipResult, error)) (inbox.SkipResult, error) {
 	if err := r.check(); err != nil {
 		return inbox.SkipResult{}, err
 	}
-	if r.EventID == "" {
-		return inbox.SkipResult{}, fmt.Errorf("%w: event_id is required", ErrInvalid)
+	if target == "" {
+		return inbox.SkipResult{}, fmt.Errorf("%w: %s is required", ErrInvalid, field)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	res, err := inbox.SkipDead(ctx, s.cfg.Pool, inbox.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason}, r.EventID)
+	res, err := run(ctx, inbox.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason})
 	if err != nil {
 		return res, skipError(err)
 	}
-	s.cfg.Logger.Info("ordered dead event skipped", zap.String("handler", r.Handler), zap.String("event_id", r.EventID),
-		zap.String("key", res.Key), zap.Int64("seq", res.From), zap.String("actor", r.Actor))
 	return res, nil
 }
