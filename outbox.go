@@ -26,10 +26,13 @@ var (
 // aborts the caller's transaction. ErrDuplicateEvent means the stored event is
 // identical (topic, key, event type, payload, headers): a retrying producer
 // may treat it as success. ErrEventIDConflict means it differs: the stored
-// event stands and the message was not written.
+// event stands and the message was not written. ErrKeySeqRace aborts it: a
+// REPEATABLE READ or SERIALIZABLE producer raced a producer of the same key
+// and must retry its transaction (READ COMMITTED producers never see it).
 var (
 	ErrDuplicateEvent  = outbox.ErrDuplicateEvent
 	ErrEventIDConflict = outbox.ErrEventIDConflict
+	ErrKeySeqRace      = outbox.ErrKeySeqRace
 )
 
 // HeaderContentType is the broker header (and the key in the outbox's and

@@ -24,9 +24,10 @@ SELECT $1::text || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
 FROM generate_series(0, $2::int - 1) AS i`
 	// seedOutboxPublished writes $1 rows published two days ago. The insert
 	// trigger (which forces new rows to pending) is bypassed for this fixture
-	// only; ids still come from the outbox's sequence.
-	seedOutboxPublished = `INSERT INTO outbox (id, event_id, topic, key, event_type, payload, status, attempts, published_at, created_at, occurred_at)
-SELECT nextval('outbox_id_seq'), 'done-' || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
+	// only; ids still come from the outbox's sequence, partitions from
+	// outbox_partition as the trigger sets them.
+	seedOutboxPublished = `INSERT INTO outbox (id, event_id, topic, key, partition, event_type, payload, status, attempts, published_at, created_at, occurred_at)
+SELECT nextval('outbox_id_seq'), 'done-' || i, 'orders', 'order-' || (i % 1000), outbox_partition('order-' || (i % 1000)), 'OrderPaid',
        convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
                                     'currency', 'EUR')::text, 'UTF8'),
        'published', 1, t, t, t

@@ -128,14 +128,15 @@ CREATE TRIGGER outbox_key_seqs_floor_truncate BEFORE TRUNCATE ON outbox
 -- +goose Down
 -- Rolling back forgets every key's last sequence: re-applied later, keys would
 -- restart at 1 and an ordered consumer would absorb the new events as
--- duplicates. It refuses while any sequence was assigned, unless
--- pgrelay.force_down=on.
+-- duplicates. It refuses while any sequence was assigned (a row's key_seq,
+-- or a counter row: since 00090 a READ COMMITTED producer writes only the
+-- former), unless pgrelay.force_down=on.
 -- +goose StatementBegin
 DO $$
 BEGIN
     IF lower(coalesce(current_setting('pgrelay.force_down', true), '')) NOT IN ('on', 'true', 'yes', '1')
-       AND EXISTS (SELECT 1 FROM outbox_key_seqs) THEN
-        RAISE EXCEPTION 'migrate down: 00085_outbox_key_seqs would drop data: outbox_key_seqs holds the per-key sequences already assigned; to drop them anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
+       AND (EXISTS (SELECT 1 FROM outbox_key_seqs) OR EXISTS (SELECT 1 FROM outbox WHERE key_seq IS NOT NULL)) THEN
+        RAISE EXCEPTION 'migrate down: 00085_outbox_key_seqs would drop data: outbox.key_seq and outbox_key_seqs hold the per-key sequences already assigned; to drop them anyway set pgrelay.force_down=on (relay|consumer migrate down --force, or PGOPTIONS="-c pgrelay.force_down=on" with the goose CLI)'
             USING ERRCODE = 'dependent_objects_still_exist';
     END IF;
 END $$;

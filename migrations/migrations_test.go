@@ -141,7 +141,7 @@ func TestDownRefusesToDropData(t *testing.T) {
 	// Each guarded table, the statement that empties it, in rollback order.
 	guarded := []struct{ migration, empty string }{
 		{"00086_inbox_ordered.sql", `DELETE FROM inbox_key_state`},
-		{"00085_outbox_key_seqs.sql", `DELETE FROM outbox_key_seqs`}, // o1's sequence
+		{"00085_outbox_key_seqs.sql", `DELETE FROM outbox_key_seqs; UPDATE outbox SET key_seq = NULL`}, // o1's sequence
 		{"00010_replay_audit.sql", `DELETE FROM replay_audit`},
 		{"00003_outbox.sql", `UPDATE outbox SET status = 'published'`}, // published rows may go
 		{"00001_inbox.sql", `DELETE FROM inbox`},

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -34,10 +35,26 @@ func keySeqs(t *testing.T, pool *pgxpool.Pool) map[string]int64 {
 // TestKeySeqContiguousPerKey: the events of one explicit key are numbered 1,
 // 2, 3, ... in commit order; a rolled-back producer, an idempotent retry and a
 // plain-SQL value leave no hole and no double; events without a key (or keyed
-// by their own id) carry none.
+// by their own id) carry none. Under each isolation level: a READ COMMITTED
+// producer takes its number from the outbox and the counter alone, the others
+// also write the key's counter (00090).
 func TestKeySeqContiguousPerKey(t *testing.T) {
 	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			testKeySeqContiguousPerKey(t, pgx.TxOptions{IsoLevel: iso})
+		})
+	}
+}
+
+func testKeySeqContiguousPerKey(t *testing.T, opts pgx.TxOptions) {
 	pool := testdb.New(t)
+	ctx := context.Background()
+	enqueue := func(t *testing.T, pool *pgxpool.Pool, o *outbox.Outbox, msgs ...event.Message) error {
+		t.Helper()
+		return pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error { return o.Enqueue(ctx, tx, msgs...) })
+	}
 	o, err := outbox.New(outbox.Config{})
 	require.NoError(t, err)
 	msg := func(id, key string) event.Message {
@@ -47,9 +64,8 @@ func TestKeySeqContiguousPerKey(t *testing.T) {
 	require.NoError(t, enqueue(t, pool, o, msg("free", ""), msg("self", "self")))
 
 	// A producer that rolls back gives its numbers back.
-	ctx := context.Background()
 	boom := errors.New("rollback")
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error {
 		if err := o.Enqueue(ctx, tx, msg("a-rolled-back", "a")); err != nil {
 			return err
 		}
@@ -58,7 +74,7 @@ func TestKeySeqContiguousPerKey(t *testing.T) {
 	require.ErrorIs(t, err, boom)
 	// An idempotent retry of a stored event takes no number, even when the
 	// producer commits after it (a duplicate is success to a retrying one).
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	require.NoError(t, pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error {
 		err := o.Enqueue(ctx, tx, msg("a2", "a"))
 		require.ErrorIs(t, err, outbox.ErrDuplicateEvent)
 		return nil
@@ -78,7 +94,7 @@ func TestKeySeqContiguousPerKey(t *testing.T) {
 
 	// Many events of one key in one transaction, one of them in a
 	// savepoint, and a rolled-back savepoint: contiguous.
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	require.NoError(t, pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error {
 		if err := o.Enqueue(ctx, tx, msg("c1", "c"), msg("c2", "c"), msg("c3", "c")); err != nil {
 			return err
 		}
@@ -104,7 +120,7 @@ func TestKeySeqContiguousPerKey(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, enqueue(t, pool, o, msg("c6", "c")))
 	require.EqualValues(t, 6, keySeqs(t, pool)["c6"])
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	require.NoError(t, pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error {
 		return o.Enqueue(ctx, tx, msg("c7", "c"), msg("c8", "c"))
 	}))
 	_, err = pool.Exec(ctx, `TRUNCATE outbox`)
@@ -184,4 +200,50 @@ func TestKeySeqLookupsStayOnIndexes(t *testing.T) {
 	var maxSeq int64
 	require.NoError(t, tx.QueryRow(ctx, `SELECT max(key_seq) FROM outbox WHERE key = 'key-1'`).Scan(&maxSeq))
 	require.Equal(t, int64(rows/10), maxSeq)
+}
+
+// TestKeySeqStaleSnapshotProducerNeverReusesANumber: a REPEATABLE READ or
+// SERIALIZABLE producer whose snapshot predates another producer's commit of
+// the same key cannot see that event's number. Whatever the other producer's
+// isolation level (a READ COMMITTED one writes no counter row), it fails with
+// ErrKeySeqRace or a serialization failure, never stores the number twice, and
+// its retry gets the next one.
+func TestKeySeqStaleSnapshotProducerNeverReusesANumber(t *testing.T) {
+	t.Parallel()
+	levels := []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
+	for _, late := range levels[1:] {
+		for _, early := range levels {
+			t.Run(string(late)+" after "+string(early), func(t *testing.T) {
+				t.Parallel()
+				pool := testdb.New(t)
+				o, err := outbox.New(outbox.Config{})
+				require.NoError(t, err)
+				ctx := context.Background()
+				msg := func(id string) event.Message {
+					return event.Message{EventID: id, Topic: "orders", Key: "k", EventType: "T"}
+				}
+				tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: late})
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback(ctx) }()
+				_, err = tx.Exec(ctx, `SELECT 1`) // the snapshot
+				require.NoError(t, err)
+				require.NoError(t, pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: early}, func(tx pgx.Tx) error {
+					return o.Enqueue(ctx, tx, msg("early"))
+				}))
+				err = o.Enqueue(ctx, tx, msg("late"))
+				if err == nil {
+					err = tx.Commit(ctx)
+				}
+				var pgErr *pgconn.PgError
+				if !errors.Is(err, outbox.ErrKeySeqRace) {
+					require.ErrorAs(t, err, &pgErr, "the stale producer must fail, got %v", err)
+					require.Equal(t, "40001", pgErr.Code, "%v", err)
+				}
+				require.NoError(t, pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: late}, func(tx pgx.Tx) error {
+					return o.Enqueue(ctx, tx, msg("late"))
+				}))
+				require.Equal(t, map[string]int64{"early": 1, "late": 2}, keySeqs(t, pool))
+			})
+		}
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -49,6 +50,12 @@ var (
 	// least one of those fields. The message was not written; the stored
 	// event stands.
 	ErrEventIDConflict = errors.New("event id already used by a different event")
+	// ErrKeySeqRace: a REPEATABLE READ or SERIALIZABLE transaction enqueued
+	// an event of a key whose later events another producer committed after
+	// this transaction's snapshot was taken, so the number it would give the
+	// event is taken. The transaction is aborted; retry it, as for a
+	// serialization failure. READ COMMITTED producers never see it.
+	ErrKeySeqRace = errors.New("a concurrent producer of the same key committed after this transaction's snapshot; retry the transaction")
 )
 
 // Config configures an Outbox.
@@ -183,6 +190,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 	}
 	inserted, err := o.q.EnqueueOutboxIdempotent(ctx, tx, db.EnqueueOutboxIdempotentParams(p))
 	if err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_key_seq_idx" {
+			return fmt.Errorf("outbox: insert %d messages: %w: %w", n, ErrKeySeqRace, err)
+		}
 		return fmt.Errorf("outbox: insert %d messages: %w", n, err)
 	}
 	if len(inserted) == n {

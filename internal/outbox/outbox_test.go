@@ -161,6 +161,22 @@ func TestPlainSQLContract(t *testing.T) {
 	var p int32
 	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('order-9')`).Scan(&p))
 	require.Equal(t, p, got[0].Partition)
+	// The partition is the trigger's too (00090 made it a plain column):
+	// a forced value is replaced, and a changed key moves the row.
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, partition) VALUES ('forced', 'orders', 'order-9', $1)`, (p+1)%16)
+	require.NoError(t, err)
+	var forced int32
+	require.NoError(t, pool.QueryRow(ctx, `SELECT partition FROM outbox WHERE event_id = 'forced'`).Scan(&forced))
+	require.Equal(t, p, forced)
+	var moved, want int32
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE outbox SET key = 'order-10' WHERE event_id = 'forced' RETURNING partition`).Scan(&moved))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('order-10')`).Scan(&want))
+	require.Equal(t, want, moved)
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE outbox SET partition = partition + 1 WHERE event_id = 'forced' RETURNING partition`).Scan(&moved))
+	require.Equal(t, want, moved)
+	var mismatched int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE partition <> outbox_partition(key)`).Scan(&mismatched))
+	require.Zero(t, mismatched)
 }
 
 // TestSameKeyWritersGetIDsInCommitOrder proves the enqueue lock: a second

@@ -105,14 +105,15 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	// Bulk load without the per-row trigger (session_replication_role), ids
-	// from the sequence's range; the trigger is back for the pending rows.
+	// and partitions as the trigger would set them; the trigger is back for
+	// the pending rows.
 	// The table is unlogged: durability is not under test, and WAL for a
 	// million rows would dominate the test's time.
 	for _, q := range []string{
 		`ALTER TABLE outbox SET UNLOGGED`,
 		`SET session_replication_role = replica`,
-		`INSERT INTO outbox (id, event_id, topic, key, status, published_at, last_error)
-		 SELECT g, 'old-' || g, 'orders', 'key-' || (g % 1000),
+		`INSERT INTO outbox (id, event_id, topic, key, partition, status, published_at, last_error)
+		 SELECT g, 'old-' || g, 'orders', 'key-' || (g % 1000), outbox_partition('key-' || (g % 1000)),
 		        CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'published' END,
 		        CASE WHEN g % 10 = 0 THEN NULL ELSE now() END,
 		        CASE WHEN g % 10 = 0 THEN 'rejected' END
