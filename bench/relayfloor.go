@@ -128,36 +128,47 @@ func (b *bench) runProducerGroup(ctx context.Context) {
 			if _, err := pool.Exec(ctx, floorSchema); err != nil {
 				return fmt.Errorf("floor schema: %w", err)
 			}
-			insert := func(label, sql string) (time.Duration, error) {
-				gen := newGenerator(label)
-				var next atomic.Int64
+			// The three inserts take turns in slices of the run, so that a
+			// change in the machine's load falls on all of them alike; the
+			// figures are each variant's events over its summed time.
+			insert := func(gen generator, lo, hi int, sql string) (time.Duration, error) {
+				next := atomic.Int64{}
+				next.Store(int64(lo))
 				return timed(func() error {
 					return fanOut(ctx, producerConns, func(ctx context.Context, _ int) error {
 						for {
 							i := int(next.Add(1)) - 1
-							if i >= n {
+							if i >= hi {
 								return nil
 							}
 							e := gen.event(i)
 							if _, err := pool.Exec(ctx, sql, e.id, topic, e.key, eventType, e.payload); err != nil {
-								return fmt.Errorf("%s: %w", label, err)
+								return fmt.Errorf("%s: %w", gen.prefix, err)
 							}
 						}
 					})
 				})
 			}
-			plain, err := insert("plain", floorOutboxInsertOne)
-			if err != nil {
-				return err
+			variants := []struct {
+				gen generator
+				sql string
+				d   time.Duration
+			}{
+				{newGenerator("plain"), floorOutboxInsertOne, 0},
+				{newGenerator("outbox"), producerOutboxInsertOne, 0},
+				{newGenerator("outbox-noseq"), producerOutboxInsertOneNoSeq, 0},
 			}
-			real, err := insert("outbox", producerOutboxInsertOne)
-			if err != nil {
-				return err
+			for r := range producerSlices {
+				lo, hi := r*n/producerSlices, (r+1)*n/producerSlices
+				for i := range variants {
+					d, err := insert(variants[i].gen, lo, hi, variants[i].sql)
+					if err != nil {
+						return err
+					}
+					variants[i].d += d
+				}
 			}
-			noSeq, err := insert("outbox-noseq", producerOutboxInsertOneNoSeq)
-			if err != nil {
-				return err
-			}
+			plain, real, noSeq := variants[0].d, variants[1].d, variants[2].d
 			b.sample("floor_producer_one", rate(n, plain))
 			b.sample("producer_one", rate(n, real))
 			b.sample("producer_one_noseq", rate(n, noSeq))
@@ -168,6 +179,9 @@ func (b *bench) runProducerGroup(ctx context.Context) {
 	b.note("producer_one", strconv.Itoa(producerConns)+" connections, "+strconv.Itoa(n)+" transactions of one INSERT INTO outbox each (the plain-SQL contract, triggers included, per-key sequences assigned); no relay running")
 	b.note("producer_one_seq", "its ratio is the rate with per-key sequences over the rate without (key = event id): below 1 is the sequences' cost")
 }
+
+// producerSlices is the number of turns the producer figures' variants take.
+const producerSlices = 10
 
 // producerOutboxInsertOne is a producer's plain-SQL insert into the outbox.
 const producerOutboxInsertOne = `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $3, $4, $5)`
