@@ -194,7 +194,7 @@ SET status       = CASE WHEN outcome.reason = '' THEN 'published' ELSE 'dead' EN
     last_error   = NULLIF(outcome.reason, ''),
     attempts     = o.attempts + 1
 FROM lease, outcome
-WHERE o.partition = lease.partition AND o.id = outcome.id AND o.status = 'pending'
+WHERE o.partition = lease.partition AND o.id = outcome.id AND coalesce(o.status, '') = 'pending'
 `
 
 type MarkOutcomesParams struct {
@@ -210,6 +210,12 @@ type MarkOutcomesParams struct {
 // locks the partition's lease row (FOR SHARE) and requires the caller's owner
 // and epoch, so a relay that lost the partition marks nothing, and a takeover
 // waits for an in-flight mark to commit.
+// coalesce on the NOT NULL status hides the pending partial index from the
+// planner: it matched (partition, status = 'pending') and, with the batch's
+// size unknown to the statistics, the planner scanned all of the partition's
+// pending entries and hash-joined the batch to them, per mark: 3,000 entries
+// and 1,150 buffers for a mark of 100 at a 50,000-row backlog. The primary
+// key, one lookup per marked row, is always the right path.
 func (q *Queries) MarkOutcomes(ctx context.Context, db DBTX, arg MarkOutcomesParams) (int64, error) {
 	result, err := db.Exec(ctx, markOutcomes,
 		arg.Partition,
@@ -313,7 +319,7 @@ WITH lease AS (
 UPDATE outbox o
 SET attempts = o.attempts + 1, last_error = $1::text, next_attempt_at = $2
 FROM lease
-WHERE o.partition = lease.partition AND o.id = ANY($3::bigint[]) AND o.status = 'pending'
+WHERE o.partition = lease.partition AND o.id = ANY($3::bigint[]) AND coalesce(o.status, '') = 'pending'
 `
 
 type RecordPublishFailureParams struct {
@@ -327,6 +333,7 @@ type RecordPublishFailureParams struct {
 
 // RecordPublishFailure notes a transient failure on the rows of a batch that
 // stay pending, under the same fencing as MarkOutcomes.
+// The primary key, not the pending index (as MarkOutcomes).
 func (q *Queries) RecordPublishFailure(ctx context.Context, db DBTX, arg RecordPublishFailureParams) (int64, error) {
 	result, err := db.Exec(ctx, recordPublishFailure,
 		arg.LastError,
