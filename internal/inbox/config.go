@@ -86,6 +86,12 @@ type Config struct {
 	// the key keeps waiting until the sequence arrives or an operator skips
 	// it. Default: 5m.
 	GapTimeout time.Duration
+	// StatisticsInterval is how often Run checks whether the inbox's planner
+	// statistics went stale (changed by 20 % of its rows and at least 1,000
+	// since the last ANALYZE or autovacuum) and analyzes it then; the batch
+	// statements' plans depend on them (maintenance.Statistics). Default: 5s;
+	// negative: never (leave it to autovacuum).
+	StatisticsInterval time.Duration
 }
 
 // Defaults for Config.

@@ -29,3 +29,34 @@ func TestWorkerRunsInboxRetention(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "the worker ran no inbox retention")
 	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id IN ('young', 'dead-old')`))
 }
+
+// TestWorkerKeepsTheInboxStatistics: the worker analyzes an inbox whose
+// statistics went stale (maintenance.Statistics), so that the batch marks'
+// plans are made with the table's real size; and never when told not to.
+func TestWorkerKeepsTheInboxStatistics(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{true, false} {
+		t.Run(map[bool]string{true: "on", false: "off"}[on], func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.New(t)
+			_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
+				SELECT 'e-' || g, 'processed', now() FROM generate_series(1, 5000) AS g`)
+			require.NoError(t, err)
+			cfg := fastConfig(t, pool, ledger.Handler{})
+			cfg.StatisticsInterval = 100 * time.Millisecond
+			if !on {
+				cfg.StatisticsInterval = -1
+			}
+			startWorker(t, cfg)
+			analyzed := func() bool {
+				return queryInt(t, pool, `SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'inbox'`) > 0
+			}
+			if on {
+				require.Eventually(t, analyzed, 20*time.Second, 50*time.Millisecond, "the worker never analyzed the stale inbox")
+				return
+			}
+			time.Sleep(3 * time.Second)
+			require.False(t, analyzed(), "analyzed with the check turned off")
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/maintenance"
 	"github.com/pgrelay/pgrelay/internal/notifier"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
@@ -75,7 +76,8 @@ func NewWorker(cfg Config) (*Worker, error) {
 // Run processes events until ctx is cancelled, then stops gracefully: batches
 // in flight finish within Config.ShutdownTimeout or are rolled back and their
 // claims handed back. Beside the workers it runs the inbox's upkeep
-// (Config.Retention, unless Disabled) and its LISTEN connection. It returns
+// (Config.Retention, unless Disabled), the check of its planner statistics
+// (Config.StatisticsInterval) and its LISTEN connection. It returns
 // nil after a graceful stop.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
@@ -88,6 +90,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.cleaner != nil {
 		wg.Go(func() { _ = w.cleaner.Run(ctx) })
 	}
+	stats := maintenance.Statistics{Pool: w.cfg.Pool, Table: "inbox", Interval: w.cfg.StatisticsInterval, Logger: w.log}
+	wg.Go(func() { stats.Run(ctx) })
 	wg.Go(func() { w.sweepReleased(ctx) })
 	if w.cfg.Ordered {
 		wg.Go(func() { w.scanOrdered(ctx) })

@@ -57,6 +57,11 @@ type Config struct {
 	// RetentionInterval is how often published rows past Retention are
 	// deleted. Default: 1m.
 	RetentionInterval time.Duration
+	// StatisticsInterval is how often Run checks whether the outbox's
+	// planner statistics went stale (changed by 20 % of its rows and at least
+	// 1,000 since the last ANALYZE or autovacuum) and analyzes it then
+	// (maintenance.Statistics). Default: 5s; negative: never.
+	StatisticsInterval time.Duration
 	// RetentionBatchSize is how many rows one delete statement removes, so
 	// deletion never holds long locks. Default: 1,000.
 	RetentionBatchSize int

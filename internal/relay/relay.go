@@ -25,6 +25,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/maintenance"
 	"github.com/pgrelay/pgrelay/internal/notifier"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
@@ -58,11 +59,12 @@ type Relay struct {
 
 // PoolConns is how many connections a relay owning partitions uses at most
 // at once: per partition the read of its next batch and the mark of the
-// previous one, which run at the same time, plus the heartbeat and the
-// retention delete. (The LISTEN connection is dialled beside the pool.) A
+// previous one, which run at the same time, plus the heartbeat, the
+// retention delete and the statistics check. (The LISTEN connection is
+// dialled beside the pool.) A
 // smaller pool makes partition workers queue for connections: with 16
 // partitions on a 6-connection pool the relay drained 40–80 % slower.
-func PoolConns(partitions int) int { return 2*partitions + 2 }
+func PoolConns(partitions int) int { return 2*partitions + 3 }
 
 // New returns a Relay, or an error naming the invalid Config field.
 func New(cfg Config) (*Relay, error) {
@@ -106,9 +108,11 @@ func (r *Relay) NodeID() string { return r.cfg.NodeID }
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.LeaseDuration))
 	var bg sync.WaitGroup
-	bg.Add(2)
+	bg.Add(3)
 	go func() { defer bg.Done(); r.notifier.Run(ctx) }()
 	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
+	stats := maintenance.Statistics{Pool: r.cfg.Pool, Table: "outbox", Interval: r.cfg.StatisticsInterval, Logger: r.log}
+	go func() { defer bg.Done(); stats.Run(ctx) }()
 
 	t := time.NewTimer(0)
 	defer t.Stop()

@@ -1,0 +1,78 @@
+package maintenance_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/maintenance"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// TestStatisticsAnalyzesAStaleTable: a table that changed by more than the
+// thresholds since its last analyze is analyzed once; a table another
+// service is analyzing is left alone; a small change is not enough.
+func TestStatisticsAnalyzesAStaleTable(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := maintenance.Statistics{Pool: pool, Table: "inbox"}
+	analyzed := func() int64 {
+		var n int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'inbox'`).Scan(&n))
+		return n
+	}
+	before := analyzed()
+
+	_, err := pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) SELECT 'small-' || g, 'orders' FROM generate_series(1, 500) AS g`)
+	require.NoError(t, err)
+	time.Sleep(1500 * time.Millisecond) // the inserting backend reports its changes at most once a second
+	did, err := s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.False(t, did, "500 changed rows are below the 1,000 minimum")
+
+	_, err = pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) SELECT 'e-' || g, 'orders' FROM generate_series(1, 5000) AS g`)
+	require.NoError(t, err)
+	time.Sleep(1500 * time.Millisecond) // reported by the backend while idle, not inside the transaction below
+	// Another service holds the turn: this one skips.
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1885434467, hashtext('inbox'))`)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			_, err := s.RunOnce(ctx)
+			require.NoError(t, err)
+			var mods int64
+			require.NoError(t, pool.QueryRow(ctx, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'inbox'`).Scan(&mods))
+			return mods >= 1000
+		}, 20*time.Second, 200*time.Millisecond, "the inserts never showed in the statistics")
+		did, err := s.RunOnce(ctx)
+		require.NoError(t, err)
+		require.False(t, did, "the table is being analyzed by another service")
+		return nil
+	}))
+	require.Equal(t, before, analyzed())
+
+	did, err = s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, did)
+	require.Equal(t, before+1, analyzed())
+	var tuples float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE relname = 'inbox'`).Scan(&tuples))
+	require.InDelta(t, 5500, tuples, 1)
+
+	// Analyzed: no longer stale.
+	did, err = s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.False(t, did)
+}
+
+// TestStatisticsRefusesAnUnknownTable: only pgrelay's own tables.
+func TestStatisticsRefusesAnUnknownTable(t *testing.T) {
+	t.Parallel()
+	_, err := maintenance.Statistics{Table: "ledger_entries"}.RunOnce(context.Background())
+	require.ErrorContains(t, err, `unknown table "ledger_entries"`)
+}
