@@ -139,3 +139,16 @@ WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_bac
 -- CountInProgress counts the given transactions still running.
 SELECT count(*)::int FROM pg_catalog.pg_stat_activity
 WHERE datname = current_database() AND backend_xid::text = ANY(@xids::text[]);
+
+-- name: PendingPartitions :many
+-- PendingPartitions returns which of @partitions hold a pending row: one
+-- probe of outbox_pending_idx each (the first entry in PendingBatch's order),
+-- for the relay's poll of partitions that are busy (Relay.pollBusy).
+SELECT p::int AS partition
+FROM unnest(@partitions::int[]) AS p
+CROSS JOIN LATERAL (
+    SELECT o.id FROM outbox o
+    WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending'
+    ORDER BY o.partition, o.id
+    LIMIT 1
+) AS first;

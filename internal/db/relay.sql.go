@@ -310,6 +310,40 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 	return items, nil
 }
 
+const pendingPartitions = `-- name: PendingPartitions :many
+SELECT p::int AS partition
+FROM unnest($1::int[]) AS p
+CROSS JOIN LATERAL (
+    SELECT o.id FROM outbox o
+    WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending'
+    ORDER BY o.partition, o.id
+    LIMIT 1
+) AS first
+`
+
+// PendingPartitions returns which of @partitions hold a pending row: one
+// probe of outbox_pending_idx each (the first entry in PendingBatch's order),
+// for the relay's poll of partitions that are busy (Relay.pollBusy).
+func (q *Queries) PendingPartitions(ctx context.Context, db DBTX, partitions []int32) ([]int32, error) {
+	rows, err := db.Query(ctx, pendingPartitions, partitions)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int32{}
+	for rows.Next() {
+		var partition int32
+		if err := rows.Scan(&partition); err != nil {
+			return nil, err
+		}
+		items = append(items, partition)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const recordPublishFailure = `-- name: RecordPublishFailure :execrows
 WITH lease AS (
     SELECT rp.partition FROM relay_partitions rp

@@ -52,6 +52,8 @@ type Relay struct {
 	clock time.Time
 	// kick asks Run for a heartbeat now (a peer released partitions).
 	kick chan struct{}
+	// busy wakes pollBusy when a worker starts lingering.
+	busy chan struct{}
 	// poolWarnedShare is the share last warned about as too large for the
 	// pool (0: none); touched by Run's goroutine only.
 	poolWarnedShare int
@@ -60,11 +62,11 @@ type Relay struct {
 // PoolConns is how many connections a relay owning partitions uses at most
 // at once: per partition the read of its next batch and the mark of the
 // previous one, which run at the same time, plus the heartbeat, the
-// retention delete and the statistics check. (The LISTEN connection is
-// dialled beside the pool.) A
+// retention delete, the statistics check and the poll of busy partitions.
+// (The LISTEN connection is dialled beside the pool.) A
 // smaller pool makes partition workers queue for connections: with 16
 // partitions on a 6-connection pool the relay drained 40–80 % slower.
-func PoolConns(partitions int) int { return 2*partitions + 3 }
+func PoolConns(partitions int) int { return 2*partitions + 4 }
 
 // New returns a Relay, or an error naming the invalid Config field.
 func New(cfg Config) (*Relay, error) {
@@ -79,6 +81,7 @@ func New(cfg Config) (*Relay, error) {
 		workers: map[int32]*worker{},
 		clock:   time.Now(),
 		kick:    make(chan struct{}, 1),
+		busy:    make(chan struct{}, 1),
 	}
 	n, err := notifier.New(notifier.Config{
 		Pool: cfg.Pool,
@@ -108,7 +111,8 @@ func (r *Relay) NodeID() string { return r.cfg.NodeID }
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.LeaseDuration))
 	var bg sync.WaitGroup
-	bg.Add(3)
+	bg.Add(4)
+	go func() { defer bg.Done(); r.pollBusy(ctx) }()
 	go func() { defer bg.Done(); r.notifier.Run(ctx) }()
 	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
 	stats := maintenance.Statistics{Pool: r.cfg.Pool, Table: "outbox", Interval: r.cfg.StatisticsInterval, Logger: r.log}
@@ -339,11 +343,15 @@ type worker struct {
 	// leaseUntil is when the lease ends at the latest, as a duration since
 	// Relay.clock: a batch is published only before it.
 	leaseUntil atomic.Int64
-	ctx        context.Context // cancelled to stop between batches
-	cancel     context.CancelFunc
-	release    bool // set before cancel: release the lease when done
-	wake       chan struct{}
-	done       chan struct{}
+	// lingerUntil (UnixNano) is when the worker, idle after finding rows,
+	// stops relying on pollBusy and arms the partition's wake-up; 0: not
+	// lingering.
+	lingerUntil atomic.Int64
+	ctx         context.Context // cancelled to stop between batches
+	cancel      context.CancelFunc
+	release     bool // set before cancel: release the lease when done
+	wake        chan struct{}
+	done        chan struct{}
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -450,7 +458,7 @@ func (r *Relay) work(w *worker) {
 	// armed is set once this worker armed the partition's wake-up and then
 	// found nothing: the next insert into the partition notifies it.
 	armed := false
-	var lastArmed time.Time
+	var lastArmed, lastRows time.Time
 	// inflight is the mark of the last full batch, running while the next
 	// batch is read and published; it is always awaited before the worker
 	// idles, backs off or ends.
@@ -478,11 +486,29 @@ func (r *Relay) work(w *worker) {
 		bo.Reset()
 		if n > 0 {
 			armed = false // a notification may have been spent on these rows
+			lastRows = time.Now()
 		}
 		if n == r.cfg.BatchSize {
 			continue
 		}
 		if !armed {
+			// Rows came within the last lingerFor: stay awake and let
+			// pollBusy look for more every busyPollInterval instead of
+			// arming. A producer whose insert finds its partition armed
+			// notifies, and PostgreSQL serializes notifying commits
+			// (including their WAL flush): under a steady stream of small
+			// transactions, re-arming after every batch made nearly every
+			// producer commit notify, one at a time.
+			if until := lastRows.Add(lingerFor); time.Now().Before(until) {
+				w.lingerUntil.Store(until.UnixNano())
+				select {
+				case r.busy <- struct{}{}:
+				default:
+				}
+				r.sleepOrWake(w, time.Until(until))
+				w.lingerUntil.Store(0)
+				continue
+			}
 			// Arm at most once per wakeInterval: under a steady trickle the
 			// worker polls at that pace instead, so producers notify at most
 			// once per partition per interval.
@@ -513,6 +539,60 @@ func (r *Relay) work(w *worker) {
 // wakeInterval is the shortest time between two armings of a partition's
 // wake-up by its worker.
 const wakeInterval = 1 * time.Millisecond
+
+// lingerFor is how long a worker that found rows stays awake, polled by
+// pollBusy, before it arms its partition's wake-up; busyPollInterval is how
+// often pollBusy looks, with one statement for all lingering partitions.
+const (
+	lingerFor        = 250 * time.Millisecond
+	busyPollInterval = 2 * time.Millisecond
+)
+
+// pollBusy looks every busyPollInterval, while any worker lingers, for
+// pending rows in the lingering partitions (PendingPartitions: one probe of
+// the pending index per partition) and nudges their workers. It costs
+// nothing while no partition has had rows in the last lingerFor.
+func (r *Relay) pollBusy(ctx context.Context) {
+	var parts []int32
+	for ctx.Err() == nil {
+		now := time.Now().UnixNano()
+		parts = parts[:0]
+		r.mu.Lock()
+		for p, w := range r.workers {
+			if w.lingerUntil.Load() > now {
+				parts = append(parts, p)
+			}
+		}
+		r.mu.Unlock()
+		if len(parts) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.busy:
+			}
+			continue
+		}
+		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+		found, err := r.q.PendingPartitions(qctx, r.cfg.Pool, parts)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			// The lingering workers arm at the end of their linger.
+			r.log.Debug("polling busy partitions failed", zap.Error(err))
+			wait.Sleep(ctx, lingerFor)
+			continue
+		case err == nil && len(found) > 0:
+			r.mu.Lock()
+			for _, p := range found {
+				if w := r.workers[p]; w != nil {
+					w.nudge()
+				}
+			}
+			r.mu.Unlock()
+		}
+		wait.Sleep(ctx, busyPollInterval)
+	}
+}
 
 // sleepOrWake waits for d, a nudge or the worker's end. It reports whether a
 // nudge ended the wait.

@@ -109,3 +109,53 @@ func TestWakeupRaceWithLateCommit(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	b.waitCount(t, "published", 1, 10*time.Second)
 }
+
+// TestSteadyTrickleNeitherNotifiesNorWaits: one event per transaction every
+// 20 ms into one partition. The relay stays awake while rows keep coming
+// (pollBusy), so after the first wake-up no producer commit notifies (each
+// notifying commit is serialized by PostgreSQL), and every event is
+// published well within the linger, polled, not at the next PollInterval.
+func TestSteadyTrickleNeitherNotifiesNorWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "LISTEN "+notifier.OutboxChannel)
+	require.NoError(t, err)
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.PollInterval = time.Hour // only a notification or the busy poll finds rows
+	start(t, cfg)
+	// The relay has armed every partition once it found them empty.
+	require.Eventually(t, func() bool {
+		var armed int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM relay_wakeups WHERE armed`).Scan(&armed))
+		return armed == 16
+	}, 10*time.Second, 10*time.Millisecond)
+
+	const events = 50
+	var slowest time.Duration
+	for i := range events {
+		_, err := b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ($1, 'orders', 'trickle')`, "t-"+strconv.Itoa(i))
+		require.NoError(t, err)
+		began := time.Now()
+		b.waitCount(t, "published", i+1, 5*time.Second)
+		slowest = max(slowest, time.Since(began))
+		time.Sleep(20 * time.Millisecond)
+	}
+	var notified int
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		notified++
+	}
+	t.Logf("%d events, one every 20 ms: %d notifications, slowest publish %s", events, notified, slowest)
+	require.LessOrEqual(t, notified, 2, "producers notified while the relay was busy with their partition")
+	require.Less(t, slowest, lingerFor, "an event waited for more than a poll")
+}
