@@ -143,7 +143,7 @@ func TestMarkTouchesOnlyItsBatch(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	ex := &explainDBTX{DBTX: tx}
 	_, err = db.New().MarkOutcomes(ctx, ex, db.MarkOutcomesParams{
-		Partition: part, Owner: "me", Epoch: 7, Ids: ids, Reasons: make([]string, len(ids)),
+		Partition: part, Owner: "me", Epoch: 7, Ids: ids, DeadIds: []int64{}, DeadReasons: []string{},
 	})
 	require.ErrorIs(t, err, errExplained)
 	var plans []struct {

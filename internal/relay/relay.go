@@ -763,7 +763,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 	// batch (the publisher sends nothing of a key after its transient
 	// failure), so per-key order holds while the other keys move on.
 	var markIDs, failedIDs []int64
-	var reasons []string
+	deadIDs, reasons := []int64{}, []string{} // never NULL
 	published, dead, dups := 0, 0, 0
 	var transient error
 	for i, res := range results {
@@ -776,12 +776,12 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 		}
 		markIDs = append(markIDs, rows[i].ID)
 		if res.Err != nil {
+			deadIDs = append(deadIDs, rows[i].ID)
 			reasons = append(reasons, res.Err.Error())
 			dead++
 			log.Warn("event rejected permanently; marked dead", zap.String("event_id", rows[i].EventID), zap.Error(res.Err))
 			continue
 		}
-		reasons = append(reasons, "")
 		published++
 		if res.Duplicate {
 			dups++
@@ -797,7 +797,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 		}
 		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 		n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
-			Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: markIDs, Reasons: reasons,
+			Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: markIDs, DeadIds: deadIDs, DeadReasons: reasons,
 		})
 		cancel()
 		if err != nil {
