@@ -2,68 +2,16 @@ package inbox_test
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
-
-// explainTx runs a generated statement under EXPLAIN (ANALYZE, BUFFERS) and
-// keeps the plan instead of the rows, so a test looks at the very SQL the
-// worker runs. EXPLAIN ANALYZE executes it: use it in a transaction that is
-// rolled back.
-type explainTx struct {
-	db.DBTX
-	plan []byte
-}
-
-var errExplained = errors.New("explained")
-
-func (e *explainTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := e.DBTX.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&e.plan); err != nil {
-		return nil, err
-	}
-	return nil, errExplained
-}
-
-func (e *explainTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := e.DBTX.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&e.plan); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return pgconn.CommandTag{}, errExplained
-}
-
-type planNode struct {
-	NodeType   string     `json:"Node Type"`
-	IndexName  string     `json:"Index Name"`
-	ActualRows int        `json:"Actual Rows"`
-	SharedHit  int        `json:"Shared Hit Blocks"`
-	SharedRead int        `json:"Shared Read Blocks"`
-	Plans      []planNode `json:"Plans"`
-}
-
-// scanned returns the largest number of rows any scan node of the plan
-// produced.
-func (n planNode) scanned() int {
-	m := 0
-	switch n.NodeType {
-	case "Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan":
-		m = n.ActualRows
-	}
-	for _, c := range n.Plans {
-		m = max(m, c.scanned())
-	}
-	return m
-}
 
 // TestBatchMarksLookUpTheirRowsOnceAnalyzed: the statements that close a
 // claimed batch (the bulk processed mark, the unclaim, the ordered duplicate
@@ -110,13 +58,9 @@ func TestBatchMarksLookUpTheirRowsOnceAnalyzed(t *testing.T) {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		ex := &explainTx{DBTX: tx}
-		require.ErrorIs(t, statements[name](ex), errExplained)
-		var plans []struct {
-			Plan planNode `json:"Plan"`
-		}
-		require.NoError(t, json.Unmarshal(ex.plan, &plans), string(ex.plan))
-		return plans[0].Plan.scanned()
+		ex := &testdb.Explain{DBTX: tx}
+		require.ErrorIs(t, statements[name](ex), testdb.ErrExplained)
+		return ex.Root(t).LargestScan()
 	}
 	withoutStatistics := map[string]int{}
 	for name := range statements {

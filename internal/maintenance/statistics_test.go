@@ -27,28 +27,30 @@ func TestStatisticsAnalyzesAStaleTable(t *testing.T) {
 		return n
 	}
 	before := analyzed()
+	// Changes reach pg_stat_user_tables when the writing backend reports
+	// them, within about a second of its going idle.
+	changedBy := func(n int64) {
+		require.Eventually(t, func() bool {
+			var mods int64
+			require.NoError(t, pool.QueryRow(ctx, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'inbox'`).Scan(&mods))
+			return mods >= n
+		}, 20*time.Second, 50*time.Millisecond, "the inserts never showed in the statistics")
+	}
 
 	_, err := pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) SELECT 'small-' || g, 'orders' FROM generate_series(1, 500) AS g`)
 	require.NoError(t, err)
-	time.Sleep(1500 * time.Millisecond) // the inserting backend reports its changes at most once a second
+	changedBy(500)
 	did, err := s.RunOnce(ctx)
 	require.NoError(t, err)
 	require.False(t, did, "500 changed rows are below the 1,000 minimum")
 
 	_, err = pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) SELECT 'e-' || g, 'orders' FROM generate_series(1, 5000) AS g`)
 	require.NoError(t, err)
-	time.Sleep(1500 * time.Millisecond) // reported by the backend while idle, not inside the transaction below
+	changedBy(5500)
 	// Another service holds the turn: this one skips.
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1885434467, hashtext('inbox'))`)
 		require.NoError(t, err)
-		require.Eventually(t, func() bool {
-			_, err := s.RunOnce(ctx)
-			require.NoError(t, err)
-			var mods int64
-			require.NoError(t, pool.QueryRow(ctx, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'inbox'`).Scan(&mods))
-			return mods >= 1000
-		}, 20*time.Second, 200*time.Millisecond, "the inserts never showed in the statistics")
 		did, err := s.RunOnce(ctx)
 		require.NoError(t, err)
 		require.False(t, did, "the table is being analyzed by another service")

@@ -2,15 +2,12 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -75,33 +72,6 @@ func setupWithNATS(t *testing.T, natsURL string) *bundle {
 	return &bundle{pool: pool, dbURL: dbURL, natsURL: natsURL, stream: stream, prefix: prefix, js: js}
 }
 
-// explainDBTX runs a generated query under EXPLAIN (ANALYZE, BUFFERS) and
-// keeps the plan instead of the rows, so the test measures the very SQL the
-// relay runs.
-type explainDBTX struct {
-	db.DBTX
-	plan []byte
-}
-
-var errExplained = errors.New("explained")
-
-func (e *explainDBTX) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := e.DBTX.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&e.plan); err != nil {
-		return nil, err
-	}
-	return nil, errExplained
-}
-
-// Exec explains a generated statement that returns no rows (an UPDATE's
-// :execrows). EXPLAIN ANALYZE runs it: call it inside a transaction that is
-// rolled back.
-func (e *explainDBTX) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := e.DBTX.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&e.plan); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return pgconn.CommandTag{}, errExplained
-}
-
 // TestMarkTouchesOnlyItsBatch: marking a batch looks up its rows by primary
 // key, whatever the statistics say. With statistics taken while the outbox was
 // empty, the mark matched the pending partial index on (partition, status)
@@ -141,20 +111,16 @@ func TestMarkTouchesOnlyItsBatch(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	ex := &explainDBTX{DBTX: tx}
+	ex := &testdb.Explain{DBTX: tx}
 	_, err = db.New().MarkOutcomes(ctx, ex, db.MarkOutcomesParams{
 		Partition: part, Owner: "me", Epoch: 7, Ids: ids, DeadIds: []int64{}, DeadReasons: []string{},
 	})
-	require.ErrorIs(t, err, errExplained)
-	var plans []struct {
-		Plan planNode `json:"Plan"`
-	}
-	require.NoError(t, json.Unmarshal(ex.plan, &plans), string(ex.plan))
-	root := plans[0].Plan
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root := ex.Root(t)
 	buffers := root.SharedHit + root.SharedRead
 	t.Logf("mark of 100 with %d pending in the partition: %d buffers", pending, buffers)
-	require.False(t, root.uses("outbox_pending_idx"), "the mark must not scan the partition's pending entries: %s", ex.plan)
-	require.True(t, root.uses("outbox_pkey"), "the mark looks its rows up by primary key: %s", ex.plan)
+	require.False(t, root.Uses("outbox_pending_idx"), "the mark must not scan the partition's pending entries: %s", ex.JSON)
+	require.True(t, root.Uses("outbox_pkey"), "the mark looks its rows up by primary key: %s", ex.JSON)
 }
 
 // TestClaimIsOBatchOnLargeOutbox: with 1,000,000 published and dead rows
@@ -196,41 +162,15 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 
 	var part int32
 	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('key-1')`).Scan(&part))
-	ex := &explainDBTX{DBTX: pool}
+	ex := &testdb.Explain{DBTX: pool}
 	_, err = db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500, Exclude: []int64{}})
-	require.ErrorIs(t, err, errExplained)
-
-	var plans []struct {
-		Plan planNode `json:"Plan"`
-	}
-	require.NoError(t, json.Unmarshal(ex.plan, &plans), string(ex.plan))
-	root := plans[0].Plan
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root := ex.Root(t)
 	buffers := root.SharedHit + root.SharedRead
 	t.Logf("claim on 1,001,000 rows: %d rows returned, %d buffers", root.ActualRows, buffers)
 	require.Positive(t, root.ActualRows)
-	require.True(t, root.uses("outbox_pending_idx"), "the claim must use the pending partial index: %s", ex.plan)
-	require.LessOrEqual(t, buffers, 100, "a claim must touch O(batch) buffers: %s", ex.plan)
-}
-
-type planNode struct {
-	NodeType   string     `json:"Node Type"`
-	IndexName  string     `json:"Index Name"`
-	ActualRows int        `json:"Actual Rows"`
-	SharedHit  int        `json:"Shared Hit Blocks"`
-	SharedRead int        `json:"Shared Read Blocks"`
-	Plans      []planNode `json:"Plans"`
-}
-
-func (n planNode) uses(index string) bool {
-	if n.IndexName == index {
-		return true
-	}
-	for _, c := range n.Plans {
-		if c.uses(index) {
-			return true
-		}
-	}
-	return false
+	require.True(t, root.Uses("outbox_pending_idx"), "the claim must use the pending partial index: %s", ex.JSON)
+	require.LessOrEqual(t, buffers, 100, "a claim must touch O(batch) buffers: %s", ex.JSON)
 }
 
 // TestDatabaseConnectionsKilled: every connection of the relay is terminated
@@ -302,17 +242,13 @@ func TestClaimStaysOnPendingIndexWhileDraining(t *testing.T) {
 	}
 	var part int32
 	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('key-1')`).Scan(&part))
-	var root planNode
+	var root testdb.PlanNode
 	for range 2 { // the first read also marks the published rows' index entries dead
-		ex := &explainDBTX{DBTX: pool}
+		ex := &testdb.Explain{DBTX: pool}
 		_, err := db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500, Exclude: []int64{}})
-		require.ErrorIs(t, err, errExplained)
-		var plans []struct {
-			Plan planNode `json:"Plan"`
-		}
-		require.NoError(t, json.Unmarshal(ex.plan, &plans), string(ex.plan))
-		root = plans[0].Plan
-		require.True(t, root.uses("outbox_pending_idx"), "the claim must use the pending partial index: %s", ex.plan)
+		require.ErrorIs(t, err, testdb.ErrExplained)
+		root = ex.Root(t)
+		require.True(t, root.Uses("outbox_pending_idx"), "the claim must use the pending partial index: %s", ex.JSON)
 	}
 	buffers := root.SharedHit + root.SharedRead
 	t.Logf("claim at half of a 300,000-row backlog: %d rows, %d buffers", root.ActualRows, buffers)
