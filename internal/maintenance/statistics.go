@@ -14,12 +14,14 @@ import (
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// Defaults of Statistics.
+// DefaultStatisticsInterval is Statistics.Interval's default. A table is
+// stale once it changed by statisticsMinChanges rows and statisticsFraction
+// of its rows; statisticsTimeout bounds a check and an ANALYZE.
 const (
-	DefaultStatisticsInterval   = 5 * time.Second
-	DefaultStatisticsMinChanges = 1000
-	DefaultStatisticsFraction   = 0.2
-	defaultStatisticsTimeout    = time.Minute
+	DefaultStatisticsInterval = 5 * time.Second
+	statisticsMinChanges      = 1000
+	statisticsFraction        = 0.2
+	statisticsTimeout         = time.Minute
 )
 
 // Statistics keeps the planner statistics of one of pgrelay's tables from
@@ -30,7 +32,7 @@ const (
 // handler per batch (37 ms a mark in the end to end benchmark, growing with
 // the table). Autovacuum analyzes a table after 10 % of it changed, checking
 // once a minute; this checks every Interval and analyzes a table that
-// changed by at least MinChanges rows and Fraction of its rows since its last
+// changed by at least 1,000 rows and 20 % of its rows since its last
 // analyze, by anyone. With autovacuum keeping up it rarely fires. Services
 // that share a table take turns (a transaction-scoped advisory lock): one
 // analyzes, the others skip. ANALYZE reads a sample of the table (30,000
@@ -44,40 +46,13 @@ type Statistics struct {
 	// Interval between checks (jittered ±20 %). 0: DefaultStatisticsInterval;
 	// negative: Run does nothing.
 	Interval time.Duration
-	// MinChanges and Fraction: a table is analyzed once it changed by at
-	// least MinChanges rows and Fraction of its rows. 0:
-	// DefaultStatisticsMinChanges, DefaultStatisticsFraction.
-	MinChanges int64
-	Fraction   float64
-	// Timeout bounds a check and an ANALYZE. 0: one minute.
-	Timeout time.Duration
 	// Logger; nil: none.
 	Logger *zap.Logger
-}
-
-func (s Statistics) withDefaults() Statistics {
-	if s.Interval == 0 {
-		s.Interval = DefaultStatisticsInterval
-	}
-	if s.MinChanges == 0 {
-		s.MinChanges = DefaultStatisticsMinChanges
-	}
-	if s.Fraction == 0 {
-		s.Fraction = DefaultStatisticsFraction
-	}
-	if s.Timeout == 0 {
-		s.Timeout = defaultStatisticsTimeout
-	}
-	if s.Logger == nil {
-		s.Logger = zap.NewNop()
-	}
-	return s
 }
 
 // RunOnce analyzes the table if its statistics are stale and no other
 // service is analyzing it, and reports whether it did.
 func (s Statistics) RunOnce(ctx context.Context) (bool, error) {
-	s = s.withDefaults()
 	var analyze func(context.Context, db.DBTX) error
 	q := db.New()
 	switch s.Table {
@@ -88,10 +63,10 @@ func (s Statistics) RunOnce(ctx context.Context) (bool, error) {
 	default:
 		return false, fmt.Errorf("statistics: unknown table %q", s.Table)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, statisticsTimeout)
 	defer cancel()
 	stale, err := q.TableStatisticsStale(ctx, s.Pool, db.TableStatisticsStaleParams{
-		MinChanges: s.MinChanges, Fraction: s.Fraction, TableName: s.Table,
+		MinChanges: statisticsMinChanges, Fraction: statisticsFraction, TableName: s.Table,
 	})
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && !stale {
 		return false, nil
@@ -117,9 +92,14 @@ func (s Statistics) RunOnce(ctx context.Context) (bool, error) {
 // Run calls RunOnce every Interval until ctx ends; a failure is logged and
 // the check runs again at the next interval.
 func (s Statistics) Run(ctx context.Context) {
-	s = s.withDefaults()
 	if s.Interval < 0 {
 		return
+	}
+	if s.Interval == 0 {
+		s.Interval = DefaultStatisticsInterval
+	}
+	if s.Logger == nil {
+		s.Logger = zap.NewNop()
 	}
 	wait.Every(ctx, s.Interval, 0.2, func(ctx context.Context) {
 		began := time.Now()
