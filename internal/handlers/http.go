@@ -55,6 +55,13 @@ type HTTP struct {
 	log *zap.Logger
 }
 
+// ExternalEffects reports true: a webhook call is not undone by a rollback,
+// so the inbox worker commits each event on its own and never repeats a call
+// that answered 2xx because another event failed (inbox.ExternalHandler).
+func (h *HTTP) ExternalEffects() bool { return true }
+
+var _ inbox.ExternalHandler = (*HTTP)(nil)
+
 // NewHTTP checks cfg and returns the handler; errors name the field.
 func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
 	u, err := url.Parse(cfg.URL)
