@@ -83,9 +83,11 @@ func TestHTTPHandlerOutcomes(t *testing.T) {
 		return event.Message{EventID: id, Topic: "orders", Key: "k-" + id, EventType: typ,
 			Payload: []byte(`{"id":"` + id + `"}`), Headers: map[string]string{"Traceparent": "00-abc-" + id, "bad\nname": "x"}}
 	}
-	receive(t, pool, msg("ok", "Ok"), msg("fail", "FailTwice"), msg("timeout", "TimeoutOnce"),
+	sequenced := msg("ok", "Ok")
+	sequenced.KeySeq = 3
+	receive(t, pool, sequenced, msg("fail", "FailTwice"), msg("timeout", "TimeoutOnce"),
 		msg("late", "Late"), msg("gone", "NotFound"), msg("busy", "TooMany"))
-	receive(t, pool, msg("ok", "Ok")) // a redelivery: stored once, posted once
+	receive(t, pool, sequenced) // a redelivery: stored once, posted once
 
 	ok := waitStatus(t, pool, "ok", "processed")
 	require.Equal(t, int32(200), *ok.HandlerStatus)
@@ -119,6 +121,8 @@ func TestHTTPHandlerOutcomes(t *testing.T) {
 	require.Equal(t, "00-abc-ok", hd.Get("Traceparent"), "the event's headers are sent")
 	require.Equal(t, "Ok", hd.Get("Pgrelay-Event-Type"))
 	require.Equal(t, "k-ok", hd.Get("Pgrelay-Key"))
+	require.Equal(t, "3", hd.Get("Pgrelay-Key-Seq"), "the per-key sequence is sent")
+	require.Empty(t, hook.headers["late"].Values("Pgrelay-Key-Seq"), "an event without one sends none")
 	require.Equal(t, "application/json", hd.Get("Content-Type"))
 }
 
