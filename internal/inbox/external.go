@@ -12,8 +12,8 @@ import "context"
 // event (runBatch): that is right for effects in tx, which the rollback
 // undid, but would repeat every external call that had already succeeded.
 // For a handler whose ExternalEffects is true the worker instead commits
-// each event on its own (one transaction per event: the handler, its
-// processed mark, the commit), so that a call that succeeded is committed as
+// each event on its own (runEach: one transaction per event, the handler,
+// its processed mark, the commit), so that a call that succeeded is committed as
 // processed before the next event starts, and nothing the inbox does later
 // repeats it. ApplyStored applies nothing for such a handler (the receiving
 // transaction may still roll back after the call), and a BatchHandler's
