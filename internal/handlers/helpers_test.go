@@ -16,14 +16,25 @@ import (
 
 // startWorker runs an inbox worker with h and short intervals until the test
 // ends.
-func startWorker(t *testing.T, pool *pgxpool.Pool, h inbox.Handler) {
+func startWorker(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) {
 	t.Helper()
-	w, err := inbox.NewWorker(inbox.Config{
+	startWorkerWith(t, testConfig(t, pool, h))
+}
+
+// testConfig is the worker configuration of startWorker.
+func testConfig(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) inbox.Config {
+	return inbox.Config{
 		Pool: pool, Handler: h, Logger: zaptest.NewLogger(t), Workers: 2, BatchSize: 20,
 		Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second, MaxAttempts: 5,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		PollInterval: 50 * time.Millisecond, DeferFallback: time.Hour, // only a release wakes a deferral
-	})
+	}
+}
+
+// startWorkerWith runs an inbox worker with cfg until the test ends.
+func startWorkerWith(t testing.TB, cfg inbox.Config) {
+	t.Helper()
+	w, err := inbox.NewWorker(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -43,7 +54,7 @@ func startWorker(t *testing.T, pool *pgxpool.Pool, h inbox.Handler) {
 }
 
 // receive stores messages in the inbox and notifies the workers.
-func receive(t *testing.T, pool *pgxpool.Pool, msgs ...event.Message) {
+func receive(t testing.TB, pool *pgxpool.Pool, msgs ...event.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

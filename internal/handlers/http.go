@@ -45,7 +45,8 @@ type HTTPConfig struct {
 // HTTP is an inbox handler that POSTs each event to a webhook: the payload as
 // the body, Idempotency-Key set to the event id (a retry repeats it, so the
 // receiver can drop what it already applied), the event's fields as Pgrelay-*
-// headers and its own headers under their names. A 2xx answer is success; a
+// headers (Pgrelay-Key-Seq when it has a per-key sequence) and its own headers
+// under their names. A 2xx answer is success; a
 // 4xx is permanent except 408, 409, 425 and 429; a 5xx, a timeout or a
 // connection error is transient and retried with backoff. The status and
 // latency of the last attempt are recorded on the inbox row
@@ -54,6 +55,13 @@ type HTTP struct {
 	cfg HTTPConfig
 	log *zap.Logger
 }
+
+// ExternalEffects reports true: a webhook call is not undone by a rollback,
+// so the inbox worker commits each event on its own and never repeats a call
+// that answered 2xx because another event failed (inbox.ExternalHandler).
+func (h *HTTP) ExternalEffects() bool { return true }
+
+var _ inbox.ExternalHandler = (*HTTP)(nil)
 
 // NewHTTP checks cfg and returns the handler; errors name the field.
 func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
@@ -110,6 +118,9 @@ func (h *HTTP) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 	req.Header.Set(event.HeaderEventType, ev.EventType)
 	req.Header.Set(event.HeaderTopic, ev.Topic)
 	req.Header.Set(event.HeaderKey, ev.Key)
+	if ev.KeySeq > 0 {
+		req.Header.Set(event.HeaderKeySeq, strconv.FormatInt(ev.KeySeq, 10))
+	}
 	req.Header.Set(event.HeaderOccurredAt, ev.OccurredAt.UTC().Format(time.RFC3339Nano))
 	req.Header.Set("Pgrelay-Attempt", strconv.Itoa(ev.Attempts))
 

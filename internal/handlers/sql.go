@@ -6,18 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // SQLSignature is the argument list a SQL handler function takes: event id,
-// topic, key, event type, payload (raw bytes), headers, attempt (1 on the
-// first).
+// topic, key, event type, payload (raw bytes), headers (the event's own, plus
+// Pgrelay-Content-Type and Pgrelay-Key-Seq when the event has them), attempt
+// (1 on the first).
 const SQLSignature = "(text, text, text, text, bytea, jsonb, integer)"
 
 // SQLSTATE codes a SQL handler function raises to steer its event. Any code
@@ -75,11 +78,7 @@ func NewSQL(ctx context.Context, q db.DBTX, function string) (*SQL, error) {
 
 // Handle calls the function with ev in tx and maps its error by SQLSTATE.
 func (h *SQL) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	headers := ev.StoredHeaders() // with Pgrelay-Content-Type, when the event has one
-	if headers == nil {
-		headers = map[string]string{}
-	}
-	hj, err := json.Marshal(headers)
+	hj, err := json.Marshal(sqlHeaders(ev))
 	if err != nil {
 		return inbox.Permanent(fmt.Errorf("headers: %w", err))
 	}
@@ -99,6 +98,23 @@ func (h *SQL) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		}
 	}
 	return inbox.Release(ctx, tx, keys...)
+}
+
+// sqlHeaders is the function's headers argument: the event's headers, with
+// Pgrelay-Content-Type when the event has a content type and Pgrelay-Key-Seq
+// (decimal) when it has a per-key sequence. ev is not modified.
+func sqlHeaders(ev *inbox.Event) map[string]string {
+	stored := ev.StoredHeaders() // with Pgrelay-Content-Type, when the event has one
+	h := make(map[string]string, len(stored)+1)
+	for k, v := range stored {
+		h[k] = v
+	}
+	if ev.KeySeq > 0 {
+		h[event.HeaderKeySeq] = strconv.FormatInt(ev.KeySeq, 10)
+	} else {
+		delete(h, event.HeaderKeySeq) // only the event's own sequence goes by that name
+	}
+	return h
 }
 
 // mapError turns the function's error into the inbox's outcome.

@@ -112,6 +112,39 @@ func TestSQLHandlerOutcomes(t *testing.T) {
 	require.Equal(t, "pay-1", headers, "the function gets the event's headers")
 }
 
+// TestSQLHandlerHeadersCarryKeySeq: the function's headers argument carries
+// the event's per-key sequence as Pgrelay-Key-Seq (decimal) beside its own
+// headers and content type; an event without a sequence has none, even when a
+// header of its own uses that name.
+func TestSQLHandlerHeadersCarryKeySeq(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, shopFunction)
+	require.NoError(t, err)
+	h, err := handlers.NewSQL(ctx, pool, "shop.handle_event")
+	require.NoError(t, err)
+	startWorker(t, pool, h)
+
+	receive(t, pool,
+		event.Message{EventID: "seq-7", Topic: "orders", Key: "o7", KeySeq: 7, EventType: "Noted",
+			Payload: []byte(`{}`), ContentType: "application/json", Headers: map[string]string{"trace": "t7"}},
+		event.Message{EventID: "unsequenced", Topic: "orders", Key: "o8", EventType: "Noted",
+			Payload: []byte(`{}`), Headers: map[string]string{"trace": "t8", "Pgrelay-Key-Seq": "99"}})
+	waitStatus(t, pool, "seq-7", "processed")
+	waitStatus(t, pool, "unsequenced", "processed")
+
+	headers := func(id string) map[string]string {
+		var m map[string]string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT headers FROM shop.applied WHERE event_id = $1`, id).Scan(&m))
+		return m
+	}
+	require.Equal(t, map[string]string{"trace": "t7", "Pgrelay-Content-Type": "application/json", "Pgrelay-Key-Seq": "7"},
+		headers("seq-7"))
+	require.Equal(t, map[string]string{"trace": "t8"}, headers("unsequenced"))
+}
+
 func TestSQLHandlerFunctionMustExist(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)

@@ -67,7 +67,9 @@ func (w *Worker) Idle() bool { return w.busy.Load() == 0 }
 // unusable and the caller must roll it back.
 //
 // An ordered worker (Config.Ordered) applies nothing here: its claims keep
-// each key's sequence.
+// each key's sequence. Nor does a worker whose handler has effects outside
+// the database (ExternalHandler): a failure here would roll back the calls
+// that succeeded, and the workers would make them again.
 //
 // Nothing of this is visible to any other session before tx commits, so no
 // worker can claim these rows meanwhile, and a crash before the commit loses
@@ -76,6 +78,11 @@ func (w *Worker) ApplyStored(ctx context.Context, tx pgx.Tx, stored []StoredRow)
 	if w.cfg.Ordered {
 		// A key's events apply in sequence, after the ones before them:
 		// that is the ordered claim's work (ordered.go), not done here.
+		return nil, nil
+	}
+	if external(w.cfg.Handler) {
+		// An effect outside the database is not undone by rolling back:
+		// the workers commit each event on its own (ExternalHandler).
 		return nil, nil
 	}
 	keys := make([]string, 0, len(stored))

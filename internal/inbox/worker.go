@@ -294,11 +294,12 @@ func (e *errBatchBroken) Error() string { return "inbox: batch transaction broke
 func (e *errBatchBroken) Unwrap() error { return e.err }
 
 // processBatch runs the events of one claim in one transaction, a savepoint
-// each. It starts no new handler once ctx is cancelled (graceful stop) or half
-// the lease has gone (so that the claims do not expire under it): it commits
-// what is done and hands the rest back. Cancelling ctx leaves the handler in
-// flight Config.ShutdownTimeout to finish; after that the batch is rolled back
-// and every claim handed back.
+// each (for an ExternalHandler, one transaction each: runEach). It starts no
+// new handler once ctx is cancelled (graceful stop) or half the lease has
+// gone (so that the claims do not expire under it): it commits what is done
+// and hands the rest back. Cancelling ctx leaves the handler in flight
+// Config.ShutdownTimeout to finish; after that the batch is rolled back and
+// every claim handed back.
 func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	if len(evs) == 0 {
 		return nil
@@ -321,8 +322,17 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	defer stop()
 
 	released := &releaseSet{}
-	results, rest, err := w.runBatch(withReleaseSet(pctx, released), evs, stopEarly)
-	if err != nil {
+	var results []result
+	var rest []*Event
+	var err error
+	if external(w.cfg.Handler) {
+		// One transaction per event: what committed stays committed when a
+		// later event's transaction fails.
+		var failed *Event
+		if results, rest, failed, err = w.runEach(withReleaseSet(pctx, released), evs, stopEarly); err != nil {
+			w.recover([]*Event{failed}, err, pctx.Err() != nil)
+		}
+	} else if results, rest, err = w.runBatch(withReleaseSet(pctx, released), evs, stopEarly); err != nil {
 		// pctx ends only when the shutdown timeout ran out: then every claim is
 		// handed back, whatever failed first.
 		w.recover(evs, err, pctx.Err() != nil)
@@ -342,7 +352,7 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 		defer cancel()
 		w.unclaim(uctx, rest)
 	}
-	return nil
+	return err
 }
 
 // runBatch processes evs until stopEarly says so, and returns the outcomes and
