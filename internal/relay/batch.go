@@ -1,0 +1,173 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/wait"
+)
+
+// runBatch publishes the next batch of the partition and marks it. It returns
+// the number of rows read.
+// A failure advances bo, so that the retry time recorded on the rows is the
+// one the worker waits for.
+func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
+	n, err := r.runBatchOnce(w, log, bo, inflight)
+	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
+		bo.Next()
+	}
+	bo.advanced = false
+	return n, err
+}
+
+// pendingMark is a batch's mark running in the background.
+type pendingMark struct {
+	ids  []int64    // the batch's rows, excluded from the next read
+	done chan error // receives the mark's outcome; nil when none runs
+	rows int        // the batch's size
+}
+
+// awaitMark waits for the mark in flight, if any, and returns its error
+// (errFenced when the partition was taken over).
+func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
+	if m.done == nil {
+		return nil
+	}
+	err := <-m.done
+	m.done, m.ids = nil, nil
+	if err != nil && !errors.Is(err, errFenced) {
+		log.Warn("marking a published batch failed; it is published again (JetStream drops the duplicates)", zap.Int("rows", m.rows), zap.Error(err))
+	}
+	return err
+}
+
+// runBatchOnce reads the next batch (past the batch whose mark is in
+// flight), publishes it, and marks it. A full batch published without a
+// transient failure is marked in the background while the worker reads and
+// publishes the next one: the next batch holds only rows after it (each
+// key's earlier rows are acknowledged), and its own mark waits for this one,
+// so a fenced or failed mark stops the partition before anything later is
+// marked.
+func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
+	rows, err := r.readBatch(w, inflight)
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	results, err := r.publishBatch(w, log, rows)
+	if err != nil {
+		return len(rows), err
+	}
+	ids := rowIDs(rows)
+	if h := r.cfg.hooks.afterPublish; h != nil {
+		h(w.partition, ids)
+	}
+	out := outcomesOf(log, rows, results)
+	// The previous batch's mark first: this batch is marked only after it.
+	if err := r.awaitMark(w, log, inflight); err != nil {
+		return len(rows), err
+	}
+	mark := func() error { return r.mark(w, log, rows, out) }
+	if out.transient == nil && len(rows) == r.cfg.BatchSize && w.ctx.Err() == nil {
+		inflight.start(log, ids, mark)
+		return len(rows), nil
+	}
+	if err := mark(); err != nil {
+		return len(rows), err
+	}
+	if out.transient != nil {
+		return len(rows), r.retryLater(w, log, bo, out.failedIDs, out.transient)
+	}
+	return len(rows), nil
+}
+
+// readBatch reads the partition's next pending rows, in id order, past the
+// batch whose mark is in flight.
+func (r *Relay) readBatch(w *worker, inflight *pendingMark) ([]db.PendingBatchRow, error) {
+	exclude := inflight.ids
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows: %w", err)
+	}
+	if h := r.cfg.hooks.afterRead; h != nil {
+		h(w.partition, len(rows))
+	}
+	return rows, nil
+}
+
+// rowIDs returns the ids of rows, in order.
+func rowIDs(rows []db.PendingBatchRow) []int64 {
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	return ids
+}
+
+// mark records the batch's published and dead rows in one statement fenced
+// by w's epoch; it returns errFenced when another relay owns the partition
+// now.
+func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out outcomes) error {
+	if len(out.markIDs) == 0 {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
+		Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: out.markIDs, DeadIds: out.deadIDs, DeadReasons: out.reasons,
+	})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("mark %d rows: %w", len(out.markIDs), err)
+	}
+	if n == 0 {
+		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(out.markIDs)))
+		r.cfg.Observer.Fenced(int(w.partition))
+		return errFenced
+	}
+	if out.published > 0 {
+		r.cfg.Observer.Published(int(w.partition), out.published, out.dups, time.Since(rows[0].CreatedAt))
+	}
+	if out.dead > 0 {
+		r.cfg.Observer.MarkedDead(int(w.partition), out.dead)
+	}
+	return nil
+}
+
+// start runs mark in the background as the mark of the batch of ids.
+func (m *pendingMark) start(log *zap.Logger, ids []int64, mark func() error) {
+	done := make(chan error, 1)
+	m.done, m.ids, m.rows = done, ids, len(ids)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				// An Observer's panic, after the mark committed.
+				log.Error("panic while marking a batch", zap.Any("panic", p))
+				done <- fmt.Errorf("panic while marking: %v", p)
+			}
+		}()
+		done <- mark()
+	}()
+}
+
+// retryBackoff is a partition's backoff, and whether the current batch has
+// already advanced it.
+type retryBackoff struct {
+	*wait.Backoff
+	advanced bool // Next was called during the current batch
+}
+
+func (r *Relay) newBackoff() *retryBackoff {
+	return &retryBackoff{Backoff: wait.New(r.backoffPolicy())}
+}

@@ -1,0 +1,158 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+)
+
+// tick registers this relay, renews its leases, and gives up or acquires
+// partitions so that it owns its fair share.
+func (r *Relay) tick(ctx context.Context) error {
+	if h := r.cfg.hooks.beforeHeartbeat; h != nil {
+		h()
+	}
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	pool := r.cfg.Pool
+	if err := r.q.HeartbeatNode(qctx, pool, r.cfg.NodeID); err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	leaseSecs := r.cfg.LeaseDuration.Seconds()
+	// A lease renewed or taken by a statement sent now lasts at least until
+	// now + LeaseDuration on this process's clock: the database's lease_until
+	// is computed later, from the same duration.
+	deadline := r.leaseDeadline()
+	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
+	if err != nil {
+		return fmt.Errorf("renew leases: %w", err)
+	}
+	held := make(map[int32]int64, len(renewed))
+	for _, l := range renewed {
+		held[l.Partition] = l.Epoch
+	}
+
+	r.mu.Lock()
+	var owned []int32
+	for p, w := range r.workers {
+		if w.stopping() {
+			continue
+		}
+		if e, ok := held[p]; !ok || e != w.epoch {
+			r.log.Warn("partition lease lost", zap.Int32("partition", p), zap.Int64("epoch", w.epoch))
+			r.cfg.Observer.LeaseLost(int(p))
+			w.stop(false)
+			continue
+		}
+		w.leaseUntil.Store(int64(deadline))
+		owned = append(owned, p)
+	}
+	// A lease held with no worker (its release failed) is worked again
+	// rather than renewed forever with nobody publishing.
+	var orphans []db.RenewLeasesRow
+	for _, l := range renewed {
+		if r.workers[l.Partition] == nil {
+			orphans = append(orphans, l)
+			owned = append(owned, l.Partition)
+		}
+	}
+	r.mu.Unlock()
+	for _, l := range orphans {
+		r.startWorker(ctx, l.Partition, l.Epoch, deadline)
+	}
+
+	live, err := r.q.CountLiveNodes(qctx, pool, leaseSecs)
+	if err != nil {
+		return fmt.Errorf("count relays: %w", err)
+	}
+	total, err := r.q.CountPartitions(qctx, pool)
+	if err != nil {
+		return fmt.Errorf("count partitions: %w", err)
+	}
+	if live < 1 {
+		live = 1
+	}
+	share := (int(total) + int(live) - 1) / int(live)
+	r.checkPoolSize(share)
+
+	switch {
+	case len(owned) > share:
+		// Give up the highest partitions beyond the fair share; each worker
+		// finishes its batch, then releases its lease.
+		sort.Slice(owned, func(i, j int) bool { return owned[i] > owned[j] })
+		r.mu.Lock()
+		for _, p := range owned[:len(owned)-share] {
+			r.log.Info("releasing partition to rebalance", zap.Int32("partition", p), zap.Int("share", share))
+			r.workers[p].stop(true)
+		}
+		r.mu.Unlock()
+	case len(owned) < share:
+		deadline := r.leaseDeadline()
+		got, err := r.q.AcquirePartitions(qctx, pool, db.AcquirePartitionsParams{
+			Owner: r.cfg.NodeID, LeaseSeconds: leaseSecs, MaxCount: int32(share - len(owned)),
+		})
+		if err != nil {
+			return fmt.Errorf("acquire partitions: %w", err)
+		}
+		for _, a := range got {
+			takenOver := a.PreviousOwner != nil
+			r.log.Info("partition acquired", zap.Int32("partition", a.Partition), zap.Int64("epoch", a.Epoch), zap.Bool("taken_over", takenOver))
+			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
+			r.startWorker(ctx, a.Partition, a.Epoch, deadline)
+		}
+	}
+	r.mu.Lock()
+	working := 0
+	for _, w := range r.workers {
+		if !w.stopping() {
+			working++
+		}
+	}
+	r.mu.Unlock()
+	r.cfg.Observer.PartitionsHeld(working)
+	if rand.IntN(20) == 0 {
+		if err := r.q.DeleteStaleNodes(qctx, pool, 10*leaseSecs); err != nil {
+			return fmt.Errorf("delete stale relays: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkPoolSize warns, once per share, when the pool is too small for the
+// partitions the relay is to own.
+func (r *Relay) checkPoolSize(share int) {
+	have, want := int(r.cfg.Pool.Config().MaxConns), PoolConns(share)
+	if have >= want || share == r.poolWarnedShare {
+		return
+	}
+	r.poolWarnedShare = share
+	r.log.Warn("the database pool is smaller than the relay's partitions use at once; their reads and marks queue for connections (raise pool_max_conns)",
+		zap.Int("pool_max_conns", have), zap.Int("partitions", share), zap.Int("wanted_conns", want))
+}
+
+// errFenced reports a mark refused because the partition has a new owner.
+var errFenced = errors.New("fenced: the partition was taken over")
+
+// errLeaseExpired reports a batch not published because the lease could have
+// expired (the relay was paused, or its heartbeats failed): another relay may
+// own the partition and have published the rows already.
+var errLeaseExpired = errors.New("lease expired before publishing: the batch was not published")
+
+// leaseDeadline is the end of a lease renewed or taken by a statement sent
+// now, on the monotonic clock.
+func (r *Relay) leaseDeadline() time.Duration {
+	return time.Since(r.clock) + r.cfg.LeaseDuration
+}
+
+// leaseEnd returns when w's lease ends at the latest, as a time carrying a
+// monotonic reading.
+func (r *Relay) leaseEnd(w *worker) time.Time {
+	return r.clock.Add(time.Duration(w.leaseUntil.Load()))
+}

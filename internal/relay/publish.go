@@ -1,0 +1,153 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// publishBatch publishes rows while w's lease lasts and returns each row's
+// result; errLeaseExpired when the lease may have ended before publishing.
+func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchRow) ([]broker.Result, error) {
+	results, msgs, idx := brokerMessages(rows)
+	if h := r.cfg.hooks.beforePublish; h != nil {
+		h(w.partition)
+	}
+	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
+	// failed heartbeats) must not publish the batch it read before: another
+	// relay may have taken the partition and published these rows, and once
+	// the broker's duplicate window has passed they would be stored twice.
+	// Publishing stops at the lease's end, too.
+	leaseEnd := r.leaseEnd(w)
+	if !time.Now().Before(leaseEnd) {
+		log.Warn("lease may have expired; the batch read before is not published", zap.Int("rows", len(rows)))
+		return nil, errLeaseExpired
+	}
+	if len(msgs) > 0 {
+		start := time.Now()
+		for j, res := range r.publish(msgs, leaseEnd) {
+			results[idx[j]] = res
+		}
+		r.cfg.Observer.PublishDuration(int(w.partition), len(msgs), time.Since(start))
+	}
+	return results, nil
+}
+
+// brokerMessages returns the messages to publish for rows (msgs[j] is
+// rows[idx[j]]) and a result per row, already failed for the rows that
+// cannot be published.
+func brokerMessages(rows []db.PendingBatchRow) (results []broker.Result, msgs []broker.Message, idx []int) {
+	// Rows whose headers cannot be carried are dead before publishing.
+	results = make([]broker.Result, len(rows))
+	msgs = make([]broker.Message, 0, len(rows))
+	idx = make([]int, 0, len(rows))
+	for i, row := range rows {
+		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
+		if row.KeySeq != nil {
+			m.KeySeq = *row.KeySeq
+		}
+		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
+			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
+				results[i].Err = broker.Terminalf("headers must be a JSON object of strings: %v", err)
+				continue
+			}
+		}
+		msgs = append(msgs, m)
+		idx = append(idx, i)
+	}
+	return results, msgs, idx
+}
+
+// publish calls the Publisher, turning a panic into a transient failure of
+// the whole batch.
+func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []broker.Result) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
+	defer cancel()
+	ctx, cancelLease := context.WithDeadline(ctx, leaseEnd)
+	defer cancelLease()
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("publisher panicked", zap.Any("panic", p))
+			results = make([]broker.Result, len(msgs))
+			for i := range results {
+				results[i].Err = fmt.Errorf("publisher panicked: %v", p)
+			}
+		}
+	}()
+	results = r.cfg.Publisher.Publish(ctx, msgs)
+	if len(results) != len(msgs) {
+		err := fmt.Errorf("publisher returned %d results for %d messages", len(results), len(msgs))
+		results = make([]broker.Result, len(msgs))
+		for i := range results {
+			results[i].Err = err
+		}
+	}
+	return results
+}
+
+// outcomes is what publishing a batch came to, row by row.
+type outcomes struct {
+	markIDs   []int64  // published or dead: marked
+	deadIDs   []int64  // rejected permanently
+	reasons   []string // why each of deadIDs was rejected
+	failedIDs []int64  // failed transiently: left pending
+	transient error    // the first transient failure
+
+	published, dead, dups int // dups: published rows the broker reported as duplicates
+}
+
+// outcomesOf sorts the batch's rows by their publishing's results.
+func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Result) outcomes {
+	// Mark every row with an outcome: published, or dead when rejected
+	// permanently. Rows that failed transiently stay pending and are retried
+	// after a backoff. They are always a suffix of their key's rows in the
+	// batch (the publisher sends nothing of a key after its transient
+	// failure), so per-key order holds while the other keys move on.
+	out := outcomes{deadIDs: []int64{}, reasons: []string{}} // never NULL
+	for i, res := range results {
+		if res.Err != nil && !broker.IsTerminal(res.Err) {
+			if out.transient == nil {
+				out.transient = res.Err
+			}
+			out.failedIDs = append(out.failedIDs, rows[i].ID)
+			continue
+		}
+		out.markIDs = append(out.markIDs, rows[i].ID)
+		if res.Err != nil {
+			out.deadIDs = append(out.deadIDs, rows[i].ID)
+			out.reasons = append(out.reasons, res.Err.Error())
+			out.dead++
+			log.Warn("event rejected permanently; marked dead", zap.String("event_id", rows[i].EventID), zap.Error(res.Err))
+			continue
+		}
+		out.published++
+		if res.Duplicate {
+			out.dups++
+		}
+	}
+	return out
+}
+
+// retryLater records a transient failure on the rows it left pending, to be
+// retried after the partition's next backoff, and returns it.
+func (r *Relay) retryLater(w *worker, log *zap.Logger, bo *retryBackoff, rest []int64, transient error) error {
+	r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
+	retryAt := time.Now().Add(bo.Next())
+	bo.advanced = true
+	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	_, err := r.q.RecordPublishFailure(qctx, r.cfg.Pool, db.RecordPublishFailureParams{
+		LastError: transient.Error(), NextAttemptAt: &retryAt, Ids: rest, Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch,
+	})
+	cancel()
+	if err != nil {
+		log.Warn("record publish failure", zap.Error(err))
+	}
+	return fmt.Errorf("publish: %w", transient)
+}

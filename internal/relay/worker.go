@@ -1,0 +1,195 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/wait"
+)
+
+// worker publishes one leased partition.
+type worker struct {
+	partition int32
+	epoch     int64
+	// leaseUntil is when the lease ends at the latest, as a duration since
+	// Relay.clock: a batch is published only before it.
+	leaseUntil atomic.Int64
+	// lingerUntil (UnixNano) is when the worker, idle after finding rows,
+	// stops relying on pollBusy and arms the partition's wake-up; 0: not
+	// lingering.
+	lingerUntil atomic.Int64
+	ctx         context.Context // cancelled to stop between batches
+	cancel      context.CancelFunc
+	release     bool // set before cancel: release the lease when done
+	wake        chan struct{}
+	done        chan struct{}
+}
+
+func (w *worker) stopping() bool { return w.ctx.Err() != nil }
+
+// nudge wakes the worker if it is idle; nudges coalesce.
+func (w *worker) nudge() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop asks the worker to stop after its current batch; with release it then
+// gives its lease up. Called with Relay.mu held.
+func (w *worker) stop(release bool) {
+	if w.ctx.Err() == nil {
+		w.release = release
+		w.cancel()
+	}
+}
+
+// startWorker starts publishing partition p at epoch. Called without r.mu.
+func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w.leaseUntil.Store(int64(leaseUntil))
+	r.mu.Lock()
+	prev := r.workers[p]
+	r.workers[p] = w
+	if prev != nil {
+		prev.stop(false)
+	}
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(w.done)
+		if prev != nil {
+			<-prev.done
+		}
+		r.workSafely(w)
+		r.mu.Lock()
+		release := w.release
+		r.mu.Unlock()
+		// Release before leaving the map, so a heartbeat never sees the
+		// lease still held with no worker.
+		if release {
+			qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+			err := pgx.BeginFunc(qctx, r.cfg.Pool, func(tx pgx.Tx) error {
+				if _, err := r.q.ReleasePartitions(qctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: []int32{p}}); err != nil {
+					return err
+				}
+				return r.q.NotifyRelays(qctx, tx, "released "+strconv.Itoa(int(p)))
+			})
+			cancel()
+			if err != nil {
+				r.log.Warn("release lease", zap.Int32("partition", p), zap.Error(err))
+			}
+		}
+		r.mu.Lock()
+		if r.workers[p] == w {
+			delete(r.workers, p)
+		}
+		r.mu.Unlock()
+	}()
+}
+
+// workSafely runs the worker, turning a panic (in an Observer, say) into the
+// worker's end: the lease stays held, and the next heartbeat starts a new
+// worker for it.
+func (r *Relay) workSafely(w *worker) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("partition worker panicked; restarting it at the next heartbeat", zap.Int32("partition", w.partition), zap.Any("panic", p))
+			w.cancel()
+		}
+	}()
+	r.work(w)
+}
+
+func (r *Relay) work(w *worker) {
+	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
+	bo := r.newBackoff()
+	// armed is set once this worker armed the partition's wake-up and then
+	// found nothing: the next insert into the partition notifies it.
+	armed := false
+	var lastArmed, lastRows time.Time
+	// inflight is the mark of the last full batch, running while the next
+	// batch is read and published; it is always awaited before the worker
+	// idles, backs off or ends.
+	inflight := &pendingMark{}
+	defer func() { _ = r.awaitMark(w, log, inflight) }()
+	for w.ctx.Err() == nil {
+		n, err := r.runBatch(w, log, bo, inflight)
+		if err == nil && n < r.cfg.BatchSize {
+			err = r.awaitMark(w, log, inflight)
+		}
+		switch {
+		case errors.Is(err, errFenced):
+			w.cancel()
+			return
+		case err != nil:
+			if errors.Is(r.awaitMark(w, log, inflight), errFenced) {
+				w.cancel()
+				return
+			}
+			d := bo.Last()
+			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
+			wait.Sleep(w.ctx, d)
+			continue
+		}
+		bo.Reset()
+		if n > 0 {
+			armed = false // a notification may have been spent on these rows
+			lastRows = time.Now()
+		}
+		if n == r.cfg.BatchSize {
+			continue
+		}
+		if !armed {
+			// Rows came within the last lingerFor: stay awake and let
+			// pollBusy look for more every busyPollInterval instead of
+			// arming. A producer whose insert finds its partition armed
+			// notifies, and PostgreSQL serializes notifying commits
+			// (including their WAL flush): under a steady stream of small
+			// transactions, re-arming after every batch made nearly every
+			// producer commit notify, one at a time.
+			if until := lastRows.Add(lingerFor); time.Now().Before(until) {
+				w.lingerUntil.Store(until.UnixNano())
+				select {
+				case r.busy <- struct{}{}:
+				default:
+				}
+				r.sleepOrWake(w, time.Until(until))
+				w.lingerUntil.Store(0)
+				continue
+			}
+			// Arm at most once per wakeInterval: under a steady trickle the
+			// worker polls at that pace instead, so producers notify at most
+			// once per partition per interval.
+			if wait := wakeInterval - time.Since(lastArmed); wait > 0 {
+				r.sleepOrWake(w, wait)
+				continue
+			}
+			lastArmed = time.Now()
+			nudged, err := r.arm(w)
+			switch {
+			case err != nil:
+				if w.ctx.Err() == nil {
+					log.Warn("arming the partition's wake-up failed; polling", zap.Error(err))
+				}
+			case nudged:
+				continue // the notification disarmed the partition
+			default:
+				armed = true
+				continue // look again: rows committed while arming
+			}
+		}
+		if r.sleepOrWake(w, wait.Jitter(r.cfg.PollInterval, jitterSpread)) {
+			armed = false // the notification disarmed the partition
+		}
+	}
+}
