@@ -341,12 +341,26 @@ func (s KeyStrategy) build(m event.Message) (string, error) {
 				if at.IsZero() {
 					return "", errors.New("the event has no occurred-at to bucket")
 				}
-				key += "@" + at.UTC().Truncate(s.bucket).Format(time.RFC3339)
+				key += "@" + bucketStart(at, s.bucket).Format(time.RFC3339)
 			}
 		}
 		return key, nil
 	}
 	return "", fmt.Errorf("unknown strategy kind %q", s.kind)
+}
+
+// bucketStart is the start of the bucket of length d (whole seconds, at
+// least 1s) holding at: a whole number of buckets after the Unix epoch,
+// 1970-01-01T00:00:00Z, as documented. (time.Truncate counts from Go's zero
+// time, year 1: the same instants for every d that divides a day, other
+// ones for a d such as 7h.)
+func bucketStart(at time.Time, d time.Duration) time.Time {
+	secs, n := at.Unix(), int64(d/time.Second) // Unix rounds down: nanoseconds are in [0, 1e9)
+	q := secs / n
+	if secs%n < 0 {
+		q-- // floor, also before 1970
+	}
+	return time.Unix(q*n, 0).UTC()
 }
 
 // contentHash is the hex SHA-256 of the canonical JSON of doc, or of the

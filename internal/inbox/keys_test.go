@@ -209,3 +209,54 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestHybridBucketsCountFromTheUnixEpoch: a hybrid time bucket starts at a
+// whole number of buckets after 1970-01-01T00:00:00Z, as documented, also
+// for a bucket that does not divide a day (7h) and before 1970; for every
+// bucket that divides a day the key is the one Go's time.Truncate (which
+// counts from year 1) gave, so no stored key changes.
+func TestHybridBucketsCountFromTheUnixEpoch(t *testing.T) {
+	t.Parallel()
+	m := event.Message{EventID: "e1", EventType: "OrderPaid", Payload: []byte(`{"a":1}`)}
+	base, err := keyOf(t, "content-hash", m)
+	require.NoError(t, err)
+	times := []time.Time{
+		time.Date(2026, 11, 23, 10, 42, 7, 123, time.UTC),
+		time.Date(2026, 11, 23, 23, 59, 59, 999999999, time.UTC),
+		time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1969, 12, 31, 20, 0, 0, 1, time.UTC),
+		time.Date(1901, 3, 4, 5, 6, 7, 0, time.FixedZone("x", 3600)),
+		time.Date(2999, 12, 31, 23, 0, 0, 0, time.UTC),
+	}
+	for i := range 200 {
+		times = append(times, time.Unix(int64(i)*7919*3607-400_000_000, int64(i)*1_000_003))
+	}
+	bucketOf := func(d time.Duration, at time.Time) string {
+		m := m
+		m.OccurredAt = at
+		k, err := keyOf(t, "hybrid:content-hash@"+d.String(), m)
+		require.NoError(t, err)
+		rest, ok := strings.CutPrefix(k, base+"@")
+		require.True(t, ok, k)
+		return rest
+	}
+	for _, d := range []time.Duration{7 * time.Hour, 5 * time.Hour, 7 * time.Second, 72 * time.Hour, 100 * time.Minute} {
+		for _, at := range times {
+			got, err := time.Parse(time.RFC3339, bucketOf(d, at))
+			require.NoError(t, err)
+			require.False(t, got.After(at), "%s bucket of %s starts at %s, after it", d, at, got)
+			require.True(t, at.Before(got.Add(d)), "%s bucket of %s starts at %s, a bucket or more before it", d, at, got)
+			require.Zero(t, got.Unix()%int64(d/time.Second), "%s bucket of %s starts at %s, not a whole number of buckets after the Unix epoch", d, at, got)
+		}
+	}
+	require.Equal(t, "2026-11-23T09:00:00Z", bucketOf(7*time.Hour, time.Date(2026, 11, 23, 10, 42, 0, 0, time.UTC)),
+		"71247 whole 7h buckets after the epoch (time.Truncate gave 07:00)")
+	for _, d := range []time.Duration{time.Second, 45 * time.Second, time.Minute, 15 * time.Minute, 90 * time.Minute,
+		time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 8 * time.Hour, 12 * time.Hour, 24 * time.Hour} {
+		require.Zero(t, 24*time.Hour%d)
+		for _, at := range times {
+			require.Equal(t, at.UTC().Truncate(d).Format(time.RFC3339), bucketOf(d, at),
+				"%s divides a day: the key is unchanged", d)
+		}
+	}
+}
