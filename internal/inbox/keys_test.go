@@ -260,3 +260,75 @@ func TestHybridBucketsCountFromTheUnixEpoch(t *testing.T) {
 		}
 	}
 }
+
+// TestBusinessKeysAreUnambiguous: two events whose business fields differ
+// never share a key, even when a value contains the template's separator or
+// the event type (which scopes a template starting with a field) contains
+// ':'; templates whose fields touch, which nothing could keep apart, are
+// refused at start-up. Values without the separator or '\' keep the key they
+// always had.
+func TestBusinessKeysAreUnambiguous(t *testing.T) {
+	t.Parallel()
+	msg := func(typ string, fields map[string]string) event.Message {
+		p, err := json.Marshal(fields)
+		require.NoError(t, err)
+		return event.Message{EventID: "e", EventType: typ, Payload: p}
+	}
+	mustKey := func(spec string, m event.Message) string {
+		k, err := keyOf(t, spec, m)
+		require.NoError(t, err, spec)
+		return k
+	}
+
+	const report = "business:report:{date}:{region}"
+	a := mustKey(report, msg("R", map[string]string{"date": "2026:11", "region": "eu"}))
+	b := mustKey(report, msg("R", map[string]string{"date": "2026", "region": "11:eu"}))
+	require.NotEqual(t, a, b, "a separator inside a value must not move the boundary")
+	require.Equal(t, `report:2026\:11:eu`, a, "the separator is escaped in the value it follows")
+	require.Equal(t, "report:2026:11:eu", b, "the last value is never escaped: nothing follows it")
+
+	a = mustKey("business:{order_id}", msg("a:b", map[string]string{"order_id": "c"}))
+	b = mustKey("business:{order_id}", msg("a", map[string]string{"order_id": "b:c"}))
+	require.NotEqual(t, a, b, "the event type scoping the template is kept apart from the first value")
+
+	// Unchanged keys: no value holds its separator or '\'.
+	require.Equal(t, "payment:o:42", mustKey("business:payment:{order_id}", msg("P", map[string]string{"order_id": "o:42"})))
+	require.Equal(t, "P:o-42", mustKey("business:{order_id}", msg("P", map[string]string{"order_id": "o-42"})))
+	require.Equal(t, "r:2026-11:eu/w", mustKey(report[:len("business:")]+"r:{date}:{region}/w", msg("R", map[string]string{"date": "2026-11", "region": "eu"})))
+
+	for _, spec := range []string{"business:{a}{b}", "business:x:{a}{b}:y", "business:{a}:{b}{c}"} {
+		_, err := inbox.ParseKeyStrategy(spec)
+		require.ErrorContains(t, err, "adjacent", spec)
+	}
+
+	// Exhaustively over short values made of separators, the escape and a
+	// letter: distinct inputs, distinct keys.
+	alphabet := []string{"a", ":", "/", `\`}
+	values := []string{}
+	for _, x := range alphabet {
+		values = append(values, x)
+		for _, y := range alphabet {
+			values = append(values, x+y)
+		}
+	}
+	for _, spec := range []string{"business:{a}:{b}/{c}", "business:x{a}/:{b}:{c}"} {
+		seen := map[string]string{}
+		for _, typ := range []string{"T", "T:", `T\`} {
+			for _, va := range values {
+				for _, vb := range values {
+					for _, vc := range values {
+						k := mustKey(spec, msg(typ, map[string]string{"a": va, "b": vb, "c": vc}))
+						in := strings.Join([]string{typ, va, vb, vc}, "\x00")
+						if spec != "business:{a}:{b}/{c}" {
+							in = strings.Join([]string{va, vb, vc}, "\x00") // the type is not part of the key
+						}
+						if prev, ok := seen[k]; ok && prev != in {
+							t.Fatalf("%s: %q and %q share the key %q", spec, prev, in, k)
+						}
+						seen[k] = in
+					}
+				}
+			}
+		}
+	}
+}
