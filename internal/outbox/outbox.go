@@ -269,7 +269,9 @@ func (o *Outbox) validate(m event.Message) error {
 		return ErrMissingTopic
 	}
 	if !validToken(m.Topic, true) {
-		return fmt.Errorf("topic %q is invalid: use letters, digits, '-', '_' and '.' between non-empty parts", m.Topic)
+		// The same rule as the outbox table's outbox_topic_valid constraint
+		// (migration 00095), which holds plain-SQL producers to it.
+		return fmt.Errorf("topic %q is invalid: use letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.Topic)
 	}
 	if m.EventID != "" {
 		if err := event.ValidateEventID(m.EventID); err != nil {
