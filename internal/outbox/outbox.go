@@ -330,6 +330,11 @@ func textField(name, v string) error {
 	return nil
 }
 
+// ValidTopic reports whether topic follows the rule Enqueue applies and the
+// outbox table's outbox_topic_valid constraint holds plain SQL to: 1 to 255
+// bytes of letters, digits, '-' and '_' in non-empty parts separated by '.'.
+func ValidTopic(topic string) bool { return validToken(topic, true) }
+
 // validToken reports whether s is usable as a broker subject part (dots
 // allowed when dots is set, then with no empty part) or header name.
 func validToken(s string, dots bool) bool {

@@ -45,6 +45,7 @@ func TestTopicRuleSameForEnqueueAndSQL(t *testing.T) {
 		_, sqlErr := tx.Exec(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ($1, 'k', '{}')`, topic)
 		require.NoError(t, tx.Rollback(ctx))
 
+		require.Equal(t, valid, outbox.ValidTopic(topic), "ValidTopic %q", topic)
 		if valid {
 			require.NoError(t, enqErr, "Enqueue %q", topic)
 			require.NoError(t, sqlErr, "SQL %q", topic)
