@@ -134,7 +134,7 @@ func MigrateUp(ctx context.Context, databaseURL string) error {
 	defer pool.Close()
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	return migrations.Up(ctx, db)
+	return MigrateError("up", migrations.Up(ctx, db))
 }
 
 // MigrateError turns goose's "partial migration error (type:sql,version:N):
