@@ -66,3 +66,44 @@ func TestMigrateDownRefusalSaysWhatAndWhy(t *testing.T) {
 	require.NoError(t, err, out)
 	require.EqualValues(t, 80, version())
 }
+
+// TestMigrateUpFailureNamesTheMigration: a migration that fails on the way
+// up is named, with the ones applied before it, instead of goose's "partial
+// migration error".
+func TestMigrateUpFailureNamesTheMigration(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	migrate := func(args ...string) error {
+		cmd := MigrateCommand(&url)
+		cmd.SetOut(&bytes.Buffer{})
+		cmd.SetErr(&bytes.Buffer{})
+		cmd.SetArgs(args)
+		cmd.SilenceUsage = true
+		return cmd.ExecuteContext(ctx)
+	}
+	// Back to 00086, then make 00095 fail: the constraint it adds exists
+	// already.
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	for {
+		var v int64
+		require.NoError(t, conn.QueryRow(ctx, `SELECT max(version_id) FROM goose_db_version WHERE is_applied`).Scan(&v))
+		if v <= 86 {
+			break
+		}
+		require.NoError(t, migrate("down", "--force"))
+	}
+	_, err = conn.Exec(ctx, `ALTER TABLE outbox ADD CONSTRAINT outbox_topic_valid CHECK (true)`)
+	require.NoError(t, err)
+	err = migrate("up")
+	require.Error(t, err)
+	t.Log(err)
+	require.NotContains(t, err.Error(), "partial migration error")
+	require.Contains(t, err.Error(), "migrate up: 00095_outbox_topic_check.sql failed after ")
+	require.Contains(t, err.Error(), "00090_outbox_producer_path.sql", "the migrations applied before it")
+	require.Contains(t, err.Error(), "its own changes were undone")
+	require.Contains(t, err.Error(), `"outbox_topic_valid"`)
+}
