@@ -16,9 +16,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +40,10 @@ var (
 	ErrLeaseLost = errors.New("guard: reservation no longer held")
 	// ErrUnavailable: the store could not be asked (fail closed).
 	ErrUnavailable = errors.New("guard: store unavailable")
+	// ErrInvalidKey: the key is empty, longer than MaxKeyLength, not valid
+	// UTF-8 or holds a NUL byte. No store is asked and FailOpen does not
+	// apply: retrying the same key can never succeed.
+	ErrInvalidKey = errors.New("guard: invalid key")
 )
 
 // State is the outcome of a store's Reserve.
@@ -83,7 +89,8 @@ type Config struct {
 	// ConfirmedTTL is how long a confirmed key refuses repeats.
 	// Default: 24h.
 	ConfirmedTTL time.Duration
-	// MaxKeyLength bounds keys, in bytes. Default: 512.
+	// MaxKeyLength bounds keys, in bytes. Default: 512. Keys must also be
+	// valid UTF-8 without NUL bytes (ValidateKey).
 	MaxKeyLength int
 	// FailOpen lets Reserve proceed, unguarded, when the store cannot be
 	// asked: the effect may then happen twice. Every such call is logged at
@@ -170,14 +177,32 @@ type Reservation struct {
 // Key returns the reserved key.
 func (r *Reservation) Key() string { return r.key }
 
+// ValidateKey checks a key against the rule every store shares: 1 to
+// maxLen bytes of valid UTF-8 without a NUL byte (PostgreSQL text can hold
+// nothing else; the Redis store, which could, refuses the same keys so that
+// switching stores never changes which keys work). The error wraps
+// ErrInvalidKey.
+func ValidateKey(key string, maxLen int) error {
+	switch {
+	case key == "" || len(key) > maxLen:
+		return fmt.Errorf("%w: a key must be 1..%d bytes, got %d", ErrInvalidKey, maxLen, len(key))
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidKey, key)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidKey, key)
+	}
+	return nil
+}
+
 // Reserve takes key for a lease of ttl before an effect. It returns
-// ErrDuplicate when the key's effect was confirmed, ErrInProgress when
-// another holder's lease is live, and ErrUnavailable when the store cannot be
-// asked (unless FailOpen). Choose ttl longer than the effect takes, or Extend
+// ErrInvalidKey when the key breaks ValidateKey's rule (whatever FailOpen
+// says: the store is not asked), ErrDuplicate when the key's effect was
+// confirmed, ErrInProgress when another holder's lease is live, and
+// ErrUnavailable when the store cannot be asked (unless FailOpen). Choose ttl longer than the effect takes, or Extend
 // the lease while it runs: a lease that ends lets a second holder in.
 func (g *Guard) Reserve(ctx context.Context, key string, ttl time.Duration) (*Reservation, error) {
-	if key == "" || len(key) > g.cfg.MaxKeyLength {
-		return nil, fmt.Errorf("guard: key must be 1..%d bytes, got %d", g.cfg.MaxKeyLength, len(key))
+	if err := ValidateKey(key, g.cfg.MaxKeyLength); err != nil {
+		return nil, err
 	}
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("guard: ttl must be at least 1ms, got %s", ttl)

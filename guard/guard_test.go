@@ -312,3 +312,47 @@ func TestConfig(t *testing.T) {
 	_, err = guard.New(guard.Config{Store: guard.NewRedisStore(nil, ""), Timeout: -1})
 	require.ErrorContains(t, err, "Timeout")
 }
+
+// TestInvalidKeys: a key PostgreSQL text cannot hold (a NUL byte, invalid
+// UTF-8) is refused up front with ErrInvalidKey by every store alike, never
+// reported as ErrUnavailable (a retry can never succeed), and FailOpen never
+// lets the effect run unguarded for it.
+func TestInvalidKeys(t *testing.T) {
+	t.Parallel()
+	bad := map[string]string{
+		"NUL":          "webhook:\x00:1",
+		"invalid UTF8": "webhook:\xff\xfe",
+		"cut rune":     "job:caf\xc3",
+		"empty":        "",
+		"too long":     string(make([]byte, 513)),
+	}
+	for name, mk := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := mk(t)
+			for _, failOpen := range []bool{false, true} {
+				reg := prometheus.NewRegistry()
+				g, err := guard.New(guard.Config{Store: s, FailOpen: failOpen, Registerer: reg})
+				require.NoError(t, err)
+				for what, key := range bad {
+					ran := false
+					r, err := g.Reserve(ctx(t), key, time.Minute)
+					if err == nil {
+						ran = true // the caller would run the effect now
+					}
+					require.ErrorIs(t, err, guard.ErrInvalidKey, "%s (fail open %v)", what, failOpen)
+					require.NotErrorIs(t, err, guard.ErrUnavailable, "%s: a retry cannot fix the input", what)
+					require.Nil(t, r)
+					require.False(t, ran, "%s: the effect must not run", what)
+				}
+				require.Equal(t, 0.0, testutil.ToFloat64(counter(t, reg, "pgrelay_guard_fail_open_total")))
+			}
+			// The same keys made valid work in every store.
+			g, err := guard.New(guard.Config{Store: s})
+			require.NoError(t, err)
+			r, err := g.Reserve(ctx(t), "webhook:café:✓", time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, r.Confirm(ctx(t)))
+		})
+	}
+}

@@ -25,7 +25,9 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,6 +69,7 @@ type Config struct {
 	MaxBodyBytes int64
 	// Scope returns the key space of a request (for example the
 	// authenticated client's id), so that two clients' keys never meet.
+	// A scope that is not valid UTF-8 or holds a NUL byte gets 400.
 	// Default: one space for every request.
 	Scope func(*http.Request) string
 	// Logger receives failures of the store. Default: a no-op logger.
@@ -260,6 +263,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	fp := Fingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, body)
 	scope := m.cfg.Scope(r)
+	if !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0 {
+		// Usually taken from the request (a client id): PostgreSQL text
+		// cannot hold it, and no retry can change that, so it is the
+		// request's fault, not an outage.
+		problem(w, http.StatusBadRequest, "Idempotency scope is invalid",
+			"The request's idempotency scope (for example its client id) is not valid UTF-8 or contains a NUL byte.")
+		return
+	}
 	log := m.cfg.Logger.With(zap.String("idempotency_key", key), zap.String("scope", scope))
 
 	ctx := r.Context()

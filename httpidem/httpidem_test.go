@@ -374,3 +374,34 @@ func TestConfig(t *testing.T) {
 	_, err = httpidem.New(httpidem.Config{Pool: &pgxpool.Pool{}, TTL: time.Millisecond})
 	require.ErrorContains(t, err, "TTL")
 }
+
+// TestBadInputIsNotAnOutage: a key or a scope PostgreSQL text cannot hold (a
+// NUL byte, invalid UTF-8) is the client's error, 400, never 503 "retry
+// later" (a retry can never succeed); the handler does not run. The requests
+// go straight to the handler: Go's HTTP client refuses to send a NUL.
+func TestBadInputIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, httpidem.Config{Scope: func(r *http.Request) string { return r.Header.Get("X-Client") }})
+	send := func(key, client string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/payments", bytes.NewBufferString(payment))
+		req.Header.Set(httpidem.HeaderName, key)
+		req.Header.Set("X-Client", client)
+		w := httptest.NewRecorder()
+		b.mux().ServeHTTP(w, req)
+		return w
+	}
+	for name, c := range map[string]struct{ key, client string }{
+		"NUL in the key":                {"k\x00-1", "acme"},
+		"NUL in a quoted key":           {"\"k\x00-1\"", "acme"},
+		"invalid UTF-8 in the key":      {"k-\xff", "acme"},
+		"invalid UTF-8 in a quoted key": {"\"k-\xc3\"", "acme"},
+		"NUL in the scope":              {"k-1", "ac\x00me"},
+		"invalid UTF-8 in the scope":    {"k-1", "acme-\xff"},
+	} {
+		w := send(c.key, c.client)
+		require.Equal(t, http.StatusBadRequest, w.Code, "%s: %s", name, w.Body)
+		require.Equal(t, "application/problem+json", w.Header().Get("Content-Type"), name)
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`), "the handler never ran")
+	require.Equal(t, http.StatusCreated, send("k-1", "acme-✓").Code, "a valid key and scope work")
+}

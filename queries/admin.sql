@@ -189,3 +189,8 @@ SELECT pg_notify('pgrelay_outbox', array_to_string(@partitions::int[], ','));
 -- cut-offs are computed from it, as the dead_at and finished_at they are
 -- compared with were written by it, whatever the client's clock says.
 SELECT now()::timestamptz AS now;
+
+-- name: AdminOutboxTopics :many
+-- AdminOutboxTopics reads the topics of the given outbox rows (by id), to
+-- name the ones a requeue refused (constraint outbox_topic_valid).
+SELECT event_id, topic FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id;

@@ -11,6 +11,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/pgrelay/pgrelay/internal/cli"
 	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
 )
 
@@ -80,7 +81,7 @@ func runExampleSchema(cmd *cobra.Command, op, databaseURL string) error {
 			fmt.Fprintln(out, "example schema:", r.String())
 		}
 		if err != nil {
-			return fmt.Errorf("example schema: %w", err)
+			return fmt.Errorf("example schema: %w", cli.MigrateError("up", err))
 		}
 		if len(res) == 0 {
 			fmt.Fprintln(out, "example schema: no migrations to run")
@@ -91,7 +92,7 @@ func runExampleSchema(cmd *cobra.Command, op, databaseURL string) error {
 			fmt.Fprintln(out, "example schema:", res.String())
 		}
 		if err != nil {
-			return fmt.Errorf("example schema: %w", err)
+			return fmt.Errorf("example schema: %w", cli.MigrateError("down", err))
 		}
 	case "status":
 		sts, err := p.Status(ctx)

@@ -12,14 +12,17 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/outbox"
 )
 
 // Source names the table a dead letter lives in.
@@ -406,7 +409,8 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
 		picked, err := s.applyToDead(ctx, tx, src, req.Filter, res, func(k deadKeys) ([]db.ReplayAudit, error) {
 			if src == SourceOutbox {
-				return s.q.AdminRequeueOutboxDead(ctx, tx, db.AdminRequeueOutboxDeadParams{Actor: req.Actor, Reason: req.Reason, Ids: k.ids})
+				audits, err := s.q.AdminRequeueOutboxDead(ctx, tx, db.AdminRequeueOutboxDeadParams{Actor: req.Actor, Reason: req.Reason, Ids: k.ids})
+				return audits, s.explainTopicRefusal(ctx, k.ids, err)
 			}
 			return s.q.AdminRequeueInboxDead(ctx, tx, db.AdminRequeueInboxDeadParams{Actor: req.Actor, Reason: req.Reason,
 				Handlers: k.handlers, DedupKeys: k.dedupKeys})
@@ -421,6 +425,32 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 	}
 	s.finish(res, req.Actor, req.Reason)
 	return res, nil
+}
+
+// explainTopicRefusal turns a requeue that the outbox_topic_valid
+// constraint refused (a dead row stored before migration 00095 with a topic
+// the outbox no longer accepts) into a bad request naming those events and
+// what to do; any other error is returned as it is.
+func (s *Service) explainTopicRefusal(ctx context.Context, ids []int64, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "outbox_topic_valid" {
+		return err
+	}
+	// The transaction is aborted: read the committed rows on the pool.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
+	defer cancel()
+	var bad []string
+	rows, lerr := s.q.AdminOutboxTopics(qctx, s.cfg.Pool, ids)
+	for _, r := range rows {
+		if !outbox.ValidTopic(r.Topic) && len(bad) < 5 {
+			bad = append(bad, fmt.Sprintf("%s (topic %q)", r.EventID, r.Topic))
+		}
+	}
+	if lerr != nil || len(bad) == 0 {
+		bad = []string{"some of them"}
+	}
+	return fmt.Errorf("%w: nothing was requeued: the outbox no longer accepts the topic of dead events %s (constraint outbox_topic_valid, migration 00095: letters, digits, '-', '_' and '.' between non-empty parts); they can never be published: purge them, or leave them out of the requeue: %w",
+		ErrInvalid, strings.Join(bad, ", "), err)
 }
 
 // Purge deletes the selected dead letters that have been dead for at least

@@ -209,7 +209,7 @@ func (p *NATS) publishKey(ctx context.Context, msgs []Message, idx []int, result
 		if err == nil {
 			continue
 		}
-		results[i].Err = p.classify(ctx, nm.Subject, err)
+		results[i].Err = p.classify(ctx, nm, err)
 		if IsTerminal(results[i].Err) {
 			// The relay dead-letters this one and moves on to the next.
 			continue
@@ -235,15 +235,17 @@ const jsErrCodeHeaderExceedsMaximum jetstream.ErrorCode = 10097
 
 // classify turns a publish error into a permanent one when no retry can fix
 // it; everything else (timeouts, disconnections) stays transient.
-func (p *NATS) classify(ctx context.Context, subject string, err error) error {
+func (p *NATS) classify(ctx context.Context, nm *nats.Msg, err error) error {
+	subject := nm.Subject
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
-		return Terminalf("message too large for the NATS server: %w", err)
+		return Terminalf("message too large for the NATS server: payload of %d bytes plus headers, the server's max_payload is %d bytes: %w",
+			len(nm.Data), p.nc.MaxPayload(), err)
 	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, jetstream.ErrInvalidSubject):
 		return Terminalf("invalid subject %q: %w", subject, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
-		return Terminalf("message too large for the stream: %w", err)
+		return Terminalf("message too large for the stream: payload of %d bytes plus headers, %s: %w", len(nm.Data), p.streamMaxMsgSize(ctx), err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeHeaderExceedsMaximum:
 		return Terminalf("message headers (key, event type and headers) too large for the stream: %w", err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
@@ -256,6 +258,19 @@ func (p *NATS) classify(ctx context.Context, subject string, err error) error {
 		}
 	}
 	return err
+}
+
+// streamMaxMsgSize names the configured stream's max_msg_size for a
+// dead reason ("the stream's max_msg_size is N bytes"), or says it could
+// not be read.
+func (p *NATS) streamMaxMsgSize(ctx context.Context) string {
+	lctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
+	defer cancel()
+	s, err := p.js.Stream(lctx, p.cfg.Stream)
+	if err != nil {
+		return fmt.Sprintf("the stream's max_msg_size could not be read (%v)", err)
+	}
+	return fmt.Sprintf("the stream's max_msg_size is %d bytes", s.CachedInfo().Config.MaxMsgSize)
 }
 
 // Close drains nothing: callers wait for their acknowledgements in Publish.

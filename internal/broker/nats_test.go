@@ -123,3 +123,36 @@ func TestNATSKeyNotSentAfterTransientFailure(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), info.State.Msgs, "filler and j-1 only: k-2 was not stored ahead of k-1")
 }
+
+// TestNATSTooLargeNamesTheLimit: a message over the server's max_payload or
+// over the stream's max_msg_size goes dead with a reason naming the limit's
+// value and the message's size, so the operator knows what to raise.
+func TestNATSTooLargeNamesTheLimit(t *testing.T) {
+	t.Parallel()
+	url := testnats.URL(t)
+	nc, js := testnats.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := fmt.Sprintf("SMALL%d", time.Now().UnixNano())
+	prefix := "small" + name[5:]
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: name, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage, MaxMsgSize: 1000,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	p, err := broker.NewNATS(ctx, broker.NATSConfig{URL: url, Stream: name, SubjectPrefix: prefix, AckTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+
+	server := nc.MaxPayload()
+	res := p.Publish(ctx, []broker.Message{
+		{EventID: "over-stream", Topic: "orders", Key: "a", Payload: make([]byte, 2000)},
+		{EventID: "over-server", Topic: "orders", Key: "b", Payload: make([]byte, server+1)},
+	})
+	require.True(t, broker.IsTerminal(res[0].Err), "%v", res[0].Err)
+	require.ErrorContains(t, res[0].Err, "the stream's max_msg_size is 1000 bytes")
+	require.ErrorContains(t, res[0].Err, "payload of 2000 bytes")
+	require.True(t, broker.IsTerminal(res[1].Err), "%v", res[1].Err)
+	require.ErrorContains(t, res[1].Err, fmt.Sprintf("the server's max_payload is %d bytes", server))
+	require.ErrorContains(t, res[1].Err, fmt.Sprintf("payload of %d bytes", server+1))
+}

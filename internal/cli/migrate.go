@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -60,7 +63,7 @@ work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
 	up.RunE = run(func(ctx context.Context, p *goose.Provider) error {
 		res, err := p.Up(ctx)
 		out(up, res)
-		return err
+		return MigrateError("up", err)
 	})
 	down := &cobra.Command{Use: "down", Short: "Roll back the most recent migration", Args: cobra.NoArgs,
 		Long: `Roll back the most recent migration.
@@ -76,7 +79,7 @@ PGOPTIONS="-c pgrelay.force_down=on".`}
 		if res != nil {
 			out(down, []*goose.MigrationResult{res})
 		}
-		return err
+		return MigrateError("down", err)
 	})
 	status := &cobra.Command{Use: "status", Short: "List migrations and whether each is applied", Args: cobra.NoArgs}
 	status.RunE = run(func(ctx context.Context, p *goose.Provider) error {
@@ -131,5 +134,36 @@ func MigrateUp(ctx context.Context, databaseURL string) error {
 	defer pool.Close()
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	return migrations.Up(ctx, db)
+	return MigrateError("up", migrations.Up(ctx, db))
+}
+
+// MigrateError turns goose's "partial migration error (type:sql,version:N):
+// ..." into a message that says what happened. A rollback a migration
+// refused (its down section raises SQLSTATE 2BP01 "migrate down: ... would
+// drop data ...") becomes "migrate down refused: <file> was not rolled back,
+// nothing was changed ...: <why, and how to override>"; any other failure
+// names the migration that failed, the ones applied before it, and that the
+// failed one's own changes were undone (each runs in one transaction).
+func MigrateError(op string, err error) error {
+	var pe *goose.PartialError
+	if !errors.As(err, &pe) || pe.Failed == nil || pe.Failed.Source == nil {
+		return err
+	}
+	name := filepath.Base(pe.Failed.Source.Path)
+	var pgErr *pgconn.PgError
+	// 2BP01: dependent_objects_still_exist, what the down sections raise.
+	if op == "down" && errors.As(pe.Err, &pgErr) && pgErr.Code == "2BP01" &&
+		strings.HasPrefix(pgErr.Message, "migrate down: ") {
+		return fmt.Errorf("migrate down refused: %s was not rolled back, nothing was changed (the schema stays at version %d): %s",
+			name, pe.Failed.Source.Version, strings.TrimPrefix(pgErr.Message, "migrate down: "))
+	}
+	done := ""
+	if len(pe.Applied) > 0 {
+		names := make([]string, len(pe.Applied))
+		for i, r := range pe.Applied {
+			names[i] = filepath.Base(r.Source.Path)
+		}
+		done = fmt.Sprintf(" after %s succeeded (%s)", strings.Join(names, ", "), map[string]string{"up": "applied", "down": "rolled back"}[op])
+	}
+	return fmt.Errorf("migrate %s: %s failed%s; its own changes were undone (one transaction): %w", op, name, done, pe.Err)
 }

@@ -201,7 +201,8 @@ func TestMigrateDownForce(t *testing.T) {
 			break
 		}
 	}
-	require.ErrorContains(t, refusal, "migrate down: 00001_inbox would drop data")
+	require.ErrorContains(t, refusal, "migrate down refused: 00001_inbox.sql was not rolled back, nothing was changed")
+	require.ErrorContains(t, refusal, "00001_inbox would drop data")
 	require.ErrorContains(t, refusal, "--force")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n))

@@ -528,6 +528,37 @@ func (q *Queries) AdminOutboxStatusCounts(ctx context.Context, db DBTX) ([]Admin
 	return items, nil
 }
 
+const adminOutboxTopics = `-- name: AdminOutboxTopics :many
+SELECT event_id, topic FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id
+`
+
+type AdminOutboxTopicsRow struct {
+	EventID string
+	Topic   string
+}
+
+// AdminOutboxTopics reads the topics of the given outbox rows (by id), to
+// name the ones a requeue refused (constraint outbox_topic_valid).
+func (q *Queries) AdminOutboxTopics(ctx context.Context, db DBTX, ids []int64) ([]AdminOutboxTopicsRow, error) {
+	rows, err := db.Query(ctx, adminOutboxTopics, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminOutboxTopicsRow{}
+	for rows.Next() {
+		var i AdminOutboxTopicsRow
+		if err := rows.Scan(&i.EventID, &i.Topic); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const adminPurgeInboxDead = `-- name: AdminPurgeInboxDead :many
 WITH gone AS (
     DELETE FROM inbox i

@@ -195,6 +195,10 @@ func parseTemplate(tmpl string) (parts []string, fields [][]string, err error) {
 		if err != nil {
 			return nil, nil, err
 		}
+		if len(fields) > 0 && lit == "" {
+			return nil, nil, fmt.Errorf("fields {%s} and {%s} are adjacent in template %q: their values could not be told apart (\"ab\"+\"c\" and \"a\"+\"bc\" give one key); put a separator between them, for example {%[1]s}:{%[2]s}",
+				strings.Join(fields[len(fields)-1], "."), strings.Join(path, "."), tmpl)
+		}
 		parts = append(parts, lit)
 		fields = append(fields, path)
 		lit = ""
@@ -297,12 +301,16 @@ func (s KeyStrategy) build(m event.Message) (string, error) {
 	}
 	switch s.kind {
 	case KeyBusiness:
+		// Every value but the last is escaped against the first character
+		// of the literal text that follows it (see escapeValue), so the
+		// key decodes to one tuple of values: different values, different
+		// keys. The last value needs nothing: the rest of the key is it.
 		var b strings.Builder
 		if s.parts[0] == "" {
 			if m.EventType == "" {
 				return "", errors.New("the template starts with a field and the event has no event type to scope it")
 			}
-			b.WriteString(m.EventType)
+			b.WriteString(escapeValue(m.EventType, ':'))
 			b.WriteByte(':')
 		}
 		for i, path := range s.fields {
@@ -314,6 +322,10 @@ func (s KeyStrategy) build(m event.Message) (string, error) {
 			text, err := fieldText(v)
 			if err != nil {
 				return "", fmt.Errorf("field %s: %w", strings.Join(path, "."), err)
+			}
+			if i < len(s.fields)-1 {
+				sep, _ := utf8.DecodeRuneInString(s.parts[i+1]) // never empty: adjacent fields are refused
+				text = escapeValue(text, sep)
 			}
 			b.WriteString(text)
 		}
@@ -341,12 +353,49 @@ func (s KeyStrategy) build(m event.Message) (string, error) {
 				if at.IsZero() {
 					return "", errors.New("the event has no occurred-at to bucket")
 				}
-				key += "@" + at.UTC().Truncate(s.bucket).Format(time.RFC3339)
+				key += "@" + bucketStart(at, s.bucket).Format(time.RFC3339)
 			}
 		}
 		return key, nil
 	}
 	return "", fmt.Errorf("unknown strategy kind %q", s.kind)
+}
+
+// bucketStart is the start of the bucket of length d (whole seconds, at
+// least 1s) holding at: a whole number of buckets after the Unix epoch,
+// 1970-01-01T00:00:00Z, as documented. (time.Truncate counts from Go's zero
+// time, year 1: the same instants for every d that divides a day, other
+// ones for a d such as 7h.)
+func bucketStart(at time.Time, d time.Duration) time.Time {
+	secs, n := at.Unix(), int64(d/time.Second) // Unix rounds down: nanoseconds are in [0, 1e9)
+	q := secs / n
+	if secs%n < 0 {
+		q-- // floor, also before 1970
+	}
+	return time.Unix(q*n, 0).UTC()
+}
+
+// keyEscape escapes, in a business key's value, itself and the separator
+// that follows the value.
+const keyEscape = '\\'
+
+// escapeValue returns v with every keyEscape and every sep prefixed by
+// keyEscape, or v itself when it holds neither: the keys of values without
+// the separator or '\' are the ones earlier releases built, and only keys
+// that could collide ("report:{date}:{region}" with date "2026:11" and
+// region "eu", or date "2026" and region "11:eu") change.
+func escapeValue(v string, sep rune) string {
+	if !strings.ContainsRune(v, keyEscape) && !strings.ContainsRune(v, sep) {
+		return v
+	}
+	var b strings.Builder
+	for _, r := range v {
+		if r == keyEscape || r == sep {
+			b.WriteRune(keyEscape)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // contentHash is the hex SHA-256 of the canonical JSON of doc, or of the

@@ -209,3 +209,126 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestHybridBucketsCountFromTheUnixEpoch: a hybrid time bucket starts at a
+// whole number of buckets after 1970-01-01T00:00:00Z, as documented, also
+// for a bucket that does not divide a day (7h) and before 1970; for every
+// bucket that divides a day the key is the one Go's time.Truncate (which
+// counts from year 1) gave, so no stored key changes.
+func TestHybridBucketsCountFromTheUnixEpoch(t *testing.T) {
+	t.Parallel()
+	m := event.Message{EventID: "e1", EventType: "OrderPaid", Payload: []byte(`{"a":1}`)}
+	base, err := keyOf(t, "content-hash", m)
+	require.NoError(t, err)
+	times := []time.Time{
+		time.Date(2026, 11, 23, 10, 42, 7, 123, time.UTC),
+		time.Date(2026, 11, 23, 23, 59, 59, 999999999, time.UTC),
+		time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1969, 12, 31, 20, 0, 0, 1, time.UTC),
+		time.Date(1901, 3, 4, 5, 6, 7, 0, time.FixedZone("x", 3600)),
+		time.Date(2999, 12, 31, 23, 0, 0, 0, time.UTC),
+	}
+	for i := range 200 {
+		times = append(times, time.Unix(int64(i)*7919*3607-400_000_000, int64(i)*1_000_003))
+	}
+	bucketOf := func(d time.Duration, at time.Time) string {
+		m := m
+		m.OccurredAt = at
+		k, err := keyOf(t, "hybrid:content-hash@"+d.String(), m)
+		require.NoError(t, err)
+		rest, ok := strings.CutPrefix(k, base+"@")
+		require.True(t, ok, k)
+		return rest
+	}
+	for _, d := range []time.Duration{7 * time.Hour, 5 * time.Hour, 7 * time.Second, 72 * time.Hour, 100 * time.Minute} {
+		for _, at := range times {
+			got, err := time.Parse(time.RFC3339, bucketOf(d, at))
+			require.NoError(t, err)
+			require.False(t, got.After(at), "%s bucket of %s starts at %s, after it", d, at, got)
+			require.True(t, at.Before(got.Add(d)), "%s bucket of %s starts at %s, a bucket or more before it", d, at, got)
+			require.Zero(t, got.Unix()%int64(d/time.Second), "%s bucket of %s starts at %s, not a whole number of buckets after the Unix epoch", d, at, got)
+		}
+	}
+	require.Equal(t, "2026-11-23T09:00:00Z", bucketOf(7*time.Hour, time.Date(2026, 11, 23, 10, 42, 0, 0, time.UTC)),
+		"71247 whole 7h buckets after the epoch (time.Truncate gave 07:00)")
+	for _, d := range []time.Duration{time.Second, 45 * time.Second, time.Minute, 15 * time.Minute, 90 * time.Minute,
+		time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 8 * time.Hour, 12 * time.Hour, 24 * time.Hour} {
+		require.Zero(t, 24*time.Hour%d)
+		for _, at := range times {
+			require.Equal(t, at.UTC().Truncate(d).Format(time.RFC3339), bucketOf(d, at),
+				"%s divides a day: the key is unchanged", d)
+		}
+	}
+}
+
+// TestBusinessKeysAreUnambiguous: two events whose business fields differ
+// never share a key, even when a value contains the template's separator or
+// the event type (which scopes a template starting with a field) contains
+// ':'; templates whose fields touch, which nothing could keep apart, are
+// refused at start-up. Values without the separator or '\' keep the key they
+// always had.
+func TestBusinessKeysAreUnambiguous(t *testing.T) {
+	t.Parallel()
+	msg := func(typ string, fields map[string]string) event.Message {
+		p, err := json.Marshal(fields)
+		require.NoError(t, err)
+		return event.Message{EventID: "e", EventType: typ, Payload: p}
+	}
+	mustKey := func(spec string, m event.Message) string {
+		k, err := keyOf(t, spec, m)
+		require.NoError(t, err, spec)
+		return k
+	}
+
+	const report = "business:report:{date}:{region}"
+	a := mustKey(report, msg("R", map[string]string{"date": "2026:11", "region": "eu"}))
+	b := mustKey(report, msg("R", map[string]string{"date": "2026", "region": "11:eu"}))
+	require.NotEqual(t, a, b, "a separator inside a value must not move the boundary")
+	require.Equal(t, `report:2026\:11:eu`, a, "the separator is escaped in the value it follows")
+	require.Equal(t, "report:2026:11:eu", b, "the last value is never escaped: nothing follows it")
+
+	a = mustKey("business:{order_id}", msg("a:b", map[string]string{"order_id": "c"}))
+	b = mustKey("business:{order_id}", msg("a", map[string]string{"order_id": "b:c"}))
+	require.NotEqual(t, a, b, "the event type scoping the template is kept apart from the first value")
+
+	// Unchanged keys: no value holds its separator or '\'.
+	require.Equal(t, "payment:o:42", mustKey("business:payment:{order_id}", msg("P", map[string]string{"order_id": "o:42"})))
+	require.Equal(t, "P:o-42", mustKey("business:{order_id}", msg("P", map[string]string{"order_id": "o-42"})))
+	require.Equal(t, "r:2026-11:eu/w", mustKey(report[:len("business:")]+"r:{date}:{region}/w", msg("R", map[string]string{"date": "2026-11", "region": "eu"})))
+
+	for _, spec := range []string{"business:{a}{b}", "business:x:{a}{b}:y", "business:{a}:{b}{c}"} {
+		_, err := inbox.ParseKeyStrategy(spec)
+		require.ErrorContains(t, err, "adjacent", spec)
+	}
+
+	// Exhaustively over short values made of separators, the escape and a
+	// letter: distinct inputs, distinct keys.
+	alphabet := []string{"a", ":", "/", `\`}
+	values := []string{}
+	for _, x := range alphabet {
+		values = append(values, x)
+		for _, y := range alphabet {
+			values = append(values, x+y)
+		}
+	}
+	for _, spec := range []string{"business:{a}:{b}/{c}", "business:x{a}/:{b}:{c}"} {
+		seen := map[string]string{}
+		for _, typ := range []string{"T", "T:", `T\`} {
+			for _, va := range values {
+				for _, vb := range values {
+					for _, vc := range values {
+						k := mustKey(spec, msg(typ, map[string]string{"a": va, "b": vb, "c": vc}))
+						in := strings.Join([]string{typ, va, vb, vc}, "\x00")
+						if spec != "business:{a}:{b}/{c}" {
+							in = strings.Join([]string{va, vb, vc}, "\x00") // the type is not part of the key
+						}
+						if prev, ok := seen[k]; ok && prev != in {
+							t.Fatalf("%s: %q and %q share the key %q", spec, prev, in, k)
+						}
+						seen[k] = in
+					}
+				}
+			}
+		}
+	}
+}

@@ -269,7 +269,9 @@ func (o *Outbox) validate(m event.Message) error {
 		return ErrMissingTopic
 	}
 	if !validToken(m.Topic, true) {
-		return fmt.Errorf("topic %q is invalid: use letters, digits, '-', '_' and '.' between non-empty parts", m.Topic)
+		// The same rule as the outbox table's outbox_topic_valid constraint
+		// (migration 00095), which holds plain-SQL producers to it.
+		return fmt.Errorf("topic %q is invalid: use letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.Topic)
 	}
 	if m.EventID != "" {
 		if err := event.ValidateEventID(m.EventID); err != nil {
@@ -327,6 +329,11 @@ func textField(name, v string) error {
 	}
 	return nil
 }
+
+// ValidTopic reports whether topic follows the rule Enqueue applies and the
+// outbox table's outbox_topic_valid constraint holds plain SQL to: 1 to 255
+// bytes of letters, digits, '-' and '_' in non-empty parts separated by '.'.
+func ValidTopic(topic string) bool { return validToken(topic, true) }
 
 // validToken reports whether s is usable as a broker subject part (dots
 // allowed when dots is set, then with no empty part) or header name.

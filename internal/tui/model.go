@@ -122,6 +122,10 @@ func (m Model) selected() (admin.InboxKey, bool) {
 
 func (m *Model) setStatus(s string, isErr bool) { m.status, m.statusErr = s, isErr }
 
+// statusRefreshing is the status while a refresh asked for with r runs; the
+// snapshot's arrival clears it.
+const statusRefreshing = "refreshing"
+
 // Update handles a message.
 func (m Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	switch msg := msg.(type) {
@@ -130,6 +134,9 @@ func (m Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case snapshotMsg:
 		m.loading = false
+		if m.status == statusRefreshing {
+			m.setStatus("", false) // done: the header shows when
+		}
 		m.snap = msg.snap
 		if m.snap != nil && m.cursor >= len(m.snap.Keys) {
 			m.cursor = max(0, len(m.snap.Keys)-1)
@@ -232,7 +239,7 @@ func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 		m.focus = panelConfig
 	case "r":
 		m.loading = true
-		m.setStatus("refreshing", false)
+		m.setStatus(statusRefreshing, false)
 		return m, m.fetch()
 	case "up":
 		if m.cursor > 0 {

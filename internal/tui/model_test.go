@@ -376,3 +376,38 @@ func TestAdvise(t *testing.T) {
 	require.Contains(t, advice, "consumer lag 2m00s")
 	require.Contains(t, advice, "outbox has 5 pending row(s) and no relay is alive")
 }
+
+// TestKeyHintsAt60x20: on a 60x20 terminal the bottom line shows the key
+// hints, also while a refresh runs and after it (the "refreshing" status
+// used to stay there alone), and every screen fills the terminal.
+func TestKeyHintsAt60x20(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := newModel(t, b.cfg, 60, 20)
+	m = update(t, m, snapshotMsg{snap: fixedSnapshot()})
+	bottom := func(m Model) string {
+		lines := strings.Split(checkScreen(t, m, 60, 20), "\n")
+		return lines[len(lines)-1]
+	}
+	hints := func(line string) {
+		t.Helper()
+		for _, want := range []string{"1-4", "/ search", "h help"} {
+			require.Contains(t, line, want, "bottom line %q", line)
+		}
+	}
+	hints(bottom(m))
+
+	next, cmd := m.Update(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("r")})
+	m = next.(Model)
+	line := bottom(m)
+	require.Contains(t, line, "refreshing")
+	hints(line)
+	m = drain(t, m, cmd)
+	line = bottom(m)
+	require.NotContains(t, line, "refreshing", "the refresh is over")
+	hints(line)
+	for _, key := range []string{"2", "3", "4"} {
+		m = press(t, m, key)
+		hints(bottom(m))
+	}
+}

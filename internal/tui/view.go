@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"strings"
@@ -84,21 +85,52 @@ func (m Model) header(w int) string {
 	return left + strings.Repeat(" ", gap) + right
 }
 
+// keyHints are the bottom line's key hints, longest first: the footer shows
+// the longest that fits beside the status, so a narrow terminal (60
+// columns) still shows how to move, search and get help.
+var keyHints = []string{
+	"Tab/1-4 panels · / search · Enter details · d purge · s export · h help",
+	"Tab/1-4 panels · / search · Enter details · h help",
+	"1-4 panels · / search · h help",
+	"1-4 · / search · h help",
+}
+
+// hintFor returns the longest key hint of at most w columns, or "".
+func hintFor(w int) string {
+	for _, h := range keyHints {
+		if lipgloss.Width(h) <= w {
+			return h
+		}
+	}
+	return ""
+}
+
 func (m Model) footer(w int) string {
 	if m.searching {
 		return ansi.Truncate(m.search.View(), w, "")
 	}
-	if m.status != "" {
-		s := m.status
+	var msg string
+	style := plainStyle
+	switch {
+	case m.status != "":
+		msg, style = m.status, lipgloss.NewStyle()
 		if m.statusErr {
-			return errorStyle.Render(ansi.Truncate(s, w, "…"))
+			style = errorStyle
 		}
-		return ansi.Truncate(s, w, "…")
+	case m.snap != nil && len(m.snap.Errors) > 0:
+		msg, style = "! "+m.snap.Errors[0], warnStyle
 	}
-	if m.snap != nil && len(m.snap.Errors) > 0 {
-		return warnStyle.Render(ansi.Truncate("! "+m.snap.Errors[0], w, "…"))
+	if msg == "" {
+		return plainStyle.Render(ansi.Truncate(cmp.Or(hintFor(w), keyHints[len(keyHints)-1]), w, "…"))
 	}
-	return plainStyle.Render(ansi.Truncate("Tab/1-4 panels · / search · Enter details · d purge · s export · h help", w, "…"))
+	// The message first, then the longest hint that still fits; a message
+	// too long for both (an error, an export's path) keeps the line to
+	// itself rather than be cut.
+	const sep = " · "
+	if hint := hintFor(w - lipgloss.Width(msg) - lipgloss.Width(sep)); hint != "" {
+		return style.Render(msg) + plainStyle.Render(sep+hint)
+	}
+	return style.Render(ansi.Truncate(msg, w, "…"))
 }
 
 func (m Model) narrowBody(w, h int) string {

@@ -1,0 +1,49 @@
+package admin_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
+)
+
+// TestRequeueOfAnInvalidTopicSaysPurgeIt: a dead outbox row kept from
+// before migration 00095 with a topic the outbox no longer accepts cannot be
+// requeued (it could never be published); the refusal is a bad request that
+// says so and what to do, not a bare constraint violation, and changes
+// nothing. Purging it works.
+func TestRequeueOfAnInvalidTopicSaysPurgeIt(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// A row from before the constraint: drop it, store the row, add it back
+	// as the migration does (NOT VALID).
+	var def string
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_topic_valid'`).Scan(&def))
+	_, err := b.Pool.Exec(ctx, `ALTER TABLE outbox DROP CONSTRAINT outbox_topic_valid`)
+	require.NoError(t, err)
+	admintest.OutboxRow(t, b.Pool, "o-space", "orders x", "OrderPaid", true, time.Hour, `nats: invalid subject "pgrelay.orders x"`)
+	admintest.OutboxRow(t, b.Pool, "o-ok", "orders", "OrderPaid", true, time.Hour, "nats: no stream matches subject")
+	_, err = b.Pool.Exec(ctx, `ALTER TABLE outbox ADD CONSTRAINT outbox_topic_valid `+def)
+	require.NoError(t, err)
+
+	_, err = b.Svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{All: true, Actor: "ops", Reason: "retry"})
+	require.ErrorIs(t, err, admin.ErrInvalid)
+	require.ErrorContains(t, err, `"orders x"`)
+	require.ErrorContains(t, err, "purge")
+	t.Log(err)
+	require.Equal(t, "dead", admintest.OutboxStatus(t, b.Pool, "o-ok"), "nothing was requeued")
+
+	zero := time.Duration(0)
+	res, err := b.Svc.Purge(ctx, admin.SourceOutbox, admin.PurgeRequest{Filter: admin.Filter{EventID: "o-space"}, OlderThan: &zero, Actor: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Count)
+	_, err = b.Svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{All: true, Actor: "ops", Reason: "retry"})
+	require.NoError(t, err)
+	require.Equal(t, "pending", admintest.OutboxStatus(t, b.Pool, "o-ok"))
+}
