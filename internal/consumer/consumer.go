@@ -442,20 +442,40 @@ func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming 
 		for k, v := range in.Headers {
 			m.Headers[clean(k)] = clean(v)
 		}
+		if event.ValidateKey(m.Key) != nil {
+			// No key index holds it: the row goes without it, its start kept.
+			m.Headers[broker.RawKeyHeader] = broker.Truncate(broker.Printable(m.Key), 256)
+			m.Key = ""
+		}
+		if m.Key != "" && in.KeySeq > 0 {
+			// The dead row keeps its place in its key's sequence: in ordered
+			// mode it parks the key (visible, skippable with dead skip)
+			// instead of leaving a gap.
+			m.KeySeq = in.KeySeq
+		}
 	}
 	return inbox.Incoming{Message: m, DeadReason: broker.Printable(broker.Truncate(reason, 2000))}
 }
 
 // isRefused reports whether the batch itself was refused, by inbox.Receive's
-// checks or by the database (a data exception or constraint violation), as
-// opposed to the database being unreachable: retrying would not help.
+// checks or by the database as data (class 22 data exception, class 23
+// constraint violation, class 54 program limit exceeded: an index entry too
+// large for its btree, say), as opposed to the database being unreachable:
+// retrying would not help.
 func isRefused(err error) bool {
 	var inv *inbox.InvalidMessageError
 	if errors.As(err, &inv) {
 		return true
 	}
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
 }
 
 // sleep waits for the attempt's backoff (attempt from 0: exponential from

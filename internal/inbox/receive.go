@@ -427,6 +427,9 @@ func validateIncoming(m Incoming) error {
 	case m.KeySeq > 0 && m.Key == "":
 		return fmt.Errorf("key sequence %d without a key", m.KeySeq)
 	}
+	if err := event.ValidateKey(m.Key); err != nil {
+		return err
+	}
 	fields := []struct{ name, v string }{
 		{"topic", m.Topic}, {"key", m.Key}, {"event_type", m.EventType}, {"dead reason", m.DeadReason},
 		{"content type", m.ContentType},
