@@ -320,3 +320,41 @@ func TestOrderedUnderRetriesAndConcurrency(t *testing.T) {
 	}
 	waitAllDone(t, pool, 10*time.Second)
 }
+
+// TestOrderedSameSequenceTwiceInOneBatch: two events carrying the same
+// sequence of one key are claimed in one batch. The second is not absorbed
+// before the first committed: when the first goes dead, the second applies in
+// its place and the key goes on; when the first commits, the second is then
+// absorbed as a duplicate sequence. The key's state never counts a sequence
+// whose effect did not commit, and no event is lost silently.
+func TestOrderedSameSequenceTwiceInOneBatch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	h := applyLog(t, pool, func(ev *inbox.Event) bool { return ev.EventID == "s-2a" })
+	cfg := orderedConfig(t, pool, h, &seqObserver{})
+	cfg.Workers = 1
+	startWorker(t, cfg)
+
+	receive(t, pool, seqMsg("s-1", "s", 1), seqMsg("t-1", "t", 1))
+	waitSeqs(t, pool, "s", []int64{1})
+	waitSeqs(t, pool, "t", []int64{1})
+	// One statement: the next claim holds both events of sequence 2 of each key.
+	receive(t, pool, seqMsg("s-2a", "s", 2), seqMsg("s-2b", "s", 2), seqMsg("s-3", "s", 3),
+		seqMsg("t-2a", "t", 2), seqMsg("t-2b", "t", 2), seqMsg("t-3", "t", 3))
+
+	appliedIDs := func(key string) []string {
+		rows, err := pool.Query(context.Background(), `SELECT event_id FROM applied WHERE key = $1 ORDER BY n`, key)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	waitSeqs(t, pool, "s", []int64{1, 2, 3})
+	require.Equal(t, []string{"s-1", "s-2b", "s-3"}, appliedIDs("s"), "the second event of sequence 2 applies in place of the dead first")
+	require.Equal(t, "dead", inboxRow(t, pool, "s-2a").Status)
+	waitSeqs(t, pool, "t", []int64{1, 2, 3})
+	require.Equal(t, []string{"t-1", "t-2a", "t-3"}, appliedIDs("t"))
+	waitStatus(t, pool, "t-2b", "processed", 10*time.Second)
+	require.Contains(t, inboxRow(t, pool, "t-2b").LastError, "duplicate key sequence 2")
+	require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = 's'`))
+}
