@@ -326,7 +326,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 		if err == nil && apply && res.Inserted > 0 {
 			applied, err = c.worker.ApplyStored(ctx, tx, res.Stored)
 		}
-		if err == nil && res.Inserted > 0 && c.worker == nil {
+		if err == nil && (res.Inserted > 0 || res.SeqsWoken > 0) && c.worker == nil {
 			// The inbox workers run elsewhere: wake them at the commit.
 			err = inbox.Notify(ctx, tx)
 		}
@@ -337,7 +337,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 	}
 	applied.Committed(ctx)
 	c.stats.appliedOnReceive.Add(int64(applied.Len()))
-	if res.Inserted > applied.Len() && c.worker != nil {
+	if (res.Inserted > applied.Len() || res.SeqsWoken > 0) && c.worker != nil {
 		c.worker.Wake()
 	}
 	c.stats.inserted.Add(int64(res.Inserted))

@@ -358,3 +358,66 @@ func TestOrderedSameSequenceTwiceInOneBatch(t *testing.T) {
 	require.Contains(t, inboxRow(t, pool, "t-2b").LastError, "duplicate key sequence 2")
 	require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = 's'`))
 }
+
+// TestOrderedAbsorbedDuplicateCountsAsDelivered: an ordered handler keyed by
+// content hash. A key's second event with the same payload (a double click)
+// is absorbed at receive and never stored with its sequence; it must count as
+// delivered, or the key's next sequence waits for it for ever (reported as a
+// gap). Covered: the original before the duplicate, in separate and in one
+// Receive; the duplicate's sequence before the original's (the original
+// stored first at the later sequence); the original in another key; the
+// original dead, then skipped.
+func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	h := applyLog(t, pool, func(ev *inbox.Event) bool { return ev.EventID == "d-1" })
+	startWorker(t, orderedConfig(t, pool, h, &seqObserver{}))
+	strat, err := inbox.ParseKeyStrategy("content-hash")
+	require.NoError(t, err)
+	targets := []inbox.Target{{Handler: inbox.DefaultHandlerName, Strategy: strat}}
+	msg := func(id, key string, seq int64, payload string) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq,
+			EventType: "Paid", Payload: []byte(payload)}}
+	}
+	recv := func(msgs ...inbox.Incoming) inbox.ReceiveResult {
+		t.Helper()
+		res, err := inbox.ReceiveFor(context.Background(), pool, targets, msgs)
+		require.NoError(t, err)
+		return res
+	}
+
+	// The original first, the duplicate in a later Receive.
+	recv(msg("a-1", "a", 1, `{"pay":"a"}`))
+	require.Len(t, recv(msg("a-2", "a", 2, `{"pay":"a"}`)).Absorbed, 1)
+	recv(msg("a-3", "a", 3, `{"refund":"a"}`))
+	// Both in one Receive.
+	recv(msg("b-1", "b", 1, `{"pay":"b"}`), msg("b-2", "b", 2, `{"pay":"b"}`), msg("b-3", "b", 3, `{"refund":"b"}`))
+	// The original stored first, at the later sequence: the absorbed earlier
+	// sequence counts at once, and the original applies at its own.
+	recv(msg("c-2", "c", 2, `{"pay":"c"}`), msg("c-3", "c", 3, `{"refund":"c"}`))
+	recv(msg("c-1", "c", 1, `{"pay":"c"}`))
+	// The original belongs to another key.
+	recv(msg("x-1", "x", 1, `{"pay":"xy"}`))
+	recv(msg("y-1", "y", 1, `{"pay":"xy"}`), msg("y-2", "y", 2, `{"refund":"y"}`))
+
+	waitSeqs(t, pool, "a", []int64{1, 3})
+	waitSeqs(t, pool, "b", []int64{1, 3})
+	waitSeqs(t, pool, "c", []int64{2, 3})
+	waitSeqs(t, pool, "x", []int64{1})
+	waitSeqs(t, pool, "y", []int64{2})
+	for _, k := range []string{"a", "b", "c"} {
+		require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = $1`, k), k)
+	}
+
+	// The original dead: the key parks on it; skipping it passes the
+	// absorbed sequence too.
+	recv(msg("d-1", "d", 1, `{"pay":"d"}`), msg("d-2", "d", 2, `{"pay":"d"}`), msg("d-3", "d", 3, `{"refund":"d"}`))
+	waitStatus(t, pool, "d-1", "dead", 10*time.Second)
+	require.Eventually(t, func() bool { k, ok := waitingKey(t, pool, "d"); return ok && k.State == "parked" },
+		10*time.Second, 20*time.Millisecond)
+	_, err = inbox.SkipDead(context.Background(), pool, inbox.Skip{Handler: inbox.DefaultHandlerName, Actor: "test"}, "d-1")
+	require.NoError(t, err)
+	waitSeqs(t, pool, "d", []int64{3})
+	waitAllDone(t, pool, 10*time.Second)
+	require.Equal(t, 0, queryInt(t, pool, `SELECT count(*)::int FROM inbox_key_state WHERE absorbed_seqs <> '{}'`))
+}

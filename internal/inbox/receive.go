@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,6 +85,10 @@ type ReceiveResult struct {
 	// Stored lists the rows this call inserted (dead ones included), by
 	// handler and dedup key; Worker.ApplyStored takes them.
 	Stored []StoredRow
+	// SeqsWoken counts the ordered events made due because a delivery
+	// absorbed by a row of another key sequence filled the sequence they
+	// waited for (the caller wakes the workers).
+	SeqsWoken int64
 }
 
 // StoredRow names an inbox row: its handler and dedup key.
@@ -204,6 +209,7 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 		return fps[i]
 	}
 	var conflicts []conflictRow
+	var seqs absorbedSeqs
 	now := time.Now()
 	for i, m := range msgs {
 		if err := validateIncoming(m); err != nil {
@@ -258,6 +264,9 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 					conflicts = append(conflicts, conflictRow{a: a, strategy: strat.String(), msg: i, storedFP: fingerprint(j)})
 				}
 				res.Absorbed = append(res.Absorbed, a)
+				if m.KeySeq > 0 && (msgs[j].Key != m.Key || msgs[j].KeySeq != m.KeySeq) {
+					seqs.add(handler, m.Key, m.KeySeq)
+				}
 				p.RepeatedHandlers = append(p.RepeatedHandlers, handler)
 				p.RepeatedDedupKeys = append(p.RepeatedDedupKeys, key)
 				p.RepeatedEventIds = append(p.RepeatedEventIds, m.EventID)
@@ -316,7 +325,13 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			rk := rowKey{absent.Handlers[i], absent.DedupKeys[i]}
 			ref := rows[rk]
 			a := Absorbed{Handler: rk.handler, DedupKey: rk.key, EventID: msgs[ref.msg].EventID}
-			if g, ok := found[rk]; ok {
+			g, ok := found[rk]
+			if m := msgs[ref.msg]; m.KeySeq > 0 && (!ok || g.Key != m.Key || g.KeySeq == nil || *g.KeySeq != m.KeySeq) {
+				// Another sequence than the stored row's own (a redelivery
+				// carries the same).
+				seqs.add(rk.handler, m.Key, m.KeySeq)
+			}
+			if ok {
 				// A row deleted again meanwhile (retention, purge) is
 				// absorbed all the same, with nothing to compare.
 				a.StoredEventID = g.EventID
@@ -335,12 +350,49 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			return ReceiveResult{}, err
 		}
 	}
+	if len(seqs.p.Handlers) > 0 {
+		// Rare: only deliveries absorbed by a row of another sequence.
+		if res.SeqsWoken, err = db.New().AbsorbInboxKeySeqs(ctx, q, seqs.sorted()); err != nil {
+			return ReceiveResult{}, fmt.Errorf("inbox: receive: record %d absorbed key sequences: %w", len(seqs.p.Handlers), err)
+		}
+	}
 	for i, m := range msgs {
 		if absorbedFor[i] == len(targets) {
 			res.Duplicates = append(res.Duplicates, m.EventID)
 		}
 	}
 	return res, nil
+}
+
+// absorbedSeqs collects the key sequences of deliveries absorbed by a stored
+// row of another sequence (a content-hash or business key matched an earlier
+// event of the key): they count as delivered for ordered apply
+// (AbsorbInboxKeySeqs), or a key's next sequence would wait for them for
+// ever.
+type absorbedSeqs struct{ p db.AbsorbInboxKeySeqsParams }
+
+func (a *absorbedSeqs) add(handler, key string, seq int64) {
+	a.p.Handlers = append(a.p.Handlers, handler)
+	a.p.Keys = append(a.p.Keys, key)
+	a.p.Seqs = append(a.p.Seqs, seq)
+}
+
+// sorted returns the parameters by handler, key and sequence.
+func (a *absorbedSeqs) sorted() db.AbsorbInboxKeySeqsParams {
+	idx := make([]int, len(a.p.Handlers))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(x, y int) int {
+		if c := strings.Compare(a.p.Handlers[x], a.p.Handlers[y]); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.p.Keys[x], a.p.Keys[y]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.p.Seqs[x], a.p.Seqs[y])
+	})
+	return db.AbsorbInboxKeySeqsParams{Handlers: permute(a.p.Handlers, idx), Keys: permute(a.p.Keys, idx), Seqs: permute(a.p.Seqs, idx)}
 }
 
 type conflictRow struct {
