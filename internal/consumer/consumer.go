@@ -76,10 +76,16 @@ type IngestCounts struct {
 	// AppliedOnReceive counts events whose handler ran in the transaction
 	// that stored them (Config.NoApplyOnReceive).
 	AppliedOnReceive int64 `json:"applied_on_receive"`
+	// Unacked counts deliveries left unacknowledged while the consumer runs:
+	// the database refused them even as dead letters. The broker delivers
+	// them again (NATS after its ack wait, RabbitMQ when the channel closes,
+	// Kafka after a rebalance or restart; until then a Kafka partition's
+	// committed offset stays before the record).
+	Unacked int64 `json:"unacked"`
 }
 
 type counters struct {
-	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive atomic.Int64
+	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive, unacked atomic.Int64
 }
 
 // New validates cfg (after WithDefaults) and builds a consumer. It does not
@@ -120,6 +126,7 @@ func (c *Consumer) Stats() IngestCounts {
 		Conflicts:   c.stats.conflicts.Load(),
 
 		AppliedOnReceive: c.stats.appliedOnReceive.Load(),
+		Unacked:          c.stats.unacked.Load(),
 	}
 }
 
@@ -406,8 +413,11 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 				// payload, which are always storable.
 				msg = deadCopy(in, err, false)
 			default:
-				c.log.Error("message refused even as a dead letter; left unacknowledged",
-					zap.String("event_id", in.EventID), zap.Error(err))
+				c.stats.unacked.Add(1)
+				c.log.Error("message refused even as a dead letter; left unacknowledged: the broker delivers it again "+
+					"(NATS after its ack wait, RabbitMQ when the channel closes, Kafka after a rebalance or restart; "+
+					"until then its Kafka partition's committed offset stays before it)",
+					zap.String("event_id", in.EventID), zap.String("ref", ref(pending)), zap.Error(err))
 				return false
 			}
 			continue
@@ -423,6 +433,14 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 		}
 		attempt++
 	}
+}
+
+// ref names the first of pending's deliveries (the one being stored).
+func ref(pending []broker.Delivery) string {
+	if len(pending) == 0 {
+		return ""
+	}
+	return pending[0].Ref
 }
 
 // deadCopy is in as a dead letter with the database's refusal as its reason.
@@ -535,5 +553,6 @@ func (c *Consumer) statsFields() []zap.Field {
 		zap.Int64("duplicates", s.Duplicates), zap.Int64("dead_at_ingest", s.Dead),
 		zap.Int64("acked", s.Acked), zap.Int64("store_errors", s.StoreErrors),
 		zap.Int64("fetch_errors", s.FetchErrors), zap.Int64("applied_on_receive", s.AppliedOnReceive),
+		zap.Int64("unacked", s.Unacked),
 	}
 }

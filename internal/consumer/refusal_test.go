@@ -13,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -189,4 +191,39 @@ func count(t *testing.T, b *testBundle, sql string) int {
 	var n int
 	require.NoError(t, b.pool.QueryRow(context.Background(), sql).Scan(&n))
 	return n
+}
+
+// TestRefusedEvenDeadIsCountedAndLogged: a message the database refuses even
+// as a dead letter is left unacknowledged (the broker delivers it again);
+// while the consumer runs that is counted (Stats().Unacked, the
+// consumer_unacked_total metric) and logged with its broker position, and the
+// rest of the batch is stored and acknowledged.
+func TestRefusedEvenDeadIsCountedAndLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := b.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.event_id = 'poison' THEN
+				RAISE EXCEPTION 'refused by a check' USING ERRCODE = 'check_violation';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_poison BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
+	require.NoError(t, err)
+	core, logs := observer.New(zap.ErrorLevel)
+	b.cfg.DisableWorkers, b.cfg.Logger = true, zap.New(core)
+	c, err := New(b.config())
+	require.NoError(t, err)
+	var a ackedDeliveries
+	c.handle(ctx, a.deliveries(keyed("ok-1", "k", 1), keyed("poison", "k", 2), keyed("ok-3", "k", 3)))
+
+	require.ElementsMatch(t, []string{"ok-1", "ok-3"}, a.ids())
+	require.EqualValues(t, 1, c.Stats().Unacked)
+	entries := logs.FilterMessageSnippet("left unacknowledged").All()
+	require.Len(t, entries, 1)
+	require.Equal(t, "test/poison", entries[0].ContextMap()["ref"])
+	require.Contains(t, entries[0].Message, "Kafka partition's committed offset")
 }
