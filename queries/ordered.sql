@@ -59,8 +59,10 @@ WITH a AS (
     SELECT unnest(@keys::text[]) AS key, unnest(@seqs::bigint[]) AS seq
 ), upd AS (
     UPDATE inbox_key_state s
-    SET last_applied = inbox_seq_fold(a.seq, s.absorbed_seqs),
-        absorbed_seqs = inbox_seq_rest(inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs),
+    -- Nothing absorbed ahead (the rule): no function call.
+    SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE inbox_seq_fold(a.seq, s.absorbed_seqs) END,
+        absorbed_seqs = CASE WHEN s.absorbed_seqs = '{}' THEN s.absorbed_seqs
+                             ELSE inbox_seq_rest(inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
         updated_at = now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
     FROM a
     WHERE s.handler = @handler::text AND s.key = a.key AND s.last_applied < a.seq

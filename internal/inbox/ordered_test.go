@@ -421,3 +421,48 @@ func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
 	waitAllDone(t, pool, 10*time.Second)
 	require.Equal(t, 0, queryInt(t, pool, `SELECT count(*)::int FROM inbox_key_state WHERE absorbed_seqs <> '{}'`))
 }
+
+// TestAbsorbInboxKeySeqsFolds checks the statement that records absorbed
+// sequences: a new key and a key with a state row both move over what follows
+// their last applied sequence without a hole and keep the rest; a sequence a
+// stored row carries itself is left to it; the next sequence, waiting, is made
+// due.
+func TestAbsorbInboxKeySeqsFolds(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	h := inbox.DefaultHandlerName
+	_, err := pool.Exec(ctx, `INSERT INTO inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ($1, 'old', 2, '{6}')`, h)
+	require.NoError(t, err)
+	receive(t, pool, seqMsg("old-4", "old", 4), seqMsg("new-5", "new", 5))
+	_, err = pool.Exec(ctx, `UPDATE inbox SET next_attempt_at = 'infinity' WHERE event_id = 'new-5'`)
+	require.NoError(t, err)
+	woken, err := db.New().AbsorbInboxKeySeqs(ctx, pool, db.AbsorbInboxKeySeqsParams{
+		Handlers: []string{h, h, h, h, h, h, h},
+		Keys:     []string{"new", "new", "new", "new", "old", "old", "old"},
+		Seqs:     []int64{1, 2, 4, 7, 1, 3, 4},
+	})
+	require.NoError(t, err)
+	state := func(key string) (last int64, ahead []int64) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT last_applied, absorbed_seqs FROM inbox_key_state WHERE handler = $1 AND key = $2`,
+			h, key).Scan(&last, &ahead))
+		return last, ahead
+	}
+	last, ahead := state("new")
+	require.EqualValues(t, 2, last)
+	require.Equal(t, []int64{4, 7}, ahead)
+	// 3 follows 2; 4 is old-4's own (left to it); 6 stays ahead.
+	last, ahead = state("old")
+	require.EqualValues(t, 3, last)
+	require.Equal(t, []int64{6}, ahead)
+	require.Zero(t, woken, "new-5 waits for 3")
+
+	// Filling 3 of "new" reaches 4 (absorbed), so new-5 is due.
+	woken, err = db.New().AbsorbInboxKeySeqs(ctx, pool, db.AbsorbInboxKeySeqsParams{
+		Handlers: []string{h}, Keys: []string{"new"}, Seqs: []int64{3}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, woken)
+	last, ahead = state("new")
+	require.EqualValues(t, 4, last)
+	require.Equal(t, []int64{7}, ahead)
+}
