@@ -302,3 +302,16 @@ func TestOccurredAtEdges(t *testing.T) {
 		require.NoError(t, err, lit)
 	}
 }
+
+// TestPlainSQLKeyLength: a plain-SQL producer gets the key limit Enqueue
+// applies (event.MaxKeyLen bytes), refused at its insert by a constraint
+// naming it.
+func TestPlainSQLKeyLength(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2))
+	require.NoError(t, err, "a key of exactly the limit in bytes")
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2)+"k")
+	require.ErrorContains(t, err, "outbox_key_length")
+}
