@@ -74,6 +74,44 @@ FROM upd
 WHERE i.handler = @handler::text AND i.key = upd.key AND i.key_seq = upd.last_applied + 1
   AND i.status = 'pending' AND i.next_attempt_at = 'infinity';
 
+-- name: LockInboxKeyStates :exec
+-- LockInboxKeyStates creates when missing and locks, in Receive's
+-- transaction, the key state rows of (@handlers, @keys) (sorted and
+-- distinct, so that concurrent callers lock in one order), before
+-- MoveInboxKeySeq and AbsorbInboxKeySeqs work on them.
+INSERT INTO inbox_key_state AS s (handler, key)
+SELECT unnest(@handlers::text[]), unnest(@keys::text[])
+ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at;
+
+-- name: MoveInboxKeySeq :one
+-- MoveInboxKeySeq runs in Receive's transaction, key state locked, for a
+-- delivery of @key at sequence @seq absorbed by the row (@handler,
+-- @dedup_key). When that row is of the same key at a later sequence the key
+-- has not reached, pending or dead, and no row carries @seq, the row moves to
+-- @seq (its effect belongs at the first sequence that carried it; made due,
+-- the claim condition still orders it) and its old sequence is returned, to
+-- be recorded as absorbed; otherwise @seq is returned.
+WITH o AS (
+    SELECT i.handler, i.dedup_key, i.key_seq AS old
+    FROM inbox i
+    WHERE i.handler = @handler::text AND i.dedup_key = @dedup_key::text AND i.key = @key::text
+      AND i.key_seq > @seq::bigint AND i.status IN ('pending', 'dead')
+      AND @seq::bigint > coalesce((SELECT s.last_applied FROM inbox_key_state s
+                                   WHERE s.handler = @handler::text AND s.key = @key::text), 0)
+      AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = @handler::text AND j.key = @key::text
+                                              AND j.key_seq = @seq::bigint)
+    FOR UPDATE
+), m AS (
+    UPDATE inbox i
+    SET key_seq = @seq::bigint,
+        next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN now() ELSE i.next_attempt_at END,
+        last_error = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN NULL ELSE i.last_error END
+    FROM o
+    WHERE i.handler = o.handler AND i.dedup_key = o.dedup_key
+    RETURNING o.old
+)
+SELECT coalesce((SELECT m.old FROM m), @seq::bigint)::bigint;
+
 -- name: AbsorbInboxKeySeqs :execrows
 -- AbsorbInboxKeySeqs records, in Receive's transaction, the sequences of
 -- deliveries absorbed because their dedup key was already stored by another

@@ -578,6 +578,75 @@ func (q *Queries) LockInboxKeyStateRow(ctx context.Context, db DBTX, arg LockInb
 	return last_applied, err
 }
 
+const lockInboxKeyStates = `-- name: LockInboxKeyStates :exec
+INSERT INTO inbox_key_state AS s (handler, key)
+SELECT unnest($1::text[]), unnest($2::text[])
+ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
+`
+
+type LockInboxKeyStatesParams struct {
+	Handlers []string
+	Keys     []string
+}
+
+// LockInboxKeyStates creates when missing and locks, in Receive's
+// transaction, the key state rows of (@handlers, @keys) (sorted and
+// distinct, so that concurrent callers lock in one order), before
+// MoveInboxKeySeq and AbsorbInboxKeySeqs work on them.
+func (q *Queries) LockInboxKeyStates(ctx context.Context, db DBTX, arg LockInboxKeyStatesParams) error {
+	_, err := db.Exec(ctx, lockInboxKeyStates, arg.Handlers, arg.Keys)
+	return err
+}
+
+const moveInboxKeySeq = `-- name: MoveInboxKeySeq :one
+WITH o AS (
+    SELECT i.handler, i.dedup_key, i.key_seq AS old
+    FROM inbox i
+    WHERE i.handler = $2::text AND i.dedup_key = $3::text AND i.key = $4::text
+      AND i.key_seq > $1::bigint AND i.status IN ('pending', 'dead')
+      AND $1::bigint > coalesce((SELECT s.last_applied FROM inbox_key_state s
+                                   WHERE s.handler = $2::text AND s.key = $4::text), 0)
+      AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = $2::text AND j.key = $4::text
+                                              AND j.key_seq = $1::bigint)
+    FOR UPDATE
+), m AS (
+    UPDATE inbox i
+    SET key_seq = $1::bigint,
+        next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN now() ELSE i.next_attempt_at END,
+        last_error = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN NULL ELSE i.last_error END
+    FROM o
+    WHERE i.handler = o.handler AND i.dedup_key = o.dedup_key
+    RETURNING o.old
+)
+SELECT coalesce((SELECT m.old FROM m), $1::bigint)::bigint
+`
+
+type MoveInboxKeySeqParams struct {
+	Seq      int64
+	Handler  string
+	DedupKey string
+	Key      string
+}
+
+// MoveInboxKeySeq runs in Receive's transaction, key state locked, for a
+// delivery of @key at sequence @seq absorbed by the row (@handler,
+// @dedup_key). When that row is of the same key at a later sequence the key
+// has not reached, pending or dead, and no row carries @seq, the row moves to
+// @seq (its effect belongs at the first sequence that carried it; made due,
+// the claim condition still orders it) and its old sequence is returned, to
+// be recorded as absorbed; otherwise @seq is returned.
+func (q *Queries) MoveInboxKeySeq(ctx context.Context, db DBTX, arg MoveInboxKeySeqParams) (int64, error) {
+	row := db.QueryRow(ctx, moveInboxKeySeq,
+		arg.Seq,
+		arg.Handler,
+		arg.DedupKey,
+		arg.Key,
+	)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const orderedSkipsSince = `-- name: OrderedSkipsSince :many
 SELECT action, count(*)::bigint AS n, max(id)::bigint AS last_id
 FROM replay_audit

@@ -365,8 +365,9 @@ func TestOrderedSameSequenceTwiceInOneBatch(t *testing.T) {
 // delivered, or the key's next sequence waits for it for ever (reported as a
 // gap). Covered: the original before the duplicate, in separate and in one
 // Receive; the duplicate's sequence before the original's (the original
-// stored first at the later sequence); the original in another key; the
-// original dead, then skipped.
+// stored first at the later sequence: it moves to the earlier one, where its
+// effect belongs, before the events between them); the original in another
+// key; the original dead, then skipped.
 func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -392,17 +393,23 @@ func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
 	recv(msg("a-3", "a", 3, `{"refund":"a"}`))
 	// Both in one Receive.
 	recv(msg("b-1", "b", 1, `{"pay":"b"}`), msg("b-2", "b", 2, `{"pay":"b"}`), msg("b-3", "b", 3, `{"refund":"b"}`))
-	// The original stored first, at the later sequence: the absorbed earlier
-	// sequence counts at once, and the original applies at its own.
+	// The original stored first, at the later sequence: it moves to the
+	// earlier one, and its own counts as absorbed; the event between them
+	// (e-2) applies after it, as produced.
 	recv(msg("c-2", "c", 2, `{"pay":"c"}`), msg("c-3", "c", 3, `{"refund":"c"}`))
 	recv(msg("c-1", "c", 1, `{"pay":"c"}`))
+	recv(msg("e-3", "e", 3, `{"pay":"e"}`), msg("e-2", "e", 2, `{"cancel":"e"}`))
+	recv(msg("e-1", "e", 1, `{"pay":"e"}`))
 	// The original belongs to another key.
 	recv(msg("x-1", "x", 1, `{"pay":"xy"}`))
 	recv(msg("y-1", "y", 1, `{"pay":"xy"}`), msg("y-2", "y", 2, `{"refund":"y"}`))
 
 	waitSeqs(t, pool, "a", []int64{1, 3})
 	waitSeqs(t, pool, "b", []int64{1, 3})
-	waitSeqs(t, pool, "c", []int64{2, 3})
+	waitSeqs(t, pool, "c", []int64{1, 3})
+	waitSeqs(t, pool, "e", []int64{1, 2})
+	require.Equal(t, "e-3", queryString(t, pool, `SELECT event_id FROM applied WHERE key = 'e' ORDER BY n LIMIT 1`),
+		"the payment applies before the cancel, as produced")
 	waitSeqs(t, pool, "x", []int64{1})
 	waitSeqs(t, pool, "y", []int64{2})
 	for _, k := range []string{"a", "b", "c"} {
@@ -466,3 +473,4 @@ func TestAbsorbInboxKeySeqsFolds(t *testing.T) {
 	require.EqualValues(t, 4, last)
 	require.Equal(t, []int64{7}, ahead)
 }
+

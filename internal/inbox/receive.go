@@ -265,7 +265,7 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 				}
 				res.Absorbed = append(res.Absorbed, a)
 				if m.KeySeq > 0 && (msgs[j].Key != m.Key || msgs[j].KeySeq != m.KeySeq) {
-					seqs.add(handler, m.Key, m.KeySeq)
+					seqs.add(handler, m.Key, m.KeySeq, key, msgs[j].Key == m.Key)
 				}
 				p.RepeatedHandlers = append(p.RepeatedHandlers, handler)
 				p.RepeatedDedupKeys = append(p.RepeatedDedupKeys, key)
@@ -329,7 +329,7 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			if m := msgs[ref.msg]; m.KeySeq > 0 && (!ok || g.Key != m.Key || g.KeySeq == nil || *g.KeySeq != m.KeySeq) {
 				// Another sequence than the stored row's own (a redelivery
 				// carries the same).
-				seqs.add(rk.handler, m.Key, m.KeySeq)
+				seqs.add(rk.handler, m.Key, m.KeySeq, rk.key, !ok || g.Key == m.Key)
 			}
 			if ok {
 				// A row deleted again meanwhile (retention, purge) is
@@ -350,10 +350,10 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			return ReceiveResult{}, err
 		}
 	}
-	if len(seqs.p.Handlers) > 0 {
+	if len(seqs) > 0 {
 		// Rare: only deliveries absorbed by a row of another sequence.
-		if res.SeqsWoken, err = db.New().AbsorbInboxKeySeqs(ctx, q, seqs.sorted()); err != nil {
-			return ReceiveResult{}, fmt.Errorf("inbox: receive: record %d absorbed key sequences: %w", len(seqs.p.Handlers), err)
+		if res.SeqsWoken, err = seqs.record(ctx, q); err != nil {
+			return ReceiveResult{}, fmt.Errorf("inbox: receive: record %d absorbed key sequences: %w", len(seqs), err)
 		}
 	}
 	for i, m := range msgs {
@@ -365,34 +365,60 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 }
 
 // absorbedSeqs collects the key sequences of deliveries absorbed by a stored
-// row of another sequence (a content-hash or business key matched an earlier
-// event of the key): they count as delivered for ordered apply
-// (AbsorbInboxKeySeqs), or a key's next sequence would wait for them for
-// ever.
-type absorbedSeqs struct{ p db.AbsorbInboxKeySeqsParams }
+// row of another sequence (a content-hash or business key matched another
+// event): they count as delivered for ordered apply, or a key's next
+// sequence would wait for them for ever.
+type absorbedSeqs []absorbedSeq
 
-func (a *absorbedSeqs) add(handler, key string, seq int64) {
-	a.p.Handlers = append(a.p.Handlers, handler)
-	a.p.Keys = append(a.p.Keys, key)
-	a.p.Seqs = append(a.p.Seqs, seq)
+type absorbedSeq struct {
+	handler, key string
+	seq          int64
+	// dedupKey names the absorbing row; sameKey says it may be of key.
+	dedupKey string
+	sameKey  bool
 }
 
-// sorted returns the parameters by handler, key and sequence.
-func (a *absorbedSeqs) sorted() db.AbsorbInboxKeySeqsParams {
-	idx := make([]int, len(a.p.Handlers))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortFunc(idx, func(x, y int) int {
-		if c := strings.Compare(a.p.Handlers[x], a.p.Handlers[y]); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.p.Keys[x], a.p.Keys[y]); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.p.Seqs[x], a.p.Seqs[y])
+func (a *absorbedSeqs) add(handler, key string, seq int64, dedupKey string, sameKey bool) {
+	*a = append(*a, absorbedSeq{handler: handler, key: key, seq: seq, dedupKey: dedupKey, sameKey: sameKey})
+}
+
+// record writes the absorbed sequences in q (Receive's transaction): it locks
+// their keys' state rows in one order, moves an absorbing row of the same key
+// to an earlier absorbed sequence (MoveInboxKeySeq: its effect belongs at the
+// first sequence that carried it, and its own sequence counts as absorbed
+// instead), then records the sequences (AbsorbInboxKeySeqs). It returns how
+// many waiting events that made due.
+func (a absorbedSeqs) record(ctx context.Context, q db.DBTX) (int64, error) {
+	slices.SortFunc(a, func(x, y absorbedSeq) int {
+		return cmp.Or(strings.Compare(x.handler, y.handler), strings.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq))
 	})
-	return db.AbsorbInboxKeySeqsParams{Handlers: permute(a.p.Handlers, idx), Keys: permute(a.p.Keys, idx), Seqs: permute(a.p.Seqs, idx)}
+	qs := db.New()
+	var lock db.LockInboxKeyStatesParams
+	for i, s := range a {
+		if i == 0 || s.handler != a[i-1].handler || s.key != a[i-1].key {
+			lock.Handlers = append(lock.Handlers, s.handler)
+			lock.Keys = append(lock.Keys, s.key)
+		}
+	}
+	if err := qs.LockInboxKeyStates(ctx, q, lock); err != nil {
+		return 0, err
+	}
+	var p db.AbsorbInboxKeySeqsParams
+	for _, s := range a {
+		seq := s.seq
+		if s.sameKey {
+			var err error
+			if seq, err = qs.MoveInboxKeySeq(ctx, q, db.MoveInboxKeySeqParams{
+				Seq: s.seq, Handler: s.handler, DedupKey: s.dedupKey, Key: s.key,
+			}); err != nil {
+				return 0, err
+			}
+		}
+		p.Handlers = append(p.Handlers, s.handler)
+		p.Keys = append(p.Keys, s.key)
+		p.Seqs = append(p.Seqs, seq)
+	}
+	return qs.AbsorbInboxKeySeqs(ctx, q, p)
 }
 
 type conflictRow struct {
