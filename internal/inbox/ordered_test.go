@@ -473,4 +473,3 @@ func TestAbsorbInboxKeySeqsFolds(t *testing.T) {
 	require.EqualValues(t, 4, last)
 	require.Equal(t, []int64{7}, ahead)
 }
-
