@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -160,7 +162,11 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 // bytes or invalid UTF-8 in a text field) fails the whole call with an
 // *InvalidMessageError and nothing is stored. Unless opts.NoDuplicateRecord,
 // the insert statement itself records the duplicates it refused in
-// inbox_duplicates and counts the batch in inbox_receive_counts.
+// inbox_duplicates and counts the batch in inbox_receive_counts. A delivery
+// with a key sequence absorbed by a row of another sequence (a content-hash
+// or business key matched another event of the key) has its sequence
+// recorded as delivered for ordered apply, in more statements (only then):
+// see docs/architecture.md, "Ordered apply".
 func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOptions) (ReceiveResult, error) {
 	targets := opts.Targets
 	var res ReceiveResult
@@ -389,6 +395,19 @@ func (a *absorbedSeqs) add(handler, key string, seq int64, dedupKey string, same
 // instead), then records the sequences (AbsorbInboxKeySeqs). It returns how
 // many waiting events that made due.
 func (a absorbedSeqs) record(ctx context.Context, q db.DBTX) (int64, error) {
+	if _, isTx := q.(pgx.Tx); !isTx {
+		if b, ok := q.(txBeginner); ok {
+			// Called with a pool: the key states stay locked from the check
+			// to the write.
+			var n int64
+			err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
+				var err error
+				n, err = a.record(ctx, tx)
+				return err
+			})
+			return n, err
+		}
+	}
 	slices.SortFunc(a, func(x, y absorbedSeq) int {
 		return cmp.Or(strings.Compare(x.handler, y.handler), strings.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq))
 	})
