@@ -336,7 +336,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			st := pc.c.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
 				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, AppliedOnReceive: st.AppliedOnReceive,
-				HitRatio: pc.c.DedupHitRatio()}
+				Unacked: st.Unacked, HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
 	subscribe := cfg.Subscribe

@@ -136,10 +136,11 @@ func TestDownRefusesToDropData(t *testing.T) {
 	exec(`INSERT INTO replay_audit (source, action, event_id, actor) VALUES ('inbox', 'purge', 'e1', 'alice')`)
 	exec(`INSERT INTO outbox (topic, key) VALUES ('orders', 'o1')`)
 	exec(`INSERT INTO inbox (event_id, topic) VALUES ('e3', 'orders')`)
-	exec(`INSERT INTO inbox_key_state (handler, key, last_applied) VALUES ('default', 'o1', 3)`)
+	exec(`INSERT INTO inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ('default', 'o1', 3, '{5}')`)
 
 	// Each guarded table, the statement that empties it, in rollback order.
 	guarded := []struct{ migration, empty string }{
+		{"00092_inbox_absorbed_seqs.sql", `UPDATE inbox_key_state SET absorbed_seqs = '{}'`},
 		{"00086_inbox_ordered.sql", `DELETE FROM inbox_key_state`},
 		{"00085_outbox_key_seqs.sql", `DELETE FROM outbox_key_seqs; UPDATE outbox SET key_seq = NULL`}, // o1's sequence
 		{"00010_replay_audit.sql", `DELETE FROM replay_audit`},

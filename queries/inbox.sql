@@ -71,10 +71,11 @@ WITH m AS (
 SELECT handler, dedup_key FROM ins;
 
 -- name: InboxStoredKeys :many
--- InboxStoredKeys reads the stored event id and fingerprint of the given
--- (handler, dedup_key) pairs: the rows InsertInbox did not insert, whose
--- fingerprint tells a redelivery from a conflict.
-SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint
+-- InboxStoredKeys reads the stored event id, fingerprint, key and key
+-- sequence of the given (handler, dedup_key) pairs: the rows InsertInbox did
+-- not insert, whose fingerprint tells a redelivery from a conflict, and whose
+-- key sequence tells a redelivery from another sequence absorbed by them.
+SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
 FROM inbox i
 JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) AS k
   ON i.handler = k.handler AND i.dedup_key = k.dedup_key;

@@ -21,6 +21,7 @@ const (
 	ReasonInvalidHeader     = "invalid header"
 	ReasonInvalidOccurredAt = "invalid occurred-at"
 	ReasonInvalidKeySeq     = "invalid key sequence"
+	ReasonKeyTooLong        = "key too long"
 	ReasonPayloadTooLarge   = "payload too large"
 	ReasonPayloadNotUTF8    = "payload is not valid UTF-8"
 )
@@ -28,6 +29,11 @@ const (
 // RawEventIDHeader is the inbox header that keeps an unusable event id as
 // received (made printable), next to the stand-in id the row is stored under.
 const RawEventIDHeader = "Pgrelay-Raw-Event-Id"
+
+// RawKeyHeader is the inbox header that keeps the start of a key longer than
+// event.MaxKeyLen (made printable) on the dead row, which is stored without a
+// key.
+const RawKeyHeader = "Pgrelay-Raw-Key"
 
 // ErrNoStableID is Decode's refusal of a delivery that has no usable event id
 // and no broker position to derive a stand-in from: storing it under a guess
@@ -170,10 +176,18 @@ func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	} else {
 		m.Topic = text("destination", r.Topic)
 	}
+	keyTooLong := false
 	if key, ok := header(event.HeaderKey); ok {
 		m.Key = text(event.HeaderKey, key)
+		if len(m.Key) > event.MaxKeyLen {
+			// No key index could hold it (a producer publishing straight to
+			// the broker): stored dead without a key, its start kept.
+			fail("%s: %s is %d bytes, the limit is %d", ReasonKeyTooLong, event.HeaderKey, len(m.Key), event.MaxKeyLen)
+			m.Headers[RawKeyHeader] = Truncate(Printable(m.Key), 256)
+			m.Key, keyTooLong = "", true
+		}
 	}
-	if seq, ok := header(event.HeaderKeySeq); ok {
+	if seq, ok := header(event.HeaderKeySeq); ok && !keyTooLong {
 		// A sequence the consumer cannot read would silently break a key's
 		// order: the delivery is stored dead, saying why.
 		n, err := strconv.ParseInt(seq, 10, 64)

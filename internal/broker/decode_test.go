@@ -321,3 +321,29 @@ func TestDecodeKeySeq(t *testing.T) {
 	d.Header[event.HeaderKeySeq] = []string{"2"}
 	require.Contains(t, decode(t, d).DeadReason, "without a "+event.HeaderKey)
 }
+
+// TestDecodeKeyTooLong: a key longer than event.MaxKeyLen (a producer
+// publishing straight to the broker) stores the delivery dead with the reason,
+// without the key and its sequence (no key index could hold them), the key's
+// start kept in a header; a key at the limit passes.
+func TestDecodeKeyTooLong(t *testing.T) {
+	t.Parallel()
+	d := goodDelivery()
+	d.Header[event.HeaderKey] = []string{strings.Repeat("k", event.MaxKeyLen+1)}
+	d.Header[event.HeaderKeySeq] = []string{"3"}
+	got := decode(t, d)
+	require.True(t, strings.HasPrefix(got.DeadReason, ReasonKeyTooLong), got.DeadReason)
+	require.Contains(t, got.DeadReason, "1025 bytes, the limit is 1024")
+	require.NotContains(t, got.DeadReason, ReasonInvalidKeySeq)
+	require.Empty(t, got.Message.Key)
+	require.Zero(t, got.Message.KeySeq)
+	require.Equal(t, strings.Repeat("k", 256), got.Message.Headers[RawKeyHeader])
+
+	d = goodDelivery()
+	d.Header[event.HeaderKey] = []string{strings.Repeat("k", event.MaxKeyLen)}
+	d.Header[event.HeaderKeySeq] = []string{"3"}
+	got = decode(t, d)
+	require.Empty(t, got.DeadReason)
+	require.Len(t, got.Message.Key, event.MaxKeyLen)
+	require.EqualValues(t, 3, got.Message.KeySeq)
+}

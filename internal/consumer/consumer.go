@@ -76,10 +76,16 @@ type IngestCounts struct {
 	// AppliedOnReceive counts events whose handler ran in the transaction
 	// that stored them (Config.NoApplyOnReceive).
 	AppliedOnReceive int64 `json:"applied_on_receive"`
+	// Unacked counts deliveries left unacknowledged while the consumer runs:
+	// the database refused them even as dead letters. The broker delivers
+	// them again (NATS after its ack wait, RabbitMQ when the channel closes,
+	// Kafka after a rebalance or restart; until then a Kafka partition's
+	// committed offset stays before the record).
+	Unacked int64 `json:"unacked"`
 }
 
 type counters struct {
-	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive atomic.Int64
+	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive, unacked atomic.Int64
 }
 
 // New validates cfg (after WithDefaults) and builds a consumer. It does not
@@ -120,6 +126,7 @@ func (c *Consumer) Stats() IngestCounts {
 		Conflicts:   c.stats.conflicts.Load(),
 
 		AppliedOnReceive: c.stats.appliedOnReceive.Load(),
+		Unacked:          c.stats.unacked.Load(),
 	}
 }
 
@@ -326,7 +333,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 		if err == nil && apply && res.Inserted > 0 {
 			applied, err = c.worker.ApplyStored(ctx, tx, res.Stored)
 		}
-		if err == nil && res.Inserted > 0 && c.worker == nil {
+		if err == nil && (res.Inserted > 0 || res.SeqsWoken > 0) && c.worker == nil {
 			// The inbox workers run elsewhere: wake them at the commit.
 			err = inbox.Notify(ctx, tx)
 		}
@@ -337,7 +344,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 	}
 	applied.Committed(ctx)
 	c.stats.appliedOnReceive.Add(int64(applied.Len()))
-	if res.Inserted > applied.Len() && c.worker != nil {
+	if (res.Inserted > applied.Len() || res.SeqsWoken > 0) && c.worker != nil {
 		c.worker.Wake()
 	}
 	c.stats.inserted.Add(int64(res.Inserted))
@@ -406,8 +413,11 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 				// payload, which are always storable.
 				msg = deadCopy(in, err, false)
 			default:
-				c.log.Error("message refused even as a dead letter; left unacknowledged",
-					zap.String("event_id", in.EventID), zap.Error(err))
+				c.stats.unacked.Add(1)
+				c.log.Error("message refused even as a dead letter; left unacknowledged: the broker delivers it again "+
+					"(NATS after its ack wait, RabbitMQ when the channel closes, Kafka after a rebalance or restart; "+
+					"until then its Kafka partition's committed offset stays before it)",
+					zap.String("event_id", in.EventID), zap.String("ref", ref(pending)), zap.Error(err))
 				return false
 			}
 			continue
@@ -423,6 +433,14 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 		}
 		attempt++
 	}
+}
+
+// ref names the first of pending's deliveries (the one being stored).
+func ref(pending []broker.Delivery) string {
+	if len(pending) == 0 {
+		return ""
+	}
+	return pending[0].Ref
 }
 
 // deadCopy is in as a dead letter with the database's refusal as its reason.
@@ -442,20 +460,40 @@ func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming 
 		for k, v := range in.Headers {
 			m.Headers[clean(k)] = clean(v)
 		}
+		if event.ValidateKey(m.Key) != nil {
+			// No key index holds it: the row goes without it, its start kept.
+			m.Headers[broker.RawKeyHeader] = broker.Truncate(broker.Printable(m.Key), 256)
+			m.Key = ""
+		}
+		if m.Key != "" && in.KeySeq > 0 {
+			// The dead row keeps its place in its key's sequence: in ordered
+			// mode it parks the key (visible, skippable with dead skip)
+			// instead of leaving a gap.
+			m.KeySeq = in.KeySeq
+		}
 	}
 	return inbox.Incoming{Message: m, DeadReason: broker.Printable(broker.Truncate(reason, 2000))}
 }
 
 // isRefused reports whether the batch itself was refused, by inbox.Receive's
-// checks or by the database (a data exception or constraint violation), as
-// opposed to the database being unreachable: retrying would not help.
+// checks or by the database as data (class 22 data exception, class 23
+// constraint violation, class 54 program limit exceeded: an index entry too
+// large for its btree, say), as opposed to the database being unreachable:
+// retrying would not help.
 func isRefused(err error) bool {
 	var inv *inbox.InvalidMessageError
 	if errors.As(err, &inv) {
 		return true
 	}
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
 }
 
 // sleep waits for the attempt's backoff (attempt from 0: exponential from
@@ -515,5 +553,6 @@ func (c *Consumer) statsFields() []zap.Field {
 		zap.Int64("duplicates", s.Duplicates), zap.Int64("dead_at_ingest", s.Dead),
 		zap.Int64("acked", s.Acked), zap.Int64("store_errors", s.StoreErrors),
 		zap.Int64("fetch_errors", s.FetchErrors), zap.Int64("applied_on_receive", s.AppliedOnReceive),
+		zap.Int64("unacked", s.Unacked),
 	}
 }

@@ -19,8 +19,14 @@ import (
 // given) the way the relay does; msgID is the broker's dedup id.
 func (b *testBundle) publishSeq(t *testing.T, id, msgID, key, seq string) {
 	t.Helper()
+	b.publishSeqPayload(t, id, msgID, key, seq, `{}`)
+}
+
+// publishSeqPayload is publishSeq with a payload.
+func (b *testBundle) publishSeqPayload(t *testing.T, id, msgID, key, seq, payload string) {
+	t.Helper()
 	m := nats.NewMsg(b.prefix + ".orders")
-	m.Data = []byte(`{}`)
+	m.Data = []byte(payload)
 	m.Header.Set(broker.NATSMsgIDHeader, msgID)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, "Step")
@@ -84,4 +90,44 @@ func TestOrderedThroughTheBroker(t *testing.T) {
 	b.publishSeq(t, "e-4", "e-4", "k", strconv.Itoa(4))
 	require.Eventually(t, func() bool { return len(applied()) == 5 }, 20*time.Second, 20*time.Millisecond)
 	require.Equal(t, []int64{1, 2, 3, 4, 5}, applied())
+}
+
+// TestOrderedWithContentHashThroughTheBroker: an ordered handler keyed by
+// content hash. A double click (two events of order-1 with one payload,
+// sequences 1 and 2) stores one row; the second's sequence counts as
+// delivered, so sequence 3 applies instead of waiting for it for ever.
+func TestOrderedWithContentHashThroughTheBroker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE applied (n bigserial PRIMARY KEY, key text, seq bigint)`)
+	require.NoError(t, err)
+	cfg := b.config()
+	cfg.Inbox.Ordered = true
+	cfg.KeyStrategy, err = inbox.ParseKeyStrategy("content-hash")
+	require.NoError(t, err)
+	cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq) VALUES ($1, $2)`, ev.Key, ev.KeySeq)
+		return err
+	})
+	c, err := New(cfg)
+	require.NoError(t, err)
+	b.start(t, c)
+
+	b.publishSeqPayload(t, "click-1", "click-1", "order-1", "1", `{"pay":100}`)
+	b.publishSeqPayload(t, "click-2", "click-2", "order-1", "2", `{"pay":100}`)
+	b.publishSeqPayload(t, "refund", "refund", "order-1", "3", `{"refund":100}`)
+	applied := func() []int64 {
+		rows, err := b.pool.Query(ctx, `SELECT seq FROM applied ORDER BY n`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return out
+	}
+	require.Eventually(t, func() bool { return len(applied()) == 2 }, 20*time.Second, 20*time.Millisecond,
+		"sequence 3 waits for the absorbed sequence 2")
+	require.Equal(t, []int64{1, 3}, applied())
+	var last int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT last_applied FROM inbox_key_state WHERE key = 'order-1'`).Scan(&last))
+	require.EqualValues(t, 3, last)
 }

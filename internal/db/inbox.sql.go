@@ -315,7 +315,7 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (In
 }
 
 const inboxStoredKeys = `-- name: InboxStoredKeys :many
-SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint
+SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
 FROM inbox i
 JOIN (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS dedup_key) AS k
   ON i.handler = k.handler AND i.dedup_key = k.dedup_key
@@ -331,11 +331,14 @@ type InboxStoredKeysRow struct {
 	DedupKey    string
 	EventID     string
 	Fingerprint []byte
+	Key         string
+	KeySeq      *int64
 }
 
-// InboxStoredKeys reads the stored event id and fingerprint of the given
-// (handler, dedup_key) pairs: the rows InsertInbox did not insert, whose
-// fingerprint tells a redelivery from a conflict.
+// InboxStoredKeys reads the stored event id, fingerprint, key and key
+// sequence of the given (handler, dedup_key) pairs: the rows InsertInbox did
+// not insert, whose fingerprint tells a redelivery from a conflict, and whose
+// key sequence tells a redelivery from another sequence absorbed by them.
 func (q *Queries) InboxStoredKeys(ctx context.Context, db DBTX, arg InboxStoredKeysParams) ([]InboxStoredKeysRow, error) {
 	rows, err := db.Query(ctx, inboxStoredKeys, arg.Handlers, arg.DedupKeys)
 	if err != nil {
@@ -350,6 +353,8 @@ func (q *Queries) InboxStoredKeys(ctx context.Context, db DBTX, arg InboxStoredK
 			&i.DedupKey,
 			&i.EventID,
 			&i.Fingerprint,
+			&i.Key,
+			&i.KeySeq,
 		); err != nil {
 			return nil, err
 		}

@@ -92,6 +92,7 @@ type InboxKeyState struct {
 	GapSince      *time.Time
 	GapReportedAt *time.Time
 	UpdatedAt     time.Time
+	AbsorbedSeqs  []int64
 }
 
 type InboxReceiveCount struct {

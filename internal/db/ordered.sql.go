@@ -13,6 +13,63 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const absorbInboxKeySeqs = `-- name: AbsorbInboxKeySeqs :execrows
+WITH a AS (
+    SELECT DISTINCT x.handler, x.key, x.seq
+    FROM (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS key,
+                 unnest($3::bigint[]) AS seq) AS x
+    WHERE x.seq > 0
+      AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.handler = x.handler AND i.key = x.key AND i.key_seq = x.seq)
+), g AS (
+    SELECT a.handler, a.key, array_agg(a.seq) AS seqs FROM a GROUP BY a.handler, a.key
+), st AS (
+    -- A new state row takes the fold from 0; on conflict, the sequences the
+    -- insert would have folded (1 .. excluded.last_applied) are merged back
+    -- with the rest.
+    INSERT INTO inbox_key_state AS s (handler, key, last_applied, absorbed_seqs)
+    SELECT g.handler, g.key, inbox_seq_fold(0, g.seqs), inbox_seq_rest(inbox_seq_fold(0, g.seqs), g.seqs)
+    FROM g
+    ORDER BY g.handler, g.key
+    ON CONFLICT (handler, key) DO UPDATE
+    SET last_applied = inbox_seq_fold(s.last_applied,
+            s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
+        absorbed_seqs = inbox_seq_rest(
+            inbox_seq_fold(s.last_applied,
+                s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
+            s.absorbed_seqs || excluded.absorbed_seqs),
+        updated_at = now()
+    RETURNING s.handler, s.key, s.last_applied
+)
+UPDATE inbox i
+SET next_attempt_at = now(), last_error = NULL
+FROM st
+WHERE i.handler = st.handler AND i.key = st.key AND i.key_seq = st.last_applied + 1
+  AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
+`
+
+type AbsorbInboxKeySeqsParams struct {
+	Handlers []string
+	Keys     []string
+	Seqs     []int64
+}
+
+// AbsorbInboxKeySeqs records, in Receive's transaction, the sequences of
+// deliveries absorbed because their dedup key was already stored by another
+// event: (@handlers, @keys, @seqs), sorted by handler and key so that
+// concurrent calls lock key states in one order. A sequence some stored row
+// of the handler carries itself is left to that row. The others count as
+// delivered at once (an absorbed delivery has no effect of its own): the key
+// moves over them when they follow its last applied sequence, else they wait
+// in absorbed_seqs until it reaches them. It makes the next sequence due when
+// it waits, and returns how many events it made due.
+func (q *Queries) AbsorbInboxKeySeqs(ctx context.Context, db DBTX, arg AbsorbInboxKeySeqsParams) (int64, error) {
+	result, err := db.Exec(ctx, absorbInboxKeySeqs, arg.Handlers, arg.Keys, arg.Seqs)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const absorbInboxSeqDuplicates = `-- name: AbsorbInboxSeqDuplicates :many
 UPDATE inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
@@ -66,14 +123,19 @@ WITH a AS (
     SELECT unnest($2::text[]) AS key, unnest($3::bigint[]) AS seq
 ), upd AS (
     UPDATE inbox_key_state s
-    SET last_applied = a.seq, updated_at = now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
+    -- Nothing absorbed ahead (the rule): no function call.
+    SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE inbox_seq_fold(a.seq, s.absorbed_seqs) END,
+        absorbed_seqs = CASE WHEN s.absorbed_seqs = '{}' THEN s.absorbed_seqs
+                             ELSE inbox_seq_rest(inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
+        updated_at = now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
     FROM a
     WHERE s.handler = $1::text AND s.key = a.key AND s.last_applied < a.seq
+    RETURNING s.key, s.last_applied
 )
 UPDATE inbox i
 SET next_attempt_at = now(), last_error = NULL
-FROM a
-WHERE i.handler = $1::text AND i.key = a.key AND i.key_seq = a.seq + 1
+FROM upd
+WHERE i.handler = $1::text AND i.key = upd.key AND i.key_seq = upd.last_applied + 1
   AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
 `
 
@@ -84,9 +146,10 @@ type AdvanceInboxKeyStateParams struct {
 }
 
 // AdvanceInboxKeyState records, in the batch transaction, the last sequence
-// applied for each key (rows locked by LockInboxKeyState), clears the key's
-// gap, and makes the next sequence due when it waits. It returns how many
-// waiting events it made due.
+// applied for each key (rows locked by LockInboxKeyState), moving on over the
+// sequences absorbed at receive that follow it (absorbed_seqs, 00092), clears
+// the key's gap, and makes the next sequence due when it waits. It returns
+// how many waiting events it made due.
 func (q *Queries) AdvanceInboxKeyState(ctx context.Context, db DBTX, arg AdvanceInboxKeyStateParams) (int64, error) {
 	result, err := db.Exec(ctx, advanceInboxKeyState, arg.Handler, arg.Keys, arg.Seqs)
 	if err != nil {
@@ -513,6 +576,75 @@ func (q *Queries) LockInboxKeyStateRow(ctx context.Context, db DBTX, arg LockInb
 	var last_applied int64
 	err := row.Scan(&last_applied)
 	return last_applied, err
+}
+
+const lockInboxKeyStates = `-- name: LockInboxKeyStates :exec
+INSERT INTO inbox_key_state AS s (handler, key)
+SELECT unnest($1::text[]), unnest($2::text[])
+ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
+`
+
+type LockInboxKeyStatesParams struct {
+	Handlers []string
+	Keys     []string
+}
+
+// LockInboxKeyStates creates when missing and locks, in Receive's
+// transaction, the key state rows of (@handlers, @keys) (sorted and
+// distinct, so that concurrent callers lock in one order), before
+// MoveInboxKeySeq and AbsorbInboxKeySeqs work on them.
+func (q *Queries) LockInboxKeyStates(ctx context.Context, db DBTX, arg LockInboxKeyStatesParams) error {
+	_, err := db.Exec(ctx, lockInboxKeyStates, arg.Handlers, arg.Keys)
+	return err
+}
+
+const moveInboxKeySeq = `-- name: MoveInboxKeySeq :one
+WITH o AS (
+    SELECT i.handler, i.dedup_key, i.key_seq AS old
+    FROM inbox i
+    WHERE i.handler = $2::text AND i.dedup_key = $3::text AND i.key = $4::text
+      AND i.key_seq > $1::bigint AND i.status IN ('pending', 'dead')
+      AND $1::bigint > coalesce((SELECT s.last_applied FROM inbox_key_state s
+                                   WHERE s.handler = $2::text AND s.key = $4::text), 0)
+      AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = $2::text AND j.key = $4::text
+                                              AND j.key_seq = $1::bigint)
+    FOR UPDATE
+), m AS (
+    UPDATE inbox i
+    SET key_seq = $1::bigint,
+        next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN now() ELSE i.next_attempt_at END,
+        last_error = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN NULL ELSE i.last_error END
+    FROM o
+    WHERE i.handler = o.handler AND i.dedup_key = o.dedup_key
+    RETURNING o.old
+)
+SELECT coalesce((SELECT m.old FROM m), $1::bigint)::bigint
+`
+
+type MoveInboxKeySeqParams struct {
+	Seq      int64
+	Handler  string
+	DedupKey string
+	Key      string
+}
+
+// MoveInboxKeySeq runs in Receive's transaction, key state locked, for a
+// delivery of @key at sequence @seq absorbed by the row (@handler,
+// @dedup_key). When that row is of the same key at a later sequence the key
+// has not reached, pending or dead, and no row carries @seq, the row moves to
+// @seq (its effect belongs at the first sequence that carried it; made due,
+// the claim condition still orders it) and its old sequence is returned, to
+// be recorded as absorbed; otherwise @seq is returned.
+func (q *Queries) MoveInboxKeySeq(ctx context.Context, db DBTX, arg MoveInboxKeySeqParams) (int64, error) {
+	row := db.QueryRow(ctx, moveInboxKeySeq,
+		arg.Seq,
+		arg.Handler,
+		arg.DedupKey,
+		arg.Key,
+	)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const orderedSkipsSince = `-- name: OrderedSkipsSince :many

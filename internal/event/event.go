@@ -22,7 +22,7 @@ type Message struct {
 	// it onto a broker subject.
 	Topic string
 	// Key is the ordering key: events with the same key are published in
-	// commit order (for example the order id).
+	// commit order (for example the order id). At most MaxKeyLen bytes.
 	Key string
 	// KeySeq is the event's per-key sequence: 1, 2, 3, ... for the events of
 	// one explicit Key, contiguous and in commit order, assigned by the
@@ -52,6 +52,24 @@ type Message struct {
 
 // MaxEventIDLen is the longest accepted event id, in bytes.
 const MaxEventIDLen = 255
+
+// MaxKeyLen is the longest accepted ordering key, in bytes: the outbox
+// refuses a longer one at Enqueue, and the consumer stores a delivery with a
+// longer one dead. It is well under what a PostgreSQL btree entry can hold
+// (about 2,700 bytes), so the key indexes (the outbox's and the inbox's
+// per-key sequence index) never refuse a key that passed this check.
+const MaxKeyLen = 1024
+
+// ErrKeyTooLong is returned by ValidateKey for a key longer than MaxKeyLen.
+var ErrKeyTooLong = errors.New("key too long")
+
+// ValidateKey checks an ordering key's length (at most MaxKeyLen bytes).
+func ValidateKey(key string) error {
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrKeyTooLong, len(key), MaxKeyLen)
+	}
+	return nil
+}
 
 // Errors returned by ValidateEventID.
 var (

@@ -193,7 +193,7 @@ func (w *Worker) gate(ctx context.Context, tx pgx.Tx, evs []*Event) (gated, erro
 	for k, v := range g.last {
 		next[k] = v + 1
 	}
-	var dups []*Event
+	var dups, again []*Event
 	for _, ev := range evs {
 		if ev.KeySeq == 0 {
 			g.run = append(g.run, ev)
@@ -201,8 +201,16 @@ func (w *Worker) gate(ctx context.Context, tx pgx.Tx, evs []*Event) (gated, erro
 		}
 		exp := next[ev.Key]
 		switch {
-		case ev.KeySeq < exp:
+		case ev.KeySeq <= g.last[ev.Key]:
 			dups = append(dups, ev)
+		case ev.KeySeq < exp:
+			// Another event of this batch carries the same sequence and runs
+			// first. This one is not absorbed before that effect commits:
+			// handed back, it is absorbed once the first committed, or
+			// applies in its place when the first fails or goes dead.
+			w.log.Info("inbox: another event with the same key sequence runs in this batch; handed back until it commits",
+				zap.String("event_id", ev.EventID), zap.String("key", ev.Key), zap.Int64("key_seq", ev.KeySeq))
+			again = append(again, ev)
 		case ev.KeySeq == exp:
 			g.run = append(g.run, ev)
 			next[ev.Key] = exp + 1
@@ -214,7 +222,9 @@ func (w *Worker) gate(ctx context.Context, tx pgx.Tx, evs []*Event) (gated, erro
 			next[ev.Key] = -1 // nothing later of this key runs in this batch
 		}
 	}
-	w.handBackHeld(ctx, g.held)
+	w.handBackHeld(ctx, g.held, true)
+	w.handBackHeld(ctx, again, false)
+	g.held = append(g.held, again...)
 	if len(dups) > 0 {
 		p := db.AbsorbInboxSeqDuplicatesParams{Handler: w.cfg.HandlerName}
 		for _, ev := range dups {
@@ -237,9 +247,10 @@ func (w *Worker) gate(ctx context.Context, tx pgx.Tx, evs []*Event) (gated, erro
 	return g, nil
 }
 
-// handBackHeld hands the out-of-order events of a batch back at once, outside
-// the batch transaction (they never ran), each only once per claim.
-func (w *Worker) handBackHeld(ctx context.Context, held []*Event) {
+// handBackHeld hands the out-of-order events of a batch (counted as such when
+// outOfOrder), or those repeating a sequence the batch runs, back at once,
+// outside the batch transaction (they never ran), each only once per claim.
+func (w *Worker) handBackHeld(ctx context.Context, held []*Event, outOfOrder bool) {
 	var todo []*Event
 	for _, ev := range held {
 		if !ev.heldBack {
@@ -253,7 +264,9 @@ func (w *Worker) handBackHeld(ctx context.Context, held []*Event) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer cancel()
 	w.unclaim(uctx, todo)
-	w.sequence(SeqOutOfOrder, len(todo))
+	if outOfOrder {
+		w.sequence(SeqOutOfOrder, len(todo))
+	}
 }
 
 // advance records, in tx, the sequences of applied that ran, and reports how

@@ -320,3 +320,156 @@ func TestOrderedUnderRetriesAndConcurrency(t *testing.T) {
 	}
 	waitAllDone(t, pool, 10*time.Second)
 }
+
+// TestOrderedSameSequenceTwiceInOneBatch: two events carrying the same
+// sequence of one key are claimed in one batch. The second is not absorbed
+// before the first committed: when the first goes dead, the second applies in
+// its place and the key goes on; when the first commits, the second is then
+// absorbed as a duplicate sequence. The key's state never counts a sequence
+// whose effect did not commit, and no event is lost silently.
+func TestOrderedSameSequenceTwiceInOneBatch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	h := applyLog(t, pool, func(ev *inbox.Event) bool { return ev.EventID == "s-2a" })
+	cfg := orderedConfig(t, pool, h, &seqObserver{})
+	cfg.Workers = 1
+	startWorker(t, cfg)
+
+	receive(t, pool, seqMsg("s-1", "s", 1), seqMsg("t-1", "t", 1))
+	waitSeqs(t, pool, "s", []int64{1})
+	waitSeqs(t, pool, "t", []int64{1})
+	// One statement: the next claim holds both events of sequence 2 of each key.
+	receive(t, pool, seqMsg("s-2a", "s", 2), seqMsg("s-2b", "s", 2), seqMsg("s-3", "s", 3),
+		seqMsg("t-2a", "t", 2), seqMsg("t-2b", "t", 2), seqMsg("t-3", "t", 3))
+
+	appliedIDs := func(key string) []string {
+		rows, err := pool.Query(context.Background(), `SELECT event_id FROM applied WHERE key = $1 ORDER BY n`, key)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	waitSeqs(t, pool, "s", []int64{1, 2, 3})
+	require.Equal(t, []string{"s-1", "s-2b", "s-3"}, appliedIDs("s"), "the second event of sequence 2 applies in place of the dead first")
+	require.Equal(t, "dead", inboxRow(t, pool, "s-2a").Status)
+	waitSeqs(t, pool, "t", []int64{1, 2, 3})
+	require.Equal(t, []string{"t-1", "t-2a", "t-3"}, appliedIDs("t"))
+	waitStatus(t, pool, "t-2b", "processed", 10*time.Second)
+	require.Contains(t, inboxRow(t, pool, "t-2b").LastError, "duplicate key sequence 2")
+	require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = 's'`))
+}
+
+// TestOrderedAbsorbedDuplicateCountsAsDelivered: an ordered handler keyed by
+// content hash. A key's second event with the same payload (a double click)
+// is absorbed at receive and never stored with its sequence; it must count as
+// delivered, or the key's next sequence waits for it for ever (reported as a
+// gap). Covered: the original before the duplicate, in separate and in one
+// Receive; the duplicate's sequence before the original's (the original
+// stored first at the later sequence: it moves to the earlier one, where its
+// effect belongs, before the events between them); the original in another
+// key; the original dead, then skipped.
+func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	h := applyLog(t, pool, func(ev *inbox.Event) bool { return ev.EventID == "d-1" })
+	startWorker(t, orderedConfig(t, pool, h, &seqObserver{}))
+	strat, err := inbox.ParseKeyStrategy("content-hash")
+	require.NoError(t, err)
+	targets := []inbox.Target{{Handler: inbox.DefaultHandlerName, Strategy: strat}}
+	msg := func(id, key string, seq int64, payload string) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq,
+			EventType: "Paid", Payload: []byte(payload)}}
+	}
+	recv := func(msgs ...inbox.Incoming) inbox.ReceiveResult {
+		t.Helper()
+		res, err := inbox.ReceiveFor(context.Background(), pool, targets, msgs)
+		require.NoError(t, err)
+		return res
+	}
+
+	// The original first, the duplicate in a later Receive.
+	recv(msg("a-1", "a", 1, `{"pay":"a"}`))
+	require.Len(t, recv(msg("a-2", "a", 2, `{"pay":"a"}`)).Absorbed, 1)
+	recv(msg("a-3", "a", 3, `{"refund":"a"}`))
+	// Both in one Receive.
+	recv(msg("b-1", "b", 1, `{"pay":"b"}`), msg("b-2", "b", 2, `{"pay":"b"}`), msg("b-3", "b", 3, `{"refund":"b"}`))
+	// The original stored first, at the later sequence: it moves to the
+	// earlier one, and its own counts as absorbed; the event between them
+	// (e-2) applies after it, as produced.
+	recv(msg("c-2", "c", 2, `{"pay":"c"}`), msg("c-3", "c", 3, `{"refund":"c"}`))
+	recv(msg("c-1", "c", 1, `{"pay":"c"}`))
+	recv(msg("e-3", "e", 3, `{"pay":"e"}`), msg("e-2", "e", 2, `{"cancel":"e"}`))
+	recv(msg("e-1", "e", 1, `{"pay":"e"}`))
+	// The original belongs to another key.
+	recv(msg("x-1", "x", 1, `{"pay":"xy"}`))
+	recv(msg("y-1", "y", 1, `{"pay":"xy"}`), msg("y-2", "y", 2, `{"refund":"y"}`))
+
+	waitSeqs(t, pool, "a", []int64{1, 3})
+	waitSeqs(t, pool, "b", []int64{1, 3})
+	waitSeqs(t, pool, "c", []int64{1, 3})
+	waitSeqs(t, pool, "e", []int64{1, 2})
+	require.Equal(t, "e-3", queryString(t, pool, `SELECT event_id FROM applied WHERE key = 'e' ORDER BY n LIMIT 1`),
+		"the payment applies before the cancel, as produced")
+	waitSeqs(t, pool, "x", []int64{1})
+	waitSeqs(t, pool, "y", []int64{2})
+	for _, k := range []string{"a", "b", "c"} {
+		require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = $1`, k), k)
+	}
+
+	// The original dead: the key parks on it; skipping it passes the
+	// absorbed sequence too.
+	recv(msg("d-1", "d", 1, `{"pay":"d"}`), msg("d-2", "d", 2, `{"pay":"d"}`), msg("d-3", "d", 3, `{"refund":"d"}`))
+	waitStatus(t, pool, "d-1", "dead", 10*time.Second)
+	require.Eventually(t, func() bool { k, ok := waitingKey(t, pool, "d"); return ok && k.State == "parked" },
+		10*time.Second, 20*time.Millisecond)
+	_, err = inbox.SkipDead(context.Background(), pool, inbox.Skip{Handler: inbox.DefaultHandlerName, Actor: "test"}, "d-1")
+	require.NoError(t, err)
+	waitSeqs(t, pool, "d", []int64{3})
+	waitAllDone(t, pool, 10*time.Second)
+	require.Equal(t, 0, queryInt(t, pool, `SELECT count(*)::int FROM inbox_key_state WHERE absorbed_seqs <> '{}'`))
+}
+
+// TestAbsorbInboxKeySeqsFolds checks the statement that records absorbed
+// sequences: a new key and a key with a state row both move over what follows
+// their last applied sequence without a hole and keep the rest; a sequence a
+// stored row carries itself is left to it; the next sequence, waiting, is made
+// due.
+func TestAbsorbInboxKeySeqsFolds(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	h := inbox.DefaultHandlerName
+	_, err := pool.Exec(ctx, `INSERT INTO inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ($1, 'old', 2, '{6}')`, h)
+	require.NoError(t, err)
+	receive(t, pool, seqMsg("old-4", "old", 4), seqMsg("new-5", "new", 5))
+	_, err = pool.Exec(ctx, `UPDATE inbox SET next_attempt_at = 'infinity' WHERE event_id = 'new-5'`)
+	require.NoError(t, err)
+	woken, err := db.New().AbsorbInboxKeySeqs(ctx, pool, db.AbsorbInboxKeySeqsParams{
+		Handlers: []string{h, h, h, h, h, h, h},
+		Keys:     []string{"new", "new", "new", "new", "old", "old", "old"},
+		Seqs:     []int64{1, 2, 4, 7, 1, 3, 4},
+	})
+	require.NoError(t, err)
+	state := func(key string) (last int64, ahead []int64) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT last_applied, absorbed_seqs FROM inbox_key_state WHERE handler = $1 AND key = $2`,
+			h, key).Scan(&last, &ahead))
+		return last, ahead
+	}
+	last, ahead := state("new")
+	require.EqualValues(t, 2, last)
+	require.Equal(t, []int64{4, 7}, ahead)
+	// 3 follows 2; 4 is old-4's own (left to it); 6 stays ahead.
+	last, ahead = state("old")
+	require.EqualValues(t, 3, last)
+	require.Equal(t, []int64{6}, ahead)
+	require.Zero(t, woken, "new-5 waits for 3")
+
+	// Filling 3 of "new" reaches 4 (absorbed), so new-5 is due.
+	woken, err = db.New().AbsorbInboxKeySeqs(ctx, pool, db.AbsorbInboxKeySeqsParams{
+		Handlers: []string{h}, Keys: []string{"new"}, Seqs: []int64{3}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, woken)
+	last, ahead = state("new")
+	require.EqualValues(t, 4, last)
+	require.Equal(t, []int64{7}, ahead)
+}

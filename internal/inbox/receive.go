@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -84,6 +87,10 @@ type ReceiveResult struct {
 	// Stored lists the rows this call inserted (dead ones included), by
 	// handler and dedup key; Worker.ApplyStored takes them.
 	Stored []StoredRow
+	// SeqsWoken counts the ordered events made due because a delivery
+	// absorbed by a row of another key sequence filled the sequence they
+	// waited for (the caller wakes the workers).
+	SeqsWoken int64
 }
 
 // StoredRow names an inbox row: its handler and dedup key.
@@ -155,7 +162,11 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 // bytes or invalid UTF-8 in a text field) fails the whole call with an
 // *InvalidMessageError and nothing is stored. Unless opts.NoDuplicateRecord,
 // the insert statement itself records the duplicates it refused in
-// inbox_duplicates and counts the batch in inbox_receive_counts.
+// inbox_duplicates and counts the batch in inbox_receive_counts. A delivery
+// with a key sequence absorbed by a row of another sequence (a content-hash
+// or business key matched another event of the key) has its sequence
+// recorded as delivered for ordered apply, in more statements (only then):
+// see docs/architecture.md, "Ordered apply".
 func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOptions) (ReceiveResult, error) {
 	targets := opts.Targets
 	var res ReceiveResult
@@ -204,6 +215,7 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 		return fps[i]
 	}
 	var conflicts []conflictRow
+	var seqs absorbedSeqs
 	now := time.Now()
 	for i, m := range msgs {
 		if err := validateIncoming(m); err != nil {
@@ -258,6 +270,9 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 					conflicts = append(conflicts, conflictRow{a: a, strategy: strat.String(), msg: i, storedFP: fingerprint(j)})
 				}
 				res.Absorbed = append(res.Absorbed, a)
+				if m.KeySeq > 0 && (msgs[j].Key != m.Key || msgs[j].KeySeq != m.KeySeq) {
+					seqs.add(handler, m.Key, m.KeySeq, key, msgs[j].Key == m.Key)
+				}
 				p.RepeatedHandlers = append(p.RepeatedHandlers, handler)
 				p.RepeatedDedupKeys = append(p.RepeatedDedupKeys, key)
 				p.RepeatedEventIds = append(p.RepeatedEventIds, m.EventID)
@@ -316,7 +331,13 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			rk := rowKey{absent.Handlers[i], absent.DedupKeys[i]}
 			ref := rows[rk]
 			a := Absorbed{Handler: rk.handler, DedupKey: rk.key, EventID: msgs[ref.msg].EventID}
-			if g, ok := found[rk]; ok {
+			g, ok := found[rk]
+			if m := msgs[ref.msg]; m.KeySeq > 0 && (!ok || g.Key != m.Key || g.KeySeq == nil || *g.KeySeq != m.KeySeq) {
+				// Another sequence than the stored row's own (a redelivery
+				// carries the same).
+				seqs.add(rk.handler, m.Key, m.KeySeq, rk.key, !ok || g.Key == m.Key)
+			}
+			if ok {
 				// A row deleted again meanwhile (retention, purge) is
 				// absorbed all the same, with nothing to compare.
 				a.StoredEventID = g.EventID
@@ -335,12 +356,88 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 			return ReceiveResult{}, err
 		}
 	}
+	if len(seqs) > 0 {
+		// Rare: only deliveries absorbed by a row of another sequence.
+		if res.SeqsWoken, err = seqs.record(ctx, q); err != nil {
+			return ReceiveResult{}, fmt.Errorf("inbox: receive: record %d absorbed key sequences: %w", len(seqs), err)
+		}
+	}
 	for i, m := range msgs {
 		if absorbedFor[i] == len(targets) {
 			res.Duplicates = append(res.Duplicates, m.EventID)
 		}
 	}
 	return res, nil
+}
+
+// absorbedSeqs collects the key sequences of deliveries absorbed by a stored
+// row of another sequence (a content-hash or business key matched another
+// event): they count as delivered for ordered apply, or a key's next
+// sequence would wait for them for ever.
+type absorbedSeqs []absorbedSeq
+
+type absorbedSeq struct {
+	handler, key string
+	seq          int64
+	// dedupKey names the absorbing row; sameKey says it may be of key.
+	dedupKey string
+	sameKey  bool
+}
+
+func (a *absorbedSeqs) add(handler, key string, seq int64, dedupKey string, sameKey bool) {
+	*a = append(*a, absorbedSeq{handler: handler, key: key, seq: seq, dedupKey: dedupKey, sameKey: sameKey})
+}
+
+// record writes the absorbed sequences in q (Receive's transaction): it locks
+// their keys' state rows in one order, moves an absorbing row of the same key
+// to an earlier absorbed sequence (MoveInboxKeySeq: its effect belongs at the
+// first sequence that carried it, and its own sequence counts as absorbed
+// instead), then records the sequences (AbsorbInboxKeySeqs). It returns how
+// many waiting events that made due.
+func (a absorbedSeqs) record(ctx context.Context, q db.DBTX) (int64, error) {
+	if _, isTx := q.(pgx.Tx); !isTx {
+		if b, ok := q.(txBeginner); ok {
+			// Called with a pool: the key states stay locked from the check
+			// to the write.
+			var n int64
+			err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
+				var err error
+				n, err = a.record(ctx, tx)
+				return err
+			})
+			return n, err
+		}
+	}
+	slices.SortFunc(a, func(x, y absorbedSeq) int {
+		return cmp.Or(strings.Compare(x.handler, y.handler), strings.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq))
+	})
+	qs := db.New()
+	var lock db.LockInboxKeyStatesParams
+	for i, s := range a {
+		if i == 0 || s.handler != a[i-1].handler || s.key != a[i-1].key {
+			lock.Handlers = append(lock.Handlers, s.handler)
+			lock.Keys = append(lock.Keys, s.key)
+		}
+	}
+	if err := qs.LockInboxKeyStates(ctx, q, lock); err != nil {
+		return 0, err
+	}
+	var p db.AbsorbInboxKeySeqsParams
+	for _, s := range a {
+		seq := s.seq
+		if s.sameKey {
+			var err error
+			if seq, err = qs.MoveInboxKeySeq(ctx, q, db.MoveInboxKeySeqParams{
+				Seq: s.seq, Handler: s.handler, DedupKey: s.dedupKey, Key: s.key,
+			}); err != nil {
+				return 0, err
+			}
+		}
+		p.Handlers = append(p.Handlers, s.handler)
+		p.Keys = append(p.Keys, s.key)
+		p.Seqs = append(p.Seqs, seq)
+	}
+	return qs.AbsorbInboxKeySeqs(ctx, q, p)
 }
 
 type conflictRow struct {
@@ -426,6 +523,9 @@ func validateIncoming(m Incoming) error {
 		return fmt.Errorf("key sequence %d: must be positive (0: none)", m.KeySeq)
 	case m.KeySeq > 0 && m.Key == "":
 		return fmt.Errorf("key sequence %d without a key", m.KeySeq)
+	}
+	if err := event.ValidateKey(m.Key); err != nil {
+		return err
 	}
 	fields := []struct{ name, v string }{
 		{"topic", m.Topic}, {"key", m.Key}, {"event_type", m.EventType}, {"dead reason", m.DeadReason},

@@ -66,6 +66,9 @@ type IngestStats struct {
 	// AppliedOnReceive counts events whose handler ran in the transaction
 	// that stored them.
 	AppliedOnReceive int64
+	// Unacked counts deliveries left unacknowledged while the consumer ran
+	// (refused by the database even as dead letters).
+	Unacked int64
 	// HitRatio is the share of deliveries absorbed as duplicates over the
 	// ingest side's last rate interval in which anything arrived (0..1).
 	HitRatio float64
@@ -162,6 +165,9 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_applied_on_receive_total",
 				Help: "Events applied in the transaction that stored them (the consumer kept up and the workers were idle); the others are claimed by the workers."},
 				func() float64 { return float64(opts.IngestStats().AppliedOnReceive) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "consumer_unacked_total",
+				Help: "Deliveries left unacknowledged while the consumer ran, refused by the database even as dead letters (logged with the reason); the broker delivers them again later, and until then such a record holds its Kafka partition's committed offset."},
+				func() float64 { return float64(opts.IngestStats().Unacked) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "consumer_dedup_hit_ratio",
 				Help: "Share of deliveries absorbed as duplicates over the consumer's last rate interval in which anything arrived (0..1)."},
 				func() float64 { return opts.IngestStats().HitRatio }),

@@ -285,6 +285,9 @@ func (o *Outbox) validate(m event.Message) error {
 	if err := textField("key", m.Key); err != nil {
 		return err
 	}
+	if err := event.ValidateKey(m.Key); err != nil {
+		return err
+	}
 	if err := textField("event type", m.EventType); err != nil {
 		return err
 	}

@@ -111,6 +111,7 @@ func TestEnqueueValidation(t *testing.T) {
 		{"header value", event.Message{Topic: "t", Headers: map[string]string{"a": "x\r\ny"}}, "line break"},
 		{"NUL in the key", event.Message{Topic: "t", Key: "k\x00y"}, "key contains a NUL character"},
 		{"invalid UTF-8 key", event.Message{Topic: "t", Key: "k\xffy"}, "key is not valid UTF-8"},
+		{"long key", event.Message{Topic: "t", Key: strings.Repeat("k", event.MaxKeyLen+1)}, "key too long: 1025 bytes, the limit is 1024"},
 		{"NUL in the event type", event.Message{Topic: "t", EventType: "Order\x00Paid"}, "event type contains a NUL character"},
 		{"NUL in a header value", event.Message{Topic: "t", Headers: map[string]string{"a": "x\x00y"}}, `header is invalid: value of "a" contains a NUL character`},
 	}
@@ -122,6 +123,9 @@ func TestEnqueueValidation(t *testing.T) {
 
 	_, err = outbox.New(outbox.Config{MaxPayloadBytes: -1})
 	require.ErrorContains(t, err, "MaxPayloadBytes")
+
+	// A key at the limit is fine.
+	require.NoError(t, enqueue(t, pool, o, event.Message{Topic: "t", Key: strings.Repeat("k", event.MaxKeyLen)}))
 }
 
 func TestEnqueueDuplicateEventID(t *testing.T) {
@@ -297,4 +301,17 @@ func TestOccurredAtEdges(t *testing.T) {
 		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
 		require.NoError(t, err, lit)
 	}
+}
+
+// TestPlainSQLKeyLength: a plain-SQL producer gets the key limit Enqueue
+// applies (event.MaxKeyLen bytes), refused at its insert by a constraint
+// naming it.
+func TestPlainSQLKeyLength(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2))
+	require.NoError(t, err, "a key of exactly the limit in bytes")
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2)+"k")
+	require.ErrorContains(t, err, "outbox_key_length")
 }

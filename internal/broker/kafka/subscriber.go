@@ -27,10 +27,21 @@ import (
 // its unacknowledged records to its new owner, which receives them again; an
 // acknowledgement that arrives after the revocation commits nothing, and the
 // inbox absorbs the redelivery by event id.
+//
+// A record the caller never acknowledges while it runs (the consumer leaves
+// one unacknowledged only when the database refuses it even as a dead
+// letter) holds its partition's committed offset: the records after it are
+// acknowledged but not committed, and a rebalance or restart delivers it and
+// all of them again. Once it has been unacknowledged for a minute with later
+// records of its partition acknowledged, the subscriber logs it at warn,
+// once per record, naming the partition and offset.
 type Subscriber struct {
 	cfg Config
 	cl  *kgo.Client
 	log *zap.Logger
+	// heldAfter is how long a partition's first unacknowledged record may
+	// hold acknowledged records behind it before it is logged.
+	heldAfter time.Duration
 
 	mu     sync.Mutex
 	parts  map[topicPartition]*partition
@@ -56,13 +67,19 @@ type partition struct {
 	ackedNext int64            // offset after the acknowledged prefix; -1 before the first
 	epoch     int32            // leader epoch of the prefix's last record
 	committed int64            // last committed offset; -1 before the first commit
+	reported  int64            // offset of the holding record last logged; -1: none
 }
 
 type pendingRecord struct {
 	offset int64
 	epoch  int32
 	acked  bool
+	at     time.Time // when Fetch returned it
 }
+
+// heldAfter is how long a partition's first unacknowledged record may hold
+// acknowledged records behind it before the subscriber logs it.
+const heldAfter = time.Minute
 
 // NewSubscriber validates cfg (after WithDefaults), joins the consumer group
 // cfg.Group on the pgrelay topics (cfg.Topics, or every "<TopicPrefix>.*"
@@ -73,7 +90,8 @@ func NewSubscriber(ctx context.Context, cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("kafka"), parts: map[topicPartition]*partition{}, stop: make(chan struct{})}
+	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("kafka"), heldAfter: heldAfter, parts: map[topicPartition]*partition{},
+		stop: make(chan struct{})}
 	opts := append(commonOpts(cfg, s.log),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.DisableAutoCommit(),
@@ -161,14 +179,15 @@ func (s *Subscriber) Fetch(ctx context.Context, n int, maxWait time.Duration) ([
 	if s.closed {
 		return nil, errors.New("kafka: subscriber closed")
 	}
+	now := time.Now()
 	for i, r := range recs {
 		tp := topicPartition{r.Topic, r.Partition}
 		p := s.parts[tp]
 		if p == nil {
-			p = &partition{ackedNext: -1, committed: -1}
+			p = &partition{ackedNext: -1, committed: -1, reported: -1}
 			s.parts[tp] = p
 		}
-		pr := &pendingRecord{offset: r.Offset, epoch: r.LeaderEpoch}
+		pr := &pendingRecord{offset: r.Offset, epoch: r.LeaderEpoch, at: now}
 		p.pending = append(p.pending, pr)
 		d := decodeRecord(s.cfg.TopicPrefix, r, broker.DecodeOptions{MaxPayloadBytes: s.cfg.MaxPayloadBytes})
 		d.Ack = func(context.Context) error { return s.ack(p, pr) }
@@ -214,7 +233,54 @@ func (s *Subscriber) commitLoop() {
 				s.log.Warn("commit failed; retried at the next interval", zap.Error(err))
 			}
 			cancel()
+			s.reportHeld(time.Now())
 		}
+	}
+}
+
+// heldRecord is a partition's first unacknowledged record that holds
+// acknowledged records behind it.
+type heldRecord struct {
+	tp            topicPartition
+	offset        int64
+	since         time.Time
+	ackedBehind   int
+	committedNext int64
+}
+
+// reportHeld logs, once per record, every partition whose first
+// unacknowledged record has held acknowledged records behind it for
+// heldAfter: its committed offset cannot move past it until it is
+// acknowledged, or the partition is revoked or the subscriber closed (then
+// it and every record after it are delivered again).
+func (s *Subscriber) reportHeld(now time.Time) {
+	var held []heldRecord
+	s.mu.Lock()
+	for tp, p := range s.parts {
+		if p.revoked || len(p.pending) < 2 || p.pending[0].acked || p.pending[0].offset == p.reported ||
+			now.Sub(p.pending[0].at) < s.heldAfter {
+			continue
+		}
+		n := 0
+		for _, pr := range p.pending[1:] {
+			if pr.acked {
+				n++
+			}
+		}
+		if n == 0 {
+			continue // nothing acknowledged waits behind it (yet)
+		}
+		p.reported = p.pending[0].offset
+		held = append(held, heldRecord{tp: tp, offset: p.pending[0].offset, since: p.pending[0].at, ackedBehind: n,
+			committedNext: p.committed})
+	}
+	s.mu.Unlock()
+	for _, h := range held {
+		s.log.Warn("a record left unacknowledged holds its partition's committed offset: the records acknowledged after it are not committed, "+
+			"and a rebalance or restart delivers it and all of them again (the inbox absorbs those already stored)",
+			zap.String("topic", h.tp.topic), zap.Int32("partition", h.tp.partition), zap.Int64("offset", h.offset),
+			zap.Duration("unacknowledged_for", now.Sub(h.since).Round(time.Millisecond)),
+			zap.Int("acknowledged_after_it", h.ackedBehind), zap.Int64("committed_offset", h.committedNext))
 	}
 }
 
