@@ -27,12 +27,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
@@ -169,15 +171,15 @@ the reason and acknowledged, never dropped.`,
 	brokers := cli.Brokers()
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindConsumerSides(f, brokers)
-	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", pgrelay.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
-	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", pgrelay.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
-	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", pgrelay.DefaultConsumerMaxPayload), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
+	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", consumer.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
+	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", consumer.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
+	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", consumer.DefaultMaxPayloadBytes), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", pgrelay.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
-	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", pgrelay.DefaultWorkerBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
+	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", consumer.DefaultWorkerBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
 	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", pgrelay.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", pgrelay.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", pgrelay.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
-	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", pgrelay.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", consumer.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.BoolVar(&s.applyOnReceive, "apply-on-receive", cli.EnvBool("CONSUMER_APPLY_ON_RECEIVE", true), "while the workers are idle and the consumer keeps up, run the handler in the transaction that stores a fetched batch; what fails there is left to the workers (CONSUMER_APPLY_ON_RECEIVE)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", defaultDupRateWarn), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
@@ -279,10 +281,10 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
 		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: s.handlerName, Logger: log}
-	cfg := pgrelay.ConsumerConfig{
+	cfg := consumer.Config{
 		Pool:             pool,
 		Subscribe:        side.Subscribe(opts),
-		Handler:          ledger.Handler{}, // replaced below once the database is checked
+		Handler:          fromEngine(ledger.Handler{}), // replaced below once the database is checked
 		HandlerName:      s.handlerName,
 		DedupKey:         s.dedupKey,
 		DedupKeyByTopic:  byTopic,
@@ -304,11 +306,11 @@ func runConsumer(parent context.Context, s settings) error {
 		MetricsAddr:      s.ops.MetricsAddr,
 		AdminAddr:        s.ops.AdminAddr,
 		AdminToken:       s.ops.AdminToken,
-		Logger:           log,
+		Logger:           logbridge.Slog(log),
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
-	if _, err := pgrelay.NewConsumer(cfg); err != nil {
+	if _, err := consumer.New(cfg); err != nil {
 		return nameSettings(err)
 	}
 	if err := side.Check(opts); err != nil {
@@ -320,7 +322,7 @@ func runConsumer(parent context.Context, s settings) error {
 	if cfg.Handler, err = newHandler(ctx, s, pool, log); err != nil {
 		return err
 	}
-	c, err := pgrelay.NewConsumer(cfg)
+	c, err := consumer.New(cfg)
 	if err != nil {
 		return nameSettings(err)
 	}
@@ -420,15 +422,15 @@ func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *zap.Lo
 		if err != nil {
 			return nil, fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION): %w", err)
 		}
-		return h, nil
+		return fromEngine(h), nil
 	case "http":
 		h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout, Recorder: pool, Logger: log})
 		if err != nil {
 			return nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
 		}
-		return h, nil
+		return fromEngine(h), nil
 	default:
-		return ledger.Handler{}, nil
+		return fromEngine(ledger.Handler{}), nil
 	}
 }
 

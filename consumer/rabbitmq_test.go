@@ -1,17 +1,16 @@
-package pgrelay_test
+package consumer_test
 
 import (
 	"context"
 	"fmt"
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -25,7 +24,7 @@ func TestConsumerOnRabbitMQ(t *testing.T) {
 	pool := testdb.New(t)
 	u := testamqp.URL(t)
 	exchange, queue := testamqp.Names(t, u)
-	cfg := pgrelay.RabbitMQConfig{URL: u, Exchange: exchange, Queue: queue}
+	cfg := consumer.RabbitMQConfig{URL: u, Exchange: exchange, Queue: queue}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := pool.Exec(ctx, `CREATE TABLE applied (event_id text PRIMARY KEY, times int NOT NULL)`)
@@ -34,9 +33,9 @@ func TestConsumerOnRabbitMQ(t *testing.T) {
 	var pub *rabbitmq.Publisher
 	require.NoError(t, testamqp.Retry(time.Minute, func() (err error) { pub, err = rabbitmq.NewPublisher(ctx, cfg); return err }))
 	defer func() { _ = pub.Close() }()
-	var msgs []pgrelay.Message
+	var msgs []broker.Message
 	for i := range 10 {
-		msgs = append(msgs, pgrelay.Message{EventID: fmt.Sprintf("r-%d", i), Topic: "orders", Key: "k",
+		msgs = append(msgs, broker.Message{EventID: fmt.Sprintf("r-%d", i), Topic: "orders", Key: "k",
 			EventType: "OrderCreated", Payload: []byte(`{}`), OccurredAt: time.Now()})
 	}
 	for range 2 { // the publish, then the re-publish
@@ -50,11 +49,11 @@ func TestConsumerOnRabbitMQ(t *testing.T) {
 		}))
 	}
 	copies := testamqp.Count(t, u, queue)
-	subscribe := pgrelay.SubscribeRabbitMQ(cfg, 1<<20)
+	subscribe := consumer.SubscribeRabbitMQ(cfg, 1<<20)
 
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{Pool: pool, Handler: &countingBatchHandler{},
-		MaxWait: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		Subscribe: func(ctx context.Context) (sub pgrelay.Subscriber, err error) {
+	c, err := consumer.New(consumer.Config{Pool: pool, Handler: &countingBatchHandler{},
+		MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
+		Subscribe: func(ctx context.Context) (sub consumer.Subscriber, err error) {
 			err = testamqp.Retry(time.Minute, func() error { sub, err = subscribe(ctx); return err })
 			return sub, err
 		}})

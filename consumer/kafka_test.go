@@ -1,24 +1,23 @@
-package pgrelay_test
+package consumer_test
 
 import (
 	"context"
 	"fmt"
+	"github.com/pgrelay/pgrelay/internal/broker"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/broker/kafka"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
-// TestConsumerFromKafka: pgrelay.NewConsumer fetching from
-// pgrelay.SubscribeKafka applies each event once.
+// TestConsumerFromKafka: consumer.New fetching from
+// consumer.SubscribeKafka applies each event once.
 func TestConsumerFromKafka(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -33,18 +32,18 @@ func TestConsumerFromKafka(t *testing.T) {
 	pub, err := kafka.NewPublisher(ctx, kafka.Config{Brokers: c.ListenAddrs(), TopicPrefix: "shop"})
 	require.NoError(t, err)
 	defer pub.Close()
-	var msgs []pgrelay.Message
+	var msgs []broker.Message
 	for i := range 5 {
-		msgs = append(msgs, pgrelay.Message{EventID: fmt.Sprintf("k-%d", i), Topic: "orders", Key: "k",
+		msgs = append(msgs, broker.Message{EventID: fmt.Sprintf("k-%d", i), Topic: "orders", Key: "k",
 			EventType: "OrderCreated", Payload: []byte(`{}`)})
 	}
 	for _, r := range pub.Publish(ctx, msgs) {
 		require.NoError(t, r.Err)
 	}
 
-	cons, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{Pool: pool, Handler: &countingBatchHandler{},
-		MaxWait: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		Subscribe: pgrelay.SubscribeKafka(pgrelay.KafkaConfig{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})})
+	cons, err := consumer.New(consumer.Config{Pool: pool, Handler: &countingBatchHandler{},
+		MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
+		Subscribe: consumer.SubscribeKafka(consumer.KafkaConfig{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -1,4 +1,4 @@
-package pgrelay_test
+package consumer_test
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -58,9 +59,9 @@ func TestBinaryPayloadEndToEnd(t *testing.T) {
 
 	var mu sync.Mutex
 	got := map[string]pgrelay.InboxEvent{}
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{
+	c, err := consumer.New(consumer.Config{
 		Pool: pool, NATSURL: natsURL, Stream: stream, SubjectPrefix: prefix, MaxWait: 50 * time.Millisecond,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Logger: testLogger(t),
 		Handler: pgrelay.HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *pgrelay.InboxEvent) error {
 			mu.Lock()
 			defer mu.Unlock()

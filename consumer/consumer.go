@@ -1,9 +1,21 @@
-package pgrelay
+// Package consumer runs pgrelay's consumer as a library: it fetches
+// deliveries from a broker subscriber (NATS JetStream, Kafka, RabbitMQ, or
+// any broker.Subscriber), stores them in the inbox, deduplicated, and runs a
+// pgrelay.InboxHandler over them exactly once per event, together with the
+// inbox's retention. Prometheus metrics, health checks and the admin API are
+// opt-in (Config.MetricsAddr, Config.AdminAddr).
+//
+// A program that only enqueues or only runs an inbox worker needs the root
+// package alone; this package adds the broker seam, metrics and the
+// operator endpoints.
+package consumer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"go.uber.org/zap"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -12,34 +24,36 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	engine "github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/inboxadapt"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
-// Defaults for ConsumerConfig.
+// Defaults for Config.
 const (
-	DefaultStream                 = broker.DefaultStream
-	DefaultSubjectPrefix          = broker.DefaultSubjectPrefix
-	DefaultDurable                = broker.DefaultDurable
-	DefaultFetchBatchSize         = consumer.DefaultBatchSize
-	DefaultMaxWait                = consumer.DefaultMaxWait
-	DefaultAckWait                = broker.DefaultAckWait
-	DefaultConsumerMaxPayload     = consumer.DefaultMaxPayloadBytes
-	DefaultStatsInterval          = consumer.DefaultStatsInterval
-	DefaultDedupWindow            = inbox.DefaultDedupWindow
-	DefaultWorkers                = inbox.DefaultWorkers
-	DefaultWorkerBatchSize        = inbox.DefaultBatchSize
-	DefaultMaxAttempts            = inbox.DefaultMaxAttempts
-	DefaultLease                  = inbox.DefaultLease
-	DefaultHandlerTimeout         = inbox.DefaultHandlerTimeout
-	DefaultConsumerStartupTimeout = 30 * time.Second
+	DefaultStream          = broker.DefaultStream
+	DefaultSubjectPrefix   = broker.DefaultSubjectPrefix
+	DefaultDurable         = broker.DefaultDurable
+	DefaultFetchBatchSize  = engine.DefaultBatchSize
+	DefaultMaxWait         = engine.DefaultMaxWait
+	DefaultAckWait         = broker.DefaultAckWait
+	DefaultMaxPayloadBytes = engine.DefaultMaxPayloadBytes
+	DefaultStatsInterval   = engine.DefaultStatsInterval
+	DefaultDedupWindow     = inbox.DefaultDedupWindow
+	DefaultWorkers         = inbox.DefaultWorkers
+	DefaultWorkerBatchSize = inbox.DefaultBatchSize
+	DefaultMaxAttempts     = inbox.DefaultMaxAttempts
+	DefaultLease           = inbox.DefaultLease
+	DefaultHandlerTimeout  = inbox.DefaultHandlerTimeout
+	DefaultStartupTimeout  = 30 * time.Second
 )
 
 // Subscriber is where a Consumer fetches deliveries from: a durable
@@ -52,9 +66,9 @@ type Subscriber = broker.Subscriber
 // its redelivery.
 type Delivery = broker.Delivery
 
-// ConsumerConfig configures a Consumer. The zero value of every optional field
+// Config configures a Consumer. The zero value of every optional field
 // means the default it documents; WithDefaults fills them in.
-type ConsumerConfig struct {
+type Config struct {
 	// Pool is the PostgreSQL database holding the inbox (migrated with
 	// `relay migrate up` or the migrations package). Required. Give it at
 	// least Workers+4 connections.
@@ -72,7 +86,7 @@ type ConsumerConfig struct {
 	Subscribe func(ctx context.Context) (Subscriber, error)
 	// Handler applies each event, in the transaction that marks it processed.
 	// An InboxBatchHandler also applies whole batches. Required.
-	Handler InboxHandler
+	Handler pgrelay.InboxHandler
 	// HandlerName names Handler: its inbox rows, attempts, leases and dead
 	// letters are its own, so several handlers in one database each process
 	// an event once. It labels the worker metrics (handler) and, unless
@@ -81,7 +95,7 @@ type ConsumerConfig struct {
 	// message. Default DefaultHandlerName ("default").
 	HandlerName string
 	// DedupKey is Handler's key strategy spec (ParseKeyStrategy): how the
-	// dedup key of its rows is built. A bad spec fails NewConsumer naming
+	// dedup key of its rows is built. A bad spec fails New naming
 	// this field. Default "message-id".
 	DedupKey string
 	// DedupKeyByTopic overrides DedupKey for the messages of the named
@@ -91,7 +105,7 @@ type ConsumerConfig struct {
 	// for (one row each, in one statement), for a consumer whose ingest feeds
 	// several handlers; HandlerName must be among them. Default: HandlerName
 	// with DedupKey.
-	Targets []ConsumerTarget
+	Targets []pgrelay.Target
 
 	// Stream is the JetStream stream to consume. Default DefaultStream.
 	Stream string
@@ -128,7 +142,7 @@ type ConsumerConfig struct {
 	// Default DefaultAckWait.
 	AckWait time.Duration
 	// MaxPayloadBytes is the largest accepted payload; a larger message is
-	// stored dead. Default DefaultConsumerMaxPayload.
+	// stored dead. Default DefaultMaxPayloadBytes.
 	MaxPayloadBytes int
 	// StatsInterval is how often the ingest counters are logged; negative
 	// disables. Default DefaultStatsInterval.
@@ -187,22 +201,24 @@ type ConsumerConfig struct {
 	// AdminAddr is not a loopback address. Default "".
 	AdminToken string
 	// StartupTimeout bounds the database check at start-up. Default
-	// DefaultConsumerStartupTimeout.
+	// DefaultStartupTimeout.
 	StartupTimeout time.Duration
 	// Logger receives the logs. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
+
+	zlog *zap.Logger // Logger, for the engine
 }
 
 // WithDefaults returns a copy of c with every unset optional field set to its
 // default.
-func (c ConsumerConfig) WithDefaults() ConsumerConfig {
+func (c Config) WithDefaults() Config {
 	set := func(p *string, v string) {
 		if *p == "" {
 			*p = v
 		}
 	}
-	set(&c.HandlerName, DefaultHandlerName)
-	if c.Durable == "" && c.HandlerName != DefaultHandlerName && inbox.ValidateHandlerName(c.HandlerName) == nil {
+	set(&c.HandlerName, pgrelay.DefaultHandlerName)
+	if c.Durable == "" && c.HandlerName != pgrelay.DefaultHandlerName && inbox.ValidateHandlerName(c.HandlerName) == nil {
 		c.Durable = DefaultDurable + "-" + strings.ReplaceAll(c.HandlerName, ".", "_")
 	}
 	set(&c.Stream, DefaultStream)
@@ -213,7 +229,7 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	setZero(&c.FetchBatchSize, DefaultFetchBatchSize)
 	setZero(&c.MaxWait, DefaultMaxWait)
 	setZero(&c.AckWait, DefaultAckWait)
-	setZero(&c.MaxPayloadBytes, DefaultConsumerMaxPayload)
+	setZero(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	setZero(&c.StatsInterval, DefaultStatsInterval)
 	setZero(&c.Workers, DefaultWorkers)
 	setZero(&c.WorkerBatchSize, DefaultWorkerBatchSize)
@@ -223,10 +239,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	setZero(&c.BackoffMin, inbox.DefaultBackoffMin)
 	setZero(&c.BackoffMax, inbox.DefaultBackoffMax)
 	setZero(&c.PollInterval, inbox.DefaultPollInterval)
-	setZero(&c.StartupTimeout, DefaultConsumerStartupTimeout)
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
+	setZero(&c.StartupTimeout, DefaultStartupTimeout)
+	c.zlog = logbridge.Zap(c.Logger)
 	return c
 }
 
@@ -236,8 +250,8 @@ func setZero[T int | time.Duration](p *T, def T) {
 	}
 }
 
-// publicField names the ConsumerConfig field that sets a field of the
-// internal services' configs (structName: consumer.Config,
+// publicField names the Config field that sets a field of the
+// internal services' configs (structName: engine.Config,
 // broker.NATSSubscriberConfig).
 func publicField(structName, field string) string {
 	switch structName {
@@ -266,39 +280,39 @@ func publicField(structName, field string) string {
 }
 
 // publicError renames the internal services' fields in err's
-// *setting.FieldErrors to the ConsumerConfig fields that set them.
+// *setting.FieldErrors to the Config fields that set them.
 func publicError(err error) error {
 	return setting.Map(err, func(fe *setting.FieldError) error {
-		if fe.Struct == "ConsumerConfig" {
+		if fe.Struct == "consumer.Config" {
 			return fe
 		}
-		return fe.Renamed("ConsumerConfig", func(f string) string { return publicField(fe.Struct, f) })
+		return fe.Renamed("consumer.Config", func(f string) string { return publicField(fe.Struct, f) })
 	})
 }
 
-// configError is a *setting.FieldError of a ConsumerConfig field.
+// configError is a *setting.FieldError of a Config field.
 func configError(field, format string, args ...any) error {
-	return setting.Errorf("", "ConsumerConfig", field, format, args...)
+	return setting.Errorf("", "consumer.Config", field, format, args...)
 }
 
 // Consumer receives events from a broker (NATS JetStream by default, or the
-// Subscriber ConsumerConfig.Subscribe creates) into the inbox, deduplicated by
+// Subscriber Config.Subscribe creates) into the inbox, deduplicated by
 // event id, and runs the handler over them exactly once per event, together
 // with inbox retention, Prometheus metrics, health checks and the admin API.
-// Create it with NewConsumer and run it with Run.
+// Create it with New and run it with Run.
 type Consumer struct {
-	cfg     ConsumerConfig
-	c       *consumer.Consumer
+	cfg     Config
+	c       *engine.Consumer
 	reg     *prometheus.Registry
 	running atomic.Bool
 	started chan struct{}
 	ops     *endpoints.Running
 }
 
-// NewConsumer checks cfg (after WithDefaults) and builds a consumer; it does
+// New checks cfg (after WithDefaults) and builds a consumer; it does
 // not connect to anything until Run. An invalid setting is reported naming its
-// ConsumerConfig field.
-func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+// Config field.
+func New(cfg Config) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
 	var errs []error
 	if cfg.StartupTimeout < 0 {
@@ -347,7 +361,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		}
 		subscribe = broker.SubscribeNATS(nc)
 	}
-	c, err := consumer.New(consumer.Config{
+	c, err := engine.New(engine.Config{
 		Pool:               cfg.Pool,
 		Subscribe:          subscribe,
 		BatchSize:          cfg.FetchBatchSize,
@@ -361,7 +375,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		Targets:            targets,
 		NoApplyOnReceive:   cfg.NoApplyOnReceive,
 		Inbox: inbox.Config{
-			Handler:        cfg.Handler,
+			Handler:        inboxadapt.NewHandler[pgrelay.InboxEvent](cfg.Handler, fromInboxEvent),
 			HandlerName:    cfg.HandlerName,
 			Workers:        cfg.Workers,
 			BatchSize:      cfg.WorkerBatchSize,
@@ -374,15 +388,15 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			Observer:       observer,
 			Retention: inbox.RetentionConfig{
 				Window: cfg.DedupWindow, DuplicatesMax: cfg.DedupRecordMax,
-				Observer: metrics.NewRetentionObserver(pc.reg), Logger: cfg.Logger,
+				Observer: metrics.NewRetentionObserver(pc.reg), Logger: cfg.zlog,
 			},
 			Ordered:    cfg.Ordered,
 			GapTimeout: cfg.GapTimeout,
 		},
-		Logger: cfg.Logger,
+		Logger: cfg.zlog,
 	})
 	if err != nil {
-		// consumer.New prefixes "consumer: "; keep it once, before the list.
+		// engine.New prefixes "consumer: "; keep it once, before the list.
 		if inner := errors.Unwrap(err); inner != nil && strings.HasPrefix(err.Error(), "consumer: ") {
 			err = inner
 		}
@@ -393,18 +407,6 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	pc.c = c
 	return pc, nil
-}
-
-// ConsumerTarget is one handler a consumer's ingest stores rows for
-// (ConsumerConfig.Targets).
-type ConsumerTarget struct {
-	// Handler is the handler's name. Required.
-	Handler string
-	// DedupKey is its key strategy spec (ParseKeyStrategy). Default
-	// "message-id".
-	DedupKey string
-	// DedupKeyByTopic overrides DedupKey per topic. Default: none.
-	DedupKeyByTopic map[string]string
 }
 
 // parseByTopic parses per-topic key strategy specs; errors name field[topic].
@@ -427,12 +429,12 @@ func parseByTopic(field string, specs map[string]string) (map[string]inbox.KeySt
 
 // natsSubscriber is the NATS subscriber's configuration (with its defaults)
 // from cfg.
-func (cfg ConsumerConfig) natsSubscriber() broker.NATSSubscriberConfig {
+func (cfg Config) natsSubscriber() broker.NATSSubscriberConfig {
 	nc := broker.NATSSubscriberConfig{
 		URL: cfg.NATSURL, Stream: cfg.Stream, SubjectPrefix: cfg.SubjectPrefix, CreateStream: cfg.CreateStream,
 		Durable: cfg.Durable, FilterSubject: cfg.FilterSubject, DedupWindow: cfg.DedupWindow,
 		AllowReplayBeyondDedupWindow: cfg.AllowReplayBeyondDedupWindow, AckWait: cfg.AckWait,
-		MaxPayloadBytes: cfg.MaxPayloadBytes, Logger: cfg.Logger,
+		MaxPayloadBytes: cfg.MaxPayloadBytes, Logger: cfg.zlog,
 	}
 	if cfg.FetchBatchSize >= 1 { // derived from it: only once that is valid
 		nc.MaxAckPending = 10 * cfg.FetchBatchSize
@@ -457,7 +459,7 @@ func checkAddr(field, addr string) error {
 // outages while running are retried, never returned; a setting that cannot
 // work (an unreachable NATS server at start-up, a stream outliving
 // DedupWindow, a busy address, a database without the migrations) is, naming
-// its ConsumerConfig field.
+// its Config field.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run was already called; create another Consumer")
@@ -470,7 +472,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
 			AdminToken: c.cfg.AdminToken},
-		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.Logger,
+		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.cfg.zlog,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(c.cfg.Pool),
 			"broker": func(context.Context) error {
@@ -496,12 +498,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // publicOpsError renames the operator settings, which the services name by
-// their flags, to ConsumerConfig fields.
+// their flags, to Config fields.
 func publicOpsError(err error) error {
 	return errors.New(strings.NewReplacer(
-		"--metrics-addr (METRICS_ADDR)", "ConsumerConfig.MetricsAddr",
-		"--admin-addr (ADMIN_ADDR)", "ConsumerConfig.AdminAddr",
-		"--admin-token (ADMIN_TOKEN)", "ConsumerConfig.AdminToken",
+		"--metrics-addr (METRICS_ADDR)", "Config.MetricsAddr",
+		"--admin-addr (ADMIN_ADDR)", "Config.AdminAddr",
+		"--admin-token (ADMIN_TOKEN)", "Config.AdminToken",
 	).Replace(err.Error()))
 }
 
@@ -512,12 +514,12 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
 	defer cancel()
 	if err := c.cfg.Pool.Ping(ctx); err != nil {
-		return setting.Errorf("consumer", "ConsumerConfig", "Pool", "{}: cannot reach PostgreSQL: %w", err)
+		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: cannot reach PostgreSQL: %w", err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(c.cfg.Pool)
 	defer sqlDB.Close()
 	if err := migrations.Check(ctx, sqlDB); err != nil {
-		return setting.Errorf("consumer", "ConsumerConfig", "Pool", "{}: %w; apply the migrations first", err)
+		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w; apply the migrations first", err)
 	}
 	return nil
 }
@@ -526,11 +528,11 @@ func (c *Consumer) checkDatabase(ctx context.Context) error {
 // broker succeeded.
 func (c *Consumer) Ready() bool { return c.c.Ready() }
 
-// ConsumerStats are a consumer's ingest counters since it started.
-type ConsumerStats = consumer.IngestCounts
+// Stats are a consumer's ingest counters since it started.
+type Stats = engine.IngestCounts
 
 // Stats returns a snapshot of the ingest counters.
-func (c *Consumer) Stats() ConsumerStats { return c.c.Stats() }
+func (c *Consumer) Stats() Stats { return c.c.Stats() }
 
 // MetricsAddr returns the address the metrics server listens on once Run has
 // started it (useful with port 0), or nil.
@@ -552,4 +554,11 @@ func (c *Consumer) AdminAddr() net.Addr {
 	default:
 		return nil
 	}
+}
+
+// fromInboxEvent converts a claimed engine event for a handler.
+func fromInboxEvent(ev *inbox.Event) *pgrelay.InboxEvent {
+	return &pgrelay.InboxEvent{Message: pgrelay.Message(ev.Message), Handler: ev.Handler, DedupKey: ev.DedupKey,
+		ReceivedAt: ev.ReceivedAt, Attempts: ev.Attempts, Deferrals: ev.Deferrals,
+		LockVersion: ev.LockVersion, LastError: ev.LastError}
 }

@@ -1,4 +1,4 @@
-package pgrelay
+package consumer
 
 import (
 	"context"

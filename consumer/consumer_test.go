@@ -1,4 +1,4 @@
-package pgrelay_test
+package consumer_test
 
 import (
 	"context"
@@ -11,10 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -24,29 +23,29 @@ import (
 // setting under its ConsumerConfig name, never an internal one.
 func TestConsumerConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
-	_, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{})
-	require.ErrorContains(t, err, "ConsumerConfig.Pool is required")
-	require.ErrorContains(t, err, "ConsumerConfig.NATSURL is required")
-	require.ErrorContains(t, err, "ConsumerConfig.Handler is required")
+	_, err := consumer.New(consumer.Config{})
+	require.ErrorContains(t, err, "consumer.Config.Pool is required")
+	require.ErrorContains(t, err, "consumer.Config.NATSURL is required")
+	require.ErrorContains(t, err, "consumer.Config.Handler is required")
 
-	_, err = pgrelay.NewConsumer(pgrelay.ConsumerConfig{FetchBatchSize: -1, WorkerBatchSize: -3, Workers: -1,
+	_, err = consumer.New(consumer.Config{FetchBatchSize: -1, WorkerBatchSize: -3, Workers: -1,
 		Lease: time.Second, MetricsAddr: "nonsense", DedupWindow: time.Minute, DedupRecordMax: -1})
-	require.ErrorContains(t, err, "ConsumerConfig.FetchBatchSize -1 must be between 1 and 10000")
-	require.ErrorContains(t, err, "ConsumerConfig.WorkerBatchSize must be between 1 and 10000, got -3")
-	require.ErrorContains(t, err, "ConsumerConfig.Workers must be between 1 and 1000, got -1")
-	require.ErrorContains(t, err, "ConsumerConfig.HandlerTimeout (10s) must be shorter than ConsumerConfig.Lease (1s)")
-	require.ErrorContains(t, err, `ConsumerConfig.MetricsAddr "nonsense"`)
-	require.ErrorContains(t, err, "ConsumerConfig.DedupWindow must be at least 1h0m0s, got 1m0s")
-	require.ErrorContains(t, err, "ConsumerConfig.DedupRecordMax must be at least 1, got -1")
+	require.ErrorContains(t, err, "consumer.Config.FetchBatchSize -1 must be between 1 and 10000")
+	require.ErrorContains(t, err, "consumer.Config.WorkerBatchSize must be between 1 and 10000, got -3")
+	require.ErrorContains(t, err, "consumer.Config.Workers must be between 1 and 1000, got -1")
+	require.ErrorContains(t, err, "consumer.Config.HandlerTimeout (10s) must be shorter than consumer.Config.Lease (1s)")
+	require.ErrorContains(t, err, `consumer.Config.MetricsAddr "nonsense"`)
+	require.ErrorContains(t, err, "consumer.Config.DedupWindow must be at least 1h0m0s, got 1m0s")
+	require.ErrorContains(t, err, "consumer.Config.DedupRecordMax must be at least 1, got -1")
 	require.NotContains(t, err.Error(), "Config.Inbox")
 	require.NotContains(t, err.Error(), " Config.")
 
-	cfg := pgrelay.ConsumerConfig{}.WithDefaults()
-	require.Equal(t, pgrelay.DefaultStream, cfg.Stream)
-	require.Equal(t, pgrelay.DefaultDurable, cfg.Durable)
-	require.Equal(t, pgrelay.DefaultSubjectPrefix+".>", cfg.FilterSubject)
-	require.Equal(t, pgrelay.DefaultWorkers, cfg.Workers)
-	require.Equal(t, pgrelay.DefaultDedupWindow, cfg.DedupWindow)
+	cfg := consumer.Config{}.WithDefaults()
+	require.Equal(t, consumer.DefaultStream, cfg.Stream)
+	require.Equal(t, consumer.DefaultDurable, cfg.Durable)
+	require.Equal(t, consumer.DefaultSubjectPrefix+".>", cfg.FilterSubject)
+	require.Equal(t, consumer.DefaultWorkers, cfg.Workers)
+	require.Equal(t, consumer.DefaultDedupWindow, cfg.DedupWindow)
 	require.Empty(t, cfg.MetricsAddr, "no listener unless asked for")
 }
 
@@ -97,9 +96,9 @@ func TestConsumerRunsABatchHandler(t *testing.T) {
 
 	h := &countingBatchHandler{}
 	var handler pgrelay.InboxBatchHandler = h
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{Pool: pool, NATSURL: natsURL, Stream: stream,
+	c, err := consumer.New(consumer.Config{Pool: pool, NATSURL: natsURL, Stream: stream,
 		SubjectPrefix: prefix, Handler: handler, MaxWait: 50 * time.Millisecond,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
+		Logger: testLogger(t)})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -143,9 +142,9 @@ func TestConsumerTakesASubscriber(t *testing.T) {
 	}
 	var subscribed atomic.Int32
 	subscribe := broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: natsURL, Stream: stream, SubjectPrefix: prefix})
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{Pool: pool, Handler: &countingBatchHandler{},
-		MaxWait: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		Subscribe: func(ctx context.Context) (pgrelay.Subscriber, error) {
+	c, err := consumer.New(consumer.Config{Pool: pool, Handler: &countingBatchHandler{},
+		MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
+		Subscribe: func(ctx context.Context) (consumer.Subscriber, error) {
 			subscribed.Add(1)
 			return subscribe(ctx)
 		}})

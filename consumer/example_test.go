@@ -1,4 +1,4 @@
-package pgrelay_test
+package consumer_test
 
 import (
 	"context"
@@ -14,12 +14,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 )
 
-// ExampleNewConsumer runs a consumer with the application's own handler: the
+// ExampleNew runs a consumer with the application's own handler: the
 // whole of a consumer's main function. The relay would publish the events; here
 // the example publishes one itself, twice, as a broker redelivery would.
-func ExampleNewConsumer() {
+func ExampleNew() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -29,7 +30,7 @@ func ExampleNewConsumer() {
 	defer pool.Close()
 
 	suffix := randomSuffix()
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{
+	c, err := consumer.New(consumer.Config{
 		Pool:    pool,
 		NATSURL: os.Getenv("NATS_URL"),
 		Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
