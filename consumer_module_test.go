@@ -34,6 +34,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
 )
 
@@ -46,15 +48,19 @@ func main() {
 	}
 	defer pool.Close()
 	c, err := consumer.New(consumer.Config{
-		Pool:          pool,
-		NATSURL:       os.Getenv("NATS_URL"),
-		Stream:        os.Getenv("STREAM"),
-		SubjectPrefix: os.Getenv("SUBJECT_PREFIX"),
-		Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
-			_, err := tx.Exec(ctx, ` + "`" + `INSERT INTO applied (event_id, times) VALUES ($1, 1)
-				ON CONFLICT (event_id) DO UPDATE SET times = applied.times + 1` + "`" + `, ev.EventID)
-			return err
+		Pool: pool,
+		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{
+			URL:           os.Getenv("NATS_URL"),
+			Stream:        os.Getenv("STREAM"),
+			SubjectPrefix: os.Getenv("SUBJECT_PREFIX"),
 		}),
+		Inbox: pgrelay.InboxConfig{
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
+				_, err := tx.Exec(ctx, ` + "`" + `INSERT INTO applied (event_id, times) VALUES ($1, 1)
+					ON CONFLICT (event_id) DO UPDATE SET times = applied.times + 1` + "`" + `, ev.EventID)
+				return err
+			}),
+		},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -47,6 +47,34 @@ func TestRootDependencies(t *testing.T) {
 	t.Logf("go list -deps github.com/pgrelay/pgrelay: %d packages", len(deps))
 }
 
+// TestOptInDependencies: each opt-in package carries only what it is for:
+// the consumer no broker client, CLI or console; an adapter its own client
+// alone (broker/nats not the NATS server).
+func TestOptInDependencies(t *testing.T) {
+	for pkg, forbidden := range map[string][]string{
+		"github.com/pgrelay/pgrelay/consumer": {"github.com/nats-io/", "github.com/twmb/franz-go", "github.com/rabbitmq/amqp091-go",
+			"github.com/spf13/cobra", "github.com/spf13/pflag", "github.com/charmbracelet/bubbletea"},
+		"github.com/pgrelay/pgrelay/relay": {"github.com/nats-io/", "github.com/twmb/franz-go", "github.com/rabbitmq/amqp091-go",
+			"github.com/spf13/cobra", "github.com/charmbracelet/bubbletea"},
+		"github.com/pgrelay/pgrelay/broker": {"github.com/nats-io/", "github.com/twmb/franz-go", "github.com/rabbitmq/amqp091-go",
+			"github.com/prometheus/client_golang", "github.com/spf13/cobra"},
+		"github.com/pgrelay/pgrelay/broker/nats": {"github.com/nats-io/nats-server", "github.com/twmb/franz-go",
+			"github.com/rabbitmq/amqp091-go", "github.com/prometheus/client_golang", "github.com/spf13/cobra"},
+		"github.com/pgrelay/pgrelay/broker/kafka": {"github.com/nats-io/", "github.com/rabbitmq/amqp091-go",
+			"github.com/prometheus/client_golang", "github.com/spf13/cobra"},
+		"github.com/pgrelay/pgrelay/broker/rabbitmq": {"github.com/nats-io/", "github.com/twmb/franz-go",
+			"github.com/prometheus/client_golang", "github.com/spf13/cobra"},
+	} {
+		deps := goListDeps(t, pkg)
+		for _, d := range deps {
+			for _, f := range forbidden {
+				require.False(t, strings.HasPrefix(d, f), "%s depends on %s (via %s)", pkg, f, d)
+			}
+		}
+		t.Logf("go list -deps %s: %d packages", pkg, len(deps))
+	}
+}
+
 // pgxOnlyProgram writes an outbox row with pgx alone: the floor the
 // enqueue-only program is compared with.
 const pgxOnlyProgram = `package main

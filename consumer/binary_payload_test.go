@@ -13,8 +13,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -50,7 +51,7 @@ func TestBinaryPayloadEndToEnd(t *testing.T) {
 	})
 	require.ErrorIs(t, err, pgrelay.ErrPayloadNotText)
 
-	pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
+	pub, err := nats.NewPublisher(ctx, nats.Config{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
@@ -60,14 +61,14 @@ func TestBinaryPayloadEndToEnd(t *testing.T) {
 	var mu sync.Mutex
 	got := map[string]pgrelay.InboxEvent{}
 	c, err := consumer.New(consumer.Config{
-		Pool: pool, NATSURL: natsURL, Stream: stream, SubjectPrefix: prefix, MaxWait: 50 * time.Millisecond,
-		Logger: testLogger(t),
-		Handler: pgrelay.HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *pgrelay.InboxEvent) error {
+		Pool: pool, MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
+		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: natsURL, Stream: stream, SubjectPrefix: prefix}),
+		Inbox: pgrelay.InboxConfig{Handler: pgrelay.HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *pgrelay.InboxEvent) error {
 			mu.Lock()
 			defer mu.Unlock()
 			got[ev.EventID] = *ev
 			return nil
-		}),
+		})},
 	})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)

@@ -13,8 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -25,28 +26,23 @@ func TestConsumerConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	_, err := consumer.New(consumer.Config{})
 	require.ErrorContains(t, err, "consumer.Config.Pool is required")
-	require.ErrorContains(t, err, "consumer.Config.NATSURL is required")
-	require.ErrorContains(t, err, "consumer.Config.Handler is required")
+	require.ErrorContains(t, err, "consumer.Config.Subscribe is required")
+	require.ErrorContains(t, err, "consumer.Config.Inbox.Handler is required")
 
-	_, err = consumer.New(consumer.Config{FetchBatchSize: -1, WorkerBatchSize: -3, Workers: -1,
-		Lease: time.Second, MetricsAddr: "nonsense", DedupWindow: time.Minute, DedupRecordMax: -1})
+	_, err = consumer.New(consumer.Config{FetchBatchSize: -1, MetricsAddr: "nonsense", DedupKey: "business:",
+		AdminAddr: "0.0.0.0:9191", Inbox: pgrelay.InboxConfig{BatchSize: -3, Workers: -1, Lease: time.Second,
+			Retention: pgrelay.InboxRetentionConfig{Window: time.Minute, DuplicatesMax: -1}}})
 	require.ErrorContains(t, err, "consumer.Config.FetchBatchSize -1 must be between 1 and 10000")
-	require.ErrorContains(t, err, "consumer.Config.WorkerBatchSize must be between 1 and 10000, got -3")
-	require.ErrorContains(t, err, "consumer.Config.Workers must be between 1 and 1000, got -1")
-	require.ErrorContains(t, err, "consumer.Config.HandlerTimeout (10s) must be shorter than consumer.Config.Lease (1s)")
+	require.ErrorContains(t, err, "consumer.Config.Inbox.BatchSize must be between 1 and 10000, got -3")
+	require.ErrorContains(t, err, "consumer.Config.Inbox.Workers must be between 1 and 1000, got -1")
+	require.ErrorContains(t, err, "consumer.Config.Inbox.HandlerTimeout (10s) must be shorter than consumer.Config.Inbox.Lease (1s)")
 	require.ErrorContains(t, err, `consumer.Config.MetricsAddr "nonsense"`)
-	require.ErrorContains(t, err, "consumer.Config.DedupWindow must be at least 1h0m0s, got 1m0s")
-	require.ErrorContains(t, err, "consumer.Config.DedupRecordMax must be at least 1, got -1")
-	require.NotContains(t, err.Error(), "Config.Inbox")
+	require.ErrorContains(t, err, "consumer.Config.DedupKey: ")
+	require.ErrorContains(t, err, `consumer.Config.AdminToken is required: consumer.Config.AdminAddr "0.0.0.0:9191" is not a loopback address`)
+	require.ErrorContains(t, err, "consumer.Config.Inbox.Retention.Window must be at least 1h0m0s, got 1m0s")
+	require.ErrorContains(t, err, "consumer.Config.Inbox.Retention.DuplicatesMax must be at least 1, got -1")
 	require.NotContains(t, err.Error(), " Config.")
-
-	cfg := consumer.Config{}.WithDefaults()
-	require.Equal(t, consumer.DefaultStream, cfg.Stream)
-	require.Equal(t, consumer.DefaultDurable, cfg.Durable)
-	require.Equal(t, consumer.DefaultSubjectPrefix+".>", cfg.FilterSubject)
-	require.Equal(t, consumer.DefaultWorkers, cfg.Workers)
-	require.Equal(t, consumer.DefaultDedupWindow, cfg.DedupWindow)
-	require.Empty(t, cfg.MetricsAddr, "no listener unless asked for")
+	require.NotContains(t, err.Error(), "--", "no command-line flag named to a library user")
 }
 
 // countingBatchHandler applies events set-based and counts its calls.
@@ -96,9 +92,9 @@ func TestConsumerRunsABatchHandler(t *testing.T) {
 
 	h := &countingBatchHandler{}
 	var handler pgrelay.InboxBatchHandler = h
-	c, err := consumer.New(consumer.Config{Pool: pool, NATSURL: natsURL, Stream: stream,
-		SubjectPrefix: prefix, Handler: handler, MaxWait: 50 * time.Millisecond,
-		Logger: testLogger(t)})
+	c, err := consumer.New(consumer.Config{Pool: pool, Inbox: pgrelay.InboxConfig{Handler: handler},
+		Subscribe: broker.Subscribe(pgnats.NewSubscriber, pgnats.Config{URL: natsURL, Stream: stream, SubjectPrefix: prefix}),
+		MaxWait:   50 * time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -119,9 +115,8 @@ func TestConsumerRunsABatchHandler(t *testing.T) {
 	require.True(t, c.Ready())
 }
 
-// TestConsumerTakesASubscriber: with ConsumerConfig.Subscribe the consumer
-// fetches from the subscriber it creates, whatever the broker, and needs no
-// NATS settings of its own.
+// TestConsumerTakesASubscriber: the consumer fetches from the subscriber
+// Config.Subscribe creates, calling it once.
 func TestConsumerTakesASubscriber(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -141,14 +136,14 @@ func TestConsumerTakesASubscriber(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var subscribed atomic.Int32
-	subscribe := broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: natsURL, Stream: stream, SubjectPrefix: prefix})
-	c, err := consumer.New(consumer.Config{Pool: pool, Handler: &countingBatchHandler{},
+	subscribe := broker.Subscribe(pgnats.NewSubscriber, pgnats.Config{URL: natsURL, Stream: stream, SubjectPrefix: prefix})
+	c, err := consumer.New(consumer.Config{Pool: pool, Inbox: pgrelay.InboxConfig{Handler: &countingBatchHandler{}},
 		MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
-		Subscribe: func(ctx context.Context) (consumer.Subscriber, error) {
+		Subscribe: func(ctx context.Context) (broker.Subscriber, error) {
 			subscribed.Add(1)
 			return subscribe(ctx)
 		}})
-	require.NoError(t, err, "no NATSURL is needed with Subscribe")
+	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { require.NoError(t, c.Run(runCtx)) })

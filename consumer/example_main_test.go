@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/natsserver"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -58,7 +58,7 @@ func exampleNATS() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, u, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: dir, Listen: "127.0.0.1:0"})
+	srv, u, err := natsserver.Start(natsserver.Config{StoreDir: dir, Listen: "127.0.0.1:0"})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

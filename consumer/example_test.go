@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
 )
 
@@ -31,15 +33,19 @@ func ExampleNew() {
 
 	suffix := randomSuffix()
 	c, err := consumer.New(consumer.Config{
-		Pool:    pool,
-		NATSURL: os.Getenv("NATS_URL"),
-		Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
-			_, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ($1)`, ev.Key)
-			return err
+		Pool: pool,
+		Subscribe: broker.Subscribe(pgnats.NewSubscriber, pgnats.Config{
+			URL:           os.Getenv("NATS_URL"),
+			Stream:        "EXAMPLE_" + suffix, // default "PGRELAY", the relay's
+			SubjectPrefix: "example" + suffix,  // default "pgrelay"
+			CreateStream:  true,
 		}),
-		Stream:        "EXAMPLE_" + suffix, // default "PGRELAY", the relay's
-		SubjectPrefix: "example" + suffix,  // default "pgrelay"
-		CreateStream:  true,
+		Inbox: pgrelay.InboxConfig{
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
+				_, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ($1)`, ev.Key)
+				return err
+			}),
+		},
 	})
 	if err != nil {
 		panic(err)

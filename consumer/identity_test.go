@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
@@ -85,11 +87,15 @@ func charge(name string) pgrelay.InboxHandler {
 // run starts a consumer for one handler until the test ends.
 func (e *identityEnv) run(t *testing.T, cfg consumer.Config) {
 	t.Helper()
-	cfg.Pool, cfg.NATSURL, cfg.Stream, cfg.SubjectPrefix = e.pool, e.natsURL, e.stream, e.prefix
-	if cfg.Handler == nil {
-		cfg.Handler = charge(cfg.HandlerName)
+	cfg.Pool = e.pool
+	// Each handler has a durable consumer of its own, so that each receives
+	// every message.
+	cfg.Subscribe = broker.Subscribe(pgnats.NewSubscriber, pgnats.Config{URL: e.natsURL, Stream: e.stream,
+		SubjectPrefix: e.prefix, Durable: pgnats.DefaultDurable + "-" + cfg.Inbox.HandlerName})
+	if cfg.Inbox.Handler == nil {
+		cfg.Inbox.Handler = charge(cfg.Inbox.HandlerName)
 	}
-	cfg.MaxWait, cfg.PollInterval = 50*time.Millisecond, 50*time.Millisecond
+	cfg.MaxWait, cfg.Inbox.PollInterval = 50*time.Millisecond, 50*time.Millisecond
 	cfg.Logger = testLogger(t)
 	c, err := consumer.New(cfg)
 	require.NoError(t, err)
@@ -143,8 +149,8 @@ func (e *identityEnv) charges(t *testing.T, handler string) int {
 func TestScenarioDoubleClickedPayment(t *testing.T) {
 	t.Parallel()
 	e := newIdentityEnv(t)
-	e.run(t, consumer.Config{HandlerName: "pay-by-order", DedupKey: "business:payment:{order_id}"})
-	e.run(t, consumer.Config{HandlerName: "pay-by-id"})
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "pay-by-order"}, DedupKey: "business:payment:{order_id}"})
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "pay-by-id"}})
 	e.publish(t, "click-1", "PaymentRequested", `{"order_id":"o-42","amount_cents":1250}`, nil)
 	e.publish(t, "click-2", "PaymentRequested", `{"order_id":"o-42","amount_cents":1250}`, nil)
 	e.publish(t, "no-order", "PaymentRequested", `{"amount_cents":1}`, nil)
@@ -169,7 +175,7 @@ func TestScenarioRetryStorm(t *testing.T) {
 	t.Parallel()
 	e := newIdentityEnv(t)
 	for range 2 {
-		e.run(t, consumer.Config{HandlerName: "ledger", FetchBatchSize: 1})
+		e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "ledger"}, FetchBatchSize: 1})
 	}
 	var wg sync.WaitGroup
 	for range 10 {
@@ -188,7 +194,7 @@ func TestScenarioRetryStorm(t *testing.T) {
 func TestScenarioWebhookDeliveredThreeTimes(t *testing.T) {
 	t.Parallel()
 	e := newIdentityEnv(t)
-	e.run(t, consumer.Config{HandlerName: "webhook", DedupKey: "content-hash"})
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "webhook"}, DedupKey: "content-hash"})
 	for i := range 3 {
 		e.publish(t, fmt.Sprintf("hook-%d", i), "ChargeSucceeded", `{"charge":"ch_1","amount":990,"currency":"usd"}`, nil)
 	}
@@ -207,8 +213,8 @@ func TestScenarioWebhookDeliveredThreeTimes(t *testing.T) {
 func TestScenarioOverlappingScheduledRuns(t *testing.T) {
 	t.Parallel()
 	e := newIdentityEnv(t)
-	e.run(t, consumer.Config{HandlerName: "report-by-date", DedupKey: "business:report:{date}"})
-	e.run(t, consumer.Config{HandlerName: "report-hybrid", DedupKey: "hybrid:content-hash:date@24h"})
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "report-by-date"}, DedupKey: "business:report:{date}"})
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "report-hybrid"}, DedupKey: "hybrid:content-hash:date@24h"})
 	at := map[string]string{"Pgrelay-Occurred-At": "2026-11-23T02:00:00.5Z"}
 	e.publish(t, "run-a", "ReportRequested", `{"date":"2026-11-23","run_id":"a"}`, at)
 	at2 := map[string]string{"Pgrelay-Occurred-At": "2026-11-23T02:00:03Z"}
@@ -229,7 +235,7 @@ func TestScenarioOverlappingScheduledRuns(t *testing.T) {
 func TestScenarioTwoHandlersOneEvent(t *testing.T) {
 	t.Parallel()
 	e := newIdentityEnv(t)
-	e.run(t, consumer.Config{HandlerName: "ledger", Targets: []pgrelay.Target{
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "ledger"}, Targets: []pgrelay.Target{
 		{Handler: "ledger"}, {Handler: "mailer"}}})
 	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{Pool: e.pool, Handler: charge("mailer"), HandlerName: "mailer",
 		PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
@@ -258,7 +264,7 @@ func TestScenarioConflictListed(t *testing.T) {
 	require.NoError(t, err)
 	metricsAddr := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	e.run(t, consumer.Config{HandlerName: "ledger", MetricsAddr: metricsAddr})
+	e.run(t, consumer.Config{Inbox: pgrelay.InboxConfig{HandlerName: "ledger"}, MetricsAddr: metricsAddr})
 	e.publish(t, "pay-1", "OrderPaid", `{"order_id":"o-1","amount_cents":100}`, nil)
 	e.settle(t, "pgrelay-consumer-ledger")
 	e.publish(t, "pay-1", "OrderPaid", `{"order_id":"o-1","amount_cents":100000}`, nil)

@@ -3,7 +3,6 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"sync"
 	"testing"
 	"time"
@@ -11,13 +10,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/kafka"
 	"github.com/pgrelay/pgrelay/consumer"
-	"github.com/pgrelay/pgrelay/internal/broker/kafka"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
 // TestConsumerFromKafka: consumer.New fetching from
-// consumer.SubscribeKafka applies each event once.
+// broker.Subscribe(kafka.NewSubscriber, ...) applies each event once.
 func TestConsumerFromKafka(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -41,9 +42,9 @@ func TestConsumerFromKafka(t *testing.T) {
 		require.NoError(t, r.Err)
 	}
 
-	cons, err := consumer.New(consumer.Config{Pool: pool, Handler: &countingBatchHandler{},
+	cons, err := consumer.New(consumer.Config{Pool: pool, Inbox: pgrelay.InboxConfig{Handler: &countingBatchHandler{}},
 		MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
-		Subscribe: consumer.SubscribeKafka(consumer.KafkaConfig{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})})
+		Subscribe: broker.Subscribe(kafka.NewSubscriber, kafka.Config{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -3,15 +3,16 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/consumer"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -24,7 +25,7 @@ func TestConsumerOnRabbitMQ(t *testing.T) {
 	pool := testdb.New(t)
 	u := testamqp.URL(t)
 	exchange, queue := testamqp.Names(t, u)
-	cfg := consumer.RabbitMQConfig{URL: u, Exchange: exchange, Queue: queue}
+	cfg := rabbitmq.Config{URL: u, Exchange: exchange, Queue: queue}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := pool.Exec(ctx, `CREATE TABLE applied (event_id text PRIMARY KEY, times int NOT NULL)`)
@@ -49,11 +50,12 @@ func TestConsumerOnRabbitMQ(t *testing.T) {
 		}))
 	}
 	copies := testamqp.Count(t, u, queue)
-	subscribe := consumer.SubscribeRabbitMQ(cfg, 1<<20)
+	cfg.MaxPayloadBytes = 1 << 20
+	subscribe := broker.Subscribe(rabbitmq.NewSubscriber, cfg)
 
-	c, err := consumer.New(consumer.Config{Pool: pool, Handler: &countingBatchHandler{},
+	c, err := consumer.New(consumer.Config{Pool: pool, Inbox: pgrelay.InboxConfig{Handler: &countingBatchHandler{}},
 		MaxWait: 50 * time.Millisecond, Logger: testLogger(t),
-		Subscribe: func(ctx context.Context) (sub consumer.Subscriber, err error) {
+		Subscribe: func(ctx context.Context) (sub broker.Subscriber, err error) {
 			err = testamqp.Retry(time.Minute, func() error { sub, err = subscribe(ctx); return err })
 			return sub, err
 		}})

@@ -104,35 +104,28 @@ var envKinds = map[string]string{
 	"CONSUMER_HTTP_TIMEOUT":      "duration",
 }
 
-// flagOf names the flag and environment variable that set each ConsumerConfig
+// flagOf names the flag and environment variable that set each consumer.Config
 // field, so that validation errors name what the user sets.
 var flagOf = map[string]string{
-	"WorkerBatchSize":              "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
-	"Workers":                      "--workers (CONSUMER_WORKERS)",
-	"MaxAttempts":                  "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"HandlerTimeout":               "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"Lease":                        "--lease (CONSUMER_LEASE)",
-	"GapTimeout":                   "--gap-timeout (CONSUMER_GAP_TIMEOUT)",
-	"DedupRecordMax":               "--dedup-record-max (DEDUP_RECORD_MAX)",
-	"HandlerName":                  "--handler-name (CONSUMER_HANDLER_NAME)",
-	"DedupKeyByTopic":              "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
-	"DedupKey":                     "--dedup-key (CONSUMER_DEDUP_KEY)",
-	"Handler":                      "the handler",
-	"NATSURL":                      "--nats-url (NATS_URL)",
-	"Stream":                       "--stream (CONSUMER_STREAM)",
-	"SubjectPrefix":                "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
-	"Durable":                      "--durable (CONSUMER_DURABLE)",
-	"FetchBatchSize":               "--batch-size (CONSUMER_BATCH_SIZE)",
-	"MaxWait":                      "--max-wait (CONSUMER_MAX_WAIT)",
-	"AckWait":                      "--ack-wait (CONSUMER_ACK_WAIT)",
-	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"DupRateWarn":                  "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
-	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
-	"AllowReplayBeyondDedupWindow": "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
-	"MetricsAddr":                  "--metrics-addr (METRICS_ADDR)",
-	"AdminAddr":                    "--admin-addr (ADMIN_ADDR)",
-	"AdminToken":                   "--admin-token (ADMIN_TOKEN)",
-	"Pool":                         "--database-url (DATABASE_URL)",
+	"Inbox.BatchSize":               "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Inbox.Workers":                 "--workers (CONSUMER_WORKERS)",
+	"Inbox.MaxAttempts":             "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"Inbox.HandlerTimeout":          "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"Inbox.Lease":                   "--lease (CONSUMER_LEASE)",
+	"Inbox.GapTimeout":              "--gap-timeout (CONSUMER_GAP_TIMEOUT)",
+	"Inbox.Retention.DuplicatesMax": "--dedup-record-max (DEDUP_RECORD_MAX)",
+	"Inbox.Retention.Window":        "--dedup-window (DEDUP_WINDOW)",
+	"Inbox.HandlerName":             "--handler-name (CONSUMER_HANDLER_NAME)",
+	"Inbox.Handler":                 "the handler",
+	"DedupKeyByTopic":               "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
+	"DedupKey":                      "--dedup-key (CONSUMER_DEDUP_KEY)",
+	"FetchBatchSize":                "--batch-size (CONSUMER_BATCH_SIZE)",
+	"MaxWait":                       "--max-wait (CONSUMER_MAX_WAIT)",
+	"DupRateWarn":                   "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
+	"MetricsAddr":                   "--metrics-addr (METRICS_ADDR)",
+	"AdminAddr":                     "--admin-addr (ADMIN_ADDR)",
+	"AdminToken":                    "--admin-token (ADMIN_TOKEN)",
+	"Pool":                          "--database-url (DATABASE_URL)",
 }
 
 // nameSettings spells the ConsumerConfig fields of err's
@@ -175,7 +168,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", consumer.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
 	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", consumer.DefaultMaxPayloadBytes), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", pgrelay.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
-	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", consumer.DefaultWorkerBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
+	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", pgrelay.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
 	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", pgrelay.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", pgrelay.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", pgrelay.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
@@ -191,7 +184,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
 	f.BoolVar(&s.ordered, "ordered", cli.EnvBool("CONSUMER_ORDERED", false), "apply each key's events strictly in their per-key sequence (Pgrelay-Key-Seq): later events wait for a missing, retrying or dead earlier one; duplicates are absorbed (CONSUMER_ORDERED)")
 	f.DurationVar(&s.gapTimeout, "gap-timeout", cli.EnvDuration("CONSUMER_GAP_TIMEOUT", inbox.DefaultGapTimeout), "with --ordered: how long a key waits for a missing sequence before the gap is reported (consumer gaps list/skip) (CONSUMER_GAP_TIMEOUT)")
-	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
+	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	var probeAddr string
@@ -220,7 +213,7 @@ func runConsumer(parent context.Context, s settings) error {
 			return fmt.Errorf("CONSUMER_DUP_RATE_WARN %q: want a number between 0 and 1", v)
 		}
 	}
-	if err := cli.ValidateEnv(endpoints.EnvKinds); err != nil {
+	if err := cli.ValidateEnv(cli.EndpointEnvKinds); err != nil {
 		return err
 	}
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
@@ -282,27 +275,29 @@ func runConsumer(parent context.Context, s settings) error {
 	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
 		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: s.handlerName, Logger: log}
 	cfg := consumer.Config{
-		Pool:             pool,
-		Subscribe:        side.Subscribe(opts),
-		Handler:          fromEngine(ledger.Handler{}), // replaced below once the database is checked
-		HandlerName:      s.handlerName,
+		Pool:      pool,
+		Subscribe: side.Subscribe(opts),
+		Inbox: pgrelay.InboxConfig{
+			Handler:        fromEngine(ledger.Handler{}), // replaced below once the database is checked
+			HandlerName:    s.handlerName,
+			Workers:        s.workers,
+			BatchSize:      s.workerBatchSize,
+			MaxAttempts:    s.maxAttempts,
+			Lease:          s.lease,
+			HandlerTimeout: s.handlerTimeout,
+			Ordered:        s.ordered,
+			GapTimeout:     s.gapTimeout,
+			Retention: pgrelay.InboxRetentionConfig{
+				Window: s.ops.DedupWindow, DuplicatesMax: s.ops.DedupRecordMax,
+			},
+		},
 		DedupKey:         s.dedupKey,
 		DedupKeyByTopic:  byTopic,
 		FetchBatchSize:   s.batchSize,
 		MaxWait:          s.maxWait,
-		MaxPayloadBytes:  s.maxPayloadBytes,
 		StatsInterval:    s.statsInterval,
 		DupRateWarn:      s.dupRateWarn,
 		NoApplyOnReceive: !s.applyOnReceive,
-		DedupWindow:      s.ops.DedupWindow,
-		DedupRecordMax:   s.ops.DedupRecordMax,
-		Workers:          s.workers,
-		WorkerBatchSize:  s.workerBatchSize,
-		MaxAttempts:      s.maxAttempts,
-		Lease:            s.lease,
-		HandlerTimeout:   s.handlerTimeout,
-		Ordered:          s.ordered,
-		GapTimeout:       s.gapTimeout,
 		MetricsAddr:      s.ops.MetricsAddr,
 		AdminAddr:        s.ops.AdminAddr,
 		AdminToken:       s.ops.AdminToken,
@@ -319,7 +314,7 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkDatabase(ctx, pool, s.handler == "ledger"); err != nil {
 		return err
 	}
-	if cfg.Handler, err = newHandler(ctx, s, pool, log); err != nil {
+	if cfg.Inbox.Handler, err = newHandler(ctx, s, pool, log); err != nil {
 		return err
 	}
 	c, err := consumer.New(cfg)

@@ -63,7 +63,7 @@ var envKinds = map[string]string{
 // field, so that validation errors name what the user sets.
 var flagOf = map[string]string{
 	"BatchSize":          "--batch-size (RELAY_BATCH_SIZE)",
-	"LeaseDuration":      "--lease (RELAY_LEASE)",
+	"Lease":              "--lease (RELAY_LEASE)",
 	"HeartbeatInterval":  "--heartbeat (RELAY_HEARTBEAT)",
 	"PollInterval":       "--poll-interval (RELAY_POLL_INTERVAL)",
 	"PublishTimeout":     "--publish-timeout (RELAY_PUBLISH_TIMEOUT)",
@@ -131,7 +131,7 @@ needs only PostgreSQL.`,
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
-	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
+	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
@@ -169,14 +169,14 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	rcfg := relay.Config{
 		Logger: log, NodeID: s.nodeID,
-		BatchSize: s.batchSize, LeaseDuration: s.lease, HeartbeatInterval: s.heartbeat,
+		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
 	}.WithDefaults()
 	if err := rcfg.Validate(); err != nil {
 		return nameSettings(err)
 	}
-	dbs, err := s.db.Resolve(rcfg.LeaseDuration, 0)
+	dbs, err := s.db.Resolve(rcfg.Lease, 0)
 	if err != nil {
 		return err
 	}

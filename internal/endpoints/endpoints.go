@@ -13,13 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
-	"github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 )
 
@@ -40,24 +37,6 @@ type Flags struct {
 	DedupRecordMax int
 }
 
-// BindFlags registers --metrics-addr, --admin-addr and --admin-token (and,
-// when withRetention is set, --dedup-window and --dedup-record-max) on fs,
-// defaulted from METRICS_ADDR, ADMIN_ADDR, ADMIN_TOKEN, DEDUP_WINDOW and
-// DEDUP_RECORD_MAX.
-func BindFlags(fs *pflag.FlagSet, f *Flags, metricsAddr, adminAddr string, withRetention bool) {
-	fs.StringVar(&f.MetricsAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", metricsAddr), "address serving /metrics, /healthz and /readyz; empty disables (METRICS_ADDR)")
-	fs.StringVar(&f.AdminAddr, "admin-addr", cli.EnvString("ADMIN_ADDR", adminAddr), "address of the admin API (loopback unless --admin-token is set); empty disables (ADMIN_ADDR)")
-	fs.StringVar(&f.AdminToken, "admin-token", cli.EnvString("ADMIN_TOKEN", ""), "bearer token the admin API requires; required off loopback (ADMIN_TOKEN)")
-	if withRetention {
-		fs.DurationVar(&f.DedupWindow, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", inbox.DefaultDedupWindow), "how long processed inbox rows are kept to absorb redeliveries; must exceed the broker's redelivery horizon (DEDUP_WINDOW)")
-		fs.IntVar(&f.DedupRecordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", inbox.DefaultDuplicatesMax), "how many recorded duplicates (the console's feed, inbox_duplicates) inbox retention keeps; at least 1 (DEDUP_RECORD_MAX)")
-	}
-}
-
-// EnvKinds lists the typed environment variables of BindFlags, for
-// cli.ValidateEnv.
-var EnvKinds = map[string]string{"DEDUP_WINDOW": "duration", "DEDUP_RECORD_MAX": "int"}
-
 // Config configures Start.
 type Config struct {
 	// Flags are the operator settings.
@@ -77,6 +56,17 @@ type Config struct {
 	Counters func() (received, duplicates float64, ok bool)
 	// Logger receives the servers' logs. Default: a no-op logger.
 	Logger *zap.Logger
+	// Name spells a field of Flags ("MetricsAddr", "AdminAddr") in errors.
+	// Default: the command-line flag and its environment variable.
+	Name func(field string) string
+}
+
+// name spells field of Flags for an error.
+func (c Config) name(field string) string {
+	if c.Name != nil {
+		return c.Name(field)
+	}
+	return map[string]string{"MetricsAddr": "--metrics-addr (METRICS_ADDR)", "AdminAddr": "--admin-addr (ADMIN_ADDR)"}[field]
 }
 
 // Running is a service's operator endpoints: the metrics and health server and
@@ -133,7 +123,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		}
 		ln, err := net.Listen("tcp", cfg.Flags.MetricsAddr)
 		if err != nil {
-			return nil, fmt.Errorf("--metrics-addr (METRICS_ADDR) %q: %w", cfg.Flags.MetricsAddr, err)
+			return nil, fmt.Errorf("%s %q: %w", cfg.name("MetricsAddr"), cfg.Flags.MetricsAddr, err)
 		}
 		listeners = append(listeners, ln)
 		o.metricsAddr = ln.Addr()
@@ -153,7 +143,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		ln, err := net.Listen("tcp", cfg.Flags.AdminAddr)
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("--admin-addr (ADMIN_ADDR) %q: %w", cfg.Flags.AdminAddr, err)
+			return nil, fmt.Errorf("%s %q: %w", cfg.name("AdminAddr"), cfg.Flags.AdminAddr, err)
 		}
 		listeners = append(listeners, ln)
 		o.adminAddr = ln.Addr()

@@ -110,3 +110,38 @@ type seqObserver[E any, O ~string] struct {
 }
 
 func (a seqObserver[E, O]) Sequence(o inbox.SeqOutcome, n int) { a.so.Sequence(O(o), n) }
+
+// Tee returns an observer telling a and then b (b may be nil), passing
+// sequence outcomes on to those that listen to them.
+func Tee(a, b inbox.Observer) inbox.Observer {
+	if b == nil {
+		return a
+	}
+	return tee{a, b}
+}
+
+type tee struct{ a, b inbox.Observer }
+
+func (t tee) Received(inserted, duplicates int) {
+	t.a.Received(inserted, duplicates)
+	t.b.Received(inserted, duplicates)
+}
+func (t tee) Claimed(n, takeovers int) { t.a.Claimed(n, takeovers); t.b.Claimed(n, takeovers) }
+func (t tee) Processed(ev *inbox.Event, d time.Duration) {
+	t.a.Processed(ev, d)
+	t.b.Processed(ev, d)
+}
+func (t tee) Retried(ev *inbox.Event, reason string) {
+	t.a.Retried(ev, reason)
+	t.b.Retried(ev, reason)
+}
+func (t tee) Deferred(ev *inbox.Event)            { t.a.Deferred(ev); t.b.Deferred(ev) }
+func (t tee) Dead(ev *inbox.Event, reason string) { t.a.Dead(ev, reason); t.b.Dead(ev, reason) }
+func (t tee) Fenced(ev *inbox.Event)              { t.a.Fenced(ev); t.b.Fenced(ev) }
+func (t tee) Sequence(o inbox.SeqOutcome, n int) {
+	for _, x := range []inbox.Observer{t.a, t.b} {
+		if s, ok := x.(inbox.SequenceObserver); ok {
+			s.Sequence(o, n)
+		}
+	}
+}

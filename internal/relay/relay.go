@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
@@ -109,7 +109,7 @@ func (r *Relay) NodeID() string { return r.cfg.NodeID }
 // releases its leases and returns nil. Database and broker failures are
 // retried with backoff; they never end Run.
 func (r *Relay) Run(ctx context.Context) error {
-	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.LeaseDuration))
+	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)
 	go func() { defer bg.Done(); r.pollBusy(ctx) }()
@@ -155,9 +155,9 @@ func (r *Relay) tick(ctx context.Context) error {
 	if err := r.q.HeartbeatNode(qctx, pool, r.cfg.NodeID); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
-	leaseSecs := r.cfg.LeaseDuration.Seconds()
+	leaseSecs := r.cfg.Lease.Seconds()
 	// A lease renewed or taken by a statement sent now lasts at least until
-	// now + LeaseDuration on this process's clock: the database's lease_until
+	// now + Lease on this process's clock: the database's lease_until
 	// is computed later, from the same duration.
 	deadline := r.leaseDeadline()
 	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
@@ -430,7 +430,7 @@ var errLeaseExpired = errors.New("lease expired before publishing: the batch was
 // leaseDeadline is the end of a lease renewed or taken by a statement sent
 // now, on the monotonic clock.
 func (r *Relay) leaseDeadline() time.Duration {
-	return time.Since(r.clock) + r.cfg.LeaseDuration
+	return time.Since(r.clock) + r.cfg.Lease
 }
 
 // leaseEnd returns when w's lease ends at the latest, as a time carrying a
