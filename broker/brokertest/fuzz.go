@@ -18,7 +18,7 @@ import (
 // Whatever the event, the delivery must be storable (valid event id, text
 // valid UTF-8 without NUL) and never panic; a well-formed event must come
 // back unchanged and usable.
-func FuzzRoundTrip(f *testing.F, roundTrip func(t *testing.T, m event.Message) broker.Delivery) {
+func FuzzRoundTrip(f *testing.F, roundTrip func(t *testing.T, m broker.Message) broker.Delivery) {
 	f.Add("evt-1", "orders", "order-1", "OrderPaid", "application/json", "Trace-Id", "abc", []byte(`{"a":1}`), int64(1700000000), int64(5))
 	f.Add("", "", "", "", "", "", "", []byte(nil), int64(0), int64(0))
 	f.Add("e\x00", "a.b", "k\r\nNats-Msg-Id: forged", "T\xff", "text/plain", "Event-Id", "x\r\ny", []byte{0, 0xff}, int64(-1), int64(-1))
