@@ -320,8 +320,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
 			AdminToken: c.cfg.AdminToken},
-		Name: func(field string) string { return "consumer.Config." + field },
-		Pool: c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.log,
+		Struct: "consumer.Config",
+		Pool:   c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.log,
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(c.cfg.Pool),
 			"broker": func(context.Context) error {

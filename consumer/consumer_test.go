@@ -2,7 +2,10 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,4 +157,26 @@ func TestConsumerTakesASubscriber(t *testing.T) {
 		return n == 5
 	}, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, int32(1), subscribed.Load())
+}
+
+// TestBusyAddressNamesTheField: an operator address that cannot be bound
+// stops Run with an error naming the Config field that set it (the endpoints
+// name command-line flags only for the commands).
+func TestBusyAddressNamesTheField(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := consumer.New(consumer.Config{Pool: pool, MetricsAddr: ln.Addr().String(), Logger: testLogger(t),
+		Inbox: pgrelay.InboxConfig{Handler: &countingBatchHandler{}},
+		Subscribe: func(context.Context) (broker.Subscriber, error) {
+			return nil, errors.New("not reached: the endpoints start first")
+		}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	require.ErrorContains(t, err, "consumer.Config.MetricsAddr "+strconv.Quote(ln.Addr().String()))
+	require.NotContains(t, err.Error(), "--")
 }

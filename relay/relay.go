@@ -157,6 +157,48 @@ type Relay struct {
 	ops     *endpoints.Running
 }
 
+// engine converts c to the engine's configuration.
+func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config {
+	return engine.Config{
+		Pool: c.Pool, Publisher: c.Publisher, Logger: log, Observer: observer,
+		NodeID: c.NodeID, BatchSize: c.BatchSize, Lease: c.Lease, HeartbeatInterval: c.HeartbeatInterval,
+		PollInterval: c.PollInterval, PublishTimeout: c.PublishTimeout, QueryTimeout: c.QueryTimeout,
+		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, Retention: c.Retention,
+		RetentionInterval: c.RetentionInterval, RetentionBatchSize: c.RetentionBatchSize,
+		StatisticsInterval: c.StatisticsInterval,
+	}
+}
+
+// Validate checks every setting but Pool and Publisher (which New
+// requires), without connecting to anything; each error names its Config
+// field.
+func (c Config) Validate() error {
+	var errs []error
+	if err := c.engine(nil, nil).WithDefaults().Validate(); err != nil {
+		errs = append(errs, publicError(err))
+	}
+	if c.StartupTimeout < 0 {
+		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", c.StartupTimeout))
+	}
+	for _, f := range []struct{ field, addr string }{{"MetricsAddr", c.MetricsAddr}, {"AdminAddr", c.AdminAddr}} {
+		if f.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(f.addr); err != nil {
+			errs = append(errs, configError(f.field, "{} %q: %w", f.addr, err))
+		}
+	}
+	if c.AdminAddr != "" {
+		if loopback, err := adminhttp.IsLoopback(c.AdminAddr); err == nil && !loopback && c.AdminToken == "" {
+			errs = append(errs, configError("AdminToken", "{} is required: {AdminAddr} %q is not a loopback address", c.AdminAddr))
+		}
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		errs = append(errs, configError("AdminToken", "{} must be at least 16 characters"))
+	}
+	return errors.Join(errs...)
+}
+
 // New checks cfg and builds a relay; it connects to nothing until Run.
 // Every invalid setting is reported, each naming its Config field.
 func New(cfg Config) (*Relay, error) {
@@ -164,40 +206,23 @@ func New(cfg Config) (*Relay, error) {
 		cfg.StartupTimeout = DefaultStartupTimeout
 	}
 	var errs []error
-	if cfg.StartupTimeout < 0 {
-		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", cfg.StartupTimeout))
+	if cfg.Pool == nil {
+		errs = append(errs, configError("Pool", "{} is required"))
 	}
-	for field, addr := range map[string]string{"MetricsAddr": cfg.MetricsAddr, "AdminAddr": cfg.AdminAddr} {
-		if addr == "" {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			errs = append(errs, configError(field, "{} %q: %w", addr, err))
-		}
+	if cfg.Publisher == nil {
+		errs = append(errs, configError("Publisher", "{} is required"))
 	}
-	if cfg.AdminAddr != "" {
-		if loopback, err := adminhttp.IsLoopback(cfg.AdminAddr); err == nil && !loopback && cfg.AdminToken == "" {
-			errs = append(errs, configError("AdminToken", "{} is required: {AdminAddr} %q is not a loopback address", cfg.AdminAddr))
-		}
-	}
-	if cfg.AdminToken != "" && len(cfg.AdminToken) < 16 {
-		errs = append(errs, configError("AdminToken", "{} must be at least 16 characters"))
-	}
-	log := logbridge.Zap(cfg.Logger)
-	reg := metrics.NewRegistry()
-	r, err := engine.New(engine.Config{
-		Pool: cfg.Pool, Publisher: cfg.Publisher, Logger: log, Observer: metrics.NewRelayObserver(reg),
-		NodeID: cfg.NodeID, BatchSize: cfg.BatchSize, Lease: cfg.Lease, HeartbeatInterval: cfg.HeartbeatInterval,
-		PollInterval: cfg.PollInterval, PublishTimeout: cfg.PublishTimeout, QueryTimeout: cfg.QueryTimeout,
-		BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax, Retention: cfg.Retention,
-		RetentionInterval: cfg.RetentionInterval, RetentionBatchSize: cfg.RetentionBatchSize,
-		StatisticsInterval: cfg.StatisticsInterval,
-	})
-	if err != nil {
-		errs = append([]error{publicError(err)}, errs...)
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	log := logbridge.Zap(cfg.Logger)
+	reg := metrics.NewRegistry()
+	r, err := engine.New(cfg.engine(log, metrics.NewRelayObserver(reg)))
+	if err != nil {
+		return nil, publicError(err)
 	}
 	return &Relay{cfg: cfg, log: log, r: r, reg: reg, started: make(chan struct{})}, nil
 }
@@ -224,9 +249,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		checks["broker"] = r.cfg.BrokerCheck
 	}
 	ops, err := endpoints.Start(ctx, endpoints.Config{
-		Flags: endpoints.Flags{MetricsAddr: r.cfg.MetricsAddr, AdminAddr: r.cfg.AdminAddr, AdminToken: r.cfg.AdminToken},
-		Name:  func(field string) string { return "relay.Config." + field },
-		Pool:  r.cfg.Pool, Registry: r.reg, Outbox: true, Logger: r.log, Checks: checks,
+		Flags:  endpoints.Flags{MetricsAddr: r.cfg.MetricsAddr, AdminAddr: r.cfg.AdminAddr, AdminToken: r.cfg.AdminToken},
+		Struct: "relay.Config",
+		Pool:   r.cfg.Pool, Registry: r.reg, Outbox: true, Logger: r.log, Checks: checks,
 	})
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Flags are the operator settings both services take on their command
@@ -56,17 +57,19 @@ type Config struct {
 	Counters func() (received, duplicates float64, ok bool)
 	// Logger receives the servers' logs. Default: a no-op logger.
 	Logger *zap.Logger
-	// Name spells a field of Flags ("MetricsAddr", "AdminAddr") in errors.
-	// Default: the command-line flag and its environment variable.
-	Name func(field string) string
+	// Struct, when set, is the configuration struct whose fields MetricsAddr
+	// and AdminAddr the errors name (as *setting.FieldErrors, "consumer.Config").
+	// Default: the command-line flags.
+	Struct string
 }
 
-// name spells field of Flags for an error.
-func (c Config) name(field string) string {
-	if c.Name != nil {
-		return c.Name(field)
+// addrError reports an address that cannot be bound, naming its setting.
+func (c Config) addrError(field, addr string, err error) error {
+	if c.Struct != "" {
+		return setting.Errorf("", c.Struct, field, "{} %q: %w", addr, err)
 	}
-	return map[string]string{"MetricsAddr": "--metrics-addr (METRICS_ADDR)", "AdminAddr": "--admin-addr (ADMIN_ADDR)"}[field]
+	flag := map[string]string{"MetricsAddr": "--metrics-addr (METRICS_ADDR)", "AdminAddr": "--admin-addr (ADMIN_ADDR)"}[field]
+	return fmt.Errorf("%s %q: %w", flag, addr, err)
 }
 
 // Running is a service's operator endpoints: the metrics and health server and
@@ -123,7 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		}
 		ln, err := net.Listen("tcp", cfg.Flags.MetricsAddr)
 		if err != nil {
-			return nil, fmt.Errorf("%s %q: %w", cfg.name("MetricsAddr"), cfg.Flags.MetricsAddr, err)
+			return nil, cfg.addrError("MetricsAddr", cfg.Flags.MetricsAddr, err)
 		}
 		listeners = append(listeners, ln)
 		o.metricsAddr = ln.Addr()
@@ -143,7 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		ln, err := net.Listen("tcp", cfg.Flags.AdminAddr)
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("%s %q: %w", cfg.name("AdminAddr"), cfg.Flags.AdminAddr, err)
+			return nil, cfg.addrError("AdminAddr", cfg.Flags.AdminAddr, err)
 		}
 		listeners = append(listeners, ln)
 		o.adminAddr = ln.Addr()
