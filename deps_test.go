@@ -2,8 +2,12 @@ package pgrelay_test
 
 import (
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -121,4 +125,29 @@ func TestEnqueueProgramSize(t *testing.T) {
 	ratio := float64(enqueue) / float64(floor)
 	t.Logf("pgx alone: %d bytes; pgrelay.Enqueue: %d bytes; ratio %.2f", floor, enqueue, ratio)
 	require.LessOrEqual(t, ratio, 1.1, "an enqueue-only program is %.2f× the pgx-only one (%d vs %d bytes)", ratio, enqueue, floor)
+}
+
+// TestRootDeclaresNoAliases: the root's types are its own, documented where
+// go doc shows them, not aliases of internal types.
+func TestRootDeclaresNoAliases(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.TYPE {
+				continue
+			}
+			for _, s := range g.Specs {
+				ts := s.(*ast.TypeSpec)
+				require.False(t, ts.Assign.IsValid(), "%s: type %s is an alias", fset.Position(ts.Pos()), ts.Name.Name)
+			}
+		}
+	}
 }

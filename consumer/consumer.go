@@ -212,9 +212,10 @@ func New(cfg Config) (*Consumer, error) {
 	})
 	inboxCfg := engineInbox(cfg.Inbox)
 	inboxCfg.Observer = inboxadapt.Tee(observer, inboxCfg.Observer)
-	inboxCfg.Retention.Observer = metrics.NewRetentionObserver(pc.reg)
-	if o := cfg.Inbox.Retention.Observer; o != nil {
-		inboxCfg.Retention.Observer = retentionTee{inboxCfg.Retention.Observer, o}
+	if o := inboxCfg.Retention.Observer; o != nil {
+		inboxCfg.Retention.Observer = retentionTee{metrics.NewRetentionObserver(pc.reg), o}
+	} else {
+		inboxCfg.Retention.Observer = metrics.NewRetentionObserver(pc.reg)
 	}
 	c, err := engine.New(engine.Config{
 		Pool:             cfg.Pool,

@@ -28,6 +28,9 @@ func engineInbox(c pgrelay.InboxConfig) inbox.Config {
 	if c.Logger != nil {
 		cfg.Logger = logbridge.Zap(c.Logger)
 	}
+	if r.Observer != nil {
+		cfg.Retention.Observer = r.Observer
+	}
 	return cfg
 }
 
