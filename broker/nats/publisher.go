@@ -155,7 +155,7 @@ func newPublisher(ctx context.Context, cfg pubConfig) (*Publisher, error) {
 }
 
 func (p *Publisher) ensureStream(ctx context.Context) error {
-	_, err := EnsureStream(ctx, p.js, StreamSpec{Name: p.cfg.Stream, SubjectPrefix: p.cfg.SubjectPrefix,
+	_, err := ensureStream(ctx, p.js, StreamSpec{Name: p.cfg.Stream, SubjectPrefix: p.cfg.SubjectPrefix,
 		MaxAge: p.cfg.StreamMaxAge, DuplicateWindow: p.cfg.DuplicateWindow}, p.log)
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)

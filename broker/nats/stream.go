@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
 // Defaults of the stream pgrelay publishes to, consumes and creates: the
@@ -80,7 +83,11 @@ func (s StreamSpec) Config() jetstream.StreamConfig {
 // relies on (subjects, storage, MaxAge, duplicate window), a warning naming
 // each field with both values goes to log. It returns the stream's current
 // information (configuration, creation time).
-func EnsureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, log *zap.Logger) (*jetstream.StreamInfo, error) {
+func EnsureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, log *slog.Logger) (*jetstream.StreamInfo, error) {
+	return ensureStream(ctx, js, spec, logbridge.Zap(log))
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, log *zap.Logger) (*jetstream.StreamInfo, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}

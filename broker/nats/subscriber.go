@@ -452,7 +452,7 @@ func (s *Subscriber) attachOnce(ctx context.Context) (jetstream.Consumer, error)
 	var info *jetstream.StreamInfo
 	if s.cfg.CreateStream {
 		var err error
-		if info, err = EnsureStream(ctx, s.js, s.streamSpec(), s.log); err != nil {
+		if info, err = ensureStream(ctx, s.js, s.streamSpec(), s.log); err != nil {
 			return nil, err
 		}
 	} else {
