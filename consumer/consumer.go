@@ -140,7 +140,7 @@ func configError(field, format string, args ...any) error {
 // Retention.* the same paths under Inbox.
 func publicError(err error) error {
 	return setting.Map(err, func(fe *setting.FieldError) error {
-		if fe.Struct == "consumer.Config" {
+		if fe.Struct != "Config" { // not the engine's: a subscriber's, a publisher's, already ours
 			return fe
 		}
 		return fe.Renamed("consumer.Config", func(f string) string {

@@ -180,3 +180,20 @@ func TestBusyAddressNamesTheField(t *testing.T) {
 	require.ErrorContains(t, err, "consumer.Config.MetricsAddr "+strconv.Quote(ln.Addr().String()))
 	require.NotContains(t, err.Error(), "--")
 }
+
+// TestSubscriberErrorsNameTheirConfig: a setting of the subscriber's own
+// Config that fails at start-up (an unreachable NATS URL) is reported naming
+// that Config's field, not one of consumer.Config.
+func TestSubscriberErrorsNameTheirConfig(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	c, err := consumer.New(consumer.Config{Pool: pool, Logger: testLogger(t),
+		Inbox:     pgrelay.InboxConfig{Handler: &countingBatchHandler{}},
+		Subscribe: broker.Subscribe(pgnats.NewSubscriber, pgnats.Config{URL: "nats://127.0.0.1:1"})})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	require.ErrorContains(t, err, "nats.Config.URL nats://127.0.0.1:1")
+	require.NotContains(t, err.Error(), "consumer.Config.URL")
+}

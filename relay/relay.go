@@ -139,7 +139,7 @@ func configError(field, format string, args ...any) error {
 // publicError names the engine's fields (the same names) as relay.Config's.
 func publicError(err error) error {
 	return setting.Map(err, func(fe *setting.FieldError) error {
-		if fe.Struct == "relay.Config" {
+		if fe.Struct != "Config" { // not the engine's: a subscriber's, a publisher's, already ours
 			return fe
 		}
 		return fe.Renamed("relay.Config", func(f string) string { return f })
