@@ -131,7 +131,12 @@ var flagOf = map[string]string{
 // nameSettings spells the ConsumerConfig fields of err's
 // *setting.FieldErrors as the settings the user sets.
 func nameSettings(err error) error {
-	return setting.Name(err, func(field string) string { return flagOf[field] })
+	return setting.Map(err, func(fe *setting.FieldError) error {
+		if fe.Struct != "consumer.Config" {
+			return fe // a broker adapter's, named by its side already
+		}
+		return setting.Name(fe, func(field string) string { return flagOf[field] })
+	})
 }
 
 func newRootCommand() *cobra.Command {

@@ -79,7 +79,12 @@ var flagOf = map[string]string{
 // as the settings the user sets, without the relay package's prefix: main
 // prefixes the command's name ("relay: relay: ..." would say it twice).
 func nameSettings(err error) error {
-	return setting.Name(err, func(field string) string { return flagOf[field] })
+	return setting.Map(err, func(fe *setting.FieldError) error {
+		if fe.Struct != "relay.Config" {
+			return fe // a broker adapter's, named by its side already
+		}
+		return setting.Name(fe, func(field string) string { return flagOf[field] })
+	})
 }
 
 func newRootCommand() *cobra.Command {
