@@ -68,7 +68,10 @@ type Config struct {
 	// broker.Subscribe(kafka.NewSubscriber, kafka.Config{...}) or
 	// broker.Subscribe(rabbitmq.NewSubscriber, rabbitmq.Config{...}). Run
 	// calls it once and closes the subscriber when it returns; an error
-	// there (a broker unreachable at start-up) is returned by Run. Required.
+	// there (a broker unreachable at start-up) is returned by Run. Consumers
+	// of different handlers need subscribers of their own (nats.Config.Durable,
+	// kafka.Config.Group, rabbitmq.Config.Queue), so that each handler receives
+	// every message; consumers of one handler share one. Required.
 	Subscribe func(ctx context.Context) (broker.Subscriber, error)
 	// Inbox configures the inbox workers that run the handler in this
 	// process, as pgrelay.NewInboxWorker takes it: Inbox.Handler is
