@@ -20,7 +20,7 @@ unit:
 ## controlling the server at AMQP_URL (default the local one).
 .PHONY: rabbitmq-restart
 rabbitmq-restart:
-	PGRELAY_RABBITMQ_RESTART=1 $(GO) test -race -count=1 -v -run '^(TestConformance|TestServerMaxMessageSizeIsPermanent)$$' ./internal/broker/rabbitmq/
+	PGRELAY_RABBITMQ_RESTART=1 $(GO) test -race -count=1 -v -run '^(TestConformance|TestServerMaxMessageSizeIsPermanent)$$' ./broker/rabbitmq/
 
 ## containers: the integration tests a user with Docker and no services runs:
 ## TEST_DATABASE_URL and NATS_URL unset, so testcontainers-go starts PostgreSQL
@@ -117,10 +117,10 @@ chaos:
 ## (golang/go#75804, fixed in Go 1.27), which failed a CI run with no input
 ## at fault.
 FUZZTIME ?= 20000x
-FUZZ_TARGETS := FuzzDecode:./internal/broker FuzzNATSRoundTrip:./internal/broker FuzzRabbitMQRoundTrip:./internal/broker/rabbitmq FuzzKafkaRoundTrip:./internal/broker/kafka \
+FUZZ_TARGETS := FuzzDecode:./broker/nats FuzzNATSRoundTrip:./broker/nats FuzzRabbitMQRoundTrip:./broker/rabbitmq FuzzKafkaRoundTrip:./broker/kafka \
 	FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
-	FuzzToNATS:./internal/broker FuzzValidate:./internal/outbox \
+	FuzzToNATS:./broker/nats FuzzValidate:./internal/outbox \
 	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem \
 	FuzzKeyStrategy:./internal/inbox FuzzCanonicalJSON:./internal/inbox
 fuzz:

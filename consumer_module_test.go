@@ -34,6 +34,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/consumer"
 )
 
 func main() {
@@ -44,16 +47,20 @@ func main() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	c, err := pgrelay.NewConsumer(pgrelay.ConsumerConfig{
-		Pool:          pool,
-		NATSURL:       os.Getenv("NATS_URL"),
-		Stream:        os.Getenv("STREAM"),
-		SubjectPrefix: os.Getenv("SUBJECT_PREFIX"),
-		Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
-			_, err := tx.Exec(ctx, ` + "`" + `INSERT INTO applied (event_id, times) VALUES ($1, 1)
-				ON CONFLICT (event_id) DO UPDATE SET times = applied.times + 1` + "`" + `, ev.EventID)
-			return err
+	c, err := consumer.New(consumer.Config{
+		Pool: pool,
+		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{
+			URL:           os.Getenv("NATS_URL"),
+			Stream:        os.Getenv("STREAM"),
+			SubjectPrefix: os.Getenv("SUBJECT_PREFIX"),
 		}),
+		Inbox: pgrelay.InboxConfig{
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
+				_, err := tx.Exec(ctx, ` + "`" + `INSERT INTO applied (event_id, times) VALUES ($1, 1)
+					ON CONFLICT (event_id) DO UPDATE SET times = applied.times + 1` + "`" + `, ev.EventID)
+				return err
+			}),
+		},
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -64,10 +71,68 @@ func main() {
 }
 `
 
-// TestProgramInAnotherModule builds a consumer in a module of its own that
-// imports pgrelay (replaced by this tree) and uses only public names, runs it
-// against the real database and NATS, delivers every event twice and checks
-// that its handler applied each exactly once.
+// producerProgram is a producer in its own module: it enqueues one event
+// with the root package alone.
+const producerProgram = `package main
+
+import (
+	"context"
+	"log"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgrelay/pgrelay"
+)
+
+func main() {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Args[1])
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{Topic: "orders", Key: "o-1", EventType: "OrderCreated",
+			Payload: []byte(` + "`{}`" + `)})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+`
+
+// userModule writes files (path → contents) into a new module that requires
+// pgrelay, replaced by this tree, and returns its directory.
+func userModule(t *testing.T, files map[string]string) string {
+	t.Helper()
+	_, self, _, _ := runtime.Caller(0)
+	repo := filepath.Dir(self)
+	dir := t.TempDir()
+	gomod := "module example.com/app\n\ngo 1.26.0\n\nrequire github.com/pgrelay/pgrelay v0.0.0-00010101000000-000000000000\n\n" +
+		"replace github.com/pgrelay/pgrelay => " + repo + "\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644))
+	for name, body := range files {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(name)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
+	}
+	return dir
+}
+
+// buildProgram builds the package pkg of the module in dir and returns the
+// binary's path.
+func buildProgram(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(dir, pkg+".bin")
+	require.NoError(t, proc.Build(context.Background(), proc.BuildSpec{Dir: dir, Out: bin, Packages: []string{"./" + pkg},
+		Env: []string{"GOFLAGS=-mod=mod", "GOWORK=off"}}), "go build of the user's %s", pkg)
+	return bin
+}
+
+// TestProgramInAnotherModule builds a producer and a consumer in a module of
+// their own that imports pgrelay (replaced by this tree) and uses only public
+// names, runs them against the real database and NATS: the producer enqueues
+// an event; the consumer is delivered every event twice and its handler
+// applies each exactly once.
 func TestProgramInAnotherModule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a program with the go command")
@@ -76,16 +141,9 @@ func TestProgramInAnotherModule(t *testing.T) {
 	natsURL := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, natsURL)
 
-	_, self, _, _ := runtime.Caller(0)
-	repo := filepath.Dir(self)
-	dir := t.TempDir()
-	gomod := "module example.com/app\n\ngo 1.26.0\n\nrequire github.com/pgrelay/pgrelay v0.0.0-00010101000000-000000000000\n\n" +
-		"replace github.com/pgrelay/pgrelay => " + repo + "\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(userProgram), 0o644))
-	bin := filepath.Join(dir, "app")
-	require.NoError(t, proc.Build(context.Background(), proc.BuildSpec{Dir: dir, Out: bin, Packages: []string{"."},
-		Env: []string{"GOFLAGS=-mod=mod", "GOWORK=off"}}), "go build of the user's module")
+	dir := userModule(t, map[string]string{"app/main.go": userProgram, "producer/main.go": producerProgram})
+	bin := buildProgram(t, dir, "app")
+	producer := buildProgram(t, dir, "producer")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -108,6 +166,13 @@ func TestProgramInAnotherModule(t *testing.T) {
 	defer func() {
 		_ = app.Process.Kill()
 	}()
+
+	// The producer-only program: it enqueues with pgrelay alone.
+	out, err := exec.CommandContext(ctx, producer, dbURL).CombinedOutput()
+	require.NoError(t, err, "the producer program: %s", out)
+	var enqueued int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'orders' AND event_type = 'OrderCreated'`).Scan(&enqueued))
+	require.Equal(t, 1, enqueued, "the producer program enqueued its event")
 
 	_, js := testnats.Connect(t, natsURL)
 	const events = 20

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -36,42 +35,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "pgrelay: example database:", err)
 		os.Exit(1)
 	}
-	stopNATS, err := exampleNATS()
-	if err != nil {
-		drop()
-		fmt.Fprintln(os.Stderr, "pgrelay: example NATS:", err)
-		os.Exit(1)
-	}
 	code := m.Run()
-	stopNATS()
 	drop()
 	os.Exit(code)
-}
-
-// exampleNATS points NATS_URL at an in-process NATS server with JetStream
-// unless it is set already.
-func exampleNATS() (stop func(), err error) {
-	if os.Getenv("NATS_URL") != "" {
-		return func() {}, nil
-	}
-	dir, err := os.MkdirTemp("", "pgrelay-example-nats")
-	if err != nil {
-		return nil, err
-	}
-	srv, u, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: dir, Listen: "127.0.0.1:0"})
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	if err := os.Setenv("NATS_URL", u); err != nil {
-		srv.Shutdown()
-		return nil, err
-	}
-	return func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		_ = os.RemoveAll(dir)
-	}, nil
 }
 
 // exampleDatabase creates and migrates a database for the examples, with the

@@ -2,99 +2,198 @@ package pgrelay
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
 
-	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/inboxadapt"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
-// DBTX is what Receive and Release run on: a *pgxpool.Pool, a *pgx.Conn or a
-// pgx.Tx.
-type DBTX = db.DBTX
+// DBTX is what Receive, ReceiveFor, Release, NotifyInbox and ListWaiting run
+// on: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Incoming is a message to store in the inbox. DeadReason, when non-empty,
 // stores it directly as dead with that reason (malformed input, raw bytes kept
 // in Payload), so that nothing received is lost.
-type Incoming = inbox.Incoming
-
-// ReceiveResult reports what Receive stored and which event ids were
-// duplicates.
-type ReceiveResult = inbox.ReceiveResult
-
-// InboxEvent is a claimed inbox event, as a handler sees it.
-type InboxEvent = inbox.Event
-
-// InboxHandler runs an event's side effect inside the transaction that marks
-// the event processed. See HandlerFunc.
-type InboxHandler = inbox.Handler
-
-// InboxBatchHandler is an InboxHandler that can also apply a whole batch at
-// once (HandleBatch), typically one set-based statement per kind of effect, in
-// the transaction that marks the batch processed with one statement. If
-// HandleBatch returns an error, the batch is rolled back and run again event
-// by event through Handle, each event isolated, so it may refuse anything
-// that needs a per-event decision.
-type InboxBatchHandler = inbox.BatchHandler
-
-// HandlerFunc adapts a function to InboxHandler. Return nil on success,
-// Permanent(err) for input that can never succeed, Defer(key) to wait for a
-// dependency, and any other error to retry with backoff.
-type HandlerFunc = inbox.HandlerFunc
-
-// InboxConfig configures an inbox worker; every field documents its default.
-type InboxConfig = inbox.Config
-
-// InboxWorker runs handlers over the inbox; see NewInboxWorker.
-type InboxWorker = inbox.Worker
-
-// InboxObserver is told about every inbox state change, for metrics.
-type InboxObserver = inbox.Observer
-
-// InboxRetentionConfig configures the inbox's upkeep (InboxConfig.Retention),
-// which an inbox worker runs by default: processed rows are deleted after
-// the dedup window (7 days), old Release records, key conflicts and the
-// duplicate record are pruned. Disabled leaves it to another process.
-type InboxRetentionConfig = inbox.RetentionConfig
-
-// InboxRetentionObserver is told what the inbox's upkeep deleted, for metrics.
-type InboxRetentionObserver = inbox.RetentionObserver
-
-// InvalidMessageError reports a message Receive refused (its whole batch was
-// not stored).
-type InvalidMessageError = inbox.InvalidMessageError
-
-// DeferError is the error Defer returns.
-type DeferError = inbox.DeferError
-
-// Receive stores a batch of received messages in the inbox in one statement,
-// deduplicated by event id, on a pool or inside the caller's transaction.
-// Acknowledge the broker only after it committed.
-func Receive(ctx context.Context, q DBTX, msgs []Incoming) (ReceiveResult, error) {
-	return inbox.Receive(ctx, q, msgs)
+type Incoming struct {
+	Message
+	DeadReason string
 }
 
-// InboxTarget is one handler ReceiveFor stores rows for: a handler name and
-// the key strategy that deduplicates its rows.
-type InboxTarget = inbox.Target
+// ReceiveResult reports what Receive stored.
+type ReceiveResult struct {
+	// Inserted counts the rows stored (one per message and target).
+	Inserted int
+	// Duplicates lists the event ids of the messages stored for no target
+	// because every target's key was already in the inbox or repeated
+	// earlier in the same batch (once per repetition), conflicts included.
+	Duplicates []string
+	// Absorbed lists, per target, every message not stored because its key
+	// was already stored (or repeated earlier in the batch).
+	Absorbed []Absorbed
+	// KeyFailures lists the rows stored dead because their target's
+	// key strategy could not build a key.
+	KeyFailures []KeyFailure
+}
 
-// KeyStrategy builds an event's dedup key for one handler (ParseKeyStrategy).
-type KeyStrategy = inbox.KeyStrategy
+// Absorbed is a delivery the inbox did not store for a handler because the
+// handler's dedup key was already stored.
+type Absorbed struct {
+	// Handler, DedupKey and EventID name the delivery and its key.
+	Handler, DedupKey, EventID string
+	// StoredEventID is the event id of the stored row holding the key.
+	StoredEventID string
+	// Conflict is set when the stored row's payload fingerprint differs from
+	// this delivery's: same key, different content. It is recorded in
+	// inbox_conflicts; the stored event's effect stands.
+	Conflict bool
+}
+
+// KeyFailure is a row stored dead because its key could not be built.
+type KeyFailure struct {
+	Handler, EventID, Reason string
+}
+
+// Conflicts returns the absorbed deliveries that were conflicts.
+func (r ReceiveResult) Conflicts() []Absorbed {
+	var out []Absorbed
+	for _, a := range r.Absorbed {
+		if a.Conflict {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func fromReceiveResult(r inbox.ReceiveResult) ReceiveResult {
+	out := ReceiveResult{Inserted: r.Inserted, Duplicates: r.Duplicates}
+	for _, a := range r.Absorbed {
+		out.Absorbed = append(out.Absorbed, Absorbed(a))
+	}
+	for _, f := range r.KeyFailures {
+		out.KeyFailures = append(out.KeyFailures, KeyFailure(f))
+	}
+	return out
+}
+
+// InvalidMessageError reports a message Receive refused; nothing of its batch
+// was stored. The caller can store it as dead instead (Incoming.DeadReason).
+type InvalidMessageError struct {
+	// Index is the message's position in the batch.
+	Index int
+	// EventID is the message's event id as received (possibly empty).
+	EventID string
+	// Err says what is wrong.
+	Err error
+}
+
+func (e *InvalidMessageError) Error() string {
+	return fmt.Sprintf("pgrelay: message %d (event_id %q): %v", e.Index, e.EventID, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *InvalidMessageError) Unwrap() error { return e.Err }
+
+// receiveError converts the engine's refusal of a message to the public type.
+func receiveError(err error) error {
+	var ie *inbox.InvalidMessageError
+	if errors.As(err, &ie) {
+		return &InvalidMessageError{Index: ie.Index, EventID: ie.EventID, Err: ie.Err}
+	}
+	return err
+}
+
+func toIncoming(msgs []Incoming) []inbox.Incoming {
+	out := make([]inbox.Incoming, len(msgs))
+	for i, m := range msgs {
+		out[i] = inbox.Incoming{Message: toEvent(m.Message), DeadReason: m.DeadReason}
+	}
+	return out
+}
+
+// Receive stores a batch of received messages in the inbox in one statement,
+// for the default handler (DefaultHandlerName), deduplicated by event id, on a
+// pool or inside the caller's transaction. Acknowledge the broker only after
+// it committed. A message that cannot be stored fails the whole batch with an
+// *InvalidMessageError.
+func Receive(ctx context.Context, q DBTX, msgs []Incoming) (ReceiveResult, error) {
+	r, err := inbox.Receive(ctx, q, toIncoming(msgs))
+	return fromReceiveResult(r), receiveError(err)
+}
+
+// Target is one handler ReceiveFor (and a consumer) stores rows for: a
+// handler name and the key strategy that deduplicates its rows.
+type Target struct {
+	// Handler is the handler's name: letters, digits, '.', '_' and '-'.
+	// Default DefaultHandlerName.
+	Handler string
+	// DedupKey is the key strategy spec that builds the dedup key of the
+	// handler's rows: "message-id" (the default), "business:payment:{order_id}",
+	// "content-hash", "content-hash:amount,currency", "hybrid:content-hash@1h"
+	// or "hybrid:content-hash@header:Producer-Id". See docs/architecture.md,
+	// "Inbox identity".
+	DedupKey string
+	// DedupKeyByTopic overrides DedupKey for the messages of the named
+	// topics: topic → key strategy spec. Default: none.
+	DedupKeyByTopic map[string]string
+}
+
+// engineTargets parses targets' key strategies; an error names
+// targets[i].DedupKey (or DedupKeyByTopic[topic]).
+func engineTargets(field string, targets []Target) ([]inbox.Target, error) {
+	out := make([]inbox.Target, len(targets))
+	var errs []error
+	for i, t := range targets {
+		out[i].Handler = t.Handler
+		s, err := inbox.ParseKeyStrategy(t.DedupKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s[%d].DedupKey: %w", field, i, err))
+		}
+		out[i].Strategy = s
+		for topic, spec := range t.DedupKeyByTopic {
+			s, err := inbox.ParseKeyStrategy(spec)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d].DedupKeyByTopic[%q]: %w", field, i, topic, err))
+				continue
+			}
+			if out[i].ByTopic == nil {
+				out[i].ByTopic = map[string]inbox.KeyStrategy{}
+			}
+			out[i].ByTopic[topic] = s
+		}
+	}
+	return out, errors.Join(errs...)
+}
 
 // DefaultHandlerName is the handler name used when none is given; inbox rows
 // stored before handlers were named belong to it.
 const DefaultHandlerName = inbox.DefaultHandlerName
 
-// ParseKeyStrategy parses a dedup key strategy: "message-id" (the default),
-// "business:payment:{order_id}", "content-hash", "content-hash:amount,currency",
-// "hybrid:content-hash@1h" or "hybrid:content-hash@header:Producer-Id". See
-// docs/architecture.md, "Inbox identity".
-func ParseKeyStrategy(spec string) (KeyStrategy, error) { return inbox.ParseKeyStrategy(spec) }
-
 // ReceiveFor stores a batch of received messages in one statement, one inbox
 // row per message and target, each deduplicated by (handler, dedup key). A
 // key already stored with a different payload is a conflict: recorded in
-// inbox_conflicts and reported in the result; the stored event stands.
-func ReceiveFor(ctx context.Context, q DBTX, targets []InboxTarget, msgs []Incoming) (ReceiveResult, error) {
-	return inbox.ReceiveFor(ctx, q, targets, msgs)
+// inbox_conflicts and reported in the result; the stored event stands. A bad
+// key strategy spec is reported naming targets[i].DedupKey.
+func ReceiveFor(ctx context.Context, q DBTX, targets []Target, msgs []Incoming) (ReceiveResult, error) {
+	ts, err := engineTargets("pgrelay: targets", targets)
+	if err != nil {
+		return ReceiveResult{}, err
+	}
+	r, err := inbox.ReceiveFor(ctx, q, ts, toIncoming(msgs))
+	return fromReceiveResult(r), receiveError(err)
 }
 
 // NotifyInbox wakes the inbox workers of every process when q's transaction
@@ -104,17 +203,14 @@ func ReceiveFor(ctx context.Context, q DBTX, targets []InboxTarget, msgs []Incom
 // the events at their next poll (InboxConfig.PollInterval).
 func NotifyInbox(ctx context.Context, q DBTX) error { return inbox.Notify(ctx, q) }
 
-// NewInboxWorker returns a worker that processes the inbox with cfg.Handler
-// once Run is called. It fails if cfg is invalid, naming the field.
-func NewInboxWorker(cfg InboxConfig) (*InboxWorker, error) { return inbox.NewWorker(cfg) }
-
 // Permanent marks a handler error as permanent: the event goes dead with the
 // error as its reason instead of being retried.
 func Permanent(err error) error { return inbox.Permanent(err) }
 
 // Defer is returned by a handler whose event must wait for a dependency (for
 // example "order:42"); the event runs again once Release is called with the
-// same key, without using up an attempt.
+// same key (or after InboxConfig.DeferFallback), without using up an attempt.
+// An event deferred more than InboxConfig.MaxDeferrals times goes dead.
 func Defer(waitingFor string) error { return inbox.Defer(waitingFor) }
 
 // Release makes the events deferred on each of waitingFor due at once, in one
@@ -124,3 +220,277 @@ func Defer(waitingFor string) error { return inbox.Defer(waitingFor) }
 func Release(ctx context.Context, q DBTX, waitingFor ...string) error {
 	return inbox.Release(ctx, q, waitingFor...)
 }
+
+// InboxEvent is a claimed inbox event, as a handler sees it.
+type InboxEvent struct {
+	Message
+	// Handler is the name of the handler the event's inbox row belongs to.
+	Handler string
+	// DedupKey is the row's dedup key under the handler's key strategy (the
+	// event id for the message-id strategy).
+	DedupKey string
+	// ReceivedAt is when the inbox stored the event.
+	ReceivedAt time.Time
+	// Attempts counts the attempts so far, this one included (1 on the first).
+	Attempts int
+	// Deferrals counts how often the event was deferred (see Defer).
+	Deferrals int
+	// LockVersion is the fencing version of this claim.
+	LockVersion int64
+	// LastError is the error recorded by the previous attempt, if any.
+	LastError string
+}
+
+// fromInboxEvent converts a claimed engine event for a handler.
+func fromInboxEvent(ev *inbox.Event) *InboxEvent {
+	return &InboxEvent{Message: Message(ev.Message), Handler: ev.Handler, DedupKey: ev.DedupKey,
+		ReceivedAt: ev.ReceivedAt, Attempts: ev.Attempts, Deferrals: ev.Deferrals,
+		LockVersion: ev.LockVersion, LastError: ev.LastError}
+}
+
+// InboxHandler runs an event's side effect. It must do all its database work
+// in tx: that transaction also records the event as processed, so the effect
+// and the mark commit together or not at all. A nil error means success; any
+// other error is retried with backoff, except Permanent errors (dead at once)
+// and Defer (wait for a dependency). A panic is recovered and treated like a
+// transient error. ctx expires after InboxConfig.HandlerTimeout. Events the
+// handler enqueues in tx with ctx (Enqueue) record ev as their cause
+// (HeaderCausationID, HeaderCorrelationID); they are published if and only if
+// tx commits.
+type InboxHandler interface {
+	Handle(ctx context.Context, tx pgx.Tx, ev *InboxEvent) error
+}
+
+// InboxBatchHandler is an InboxHandler that can also apply a whole batch at
+// once (HandleBatch), typically one set-based statement per kind of effect, in
+// the transaction that marks the batch processed with one statement. If
+// HandleBatch returns an error, the batch is rolled back and run again event
+// by event through Handle, each event isolated, so it may refuse anything
+// that needs a per-event decision. evs is in arrival order and must not be
+// modified. ctx names no cause: to link events enqueued here to their input,
+// use CausedBy per input.
+type InboxBatchHandler interface {
+	InboxHandler
+	HandleBatch(ctx context.Context, tx pgx.Tx, evs []*InboxEvent) error
+}
+
+// HandlerFunc adapts a function to InboxHandler. Return nil on success,
+// Permanent(err) for input that can never succeed, Defer(key) to wait for a
+// dependency, and any other error to retry with backoff.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev *InboxEvent) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, ev *InboxEvent) error {
+	return f(ctx, tx, ev)
+}
+
+// InboxObserver is told about every inbox state change, for metrics. Its
+// methods are called from the worker goroutines concurrently and must not
+// block. An observer that also implements SequenceObserver is told the
+// sequence outcomes of ordered apply.
+type InboxObserver interface {
+	// Received reports one Receive call of a consumer: rows stored and
+	// duplicates skipped.
+	Received(inserted, duplicates int)
+	// Claimed reports one claim: n events claimed, of which takeovers were
+	// taken over from a worker whose lease expired.
+	Claimed(n, takeovers int)
+	// Processed reports an event whose handler committed, and how long it ran.
+	Processed(ev *InboxEvent, d time.Duration)
+	// Retried reports an event put back for another attempt.
+	Retried(ev *InboxEvent, reason string)
+	// Deferred reports an event put back to wait for a dependency.
+	Deferred(ev *InboxEvent)
+	// Dead reports an event moved to the dead letter state.
+	Dead(ev *InboxEvent, reason string)
+	// Fenced reports an event whose claim was lost to another worker before
+	// this worker finished it: this worker's side effect was rolled back.
+	Fenced(ev *InboxEvent)
+}
+
+// InboxRetentionObserver is told what the inbox's upkeep does, for metrics.
+type InboxRetentionObserver interface {
+	// Deleted reports the processed rows deleted by one run.
+	Deleted(n int64)
+	// Failed reports a failed run.
+	Failed(err error)
+}
+
+// Defaults of InboxConfig.
+const (
+	DefaultWorkers        = inbox.DefaultWorkers
+	DefaultBatchSize      = inbox.DefaultBatchSize
+	MaxBatchSize          = inbox.MaxBatchSize
+	DefaultLease          = inbox.DefaultLease
+	DefaultHandlerTimeout = inbox.DefaultHandlerTimeout
+	DefaultMaxAttempts    = inbox.DefaultMaxAttempts
+	DefaultBackoffMin     = inbox.DefaultBackoffMin
+	DefaultBackoffMax     = inbox.DefaultBackoffMax
+	DefaultPollInterval   = inbox.DefaultPollInterval
+	DefaultGapTimeout     = inbox.DefaultGapTimeout
+	DefaultDedupWindow    = inbox.DefaultDedupWindow
+	// MinDedupWindow is the shortest InboxRetentionConfig.Window accepted.
+	MinDedupWindow = inbox.MinDedupWindow
+)
+
+// InboxConfig configures an InboxWorker. The zero value of every optional
+// field means the default it documents.
+type InboxConfig struct {
+	// Pool is the database the inbox lives in (migrated). Required. Give it
+	// at least Workers+2 connections.
+	Pool *pgxpool.Pool
+	// Handler runs each event's side effect; an InboxBatchHandler also
+	// applies whole batches. Required.
+	Handler InboxHandler
+	// HandlerName names the handler: the worker claims only the inbox rows
+	// stored for it (ReceiveFor's targets), so several handlers in one
+	// database each process an event once, with their own status, attempts,
+	// lease and dead letters. Default DefaultHandlerName ("default").
+	HandlerName string
+	// Logger receives the worker's logs. Default: none.
+	Logger *slog.Logger
+	// Observer is told about every state change, for metrics. Default: none.
+	Observer InboxObserver
+	// WorkerID is recorded as locked_by on claimed rows; at most 200 bytes.
+	// Default: "hostname-pid-random".
+	WorkerID string
+	// Workers is how many batches run concurrently, each on its own
+	// connection. Default DefaultWorkers (4); at most 1000.
+	Workers int
+	// BatchSize is the most events claimed and processed in one transaction.
+	// Default DefaultBatchSize (50); at most MaxBatchSize.
+	BatchSize int
+	// Lease is how long a claim is exclusive; an event still processing after
+	// it may be taken over by another worker, and this worker is then fenced.
+	// Default DefaultLease (30s). Must exceed HandlerTimeout.
+	Lease time.Duration
+	// HandlerTimeout bounds one handler call. Default DefaultHandlerTimeout
+	// (10s).
+	HandlerTimeout time.Duration
+	// MaxAttempts is the number of attempts before an event goes dead.
+	// Default DefaultMaxAttempts (10).
+	MaxAttempts int
+	// BackoffMin is the wait after the first failed attempt; BackoffMax caps
+	// the exponential backoff between attempts. Defaults 1s and 5m.
+	BackoffMin, BackoffMax time.Duration
+	// MaxDeferrals is how often one event may be deferred before it goes dead.
+	// Default 20.
+	MaxDeferrals int
+	// DeferFallback is when a deferred event runs again if its dependency is
+	// never released. Default 1m.
+	DeferFallback time.Duration
+	// PollInterval is the mean interval between polls for due events (jittered
+	// ±50%), the fallback behind LISTEN/NOTIFY and for retries coming due.
+	// Default DefaultPollInterval (1s).
+	PollInterval time.Duration
+	// QueryTimeout bounds each inbox query outside handlers. Default 10s.
+	QueryTimeout time.Duration
+	// ShutdownTimeout is how long in-flight batches may run on after Run's
+	// context is cancelled; then they are rolled back and their claims handed
+	// back (pending, attempt refunded). Default 10s.
+	ShutdownTimeout time.Duration
+	// Retention is the inbox's upkeep, which Run runs beside the workers
+	// unless Retention.Disabled.
+	Retention InboxRetentionConfig
+	// Ordered applies the events of one key strictly in their per-key
+	// sequence (Message.KeySeq): a key's later event never runs while an
+	// earlier one is unapplied (missing, retrying or dead); a sequence at or
+	// below the last applied one is absorbed as a duplicate without running
+	// the handler. Events without a sequence are applied unordered. Default
+	// false. See ListWaiting.
+	Ordered bool
+	// GapTimeout is how long, in ordered mode, a key may wait for a missing
+	// sequence before the gap is reported; the key keeps waiting until the
+	// sequence arrives or an operator skips it. Default DefaultGapTimeout (5m).
+	GapTimeout time.Duration
+	// StatisticsInterval is how often Run checks whether the inbox's planner
+	// statistics went stale and analyzes it then. Default 5s; negative:
+	// never (leave it to autovacuum).
+	StatisticsInterval time.Duration
+}
+
+// InboxRetentionConfig configures the inbox's upkeep (InboxConfig.Retention),
+// which an inbox worker runs by default: processed rows are deleted after
+// the dedup window, old Release records, key conflicts and the duplicate
+// record are pruned. Dead rows are never deleted.
+type InboxRetentionConfig struct {
+	// Disabled leaves the upkeep to another process (one per database is
+	// enough; more are harmless). Default false.
+	Disabled bool
+	// Window is how long a processed row is kept after it was processed (the
+	// dedup window); recorded key conflicts are kept as long. Default
+	// DefaultDedupWindow (7 days); at least MinDedupWindow (1h).
+	Window time.Duration
+	// ReleaseHorizon is how long Release records are kept. Default: ten
+	// leases and at least 10m.
+	ReleaseHorizon time.Duration
+	// BatchSize is the most rows one DELETE removes; each batch is its own
+	// short transaction. Default 1000; at most 100000.
+	BatchSize int
+	// DuplicatesMax is how many recorded duplicates (the operator console's
+	// feed) each run keeps. Default 10000.
+	DuplicatesMax int
+	// Interval is the mean time between runs (jittered ±20%). Default 1m.
+	Interval time.Duration
+	// Pause is the wait between two batches of one run. Default 10ms.
+	Pause time.Duration
+	// QueryTimeout bounds each batch. Default 30s.
+	QueryTimeout time.Duration
+	// Observer is told how many rows each run deleted. Default: none.
+	Observer InboxRetentionObserver
+}
+
+// engine converts c to the engine's configuration.
+func (c InboxConfig) engine() inbox.Config {
+	r := c.Retention
+	cfg := inbox.Config{
+		Pool: c.Pool, Handler: inboxadapt.NewHandler[InboxEvent](c.Handler, fromInboxEvent),
+		HandlerName: c.HandlerName, WorkerID: c.WorkerID, Workers: c.Workers, BatchSize: c.BatchSize,
+		Lease: c.Lease, HandlerTimeout: c.HandlerTimeout, MaxAttempts: c.MaxAttempts,
+		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, MaxDeferrals: c.MaxDeferrals,
+		DeferFallback: c.DeferFallback, PollInterval: c.PollInterval, QueryTimeout: c.QueryTimeout,
+		ShutdownTimeout: c.ShutdownTimeout, Ordered: c.Ordered, GapTimeout: c.GapTimeout,
+		StatisticsInterval: c.StatisticsInterval,
+		Observer:           inboxadapt.NewObserver[InboxEvent, SeqOutcome](c.Observer, fromInboxEvent),
+		Retention: inbox.RetentionConfig{
+			Disabled: r.Disabled, Window: r.Window, ReleaseHorizon: r.ReleaseHorizon, BatchSize: r.BatchSize,
+			DuplicatesMax: r.DuplicatesMax, Interval: r.Interval, Pause: r.Pause, QueryTimeout: r.QueryTimeout,
+		},
+	}
+	if c.Logger != nil {
+		cfg.Logger = logbridge.Zap(c.Logger)
+	}
+	if r.Observer != nil {
+		cfg.Retention.Observer = r.Observer
+	}
+	return cfg
+}
+
+// InboxWorker runs a handler over the inbox; see NewInboxWorker.
+type InboxWorker struct{ w *inbox.Worker }
+
+// NewInboxWorker returns a worker that processes the inbox with cfg.Handler
+// once Run is called. It fails if cfg is invalid, naming the InboxConfig
+// field.
+func NewInboxWorker(cfg InboxConfig) (*InboxWorker, error) {
+	w, err := inbox.NewWorker(cfg.engine())
+	if err != nil {
+		return nil, setting.Map(err, func(fe *setting.FieldError) error {
+			fe = fe.Renamed("InboxConfig", func(f string) string { return f })
+			fe.Pkg = "pgrelay"
+			return fe
+		})
+	}
+	return &InboxWorker{w: w}, nil
+}
+
+// Run processes events until ctx is cancelled, then stops gracefully: batches
+// in flight finish within InboxConfig.ShutdownTimeout or are rolled back and
+// their claims handed back. Beside the workers it runs the inbox's upkeep
+// (InboxConfig.Retention, unless Disabled) and its LISTEN connection. It
+// returns nil after a graceful stop.
+func (w *InboxWorker) Run(ctx context.Context) error { return w.w.Run(ctx) }
+
+// Wake makes the worker poll for due events now, for a process that stored
+// events (Receive) and runs its workers itself.
+func (w *InboxWorker) Wake() { w.w.Wake() }

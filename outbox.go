@@ -2,6 +2,7 @@ package pgrelay
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,14 +48,34 @@ func IsTextContentType(ct string) bool { return event.IsTextContentType(ct) }
 const DefaultMaxPayloadBytes = outbox.DefaultMaxPayloadBytes
 
 // OutboxConfig configures an Outbox.
-type OutboxConfig = outbox.Config
+type OutboxConfig struct {
+	// MaxPayloadBytes is the largest payload Enqueue accepts
+	// (ErrPayloadTooLarge beyond). Default DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+}
 
-// Outbox enqueues events with a chosen configuration; Enqueue uses the
-// defaults.
-type Outbox = outbox.Outbox
+// Outbox enqueues events with a chosen configuration; the function Enqueue
+// uses the defaults.
+type Outbox struct{ o *outbox.Outbox }
 
-// NewOutbox returns an Outbox, or an error naming the invalid field.
-func NewOutbox(cfg OutboxConfig) (*Outbox, error) { return outbox.New(cfg) }
+// NewOutbox returns an Outbox, or an error naming the invalid
+// OutboxConfig field.
+func NewOutbox(cfg OutboxConfig) (*Outbox, error) {
+	if cfg.MaxPayloadBytes < 0 {
+		return nil, fmt.Errorf("pgrelay: OutboxConfig.MaxPayloadBytes must not be negative, got %d", cfg.MaxPayloadBytes)
+	}
+	o, err := outbox.New(outbox.Config{MaxPayloadBytes: cfg.MaxPayloadBytes})
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{o: o}, nil
+}
+
+// Enqueue writes msgs to the outbox inside tx with o's configuration; see
+// the function Enqueue.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	return o.o.Enqueue(ctx, tx, toEvents(msgs)...)
+}
 
 var defaultOutbox, _ = outbox.New(outbox.Config{})
 
@@ -67,7 +88,7 @@ var defaultOutbox, _ = outbox.New(outbox.Config{})
 // Given an inbox handler's ctx, every message records the handled event as
 // its cause (see CausedBy).
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
-	return defaultOutbox.Enqueue(ctx, tx, msgs...)
+	return defaultOutbox.Enqueue(ctx, tx, toEvents(msgs)...)
 }
 
 // Headers linking an event to the one whose handling produced it: the
@@ -87,4 +108,6 @@ const (
 // batch handler, which handles many events at once:
 //
 //	pgrelay.Enqueue(ctx, tx, pgrelay.CausedBy(ev.Message, out)...)
-func CausedBy(cause Message, msgs ...Message) []Message { return event.CausedBy(cause, msgs...) }
+func CausedBy(cause Message, msgs ...Message) []Message {
+	return fromEvents(event.CausedBy(event.Message(cause), toEvents(msgs)...))
+}

@@ -9,7 +9,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
 // relayTarget is a fresh destination of one relay drain on the -broker
@@ -62,9 +64,9 @@ func newNATSTarget(ctx context.Context, b *bench) (relayTarget, error) {
 }
 
 func (t *natsTarget) newPublisher(ctx context.Context) (broker.Publisher, error) {
-	return broker.NewNATS(ctx, broker.NATSConfig{URL: t.b.nats.url, SubjectPrefix: t.prefix, Stream: t.stream,
+	return nats.NewPublisher(ctx, nats.Config{URL: t.b.nats.url, SubjectPrefix: t.prefix, Stream: t.stream,
 		// The publisher reports its own close as a disconnection.
-		Logger: t.b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+		Logger: logbridge.Slog(t.b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
 }
 
 func (t *natsTarget) stored(ctx context.Context) (uint64, error) {

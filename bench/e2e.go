@@ -18,10 +18,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
@@ -106,8 +108,8 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: b.nats.url, SubjectPrefix: p.prefix, Stream: p.stream,
-		Logger: b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+	pub, err := nats.NewPublisher(ctx, nats.Config{URL: b.nats.url, SubjectPrefix: p.prefix, Stream: p.stream,
+		Logger: logbridge.Slog(b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
 	if err != nil {
 		rpool.Close()
 		return err
@@ -126,7 +128,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 	}
 	c, err := consumer.New(consumer.Config{
 		Pool: cpool, MaxWait: p.maxWait,
-		Subscribe: broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix,
+		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix,
 			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
 		StatsInterval: -1, Logger: b.log.Named("consumer"), Inbox: inbox.Config{Handler: ledger.Handler{}},
 	})

@@ -13,8 +13,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/kafka"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/kafka"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
 // kafkaPartitions is the partition count of the run's topics.
@@ -75,7 +76,7 @@ func (e *kafkaEnv) topic(ctx context.Context) (string, error) {
 // publisher returns a publisher for the topics of prefix.
 func (e *kafkaEnv) publisher(ctx context.Context, prefix string) (broker.Publisher, error) {
 	return kafka.NewPublisher(ctx, kafka.Config{Brokers: e.brokers, TopicPrefix: prefix,
-		Logger: e.log.Named("kafka").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+		Logger: logbridge.Slog(e.log.Named("kafka").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
 }
 
 // records returns how many records the "orders" topic of prefix holds (the

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 )
 
 // natsEnv is the NATS JetStream server of the run: an external one (NATS_URL)
@@ -77,7 +77,7 @@ func (e *natsEnv) stream(ctx context.Context) (string, string, error) {
 	name, prefix := "PGRELAYBENCH"+strings.ToUpper(suffix), "pgrelaybench"+suffix
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := e.js.CreateStream(ctx, broker.StreamSpec{Name: name, SubjectPrefix: prefix}.Config())
+	_, err := e.js.CreateStream(ctx, pgnats.StreamSpec{Name: name, SubjectPrefix: prefix}.Config())
 	if err != nil {
 		return "", "", fmt.Errorf("create NATS stream: %w", err)
 	}

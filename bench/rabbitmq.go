@@ -11,8 +11,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
 // rabbitMQTarget is a fresh exchange and quorum queue (where the server has
@@ -43,7 +44,7 @@ func newRabbitMQTarget(ctx context.Context, b *bench) (relayTarget, error) {
 
 func (t *rabbitMQTarget) newPublisher(ctx context.Context) (broker.Publisher, error) {
 	p, err := rabbitmq.NewPublisher(ctx, rabbitmq.Config{URL: t.url, Exchange: t.exchange, Queue: t.queue,
-		Logger: t.b.log.Named("rabbitmq").WithOptions(zap.IncreaseLevel(zap.ErrorLevel))})
+		Logger: logbridge.Slog(t.b.log.Named("rabbitmq").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
 	if err != nil {
 		return nil, fmt.Errorf("RabbitMQ (AMQP_URL): %w", err)
 	}

@@ -123,7 +123,7 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 			NodeID: fmt.Sprintf("bench-relay-%d", i),
 			// Short leases so that several relays share the partitions within
 			// a second or two of starting.
-			LeaseDuration: 3 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
+			Lease: 3 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
 		}
 		if opts.retention {
 			cfg.Retention, cfg.RetentionInterval = 24*time.Hour, 100*time.Millisecond

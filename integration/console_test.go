@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/outbox"
@@ -129,7 +129,7 @@ func TestConsoleInTmux(t *testing.T) {
 	// And one malformed message, stored dead at ingest.
 	publish := func(msgID, eventID, typ string, data []byte) {
 		m := nats.NewMsg(prefix + ".orders")
-		m.Header.Set(broker.NATSMsgIDHeader, msgID)
+		m.Header.Set(pgnats.MsgIDHeader, msgID)
 		m.Header.Set(event.HeaderEventID, eventID)
 		if typ != "" {
 			m.Header.Set(event.HeaderEventType, typ)

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -94,7 +94,7 @@ func TestEndToEnd(t *testing.T) {
 	for _, r := range rows {
 		m := nats.NewMsg(prefix + "." + r.Topic)
 		m.Data = r.Payload
-		m.Header.Set(broker.NATSMsgIDHeader, "dup-"+r.EventID)
+		m.Header.Set(pgnats.MsgIDHeader, "dup-"+r.EventID)
 		m.Header.Set(event.HeaderEventID, r.EventID)
 		m.Header.Set(event.HeaderEventType, r.EventType)
 		m.Header.Set(event.HeaderTopic, r.Topic)

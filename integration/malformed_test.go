@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -40,7 +41,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 
 	type header = map[string]string
 	good := func(id, typ string) header {
-		return header{broker.NATSMsgIDHeader: id, event.HeaderEventID: id, event.HeaderEventType: typ, event.HeaderTopic: "orders"}
+		return header{pgnats.MsgIDHeader: id, event.HeaderEventID: id, event.HeaderEventType: typ, event.HeaderTopic: "orders"}
 	}
 	with := func(h header, k, v string) header {
 		out := header{}
@@ -85,7 +86,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 		if cases[i].id == "" {
 			info, err := js.Stream(ctx, stream)
 			require.NoError(t, err)
-			cases[i].id = broker.NATSFallbackEventID(stream, info.CachedInfo().Created, ack.Sequence)
+			cases[i].id = pgnats.FallbackEventID(stream, info.CachedInfo().Created, ack.Sequence)
 		}
 	}
 
@@ -141,7 +142,7 @@ func publishJSON(t *testing.T, js jetstream.JetStream, prefix, id, typ string, v
 	data, err := json.Marshal(v)
 	require.NoError(t, err)
 	m := nats.NewMsg(prefix + ".orders")
-	m.Header.Set(broker.NATSMsgIDHeader, id)
+	m.Header.Set(pgnats.MsgIDHeader, id)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, typ)
 	m.Header.Set(event.HeaderTopic, "orders")

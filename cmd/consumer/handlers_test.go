@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -33,7 +33,7 @@ func runWithHandler(t *testing.T, dbURL string, handlerArgs []string, events int
 	for round := range 2 {
 		for i := range events {
 			m := nats.NewMsg(prefix + ".orders")
-			m.Header.Set(broker.NATSMsgIDHeader, fmt.Sprintf("m-%d-%d", i, round))
+			m.Header.Set(pgnats.MsgIDHeader, fmt.Sprintf("m-%d-%d", i, round))
 			m.Header.Set(event.HeaderEventID, fmt.Sprintf("e-%d", i))
 			m.Header.Set(event.HeaderEventType, "OrderCreated")
 			m.Header.Set(event.HeaderKey, fmt.Sprintf("o-%d", i))

@@ -27,12 +27,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
@@ -102,41 +104,39 @@ var envKinds = map[string]string{
 	"CONSUMER_HTTP_TIMEOUT":      "duration",
 }
 
-// flagOf names the flag and environment variable that set each ConsumerConfig
+// flagOf names the flag and environment variable that set each consumer.Config
 // field, so that validation errors name what the user sets.
 var flagOf = map[string]string{
-	"WorkerBatchSize":              "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
-	"Workers":                      "--workers (CONSUMER_WORKERS)",
-	"MaxAttempts":                  "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
-	"HandlerTimeout":               "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
-	"Lease":                        "--lease (CONSUMER_LEASE)",
-	"GapTimeout":                   "--gap-timeout (CONSUMER_GAP_TIMEOUT)",
-	"DedupRecordMax":               "--dedup-record-max (DEDUP_RECORD_MAX)",
-	"HandlerName":                  "--handler-name (CONSUMER_HANDLER_NAME)",
-	"DedupKeyByTopic":              "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
-	"DedupKey":                     "--dedup-key (CONSUMER_DEDUP_KEY)",
-	"Handler":                      "the handler",
-	"NATSURL":                      "--nats-url (NATS_URL)",
-	"Stream":                       "--stream (CONSUMER_STREAM)",
-	"SubjectPrefix":                "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
-	"Durable":                      "--durable (CONSUMER_DURABLE)",
-	"FetchBatchSize":               "--batch-size (CONSUMER_BATCH_SIZE)",
-	"MaxWait":                      "--max-wait (CONSUMER_MAX_WAIT)",
-	"AckWait":                      "--ack-wait (CONSUMER_ACK_WAIT)",
-	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"DupRateWarn":                  "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
-	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
-	"AllowReplayBeyondDedupWindow": "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
-	"MetricsAddr":                  "--metrics-addr (METRICS_ADDR)",
-	"AdminAddr":                    "--admin-addr (ADMIN_ADDR)",
-	"AdminToken":                   "--admin-token (ADMIN_TOKEN)",
-	"Pool":                         "--database-url (DATABASE_URL)",
+	"Inbox.BatchSize":               "--worker-batch-size (CONSUMER_WORKER_BATCH_SIZE)",
+	"Inbox.Workers":                 "--workers (CONSUMER_WORKERS)",
+	"Inbox.MaxAttempts":             "--max-attempts (CONSUMER_MAX_ATTEMPTS)",
+	"Inbox.HandlerTimeout":          "--handler-timeout (CONSUMER_HANDLER_TIMEOUT)",
+	"Inbox.Lease":                   "--lease (CONSUMER_LEASE)",
+	"Inbox.GapTimeout":              "--gap-timeout (CONSUMER_GAP_TIMEOUT)",
+	"Inbox.Retention.DuplicatesMax": "--dedup-record-max (DEDUP_RECORD_MAX)",
+	"Inbox.Retention.Window":        "--dedup-window (DEDUP_WINDOW)",
+	"Inbox.HandlerName":             "--handler-name (CONSUMER_HANDLER_NAME)",
+	"Inbox.Handler":                 "the handler",
+	"DedupKeyByTopic":               "--dedup-key-topic (CONSUMER_DEDUP_KEY_TOPICS)",
+	"DedupKey":                      "--dedup-key (CONSUMER_DEDUP_KEY)",
+	"FetchBatchSize":                "--batch-size (CONSUMER_BATCH_SIZE)",
+	"MaxWait":                       "--max-wait (CONSUMER_MAX_WAIT)",
+	"DupRateWarn":                   "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
+	"MetricsAddr":                   "--metrics-addr (METRICS_ADDR)",
+	"AdminAddr":                     "--admin-addr (ADMIN_ADDR)",
+	"AdminToken":                    "--admin-token (ADMIN_TOKEN)",
+	"Pool":                          "--database-url (DATABASE_URL)",
 }
 
 // nameSettings spells the ConsumerConfig fields of err's
 // *setting.FieldErrors as the settings the user sets.
 func nameSettings(err error) error {
-	return setting.Name(err, func(field string) string { return flagOf[field] })
+	return setting.Map(err, func(fe *setting.FieldError) error {
+		if fe.Struct != "consumer.Config" {
+			return fe // a broker adapter's, named by its side already
+		}
+		return setting.Name(fe, func(field string) string { return flagOf[field] })
+	})
 }
 
 func newRootCommand() *cobra.Command {
@@ -169,15 +169,15 @@ the reason and acknowledged, never dropped.`,
 	brokers := cli.Brokers()
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindConsumerSides(f, brokers)
-	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", pgrelay.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
-	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", pgrelay.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
-	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", pgrelay.DefaultConsumerMaxPayload), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
+	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", consumer.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
+	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", consumer.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
+	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", consumer.DefaultMaxPayloadBytes), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", pgrelay.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
-	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", pgrelay.DefaultWorkerBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
+	f.IntVar(&s.workerBatchSize, "worker-batch-size", cli.EnvInt("CONSUMER_WORKER_BATCH_SIZE", pgrelay.DefaultBatchSize), "events per inbox worker transaction (CONSUMER_WORKER_BATCH_SIZE)")
 	f.IntVar(&s.maxAttempts, "max-attempts", cli.EnvInt("CONSUMER_MAX_ATTEMPTS", pgrelay.DefaultMaxAttempts), "handler attempts before an event goes dead (CONSUMER_MAX_ATTEMPTS)")
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("CONSUMER_LEASE", pgrelay.DefaultLease), "inbox claim lease: events of a crashed worker are taken over after it (CONSUMER_LEASE)")
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", pgrelay.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
-	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", pgrelay.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
+	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", consumer.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.BoolVar(&s.applyOnReceive, "apply-on-receive", cli.EnvBool("CONSUMER_APPLY_ON_RECEIVE", true), "while the workers are idle and the consumer keeps up, run the handler in the transaction that stores a fetched batch; what fails there is left to the workers (CONSUMER_APPLY_ON_RECEIVE)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", defaultDupRateWarn), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
@@ -189,7 +189,7 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
 	f.BoolVar(&s.ordered, "ordered", cli.EnvBool("CONSUMER_ORDERED", false), "apply each key's events strictly in their per-key sequence (Pgrelay-Key-Seq): later events wait for a missing, retrying or dead earlier one; duplicates are absorbed (CONSUMER_ORDERED)")
 	f.DurationVar(&s.gapTimeout, "gap-timeout", cli.EnvDuration("CONSUMER_GAP_TIMEOUT", inbox.DefaultGapTimeout), "with --ordered: how long a key waits for a missing sequence before the gap is reported (consumer gaps list/skip) (CONSUMER_GAP_TIMEOUT)")
-	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
+	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	var probeAddr string
@@ -218,7 +218,7 @@ func runConsumer(parent context.Context, s settings) error {
 			return fmt.Errorf("CONSUMER_DUP_RATE_WARN %q: want a number between 0 and 1", v)
 		}
 	}
-	if err := cli.ValidateEnv(endpoints.EnvKinds); err != nil {
+	if err := cli.ValidateEnv(cli.EndpointEnvKinds); err != nil {
 		return err
 	}
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
@@ -279,36 +279,38 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	opts := cli.SubscriberOptions{BatchSize: s.batchSize, DedupWindow: s.ops.DedupWindow,
 		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: s.handlerName, Logger: log}
-	cfg := pgrelay.ConsumerConfig{
-		Pool:             pool,
-		Subscribe:        side.Subscribe(opts),
-		Handler:          ledger.Handler{}, // replaced below once the database is checked
-		HandlerName:      s.handlerName,
+	cfg := consumer.Config{
+		Pool:      pool,
+		Subscribe: side.Subscribe(opts),
+		Inbox: pgrelay.InboxConfig{
+			Handler:        fromEngine(ledger.Handler{}), // replaced below once the database is checked
+			HandlerName:    s.handlerName,
+			Workers:        s.workers,
+			BatchSize:      s.workerBatchSize,
+			MaxAttempts:    s.maxAttempts,
+			Lease:          s.lease,
+			HandlerTimeout: s.handlerTimeout,
+			Ordered:        s.ordered,
+			GapTimeout:     s.gapTimeout,
+			Retention: pgrelay.InboxRetentionConfig{
+				Window: s.ops.DedupWindow, DuplicatesMax: s.ops.DedupRecordMax,
+			},
+		},
 		DedupKey:         s.dedupKey,
 		DedupKeyByTopic:  byTopic,
 		FetchBatchSize:   s.batchSize,
 		MaxWait:          s.maxWait,
-		MaxPayloadBytes:  s.maxPayloadBytes,
 		StatsInterval:    s.statsInterval,
 		DupRateWarn:      s.dupRateWarn,
 		NoApplyOnReceive: !s.applyOnReceive,
-		DedupWindow:      s.ops.DedupWindow,
-		DedupRecordMax:   s.ops.DedupRecordMax,
-		Workers:          s.workers,
-		WorkerBatchSize:  s.workerBatchSize,
-		MaxAttempts:      s.maxAttempts,
-		Lease:            s.lease,
-		HandlerTimeout:   s.handlerTimeout,
-		Ordered:          s.ordered,
-		GapTimeout:       s.gapTimeout,
 		MetricsAddr:      s.ops.MetricsAddr,
 		AdminAddr:        s.ops.AdminAddr,
 		AdminToken:       s.ops.AdminToken,
-		Logger:           log,
+		Logger:           logbridge.Slog(log),
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
-	if _, err := pgrelay.NewConsumer(cfg); err != nil {
+	if _, err := consumer.New(cfg); err != nil {
 		return nameSettings(err)
 	}
 	if err := side.Check(opts); err != nil {
@@ -317,10 +319,10 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := checkDatabase(ctx, pool, s.handler == "ledger"); err != nil {
 		return err
 	}
-	if cfg.Handler, err = newHandler(ctx, s, pool, log); err != nil {
+	if cfg.Inbox.Handler, err = newHandler(ctx, s, pool, log); err != nil {
 		return err
 	}
-	c, err := pgrelay.NewConsumer(cfg)
+	c, err := consumer.New(cfg)
 	if err != nil {
 		return nameSettings(err)
 	}
@@ -420,15 +422,15 @@ func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *zap.Lo
 		if err != nil {
 			return nil, fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION): %w", err)
 		}
-		return h, nil
+		return fromEngine(h), nil
 	case "http":
 		h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout, Recorder: pool, Logger: log})
 		if err != nil {
 			return nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
 		}
-		return h, nil
+		return fromEngine(h), nil
 	default:
-		return ledger.Handler{}, nil
+		return fromEngine(ledger.Handler{}), nil
 	}
 }
 

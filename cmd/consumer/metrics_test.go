@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -72,7 +72,7 @@ func TestIngestCountersAndHitRateFromTheRealPath(t *testing.T) {
 	_, js := testnats.Connect(t, natsURL)
 	publish := func(eventID, msgID string) {
 		m := nats.NewMsg(prefix + ".orders")
-		m.Header.Set(broker.NATSMsgIDHeader, msgID)
+		m.Header.Set(pgnats.MsgIDHeader, msgID)
 		m.Header.Set(event.HeaderEventID, eventID)
 		m.Header.Set(event.HeaderEventType, "Unknown") // the handler dead-letters it; ingest is what counts here
 		m.Data = []byte(`{}`)
@@ -154,7 +154,7 @@ func TestDedupHitRatioAndReceiveHistogramFromTheRealPath(t *testing.T) {
 	_, js := testnats.Connect(t, natsURL)
 	publish := func(eventID, msgID string) {
 		m := nats.NewMsg(prefix + ".orders")
-		m.Header.Set(broker.NATSMsgIDHeader, msgID)
+		m.Header.Set(pgnats.MsgIDHeader, msgID)
 		m.Header.Set(event.HeaderEventID, eventID)
 		m.Header.Set(event.HeaderEventType, "Unknown")
 		m.Data = []byte(`{}`)

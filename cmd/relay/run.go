@@ -12,11 +12,11 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
-	"github.com/pgrelay/pgrelay/internal/metrics"
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // settings are the command line, each defaulted from its environment variable.
@@ -63,19 +63,28 @@ var envKinds = map[string]string{
 // field, so that validation errors name what the user sets.
 var flagOf = map[string]string{
 	"BatchSize":          "--batch-size (RELAY_BATCH_SIZE)",
-	"LeaseDuration":      "--lease (RELAY_LEASE)",
+	"Lease":              "--lease (RELAY_LEASE)",
 	"HeartbeatInterval":  "--heartbeat (RELAY_HEARTBEAT)",
 	"PollInterval":       "--poll-interval (RELAY_POLL_INTERVAL)",
 	"PublishTimeout":     "--publish-timeout (RELAY_PUBLISH_TIMEOUT)",
 	"RetentionInterval":  "--retention-interval (RELAY_RETENTION_INTERVAL)",
 	"RetentionBatchSize": "--retention-batch (RELAY_RETENTION_BATCH)",
+	"MetricsAddr":        "--metrics-addr (METRICS_ADDR)",
+	"AdminAddr":          "--admin-addr (ADMIN_ADDR)",
+	"AdminToken":         "--admin-token (ADMIN_TOKEN)",
+	"Pool":               "--database-url (DATABASE_URL)",
 }
 
 // nameSettings spells the relay.Config fields of err's *setting.FieldErrors
 // as the settings the user sets, without the relay package's prefix: main
 // prefixes the command's name ("relay: relay: ..." would say it twice).
 func nameSettings(err error) error {
-	return setting.Name(err, func(field string) string { return flagOf[field] })
+	return setting.Map(err, func(fe *setting.FieldError) error {
+		if fe.Struct != "relay.Config" {
+			return fe // a broker adapter's, named by its side already
+		}
+		return setting.Name(fe, func(field string) string { return flagOf[field] })
+	})
 }
 
 func newRootCommand() *cobra.Command {
@@ -131,7 +140,7 @@ needs only PostgreSQL.`,
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
 
-	endpoints.BindFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
+	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
 	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
@@ -168,15 +177,20 @@ func runRelay(parent context.Context, s settings) error {
 		return err
 	}
 	rcfg := relay.Config{
-		Logger: log, NodeID: s.nodeID,
-		BatchSize: s.batchSize, LeaseDuration: s.lease, HeartbeatInterval: s.heartbeat,
+		Logger: logbridge.Slog(log), NodeID: s.nodeID,
+		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
-	}.WithDefaults()
+		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
+	}
 	if err := rcfg.Validate(); err != nil {
 		return nameSettings(err)
 	}
-	dbs, err := s.db.Resolve(rcfg.LeaseDuration, 0)
+	lease := rcfg.Lease
+	if lease == 0 {
+		lease = relay.DefaultLease
+	}
+	dbs, err := s.db.Resolve(lease, 0)
 	if err != nil {
 		return err
 	}
@@ -219,24 +233,11 @@ func runRelay(parent context.Context, s settings) error {
 	defer bc.Close()
 	pub := bc.Publisher
 
-	reg := metrics.NewRegistry()
-	rcfg.Pool, rcfg.Publisher, rcfg.Observer = pool, pub, metrics.NewRelayObserver(reg)
+	rcfg.Pool, rcfg.Publisher, rcfg.BrokerCheck = pool, pub, bc.Healthy
 	r, err := relay.New(rcfg)
 	if err != nil {
 		return nameSettings(err)
 	}
-	ops, err := endpoints.Start(ctx, endpoints.Config{
-		Flags: s.ops, Pool: pool, Registry: reg, Outbox: true, Logger: log,
-		Checks: map[string]metrics.Check{
-			"database": metrics.PingCheck(pool),
-			"broker":   bc.Healthy,
-		},
-	})
-	if err != nil {
-		return err
-	}
 	cancel()
-	runErr := r.Run(ctx)
-	stop() // Run returned on its own: stop the operator endpoints too
-	return errors.Join(runErr, ops.Wait())
+	return nameSettings(r.Run(ctx))
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
@@ -79,7 +79,7 @@ func startNATSEnv(ctx context.Context, work string) (*natsEnv, error) {
 		return nil, err
 	}
 	if e.js, err = jetstream.New(e.nc); err == nil {
-		_, err = e.js.CreateStream(ctx, broker.StreamSpec{Name: streamName, SubjectPrefix: subjectPrefix}.Config())
+		_, err = e.js.CreateStream(ctx, pgnats.StreamSpec{Name: streamName, SubjectPrefix: subjectPrefix}.Config())
 	}
 	if err != nil {
 		e.close()
@@ -116,7 +116,7 @@ func (e *natsEnv) outstanding(ctx context.Context) (int64, int64, error) {
 func (e *natsEnv) publishRaw(ctx context.Context, id, typ, key string, payload []byte) error {
 	m := nats.NewMsg(subjectPrefix + ".orders")
 	m.Data = payload
-	m.Header.Set(broker.NATSMsgIDHeader, id)
+	m.Header.Set(pgnats.MsgIDHeader, id)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, typ)
 	m.Header.Set(event.HeaderTopic, "orders")
@@ -148,13 +148,13 @@ func (e *natsEnv) injectDuplicates(ctx context.Context, rng *mrand.Rand, seed ui
 		if err != nil {
 			continue
 		}
-		for copyN, msgID := range []string{m.Header.Get(broker.NATSMsgIDHeader), fmt.Sprintf("chaos-dup-%d-%d-%d", seed, seq, rng.Int64())} {
+		for copyN, msgID := range []string{m.Header.Get(pgnats.MsgIDHeader), fmt.Sprintf("chaos-dup-%d-%d-%d", seed, seq, rng.Int64())} {
 			out := nats.NewMsg(m.Subject)
 			out.Data = m.Data
 			for k, v := range m.Header {
 				out.Header[k] = v
 			}
-			out.Header.Set(broker.NATSMsgIDHeader, msgID)
+			out.Header.Set(pgnats.MsgIDHeader, msgID)
 			ack, err := e.js.PublishMsg(ctx, out)
 			if err != nil {
 				return "", 0, err

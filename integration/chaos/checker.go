@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -360,7 +360,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]str
 				return nil, err
 			}
 			h := m.Headers()
-			out = append(out, streamMsg{seq: md.Sequence.Stream, msgID: h.Get(broker.NATSMsgIDHeader), eventID: h.Get(event.HeaderEventID), key: h.Get(event.HeaderKey)})
+			out = append(out, streamMsg{seq: md.Sequence.Stream, msgID: h.Get(nats.MsgIDHeader), eventID: h.Get(event.HeaderEventID), key: h.Get(event.HeaderKey)})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, fmt.Errorf("chaos: read stream: %w", err)

@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/internal/natsserver"
 	"github.com/pgrelay/pgrelay/internal/proc"
 )
 
@@ -157,7 +157,7 @@ func (n *natsServer) start() error {
 	defer n.mu.Unlock()
 	var err error
 	for range 20 { // the port can take a moment to be free again after a restart
-		if n.srv, _, err = broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: n.storeDir, Listen: n.listen}); err == nil {
+		if n.srv, _, err = natsserver.Start(natsserver.Config{StoreDir: n.storeDir, Listen: n.listen}); err == nil {
 			return nil
 		}
 		time.Sleep(250 * time.Millisecond)

@@ -9,9 +9,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
-	"github.com/pgrelay/pgrelay/internal/broker"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -31,11 +31,11 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	_, js := testnats.Connect(t, natsURL)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pub, err := broker.NewNATS(cctx, broker.NATSConfig{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
+	pub, err := nats.NewPublisher(cctx, nats.Config{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := relay.New(relay.Config{Pool: b.Pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), LeaseDuration: 3 * time.Second})
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), Lease: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -59,5 +59,5 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	require.Equal(t, uint64(2), info.State.Msgs, "each event is in the stream once")
 	msg, err := s.GetLastMsgForSubject(cctx, prefix+".orders")
 	require.NoError(t, err)
-	require.Equal(t, "o-dead", msg.Header.Get(broker.NATSMsgIDHeader))
+	require.Equal(t, "o-dead", msg.Header.Get(nats.MsgIDHeader))
 }

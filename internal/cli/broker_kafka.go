@@ -2,15 +2,16 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/kafka"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/kafka"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // KafkaBroker is Apache Kafka: the relay publishes as an idempotent producer
@@ -81,7 +82,7 @@ func (s *kafkaSettings) config(log *zap.Logger) kafka.Config {
 	return kafka.Config{
 		Brokers: splitList(s.brokers), TopicPrefix: s.topicPrefix, Group: s.group, Topics: splitList(s.topics),
 		MaxInFlight: s.maxInFlight, MaxMessageBytes: s.maxMessageBytes, DeliveryTimeout: s.deliveryTimeout,
-		SessionTimeout: s.sessionTimeout, AllowReplayBeyondDedupWindow: s.allowReplay, Logger: log,
+		SessionTimeout: s.sessionTimeout, AllowReplayBeyondDedupWindow: s.allowReplay, Logger: logbridge.Slog(log),
 	}
 }
 
@@ -93,13 +94,28 @@ func (s *kafkaSettings) Check() error {
 	return unprefixed(s.config(nil).WithDefaults().Validate())
 }
 
-// unprefixed drops the package's "kafka: " prefix from setting errors, which
-// name their flags already.
+// kafkaFlags names the flags that set kafka.Config's fields.
+var kafkaFlags = map[string]string{
+	"Brokers":                      "--kafka-brokers (KAFKA_BROKERS)",
+	"TopicPrefix":                  "--kafka-topic-prefix (KAFKA_TOPIC_PREFIX)",
+	"Group":                        "--kafka-group (KAFKA_GROUP)",
+	"Topics":                       "--kafka-topics (KAFKA_TOPICS)",
+	"MaxInFlight":                  "--kafka-max-in-flight (KAFKA_MAX_IN_FLIGHT)",
+	"MaxMessageBytes":              "--kafka-max-message-bytes (KAFKA_MAX_MESSAGE_BYTES)",
+	"DeliveryTimeout":              "--kafka-delivery-timeout (KAFKA_DELIVERY_TIMEOUT)",
+	"SessionTimeout":               "--kafka-session-timeout (KAFKA_SESSION_TIMEOUT)",
+	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
+	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
+	"AllowReplayBeyondDedupWindow": "--kafka-allow-replay-beyond-dedup-window (KAFKA_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
+}
+
+// unprefixed names the kafka.Config fields of err's setting errors as the
+// flags that set them.
 func unprefixed(err error) error {
 	if err == nil {
 		return nil
 	}
-	return errors.New(strings.ReplaceAll(err.Error(), "kafka: --", "--"))
+	return setting.Name(err, func(f string) string { return kafkaFlags[f] })
 }
 
 // Open implements RelaySide.

@@ -10,7 +10,10 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/natsserver"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -39,7 +42,7 @@ var natsRelayEnvKinds = map[string]string{
 	"RELAY_ACK_TIMEOUT":    "duration",
 }
 
-// natsRelayFlags names the relay's flags that set broker.NATSConfig's
+// natsRelayFlags names the relay's flags that set nats.Config's
 // fields.
 var natsRelayFlags = map[string]string{
 	"SubjectPrefix":   "--subject-prefix (RELAY_SUBJECT_PREFIX)",
@@ -58,17 +61,17 @@ func bindNATSRelay(f *pflag.FlagSet) RelaySide {
 	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", ""), "--broker nats: NATS server URL (env NATS_URL); empty starts an embedded NATS server")
 	f.StringVar(&s.embeddedDir, "embedded-nats-dir", EnvString("RELAY_EMBEDDED_NATS_DIR", "./.pgrelay/nats"), "--broker nats: JetStream data directory of the embedded NATS server (env RELAY_EMBEDDED_NATS_DIR)")
 	f.StringVar(&s.embeddedListen, "embedded-nats-listen", EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "--broker nats: host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
-	f.StringVar(&s.stream, "stream", EnvString("RELAY_STREAM", broker.DefaultStream), "--broker nats: JetStream stream storing the subjects (env RELAY_STREAM)")
-	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("RELAY_SUBJECT_PREFIX", broker.DefaultSubjectPrefix), "--broker nats: subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
+	f.StringVar(&s.stream, "stream", EnvString("RELAY_STREAM", nats.DefaultStream), "--broker nats: JetStream stream storing the subjects (env RELAY_STREAM)")
+	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("RELAY_SUBJECT_PREFIX", nats.DefaultSubjectPrefix), "--broker nats: subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
 	f.BoolVar(&s.createStream, "create-stream", EnvBool("RELAY_CREATE_STREAM", false), "--broker nats: create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
-	f.DurationVar(&s.streamMaxAge, "stream-max-age", EnvDuration("RELAY_STREAM_MAX_AGE", broker.DefaultStreamMaxAge), "--broker nats: MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
+	f.DurationVar(&s.streamMaxAge, "stream-max-age", EnvDuration("RELAY_STREAM_MAX_AGE", nats.DefaultStreamMaxAge), "--broker nats: MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
 	f.DurationVar(&s.ackTimeout, "ack-timeout", EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "--broker nats: longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
 	return s
 }
 
-func (s *natsRelay) config(url string, createStream bool, log *zap.Logger) broker.NATSConfig {
-	return broker.NATSConfig{URL: url, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: log}
+func (s *natsRelay) config(url string, createStream bool, log *zap.Logger) nats.Config {
+	return nats.Config{URL: url, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
+		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: logbridge.Slog(log)}
 }
 
 func (s *natsRelay) Check() error {
@@ -79,7 +82,7 @@ func (s *natsRelay) Check() error {
 		return fmt.Errorf("--ack-timeout (RELAY_ACK_TIMEOUT) must be positive, got %s", s.ackTimeout)
 	}
 	// The URL is checked by connecting; the rest needs no server.
-	if err := s.config("nats://unused", false, nil).WithDefaults().Validate(); err != nil {
+	if err := s.config("nats://unused", false, nil).ValidatePublisher(); err != nil {
 		return natsRelayNames(err)
 	}
 	return nil
@@ -89,7 +92,7 @@ func (s *natsRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, er
 	url, createStream := s.url, s.createStream
 	var stop func()
 	if url == "" {
-		srv, u, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: s.embeddedDir, Listen: s.embeddedListen})
+		srv, u, err := natsserver.Start(natsserver.Config{StoreDir: s.embeddedDir, Listen: s.embeddedListen})
 		if err != nil {
 			return nil, fmt.Errorf("--embedded-nats-listen/--embedded-nats-dir: %w", err)
 		}
@@ -100,7 +103,7 @@ func (s *natsRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, er
 		log.Info("embedded NATS JetStream server started", zap.String("url", u), zap.String("store_dir", s.embeddedDir))
 		url, createStream = u, true
 	}
-	pub, err := broker.NewNATS(ctx, s.config(url, createStream, log))
+	pub, err := nats.NewPublisher(ctx, s.config(url, createStream, log))
 	if err != nil {
 		if stop != nil {
 			stop()
@@ -146,7 +149,7 @@ var natsConsumerEnvKinds = map[string]string{
 }
 
 // natsConsumerFlags names the consumer's flags that set
-// broker.NATSSubscriberConfig's fields.
+// nats.Config's fields.
 var natsConsumerFlags = map[string]string{
 	"URL":                          "--nats-url (NATS_URL)",
 	"Stream":                       "--stream (CONSUMER_STREAM)",
@@ -166,38 +169,41 @@ func natsConsumerNames(err error) error {
 func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
 	s := &natsConsumer{}
 	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", "nats://127.0.0.1:4222"), "--broker nats: NATS server URL(s), comma-separated (NATS_URL)")
-	f.StringVar(&s.stream, "stream", EnvString("CONSUMER_STREAM", broker.DefaultStream), "--broker nats: JetStream stream to consume (CONSUMER_STREAM)")
-	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("CONSUMER_SUBJECT_PREFIX", broker.DefaultSubjectPrefix), "--broker nats: subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
+	f.StringVar(&s.stream, "stream", EnvString("CONSUMER_STREAM", nats.DefaultStream), "--broker nats: JetStream stream to consume (CONSUMER_STREAM)")
+	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("CONSUMER_SUBJECT_PREFIX", nats.DefaultSubjectPrefix), "--broker nats: subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
 	f.BoolVar(&s.createStream, "create-stream", EnvBool("CONSUMER_CREATE_STREAM", false), "--broker nats: create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
-	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", ""), "--broker nats: durable consumer name; instances sharing it share the work (default "+broker.DefaultDurable+", or "+broker.DefaultDurable+"-<handler-name> for a named handler) (CONSUMER_DURABLE)")
+	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", ""), "--broker nats: durable consumer name; instances sharing it share the work (default "+nats.DefaultDurable+", or "+nats.DefaultDurable+"-<handler-name> for a named handler) (CONSUMER_DURABLE)")
 	f.StringVar(&s.filterSubject, "filter-subject", EnvString("CONSUMER_FILTER_SUBJECT", ""), "--broker nats: subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
-	f.DurationVar(&s.ackWait, "ack-wait", EnvDuration("CONSUMER_ACK_WAIT", broker.DefaultAckWait), "--broker nats: JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
+	f.DurationVar(&s.ackWait, "ack-wait", EnvDuration("CONSUMER_ACK_WAIT", nats.DefaultAckWait), "--broker nats: JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
 	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "--broker nats: run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	return s
 }
 
-func (s *natsConsumer) config(opts SubscriberOptions) broker.NATSSubscriberConfig {
+func (s *natsConsumer) config(opts SubscriberOptions) nats.Config {
 	durable := s.durable
 	if durable == "" && handlerNamed(opts.HandlerName) && !strings.ContainsAny(opts.HandlerName, " \t\r\n*>") {
 		// A named handler gets its own durable: each handler receives every
 		// message, whatever other handlers' consumers acknowledge.
-		durable = broker.DefaultDurable + "-" + strings.ReplaceAll(opts.HandlerName, ".", "_")
+		durable = nats.DefaultDurable + "-" + strings.ReplaceAll(opts.HandlerName, ".", "_")
 	}
-	c := broker.NATSSubscriberConfig{URL: s.url, Stream: s.stream, SubjectPrefix: s.subjectPrefix, CreateStream: s.createStream,
+	if durable == "" {
+		durable = nats.DefaultDurable
+	}
+	c := nats.Config{URL: s.url, Stream: s.stream, SubjectPrefix: s.subjectPrefix, CreateStream: s.createStream,
 		Durable: durable, FilterSubject: s.filterSubject, DedupWindow: opts.DedupWindow,
 		AllowReplayBeyondDedupWindow: s.allowReplay, AckWait: s.ackWait, MaxPayloadBytes: opts.MaxPayloadBytes,
-		Logger: opts.Logger}
+		Logger: logbridge.Slog(opts.Logger)}
 	if opts.BatchSize >= 1 { // derived from it: only once that is valid
 		c.MaxAckPending = 10 * opts.BatchSize
 	}
-	return c.WithDefaults()
+	return c
 }
 
 func (s *natsConsumer) Check(opts SubscriberOptions) error {
 	if err := ValidateEnv(natsConsumerEnvKinds); err != nil {
 		return err
 	}
-	if err := s.config(opts).Validate(); err != nil {
+	if err := s.config(opts).ValidateSubscriber(); err != nil {
 		return natsConsumerNames(err)
 	}
 	return nil
@@ -206,7 +212,7 @@ func (s *natsConsumer) Check(opts SubscriberOptions) error {
 func (s *natsConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
 	cfg := s.config(opts)
 	return func(ctx context.Context) (broker.Subscriber, error) {
-		sub, err := broker.NewNATSSubscriber(ctx, cfg)
+		sub, err := nats.NewSubscriber(ctx, cfg)
 		if err != nil {
 			return nil, natsConsumerNames(err)
 		}

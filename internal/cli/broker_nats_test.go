@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -26,7 +26,7 @@ func (s failingSubscriber) Fetch(context.Context, int, time.Duration) ([]broker.
 // consumer naming its flags, and stays permanent.
 func TestNATSSubscriberRefusalNamesTheFlags(t *testing.T) {
 	t.Parallel()
-	refusal := setting.Errorf("", "NATSSubscriberConfig", "DedupWindow",
+	refusal := setting.Errorf("", "nats.Config", "DedupWindow",
 		"stream keeps messages longer than {} %s; raise {} or set {AllowReplayBeyondDedupWindow}", time.Hour)
 	sub := &namedSubscriber{Subscriber: failingSubscriber{err: broker.Terminal(refusal)}, names: natsConsumerNames}
 	_, err := sub.Fetch(context.Background(), 1, time.Millisecond)

@@ -10,8 +10,9 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -75,7 +76,7 @@ func bindRabbitMQRelay(f *pflag.FlagSet) RelaySide {
 
 func (s *rabbitMQRelay) config(log *zap.Logger) rabbitmq.Config {
 	c := s.cfg
-	c.Logger = log
+	c.Logger = logbridge.Slog(log)
 	return c.WithDefaults()
 }
 
@@ -121,7 +122,8 @@ func bindRabbitMQConsumer(f *pflag.FlagSet) ConsumerSide {
 
 func (s *rabbitMQConsumer) config(opts SubscriberOptions) rabbitmq.Config {
 	c := s.cfg
-	c.Logger = opts.Logger
+	c.Logger = logbridge.Slog(opts.Logger)
+	c.MaxPayloadBytes = opts.MaxPayloadBytes
 	if c.Queue == "" && handlerNamed(opts.HandlerName) {
 		// A named handler reads a queue of its own, bound like the default
 		// one: each handler receives every message published once the queue
@@ -148,7 +150,7 @@ func (s *rabbitMQConsumer) Check(opts SubscriberOptions) error {
 func (s *rabbitMQConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
 	cfg := s.config(opts)
 	return func(ctx context.Context) (broker.Subscriber, error) {
-		sub, err := rabbitmq.NewSubscriber(ctx, cfg, opts.MaxPayloadBytes)
+		sub, err := rabbitmq.NewSubscriber(ctx, cfg)
 		if err != nil {
 			return nil, rabbitMQOpenError(err)
 		}

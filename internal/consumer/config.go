@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -20,7 +20,7 @@ type Config struct {
 	// Pool is the PostgreSQL pool holding the inbox. Required.
 	Pool *pgxpool.Pool
 	// Subscribe creates the subscriber the consumer fetches from (see
-	// broker.NewNATSSubscriber); Run calls it once and closes the subscriber
+	// nats.NewSubscriber); Run calls it once and closes the subscriber
 	// when it returns. An error is returned by Run: a broker that cannot be
 	// reached at start-up is a setting to fix. Required.
 	Subscribe func(ctx context.Context) (broker.Subscriber, error)

@@ -19,7 +19,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -35,13 +36,13 @@ type testBundle struct {
 	prefix string
 	cfg    Config
 	// nats configures the NATS subscriber config() gives the consumer.
-	nats broker.NATSSubscriberConfig
+	nats pgnats.Config
 }
 
 // config returns b.cfg subscribing to NATS with b.nats.
 func (b *testBundle) config() Config {
 	cfg, nc := b.cfg, b.nats
-	cfg.Subscribe = func(ctx context.Context) (broker.Subscriber, error) { return broker.NewNATSSubscriber(ctx, nc) }
+	cfg.Subscribe = func(ctx context.Context) (broker.Subscriber, error) { return pgnats.NewSubscriber(ctx, nc) }
 	return cfg
 }
 
@@ -62,7 +63,7 @@ func setup(t *testing.T) *testBundle {
 	url := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, url)
 	_, js := testnats.Connect(t, url)
-	return &testBundle{pool: pool, js: js, stream: stream, prefix: prefix, nats: broker.NATSSubscriberConfig{
+	return &testBundle{pool: pool, js: js, stream: stream, prefix: prefix, nats: pgnats.Config{
 		URL:             url,
 		Stream:          stream,
 		SubjectPrefix:   prefix,
@@ -95,7 +96,7 @@ func (b *testBundle) publish(t *testing.T, id, msgID, eventType string, payload 
 	require.NoError(t, err)
 	m := nats.NewMsg(b.prefix + ".orders")
 	m.Data = data
-	m.Header.Set(broker.NATSMsgIDHeader, msgID)
+	m.Header.Set(pgnats.MsgIDHeader, msgID)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, eventType)
 	m.Header.Set(event.HeaderTopic, "orders")
@@ -352,7 +353,7 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 		30*time.Second, 20*time.Millisecond, "the redelivery was absorbed and acknowledged")
 	var id, reason string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM inbox WHERE status = 'dead'`).Scan(&id, &reason))
-	require.Equal(t, broker.NATSFallbackEventID(b.stream, b.created(t), ack.Sequence), id)
+	require.Equal(t, pgnats.FallbackEventID(b.stream, b.created(t), ack.Sequence), id)
 	require.Contains(t, reason, broker.ReasonMissingEventID)
 	var rows int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows))
@@ -552,15 +553,15 @@ func TestStreamOutlivingDedupWindowRefused(t *testing.T) {
 		err = c.Run(ctx)
 		cancel()
 		require.Error(t, err, "the consumer must refuse the stream")
-		var rw *broker.ReplayWindowError
+		var rw *pgnats.ReplayWindowError
 		require.ErrorAs(t, err, &rw)
 		require.ErrorContains(t, err, "MaxAge unlimited")
 		want := window
 		if want == 0 {
 			want = 7 * 24 * time.Hour
 		}
-		require.ErrorContains(t, err, "NATSSubscriberConfig.DedupWindow "+want.String())
-		require.ErrorContains(t, err, "NATSSubscriberConfig.AllowReplayBeyondDedupWindow")
+		require.ErrorContains(t, err, "nats.Config.DedupWindow "+want.String())
+		require.ErrorContains(t, err, "nats.Config.AllowReplayBeyondDedupWindow")
 	}
 
 	b.nats.DedupWindow, b.nats.AllowReplayBeyondDedupWindow = 0, true
@@ -650,7 +651,7 @@ func TestCreateStreamWithTheRelaysSettings(t *testing.T) {
 	defer cancel()
 	s, err := b.js.Stream(ctx, b.stream)
 	require.NoError(t, err)
-	want := broker.StreamSpec{Name: b.stream, SubjectPrefix: b.prefix, MaxAge: 2 * time.Hour}.Config()
+	want := pgnats.StreamSpec{Name: b.stream, SubjectPrefix: b.prefix, MaxAge: 2 * time.Hour}.Config()
 	got := s.CachedInfo().Config
 	require.Equal(t, want.MaxAge, got.MaxAge)
 	require.Equal(t, want.Duplicates, got.Duplicates)

@@ -10,7 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -27,7 +28,7 @@ func (b *testBundle) publishSeqPayload(t *testing.T, id, msgID, key, seq, payloa
 	t.Helper()
 	m := nats.NewMsg(b.prefix + ".orders")
 	m.Data = []byte(payload)
-	m.Header.Set(broker.NATSMsgIDHeader, msgID)
+	m.Header.Set(pgnats.MsgIDHeader, msgID)
 	m.Header.Set(event.HeaderEventID, id)
 	m.Header.Set(event.HeaderEventType, "Step")
 	m.Header.Set(event.HeaderTopic, "orders")

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -71,7 +71,12 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 	cfg := b.cfg
 	cfg.Subscribe = func(ctx context.Context) (broker.Subscriber, error) {
 		var sub broker.Subscriber
-		err := testamqp.Retry(time.Minute, func() (err error) { sub, err = rabbitmq.NewSubscriber(ctx, rcfg, DefaultMaxPayloadBytes); return err })
+		err := testamqp.Retry(time.Minute, func() (err error) {
+			rcfg := rcfg
+			rcfg.MaxPayloadBytes = DefaultMaxPayloadBytes
+			sub, err = rabbitmq.NewSubscriber(ctx, rcfg)
+			return err
+		})
 		return sub, err
 	}
 	c, err := New(cfg)

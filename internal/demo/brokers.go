@@ -12,9 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
-	"github.com/pgrelay/pgrelay/internal/broker/rabbitmq"
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/natsserver"
 )
 
 // Brokers the demo can run on (Config.Broker).
@@ -53,7 +54,7 @@ type natsBroker struct {
 func startNATSBroker(ctx context.Context, cfg Config, work string, say func(string, ...any)) (*natsBroker, error) {
 	b := &natsBroker{url: cfg.NATSURL, stop: func() {}}
 	if b.url == "" {
-		srv, u, err := broker.StartEmbedded(broker.EmbeddedConfig{StoreDir: filepath.Join(work, "nats"), Listen: "127.0.0.1:0"})
+		srv, u, err := natsserver.Start(natsserver.Config{StoreDir: filepath.Join(work, "nats"), Listen: "127.0.0.1:0"})
 		if err != nil {
 			return nil, err
 		}
@@ -76,7 +77,7 @@ func startNATSBroker(ctx context.Context, cfg Config, work string, say func(stri
 	// see another run's messages.
 	suffix := randomHex(4)
 	b.stream, b.prefix = "PGRELAY_DEMO_"+strings.ToUpper(suffix), "pgrelaydemo"+suffix
-	if _, err := b.js.CreateStream(ctx, broker.StreamSpec{Name: b.stream, SubjectPrefix: b.prefix}.Config()); err != nil {
+	if _, err := b.js.CreateStream(ctx, pgnats.StreamSpec{Name: b.stream, SubjectPrefix: b.prefix}.Config()); err != nil {
 		b.close()
 		return nil, fmt.Errorf("demo: create stream %s: %w", b.stream, err)
 	}
@@ -96,7 +97,7 @@ func (b *natsBroker) publish(ctx context.Context, eventID, msgID, eventType stri
 		m.Header.Set(event.HeaderEventID, eventID)
 	}
 	if msgID != "" {
-		m.Header.Set(broker.NATSMsgIDHeader, msgID)
+		m.Header.Set(pgnats.MsgIDHeader, msgID)
 	}
 	if eventType != "" {
 		m.Header.Set(event.HeaderEventType, eventType)

@@ -13,14 +13,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
-	"github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // Flags are the operator settings both services take on their command
@@ -39,24 +37,6 @@ type Flags struct {
 	// (consumer only).
 	DedupRecordMax int
 }
-
-// BindFlags registers --metrics-addr, --admin-addr and --admin-token (and,
-// when withRetention is set, --dedup-window and --dedup-record-max) on fs,
-// defaulted from METRICS_ADDR, ADMIN_ADDR, ADMIN_TOKEN, DEDUP_WINDOW and
-// DEDUP_RECORD_MAX.
-func BindFlags(fs *pflag.FlagSet, f *Flags, metricsAddr, adminAddr string, withRetention bool) {
-	fs.StringVar(&f.MetricsAddr, "metrics-addr", cli.EnvString("METRICS_ADDR", metricsAddr), "address serving /metrics, /healthz and /readyz; empty disables (METRICS_ADDR)")
-	fs.StringVar(&f.AdminAddr, "admin-addr", cli.EnvString("ADMIN_ADDR", adminAddr), "address of the admin API (loopback unless --admin-token is set); empty disables (ADMIN_ADDR)")
-	fs.StringVar(&f.AdminToken, "admin-token", cli.EnvString("ADMIN_TOKEN", ""), "bearer token the admin API requires; required off loopback (ADMIN_TOKEN)")
-	if withRetention {
-		fs.DurationVar(&f.DedupWindow, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", inbox.DefaultDedupWindow), "how long processed inbox rows are kept to absorb redeliveries; must exceed the broker's redelivery horizon (DEDUP_WINDOW)")
-		fs.IntVar(&f.DedupRecordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", inbox.DefaultDuplicatesMax), "how many recorded duplicates (the console's feed, inbox_duplicates) inbox retention keeps; at least 1 (DEDUP_RECORD_MAX)")
-	}
-}
-
-// EnvKinds lists the typed environment variables of BindFlags, for
-// cli.ValidateEnv.
-var EnvKinds = map[string]string{"DEDUP_WINDOW": "duration", "DEDUP_RECORD_MAX": "int"}
 
 // Config configures Start.
 type Config struct {
@@ -77,6 +57,19 @@ type Config struct {
 	Counters func() (received, duplicates float64, ok bool)
 	// Logger receives the servers' logs. Default: a no-op logger.
 	Logger *zap.Logger
+	// Struct, when set, is the configuration struct whose fields MetricsAddr
+	// and AdminAddr the errors name (as *setting.FieldErrors, "consumer.Config").
+	// Default: the command-line flags.
+	Struct string
+}
+
+// addrError reports an address that cannot be bound, naming its setting.
+func (c Config) addrError(field, addr string, err error) error {
+	if c.Struct != "" {
+		return setting.Errorf("", c.Struct, field, "{} %q: %w", addr, err)
+	}
+	flag := map[string]string{"MetricsAddr": "--metrics-addr (METRICS_ADDR)", "AdminAddr": "--admin-addr (ADMIN_ADDR)"}[field]
+	return fmt.Errorf("%s %q: %w", flag, addr, err)
 }
 
 // Running is a service's operator endpoints: the metrics and health server and
@@ -133,7 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		}
 		ln, err := net.Listen("tcp", cfg.Flags.MetricsAddr)
 		if err != nil {
-			return nil, fmt.Errorf("--metrics-addr (METRICS_ADDR) %q: %w", cfg.Flags.MetricsAddr, err)
+			return nil, cfg.addrError("MetricsAddr", cfg.Flags.MetricsAddr, err)
 		}
 		listeners = append(listeners, ln)
 		o.metricsAddr = ln.Addr()
@@ -153,7 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		ln, err := net.Listen("tcp", cfg.Flags.AdminAddr)
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("--admin-addr (ADMIN_ADDR) %q: %w", cfg.Flags.AdminAddr, err)
+			return nil, cfg.addrError("AdminAddr", cfg.Flags.AdminAddr, err)
 		}
 		listeners = append(listeners, ln)
 		o.adminAddr = ln.Addr()

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -32,7 +33,7 @@ func TestOpsServeAndStop(t *testing.T) {
 	pool := testdb.New(t)
 	var f endpoints.Flags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-	endpoints.BindFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
+	cli.BindEndpointFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
 	require.NoError(t, fs.Parse(nil))
 	require.Equal(t, 7*24*time.Hour, f.DedupWindow)
 

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -29,7 +29,7 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 	stream, prefix := testnats.Stream(t, natsURL)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
+	pub, err := nats.NewPublisher(ctx, nats.Config{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 
@@ -54,7 +54,7 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 
 	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, Observer: obs,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), PollInterval: 20 * time.Millisecond,
-		LeaseDuration: 3 * time.Second})
+		Lease: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -15,7 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -78,7 +79,7 @@ func runHopChild() int {
 	})
 	c, err := consumer.New(consumer.Config{
 		Pool: pool,
-		Subscribe: broker.SubscribeNATS(broker.NATSSubscriberConfig{URL: os.Getenv("CHILD_NATS_URL"), Stream: os.Getenv("CHILD_STREAM"),
+		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: os.Getenv("CHILD_NATS_URL"), Stream: os.Getenv("CHILD_STREAM"),
 			SubjectPrefix: os.Getenv("CHILD_PREFIX"), Durable: "hops"}),
 		Inbox: inbox.Config{Handler: handler, Workers: 1, Lease: 2 * time.Second, HandlerTimeout: time.Second},
 	})
@@ -125,7 +126,7 @@ func TestConsumeProduceOneTransaction(t *testing.T) {
 	require.NoError(t, ob.Enqueue(ctx, tx, a1, a2))
 	require.NoError(t, tx.Commit(ctx))
 
-	pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
+	pub, err := nats.NewPublisher(ctx, nats.Config{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, NodeID: "hops"})

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 )
 
 // The test binary re-executes itself as a relay process (childEnv=1) so that
@@ -24,7 +24,7 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	pub, err := broker.NewNATS(ctx, broker.NATSConfig{
+	pub, err := nats.NewPublisher(ctx, nats.Config{
 		URL: os.Getenv("CHILD_NATS_URL"), SubjectPrefix: os.Getenv("CHILD_PREFIX"), Stream: os.Getenv("CHILD_STREAM"),
 	})
 	if err != nil {
@@ -32,7 +32,7 @@ func runChild() int {
 		return 2
 	}
 	r, err := New(Config{
-		Pool: pool, Publisher: pub, NodeID: "child", LeaseDuration: time.Second, HeartbeatInterval: 200 * time.Millisecond,
+		Pool: pool, Publisher: pub, NodeID: "child", Lease: time.Second, HeartbeatInterval: 200 * time.Millisecond,
 		hooks: hooks{afterPublish: func(int32, []int64) {
 			fmt.Println("PUBLISHED")
 			select {}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -31,11 +31,11 @@ type Config struct {
 	// BatchSize is the most rows read, published and marked at once per
 	// partition. Default: DefaultBatchSize; at most 10,000.
 	BatchSize int
-	// LeaseDuration is how long a partition lease lasts without renewal;
+	// Lease is how long a partition lease lasts without renewal;
 	// a crashed relay's partitions are taken over after it. Default: 15s.
-	LeaseDuration time.Duration
+	Lease time.Duration
 	// HeartbeatInterval is how often leases are renewed and partitions
-	// rebalanced; at most half of LeaseDuration. Default: LeaseDuration/3.
+	// rebalanced; at most half of Lease. Default: Lease/3.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle partition looks for rows when no
 	// notification arrives (LISTEN/NOTIFY is the fast path). Default: 1s.
@@ -110,11 +110,11 @@ func (c Config) WithDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = DefaultLease
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = c.LeaseDuration / 3
+		c.HeartbeatInterval = c.Lease / 3
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
@@ -166,10 +166,10 @@ func (c Config) Validate() error {
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return bad("BatchSize", "{} must be between 1 and 10000, got %d", c.BatchSize)
-	case c.LeaseDuration < 100*time.Millisecond:
-		return bad("LeaseDuration", "{} must be at least 100ms, got %s", c.LeaseDuration)
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval > c.LeaseDuration/2:
-		return bad("HeartbeatInterval", "{} must be positive and at most half of {LeaseDuration} (%s), got %s", c.LeaseDuration, c.HeartbeatInterval)
+	case c.Lease < 100*time.Millisecond:
+		return bad("Lease", "{} must be at least 100ms, got %s", c.Lease)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval > c.Lease/2:
+		return bad("HeartbeatInterval", "{} must be positive and at most half of {Lease} (%s), got %s", c.Lease, c.HeartbeatInterval)
 	case c.PollInterval <= 0:
 		return bad("PollInterval", "{} must be positive, got %s", c.PollInterval)
 	case c.PublishTimeout <= 0:

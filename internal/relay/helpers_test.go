@@ -17,7 +17,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -58,13 +59,13 @@ func setupB(t testing.TB) *bundle {
 	return &bundle{pool: pool, dbURL: dbURL, natsURL: natsURL, stream: stream, prefix: prefix, js: js}
 }
 
-func (b *bundle) publisher(t *testing.T) *broker.NATS { return b.publisherB(t) }
+func (b *bundle) publisher(t *testing.T) *nats.Publisher { return b.publisherB(t) }
 
-func (b *bundle) publisherB(t testing.TB) *broker.NATS {
+func (b *bundle) publisherB(t testing.TB) *nats.Publisher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := broker.NewNATS(ctx, broker.NATSConfig{URL: b.natsURL, SubjectPrefix: b.prefix, Stream: b.stream, AckTimeout: 2 * time.Second, ReconnectWait: 50 * time.Millisecond})
+	p, err := nats.NewPublisher(ctx, nats.Config{URL: b.natsURL, SubjectPrefix: b.prefix, Stream: b.stream, AckTimeout: 2 * time.Second, ReconnectWait: 50 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	return p
@@ -82,7 +83,7 @@ func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs Observer) Co
 		Publisher:         pub,
 		Logger:            log,
 		Observer:          obs,
-		LeaseDuration:     time.Second,
+		Lease:             time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		PollInterval:      200 * time.Millisecond,
 		QueryTimeout:      5 * time.Second,

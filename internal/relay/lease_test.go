@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
 )
 
 // countingPublisher counts the Publish calls that reach it.
@@ -99,7 +99,7 @@ func TestReleasedPartitionsTakenOverAtOnce(t *testing.T) {
 	// Both relays heartbeat only every 10 s.
 	cfg := func() Config {
 		c := b.testConfig(t, pub, &countingObserver{})
-		c.LeaseDuration, c.HeartbeatInterval = 30*time.Second, 10*time.Second
+		c.Lease, c.HeartbeatInterval = 30*time.Second, 10*time.Second
 		return c
 	}
 	a, stopA := start(t, cfg())

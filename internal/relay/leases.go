@@ -25,9 +25,9 @@ func (r *Relay) tick(ctx context.Context) error {
 	if err := r.q.HeartbeatNode(qctx, pool, r.cfg.NodeID); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
-	leaseSecs := r.cfg.LeaseDuration.Seconds()
+	leaseSecs := r.cfg.Lease.Seconds()
 	// A lease renewed or taken by a statement sent now lasts at least until
-	// now + LeaseDuration on this process's clock: the database's lease_until
+	// now + Lease on this process's clock: the database's lease_until
 	// is computed later, from the same duration.
 	deadline := r.leaseDeadline()
 	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
@@ -148,7 +148,7 @@ var errLeaseExpired = errors.New("lease expired before publishing: the batch was
 // leaseDeadline is the end of a lease renewed or taken by a statement sent
 // now, on the monotonic clock.
 func (r *Relay) leaseDeadline() time.Duration {
-	return time.Since(r.clock) + r.cfg.LeaseDuration
+	return time.Since(r.clock) + r.cfg.Lease
 }
 
 // leaseEnd returns when w's lease ends at the latest, as a time carrying a

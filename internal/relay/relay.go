@@ -100,7 +100,7 @@ func (r *Relay) NodeID() string { return r.cfg.NodeID }
 // releases its leases and returns nil. Database and broker failures are
 // retried with backoff; they never end Run.
 func (r *Relay) Run(ctx context.Context) error {
-	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.LeaseDuration))
+	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)
 	go func() { defer bg.Done(); r.pollBusy(ctx) }()

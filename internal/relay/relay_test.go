@@ -17,7 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/broker"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
@@ -56,7 +57,7 @@ func TestCommittedPublishedOnceRolledBackNever(t *testing.T) {
 	for i, r := range got {
 		require.Equal(t, fmt.Sprintf("c-%d", i), r.eventID)
 		require.Equal(t, b.prefix+".orders", r.subject)
-		require.Equal(t, r.eventID, r.headers[broker.NATSMsgIDHeader][0])
+		require.Equal(t, r.eventID, r.headers[nats.MsgIDHeader][0])
 		require.Equal(t, "OrderCreated", r.headers[event.HeaderEventType][0])
 		require.Equal(t, "orders", r.headers[event.HeaderTopic][0])
 		require.Equal(t, "order-1", r.headers[event.HeaderKey][0])
@@ -375,7 +376,7 @@ func TestNoStreamForSubjectGoesDead(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pub, err := broker.NewNATS(ctx, broker.NATSConfig{URL: b.natsURL, SubjectPrefix: b.prefix + "nostream", AckTimeout: time.Second})
+	pub, err := nats.NewPublisher(ctx, nats.Config{URL: b.natsURL, SubjectPrefix: b.prefix + "nostream", AckTimeout: time.Second})
 	require.NoError(t, err)
 	defer pub.Close()
 	b.enqueue(t, msgs(3, "k", "n")...)
@@ -448,8 +449,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	cases := map[string]Config{
 		"Config.Pool":              {Publisher: pub},
 		"Config.BatchSize":         {BatchSize: -1},
-		"Config.HeartbeatInterval": {LeaseDuration: time.Second, HeartbeatInterval: time.Second},
-		"Config.LeaseDuration":     {LeaseDuration: time.Millisecond},
+		"Config.HeartbeatInterval": {Lease: time.Second, HeartbeatInterval: time.Second},
+		"Config.Lease":             {Lease: time.Millisecond},
 		"Config.BackoffMin":        {BackoffMin: time.Second, BackoffMax: time.Millisecond},
 	}
 	b := setup(t)
@@ -462,10 +463,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	_, err := New(Config{Pool: b.pool})
 	require.ErrorContains(t, err, "Config.Publisher")
-	_, err = broker.NewNATS(context.Background(), broker.NATSConfig{})
-	require.ErrorContains(t, err, "NATSConfig.URL")
-	_, err = broker.NewNATS(context.Background(), broker.NATSConfig{URL: "nats://x", SubjectPrefix: "a.*"})
-	require.ErrorContains(t, err, "NATSConfig.SubjectPrefix")
+	_, err = nats.NewPublisher(context.Background(), nats.Config{})
+	require.ErrorContains(t, err, "nats.Config.URL")
+	_, err = nats.NewPublisher(context.Background(), nats.Config{URL: "nats://x", SubjectPrefix: "a.*"})
+	require.ErrorContains(t, err, "nats.Config.SubjectPrefix")
 }
 
 var _ = sort.Ints

@@ -1,0 +1,427 @@
+// Package consumer runs pgrelay's consumer as a library: it fetches
+// deliveries from a broker subscriber (NATS JetStream, Kafka, RabbitMQ, or
+// any broker.Subscriber), stores them in the inbox, deduplicated, and runs a
+// pgrelay.InboxHandler over them exactly once per event, together with the
+// inbox's retention. Prometheus metrics, health checks and the admin API are
+// opt-in (Config.MetricsAddr, Config.AdminAddr).
+//
+// The broker is chosen by Config.Subscribe, so a program carries only the
+// client of the broker it uses:
+//
+//	c, err := consumer.New(consumer.Config{
+//		Pool:      pool,
+//		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: "nats://127.0.0.1:4222"}),
+//		Inbox:     pgrelay.InboxConfig{Handler: handler},
+//	})
+//
+// A program that only enqueues, or runs an inbox worker fed by its own code,
+// needs the root package alone.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	engine "github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/internal/endpoints"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/inboxadapt"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/setting"
+	"github.com/pgrelay/pgrelay/migrations"
+)
+
+// Defaults for Config.
+const (
+	DefaultFetchBatchSize = engine.DefaultBatchSize
+	DefaultMaxWait        = engine.DefaultMaxWait
+	DefaultStatsInterval  = engine.DefaultStatsInterval
+	DefaultStartupTimeout = 30 * time.Second
+	// DefaultMaxPayloadBytes is the payload limit a command-line consumer
+	// gives its subscriber (the adapters' Config.MaxPayloadBytes).
+	DefaultMaxPayloadBytes = engine.DefaultMaxPayloadBytes
+)
+
+// Config configures a Consumer. The zero value of every optional field means
+// the default it documents. Errors name the fields as consumer.Config.<Field>.
+type Config struct {
+	// Pool is the PostgreSQL database holding the inbox (migrated with
+	// `relay migrate up` or the migrations package). Required. Give it at
+	// least Inbox.Workers+4 connections.
+	Pool *pgxpool.Pool
+	// Subscribe creates the subscriber the consumer fetches from, for
+	// example broker.Subscribe(nats.NewSubscriber, nats.Config{...}),
+	// broker.Subscribe(kafka.NewSubscriber, kafka.Config{...}) or
+	// broker.Subscribe(rabbitmq.NewSubscriber, rabbitmq.Config{...}). Run
+	// calls it once and closes the subscriber when it returns; an error
+	// there (a broker unreachable at start-up) is returned by Run. Consumers
+	// of different handlers need subscribers of their own (nats.Config.Durable,
+	// kafka.Config.Group, rabbitmq.Config.Queue), so that each handler receives
+	// every message; consumers of one handler share one. Required.
+	Subscribe func(ctx context.Context) (broker.Subscriber, error)
+	// Inbox configures the inbox workers that run the handler in this
+	// process, as pgrelay.NewInboxWorker takes it: Inbox.Handler is
+	// required; Inbox.HandlerName names the handler the received messages
+	// are stored for (with DedupKey); Inbox.Retention.Window is the dedup
+	// window. Inbox.Pool defaults to Pool, Inbox.Logger to Logger.
+	// Inbox.Observer is told about the workers as well as the metrics.
+	Inbox pgrelay.InboxConfig
+	// DedupKey is the key strategy spec of the handler's rows (see
+	// pgrelay.Target.DedupKey). Default "message-id".
+	DedupKey string
+	// DedupKeyByTopic overrides DedupKey for the messages of the named
+	// topics: topic → key strategy spec. Default: none.
+	DedupKeyByTopic map[string]string
+	// Targets, when set, are the handlers each received message is stored
+	// for (one row each, in one statement), for a consumer whose ingest feeds
+	// several handlers; Inbox.HandlerName must be among them (DedupKey and
+	// DedupKeyByTopic are then unused). Default: Inbox.HandlerName with
+	// DedupKey.
+	Targets []pgrelay.Target
+
+	// FetchBatchSize is how many messages one fetch asks for, stored in one
+	// transaction. Default DefaultFetchBatchSize (100).
+	FetchBatchSize int
+	// MaxWait is how long an idle fetch waits; it also bounds shutdown.
+	// Default DefaultMaxWait (500ms).
+	MaxWait time.Duration
+	// StatsInterval is how often the ingest counters are logged; negative
+	// disables. Default DefaultStatsInterval (30s).
+	StatsInterval time.Duration
+	// DupRateWarn is the share of deliveries absorbed as duplicates (0..1)
+	// over one stats interval above which "high duplicate rate" is logged at
+	// warn. Default 0: no warning.
+	DupRateWarn float64
+	// NoApplyOnReceive turns off applying on receive. By default, while the
+	// inbox workers are idle and the consumer keeps up with the broker (a
+	// fetch returns less than a full batch), the events of a fetched batch
+	// are stored and their handler run in one transaction, so that an event
+	// is not claimed a second time; whatever fails there (an error, a
+	// deferral, a panic) is rolled back and left to the workers, uncounted
+	// as an attempt. Under a backlog the workers take every event. Default
+	// false.
+	NoApplyOnReceive bool
+
+	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9091".
+	// Default "": not served.
+	MetricsAddr string
+	// AdminAddr serves the admin API (stats, dead letters, replay), for
+	// example "127.0.0.1:9191". Default "": not served.
+	AdminAddr string
+	// AdminToken is the bearer token the admin API requires: at least 16
+	// characters; required when AdminAddr is not a loopback address.
+	// Default "".
+	AdminToken string
+	// StartupTimeout bounds the database check at start-up. Default
+	// DefaultStartupTimeout (30s).
+	StartupTimeout time.Duration
+	// Logger receives the logs. Default: none.
+	Logger *slog.Logger
+}
+
+// configError is a *setting.FieldError of a Config field.
+func configError(field, format string, args ...any) error {
+	return setting.Errorf("", "consumer.Config", field, format, args...)
+}
+
+// publicError names the engine's fields as the Config fields that set
+// them: the engine's BatchSize is FetchBatchSize, its Inbox.* and
+// Retention.* the same paths under Inbox.
+func publicError(err error) error {
+	return setting.Map(err, func(fe *setting.FieldError) error {
+		if fe.Struct != "Config" { // not the engine's: a subscriber's, a publisher's, already ours
+			return fe
+		}
+		return fe.Renamed("consumer.Config", func(f string) string {
+			if f == "BatchSize" {
+				return "FetchBatchSize"
+			}
+			return f
+		})
+	})
+}
+
+// Consumer receives events from a broker into the inbox, deduplicated, and
+// runs the handler over them exactly once per event, together with inbox
+// retention and, when configured, metrics, health checks and the admin API.
+// Create it with New and run it with Run.
+type Consumer struct {
+	cfg     Config
+	log     *zap.Logger
+	c       *engine.Consumer
+	reg     *prometheus.Registry
+	running atomic.Bool
+	started chan struct{}
+	ops     *endpoints.Running
+}
+
+// New checks cfg and builds a consumer; it does not connect to anything
+// until Run. Every invalid setting is reported, each naming its Config field.
+func New(cfg Config) (*Consumer, error) {
+	if cfg.StartupTimeout == 0 {
+		cfg.StartupTimeout = DefaultStartupTimeout
+	}
+	if cfg.Inbox.Pool == nil {
+		cfg.Inbox.Pool = cfg.Pool
+	}
+	if cfg.Inbox.Logger == nil {
+		cfg.Inbox.Logger = cfg.Logger
+	}
+	if cfg.Inbox.HandlerName == "" {
+		cfg.Inbox.HandlerName = pgrelay.DefaultHandlerName
+	}
+	var errs []error
+	if cfg.Subscribe == nil {
+		errs = append(errs, configError("Subscribe", "{} is required: broker.Subscribe(nats.NewSubscriber, nats.Config{...}) or another adapter's"))
+	}
+	if cfg.StartupTimeout < 0 {
+		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", cfg.StartupTimeout))
+	}
+	errs = append(errs, checkOps(cfg)...)
+	targets := cfg.Targets
+	field := "Targets"
+	if len(targets) == 0 {
+		targets = []pgrelay.Target{{Handler: cfg.Inbox.HandlerName, DedupKey: cfg.DedupKey, DedupKeyByTopic: cfg.DedupKeyByTopic}}
+		field = ""
+	}
+	engineTargets, names, terrs := parseTargets(field, targets)
+	errs = append(errs, terrs...)
+
+	log := logbridge.Zap(cfg.Logger)
+	pc := &Consumer{cfg: cfg, log: log, reg: metrics.NewRegistry(), started: make(chan struct{})}
+	observer := metrics.NewInboxObserver(pc.reg, metrics.InboxObserverOptions{
+		Handler:  cfg.Inbox.HandlerName,
+		Handlers: names,
+		IngestStats: func() metrics.IngestStats {
+			st := pc.c.Stats()
+			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
+				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, AppliedOnReceive: st.AppliedOnReceive,
+				Unacked: st.Unacked, HitRatio: pc.c.DedupHitRatio()}
+		},
+	})
+	inboxCfg := engineInbox(cfg.Inbox)
+	inboxCfg.Observer = inboxadapt.Tee(observer, inboxCfg.Observer)
+	if o := inboxCfg.Retention.Observer; o != nil {
+		inboxCfg.Retention.Observer = retentionTee{metrics.NewRetentionObserver(pc.reg), o}
+	} else {
+		inboxCfg.Retention.Observer = metrics.NewRetentionObserver(pc.reg)
+	}
+	c, err := engine.New(engine.Config{
+		Pool:             cfg.Pool,
+		Subscribe:        cfg.Subscribe,
+		BatchSize:        cfg.FetchBatchSize,
+		MaxWait:          cfg.MaxWait,
+		StatsInterval:    cfg.StatsInterval,
+		DupRateWarn:      cfg.DupRateWarn,
+		ObserveReceive:   observer.ObserveReceive,
+		ObserveConflicts: observer.KeyConflicts,
+		Targets:          engineTargets,
+		NoApplyOnReceive: cfg.NoApplyOnReceive,
+		Inbox:            inboxCfg,
+		Logger:           log,
+	})
+	if err != nil {
+		// The engine prefixes "consumer: "; keep it once, before the list.
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner
+		}
+		errs = append([]error{publicError(err)}, errs...)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("consumer: %w", errors.Join(errs...))
+	}
+	pc.c = c
+	return pc, nil
+}
+
+// parseTargets parses the targets' key strategy specs; errors name
+// field[i].DedupKey, or DedupKey and DedupKeyByTopic for the default target
+// (field empty).
+func parseTargets(field string, targets []pgrelay.Target) ([]inbox.Target, []string, []error) {
+	out := make([]inbox.Target, len(targets))
+	names := make([]string, len(targets))
+	var errs []error
+	for i, t := range targets {
+		prefix := ""
+		if field != "" {
+			prefix = fmt.Sprintf("%s[%d].", field, i)
+		}
+		out[i].Handler, names[i] = t.Handler, t.Handler
+		s, err := inbox.ParseKeyStrategy(t.DedupKey)
+		if err != nil {
+			errs = append(errs, configError(prefix+"DedupKey", "{}: %w", err))
+		}
+		out[i].Strategy = s
+		for topic, spec := range t.DedupKeyByTopic {
+			s, err := inbox.ParseKeyStrategy(spec)
+			if err != nil {
+				errs = append(errs, configError(prefix+"DedupKeyByTopic", "{}[%q]: %w", topic, err))
+				continue
+			}
+			if out[i].ByTopic == nil {
+				out[i].ByTopic = map[string]inbox.KeyStrategy{}
+			}
+			out[i].ByTopic[topic] = s
+		}
+	}
+	return out, names, errs
+}
+
+// checkOps checks the operator endpoints' settings, naming the Config
+// fields.
+func checkOps(cfg Config) []error {
+	var errs []error
+	for field, addr := range map[string]string{"MetricsAddr": cfg.MetricsAddr, "AdminAddr": cfg.AdminAddr} {
+		if addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, configError(field, "{} %q: %w", addr, err))
+		}
+	}
+	if cfg.AdminAddr != "" {
+		if loopback, err := adminhttp.IsLoopback(cfg.AdminAddr); err == nil && !loopback && cfg.AdminToken == "" {
+			errs = append(errs, configError("AdminToken", "{} is required: {AdminAddr} %q is not a loopback address", cfg.AdminAddr))
+		}
+	}
+	if cfg.AdminToken != "" && len(cfg.AdminToken) < 16 {
+		errs = append(errs, configError("AdminToken", "{} must be at least 16 characters"))
+	}
+	return errs
+}
+
+// Run checks the database (reachable and migrated), binds MetricsAddr and
+// AdminAddr, then consumes until ctx is cancelled and shuts down gracefully:
+// the batch in hand is stored and acknowledged, the handlers in flight
+// finish. It returns nil after a graceful shutdown. Broker and database
+// outages while running are retried, never returned; a setting that cannot
+// work (a broker unreachable at start-up, a NATS stream outliving the dedup
+// window, a busy address, a database without the migrations) is, naming its
+// field.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run was already called; create another Consumer")
+	}
+	if err := c.checkDatabase(ctx); err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ops, err := endpoints.Start(ctx, endpoints.Config{
+		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
+			AdminToken: c.cfg.AdminToken},
+		Struct: "consumer.Config",
+		Pool:   c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.log,
+		Checks: map[string]metrics.Check{
+			"database": metrics.PingCheck(c.cfg.Pool),
+			"broker": func(context.Context) error {
+				if !c.c.Ready() {
+					return errors.New("not fetching from the broker")
+				}
+				return nil
+			},
+		},
+		Counters: func() (float64, float64, bool) {
+			st := c.c.Stats()
+			return float64(st.Fetched), float64(st.Duplicates), true
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	c.ops = ops
+	close(c.started)
+	runErr := publicError(c.c.Run(ctx))
+	stop() // Run returned on its own: stop the operator endpoints too
+	return errors.Join(runErr, ops.Wait())
+}
+
+// checkDatabase fails start-up when the database cannot be reached or lacks
+// the migrations: consuming into a partial schema would only loop on errors
+// while looking alive.
+func (c *Consumer) checkDatabase(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
+	defer cancel()
+	if err := c.cfg.Pool.Ping(ctx); err != nil {
+		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: cannot reach PostgreSQL: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(c.cfg.Pool)
+	defer sqlDB.Close()
+	if err := migrations.Check(ctx, sqlDB); err != nil {
+		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w; apply the migrations first", err)
+	}
+	return nil
+}
+
+// Ready reports whether the consumer is fetching: its last fetch from the
+// broker succeeded.
+func (c *Consumer) Ready() bool { return c.c.Ready() }
+
+// Stats are a consumer's ingest counters since it started.
+type Stats struct {
+	// Fetched counts deliveries fetched from the broker, redeliveries included.
+	Fetched int64 `json:"fetched"`
+	// Inserted counts messages stored as new inbox rows (dead ones included).
+	Inserted int64 `json:"inserted"`
+	// Duplicates counts fetched messages whose event id the inbox already held.
+	Duplicates int64 `json:"duplicates"`
+	// Dead counts new inbox rows stored dead at ingest (malformed input).
+	Dead int64 `json:"dead"`
+	// Acked counts messages acknowledged after their batch committed.
+	Acked int64 `json:"acked"`
+	// StoreErrors counts failed attempts to store a batch.
+	StoreErrors int64 `json:"store_errors"`
+	// FetchErrors counts failed fetches (broker unreachable, for example).
+	FetchErrors int64 `json:"fetch_errors"`
+	// Conflicts counts deliveries whose dedup key was stored with a
+	// different payload (every handler together).
+	Conflicts int64 `json:"conflicts"`
+	// AppliedOnReceive counts events whose handler ran in the transaction
+	// that stored them (Config.NoApplyOnReceive).
+	AppliedOnReceive int64 `json:"applied_on_receive"`
+	// Unacked counts deliveries left unacknowledged while the consumer runs:
+	// refused by the database even as dead letters (logged at error with the
+	// reason). The broker delivers them again later (NATS after its ack wait,
+	// RabbitMQ when the channel closes, Kafka after a rebalance or restart;
+	// until then a Kafka partition's committed offset stays before the record).
+	Unacked int64 `json:"unacked"`
+}
+
+// Stats returns a snapshot of the ingest counters.
+func (c *Consumer) Stats() Stats { return Stats(c.c.Stats()) }
+
+// MetricsAddr returns the address the metrics server listens on once Run has
+// started it (useful with port 0), or nil.
+func (c *Consumer) MetricsAddr() net.Addr {
+	select {
+	case <-c.started:
+		return c.ops.MetricsAddr()
+	default:
+		return nil
+	}
+}
+
+// AdminAddr returns the address the admin API listens on once Run has started
+// it, or nil.
+func (c *Consumer) AdminAddr() net.Addr {
+	select {
+	case <-c.started:
+		return c.ops.AdminAddr()
+	default:
+		return nil
+	}
+}
