@@ -69,7 +69,7 @@ func TestOrderedThroughTheBroker(t *testing.T) {
 		return out
 	}
 	status := func(id string) (st, lastErr string) {
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM inbox WHERE event_id = $1`, id).
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM pgrelay.inbox WHERE event_id = $1`, id).
 			Scan(&st, &lastErr))
 		return st, lastErr
 	}

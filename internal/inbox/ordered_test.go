@@ -218,7 +218,7 @@ func TestOrderedPoisonParksTheKeyAndRequeueResumesIt(t *testing.T) {
 	// Requeue (as consumer dead requeue does): it runs again, in order.
 	cured.Store("p-2", true)
 	_, err := pool.Exec(context.Background(),
-		`UPDATE inbox SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL WHERE event_id = 'p-2'`)
+		`UPDATE pgrelay.inbox SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL WHERE event_id = 'p-2'`)
 	require.NoError(t, err)
 	waitSeqs(t, pool, "p", []int64{1, 2, 3, 4})
 }
@@ -261,8 +261,8 @@ func TestOrderedSkipDeadAndSkipGap(t *testing.T) {
 	require.Equal(t, []int64{1, 4, 5}, appliedSeqs(t, pool, "g"))
 
 	require.Equal(t, 2, queryInt(t, pool,
-		`SELECT count(*) FROM replay_audit WHERE action IN ('skip_gap', 'skip_dead') AND actor = 'alice' AND handler = 'default'`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM replay_audit WHERE event_id = 'g#2-3'`))
+		`SELECT count(*) FROM pgrelay.replay_audit WHERE action IN ('skip_gap', 'skip_dead') AND actor = 'alice' AND handler = 'default'`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.replay_audit WHERE event_id = 'g#2-3'`))
 	require.Eventually(t, func() bool {
 		return obs.get(inbox.SeqGapSkipped) == 1 && obs.get(inbox.SeqDeadSkipped) == 1
 	}, 10*time.Second, 20*time.Millisecond, "skips not counted from the audit trail")
