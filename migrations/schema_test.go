@@ -195,7 +195,7 @@ func objects(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema strin
 
 // unqualified finds a pgrelay table, sequence or function named without its
 // schema in SQL text.
-var unqualified = regexp.MustCompile(`(?i)\b(?:FROM|JOIN|INTO|UPDATE|TABLE|ONLY)\s+(outbox_key_seqs|outbox|inbox_releases|inbox_conflicts|inbox_duplicates|inbox_receive_counts|inbox_key_state|inbox|relay_partitions|relay_nodes|relay_wakeups|replay_audit|http_idempotency_keys|guard_keys)\b[^.]|'pgrelay.outbox_id_seq'|[^\w.](?:outbox_partition_count|outbox_partition|outbox_uuidv7)\(`)
+var unqualified = regexp.MustCompile(`(?i)\b(?:FROM|JOIN|INTO|UPDATE|TABLE|ONLY)\s+(outbox_key_seqs|outbox|inbox_releases|inbox_conflicts|inbox_duplicates|inbox_receive_counts|inbox_key_state|inbox|relay_partitions|relay_nodes|relay_wakeups|replay_audit|http_idempotency_keys|guard_keys)\b[^.]|'(?:outbox_id_seq)'|[^\w.](?:outbox_partition_count|outbox_partition|outbox_uuidv7)\(`)
 
 // TestFunctionsNameTheirSchema: no function of pgrelay's names one of
 // pgrelay's objects without its schema, so nothing at run time depends on

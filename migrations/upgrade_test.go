@@ -187,3 +187,41 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_views WHERE schemaname = 'public'`).Scan(&views))
 	require.Zero(t, views, "applied again on an installation already in pgrelay, version 100 creates no view")
 }
+
+// TestAdoptIntoTheTableTheGooseCLICreated: goose CLI users who ran the new
+// migrations against an older installation before adopting it got the
+// refusal of version 1, and a pgrelay.goose_db_version holding only goose's
+// version 0 (goose creates it first): adopting still fills it, and the
+// migrations then apply from where the installation was.
+func TestAdoptIntoTheTableTheGooseCLICreated(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := emptyDatabase(t)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	old, err := goose.NewProvider(goose.DialectPostgres, sqlDB, publicEra(t))
+	require.NoError(t, err)
+	_, err = old.Up(ctx)
+	require.NoError(t, err)
+
+	cli, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS, goose.WithTableName(migrations.TableName))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE SCHEMA pgrelay`)
+	require.NoError(t, err)
+	_, err = cli.Up(ctx)
+	require.ErrorContains(t, err, "pgrelay is already installed in schema public")
+	require.Equal(t, []string{"0:true"}, versionRows(t, ctx, pool, migrations.TableName))
+
+	_, err = pool.Exec(ctx, migrations.AdoptSQL)
+	require.NoError(t, err)
+	_, err = cli.Up(ctx)
+	require.NoError(t, err)
+	allApplied(t, ctx, sqlDB)
+	var inPgrelay bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('pgrelay.outbox') IS NOT NULL AND to_regclass('pgrelay.inbox_key_state') IS NOT NULL`).Scan(&inPgrelay))
+	require.True(t, inPgrelay)
+}
