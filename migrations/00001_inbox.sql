@@ -7,13 +7,14 @@
 -- pgrelay's inbox_releases (created here, dropped only by rolling this
 -- back) is in public and not in pgrelay. This first migration always
 -- creates its objects in pgrelay.
-CREATE SCHEMA IF NOT EXISTS pgrelay;
-SET LOCAL search_path TO pgrelay;
 -- An installation made before version 100 keeps its objects in public and its
 -- versions in public.goose_db_version: applying version 1 again (the goose CLI
 -- pointed at a new, empty version table) would install pgrelay a second time.
 -- relay|consumer migrate up adopts the old versions first; goose CLI users run
 -- `relay migrate sql --adopt` once (docs/schema.md).
+-- The schema is created only when missing: CREATE SCHEMA IF NOT EXISTS would
+-- need the CREATE privilege on the database even when a DBA created the
+-- schema beforehand for a role that lacks it.
 -- +goose StatementBegin
 DO $$
 BEGIN
@@ -22,8 +23,12 @@ BEGIN
         RAISE EXCEPTION 'pgrelay is already installed in schema public, recorded in public.goose_db_version: adopt its versions into pgrelay.goose_db_version first (relay migrate up does it; with the goose CLI run the output of `relay migrate sql --adopt` once; docs/schema.md)'
             USING ERRCODE = 'duplicate_schema';
     END IF;
+    IF to_regnamespace('pgrelay') IS NULL THEN
+        CREATE SCHEMA pgrelay;
+    END IF;
 END $$;
 -- +goose StatementEnd
+SET LOCAL search_path TO pgrelay;
 -- The inbox: every message a consumer received, deduplicated by event_id.
 CREATE TABLE inbox (
     event_id        text        PRIMARY KEY CHECK (event_id <> '' AND length(event_id) <= 255),

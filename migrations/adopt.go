@@ -101,7 +101,12 @@ DECLARE
 BEGIN
     -- goose's migration lock: no migration runs meanwhile.
     PERFORM pg_advisory_xact_lock(%d);
-    CREATE SCHEMA IF NOT EXISTS pgrelay;
+    -- Not CREATE SCHEMA IF NOT EXISTS: that needs the CREATE privilege on
+    -- the database even when the schema exists (created by a DBA for a
+    -- migrating role that lacks it).
+    IF to_regnamespace('pgrelay') IS NULL THEN
+        CREATE SCHEMA pgrelay;
+    END IF;
     IF to_regclass('public.goose_db_version') IS NULL THEN
         RETURN;
     END IF;

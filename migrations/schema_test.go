@@ -270,7 +270,8 @@ func TestRunTimeIgnoresSearchPath(t *testing.T) {
 // TestMigrationsSetTheirSearchPath: every migration's Up and Down part
 // starts by choosing where pgrelay's objects are (docs/schema.md, "Writing
 // migrations"); a migration without it would create its objects in public
-// on a new installation. Version 1 creates the schema and always uses it.
+// on a new installation. Version 1 creates the schema (unless it exists)
+// and always uses it.
 func TestMigrationsSetTheirSearchPath(t *testing.T) {
 	t.Parallel()
 	const line = `SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);`
@@ -288,11 +289,14 @@ func TestMigrationsSetTheirSearchPath(t *testing.T) {
 				part = l
 			case part != "" && (l == "" || strings.HasPrefix(l, "--") && !strings.HasPrefix(l, "-- +goose")):
 			case part != "":
-				want := line
 				if n == "00001_inbox.sql" && part == "-- +goose Up" {
-					want = "CREATE SCHEMA IF NOT EXISTS pgrelay;"
+					// Creates the schema (in a DO block), then uses it.
+					create, set := strings.Index(string(b), "CREATE SCHEMA pgrelay;"), strings.Index(string(b), "SET LOCAL search_path TO pgrelay;")
+					require.True(t, create >= 0 && create < set && set < strings.Index(string(b), "CREATE TABLE inbox"), n)
+					part = ""
+					continue
 				}
-				require.Equal(t, want, l, "%s: the first statement of %q", n, part)
+				require.Equal(t, line, l, "%s: the first statement of %q", n, part)
 				part = ""
 			}
 		}
@@ -318,4 +322,51 @@ func TestSqlcSchemaListsEveryTable(t *testing.T) {
 	}
 	sort.Strings(listed)
 	require.Equal(t, tables, listed)
+}
+
+// TestMigrateWithoutCreateOnTheDatabase: a migrating role that may not
+// create schemas in the database migrates into a schema pgrelay a DBA
+// created for it (CREATE SCHEMA IF NOT EXISTS would be refused even then).
+func TestMigrateWithoutCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	url := emptyDatabase(t)
+	admin, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer admin.Close()
+	role := fmt.Sprintf("pgrelay_migrator_%d", time.Now().UnixNano())
+	var dbName string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName))
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`REVOKE CREATE ON DATABASE ` + dbName + ` FROM PUBLIC`,
+		`CREATE SCHEMA pgrelay AUTHORIZATION ` + role,
+	} {
+		_, err := admin.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		base, err := pgx.Connect(ctx, testdb.ServerURL(t))
+		if err != nil {
+			return
+		}
+		defer base.Close(ctx)
+		_, _ = base.Exec(ctx, `DROP DATABASE IF EXISTS `+dbName+` WITH (FORCE)`)
+		_, _ = base.Exec(ctx, `DROP ROLE IF EXISTS `+role)
+	})
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	_, err = pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS pgrelay`)
+	require.ErrorContains(t, err, "permission denied for database", "the role may not create schemas")
+	require.NoError(t, migrations.Up(ctx, sqlDB))
+	allApplied(t, ctx, sqlDB)
 }
