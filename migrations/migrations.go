@@ -61,8 +61,9 @@ func NewProvider(db *sql.DB) (*goose.Provider, error) {
 }
 
 // adoptingStore is goose's Postgres store whose check for the version table
-// first runs AdoptSQL: goose calls it once per provider, holding the
-// migration lock, before anything else touches the table.
+// first runs AdoptSQL: goose calls it once per provider, before anything else
+// touches the table (AdoptSQL takes goose's migration lock itself, for the
+// operations goose runs without it).
 type adoptingStore struct {
 	database.StoreExtender
 }
