@@ -171,7 +171,7 @@ func TestProgramInAnotherModule(t *testing.T) {
 	out, err := exec.CommandContext(ctx, producer, dbURL).CombinedOutput()
 	require.NoError(t, err, "the producer program: %s", out)
 	var enqueued int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'orders' AND event_type = 'OrderCreated'`).Scan(&enqueued))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox WHERE topic = 'orders' AND event_type = 'OrderCreated'`).Scan(&enqueued))
 	require.Equal(t, 1, enqueued, "the producer program enqueued its event")
 
 	_, js := testnats.Connect(t, natsURL)
@@ -191,7 +191,7 @@ func TestProgramInAnotherModule(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for processed := 0; processed < events; time.Sleep(50 * time.Millisecond) {
 		require.True(t, time.Now().Before(deadline), "the user's consumer never processed the events; its logs:\n%s", logs())
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&processed)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&processed)
 	}
 
 	require.NoError(t, app.Process.Signal(syscall.SIGTERM))
@@ -208,6 +208,6 @@ func TestProgramInAnotherModule(t *testing.T) {
 	require.Equal(t, events, rows, "every event applied")
 	require.Equal(t, 1, maxTimes, "no event applied twice")
 	var inboxRows int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&inboxRows))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox`).Scan(&inboxRows))
 	require.Equal(t, events, inboxRows, "each duplicate delivery stored once")
 }

@@ -99,7 +99,7 @@ func main() {
 	}
 	defer conn.Close(ctx)
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $3, $4, $5)",
+		_, err := tx.Exec(ctx, "INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $3, $4, $5)",
 			"e-1", "orders", "o-1", "OrderCreated", []byte("{}"))
 		return err
 	})

@@ -78,6 +78,6 @@ func TestEnqueueDuplicateFromRoot(t *testing.T) {
 	require.ErrorIs(t, err, pgrelay.ErrEventIDConflict)
 	require.Equal(t, []string{"enqueued", "already enqueued, identical: commit as success", "event id reused for a different event: roll back"}, got)
 	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox`).Scan(&n))
 	require.Equal(t, 1, n)
 }

@@ -66,7 +66,7 @@ func ExampleNewInboxWorker() {
 	var status string
 	for deadline := time.Now().Add(30 * time.Second); status != "processed" && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
-		if err := pool.QueryRow(ctx, `SELECT status FROM inbox WHERE event_id = $1`, eventID).Scan(&status); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT status FROM pgrelay.inbox WHERE event_id = $1`, eventID).Scan(&status); err != nil {
 			panic(err)
 		}
 	}

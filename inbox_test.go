@@ -62,7 +62,7 @@ func TestInboxPublicAPI(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&n))
 		return n == 2
 	}, 10*time.Second, 10*time.Millisecond)
 	var n int
@@ -124,7 +124,7 @@ func TestInboxBatchHandlerPublicAPI(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&n))
 		return n == 3
 	}, 10*time.Second, 10*time.Millisecond)
 

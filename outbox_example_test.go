@@ -41,7 +41,7 @@ func ExampleEnqueue() {
 	}
 	var status string
 	var occurred time.Time
-	if err := pool.QueryRow(ctx, `SELECT status, occurred_at FROM outbox WHERE key = $1`, orderID).
+	if err := pool.QueryRow(ctx, `SELECT status, occurred_at FROM pgrelay.outbox WHERE key = $1`, orderID).
 		Scan(&status, &occurred); err != nil {
 		panic(err)
 	}

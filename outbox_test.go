@@ -27,7 +27,7 @@ func TestEnqueue(t *testing.T) {
 	})
 	require.NoError(t, err)
 	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE status = 'pending'`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending'`).Scan(&n))
 	require.Equal(t, 2, n)
 
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -41,6 +41,6 @@ func TestEnqueue(t *testing.T) {
 		return small.Enqueue(ctx, tx, pgrelay.Message{Topic: "orders", Payload: []byte("12345")})
 	})
 	require.ErrorIs(t, err, pgrelay.ErrPayloadTooLarge)
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox`).Scan(&n))
 	require.Equal(t, 2, n, "rejected messages write nothing")
 }

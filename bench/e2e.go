@@ -167,8 +167,8 @@ func (p *pipeline) close() {
 
 // pipelineState is where the events are, for error messages.
 const pipelineState = `SELECT format('outbox: %s; inbox: %s; ledger: %s',
-    (SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) AS n FROM outbox GROUP BY status) s),
-    (SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) AS n FROM inbox GROUP BY status) s),
+    (SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) AS n FROM pgrelay.outbox GROUP BY status) s),
+    (SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) AS n FROM pgrelay.inbox GROUP BY status) s),
     (SELECT count(*) FROM ledger_entries))`
 
 func (p *pipeline) state() string {
@@ -199,7 +199,7 @@ const stageMedians = `SELECT
     coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.published_at - o.created_at)), 0) * 1000,
     coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM i.received_at - o.published_at)), 0) * 1000,
     coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM l.created_at - i.received_at)), 0) * 1000
-FROM outbox o JOIN inbox i USING (event_id) JOIN ledger_entries l USING (event_id)
+FROM pgrelay.outbox o JOIN pgrelay.inbox i USING (event_id) JOIN ledger_entries l USING (event_id)
 WHERE starts_with(o.event_id, $1)`
 
 // stages returns the median milliseconds of each stage for a run's events.

@@ -17,14 +17,14 @@ import (
 // fixtures of this measuring tool, not product queries, hence written here.
 const (
 	// seedInboxPending inserts $2 pending OrderPaid events with ids $1 || i.
-	seedInboxPending = `INSERT INTO inbox (event_id, topic, key, event_type, payload)
+	seedInboxPending = `INSERT INTO pgrelay.inbox (event_id, topic, key, event_type, payload)
 SELECT $1::text || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
        convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
                                     'currency', 'EUR')::text, 'UTF8')
 FROM generate_series(0, $2::int - 1) AS i`
 	// seedInboxProcessed inserts $1 processed rows finished eight days ago
 	// (past the default seven-day dedup window, so retention may delete them).
-	seedInboxProcessed = `INSERT INTO inbox (event_id, topic, key, event_type, payload, status, attempts,
+	seedInboxProcessed = `INSERT INTO pgrelay.inbox (event_id, topic, key, event_type, payload, status, attempts,
                    lock_version, started_at, finished_at, received_at, occurred_at)
 SELECT 'done-' || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
        convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
@@ -35,9 +35,9 @@ FROM generate_series(0, $1::int - 1) AS i,
 	// inboxRemaining says whether work is left; both parts are served by the
 	// partial indexes on pending and processing rows and stop at the first
 	// row (counting them every 5 ms took a core from the drain it measures).
-	inboxRemaining = `SELECT (EXISTS (SELECT 1 FROM inbox WHERE status = 'pending')
-     OR EXISTS (SELECT 1 FROM inbox WHERE status = 'processing'))::int`
-	inboxDeadCount = `SELECT count(*) FROM inbox WHERE status = 'dead'`
+	inboxRemaining = `SELECT (EXISTS (SELECT 1 FROM pgrelay.inbox WHERE status = 'pending')
+     OR EXISTS (SELECT 1 FROM pgrelay.inbox WHERE status = 'processing'))::int`
+	inboxDeadCount = `SELECT count(*) FROM pgrelay.inbox WHERE status = 'dead'`
 	ledgerCount    = `SELECT count(*) FROM ledger_entries`
 )
 
@@ -58,7 +58,7 @@ func (b *bench) inboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error)
 			return nil, fmt.Errorf("prefill inbox: %w", err)
 		}
 	}
-	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) inbox"); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) pgrelay.inbox"); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("vacuum inbox: %w", err)
 	}
@@ -85,7 +85,7 @@ func (b *bench) inboxDrainWith(ctx context.Context, pool *pgxpool.Pool, n int, d
 	if _, err := pool.Exec(ctx, seed, "bench-"+randomHex(4)+"-", n); err != nil {
 		return 0, fmt.Errorf("inbox backlog: %w", err)
 	}
-	if _, err := pool.Exec(ctx, "ANALYZE inbox"); err != nil {
+	if _, err := pool.Exec(ctx, "ANALYZE pgrelay.inbox"); err != nil {
 		return 0, fmt.Errorf("analyze inbox: %w", err)
 	}
 	w, err := inbox.NewWorker(inbox.Config{
@@ -168,7 +168,7 @@ func count(ctx context.Context, pool *pgxpool.Pool, sql string) (int64, error) {
 // seedInboxKeyed inserts $2 pending OrderPaid events with ids $1 || i over
 // 1000 keys, each key's events carrying contiguous per-key sequences
 // 1, 2, 3, ... in id order, as the relay delivers them.
-const seedInboxKeyed = `INSERT INTO inbox (event_id, topic, key, key_seq, event_type, payload)
+const seedInboxKeyed = `INSERT INTO pgrelay.inbox (event_id, topic, key, key_seq, event_type, payload)
 SELECT $1::text || i, 'orders', 'order-' || (i % 1000), i / 1000 + 1, 'OrderPaid',
        convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
                                     'currency', 'EUR')::text, 'UTF8')

@@ -91,7 +91,7 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 			return err
 		}
 		defer pool.Close()
-		before, err := count(ctx, pool, "SELECT count(*) FROM inbox")
+		before, err := count(ctx, pool, "SELECT count(*) FROM pgrelay.inbox")
 		if err != nil {
 			return err
 		}
@@ -104,7 +104,7 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 			}
 			b.sample("scale_inbox_retention", rate(n, d))
 		}
-		after, err := count(ctx, pool, "SELECT count(*) FROM inbox")
+		after, err := count(ctx, pool, "SELECT count(*) FROM pgrelay.inbox")
 		if err != nil {
 			return err
 		}

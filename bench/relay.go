@@ -17,7 +17,7 @@ const (
 	// seedOutboxPending writes a backlog of $2 OrderPaid events, ids $1 || i,
 	// in one statement (through the outbox's insert trigger, like any
 	// producer).
-	seedOutboxPending = `INSERT INTO outbox (event_id, topic, key, event_type, payload)
+	seedOutboxPending = `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload)
 SELECT $1::text || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
        convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
                                     'currency', 'EUR')::text, 'UTF8')
@@ -26,8 +26,8 @@ FROM generate_series(0, $2::int - 1) AS i`
 	// trigger (which forces new rows to pending) is bypassed for this fixture
 	// only; ids still come from the outbox's sequence, partitions from
 	// outbox_partition as the trigger sets them.
-	seedOutboxPublished = `INSERT INTO outbox (id, event_id, topic, key, partition, event_type, payload, status, attempts, published_at, created_at, occurred_at)
-SELECT nextval('outbox_id_seq'), 'done-' || i, 'orders', 'order-' || (i % 1000), outbox_partition('order-' || (i % 1000)), 'OrderPaid',
+	seedOutboxPublished = `INSERT INTO pgrelay.outbox (id, event_id, topic, key, partition, event_type, payload, status, attempts, published_at, created_at, occurred_at)
+SELECT nextval('pgrelay.outbox_id_seq'), 'done-' || i, 'orders', 'order-' || (i % 1000), pgrelay.outbox_partition('order-' || (i % 1000)), 'OrderPaid',
        convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900,
                                     'currency', 'EUR')::text, 'UTF8'),
        'published', 1, t, t, t
@@ -36,12 +36,12 @@ FROM generate_series(0, $1::int - 1) AS i,
 	// outboxPending is 1 while any row is pending. EXISTS, not count(*): a
 	// count of a large backlog every few milliseconds takes a backend's worth
 	// of CPU from the drain being measured.
-	outboxPending = `SELECT (EXISTS (SELECT 1 FROM outbox WHERE status = 'pending'))::int`
-	outboxDead    = `SELECT count(*) FROM outbox WHERE status = 'dead'`
+	outboxPending = `SELECT (EXISTS (SELECT 1 FROM pgrelay.outbox WHERE status = 'pending'))::int`
+	outboxDead    = `SELECT count(*) FROM pgrelay.outbox WHERE status = 'dead'`
 	// relayOwners counts the partitions each live relay holds.
 	relayOwners = `SELECT coalesce(array_agg(n ORDER BY n), '{}') FROM (
-    SELECT count(*)::int AS n FROM relay_partitions WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner) s`
-	relayPartitions = `SELECT count(*)::int FROM relay_partitions`
+    SELECT count(*)::int AS n FROM pgrelay.relay_partitions WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner) s`
+	relayPartitions = `SELECT count(*)::int FROM pgrelay.relay_partitions`
 )
 
 // relayOptions shape one relay drain.
@@ -63,13 +63,13 @@ func (b *bench) outboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error
 	}
 	if prefill > 0 {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "ALTER TABLE outbox DISABLE TRIGGER USER"); err != nil {
+			if _, err := tx.Exec(ctx, "ALTER TABLE pgrelay.outbox DISABLE TRIGGER USER"); err != nil {
 				return err
 			}
 			if _, err := tx.Exec(ctx, seedOutboxPublished, prefill); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, "ALTER TABLE outbox ENABLE TRIGGER USER")
+			_, err := tx.Exec(ctx, "ALTER TABLE pgrelay.outbox ENABLE TRIGGER USER")
 			return err
 		})
 		if err != nil {
@@ -77,7 +77,7 @@ func (b *bench) outboxDB(ctx context.Context, prefill int) (*pgxpool.Pool, error
 			return nil, fmt.Errorf("prefill outbox: %w", err)
 		}
 	}
-	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) outbox"); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) pgrelay.outbox"); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("vacuum outbox: %w", err)
 	}
@@ -278,7 +278,7 @@ func (b *bench) runRelayScale(ctx context.Context) {
 		}
 		defer pool.Close()
 		var before, after int64
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&before); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgrelay.outbox").Scan(&before); err != nil {
 			return err
 		}
 		for range b.cfg.Repeats {
@@ -288,7 +288,7 @@ func (b *bench) runRelayScale(ctx context.Context) {
 			}
 			b.sample("scale_relay_retention", rate(n, d))
 		}
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&after); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgrelay.outbox").Scan(&after); err != nil {
 			return err
 		}
 		deletedNote = fmt.Sprintf("; %d rows deleted over the drains", before+int64(b.cfg.Repeats*n)-after)

@@ -176,7 +176,7 @@ func (b *bench) runProducerGroup(ctx context.Context) {
 			return nil
 		})
 	}
-	b.note("producer_one", strconv.Itoa(producerConns)+" connections, "+strconv.Itoa(n)+" transactions of one INSERT INTO outbox each (the plain-SQL contract, triggers included, per-key sequences assigned); no relay running")
+	b.note("producer_one", strconv.Itoa(producerConns)+" connections, "+strconv.Itoa(n)+" transactions of one INSERT INTO pgrelay.outbox each (the plain-SQL contract, triggers included, per-key sequences assigned); no relay running")
 	b.note("producer_one_seq", "its ratio is the rate with per-key sequences over the rate without (key = event id): below 1 is the sequences' cost")
 }
 
@@ -184,10 +184,10 @@ func (b *bench) runProducerGroup(ctx context.Context) {
 const producerSlices = 10
 
 // producerOutboxInsertOne is a producer's plain-SQL insert into the outbox.
-const producerOutboxInsertOne = `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $3, $4, $5)`
+const producerOutboxInsertOne = `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $3, $4, $5)`
 
 // producerOutboxInsertOneNoSeq is the same insert with the event keyed by its
 // own id ($3 unused): the trigger still takes a key lock but assigns no
 // per-key sequence, so producer_one / producer_one_noseq is the cost of the
 // sequence (its counter upsert and event id check).
-const producerOutboxInsertOneNoSeq = `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $1 || left($3, 0), $4, $5)`
+const producerOutboxInsertOneNoSeq = `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $1 || left($3, 0), $4, $5)`

@@ -79,7 +79,7 @@ func TestBinaryPayloadEndToEnd(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&n)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&n)
 		return n == 2
 	}, 30*time.Second, 20*time.Millisecond, "both binary events processed, none dead at ingest")
 

@@ -106,7 +106,7 @@ func TestConsumerRunsABatchHandler(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&n)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&n)
 		return n == events
 	}, 30*time.Second, 20*time.Millisecond)
 	var rows, maxTimes int

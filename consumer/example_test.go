@@ -90,7 +90,7 @@ func ExampleNew() {
 
 func countProcessed(ctx context.Context, pool *pgxpool.Pool, eventID string) int {
 	var n int
-	_ = pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id = $1 AND status = 'processed'`, eventID).Scan(&n)
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = $1 AND status = 'processed'`, eventID).Scan(&n)
 	return n
 }
 

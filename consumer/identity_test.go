@@ -132,7 +132,7 @@ func (e *identityEnv) settle(t *testing.T, durables ...string) {
 				return false
 			}
 		}
-		return e.count(t, `SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing')`) == 0
+		return e.count(t, `SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing')`) == 0
 	}, 60*time.Second, 20*time.Millisecond, "never settled")
 }
 
@@ -161,11 +161,11 @@ func TestScenarioDoubleClickedPayment(t *testing.T) {
 	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM charges WHERE handler = 'pay-by-id' AND payload->>'order_id' = 'o-42'`),
 		"message id: the double click charges twice")
 	var reason string
-	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT last_error FROM inbox
+	require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT last_error FROM pgrelay.inbox
 		WHERE handler = 'pay-by-order' AND event_id = 'no-order' AND status = 'dead'`).Scan(&reason))
 	require.Equal(t, "dedup key (business:payment:{order_id}): payload lacks field order_id", reason)
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM charges WHERE handler = 'pay-by-id' AND event_id = 'no-order'`))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM inbox_conflicts`))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM pgrelay.inbox_conflicts`))
 }
 
 // TestScenarioRetryStorm: one event delivered ten times at once, to two
@@ -184,8 +184,8 @@ func TestScenarioRetryStorm(t *testing.T) {
 	wg.Wait()
 	e.settle(t, "pgrelay-consumer-ledger")
 	require.Equal(t, 1, e.charges(t, "ledger"))
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM inbox`))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM inbox_conflicts`))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM pgrelay.inbox`))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM pgrelay.inbox_conflicts`))
 }
 
 // TestScenarioWebhookDeliveredThreeTimes: a webhook provider delivers one
@@ -202,7 +202,7 @@ func TestScenarioWebhookDeliveredThreeTimes(t *testing.T) {
 	e.settle(t, "pgrelay-consumer-webhook")
 	require.Equal(t, 2, e.charges(t, "webhook"), "ch_1 once, ch_2 once")
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM charges WHERE payload->>'charge' = 'ch_1'`))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM inbox_conflicts`))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM pgrelay.inbox_conflicts`))
 }
 
 // TestScenarioOverlappingScheduledRuns: two overlapping runs of a nightly job
@@ -225,8 +225,8 @@ func TestScenarioOverlappingScheduledRuns(t *testing.T) {
 		require.Equal(t, 1, e.count(t, `SELECT count(*) FROM charges WHERE handler = $1 AND payload->>'date' = '2026-11-23'`, h), h)
 		require.Equal(t, 1, e.count(t, `SELECT count(*) FROM charges WHERE handler = $1 AND payload->>'date' = '2026-11-24'`, h), h)
 	}
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM inbox_conflicts WHERE handler = 'report-by-date' AND dedup_key = 'report:2026-11-23'`))
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM inbox_conflicts WHERE handler = 'report-hybrid'`))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM pgrelay.inbox_conflicts WHERE handler = 'report-by-date' AND dedup_key = 'report:2026-11-23'`))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM pgrelay.inbox_conflicts WHERE handler = 'report-hybrid'`))
 }
 
 // TestScenarioTwoHandlersOneEvent: one consumer stores every message for two
@@ -250,7 +250,7 @@ func TestScenarioTwoHandlersOneEvent(t *testing.T) {
 	e.settle(t, "pgrelay-consumer-ledger")
 	require.Equal(t, 1, e.charges(t, "ledger"))
 	require.Equal(t, 1, e.charges(t, "mailer"))
-	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM inbox WHERE event_id = 'paid-1' AND status = 'processed'`))
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = 'paid-1' AND status = 'processed'`))
 }
 
 // TestScenarioConflictListed: the same event id delivered with a different

@@ -89,7 +89,7 @@ log "migrate exited 0"
 
 db="postgres://postgres:postgres@127.0.0.1:$PGRELAY_POSTGRES_PORT/pgrelay"
 order="o-compose-$$"
-psql "$db" -v ON_ERROR_STOP=1 -q -c "INSERT INTO outbox (topic, key, event_type, payload)
+psql "$db" -v ON_ERROR_STOP=1 -q -c "INSERT INTO pgrelay.outbox (topic, key, event_type, payload)
   VALUES ('orders', '$order', 'OrderCreated', convert_to('{\"order_id\":\"$order\",\"customer_id\":\"c-1\",\"amount_cents\":1250,\"currency\":\"EUR\"}', 'UTF8'))"
 log "outbox row for $order inserted with psql"
 until [ "$(psql "$db" -XAtq -c "SELECT amount_cents FROM ledger_orders WHERE order_id = '$order'")" = 1250 ]; do

@@ -295,14 +295,14 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, 2.0, got["pgrelay_guard_check_duration_seconds"])
 	require.Equal(t, 2.0, got["pgrelay_guard_lease_ttl_seconds"])
 
-	_, err = pool.Exec(c, `INSERT INTO guard_keys (key, token, state, expires_at)
+	_, err = pool.Exec(c, `INSERT INTO pgrelay.guard_keys (key, token, state, expires_at)
 		SELECT 'old-' || g, 't', 'confirmed', now() - interval '1 minute' FROM generate_series(1, 25) g`)
 	require.NoError(t, err)
 	n, err := s.Clean(c, 10, time.Second)
 	require.NoError(t, err)
 	require.EqualValues(t, 25, n, "three batches of at most 10")
 	var left int
-	require.NoError(t, pool.QueryRow(c, `SELECT count(*) FROM guard_keys`).Scan(&left))
+	require.NoError(t, pool.QueryRow(c, `SELECT count(*) FROM pgrelay.guard_keys`).Scan(&left))
 	require.Equal(t, 1, left, "the confirmed, unexpired key is kept")
 }
 

@@ -99,7 +99,7 @@ func TestServerKilledMidRequest(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond)
 	b.waitNoAdvisoryLocks(t)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`), "the uncommitted charge rolled back")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM http_idempotency_keys`), "nothing half stored")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM pgrelay.http_idempotency_keys`), "nothing half stored")
 
 	// A new server on the same database: the key is free, the retry runs once.
 	nb := newBundle(t, pool, httpidem.Config{})

@@ -181,7 +181,7 @@ func TestDoubleClickedPayment(t *testing.T) {
 	require.Equal(t, first.Type, second.Type)
 	require.Equal(t, first.Body, second.Body, "byte for byte")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM charges`), "one charge")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM http_idempotency_keys`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgrelay.http_idempotency_keys`))
 
 	// Another key is another payment.
 	third := b.post(t, "pay-42-b", payment)
@@ -294,7 +294,7 @@ func TestServerErrorNotStored(t *testing.T) {
 	r = b.post(t, "err-1", payment)
 	require.Equal(t, http.StatusBadGateway, r.Status)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`))
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM http_idempotency_keys WHERE key = 'err-1'`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM pgrelay.http_idempotency_keys WHERE key = 'err-1'`))
 	b.mu.Lock()
 	b.fail = false
 	b.mu.Unlock()
@@ -329,7 +329,7 @@ func TestCrashMidRequest(t *testing.T) {
 	r := <-done
 	require.Equal(t, http.StatusInternalServerError, r.Status, r.Body)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM charges`), "the handler's write rolled back")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM http_idempotency_keys`), "nothing half stored")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM pgrelay.http_idempotency_keys`), "nothing half stored")
 
 	// The killed backend answers its client before it releases its locks:
 	// until it has, a retry gets 409 (and Retry-After), as a client would.
@@ -350,22 +350,22 @@ func TestExpiryAndClean(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var ttl float64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - created_at) FROM http_idempotency_keys`).Scan(&ttl))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - created_at) FROM pgrelay.http_idempotency_keys`).Scan(&ttl))
 	require.InDelta(t, 24*3600, ttl, 1, "24 h by default")
-	_, err := b.pool.Exec(ctx, `UPDATE http_idempotency_keys SET expires_at = now() - interval '1 second'`)
+	_, err := b.pool.Exec(ctx, `UPDATE pgrelay.http_idempotency_keys SET expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
 	again := b.post(t, "exp-1", payment)
 	require.Equal(t, http.StatusCreated, again.Status)
 	require.False(t, again.Replayed, "an expired key runs again")
 	require.NotEqual(t, first.Body, again.Body)
 
-	_, err = b.pool.Exec(ctx, `INSERT INTO http_idempotency_keys (key, fingerprint, method, path, status, expires_at)
+	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.http_idempotency_keys (key, fingerprint, method, path, status, expires_at)
 		SELECT 'old-' || g, '\x00', 'POST', '/', 200, now() - interval '1 hour' FROM generate_series(1, 30) g`)
 	require.NoError(t, err)
 	n, err := b.mw.Clean(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 30, n)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM http_idempotency_keys`), "the live key stays")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgrelay.http_idempotency_keys`), "the live key stays")
 }
 
 func TestConfig(t *testing.T) {

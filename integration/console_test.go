@@ -121,7 +121,7 @@ func TestConsoleInTmux(t *testing.T) {
 	}
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`) == 3
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`) == 3
 	}, time.Minute, 50*time.Millisecond)
 
 	// Duplicates: the same events published again under new broker message
@@ -144,8 +144,8 @@ func TestConsoleInTmux(t *testing.T) {
 	}
 	publish("dead-evt-1", "dead-evt-1", "", []byte(`{}`))
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox_duplicates`) == 3 &&
-			queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'dead-evt-1' AND status = 'dead'`) == 1
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_duplicates`) == 3 &&
+			queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = 'dead-evt-1' AND status = 'dead'`) == 1
 	}, time.Minute, 50*time.Millisecond)
 	require.Equal(t, int64(3), queryInt(t, pool, `SELECT count(*) FROM ledger_orders`), "the duplicates created no order")
 
@@ -189,12 +189,12 @@ func TestConsoleInTmux(t *testing.T) {
 	s.keys("d")
 	screen = s.waitFor("confirmation", "Purge dead event dead-evt-1?", "it-operator", "[y] yes")
 	saveCapture(t, "80x24-confirm", screen)
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM replay_audit`), "nothing before the answer")
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM pgrelay.replay_audit`), "nothing before the answer")
 	s.keys("y")
 	s.waitFor("purge", "purged dead-evt-1 (audit #")
-	require.Equal(t, int64(1), queryInt(t, pool, `SELECT count(*) FROM replay_audit
+	require.Equal(t, int64(1), queryInt(t, pool, `SELECT count(*) FROM pgrelay.replay_audit
 		WHERE action = 'purge' AND source = 'inbox' AND event_id = 'dead-evt-1' AND actor = 'it-operator'`))
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'dead-evt-1'`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = 'dead-evt-1'`))
 	s.keys("Escape")
 	s.waitFor("search cleared", "3 keys · all recent keys")
 	s.keys("1")

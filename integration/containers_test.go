@@ -59,7 +59,7 @@ func TestContainers(t *testing.T) {
 	defer cancel()
 	for i := range orders {
 		id := fmt.Sprintf("c-%03d", i)
-		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key, event_type, payload)
+		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key, event_type, payload)
 			VALUES ('orders', $1, 'OrderCreated', convert_to($2, 'UTF8'))`,
 			id, fmt.Sprintf(`{"order_id":%q,"customer_id":"c-1","amount_cents":%d,"currency":"EUR"}`, id, 100+i))
 		require.NoError(t, err)
@@ -68,5 +68,5 @@ func TestContainers(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM ledger_orders`) == orders
 	}, 2*time.Minute, 50*time.Millisecond, "the ledger never got every order")
 	require.Equal(t, int64(orders*100+orders*(orders-1)/2), queryInt(t, pool, `SELECT sum(amount_cents) FROM ledger_orders`))
-	require.Equal(t, int64(orders), queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`))
+	require.Equal(t, int64(orders), queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`))
 }

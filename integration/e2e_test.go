@@ -78,14 +78,14 @@ func TestEndToEnd(t *testing.T) {
 	produce(0, orders/2)
 	// Crash the consumer once it is busy, and restart it.
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox`) > 1000
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`) > 1000
 	}, time.Minute, 20*time.Millisecond)
 	cons.kill()
 	startService(t, consumerBin, env, "run")
 
 	// Duplicates straight into NATS, under broker ids JetStream has not seen.
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM outbox WHERE status = 'published'`) >= 2000
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.outbox WHERE status = 'published'`) >= 2000
 	}, time.Minute, 20*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -109,14 +109,14 @@ func TestEndToEnd(t *testing.T) {
 	require.Eventually(t, func() bool {
 		tot, err := db.New().LedgerTotals(ctx, pool)
 		return err == nil && tot.Entries == orders && tot.TotalCents == expected &&
-			queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`) == 2*orders
+			queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`) == 2*orders
 	}, 3*time.Minute, 100*time.Millisecond, "ledger never settled")
 	t.Logf("settled %s after the last event was produced", time.Since(start).Round(time.Millisecond))
 
-	require.Equal(t, int64(2*orders), queryInt(t, pool, `SELECT count(*) FROM inbox`), "every event stored once")
-	require.Equal(t, int64(0), queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status <> 'processed'`))
+	require.Equal(t, int64(2*orders), queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`), "every event stored once")
+	require.Equal(t, int64(0), queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status <> 'processed'`))
 	require.Equal(t, int64(orders), queryInt(t, pool, `SELECT count(DISTINCT order_id) FROM ledger_entries`), "one credit per order")
-	require.Equal(t, int64(2*orders), queryInt(t, pool, `SELECT count(*) FROM outbox WHERE status = 'published'`))
+	require.Equal(t, int64(2*orders), queryInt(t, pool, `SELECT count(*) FROM pgrelay.outbox WHERE status = 'published'`))
 	si, err := js.Stream(ctx, stream)
 	require.NoError(t, err)
 	info, err := si.Info(ctx)

@@ -92,11 +92,11 @@ func TestMalformedInputGoesDead(t *testing.T) {
 
 	for _, tc := range cases {
 		require.Eventually(t, func() bool {
-			return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = $1 AND status = 'dead'`, tc.id) == 1
+			return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = $1 AND status = 'dead'`, tc.id) == 1
 		}, 30*time.Second, 50*time.Millisecond, "%s: never dead", tc.name)
 		var reason string
 		var payload []byte
-		require.NoError(t, pool.QueryRow(ctx, `SELECT last_error, payload FROM inbox WHERE event_id = $1`, tc.id).Scan(&reason, &payload))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT last_error, payload FROM pgrelay.inbox WHERE event_id = $1`, tc.id).Scan(&reason, &payload))
 		require.Contains(t, reason, tc.reason, tc.name)
 		require.Equal(t, tc.payload, payload, "%s: raw bytes kept", tc.name)
 	}
@@ -109,7 +109,7 @@ func TestMalformedInputGoesDead(t *testing.T) {
 		return queryInt(t, pool, `SELECT coalesce(sum(amount_cents), 0) FROM ledger_entries`) == 1234
 	}, 30*time.Second, 50*time.Millisecond)
 	require.True(t, svc.running(), "the consumer survived every malformed input")
-	require.Equal(t, int64(len(cases)), queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'dead'`))
+	require.Equal(t, int64(len(cases)), queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'dead'`))
 	require.Eventually(t, func() bool {
 		cons, err := js.Consumer(ctx, stream, "it")
 		if err != nil {

@@ -1,4 +1,34 @@
 -- +goose Up
+-- Every pgrelay object lives in the schema pgrelay (docs/schema.md). Each
+-- migration begins by setting the search_path for its own transaction, so
+-- that the names it uses resolve where pgrelay's objects are: in pgrelay,
+-- or, on an installation made before version 100 (which moves them into
+-- pgrelay), still in public, as when it was released. The test is whether
+-- pgrelay's inbox_releases (created here, dropped only by rolling this
+-- back) is in public and not in pgrelay. This first migration always
+-- creates its objects in pgrelay.
+-- An installation made before version 100 keeps its objects in public and its
+-- versions in public.goose_db_version: applying version 1 again (the goose CLI
+-- pointed at a new, empty version table) would install pgrelay a second time.
+-- relay|consumer migrate up adopts the old versions first; goose CLI users run
+-- `relay migrate sql --adopt` once (docs/schema.md).
+-- The schema is created only when missing: CREATE SCHEMA IF NOT EXISTS would
+-- need the CREATE privilege on the database even when a DBA created the
+-- schema beforehand for a role that lacks it.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF to_regclass('public.inbox_releases') IS NOT NULL AND to_regclass('pgrelay.inbox') IS NULL
+       AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('public.inbox') AND attname = 'lock_version' AND NOT attisdropped) THEN
+        RAISE EXCEPTION 'pgrelay is already installed in schema public, recorded in public.goose_db_version: adopt its versions into pgrelay.goose_db_version first (relay migrate up does it; with the goose CLI run the output of `relay migrate sql --adopt` once; docs/schema.md)'
+            USING ERRCODE = 'duplicate_schema';
+    END IF;
+    IF to_regnamespace('pgrelay') IS NULL THEN
+        CREATE SCHEMA pgrelay;
+    END IF;
+END $$;
+-- +goose StatementEnd
+SET LOCAL search_path TO pgrelay;
 -- The inbox: every message a consumer received, deduplicated by event_id.
 CREATE TABLE inbox (
     event_id        text        PRIMARY KEY CHECK (event_id <> '' AND length(event_id) <= 255),
@@ -56,6 +86,7 @@ CREATE TRIGGER inbox_notify_insert AFTER INSERT ON inbox
     FOR EACH STATEMENT EXECUTE FUNCTION inbox_notify();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back refuses while the inbox holds events (pending, dead, or processed ones that absorb redeliveries):
 -- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
 -- +goose StatementBegin

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- The outbox: events applications write in their own transactions, published
 -- onward by the relay.
 --
@@ -104,6 +105,7 @@ CREATE TRIGGER outbox_notify_insert AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back refuses while the outbox holds events not yet published or dead:
 -- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
 -- +goose StatementBegin

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- relay_partitions holds one lease per outbox partition. A relay owns a
 -- partition while lease_until is in the future; every acquisition bumps epoch,
 -- the fencing token checked when rows are marked published.
@@ -20,5 +21,6 @@ CREATE TABLE relay_nodes (
 );
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 DROP TABLE relay_nodes;
 DROP TABLE relay_partitions;

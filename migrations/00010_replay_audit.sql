@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- replay_audit records every operator action on dead letters: each requeue
 -- (replay) and each purge, one row per event, with who did it, when and why.
 -- Rows are never updated; the table is the answer to "why was this event
@@ -21,6 +22,7 @@ CREATE INDEX replay_audit_event_idx ON replay_audit (event_id);
 CREATE INDEX replay_audit_at_idx ON replay_audit (at);
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back refuses while the replay audit trail holds records:
 -- set pgrelay.force_down=on to drop it anyway (README, "Migrations").
 -- +goose StatementBegin

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- outbox.dead_at records when a row went dead, so that operators can filter
 -- and purge outbox dead letters by age. It is set by a trigger whose WHEN
 -- clause is evaluated without calling any function, so the relay's marks of
@@ -19,6 +20,7 @@ CREATE TRIGGER outbox_set_dead_at BEFORE UPDATE OF status ON outbox
     EXECUTE FUNCTION outbox_set_dead_at();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 DROP TRIGGER outbox_set_dead_at ON outbox;
 DROP FUNCTION outbox_set_dead_at();
 ALTER TABLE outbox DROP COLUMN dead_at;

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- outbox_partition is rewritten with a SQL-standard body. A body given as a
 -- string is parsed at every call with the caller's search_path, and pg_restore
 -- runs with an empty one, so restoring a dump failed at CREATE TABLE outbox
@@ -11,6 +12,7 @@ CREATE OR REPLACE FUNCTION outbox_partition(key text) RETURNS integer
     RETURN ((hashtext(key)::bigint % outbox_partition_count()) + outbox_partition_count())::integer % outbox_partition_count();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 CREATE OR REPLACE FUNCTION outbox_partition(key text) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS 'SELECT ((hashtext(key)::bigint % outbox_partition_count()) + outbox_partition_count())::integer % outbox_partition_count()';

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Producers no longer notify on every commit. A NOTIFY takes a lock global to
 -- the server at commit, which serialized every producer's commit behind every
 -- other's. Now a relay partition worker that found nothing to read arms its
@@ -39,6 +40,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

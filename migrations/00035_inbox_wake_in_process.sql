@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Receive no longer notifies on every insert: a statement-level pg_notify takes
 -- PostgreSQL's global notify lock at every commit that stores messages, which
 -- serializes consumers. The consumer wakes its own inbox workers in-process
@@ -8,6 +9,7 @@ DROP TRIGGER inbox_notify_insert ON inbox;
 DROP FUNCTION inbox_notify();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- +goose StatementBegin
 CREATE FUNCTION inbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- occurred_at must lie after 0001-01-01 00:00:00 UTC (Go's zero time, which
 -- pgrelay reads as "unset") and before 10000-01-01 00:00:00 UTC (a later time
 -- has no RFC 3339 form, the format of the Pgrelay-Occurred-At header). Enqueue
@@ -19,4 +20,5 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_occurred_at_range
     CHECK (occurred_at > '0001-01-01 00:00:00+00' AND occurred_at < '10000-01-01 00:00:00+00') NOT VALID;
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 ALTER TABLE outbox DROP CONSTRAINT outbox_occurred_at_range;

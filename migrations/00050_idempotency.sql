@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- http_idempotency_keys stores, per Idempotency-Key, the response of the first
 -- request that completed with it, written in the same transaction as that
 -- request's own writes (package httpidem). A row exists only once the request
@@ -34,6 +35,7 @@ CREATE TABLE guard_keys (
 CREATE INDEX guard_keys_expires_idx ON guard_keys (expires_at);
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back refuses while unexpired keys exist (dropping them would let
 -- retries repeat their effects): set pgrelay.force_down=on to drop them anyway.
 -- +goose StatementBegin

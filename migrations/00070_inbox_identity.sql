@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- The inbox's identity becomes (handler, dedup_key): an event is processed once
 -- per named handler, and each handler chooses how its dedup key is built
 -- (message id, business key, content hash, hybrid; internal/inbox/keys.go).
@@ -85,6 +86,7 @@ CREATE INDEX inbox_conflicts_detected_idx ON inbox_conflicts (detected_at);
 ALTER TABLE replay_audit ADD COLUMN handler text;
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back restores event_id as the only key. It refuses while rows of a
 -- handler other than 'default', rows keyed by another strategy, or recorded
 -- conflicts exist (they would be lost, or collide on event_id); with

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- inbox_duplicates is a bounded record of the deliveries the inbox absorbed as
 -- duplicates, newest last: the receive statement that refused a duplicate
 -- writes it (same statement, no extra round trip), and inbox retention keeps
@@ -37,6 +38,7 @@ ALTER TABLE replay_audit ADD CONSTRAINT replay_audit_action_check
     CHECK (action IN ('requeue', 'purge', 'reset_dedup_stats'));
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- The duplicate record and counts are statistics only: dropping them loses no
 -- event. Audit rows of statistics resets cannot be kept under the older
 -- constraint, so rolling back refuses while any exists unless

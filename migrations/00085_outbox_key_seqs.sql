@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Per-key sequences: every event with an explicit ordering key gets key_seq,
 -- 1, 2, 3, ... per key, contiguous and in commit order, assigned by the
 -- outbox_before_insert trigger while it holds the key's enqueue lock (which
@@ -126,6 +127,7 @@ CREATE TRIGGER outbox_key_seqs_floor_truncate BEFORE TRUNCATE ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_key_seqs_floor_truncate();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back forgets every key's last sequence: re-applied later, keys would
 -- restart at 1 and an ordered consumer would absorb the new events as
 -- duplicates. It refuses while any sequence was assigned (a row's key_seq,

@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Ordered apply: an inbox handler run in ordered mode applies the events of one
 -- key strictly in their per-key sequence (key_seq, the Pgrelay-Key-Seq header
 -- the relay publishes; see 00085_outbox_key_seqs).
@@ -38,6 +39,7 @@ ALTER TABLE replay_audit ADD CONSTRAINT replay_audit_action_check
     CHECK (action IN ('requeue', 'purge', 'reset_dedup_stats', 'skip_gap', 'skip_dead'));
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Rolling back forgets what each ordered handler applied. It refuses while
 -- any key state or skip audit exists, unless pgrelay.force_down=on (then the
 -- skip audit rows are deleted).

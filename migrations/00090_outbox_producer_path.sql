@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- The producer's commit path, made cheaper (measured with pgbench, 8 clients,
 -- one INSERT per transaction; docs/benchmarks.md "The producer's commit path").
 --
@@ -104,6 +105,7 @@ CREATE TRIGGER outbox_set_partition BEFORE UPDATE OF key, partition ON outbox
     FOR EACH ROW EXECUTE FUNCTION outbox_set_partition();
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Back to the generated column: the column is dropped and added again
 -- (a rewrite of the outbox under an exclusive lock) with its pending index.
 DROP INDEX outbox_key_seq_idx;

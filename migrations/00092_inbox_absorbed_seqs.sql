@@ -13,6 +13,7 @@
 -- inbox_seq_fold, in the statement that records it (Receive) or that applies
 -- the sequence before it (the worker's advance, an operator's skip). Kept
 -- sorted and distinct, every element above last_applied + 1.
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 ALTER TABLE inbox_key_state ADD COLUMN absorbed_seqs bigint[] NOT NULL DEFAULT '{}';
 
 -- inbox_seq_fold returns how far a key's last applied sequence reaches once
@@ -42,6 +43,7 @@ $$;
 -- Rolling back forgets which sequences were absorbed: keys waiting for one
 -- would wait for ever. It refuses while any key has absorbed sequences not
 -- yet passed, unless pgrelay.force_down=on.
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- +goose StatementBegin
 DO $$
 BEGIN

@@ -21,6 +21,7 @@
 -- A dead row kept from before with an invalid topic therefore cannot be
 -- requeued (the update fails on the constraint): it could never be
 -- published anyway; purge it.
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE;
 
 UPDATE outbox
@@ -33,4 +34,5 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_topic_valid
     CHECK (octet_length(topic) <= 255 AND topic ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$') NOT VALID;
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 ALTER TABLE outbox DROP CONSTRAINT outbox_topic_valid;

@@ -28,7 +28,7 @@ func TestDuplicatesDownKeepsResetAudit(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, int64(80), before)
-	_, err = pool.Exec(ctx, `INSERT INTO replay_audit (source, action, event_id, actor) VALUES ('inbox', 'reset_dedup_stats', '*', 'alice'), ('inbox', 'purge', 'e1', 'bob')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.replay_audit (source, action, event_id, actor) VALUES ('inbox', 'reset_dedup_stats', '*', 'alice'), ('inbox', 'purge', 'e1', 'bob')`)
 	require.NoError(t, err)
 	_, err = ops.down(ctx)
 	require.ErrorContains(t, err, "migrate down: 00080_inbox_duplicates would drop data")
@@ -43,7 +43,7 @@ func TestDuplicatesDownKeepsResetAudit(t *testing.T) {
 	require.NoError(t, err)
 	require.Less(t, after, int64(80))
 	var n int
-	require.NoError(t, forced.QueryRow(ctx, `SELECT count(*) FROM replay_audit`).Scan(&n))
+	require.NoError(t, forced.QueryRow(ctx, `SELECT count(*) FROM pgrelay.replay_audit`).Scan(&n))
 	require.Equal(t, 1, n, "only the reset row is gone")
 	require.NoError(t, fops.up(ctx))
 }

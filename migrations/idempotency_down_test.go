@@ -29,7 +29,7 @@ func TestIdempotencyDownRefusesLiveKeys(t *testing.T) {
 		before, err = version(ctx)
 		require.NoError(t, err)
 	}
-	_, err = pool.Exec(ctx, `INSERT INTO guard_keys (key, token, state, expires_at) VALUES ('webhook:1', 't', 'confirmed', now() + interval '1 hour')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.guard_keys (key, token, state, expires_at) VALUES ('webhook:1', 't', 'confirmed', now() + interval '1 hour')`)
 	require.NoError(t, err)
 	_, err = ops.down(ctx)
 	require.ErrorContains(t, err, "migrate down: 00050_idempotency would drop data")
@@ -37,7 +37,7 @@ func TestIdempotencyDownRefusesLiveKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a refused rollback changes nothing")
 
-	_, err = pool.Exec(ctx, `UPDATE guard_keys SET expires_at = now() - interval '1 second'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.guard_keys SET expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
 	_, err = ops.down(ctx)
 	require.NoError(t, err, "only expired keys: nothing is lost")

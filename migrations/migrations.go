@@ -1,7 +1,11 @@
 // Package migrations holds pgrelay's goose SQL migrations, embedded so the
-// binaries can apply them, and readable by the goose CLI:
+// binaries can apply them, and readable by the goose CLI. Every pgrelay
+// object lives in the schema pgrelay, and goose records pgrelay's versions
+// in pgrelay.goose_db_version, never in the application's goose_db_version
+// (docs/schema.md):
 //
-//	goose -dir migrations postgres "$DATABASE_URL" up
+//	psql "$DATABASE_URL" -c 'CREATE SCHEMA IF NOT EXISTS pgrelay'
+//	goose -dir migrations -table pgrelay.goose_db_version postgres "$DATABASE_URL" up
 package migrations
 
 import (
@@ -23,18 +27,52 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// NewProvider returns a goose provider over the embedded migrations. It holds a
-// Postgres session lock while migrating (goose's lock id, waited for in the
-// server rather than polled), so several instances starting at once apply
-// each migration exactly once and the later ones go on as soon as the first
-// is done.
+// Schema is the PostgreSQL schema that holds every pgrelay object. It is
+// fixed: the migrations, the queries and the functions' bodies name it.
+const Schema = "pgrelay"
+
+// TableName is goose's version table for pgrelay's migrations (the goose
+// CLI's -table).
+const TableName = Schema + ".goose_db_version"
+
+// NewProvider returns a goose provider over the embedded migrations, recording
+// versions in TableName. It holds a Postgres session lock while migrating
+// (goose's lock id, waited for in the server rather than polled), so several
+// instances starting at once apply each migration exactly once and the later
+// ones go on as soon as the first is done. Before goose first looks for its
+// version table, the provider creates the schema and adopts the versions of
+// an installation made before pgrelay had a schema of its own (AdoptSQL).
 func NewProvider(db *sql.DB) (*goose.Provider, error) {
 	locker := waitingLocker{id: lock.DefaultLockID}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithSessionLocker(locker))
+	base, err := database.NewStore(database.DialectPostgres, TableName)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: store: %w", err)
+	}
+	ext, ok := base.(database.StoreExtender)
+	if !ok {
+		return nil, errors.New("migrations: the postgres store cannot check for its table")
+	}
+	p, err := goose.NewProvider(goose.DialectCustom, db, FS,
+		goose.WithStore(adoptingStore{StoreExtender: ext}), goose.WithSessionLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: provider: %w", err)
 	}
 	return p, nil
+}
+
+// adoptingStore is goose's Postgres store whose check for the version table
+// first runs AdoptSQL: goose calls it once per provider, before anything else
+// touches the table (AdoptSQL takes goose's migration lock itself, for the
+// operations goose runs without it).
+type adoptingStore struct {
+	database.StoreExtender
+}
+
+func (s adoptingStore) TableExists(ctx context.Context, db database.DBTxConn) (bool, error) {
+	if _, err := db.ExecContext(ctx, AdoptSQL); err != nil {
+		return false, fmt.Errorf("migrations: create schema %s and adopt an older installation's versions: %w", Schema, err)
+	}
+	return s.StoreExtender.TableExists(ctx, db)
 }
 
 // Up applies every pending migration.
@@ -75,13 +113,15 @@ func (e *SchemaError) Error() string {
 
 // Check reports a *SchemaError when the database has not applied every
 // embedded migration. It only reads: unlike goose's own checks it creates no
-// version table, so it is safe beside a concurrent `migrate up`.
+// schema or version table, so it is safe beside a concurrent `migrate up`.
+// An installation made before pgrelay had a schema of its own is read as
+// adopting it would (its versions whose objects exist).
 func Check(ctx context.Context, db *sql.DB) error {
 	p, err := NewProvider(db)
 	if err != nil {
 		return err
 	}
-	store, err := database.NewStore(database.DialectPostgres, goose.DefaultTablename)
+	store, err := database.NewStore(database.DialectPostgres, TableName)
 	if err != nil {
 		return fmt.Errorf("migrations: store: %w", err)
 	}
@@ -99,8 +139,19 @@ func Check(ctx context.Context, db *sql.DB) error {
 		if err != nil {
 			return fmt.Errorf("migrations: read the schema version: %w", err)
 		}
+		// Newest first: a version's latest row says whether it is applied.
 		for _, r := range rows {
-			applied[r.Version] = r.IsApplied
+			if _, seen := applied[r.Version]; !seen {
+				applied[r.Version] = r.IsApplied
+			}
+		}
+	} else {
+		old, err := adoptableVersions(ctx, db)
+		if err != nil {
+			return err
+		}
+		for _, v := range old {
+			applied[v] = true
 		}
 	}
 	e := &SchemaError{}

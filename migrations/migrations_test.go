@@ -133,19 +133,19 @@ func TestDownRefusesToDropData(t *testing.T) {
 		_, err := pool.Exec(ctx, sql)
 		require.NoError(t, err, sql)
 	}
-	exec(`INSERT INTO replay_audit (source, action, event_id, actor) VALUES ('inbox', 'purge', 'e1', 'alice')`)
-	exec(`INSERT INTO outbox (topic, key) VALUES ('orders', 'o1')`)
-	exec(`INSERT INTO inbox (event_id, topic) VALUES ('e3', 'orders')`)
-	exec(`INSERT INTO inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ('default', 'o1', 3, '{5}')`)
+	exec(`INSERT INTO pgrelay.replay_audit (source, action, event_id, actor) VALUES ('inbox', 'purge', 'e1', 'alice')`)
+	exec(`INSERT INTO pgrelay.outbox (topic, key) VALUES ('orders', 'o1')`)
+	exec(`INSERT INTO pgrelay.inbox (event_id, topic) VALUES ('e3', 'orders')`)
+	exec(`INSERT INTO pgrelay.inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ('default', 'o1', 3, '{5}')`)
 
 	// Each guarded table, the statement that empties it, in rollback order.
 	guarded := []struct{ migration, empty string }{
-		{"00092_inbox_absorbed_seqs.sql", `UPDATE inbox_key_state SET absorbed_seqs = '{}'`},
-		{"00086_inbox_ordered.sql", `DELETE FROM inbox_key_state`},
-		{"00085_outbox_key_seqs.sql", `DELETE FROM outbox_key_seqs; UPDATE outbox SET key_seq = NULL`}, // o1's sequence
-		{"00010_replay_audit.sql", `DELETE FROM replay_audit`},
-		{"00003_outbox.sql", `UPDATE outbox SET status = 'published'`}, // published rows may go
-		{"00001_inbox.sql", `DELETE FROM inbox`},
+		{"00092_inbox_absorbed_seqs.sql", `UPDATE pgrelay.inbox_key_state SET absorbed_seqs = '{}'`},
+		{"00086_inbox_ordered.sql", `DELETE FROM pgrelay.inbox_key_state`},
+		{"00085_outbox_key_seqs.sql", `DELETE FROM pgrelay.outbox_key_seqs; UPDATE pgrelay.outbox SET key_seq = NULL`}, // o1's sequence
+		{"00010_replay_audit.sql", `DELETE FROM pgrelay.replay_audit`},
+		{"00003_outbox.sql", `UPDATE pgrelay.outbox SET status = 'published'`}, // published rows may go
+		{"00001_inbox.sql", `DELETE FROM pgrelay.inbox`},
 	}
 	var refused []string
 	for steps := 0; steps < 50; steps++ {
@@ -172,7 +172,7 @@ func TestDownRefusesToDropData(t *testing.T) {
 	// Forced: everything goes, data and all.
 	url = testdb.NewURL(t)
 	plain, _, _ := provider(t, url, false)
-	_, err := plain.Exec(ctx, `INSERT INTO inbox (event_id, topic) VALUES ('e3', 'orders')`)
+	_, err := plain.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic) VALUES ('e3', 'orders')`)
 	require.NoError(t, err)
 	_, version, ops = provider(t, url, true)
 	for {
@@ -204,19 +204,19 @@ func TestOccurredAtRangeMigration(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.UpTo(ctx, 44)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, occurred_at) VALUES
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, occurred_at) VALUES
 		('late', 't', '10000-01-01 00:00:00+00'), ('zero', 't', '0001-01-01 00:00:00+00'), ('fine', 't', now())`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, occurred_at) VALUES ('old-published', 't', '10000-01-01 00:00:00+00')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, occurred_at) VALUES ('old-published', 't', '10000-01-01 00:00:00+00')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'published' WHERE event_id = 'old-published'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'published' WHERE event_id = 'old-published'`)
 	require.NoError(t, err)
 
 	_, err = p.UpTo(ctx, 45)
 	require.NoError(t, err)
 	status := func(id string) (string, string) {
 		var s, e string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM outbox WHERE event_id = $1`, id).Scan(&s, &e))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM pgrelay.outbox WHERE event_id = $1`, id).Scan(&s, &e))
 		return s, e
 	}
 	for _, id := range []string{"late", "zero"} {
@@ -228,6 +228,6 @@ func TestOccurredAtRangeMigration(t *testing.T) {
 	require.Equal(t, "pending", s)
 	s, _ = status("old-published")
 	require.Equal(t, "published", s)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', '10000-01-01 00:00:00+00')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, occurred_at) VALUES ('t', '10000-01-01 00:00:00+00')`)
 	require.ErrorContains(t, err, "outbox_occurred_at_range")
 }

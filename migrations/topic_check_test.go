@@ -29,17 +29,17 @@ func TestTopicCheckMigration(t *testing.T) {
 		v, err = version(ctx)
 		require.NoError(t, err)
 	}
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, payload) VALUES
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, payload) VALUES
 		('p-wild', 'orders.*', 'k1', '\x'), ('p-space', 'a b', 'k2', '\x'), ('p-ok', 'orders.created', 'k3', '\x'),
 		('pub-bad', 'x y', 'k4', '\x')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'published', published_at = now() WHERE event_id = 'pub-bad'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'published', published_at = now() WHERE event_id = 'pub-bad'`)
 	require.NoError(t, err)
 
 	require.NoError(t, ops.up(ctx), "old rows with invalid topics must not fail the migration")
 	status := map[string]string{}
 	errs := map[string]string{}
-	rows, err := pool.Query(ctx, `SELECT event_id, status, coalesce(last_error, '') FROM outbox`)
+	rows, err := pool.Query(ctx, `SELECT event_id, status, coalesce(last_error, '') FROM pgrelay.outbox`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id, st, le string
@@ -54,12 +54,12 @@ func TestTopicCheckMigration(t *testing.T) {
 	var validated bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT convalidated FROM pg_constraint WHERE conname = 'outbox_topic_valid'`).Scan(&validated))
 	require.False(t, validated, "NOT VALID: old rows are not checked")
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('orders.>', '\x')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, payload) VALUES ('orders.>', '\x')`)
 	require.ErrorContains(t, err, "outbox_topic_valid")
 
 	_, _, plain := provider(t, url, false)
 	_, err = plain.down(ctx)
 	require.NoError(t, err, "nothing is lost: no --force needed")
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('orders.>', '\x')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, payload) VALUES ('orders.>', '\x')`)
 	require.NoError(t, err, "rolled back: the constraint is gone")
 }

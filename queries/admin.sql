@@ -12,18 +12,19 @@
 -- AdminInboxStatusCounts counts inbox rows by status (exact; a full scan on a big
 -- table, so it is for on-demand statistics, not for every metrics scrape).
 SELECT handler, key_strategy, status, count(*)::bigint AS row_count
-FROM inbox
+FROM pgrelay.inbox
 GROUP BY handler, key_strategy, status
 ORDER BY handler, key_strategy, status;
 
 -- name: AdminTableSize :one
--- AdminTableSize returns a table's total size on disk (with indexes and TOAST), or
--- NULL when no such table exists.
-SELECT pg_total_relation_size(to_regclass(@table_name::text))::bigint AS table_bytes;
+-- AdminTableSize returns the total size on disk (with indexes and TOAST) of
+-- one of pgrelay's tables, named without its schema, or NULL when no such
+-- table exists.
+SELECT pg_total_relation_size(to_regclass('pgrelay.' || @table_name::text))::bigint AS table_bytes;
 
 -- name: AdminListInboxDead :many
 SELECT handler, dedup_key, event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
-FROM inbox
+FROM pgrelay.inbox
 WHERE status = 'dead'
   AND (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
   AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
@@ -39,7 +40,7 @@ LIMIT @max_rows;
 -- name: AdminGetInboxEvent :many
 -- AdminGetInboxEvent returns an event's rows: one per handler that stored it
 -- (under the handler's dedup key), or only the named handler's.
-SELECT * FROM inbox
+SELECT * FROM pgrelay.inbox
 WHERE event_id = @event_id
   AND (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
 ORDER BY handler;
@@ -52,13 +53,13 @@ ORDER BY handler;
 -- ever grows, so a worker that held the event before it died stays fenced.
 WITH picked AS (
     SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
-    FROM inbox d
+    FROM pgrelay.inbox d
     JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) k
       ON d.handler = k.handler AND d.dedup_key = k.dedup_key
     WHERE d.status = 'dead'
     FOR UPDATE OF d
 ), moved AS (
-    UPDATE inbox i
+    UPDATE pgrelay.inbox i
     SET status = 'pending', attempts = 0, next_attempt_at = now(),
         locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
         last_error = NULL, waiting_for = NULL, deferrals = 0
@@ -66,7 +67,7 @@ WITH picked AS (
     WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key
     RETURNING i.handler, i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'requeue', m.event_id, m.handler, @actor::text, @reason::text, m.previous_attempts, m.previous_error
 FROM moved m
 RETURNING *;
@@ -77,12 +78,12 @@ RETURNING *;
 -- same statement. A purged event_id no longer deduplicates: a later
 -- redelivery of it is received as new.
 WITH gone AS (
-    DELETE FROM inbox i
+    DELETE FROM pgrelay.inbox i
     USING (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) k
     WHERE i.handler = k.handler AND i.dedup_key = k.dedup_key AND i.status = 'dead'
     RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
-INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'purge', g.event_id, g.handler, @actor::text, @reason::text, g.attempts, g.last_error
 FROM gone g
 RETURNING *;
@@ -93,7 +94,7 @@ RETURNING *;
 -- payload fingerprint (the stored event's effect stands).
 SELECT id, detected_at, handler, dedup_key, key_strategy, stored_event_id, event_id,
        stored_fingerprint, fingerprint, topic, event_type, payload
-FROM inbox_conflicts
+FROM pgrelay.inbox_conflicts
 WHERE (sqlc.narg(handler)::text IS NULL OR handler = sqlc.narg(handler)::text)
   AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text
        OR stored_event_id = sqlc.narg(event_id)::text)
@@ -108,7 +109,7 @@ SELECT pg_notify('pgrelay_inbox', '');
 -- name: AdminListReplayAudit :many
 SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
        previous_attempts, previous_error
-FROM replay_audit
+FROM pgrelay.replay_audit
 WHERE (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(source)::text IS NULL OR source = sqlc.narg(source)::text)
 ORDER BY id DESC
@@ -120,14 +121,14 @@ LIMIT @max_rows;
 
 -- name: AdminOutboxStatusCounts :many
 SELECT status, count(*)::bigint AS row_count
-FROM outbox
+FROM pgrelay.outbox
 GROUP BY status
 ORDER BY status;
 
 -- name: AdminListOutboxDead :many
 SELECT id, event_id, topic, key, event_type, attempts, created_at, partition,
        coalesce(dead_at, created_at)::timestamptz AS dead_at, last_error
-FROM outbox
+FROM pgrelay.outbox
 WHERE status = 'dead'
   AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
@@ -142,7 +143,7 @@ LIMIT @max_rows;
 -- name: AdminGetOutboxEvent :one
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, status,
        attempts, published_at, dead_at, last_error, partition
-FROM outbox WHERE event_id = @event_id;
+FROM pgrelay.outbox WHERE event_id = @event_id;
 
 -- name: AdminRequeueOutboxDead :many
 -- AdminRequeueOutboxDead puts the given dead outbox rows (by id, from
@@ -151,17 +152,17 @@ FROM outbox WHERE event_id = @event_id;
 -- The relay publishes them with the broker dedup id they always had.
 WITH picked AS (
     SELECT d.id, d.attempts, d.last_error
-    FROM outbox d
+    FROM pgrelay.outbox d
     WHERE d.id = ANY(@ids::bigint[]) AND d.status = 'dead'
     FOR UPDATE
 ), moved AS (
-    UPDATE outbox o
+    UPDATE pgrelay.outbox o
     SET status = 'pending', attempts = 0, next_attempt_at = NULL, last_error = NULL, dead_at = NULL
     FROM picked p
     WHERE o.id = p.id
     RETURNING o.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'outbox', 'requeue', m.event_id, @actor::text, @reason::text, m.previous_attempts, m.previous_error
 FROM moved m
 RETURNING *;
@@ -170,11 +171,11 @@ RETURNING *;
 -- AdminPurgeOutboxDead deletes the given dead outbox rows (by id, from
 -- AdminListOutboxDead) and audits each one, in one statement.
 WITH gone AS (
-    DELETE FROM outbox o
+    DELETE FROM pgrelay.outbox o
     WHERE o.id = ANY(@ids::bigint[]) AND o.status = 'dead'
     RETURNING o.event_id, o.attempts, o.last_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'outbox', 'purge', g.event_id, @actor::text, @reason::text, g.attempts, g.last_error
 FROM gone g
 RETURNING *;
@@ -193,4 +194,4 @@ SELECT now()::timestamptz AS now;
 -- name: AdminOutboxTopics :many
 -- AdminOutboxTopics reads the topics of the given outbox rows (by id), to
 -- name the ones a requeue refused (constraint outbox_topic_valid).
-SELECT event_id, topic FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id;
+SELECT event_id, topic FROM pgrelay.outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id;

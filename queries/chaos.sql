@@ -2,14 +2,14 @@
 -- ChaosOutboxEvents lists every outbox row in id order for the fault-test
 -- checker: the produced events and their per-key commit order.
 SELECT id, event_id, key, event_type, status, last_error
-FROM outbox
+FROM pgrelay.outbox
 ORDER BY id;
 
 -- name: ChaosInboxEvents :many
 -- ChaosInboxEvents lists every inbox row's outcome for the fault-test checker.
 SELECT event_id, event_type, status, attempts, last_error,
        (status = 'processing' AND locked_until < now())::boolean AS lease_expired
-FROM inbox;
+FROM pgrelay.inbox;
 
 -- name: ChaosLedgerEntries :many
 -- ChaosLedgerEntries lists every ledger credit for the fault-test checker.
@@ -23,16 +23,16 @@ SELECT event_id, order_id FROM ledger_orders;
 -- name: ChaosProgress :one
 -- ChaosProgress counts what is still in flight: outbox rows not published or
 -- dead, inbox rows, and inbox rows pending or processing.
-SELECT (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS outbox_pending,
-       (SELECT count(*) FROM outbox)::bigint AS outbox_total,
-       (SELECT count(*) FROM inbox)::bigint AS inbox_total,
-       (SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open;
+SELECT (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
+       (SELECT count(*) FROM pgrelay.outbox)::bigint AS outbox_total,
+       (SELECT count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
+       (SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open;
 
 -- name: ChaosInboxOrder :many
 -- ChaosInboxOrder lists the inbox rows that carry a per-key sequence, by
 -- handler, key and sequence, with when each was applied: the fault-test
 -- checker's per-key apply order of an ordered handler.
 SELECT handler, key, key_seq::bigint AS key_seq, event_id, status, finished_at
-FROM inbox
+FROM pgrelay.inbox
 WHERE key_seq IS NOT NULL
 ORDER BY handler, key, key_seq, finished_at;

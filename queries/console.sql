@@ -5,7 +5,7 @@
 -- ConsoleRecentDuplicates returns the newest recorded duplicates, newest
 -- first, with the age of their original at the time they were refused.
 SELECT id, event_id, topic, event_type, handler, original_received_at, seen_at
-FROM inbox_duplicates
+FROM pgrelay.inbox_duplicates
 ORDER BY id DESC
 LIMIT @max_rows;
 
@@ -15,7 +15,7 @@ LIMIT @max_rows;
 SELECT date_trunc('hour', minute, 'UTC')::timestamptz AS hour,
        sum(received)::bigint AS received,
        sum(duplicates)::bigint AS duplicates
-FROM inbox_receive_counts
+FROM pgrelay.inbox_receive_counts
 WHERE minute >= date_trunc('hour', now(), 'UTC') - make_interval(hours => @hours::int) + interval '1 hour'
 GROUP BY 1
 ORDER BY 1;
@@ -23,16 +23,16 @@ ORDER BY 1;
 -- name: ConsoleDuplicateRecordSize :one
 -- ConsoleDuplicateRecordSize returns how many duplicates the record holds and
 -- its size on disk.
-SELECT (SELECT count(*) FROM inbox_duplicates)::bigint AS row_count,
-       pg_total_relation_size('inbox_duplicates')::bigint AS table_bytes;
+SELECT (SELECT count(*) FROM pgrelay.inbox_duplicates)::bigint AS row_count,
+       pg_total_relation_size('pgrelay.inbox_duplicates')::bigint AS table_bytes;
 
 -- name: ConsolePruneDuplicates :execrows
 -- ConsolePruneDuplicates deletes up to @batch_size of the oldest recorded
 -- duplicates beyond the newest @keep.
-DELETE FROM inbox_duplicates
+DELETE FROM pgrelay.inbox_duplicates
 WHERE id IN (
-    SELECT d.id FROM inbox_duplicates d
-    WHERE d.id <= (SELECT max(id) FROM inbox_duplicates) - @keep::bigint
+    SELECT d.id FROM pgrelay.inbox_duplicates d
+    WHERE d.id <= (SELECT max(id) FROM pgrelay.inbox_duplicates) - @keep::bigint
     ORDER BY d.id
     LIMIT @batch_size
 );
@@ -40,9 +40,9 @@ WHERE id IN (
 -- name: ConsolePruneReceiveCounts :execrows
 -- ConsolePruneReceiveCounts deletes up to @batch_size receive counts older
 -- than 25 hours.
-DELETE FROM inbox_receive_counts
+DELETE FROM pgrelay.inbox_receive_counts
 WHERE (minute, backend) IN (
-    SELECT c.minute, c.backend FROM inbox_receive_counts c
+    SELECT c.minute, c.backend FROM pgrelay.inbox_receive_counts c
     WHERE c.minute < now() - interval '25 hours'
     ORDER BY c.minute
     LIMIT @batch_size
@@ -52,11 +52,11 @@ WHERE (minute, backend) IN (
 -- ConsoleResetDedupStats empties the duplicate record and the receive counts
 -- and records who did it in the replay audit table, in one statement.
 WITH d AS (
-    DELETE FROM inbox_duplicates RETURNING 1
+    DELETE FROM pgrelay.inbox_duplicates RETURNING 1
 ), c AS (
-    DELETE FROM inbox_receive_counts RETURNING 1
+    DELETE FROM pgrelay.inbox_receive_counts RETURNING 1
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'reset_dedup_stats', '*', @actor::text, @reason::text, 0,
        (SELECT count(*) FROM d) || ' recorded duplicates and ' || (SELECT count(*) FROM c) || ' minute counts deleted'
 RETURNING id, at;
@@ -70,19 +70,19 @@ RETURNING id, at;
 SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
 FROM (
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
-     FROM inbox
+     FROM pgrelay.inbox
      WHERE @search::text = '' AND status IN ('pending', 'processing', 'dead')
      ORDER BY received_at DESC
      LIMIT @max_rows)
     UNION ALL
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
-     FROM inbox
+     FROM pgrelay.inbox
      WHERE @search::text = '' AND status = 'processed'
      ORDER BY finished_at DESC
      LIMIT @max_rows)
     UNION ALL
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
-     FROM inbox
+     FROM pgrelay.inbox
      WHERE @search::text <> '' AND strpos(event_id, @search::text) > 0
      ORDER BY received_at DESC
      LIMIT @max_rows)
@@ -99,13 +99,13 @@ SELECT p.partition, coalesce(p.owner, '')::text AS owner, p.epoch,
        coalesce(o.pending, 0)::bigint AS pending,
        coalesce(o.dead, 0)::bigint AS dead,
        coalesce(extract(epoch FROM now() - o.oldest_pending), 0)::float8 AS lag_seconds
-FROM relay_partitions p
+FROM pgrelay.relay_partitions p
 LEFT JOIN (
     SELECT partition,
            count(*) FILTER (WHERE status = 'pending') AS pending,
            count(*) FILTER (WHERE status = 'dead') AS dead,
            min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
-    FROM outbox
+    FROM pgrelay.outbox
     WHERE status IN ('pending', 'dead')
     GROUP BY partition
 ) o ON o.partition = p.partition
@@ -116,6 +116,6 @@ ORDER BY p.partition;
 -- holds.
 SELECT n.node_id, n.last_seen,
        (n.last_seen > now() - make_interval(secs => @ttl_seconds::float8))::boolean AS alive,
-       (SELECT count(*) FROM relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > now())::int AS partitions
-FROM relay_nodes n
+       (SELECT count(*) FROM pgrelay.relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > now())::int AS partitions
+FROM pgrelay.relay_nodes n
 ORDER BY n.node_id;

@@ -20,7 +20,7 @@ FROM shop_orders;
 SELECT count(*)::bigint AS total,
        count(*) FILTER (WHERE status = 'published')::bigint AS published,
        count(*) FILTER (WHERE status = 'dead')::bigint AS dead
-FROM outbox;
+FROM pgrelay.outbox;
 
 -- name: DemoInboxCounts :one
 -- DemoInboxCounts counts inbox rows by status, with retries and deferrals.
@@ -30,17 +30,17 @@ SELECT count(*)::bigint AS total,
        count(*) FILTER (WHERE status IN ('pending', 'processing'))::bigint AS open,
        coalesce(sum(greatest(attempts - 1, 0)), 0)::bigint AS retries,
        coalesce(sum(deferrals), 0)::bigint AS deferrals
-FROM inbox;
+FROM pgrelay.inbox;
 
 -- name: DemoDeadLetters :many
 -- DemoDeadLetters lists the dead inbox rows with their reasons.
 SELECT event_id, event_type, last_error, length(payload)::int AS payload_bytes
-FROM inbox WHERE status = 'dead' ORDER BY event_id;
+FROM pgrelay.inbox WHERE status = 'dead' ORDER BY event_id;
 
 -- name: DemoOutboxEvents :many
 -- DemoOutboxEvents returns published events to replay as duplicates.
 SELECT event_id, topic, key, event_type, payload, occurred_at
-FROM outbox WHERE status = 'published' ORDER BY id LIMIT @max_rows;
+FROM pgrelay.outbox WHERE status = 'published' ORDER BY id LIMIT @max_rows;
 
 -- name: DemoLedgerCheck :one
 -- DemoLedgerCheck compares the ledger with the shop: credits per order.

@@ -13,7 +13,7 @@ WHERE p.oid = to_regprocedure(sqlc.arg(signature)::text);
 -- name: RecordHandlerResponse :exec
 -- Records what a webhook attempt got back on the event's inbox row, unless
 -- another worker has taken the event over (fencing).
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET handler_status     = sqlc.narg(status)::integer,
     handler_latency_ms = sqlc.arg(latency_ms)::double precision
 WHERE handler = sqlc.arg(handler) AND dedup_key = sqlc.arg(dedup_key) AND lock_version = sqlc.arg(lock_version);

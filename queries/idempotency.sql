@@ -4,7 +4,7 @@
 -- (or repeated in the batch): a unique violation would abort the caller's
 -- transaction. It returns the event ids it inserted; the caller compares the
 -- others with the stored rows.
-INSERT INTO outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
 SELECT unnest(@event_ids::text[]), unnest(@topics::text[]), unnest(@keys::text[]),
        unnest(@event_types::text[]), unnest(@payloads::bytea[]), unnest(@headers::jsonb[]),
        unnest(@occurred_ats::timestamptz[])
@@ -15,7 +15,7 @@ RETURNING event_id;
 -- OutboxEventsByID reads the stored identity of events, to tell a duplicate
 -- from a conflicting reuse of an event id.
 SELECT event_id, topic, key, event_type, payload, headers
-FROM outbox WHERE event_id = ANY(@event_ids::text[]);
+FROM pgrelay.outbox WHERE event_id = ANY(@event_ids::text[]);
 
 -- name: HTTPIdemTryLock :one
 -- HTTPIdemTryLock takes the transaction-scoped lock that marks a request with
@@ -25,13 +25,13 @@ SELECT pg_try_advisory_xact_lock(1751477357, hashtext(@scope::text || E'\n' || @
 -- name: HTTPIdemGet :one
 -- HTTPIdemGet reads a key's stored response unless it has expired.
 SELECT fingerprint, method, path, status, headers, body, created_at, expires_at
-FROM http_idempotency_keys
+FROM pgrelay.http_idempotency_keys
 WHERE scope = @scope AND key = @key AND expires_at > now();
 
 -- name: HTTPIdemStore :exec
 -- HTTPIdemStore stores a response; an expired row of the same key, not yet
 -- cleaned, is replaced.
-INSERT INTO http_idempotency_keys (scope, key, fingerprint, method, path, status, headers, body, expires_at)
+INSERT INTO pgrelay.http_idempotency_keys (scope, key, fingerprint, method, path, status, headers, body, expires_at)
 VALUES (@scope, @key, @fingerprint, @method, @path, @status, @headers, @body, now() + make_interval(secs => @ttl_seconds::float8))
 ON CONFLICT (scope, key) DO UPDATE
 SET fingerprint = excluded.fingerprint, method = excluded.method, path = excluded.path,
@@ -41,16 +41,16 @@ WHERE http_idempotency_keys.expires_at <= now();
 
 -- name: HTTPIdemDeleteExpired :execrows
 -- HTTPIdemDeleteExpired deletes at most batch_size expired keys.
-DELETE FROM http_idempotency_keys
+DELETE FROM pgrelay.http_idempotency_keys
 WHERE (scope, key) IN (
-    SELECT scope, key FROM http_idempotency_keys
+    SELECT scope, key FROM pgrelay.http_idempotency_keys
     WHERE expires_at <= now() ORDER BY expires_at LIMIT @batch_size::int
     FOR UPDATE SKIP LOCKED);
 
 -- name: GuardReserve :one
 -- GuardReserve takes a free or expired key for the holder token; no row means
 -- the key is held or confirmed.
-INSERT INTO guard_keys (key, token, state, expires_at)
+INSERT INTO pgrelay.guard_keys (key, token, state, expires_at)
 VALUES (@key, @token, 'reserved', now() + make_interval(secs => @ttl_seconds::float8))
 ON CONFLICT (key) DO UPDATE
 SET token = excluded.token, state = 'reserved', created_at = now(), expires_at = excluded.expires_at
@@ -58,29 +58,29 @@ WHERE guard_keys.expires_at <= now()
 RETURNING key;
 
 -- name: GuardState :one
-SELECT state, expires_at FROM guard_keys WHERE key = @key AND expires_at > now();
+SELECT state, expires_at FROM pgrelay.guard_keys WHERE key = @key AND expires_at > now();
 
 -- name: GuardConfirm :execrows
 -- GuardConfirm marks the holder's reservation done and keeps it for keep.
 -- It still succeeds after the lease ran out if nobody took the key since.
-UPDATE guard_keys
+UPDATE pgrelay.guard_keys
 SET state = 'confirmed', expires_at = now() + make_interval(secs => @keep_seconds::float8)
 WHERE key = @key AND token = @token AND state = 'reserved';
 
 -- name: GuardExtend :execrows
-UPDATE guard_keys
+UPDATE pgrelay.guard_keys
 SET expires_at = now() + make_interval(secs => @ttl_seconds::float8)
 WHERE key = @key AND token = @token AND state = 'reserved';
 
 -- name: GuardRelease :execrows
-DELETE FROM guard_keys WHERE key = @key AND token = @token AND state = 'reserved';
+DELETE FROM pgrelay.guard_keys WHERE key = @key AND token = @token AND state = 'reserved';
 
 -- name: GuardStats :one
-SELECT (SELECT count(*) FROM guard_keys WHERE expires_at > now())::bigint AS active,
-       pg_total_relation_size('guard_keys')::bigint AS bytes;
+SELECT (SELECT count(*) FROM pgrelay.guard_keys WHERE expires_at > now())::bigint AS active,
+       pg_total_relation_size('pgrelay.guard_keys')::bigint AS bytes;
 
 -- name: GuardDeleteExpired :execrows
-DELETE FROM guard_keys
+DELETE FROM pgrelay.guard_keys
 WHERE key IN (
-    SELECT key FROM guard_keys WHERE expires_at <= now()
+    SELECT key FROM pgrelay.guard_keys WHERE expires_at <= now()
     ORDER BY expires_at LIMIT @batch_size::int FOR UPDATE SKIP LOCKED);

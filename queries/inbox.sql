@@ -26,7 +26,7 @@ WITH m AS (
            unnest(@dead_reasons::text[]) AS dead_reason,
            unnest(@key_seqs::bigint[]) AS key_seq
 ), ins AS (
-    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
+    INSERT INTO pgrelay.inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
                        headers, occurred_at, status, last_error, finished_at, key_seq)
     SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
@@ -42,24 +42,24 @@ WITH m AS (
            unnest(@repeated_dedup_keys::text[]) AS dedup_key,
            unnest(@repeated_event_ids::text[]) AS event_id
 ), dup AS (
-    INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
+    INSERT INTO pgrelay.inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
     SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
     FROM (
         SELECT m.event_id, m.topic, m.event_type, m.handler, i.received_at AS original_received_at
         FROM m
         -- The original as this statement's snapshot sees it: committed
         -- before the statement began.
-        LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
+        LEFT JOIN pgrelay.inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
         WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key)
         UNION ALL
         SELECT r.event_id, m.topic, m.event_type, r.handler, i.received_at
         FROM rep r
         JOIN m ON m.handler = r.handler AND m.dedup_key = r.dedup_key
-        LEFT JOIN inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
+        LEFT JOIN pgrelay.inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
     ) AS d
     WHERE @record_duplicates::boolean
 ), counts AS (
-    INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
+    INSERT INTO pgrelay.inbox_receive_counts AS c (minute, backend, received, duplicates)
     SELECT date_trunc('minute', now()), pg_backend_pid(),
            (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
            (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
@@ -76,14 +76,14 @@ SELECT handler, dedup_key FROM ins;
 -- not insert, whose fingerprint tells a redelivery from a conflict, and whose
 -- key sequence tells a redelivery from another sequence absorbed by them.
 SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
-FROM inbox i
+FROM pgrelay.inbox i
 JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) AS k
   ON i.handler = k.handler AND i.dedup_key = k.dedup_key;
 
 -- name: InsertInboxConflicts :exec
 -- InsertInboxConflicts records deliveries whose dedup key was already stored
 -- for their handler with another payload fingerprint.
-INSERT INTO inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
+INSERT INTO pgrelay.inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
                              stored_fingerprint, fingerprint, topic, event_type, payload)
 SELECT unnest(@handlers::text[]), unnest(@dedup_keys::text[]), unnest(@key_strategies::text[]),
        unnest(@stored_event_ids::text[]), unnest(@event_ids::text[]),
@@ -104,14 +104,14 @@ SELECT unnest(@handlers::text[]), unnest(@dedup_keys::text[]), unnest(@key_strat
 -- This halves the flushes per batch.
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at <= now()
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' ELSE 'processing' END,
     attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
@@ -139,13 +139,13 @@ RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key
 -- that is how an event that kills its process every time ends.
 WITH lost AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = @handler::text AND i.status = 'processing' AND i.locked_until < now()
     ORDER BY i.locked_until
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' ELSE 'processing' END,
     attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
@@ -170,21 +170,21 @@ RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key
 -- for the record. It matches
 -- nothing when another worker has since taken the event over (the fencing
 -- check): the caller then rolls back the handler's side effect.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: RetryInbox :execrows
 -- RetryInbox puts a failed event back to pending, due after @delay.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'pending', next_attempt_at = now() + @delay::interval, last_error = @last_error::text,
     locked_until = NULL, waiting_for = NULL
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: KillInbox :execrows
 -- KillInbox moves an event to the dead letter state with a reason.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'dead', finished_at = now(), last_error = @last_error::text, locked_until = NULL
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
@@ -193,12 +193,12 @@ WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_ver
 -- refunding its attempt. It is due after @fallback at the latest, or at once
 -- when the dependency's release is already visible. A release committing while
 -- this transaction is open is caught after the commit (WakeReleasedInbox).
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
     waiting_for = @waiting_for::text, locked_until = NULL,
     last_error = 'deferred: waiting for ' || @waiting_for::text,
     next_attempt_at = CASE
-        WHEN EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = @waiting_for::text) THEN now()
+        WHEN EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = @waiting_for::text) THEN now()
         ELSE now() + @fallback::interval
     END
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
@@ -209,11 +209,11 @@ WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_ver
 -- makes the events already deferred on them due at once. It returns how many
 -- events it made due.
 WITH recorded AS (
-    INSERT INTO inbox_releases (waiting_for)
+    INSERT INTO pgrelay.inbox_releases (waiting_for)
     SELECT unnest(@keys::text[])
     ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
 ), woken AS (
-    UPDATE inbox
+    UPDATE pgrelay.inbox
     SET next_attempt_at = now(), waiting_for = NULL
     WHERE status = 'pending' AND waiting_for = ANY(@keys::text[])
     RETURNING 1
@@ -234,12 +234,12 @@ SELECT pg_notify('pgrelay_inbox', '');
 -- or a claim of a due row locks a deferred row.
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.status = 'pending' AND i.waiting_for = ANY(@keys::text[])
-      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+      AND EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = i.waiting_for)
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
@@ -251,13 +251,13 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 -- outside a worker's handler.
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.status = 'pending' AND i.waiting_for IS NOT NULL
-      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+      AND EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = i.waiting_for)
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
@@ -265,7 +265,7 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 -- name: UnclaimInbox :execrows
 -- UnclaimInbox hands claimed events back (graceful shutdown, or a batch that
 -- could not run): pending, due at once, the attempt refunded.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
     locked_until = NULL
 FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
@@ -282,16 +282,16 @@ WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox
 RETURNING inbox.dedup_key;
 
 -- name: GetInbox :one
-SELECT * FROM inbox WHERE handler = @handler AND dedup_key = @dedup_key;
+SELECT * FROM pgrelay.inbox WHERE handler = @handler AND dedup_key = @dedup_key;
 
 -- name: PruneInboxReleases :execrows
 -- PruneInboxReleases forgets releases older than @older_than, in batches. A
 -- release only matters to a deferral whose handler ran while it committed, and
 -- batches stop starting handlers at half a lease, so a release many leases
 -- old is never needed.
-DELETE FROM inbox_releases
+DELETE FROM pgrelay.inbox_releases
 WHERE waiting_for IN (
-    SELECT r.waiting_for FROM inbox_releases r
+    SELECT r.waiting_for FROM pgrelay.inbox_releases r
     WHERE r.released_at < now() - @older_than::interval
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -303,7 +303,7 @@ WHERE waiting_for IN (
 -- MarkInboxProcessed, and returns the ids it marked. An id missing was taken
 -- over by another worker: the caller rolls the batch back and runs the others
 -- again event by event.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
@@ -328,7 +328,7 @@ RETURNING inbox.dedup_key;
 -- commit.
 SELECT handler, dedup_key, event_id, topic, key, event_type, payload, headers, occurred_at, received_at,
        status, attempts, deferrals, lock_version, last_error
-FROM inbox
+FROM pgrelay.inbox
 WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]);
 
 -- name: MarkInboxStoredProcessed :many
@@ -336,7 +336,7 @@ WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]);
 -- the handlers of rows read by SelectInboxStored committed: one attempt, a new
 -- fencing version, processed. It returns the keys it marked; the caller rolls
 -- back when one is missing.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
     locked_by = @worker_id::text, started_at = @started_at::timestamptz, finished_at = now()
 WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]) AND status = 'pending'

@@ -10,17 +10,17 @@
 -- sequence are claimed as ClaimInbox claims them.
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at <= now()
       AND (i.key_seq IS NULL
-           OR i.key_seq <= coalesce((SELECT s.last_applied FROM inbox_key_state s
+           OR i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                                      WHERE s.handler = i.handler AND s.key = i.key), 0) + 1)
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' ELSE 'processing' END,
     attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
@@ -44,7 +44,7 @@ RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key
 -- that concurrent batches lock in one order) for @handler when missing, locks
 -- them for the batch transaction and returns each key's last applied
 -- sequence.
-INSERT INTO inbox_key_state AS s (handler, key)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
 SELECT @handler::text, k FROM unnest(@keys::text[]) AS k
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 RETURNING s.key, s.last_applied;
@@ -58,17 +58,17 @@ RETURNING s.key, s.last_applied;
 WITH a AS (
     SELECT unnest(@keys::text[]) AS key, unnest(@seqs::bigint[]) AS seq
 ), upd AS (
-    UPDATE inbox_key_state s
+    UPDATE pgrelay.inbox_key_state s
     -- Nothing absorbed ahead (the rule): no function call.
-    SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE inbox_seq_fold(a.seq, s.absorbed_seqs) END,
+    SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE pgrelay.inbox_seq_fold(a.seq, s.absorbed_seqs) END,
         absorbed_seqs = CASE WHEN s.absorbed_seqs = '{}' THEN s.absorbed_seqs
-                             ELSE inbox_seq_rest(inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
+                             ELSE pgrelay.inbox_seq_rest(pgrelay.inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
         updated_at = now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
     FROM a
     WHERE s.handler = @handler::text AND s.key = a.key AND s.last_applied < a.seq
     RETURNING s.key, s.last_applied
 )
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
 FROM upd
 WHERE i.handler = @handler::text AND i.key = upd.key AND i.key_seq = upd.last_applied + 1
@@ -79,7 +79,7 @@ WHERE i.handler = @handler::text AND i.key = upd.key AND i.key_seq = upd.last_ap
 -- transaction, the key state rows of (@handlers, @keys) (sorted and
 -- distinct, so that concurrent callers lock in one order), before
 -- MoveInboxKeySeq and AbsorbInboxKeySeqs work on them.
-INSERT INTO inbox_key_state AS s (handler, key)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
 SELECT unnest(@handlers::text[]), unnest(@keys::text[])
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at;
 
@@ -93,16 +93,16 @@ ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at;
 -- be recorded as absorbed; otherwise @seq is returned.
 WITH o AS (
     SELECT i.handler, i.dedup_key, i.key_seq AS old
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = @handler::text AND i.dedup_key = @dedup_key::text AND i.key = @key::text
       AND i.key_seq > @seq::bigint AND i.status IN ('pending', 'dead')
-      AND @seq::bigint > coalesce((SELECT s.last_applied FROM inbox_key_state s
+      AND @seq::bigint > coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                                    WHERE s.handler = @handler::text AND s.key = @key::text), 0)
-      AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = @handler::text AND j.key = @key::text
+      AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = @handler::text AND j.key = @key::text
                                               AND j.key_seq = @seq::bigint)
     FOR UPDATE
 ), m AS (
-    UPDATE inbox i
+    UPDATE pgrelay.inbox i
     SET key_seq = @seq::bigint,
         next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN now() ELSE i.next_attempt_at END,
         last_error = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN NULL ELSE i.last_error END
@@ -127,28 +127,28 @@ WITH a AS (
     FROM (SELECT unnest(@handlers::text[]) AS handler, unnest(@keys::text[]) AS key,
                  unnest(@seqs::bigint[]) AS seq) AS x
     WHERE x.seq > 0
-      AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.handler = x.handler AND i.key = x.key AND i.key_seq = x.seq)
+      AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox i WHERE i.handler = x.handler AND i.key = x.key AND i.key_seq = x.seq)
 ), g AS (
     SELECT a.handler, a.key, array_agg(a.seq) AS seqs FROM a GROUP BY a.handler, a.key
 ), st AS (
     -- A new state row takes the fold from 0; on conflict, the sequences the
     -- insert would have folded (1 .. excluded.last_applied) are merged back
     -- with the rest.
-    INSERT INTO inbox_key_state AS s (handler, key, last_applied, absorbed_seqs)
-    SELECT g.handler, g.key, inbox_seq_fold(0, g.seqs), inbox_seq_rest(inbox_seq_fold(0, g.seqs), g.seqs)
+    INSERT INTO pgrelay.inbox_key_state AS s (handler, key, last_applied, absorbed_seqs)
+    SELECT g.handler, g.key, pgrelay.inbox_seq_fold(0, g.seqs), pgrelay.inbox_seq_rest(pgrelay.inbox_seq_fold(0, g.seqs), g.seqs)
     FROM g
     ORDER BY g.handler, g.key
     ON CONFLICT (handler, key) DO UPDATE
-    SET last_applied = inbox_seq_fold(s.last_applied,
+    SET last_applied = pgrelay.inbox_seq_fold(s.last_applied,
             s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
-        absorbed_seqs = inbox_seq_rest(
-            inbox_seq_fold(s.last_applied,
+        absorbed_seqs = pgrelay.inbox_seq_rest(
+            pgrelay.inbox_seq_fold(s.last_applied,
                 s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
             s.absorbed_seqs || excluded.absorbed_seqs),
         updated_at = now()
     RETURNING s.handler, s.key, s.last_applied
 )
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
 FROM st
 WHERE i.handler = st.handler AND i.key = st.key AND i.key_seq = st.last_applied + 1
@@ -158,7 +158,7 @@ WHERE i.handler = st.handler AND i.key = st.key AND i.key_seq = st.last_applied 
 -- AbsorbInboxSeqDuplicates closes claimed events whose sequence is at or below
 -- their key's last applied one: processed without running the handler, the
 -- note in last_error. Fenced by lock_version like MarkInboxBatchProcessed.
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = 'duplicate key sequence ' || inbox.key_seq || ': absorbed without running the handler (key already applied up to '
                  || c.last_applied || ')'
@@ -173,11 +173,11 @@ RETURNING inbox.dedup_key;
 -- WakeInboxOrdered makes due the waiting events whose key has applied every
 -- earlier sequence: the safety net behind AdvanceInboxKeyState (a hold that
 -- raced with the apply of the sequence it waited for).
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
 WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
   AND i.key_seq IS NOT NULL
-  AND i.key_seq <= coalesce((SELECT s.last_applied FROM inbox_key_state s
+  AND i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                              WHERE s.handler = i.handler AND s.key = i.key), 0) + 1;
 
 -- name: HoldInboxOrdered :execrows
@@ -185,11 +185,11 @@ WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at 
 -- of their key is unapplied) wait: next_attempt_at 'infinity', so that claims
 -- no longer walk past them, and last_error naming the sequence they wait for.
 -- It returns how many events it touched (newly held, or their note updated).
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = 'infinity',
     last_error = 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)
-FROM inbox i2
-LEFT JOIN inbox_key_state s ON s.handler = i2.handler AND s.key = i2.key
+FROM pgrelay.inbox i2
+LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i2.handler AND s.key = i2.key
 WHERE i2.handler = i.handler AND i2.dedup_key = i.dedup_key
   AND i.handler = @handler::text AND i.status = 'pending'
   AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
@@ -204,17 +204,17 @@ WHERE i2.handler = i.handler AND i2.dedup_key = i.dedup_key
 -- pending or dead event), the missing sequence and since when it is missing.
 WITH w AS (
     SELECT i.key, coalesce(s.last_applied, 0) + 1 AS missing
-    FROM inbox i
-    LEFT JOIN inbox_key_state s ON s.handler = i.handler AND s.key = i.key
+    FROM pgrelay.inbox i
+    LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i.handler AND s.key = i.key
     WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
       AND i.key_seq IS NOT NULL
     GROUP BY i.key, s.last_applied
 ), g AS (
     SELECT w.key, w.missing FROM w
-    WHERE NOT EXISTS (SELECT 1 FROM inbox j
+    WHERE NOT EXISTS (SELECT 1 FROM pgrelay.inbox j
                       WHERE j.handler = @handler::text AND j.key = w.key AND j.key_seq = w.missing)
 )
-INSERT INTO inbox_key_state AS s (handler, key, missing_seq, gap_since)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key, missing_seq, gap_since)
 SELECT @handler::text, g.key, g.missing, now() FROM g
 ON CONFLICT (handler, key) DO UPDATE
 SET missing_seq = excluded.missing_seq,
@@ -227,11 +227,11 @@ SET missing_seq = excluded.missing_seq,
 -- ReportInboxGaps marks reported, and returns, the gaps of @handler open for
 -- longer than @timeout and not reported yet. A gap whose missing event has
 -- arrived meanwhile is not reported.
-UPDATE inbox_key_state s
+UPDATE pgrelay.inbox_key_state s
 SET gap_reported_at = now()
 WHERE s.handler = @handler::text AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
   AND s.gap_since < now() - @timeout::interval
-  AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
+  AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
 RETURNING s.key, s.last_applied, s.missing_seq::bigint AS missing_seq, s.gap_since::timestamptz AS gap_since;
 
 -- name: ListInboxOrderedKeys :many
@@ -243,8 +243,8 @@ WITH w AS (
     SELECT i.handler, i.key, coalesce(s.last_applied, 0) AS last_applied, count(*)::bigint AS held,
            min(i.key_seq)::bigint AS first_held, min(i.received_at)::timestamptz AS oldest_held,
            s.gap_since, s.gap_reported_at
-    FROM inbox i
-    LEFT JOIN inbox_key_state s ON s.handler = i.handler AND s.key = i.key
+    FROM pgrelay.inbox i
+    LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i.handler AND s.key = i.key
     WHERE (@handler::text = '' OR i.handler = @handler::text) AND i.status = 'pending'
       AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
     GROUP BY i.handler, i.key, s.last_applied, s.gap_since, s.gap_reported_at
@@ -252,15 +252,15 @@ WITH w AS (
     -- parked keys with nothing held yet
     SELECT i.handler, i.key, s.last_applied, 0::bigint AS held, 0::bigint AS first_held,
            coalesce(i.finished_at, i.received_at) AS oldest_held, NULL::timestamptz AS gap_since, NULL::timestamptz AS gap_reported_at
-    FROM inbox_key_state s
-    JOIN inbox i ON i.handler = s.handler AND i.key = s.key AND i.key_seq = s.last_applied + 1 AND i.status = 'dead'
+    FROM pgrelay.inbox_key_state s
+    JOIN pgrelay.inbox i ON i.handler = s.handler AND i.key = s.key AND i.key_seq = s.last_applied + 1 AND i.status = 'dead'
     WHERE (@handler::text = '' OR s.handler = @handler::text)
       AND NOT EXISTS (SELECT 1 FROM w WHERE w.handler = s.handler AND w.key = s.key)
 ), a AS (
     SELECT * FROM w UNION ALL SELECT * FROM p
 )
 SELECT a.handler, a.key, a.last_applied::bigint AS last_applied, (a.last_applied + 1)::bigint AS waiting_for_seq,
-       coalesce((SELECT j.status FROM inbox j
+       coalesce((SELECT j.status FROM pgrelay.inbox j
                  WHERE j.handler = a.handler AND j.key = a.key AND j.key_seq = a.last_applied + 1
                  ORDER BY (j.status = 'dead') DESC LIMIT 1), '')::text AS next_status,
        a.held, a.first_held, a.oldest_held, a.gap_since, a.gap_reported_at
@@ -271,32 +271,32 @@ LIMIT @max_rows;
 -- name: LockInboxKeyStateRow :one
 -- LockInboxKeyStateRow locks one key's state row for an operator action,
 -- creating it when missing.
-INSERT INTO inbox_key_state AS s (handler, key)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
 VALUES (@handler::text, @key::text)
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 RETURNING s.last_applied;
 
 -- name: InboxSeqStatus :many
 -- InboxSeqStatus returns the rows of one key at one sequence.
-SELECT dedup_key, event_id, status FROM inbox
+SELECT dedup_key, event_id, status FROM pgrelay.inbox
 WHERE handler = @handler::text AND key = @key::text AND key_seq = @seq::bigint;
 
 -- name: FirstHeldInboxSeq :one
 -- FirstHeldInboxSeq returns the lowest pending sequence of a key above @above
 -- (0 when none).
-SELECT coalesce(min(key_seq), 0)::bigint FROM inbox
+SELECT coalesce(min(key_seq), 0)::bigint FROM pgrelay.inbox
 WHERE handler = @handler::text AND key = @key::text AND status = 'pending' AND key_seq > @above::bigint;
 
 -- name: InboxDeadOrdered :one
 -- InboxDeadOrdered reads a dead event of @handler by event id, with its key
 -- and sequence.
-SELECT dedup_key, key, key_seq, last_error, attempts FROM inbox
+SELECT dedup_key, key, key_seq, last_error, attempts FROM pgrelay.inbox
 WHERE handler = @handler::text AND event_id = @event_id::text AND status = 'dead'
 LIMIT 1;
 
 -- name: InsertOrderedSkipAudit :exec
 -- InsertOrderedSkipAudit records an operator's skip in the audit trail.
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error, handler)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error, handler)
 VALUES ('inbox', @action::text, @event_id::text, @actor::text, @reason::text, @previous_attempts::int,
         sqlc.narg('previous_error')::text, @handler::text);
 
@@ -305,9 +305,9 @@ VALUES ('inbox', @action::text, @event_id::text, @actor::text, @reason::text, @p
 -- @after, by action, with the highest id seen: how a worker counts the skips
 -- made by any process (admin API or CLI).
 SELECT action, count(*)::bigint AS n, max(id)::bigint AS last_id
-FROM replay_audit
+FROM pgrelay.replay_audit
 WHERE handler = @handler::text AND action IN ('skip_gap', 'skip_dead') AND id > @after::bigint
 GROUP BY action;
 
 -- name: LastAuditID :one
-SELECT coalesce(max(id), 0)::bigint FROM replay_audit;
+SELECT coalesce(max(id), 0)::bigint FROM pgrelay.replay_audit;

@@ -9,10 +9,10 @@ ORDER BY s.h;
 -- name: EnqueueOutbox :exec
 -- EnqueueOutbox inserts a batch in one statement; rows get their ids in array
 -- order.
-INSERT INTO outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
 SELECT unnest(@event_ids::text[]), unnest(@topics::text[]), unnest(@keys::text[]),
        unnest(@event_types::text[]), unnest(@payloads::bytea[]), unnest(@headers::jsonb[]),
        unnest(@occurred_ats::timestamptz[]);
 
 -- name: OutboxStatusCounts :many
-SELECT status, count(*)::bigint AS n FROM outbox GROUP BY status ORDER BY status;
+SELECT status, count(*)::bigint AS n FROM pgrelay.outbox GROUP BY status ORDER BY status;

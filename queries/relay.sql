@@ -9,7 +9,7 @@
 -- exclude (never NULL; empty for none) skips the previous batch's rows while
 -- their mark is still in flight.
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq
-FROM outbox
+FROM pgrelay.outbox
 WHERE partition >= @partition::int AND partition <= @partition::int AND status = 'pending'
   AND id <> ALL(@exclude::bigint[])
 ORDER BY partition, id
@@ -32,11 +32,11 @@ LIMIT @batch_size;
 -- row it holds. coalesce on the NOT NULL status keeps the pending partial
 -- index out of the planner's choices (TestMarkTouchesOnlyItsBatch).
 WITH lease AS (
-    SELECT rp.partition FROM relay_partitions rp
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
     FOR SHARE
 )
-UPDATE outbox o
+UPDATE pgrelay.outbox o
 SET status       = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN 'dead' ELSE 'published' END,
     published_at = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN NULL ELSE now() END,
     last_error   = (@dead_reasons::text[])[array_position(@dead_ids::bigint[], o.id)],
@@ -48,38 +48,38 @@ WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(
 -- RecordPublishFailure notes a transient failure on the rows of a batch that
 -- stay pending, under the same fencing as MarkOutcomes.
 WITH lease AS (
-    SELECT rp.partition FROM relay_partitions rp
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
     FOR SHARE
 )
-UPDATE outbox o
+UPDATE pgrelay.outbox o
 SET attempts = o.attempts + 1, last_error = @last_error::text, next_attempt_at = @next_attempt_at
 FROM lease
 -- The primary key, not the pending index (as MarkOutcomes).
 WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending';
 
 -- name: HeartbeatNode :exec
-INSERT INTO relay_nodes (node_id, last_seen) VALUES (@node_id, now())
+INSERT INTO pgrelay.relay_nodes (node_id, last_seen) VALUES (@node_id, now())
 ON CONFLICT (node_id) DO UPDATE SET last_seen = now();
 
 -- name: CountLiveNodes :one
-SELECT count(*)::int FROM relay_nodes
+SELECT count(*)::int FROM pgrelay.relay_nodes
 WHERE last_seen > now() - make_interval(secs => @ttl_seconds::float8);
 
 -- name: DeleteNode :exec
-DELETE FROM relay_nodes WHERE node_id = @node_id;
+DELETE FROM pgrelay.relay_nodes WHERE node_id = @node_id;
 
 -- name: DeleteStaleNodes :exec
-DELETE FROM relay_nodes
+DELETE FROM pgrelay.relay_nodes
 WHERE last_seen < now() - make_interval(secs => @ttl_seconds::float8);
 
 -- name: CountPartitions :one
-SELECT count(*)::int FROM relay_partitions;
+SELECT count(*)::int FROM pgrelay.relay_partitions;
 
 -- name: RenewLeases :many
 -- RenewLeases extends every lease the relay still owns and returns them; a
 -- partition missing from the result was taken over.
-UPDATE relay_partitions
+UPDATE pgrelay.relay_partitions
 SET lease_until = now() + make_interval(secs => @lease_seconds::float8)
 WHERE owner = @owner::text
 RETURNING partition, epoch;
@@ -88,13 +88,13 @@ RETURNING partition, epoch;
 -- AcquirePartitions takes up to max_count free or expired partitions, bumping
 -- each one's epoch, and returns the previous owner of each (NULL when free).
 WITH free AS (
-    SELECT rp.partition, rp.owner FROM relay_partitions rp
+    SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
     WHERE rp.owner IS NULL OR rp.lease_until < now()
     ORDER BY rp.partition
     LIMIT @max_count
     FOR UPDATE SKIP LOCKED
 )
-UPDATE relay_partitions p
+UPDATE pgrelay.relay_partitions p
 SET owner = @owner::text, epoch = p.epoch + 1,
     lease_until = now() + make_interval(secs => @lease_seconds::float8), acquired_at = now()
 FROM free
@@ -108,15 +108,15 @@ RETURNING p.partition, p.epoch, free.owner AS previous_owner;
 SELECT pg_notify('pgrelay_relays', @payload::text);
 
 -- name: ReleasePartitions :execrows
-UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'
+UPDATE pgrelay.relay_partitions SET owner = NULL, lease_until = '-infinity'
 WHERE owner = @owner::text AND partition = ANY(@partitions::int[]);
 
 -- name: DeletePublished :execrows
 -- DeletePublished removes up to batch_size published rows older than the
 -- retention, oldest first; dead rows are kept for inspection.
-DELETE FROM outbox
+DELETE FROM pgrelay.outbox
 WHERE id IN (
-    SELECT o.id FROM outbox o
+    SELECT o.id FROM pgrelay.outbox o
     WHERE o.status = 'published'
       AND o.published_at < now() - make_interval(secs => @retention_seconds::float8)
     ORDER BY o.published_at
@@ -127,7 +127,7 @@ WHERE id IN (
 -- name: ArmWakeup :exec
 -- ArmWakeup asks the outbox insert trigger to notify the next insert into
 -- the partition (once: the trigger disarms it).
-UPDATE relay_wakeups SET armed = true WHERE partition = @partition AND NOT armed;
+UPDATE pgrelay.relay_wakeups SET armed = true WHERE partition = @partition AND NOT armed;
 
 -- name: InProgressXids :one
 -- InProgressXids lists the transactions of this database that have written
@@ -149,7 +149,7 @@ WHERE datname = current_database() AND backend_xid::text = ANY(@xids::text[]);
 SELECT p::int AS partition
 FROM unnest(@partitions::int[]) AS p
 CROSS JOIN LATERAL (
-    SELECT o.id FROM outbox o
+    SELECT o.id FROM pgrelay.outbox o
     WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending'
     ORDER BY o.partition, o.id
     LIMIT 1

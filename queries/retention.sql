@@ -6,9 +6,9 @@
 -- dedup window (window_seconds) has passed, by key. SKIP LOCKED means it never
 -- waits on a row another transaction holds; the status is checked again on
 -- the row itself.
-DELETE FROM inbox
+DELETE FROM pgrelay.inbox
 WHERE (handler, dedup_key) IN (
-    SELECT e.handler, e.dedup_key FROM inbox e
+    SELECT e.handler, e.dedup_key FROM pgrelay.inbox e
     WHERE e.status = 'processed'
       AND e.finished_at < now() - make_interval(secs => @window_seconds::float8)
     ORDER BY e.finished_at
@@ -20,9 +20,9 @@ AND status = 'processed';
 -- name: DeleteExpiredInboxConflicts :execrows
 -- DeleteExpiredInboxConflicts forgets recorded conflicts older than the
 -- dedup window, in batches.
-DELETE FROM inbox_conflicts
+DELETE FROM pgrelay.inbox_conflicts
 WHERE id IN (
-    SELECT c.id FROM inbox_conflicts c
+    SELECT c.id FROM pgrelay.inbox_conflicts c
     WHERE c.detected_at < now() - make_interval(secs => @window_seconds::float8)
     ORDER BY c.detected_at
     LIMIT @batch_size

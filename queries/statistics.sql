@@ -8,13 +8,13 @@ SELECT (s.n_mod_since_analyze >= greatest(sqlc.arg(min_changes)::bigint,
                                           (sqlc.arg(fraction)::float8 * greatest(s.n_live_tup, c.reltuples::bigint))::bigint))::boolean AS stale
 FROM pg_catalog.pg_stat_user_tables s
 JOIN pg_catalog.pg_class c ON c.oid = s.relid
-WHERE s.relid = to_regclass(sqlc.arg(table_name)::text);
+WHERE s.relid = to_regclass('pgrelay.' || sqlc.arg(table_name)::text);
 
 -- name: AnalyzeInbox :exec
-ANALYZE inbox;
+ANALYZE pgrelay.inbox;
 
 -- name: AnalyzeOutbox :exec
-ANALYZE outbox;
+ANALYZE pgrelay.outbox;
 
 -- name: TryStatisticsLock :one
 -- TryStatisticsLock takes, for the calling transaction, the lock under which

@@ -22,7 +22,7 @@ func FuzzRoundTrip(f *testing.F, roundTrip func(t *testing.T, m broker.Message) 
 	f.Add("evt-1", "orders", "order-1", "OrderPaid", "application/json", "Trace-Id", "abc", []byte(`{"a":1}`), int64(1700000000), int64(5))
 	f.Add("", "", "", "", "", "", "", []byte(nil), int64(0), int64(0))
 	f.Add("e\x00", "a.b", "k\r\nNats-Msg-Id: forged", "T\xff", "text/plain", "Event-Id", "x\r\ny", []byte{0, 0xff}, int64(-1), int64(-1))
-	f.Add(strings.Repeat("é", 300), "t", "'; DROP TABLE outbox; --", "\"", "application/octet-stream", "Pgrelay-Causation-Id", "v", []byte{0xff}, int64(1<<40), int64(999999999))
+	f.Add(strings.Repeat("é", 300), "t", "'; DROP TABLE pgrelay.outbox; --", "\"", "application/octet-stream", "Pgrelay-Causation-Id", "v", []byte{0xff}, int64(1<<40), int64(999999999))
 	f.Fuzz(func(t *testing.T, id, topic, key, typ, ct, hname, hval string, payload []byte, unix, nanos int64) {
 		m := event.Message{EventID: id, Topic: topic, Key: key, EventType: typ, ContentType: ct, Payload: payload,
 			OccurredAt: time.Unix(unix, nanos%1e9).UTC()}

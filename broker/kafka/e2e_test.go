@@ -102,7 +102,7 @@ func TestEndToEndThroughKafka(t *testing.T) {
 		return n == orders && sum == total
 	}, 90*time.Second, 50*time.Millisecond, "every order credited once")
 	var dead, notDone int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status <> 'processed') FROM inbox`).Scan(&dead, &notDone))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status <> 'processed') FROM pgrelay.inbox`).Scan(&dead, &notDone))
 	require.Zero(t, dead, "no event dead (an OrderPaid ahead of its OrderCreated would be)")
 	require.Zero(t, notDone)
 }

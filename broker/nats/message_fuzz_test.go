@@ -18,7 +18,7 @@ func FuzzToNATS(f *testing.F) {
 	f.Add("evt-1", "orders", "order-1", "OrderPaid", "Trace-Id", "abc", []byte(`{"a":1}`), int64(1700000000))
 	f.Add("", "", "", "", "", "", []byte(nil), int64(0))
 	f.Add("e\x00", "a.b", "k\r\nNats-Msg-Id: forged", "T\xff", "Event-Id", "x\r\ny", []byte{0, 0xff}, int64(-1))
-	f.Add(strings.Repeat("é", 300), "t", "'; DROP TABLE outbox; --", "\"", "Msg-Id", "v", bytes.Repeat([]byte("x"), 70000), int64(1<<40))
+	f.Add(strings.Repeat("é", 300), "t", "'; DROP TABLE pgrelay.outbox; --", "\"", "Msg-Id", "v", bytes.Repeat([]byte("x"), 70000), int64(1<<40))
 	p := &Publisher{cfg: pubConfig{SubjectPrefix: "pgrelay"}}
 	f.Fuzz(func(t *testing.T, id, topic, key, typ, hname, hval string, payload []byte, unix int64) {
 		m := broker.Message{EventID: id, Topic: topic, Key: key, EventType: typ, Payload: payload, OccurredAt: time.Unix(unix, 0)}

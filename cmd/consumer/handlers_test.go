@@ -49,7 +49,7 @@ func runWithHandler(t *testing.T, dbURL string, handlerArgs []string, events int
 	defer pool.Close()
 	require.Eventually(t, func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&n)
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&n)
 		return n == events
 	}, time.Minute, 50*time.Millisecond, "the consumer never processed the %d events", events)
 }
@@ -122,6 +122,6 @@ func TestRunHandlerHTTP(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	var withStatus int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM inbox WHERE handler_status = 200 AND handler_latency_ms >= 0`).Scan(&withStatus))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.inbox WHERE handler_status = 200 AND handler_latency_ms >= 0`).Scan(&withStatus))
 	require.Equal(t, 5, withStatus, "the response is recorded on each inbox row")
 }

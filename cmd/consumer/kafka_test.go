@@ -65,7 +65,7 @@ func TestRunWithKafka(t *testing.T) {
 	defer pool.Close()
 	require.Eventually(t, func() bool {
 		var processed, orders int
-		_ = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM inbox WHERE status = 'processed'), (SELECT count(*) FROM ledger_orders)`).Scan(&processed, &orders)
+		_ = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'), (SELECT count(*) FROM ledger_orders)`).Scan(&processed, &orders)
 		return processed == 5 && orders == 5
 	}, time.Minute, 50*time.Millisecond, "the consumer never processed the 5 events")
 }

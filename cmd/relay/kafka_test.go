@@ -43,11 +43,11 @@ func TestRunWithKafka(t *testing.T) {
 			"--kafka-topic-prefix", "shop", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn",
 			"--metrics-addr", "127.0.0.1:0", "--admin-addr", "")
 	}()
-	_, err = pool.Exec(context.Background(), `INSERT INTO outbox (event_id, topic, key, payload) VALUES ('evt-k1', 'orders', 'order-7', 'x')`)
+	_, err = pool.Exec(context.Background(), `INSERT INTO pgrelay.outbox (event_id, topic, key, payload) VALUES ('evt-k1', 'orders', 'order-7', 'x')`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE status = 'published'`).Scan(&n)
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.outbox WHERE status = 'published'`).Scan(&n)
 		return n == 1
 	}, 20*time.Second, 20*time.Millisecond)
 	cancel()

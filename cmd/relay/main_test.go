@@ -78,11 +78,11 @@ func TestRunWithEmbeddedNATS(t *testing.T) {
 			"--embedded-nats-listen", "127.0.0.1:0", "--lease", "2s", "--poll-interval", "100ms", "--log-level", "warn",
 			"--metrics-addr", "127.0.0.1:0", "--admin-addr", "")
 	}()
-	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
+	_, err := pool.Exec(context.Background(), `INSERT INTO pgrelay.outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE status = 'published'`).Scan(&n)
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.outbox WHERE status = 'published'`).Scan(&n)
 		return n == 1
 	}, 20*time.Second, 20*time.Millisecond)
 	cancel()
@@ -93,7 +93,7 @@ func TestRunWithEmbeddedNATS(t *testing.T) {
 		t.Fatal("relay did not stop")
 	}
 	var owned int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`).Scan(&owned))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.relay_partitions WHERE owner IS NOT NULL`).Scan(&owned))
 	require.Zero(t, owned, "a stopped relay releases its leases")
 }
 
@@ -115,19 +115,19 @@ func TestSIGTERMReleasesLeases(t *testing.T) {
 			t.Log(sc.Text())
 		}
 	}()
-	_, err = pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
+	_, err = pool.Exec(context.Background(), `INSERT INTO pgrelay.outbox (topic, key, payload) VALUES ('orders', 'k', 'x')`)
 	require.NoError(t, err)
 	count := func(q string) int {
 		var n int
 		_ = pool.QueryRow(context.Background(), q).Scan(&n)
 		return n
 	}
-	require.Eventually(t, func() bool { return count(`SELECT count(*) FROM outbox WHERE status = 'published'`) == 1 }, 20*time.Second, 20*time.Millisecond)
-	require.Equal(t, 16, count(`SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`))
+	require.Eventually(t, func() bool { return count(`SELECT count(*) FROM pgrelay.outbox WHERE status = 'published'`) == 1 }, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, 16, count(`SELECT count(*) FROM pgrelay.relay_partitions WHERE owner IS NOT NULL`))
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "a SIGTERM is a clean exit")
-	require.Zero(t, count(`SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`), "leases released")
-	require.Zero(t, count(`SELECT count(*) FROM relay_nodes`))
+	require.Zero(t, count(`SELECT count(*) FROM pgrelay.relay_partitions WHERE owner IS NOT NULL`), "leases released")
+	require.Zero(t, count(`SELECT count(*) FROM pgrelay.relay_nodes`))
 }
 
 // TestSettingErrorsCarryNoPackagePrefix: main prefixes "relay:" once; a

@@ -152,7 +152,7 @@ needs only PostgreSQL.`,
 // runRelay validates the settings, connects, and relays until ctx or a
 // signal ends it.
 // defaultPartitions is the outbox's partition count in a default install
-// (outbox_partition_count()).
+// (pgrelay.outbox_partition_count()).
 const defaultPartitions = 16
 
 func runRelay(parent context.Context, s settings) error {

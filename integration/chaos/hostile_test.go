@@ -125,7 +125,7 @@ func TestHostileValuesEndToEnd(t *testing.T) {
 		accepted[m.EventID] = i
 	}
 	var outboxRows int64
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&outboxRows)) // a one-off count in a test
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pgrelay.outbox").Scan(&outboxRows)) // a one-off count in a test
 	require.EqualValues(t, len(accepted), outboxRows, "a rejected message left a row behind")
 
 	// Every accepted message ends processed or dead with a reason.

@@ -84,7 +84,7 @@ func TestRequeueByFilter(t *testing.T) {
 	require.Equal(t, 0, attempts)
 	require.Nil(t, lastErr)
 	var lockVersion int64
-	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT lock_version FROM inbox WHERE event_id = 'd-orders-1'`).Scan(&lockVersion))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT lock_version FROM pgrelay.inbox WHERE event_id = 'd-orders-1'`).Scan(&lockVersion))
 	require.Equal(t, int64(7), lockVersion, "the fencing version must never go back")
 	for _, id := range []string{"d-orders-2", "d-users-1"} {
 		st, _, _ := admintest.StatusOf(t, b.Pool, id)
@@ -207,10 +207,10 @@ func TestStats(t *testing.T) {
 	b := admintest.Setup(t)
 	admintest.Fixtures(t, b.Pool)
 	// A row backing off is pending but not claimable.
-	_, err := b.Pool.Exec(context.Background(), `INSERT INTO inbox (event_id, received_at, next_attempt_at)
+	_, err := b.Pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, received_at, next_attempt_at)
 		VALUES ('backing-off', now() - interval '1 hour', now() + interval '1 hour')`)
 	require.NoError(t, err)
-	_, err = b.Pool.Exec(context.Background(), `UPDATE inbox SET received_at = now() - interval '10 minutes',
+	_, err = b.Pool.Exec(context.Background(), `UPDATE pgrelay.inbox SET received_at = now() - interval '10 minutes',
 		next_attempt_at = now() - interval '5 minutes' WHERE event_id = 'q-orders-1'`)
 	require.NoError(t, err)
 
@@ -275,7 +275,7 @@ func TestOutboxDeadLetters(t *testing.T) {
 	var attempts int
 	var lastErr *string
 	var deadAt *time.Time
-	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT attempts, last_error, dead_at FROM outbox WHERE event_id = 'o-new' AND status = 'pending'`).
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT attempts, last_error, dead_at FROM pgrelay.outbox WHERE event_id = 'o-new' AND status = 'pending'`).
 		Scan(&attempts, &lastErr, &deadAt))
 	require.Zero(t, attempts)
 	require.Nil(t, lastErr)

@@ -99,12 +99,12 @@ func TestInboxKeysAndOutboxOverview(t *testing.T) {
 	require.Len(t, keys, 1)
 	require.Equal(t, "d-users-1", keys[0].EventID)
 
-	_, err = b.Pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ('o1', 't', 'k1', 'T', '\x')`)
+	_, err = b.Pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload) VALUES ('o1', 't', 'k1', 'T', '\x')`)
 	require.NoError(t, err)
-	_, err = b.Pool.Exec(ctx, `INSERT INTO relay_nodes (node_id, last_seen) VALUES ('relay-a', now()), ('relay-old', now() - interval '1 hour')`)
+	_, err = b.Pool.Exec(ctx, `INSERT INTO pgrelay.relay_nodes (node_id, last_seen) VALUES ('relay-a', now()), ('relay-old', now() - interval '1 hour')`)
 	require.NoError(t, err)
-	_, err = b.Pool.Exec(ctx, `UPDATE relay_partitions SET owner = 'relay-a', epoch = 7, lease_until = now() + interval '1 minute'
-		WHERE partition = outbox_partition('k1')`)
+	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.relay_partitions SET owner = 'relay-a', epoch = 7, lease_until = now() + interval '1 minute'
+		WHERE partition = pgrelay.outbox_partition('k1')`)
 	require.NoError(t, err)
 	ov, err := b.Svc.Outbox(ctx)
 	require.NoError(t, err)

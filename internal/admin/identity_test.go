@@ -23,7 +23,7 @@ func TestHandlersInOperations(t *testing.T) {
 	t.Parallel()
 	b := admintest.Setup(t)
 	ctx := context.Background()
-	_, err := b.Pool.Exec(ctx, `INSERT INTO inbox (handler, event_id, status, attempts, last_error, finished_at) VALUES
+	_, err := b.Pool.Exec(ctx, `INSERT INTO pgrelay.inbox (handler, event_id, status, attempts, last_error, finished_at) VALUES
 		('ledger', 'e1', 'dead', 3, 'ledger down', now()), ('mail', 'e1', 'dead', 2, 'smtp down', now()),
 		('mail', 'e2', 'processed', 1, NULL, now())`)
 	require.NoError(t, err)
@@ -56,8 +56,8 @@ func TestHandlersInOperations(t *testing.T) {
 	require.Equal(t, "mail", res.Events[0].Handler)
 	var ledgerStatus, mailStatus string
 	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT
-		(SELECT status FROM inbox WHERE handler = 'ledger' AND event_id = 'e1'),
-		(SELECT status FROM inbox WHERE handler = 'mail' AND event_id = 'e1')`).Scan(&ledgerStatus, &mailStatus))
+		(SELECT status FROM pgrelay.inbox WHERE handler = 'ledger' AND event_id = 'e1'),
+		(SELECT status FROM pgrelay.inbox WHERE handler = 'mail' AND event_id = 'e1')`).Scan(&ledgerStatus, &mailStatus))
 	require.Equal(t, "dead", ledgerStatus, "another handler's dead letter is left alone")
 	require.Equal(t, "pending", mailStatus)
 	audit, err := b.Svc.Audit(ctx, "e1", admin.SourceInbox, 0)

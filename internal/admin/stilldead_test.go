@@ -27,14 +27,14 @@ func TestRequeueAndPurgeTakeOnlyRowsStillDead(t *testing.T) {
 	admintest.OutboxRow(t, b.Pool, "o-dead", "orders", "OrderPaid", true, time.Hour, "rejected")
 	admintest.OutboxRow(t, b.Pool, "o-pending", "orders", "OrderPaid", false, 0, "")
 	var deadID, pendingID int64
-	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = 'o-dead'`).Scan(&deadID))
-	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = 'o-pending'`).Scan(&pendingID))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT id FROM pgrelay.outbox WHERE event_id = 'o-dead'`).Scan(&deadID))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT id FROM pgrelay.outbox WHERE event_id = 'o-pending'`).Scan(&pendingID))
 	q := db.New()
 	keys := func(ids ...string) ([]string, []string) {
 		var handlers, dedupKeys []string
 		for _, id := range ids {
 			var h, k string
-			require.NoError(t, b.Pool.QueryRow(ctx, `SELECT handler, dedup_key FROM inbox WHERE event_id = $1`, id).Scan(&h, &k))
+			require.NoError(t, b.Pool.QueryRow(ctx, `SELECT handler, dedup_key FROM pgrelay.inbox WHERE event_id = $1`, id).Scan(&h, &k))
 			handlers, dedupKeys = append(handlers, h), append(dedupKeys, k)
 		}
 		return handlers, dedupKeys

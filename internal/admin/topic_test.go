@@ -25,11 +25,11 @@ func TestRequeueOfAnInvalidTopicSaysPurgeIt(t *testing.T) {
 	// as the migration does (NOT VALID).
 	var def string
 	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_topic_valid'`).Scan(&def))
-	_, err := b.Pool.Exec(ctx, `ALTER TABLE outbox DROP CONSTRAINT outbox_topic_valid`)
+	_, err := b.Pool.Exec(ctx, `ALTER TABLE pgrelay.outbox DROP CONSTRAINT outbox_topic_valid`)
 	require.NoError(t, err)
 	admintest.OutboxRow(t, b.Pool, "o-space", "orders x", "OrderPaid", true, time.Hour, `nats: invalid subject "pgrelay.orders x"`)
 	admintest.OutboxRow(t, b.Pool, "o-ok", "orders", "OrderPaid", true, time.Hour, "nats: no stream matches subject")
-	_, err = b.Pool.Exec(ctx, `ALTER TABLE outbox ADD CONSTRAINT outbox_topic_valid `+def)
+	_, err = b.Pool.Exec(ctx, `ALTER TABLE pgrelay.outbox ADD CONSTRAINT outbox_topic_valid `+def)
 	require.NoError(t, err)
 
 	_, err = b.Svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{All: true, Actor: "ops", Reason: "retry"})

@@ -17,17 +17,20 @@ import (
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
-// MigrateCommand returns the `migrate` subcommand (up, down, status) over the
+// MigrateCommand returns the `migrate` subcommand (up, down, status, sql) over the
 // embedded migrations. databaseURL is read when the command runs.
 func MigrateCommand(databaseURL *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Apply, roll back or list the database migrations",
-		Long: `Apply, roll back or list pgrelay's database migrations.
+		Short: "Apply, roll back, list or print the database migrations",
+		Long: `Apply, roll back, list or print pgrelay's database migrations.
 
-The migrations are embedded in the binary. A session-level advisory lock makes
-concurrent runs safe: each migration is applied exactly once. The same files
-work with the goose CLI: goose -dir migrations postgres "$DATABASE_URL" up`,
+The migrations are embedded in the binary. Every pgrelay object lives in the
+schema pgrelay, and the applied versions in pgrelay.goose_db_version. A
+session-level advisory lock makes concurrent runs safe: each migration is
+applied exactly once. The same files work with the goose CLI:
+  psql "$DATABASE_URL" -c 'CREATE SCHEMA IF NOT EXISTS pgrelay'
+  goose -dir migrations -table pgrelay.goose_db_version postgres "$DATABASE_URL" up`,
 	}
 	var force bool
 	run := func(f func(ctx context.Context, p *goose.Provider) error) func(*cobra.Command, []string) error {
@@ -96,8 +99,49 @@ PGOPTIONS="-c pgrelay.force_down=on".`}
 		}
 		return nil
 	})
-	cmd.AddCommand(up, down, status)
+	cmd.AddCommand(up, down, status, sqlCommand())
 	return cmd
+}
+
+// sqlCommand returns `migrate sql`, which prints the migrations' SQL and
+// needs no database.
+func sqlCommand() *cobra.Command {
+	var opts migrations.SQLOptions
+	var adopt bool
+	c := &cobra.Command{
+		Use:   "sql",
+		Short: "Print the SQL of the migrations, for a migration tool of your own",
+		Long: `Print the SQL of pgrelay's migrations, for teams that apply migrations with a
+tool of their own: the up parts (or with --down the down parts, newest first)
+of every version, or of those from --from to --to (both included). Each
+migration is followed by the statement that records its version in
+pgrelay.goose_db_version, as goose does, so that relay and consumer find the
+schema migrated; the up output begins by creating the schema pgrelay and that
+table. Run each migration in a transaction of its own: its first statement
+sets the search_path for that transaction only.
+
+--adopt prints only the statement that creates the schema pgrelay and adopts
+the versions of an installation made before pgrelay had a schema of its own
+(they were recorded in public.goose_db_version): run it once before upgrading
+such an installation with the goose CLI. relay|consumer migrate up runs it
+itself. See docs/schema.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if adopt {
+				if opts.Down || opts.From != 0 || opts.To != 0 {
+					return errors.New("--adopt prints the adoption statement only: it takes no --down, --from or --to")
+				}
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), migrations.AdoptSQL+";")
+				return err
+			}
+			return migrations.WriteSQL(cmd.OutOrStdout(), opts)
+		},
+	}
+	c.Flags().BoolVar(&opts.Down, "down", false, "print the down parts, newest first")
+	c.Flags().Int64Var(&opts.From, "from", 0, "the first version to print (0: the oldest)")
+	c.Flags().Int64Var(&opts.To, "to", 0, "the last version to print (0: the newest)")
+	c.Flags().BoolVar(&adopt, "adopt", false, "print only the statement adopting an older installation's versions")
+	return c
 }
 
 // openMigrationPool connects for migrating: TCP keepalives as the services

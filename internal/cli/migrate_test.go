@@ -46,7 +46,7 @@ func TestMigrateDownRefusalSaysWhatAndWhy(t *testing.T) {
 		require.NoError(t, err, out)
 	}
 	require.EqualValues(t, 85, version())
-	_, err = conn.Exec(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'order-1', '\x')`)
+	_, err = conn.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key, payload) VALUES ('orders', 'order-1', '\x')`)
 	require.NoError(t, err)
 
 	_, err = migrate("down")
@@ -96,7 +96,7 @@ func TestMigrateUpFailureNamesTheMigration(t *testing.T) {
 		}
 		require.NoError(t, migrate("down", "--force"))
 	}
-	_, err = conn.Exec(ctx, `ALTER TABLE outbox ADD CONSTRAINT outbox_topic_valid CHECK (true)`)
+	_, err = conn.Exec(ctx, `ALTER TABLE pgrelay.outbox ADD CONSTRAINT outbox_topic_valid CHECK (true)`)
 	require.NoError(t, err)
 	err = migrate("up")
 	require.Error(t, err)

@@ -154,7 +154,7 @@ func TestHungBatchSessionIsEndedAndTakenOver(t *testing.T) {
 	deadline := time.Now().Add(6 * lease)
 	for {
 		var processing []string
-		rows, err := plain.Query(ctx, "SELECT event_id FROM inbox WHERE status <> 'processed' ORDER BY event_id")
+		rows, err := plain.Query(ctx, "SELECT event_id FROM pgrelay.inbox WHERE status <> 'processed' ORDER BY event_id")
 		require.NoError(t, err)
 		processing, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
@@ -184,7 +184,7 @@ func TestMigrateDownForce(t *testing.T) {
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
 	defer pool.Close()
-	_, err = pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) VALUES ('e1', 't')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic) VALUES ('e1', 't')`)
 	require.NoError(t, err)
 
 	down := func(args ...string) error {
@@ -205,11 +205,11 @@ func TestMigrateDownForce(t *testing.T) {
 	require.ErrorContains(t, refusal, "00001_inbox would drop data")
 	require.ErrorContains(t, refusal, "--force")
 	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox`).Scan(&n))
 	require.Equal(t, 1, n)
 
 	require.NoError(t, down("--force"))
 	var exists bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('inbox') IS NOT NULL`).Scan(&exists))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('pgrelay.inbox') IS NOT NULL`).Scan(&exists))
 	require.False(t, exists)
 }

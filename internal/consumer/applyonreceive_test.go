@@ -85,7 +85,7 @@ func TestApplyOnReceiveFailureLeavesTheEventToTheWorkers(t *testing.T) {
 	require.EqualValues(t, 1, c.Stats().AppliedOnReceive)
 	var attempts int
 	require.NoError(t, b.pool.QueryRow(context.Background(),
-		`SELECT attempts FROM inbox WHERE event_id = 'paid-o-1'`).Scan(&attempts))
+		`SELECT attempts FROM pgrelay.inbox WHERE event_id = 'paid-o-1'`).Scan(&attempts))
 	require.Equal(t, 1, attempts, "the rolled-back run on receive is not an attempt")
 }
 
@@ -139,13 +139,13 @@ func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
 		stop := b.start(t, c)
 		require.Eventually(t, func() bool {
 			var st string
-			err := b.pool.QueryRow(context.Background(), `SELECT status FROM inbox WHERE event_id = $1`, "created-"+order).Scan(&st)
+			err := b.pool.QueryRow(context.Background(), `SELECT status FROM pgrelay.inbox WHERE event_id = $1`, "created-"+order).Scan(&st)
 			return err == nil && st == "processed" && acked.Load()
 		}, 10*time.Second, 10*time.Millisecond)
 		require.NoError(t, stop())
 		var attempts int
 		require.NoError(t, b.pool.QueryRow(context.Background(),
-			`SELECT attempts FROM inbox WHERE event_id = $1`, "created-"+order).Scan(&attempts))
+			`SELECT attempts FROM pgrelay.inbox WHERE event_id = $1`, "created-"+order).Scan(&attempts))
 		require.Equal(t, 1, attempts)
 		if first {
 			require.EqualValues(t, 1, c.Stats().AppliedOnReceive, "a first delivery is applied on receive")

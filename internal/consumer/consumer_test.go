@@ -158,7 +158,7 @@ func (b *testBundle) settled(t *testing.T, entries, total int64, rows int) func(
 			return false
 		}
 		var n, processed int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processed') FROM inbox`).Scan(&n, &processed); err != nil {
+		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processed') FROM pgrelay.inbox`).Scan(&n, &processed); err != nil {
 			return false
 		}
 		if n != rows || processed != rows {
@@ -352,11 +352,11 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 	require.Eventually(t, func() bool { return c.Stats().Duplicates >= 1 && c.Stats().Acked >= 1 },
 		30*time.Second, 20*time.Millisecond, "the redelivery was absorbed and acknowledged")
 	var id, reason string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM inbox WHERE status = 'dead'`).Scan(&id, &reason))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id, last_error FROM pgrelay.inbox WHERE status = 'dead'`).Scan(&id, &reason))
 	require.Equal(t, pgnats.FallbackEventID(b.stream, b.created(t), ack.Sequence), id)
 	require.Contains(t, reason, broker.ReasonMissingEventID)
 	var rows int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&rows))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox`).Scan(&rows))
 	require.Equal(t, 1, rows)
 }
 
@@ -382,7 +382,7 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	}
 	var status, reason, topic, eventType string
 	var payload []byte
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload, topic, event_type FROM inbox WHERE event_id = 'b'`).
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), payload, topic, event_type FROM pgrelay.inbox WHERE event_id = 'b'`).
 		Scan(&status, &reason, &payload, &topic, &eventType))
 	require.Equal(t, "dead", status)
 	require.Contains(t, reason, "refused at ingest")
@@ -390,7 +390,7 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	require.Equal(t, "bad\uFFFDtopic", topic, "the dead row keeps its fields, made storable")
 	require.Equal(t, "T", eventType)
 	var pending int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE event_id IN ('a', 'c') AND status <> 'dead'`).Scan(&pending))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE event_id IN ('a', 'c') AND status <> 'dead'`).Scan(&pending))
 	require.Equal(t, 2, pending)
 }
 
@@ -446,12 +446,12 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 	require.Equal(t, "good", out[1].EventID, "the good message was stored and may be acknowledged")
 
 	var status, topic, key, eventType, headers string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, topic, key, event_type, headers::text FROM inbox WHERE event_id = 'good'`).
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, topic, key, event_type, headers::text FROM pgrelay.inbox WHERE event_id = 'good'`).
 		Scan(&status, &topic, &key, &eventType, &headers))
 	require.Equal(t, "pending", status, "a transient failure must not dead-letter a good message")
 	require.Equal(t, []string{"orders", "o-1", "OrderCreated"}, []string{topic, key, eventType})
 	require.JSONEq(t, `{"trace": "t-1"}`, headers)
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, key FROM inbox WHERE event_id = 'bad'`).Scan(&status, &key))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, key FROM pgrelay.inbox WHERE event_id = 'bad'`).Scan(&status, &key))
 	require.Equal(t, "dead", status)
 	require.Equal(t, "k\uFFFD", key, "the refused message keeps its key, made storable")
 }
@@ -619,10 +619,10 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 
 	// Retention, once the window has passed: the processed rows go.
 	require.Eventually(t, func() bool {
-		_, err := b.pool.Exec(ctx, `DELETE FROM inbox WHERE status = 'processed' AND finished_at < now() - make_interval(secs => $1)`, window.Seconds())
+		_, err := b.pool.Exec(ctx, `DELETE FROM pgrelay.inbox WHERE status = 'processed' AND finished_at < now() - make_interval(secs => $1)`, window.Seconds())
 		require.NoError(t, err)
 		var left int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox`).Scan(&left))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox`).Scan(&left))
 		return left == 0
 	}, 30*time.Second, 100*time.Millisecond)
 
@@ -688,7 +688,7 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 	}
 	dead := func() int {
 		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'dead'`).Scan(&n))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'dead'`).Scan(&n))
 		return n
 	}
 	publishNoID(`{"first":true}`)
@@ -712,7 +712,7 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 	require.Eventually(t, func() bool { return dead() == 2 }, 30*time.Second, 20*time.Millisecond,
 		"the new message must not be taken for a duplicate of the old one")
 	var payloads []string
-	rows, err := b.pool.Query(ctx, `SELECT convert_from(payload, 'UTF8') FROM inbox ORDER BY received_at`)
+	rows, err := b.pool.Query(ctx, `SELECT convert_from(payload, 'UTF8') FROM pgrelay.inbox ORDER BY received_at`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var p string

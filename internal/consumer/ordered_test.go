@@ -76,7 +76,7 @@ func TestOrderedThroughTheBroker(t *testing.T) {
 		return out
 	}
 	status := func(id string) (st, lastErr string) {
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM inbox WHERE event_id = $1`, id).
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, '') FROM pgrelay.inbox WHERE event_id = $1`, id).
 			Scan(&st, &lastErr))
 		return st, lastErr
 	}
@@ -129,6 +129,6 @@ func TestOrderedWithContentHashThroughTheBroker(t *testing.T) {
 		"sequence 3 waits for the absorbed sequence 2")
 	require.Equal(t, []int64{1, 3}, applied())
 	var last int64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT last_applied FROM inbox_key_state WHERE key = 'order-1'`).Scan(&last))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT last_applied FROM pgrelay.inbox_key_state WHERE key = 'order-1'`).Scan(&last))
 	require.EqualValues(t, 3, last)
 }

@@ -90,7 +90,7 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 			return false
 		}
 		var n, processed int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processed') FROM inbox`).Scan(&n, &processed); err != nil {
+		if err := b.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processed') FROM pgrelay.inbox`).Scan(&n, &processed); err != nil {
 			return false
 		}
 		return n == len(msgs) && processed == n && c.Stats().Acked >= int64(copies)

@@ -80,13 +80,13 @@ func TestOversizedKeyGoesDeadAndTheBatchGoesThrough(t *testing.T) {
 	var status, reason, key, raw string
 	var seq *int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), key, key_seq, coalesce(headers->>$1, '')
-		FROM inbox WHERE event_id = 'long'`, broker.RawKeyHeader).Scan(&status, &reason, &key, &seq, &raw))
+		FROM pgrelay.inbox WHERE event_id = 'long'`, broker.RawKeyHeader).Scan(&status, &reason, &key, &seq, &raw))
 	require.Equal(t, "dead", status)
 	require.Contains(t, reason, "key too long: 3000 bytes, the limit is 1024")
 	require.Empty(t, key)
 	require.Nil(t, seq)
 	require.Equal(t, long[:256], raw)
-	require.Equal(t, 2, count(t, b, `SELECT count(*) FROM inbox WHERE event_id IN ('good-1', 'good-2') AND status = 'pending'`))
+	require.Equal(t, 2, count(t, b, `SELECT count(*) FROM pgrelay.inbox WHERE event_id IN ('good-1', 'good-2') AND status = 'pending'`))
 }
 
 // TestProgramLimitIsARefusal: the database's own refusal of an oversized key
@@ -98,7 +98,7 @@ func TestProgramLimitIsARefusal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Random text does not compress below the btree's limit.
-	_, err := b.pool.Exec(ctx, `INSERT INTO inbox (event_id, topic, key, event_type, payload, key_seq)
+	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic, key, event_type, payload, key_seq)
 		SELECT 'e', 't', string_agg(md5(i::text), ''), 'T', ''::bytea, 1 FROM generate_series(1, 200) i`)
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "%v", err)
@@ -126,7 +126,7 @@ func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 	c.handle(ctx, a.deliveries(keyed("s-1", "s", 1), bad, keyed("s-3", "s", 3)))
 	require.Len(t, a.ids(), 3)
 	var seq *int64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT key_seq FROM inbox WHERE event_id = 's-2' AND status = 'dead'`).Scan(&seq))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT key_seq FROM pgrelay.inbox WHERE event_id = 's-2' AND status = 'dead'`).Scan(&seq))
 	require.NotNil(t, seq, "the dead copy lost its key sequence")
 	require.EqualValues(t, 2, *seq)
 
@@ -211,7 +211,7 @@ func TestRefusedEvenDeadIsCountedAndLogged(t *testing.T) {
 			END IF;
 			RETURN NEW;
 		END $$;
-		CREATE TRIGGER refuse_poison BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
+		CREATE TRIGGER refuse_poison BEFORE INSERT ON pgrelay.inbox FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
 	require.NoError(t, err)
 	core, logs := observer.New(zap.ErrorLevel)
 	b.cfg.DisableWorkers, b.cfg.Logger = true, zap.New(core)

@@ -12,7 +12,7 @@ import (
 )
 
 const adminGetInboxEvent = `-- name: AdminGetInboxEvent :many
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint, key_seq FROM inbox
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint, key_seq FROM pgrelay.inbox
 WHERE event_id = $1
   AND ($2::text IS NULL OR handler = $2::text)
 ORDER BY handler
@@ -75,7 +75,7 @@ func (q *Queries) AdminGetInboxEvent(ctx context.Context, db DBTX, arg AdminGetI
 const adminGetOutboxEvent = `-- name: AdminGetOutboxEvent :one
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, status,
        attempts, published_at, dead_at, last_error, partition
-FROM outbox WHERE event_id = $1
+FROM pgrelay.outbox WHERE event_id = $1
 `
 
 type AdminGetOutboxEventRow struct {
@@ -122,7 +122,7 @@ func (q *Queries) AdminGetOutboxEvent(ctx context.Context, db DBTX, eventID stri
 const adminInboxStatusCounts = `-- name: AdminInboxStatusCounts :many
 
 SELECT handler, key_strategy, status, count(*)::bigint AS row_count
-FROM inbox
+FROM pgrelay.inbox
 GROUP BY handler, key_strategy, status
 ORDER BY handler, key_strategy, status
 `
@@ -173,7 +173,7 @@ func (q *Queries) AdminInboxStatusCounts(ctx context.Context, db DBTX) ([]AdminI
 const adminListInboxConflicts = `-- name: AdminListInboxConflicts :many
 SELECT id, detected_at, handler, dedup_key, key_strategy, stored_event_id, event_id,
        stored_fingerprint, fingerprint, topic, event_type, payload
-FROM inbox_conflicts
+FROM pgrelay.inbox_conflicts
 WHERE ($1::text IS NULL OR handler = $1::text)
   AND ($2::text IS NULL OR event_id = $2::text
        OR stored_event_id = $2::text)
@@ -240,7 +240,7 @@ func (q *Queries) AdminListInboxConflicts(ctx context.Context, db DBTX, arg Admi
 
 const adminListInboxDead = `-- name: AdminListInboxDead :many
 SELECT handler, dedup_key, event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
-FROM inbox
+FROM pgrelay.inbox
 WHERE status = 'dead'
   AND ($1::text IS NULL OR handler = $1::text)
   AND ($2::text IS NULL OR event_id = $2::text)
@@ -321,7 +321,7 @@ func (q *Queries) AdminListInboxDead(ctx context.Context, db DBTX, arg AdminList
 const adminListOutboxDead = `-- name: AdminListOutboxDead :many
 SELECT id, event_id, topic, key, event_type, attempts, created_at, partition,
        coalesce(dead_at, created_at)::timestamptz AS dead_at, last_error
-FROM outbox
+FROM pgrelay.outbox
 WHERE status = 'dead'
   AND ($1::text IS NULL OR event_id = $1::text)
   AND ($2::text IS NULL OR topic = $2::text)
@@ -399,7 +399,7 @@ func (q *Queries) AdminListOutboxDead(ctx context.Context, db DBTX, arg AdminLis
 const adminListReplayAudit = `-- name: AdminListReplayAudit :many
 SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
        previous_attempts, previous_error
-FROM replay_audit
+FROM pgrelay.replay_audit
 WHERE ($1::text IS NULL OR event_id = $1::text)
   AND ($2::text IS NULL OR source = $2::text)
 ORDER BY id DESC
@@ -495,7 +495,7 @@ func (q *Queries) AdminNow(ctx context.Context, db DBTX) (time.Time, error) {
 const adminOutboxStatusCounts = `-- name: AdminOutboxStatusCounts :many
 
 SELECT status, count(*)::bigint AS row_count
-FROM outbox
+FROM pgrelay.outbox
 GROUP BY status
 ORDER BY status
 `
@@ -529,7 +529,7 @@ func (q *Queries) AdminOutboxStatusCounts(ctx context.Context, db DBTX) ([]Admin
 }
 
 const adminOutboxTopics = `-- name: AdminOutboxTopics :many
-SELECT event_id, topic FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id
+SELECT event_id, topic FROM pgrelay.outbox WHERE id = ANY($1::bigint[]) ORDER BY id
 `
 
 type AdminOutboxTopicsRow struct {
@@ -561,12 +561,12 @@ func (q *Queries) AdminOutboxTopics(ctx context.Context, db DBTX, ids []int64) (
 
 const adminPurgeInboxDead = `-- name: AdminPurgeInboxDead :many
 WITH gone AS (
-    DELETE FROM inbox i
+    DELETE FROM pgrelay.inbox i
     USING (SELECT unnest($3::text[]) AS handler, unnest($4::text[]) AS dedup_key) k
     WHERE i.handler = k.handler AND i.dedup_key = k.dedup_key AND i.status = 'dead'
     RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
-INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'purge', g.event_id, g.handler, $1::text, $2::text, g.attempts, g.last_error
 FROM gone g
 RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
@@ -621,11 +621,11 @@ func (q *Queries) AdminPurgeInboxDead(ctx context.Context, db DBTX, arg AdminPur
 
 const adminPurgeOutboxDead = `-- name: AdminPurgeOutboxDead :many
 WITH gone AS (
-    DELETE FROM outbox o
+    DELETE FROM pgrelay.outbox o
     WHERE o.id = ANY($3::bigint[]) AND o.status = 'dead'
     RETURNING o.event_id, o.attempts, o.last_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'outbox', 'purge', g.event_id, $1::text, $2::text, g.attempts, g.last_error
 FROM gone g
 RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
@@ -673,13 +673,13 @@ func (q *Queries) AdminPurgeOutboxDead(ctx context.Context, db DBTX, arg AdminPu
 const adminRequeueInboxDead = `-- name: AdminRequeueInboxDead :many
 WITH picked AS (
     SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
-    FROM inbox d
+    FROM pgrelay.inbox d
     JOIN (SELECT unnest($3::text[]) AS handler, unnest($4::text[]) AS dedup_key) k
       ON d.handler = k.handler AND d.dedup_key = k.dedup_key
     WHERE d.status = 'dead'
     FOR UPDATE OF d
 ), moved AS (
-    UPDATE inbox i
+    UPDATE pgrelay.inbox i
     SET status = 'pending', attempts = 0, next_attempt_at = now(),
         locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
         last_error = NULL, waiting_for = NULL, deferrals = 0
@@ -687,7 +687,7 @@ WITH picked AS (
     WHERE i.handler = p.handler AND i.dedup_key = p.dedup_key
     RETURNING i.handler, i.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-INSERT INTO replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, handler, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'requeue', m.event_id, m.handler, $1::text, $2::text, m.previous_attempts, m.previous_error
 FROM moved m
 RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
@@ -744,17 +744,17 @@ func (q *Queries) AdminRequeueInboxDead(ctx context.Context, db DBTX, arg AdminR
 const adminRequeueOutboxDead = `-- name: AdminRequeueOutboxDead :many
 WITH picked AS (
     SELECT d.id, d.attempts, d.last_error
-    FROM outbox d
+    FROM pgrelay.outbox d
     WHERE d.id = ANY($3::bigint[]) AND d.status = 'dead'
     FOR UPDATE
 ), moved AS (
-    UPDATE outbox o
+    UPDATE pgrelay.outbox o
     SET status = 'pending', attempts = 0, next_attempt_at = NULL, last_error = NULL, dead_at = NULL
     FROM picked p
     WHERE o.id = p.id
     RETURNING o.event_id, p.attempts AS previous_attempts, p.last_error AS previous_error
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'outbox', 'requeue', m.event_id, $1::text, $2::text, m.previous_attempts, m.previous_error
 FROM moved m
 RETURNING id, at, source, action, event_id, actor, reason, previous_attempts, previous_error, handler
@@ -802,11 +802,12 @@ func (q *Queries) AdminRequeueOutboxDead(ctx context.Context, db DBTX, arg Admin
 }
 
 const adminTableSize = `-- name: AdminTableSize :one
-SELECT pg_total_relation_size(to_regclass($1::text))::bigint AS table_bytes
+SELECT pg_total_relation_size(to_regclass('pgrelay.' || $1::text))::bigint AS table_bytes
 `
 
-// AdminTableSize returns a table's total size on disk (with indexes and TOAST), or
-// NULL when no such table exists.
+// AdminTableSize returns the total size on disk (with indexes and TOAST) of
+// one of pgrelay's tables, named without its schema, or NULL when no such
+// table exists.
 func (q *Queries) AdminTableSize(ctx context.Context, db DBTX, tableName string) (int64, error) {
 	row := db.QueryRow(ctx, adminTableSize, tableName)
 	var table_bytes int64

@@ -13,7 +13,7 @@ import (
 const chaosInboxEvents = `-- name: ChaosInboxEvents :many
 SELECT event_id, event_type, status, attempts, last_error,
        (status = 'processing' AND locked_until < now())::boolean AS lease_expired
-FROM inbox
+FROM pgrelay.inbox
 `
 
 type ChaosInboxEventsRow struct {
@@ -55,7 +55,7 @@ func (q *Queries) ChaosInboxEvents(ctx context.Context, db DBTX) ([]ChaosInboxEv
 
 const chaosInboxOrder = `-- name: ChaosInboxOrder :many
 SELECT handler, key, key_seq::bigint AS key_seq, event_id, status, finished_at
-FROM inbox
+FROM pgrelay.inbox
 WHERE key_seq IS NOT NULL
 ORDER BY handler, key, key_seq, finished_at
 `
@@ -163,7 +163,7 @@ func (q *Queries) ChaosLedgerOrders(ctx context.Context, db DBTX) ([]ChaosLedger
 
 const chaosOutboxEvents = `-- name: ChaosOutboxEvents :many
 SELECT id, event_id, key, event_type, status, last_error
-FROM outbox
+FROM pgrelay.outbox
 ORDER BY id
 `
 
@@ -206,10 +206,10 @@ func (q *Queries) ChaosOutboxEvents(ctx context.Context, db DBTX) ([]ChaosOutbox
 }
 
 const chaosProgress = `-- name: ChaosProgress :one
-SELECT (SELECT count(*) FROM outbox WHERE status = 'pending')::bigint AS outbox_pending,
-       (SELECT count(*) FROM outbox)::bigint AS outbox_total,
-       (SELECT count(*) FROM inbox)::bigint AS inbox_total,
-       (SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open
+SELECT (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
+       (SELECT count(*) FROM pgrelay.outbox)::bigint AS outbox_total,
+       (SELECT count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
+       (SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open
 `
 
 type ChaosProgressRow struct {

@@ -14,7 +14,7 @@ const consoleDedupHourly = `-- name: ConsoleDedupHourly :many
 SELECT date_trunc('hour', minute, 'UTC')::timestamptz AS hour,
        sum(received)::bigint AS received,
        sum(duplicates)::bigint AS duplicates
-FROM inbox_receive_counts
+FROM pgrelay.inbox_receive_counts
 WHERE minute >= date_trunc('hour', now(), 'UTC') - make_interval(hours => $1::int) + interval '1 hour'
 GROUP BY 1
 ORDER BY 1
@@ -49,8 +49,8 @@ func (q *Queries) ConsoleDedupHourly(ctx context.Context, db DBTX, hours int32) 
 }
 
 const consoleDuplicateRecordSize = `-- name: ConsoleDuplicateRecordSize :one
-SELECT (SELECT count(*) FROM inbox_duplicates)::bigint AS row_count,
-       pg_total_relation_size('inbox_duplicates')::bigint AS table_bytes
+SELECT (SELECT count(*) FROM pgrelay.inbox_duplicates)::bigint AS row_count,
+       pg_total_relation_size('pgrelay.inbox_duplicates')::bigint AS table_bytes
 `
 
 type ConsoleDuplicateRecordSizeRow struct {
@@ -71,19 +71,19 @@ const consoleInboxKeys = `-- name: ConsoleInboxKeys :many
 SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
 FROM (
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
-     FROM inbox
+     FROM pgrelay.inbox
      WHERE $1::text = '' AND status IN ('pending', 'processing', 'dead')
      ORDER BY received_at DESC
      LIMIT $2)
     UNION ALL
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
-     FROM inbox
+     FROM pgrelay.inbox
      WHERE $1::text = '' AND status = 'processed'
      ORDER BY finished_at DESC
      LIMIT $2)
     UNION ALL
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
-     FROM inbox
+     FROM pgrelay.inbox
      WHERE $1::text <> '' AND strpos(event_id, $1::text) > 0
      ORDER BY received_at DESC
      LIMIT $2)
@@ -150,13 +150,13 @@ SELECT p.partition, coalesce(p.owner, '')::text AS owner, p.epoch,
        coalesce(o.pending, 0)::bigint AS pending,
        coalesce(o.dead, 0)::bigint AS dead,
        coalesce(extract(epoch FROM now() - o.oldest_pending), 0)::float8 AS lag_seconds
-FROM relay_partitions p
+FROM pgrelay.relay_partitions p
 LEFT JOIN (
     SELECT partition,
            count(*) FILTER (WHERE status = 'pending') AS pending,
            count(*) FILTER (WHERE status = 'dead') AS dead,
            min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
-    FROM outbox
+    FROM pgrelay.outbox
     WHERE status IN ('pending', 'dead')
     GROUP BY partition
 ) o ON o.partition = p.partition
@@ -205,10 +205,10 @@ func (q *Queries) ConsolePartitions(ctx context.Context, db DBTX) ([]ConsolePart
 }
 
 const consolePruneDuplicates = `-- name: ConsolePruneDuplicates :execrows
-DELETE FROM inbox_duplicates
+DELETE FROM pgrelay.inbox_duplicates
 WHERE id IN (
-    SELECT d.id FROM inbox_duplicates d
-    WHERE d.id <= (SELECT max(id) FROM inbox_duplicates) - $1::bigint
+    SELECT d.id FROM pgrelay.inbox_duplicates d
+    WHERE d.id <= (SELECT max(id) FROM pgrelay.inbox_duplicates) - $1::bigint
     ORDER BY d.id
     LIMIT $2
 )
@@ -230,9 +230,9 @@ func (q *Queries) ConsolePruneDuplicates(ctx context.Context, db DBTX, arg Conso
 }
 
 const consolePruneReceiveCounts = `-- name: ConsolePruneReceiveCounts :execrows
-DELETE FROM inbox_receive_counts
+DELETE FROM pgrelay.inbox_receive_counts
 WHERE (minute, backend) IN (
-    SELECT c.minute, c.backend FROM inbox_receive_counts c
+    SELECT c.minute, c.backend FROM pgrelay.inbox_receive_counts c
     WHERE c.minute < now() - interval '25 hours'
     ORDER BY c.minute
     LIMIT $1
@@ -252,7 +252,7 @@ func (q *Queries) ConsolePruneReceiveCounts(ctx context.Context, db DBTX, batchS
 const consoleRecentDuplicates = `-- name: ConsoleRecentDuplicates :many
 
 SELECT id, event_id, topic, event_type, handler, original_received_at, seen_at
-FROM inbox_duplicates
+FROM pgrelay.inbox_duplicates
 ORDER BY id DESC
 LIMIT $1
 `
@@ -292,8 +292,8 @@ func (q *Queries) ConsoleRecentDuplicates(ctx context.Context, db DBTX, maxRows 
 const consoleRelayNodes = `-- name: ConsoleRelayNodes :many
 SELECT n.node_id, n.last_seen,
        (n.last_seen > now() - make_interval(secs => $1::float8))::boolean AS alive,
-       (SELECT count(*) FROM relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > now())::int AS partitions
-FROM relay_nodes n
+       (SELECT count(*) FROM pgrelay.relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > now())::int AS partitions
+FROM pgrelay.relay_nodes n
 ORDER BY n.node_id
 `
 
@@ -333,11 +333,11 @@ func (q *Queries) ConsoleRelayNodes(ctx context.Context, db DBTX, ttlSeconds flo
 
 const consoleResetDedupStats = `-- name: ConsoleResetDedupStats :one
 WITH d AS (
-    DELETE FROM inbox_duplicates RETURNING 1
+    DELETE FROM pgrelay.inbox_duplicates RETURNING 1
 ), c AS (
-    DELETE FROM inbox_receive_counts RETURNING 1
+    DELETE FROM pgrelay.inbox_receive_counts RETURNING 1
 )
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'reset_dedup_stats', '*', $1::text, $2::text, 0,
        (SELECT count(*) FROM d) || ' recorded duplicates and ' || (SELECT count(*) FROM c) || ' minute counts deleted'
 RETURNING id, at

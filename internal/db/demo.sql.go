@@ -35,7 +35,7 @@ func (q *Queries) CreateShopOrder(ctx context.Context, db DBTX, arg CreateShopOr
 
 const demoDeadLetters = `-- name: DemoDeadLetters :many
 SELECT event_id, event_type, last_error, length(payload)::int AS payload_bytes
-FROM inbox WHERE status = 'dead' ORDER BY event_id
+FROM pgrelay.inbox WHERE status = 'dead' ORDER BY event_id
 `
 
 type DemoDeadLettersRow struct {
@@ -78,7 +78,7 @@ SELECT count(*)::bigint AS total,
        count(*) FILTER (WHERE status IN ('pending', 'processing'))::bigint AS open,
        coalesce(sum(greatest(attempts - 1, 0)), 0)::bigint AS retries,
        coalesce(sum(deferrals), 0)::bigint AS deferrals
-FROM inbox
+FROM pgrelay.inbox
 `
 
 type DemoInboxCountsRow struct {
@@ -130,7 +130,7 @@ const demoOutboxCounts = `-- name: DemoOutboxCounts :one
 SELECT count(*)::bigint AS total,
        count(*) FILTER (WHERE status = 'published')::bigint AS published,
        count(*) FILTER (WHERE status = 'dead')::bigint AS dead
-FROM outbox
+FROM pgrelay.outbox
 `
 
 type DemoOutboxCountsRow struct {
@@ -149,7 +149,7 @@ func (q *Queries) DemoOutboxCounts(ctx context.Context, db DBTX) (DemoOutboxCoun
 
 const demoOutboxEvents = `-- name: DemoOutboxEvents :many
 SELECT event_id, topic, key, event_type, payload, occurred_at
-FROM outbox WHERE status = 'published' ORDER BY id LIMIT $1
+FROM pgrelay.outbox WHERE status = 'published' ORDER BY id LIMIT $1
 `
 
 type DemoOutboxEventsRow struct {

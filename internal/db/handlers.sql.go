@@ -10,7 +10,7 @@ import (
 )
 
 const recordHandlerResponse = `-- name: RecordHandlerResponse :exec
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET handler_status     = $1::integer,
     handler_latency_ms = $2::double precision
 WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5

@@ -12,7 +12,7 @@ import (
 )
 
 const enqueueOutboxIdempotent = `-- name: EnqueueOutboxIdempotent :many
-INSERT INTO outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
        unnest($7::timestamptz[])
@@ -64,7 +64,7 @@ func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg Enqu
 }
 
 const guardConfirm = `-- name: GuardConfirm :execrows
-UPDATE guard_keys
+UPDATE pgrelay.guard_keys
 SET state = 'confirmed', expires_at = now() + make_interval(secs => $1::float8)
 WHERE key = $2 AND token = $3 AND state = 'reserved'
 `
@@ -86,9 +86,9 @@ func (q *Queries) GuardConfirm(ctx context.Context, db DBTX, arg GuardConfirmPar
 }
 
 const guardDeleteExpired = `-- name: GuardDeleteExpired :execrows
-DELETE FROM guard_keys
+DELETE FROM pgrelay.guard_keys
 WHERE key IN (
-    SELECT key FROM guard_keys WHERE expires_at <= now()
+    SELECT key FROM pgrelay.guard_keys WHERE expires_at <= now()
     ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED)
 `
 
@@ -101,7 +101,7 @@ func (q *Queries) GuardDeleteExpired(ctx context.Context, db DBTX, batchSize int
 }
 
 const guardExtend = `-- name: GuardExtend :execrows
-UPDATE guard_keys
+UPDATE pgrelay.guard_keys
 SET expires_at = now() + make_interval(secs => $1::float8)
 WHERE key = $2 AND token = $3 AND state = 'reserved'
 `
@@ -121,7 +121,7 @@ func (q *Queries) GuardExtend(ctx context.Context, db DBTX, arg GuardExtendParam
 }
 
 const guardRelease = `-- name: GuardRelease :execrows
-DELETE FROM guard_keys WHERE key = $1 AND token = $2 AND state = 'reserved'
+DELETE FROM pgrelay.guard_keys WHERE key = $1 AND token = $2 AND state = 'reserved'
 `
 
 type GuardReleaseParams struct {
@@ -138,7 +138,7 @@ func (q *Queries) GuardRelease(ctx context.Context, db DBTX, arg GuardReleasePar
 }
 
 const guardReserve = `-- name: GuardReserve :one
-INSERT INTO guard_keys (key, token, state, expires_at)
+INSERT INTO pgrelay.guard_keys (key, token, state, expires_at)
 VALUES ($1, $2, 'reserved', now() + make_interval(secs => $3::float8))
 ON CONFLICT (key) DO UPDATE
 SET token = excluded.token, state = 'reserved', created_at = now(), expires_at = excluded.expires_at
@@ -162,7 +162,7 @@ func (q *Queries) GuardReserve(ctx context.Context, db DBTX, arg GuardReservePar
 }
 
 const guardState = `-- name: GuardState :one
-SELECT state, expires_at FROM guard_keys WHERE key = $1 AND expires_at > now()
+SELECT state, expires_at FROM pgrelay.guard_keys WHERE key = $1 AND expires_at > now()
 `
 
 type GuardStateRow struct {
@@ -178,8 +178,8 @@ func (q *Queries) GuardState(ctx context.Context, db DBTX, key string) (GuardSta
 }
 
 const guardStats = `-- name: GuardStats :one
-SELECT (SELECT count(*) FROM guard_keys WHERE expires_at > now())::bigint AS active,
-       pg_total_relation_size('guard_keys')::bigint AS bytes
+SELECT (SELECT count(*) FROM pgrelay.guard_keys WHERE expires_at > now())::bigint AS active,
+       pg_total_relation_size('pgrelay.guard_keys')::bigint AS bytes
 `
 
 type GuardStatsRow struct {
@@ -195,9 +195,9 @@ func (q *Queries) GuardStats(ctx context.Context, db DBTX) (GuardStatsRow, error
 }
 
 const hTTPIdemDeleteExpired = `-- name: HTTPIdemDeleteExpired :execrows
-DELETE FROM http_idempotency_keys
+DELETE FROM pgrelay.http_idempotency_keys
 WHERE (scope, key) IN (
-    SELECT scope, key FROM http_idempotency_keys
+    SELECT scope, key FROM pgrelay.http_idempotency_keys
     WHERE expires_at <= now() ORDER BY expires_at LIMIT $1::int
     FOR UPDATE SKIP LOCKED)
 `
@@ -213,7 +213,7 @@ func (q *Queries) HTTPIdemDeleteExpired(ctx context.Context, db DBTX, batchSize 
 
 const hTTPIdemGet = `-- name: HTTPIdemGet :one
 SELECT fingerprint, method, path, status, headers, body, created_at, expires_at
-FROM http_idempotency_keys
+FROM pgrelay.http_idempotency_keys
 WHERE scope = $1 AND key = $2 AND expires_at > now()
 `
 
@@ -251,7 +251,7 @@ func (q *Queries) HTTPIdemGet(ctx context.Context, db DBTX, arg HTTPIdemGetParam
 }
 
 const hTTPIdemStore = `-- name: HTTPIdemStore :exec
-INSERT INTO http_idempotency_keys (scope, key, fingerprint, method, path, status, headers, body, expires_at)
+INSERT INTO pgrelay.http_idempotency_keys (scope, key, fingerprint, method, path, status, headers, body, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9::float8))
 ON CONFLICT (scope, key) DO UPDATE
 SET fingerprint = excluded.fingerprint, method = excluded.method, path = excluded.path,
@@ -309,7 +309,7 @@ func (q *Queries) HTTPIdemTryLock(ctx context.Context, db DBTX, arg HTTPIdemTryL
 
 const outboxEventsByID = `-- name: OutboxEventsByID :many
 SELECT event_id, topic, key, event_type, payload, headers
-FROM outbox WHERE event_id = ANY($1::text[])
+FROM pgrelay.outbox WHERE event_id = ANY($1::text[])
 `
 
 type OutboxEventsByIDRow struct {

@@ -16,14 +16,14 @@ import (
 const claimInbox = `-- name: ClaimInbox :many
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= now()
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'processing' END,
     attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
@@ -129,13 +129,13 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 const claimInboxLost = `-- name: ClaimInboxLost :many
 WITH lost AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = $4::text AND i.status = 'processing' AND i.locked_until < now()
     ORDER BY i.locked_until
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'processing' END,
     attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
@@ -234,12 +234,12 @@ func (q *Queries) ClaimInboxLost(ctx context.Context, db DBTX, arg ClaimInboxLos
 }
 
 const deferInbox = `-- name: DeferInbox :execrows
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
     waiting_for = $1::text, locked_until = NULL,
     last_error = 'deferred: waiting for ' || $1::text,
     next_attempt_at = CASE
-        WHEN EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = $1::text) THEN now()
+        WHEN EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = $1::text) THEN now()
         ELSE now() + $2::interval
     END
 WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5 AND status = 'processing'
@@ -272,7 +272,7 @@ func (q *Queries) DeferInbox(ctx context.Context, db DBTX, arg DeferInboxParams)
 }
 
 const getInbox = `-- name: GetInbox :one
-SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint, key_seq FROM inbox WHERE handler = $1 AND dedup_key = $2
+SELECT event_id, topic, key, event_type, payload, headers, occurred_at, received_at, status, attempts, next_attempt_at, locked_by, locked_until, lock_version, started_at, finished_at, last_error, waiting_for, deferrals, handler_status, handler_latency_ms, handler, key_strategy, dedup_key, fingerprint, key_seq FROM pgrelay.inbox WHERE handler = $1 AND dedup_key = $2
 `
 
 type GetInboxParams struct {
@@ -316,7 +316,7 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (In
 
 const inboxStoredKeys = `-- name: InboxStoredKeys :many
 SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
-FROM inbox i
+FROM pgrelay.inbox i
 JOIN (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS dedup_key) AS k
   ON i.handler = k.handler AND i.dedup_key = k.dedup_key
 `
@@ -384,7 +384,7 @@ WITH m AS (
            unnest($12::text[]) AS dead_reason,
            unnest($13::bigint[]) AS key_seq
 ), ins AS (
-    INSERT INTO inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
+    INSERT INTO pgrelay.inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
                        headers, occurred_at, status, last_error, finished_at, key_seq)
     SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
@@ -400,24 +400,24 @@ WITH m AS (
            unnest($15::text[]) AS dedup_key,
            unnest($16::text[]) AS event_id
 ), dup AS (
-    INSERT INTO inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
+    INSERT INTO pgrelay.inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
     SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
     FROM (
         SELECT m.event_id, m.topic, m.event_type, m.handler, i.received_at AS original_received_at
         FROM m
         -- The original as this statement's snapshot sees it: committed
         -- before the statement began.
-        LEFT JOIN inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
+        LEFT JOIN pgrelay.inbox i ON i.handler = m.handler AND i.dedup_key = m.dedup_key
         WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.handler = m.handler AND ins.dedup_key = m.dedup_key)
         UNION ALL
         SELECT r.event_id, m.topic, m.event_type, r.handler, i.received_at
         FROM rep r
         JOIN m ON m.handler = r.handler AND m.dedup_key = r.dedup_key
-        LEFT JOIN inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
+        LEFT JOIN pgrelay.inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
     ) AS d
     WHERE $17::boolean
 ), counts AS (
-    INSERT INTO inbox_receive_counts AS c (minute, backend, received, duplicates)
+    INSERT INTO pgrelay.inbox_receive_counts AS c (minute, backend, received, duplicates)
     SELECT date_trunc('minute', now()), pg_backend_pid(),
            (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
            (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
@@ -503,7 +503,7 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 }
 
 const insertInboxConflicts = `-- name: InsertInboxConflicts :exec
-INSERT INTO inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
+INSERT INTO pgrelay.inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
                              stored_fingerprint, fingerprint, topic, event_type, payload)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::text[]),
@@ -543,7 +543,7 @@ func (q *Queries) InsertInboxConflicts(ctx context.Context, db DBTX, arg InsertI
 }
 
 const killInbox = `-- name: KillInbox :execrows
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'dead', finished_at = now(), last_error = $1::text, locked_until = NULL
 WHERE handler = $2 AND dedup_key = $3 AND lock_version = $4 AND status = 'processing'
 `
@@ -570,7 +570,7 @@ func (q *Queries) KillInbox(ctx context.Context, db DBTX, arg KillInboxParams) (
 }
 
 const markInboxBatchProcessed = `-- name: MarkInboxBatchProcessed :many
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 FROM (SELECT unnest($2::text[]) AS dedup_key,
@@ -619,7 +619,7 @@ func (q *Queries) MarkInboxBatchProcessed(ctx context.Context, db DBTX, arg Mark
 }
 
 const markInboxProcessed = `-- name: MarkInboxProcessed :execrows
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE handler = $1 AND dedup_key = $2 AND lock_version = $3 AND status = 'processing'
@@ -645,7 +645,7 @@ func (q *Queries) MarkInboxProcessed(ctx context.Context, db DBTX, arg MarkInbox
 }
 
 const markInboxStoredProcessed = `-- name: MarkInboxStoredProcessed :many
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
     locked_by = $1::text, started_at = $2::timestamptz, finished_at = now()
 WHERE handler = $3::text AND dedup_key = ANY($4::text[]) AND status = 'pending'
@@ -699,9 +699,9 @@ func (q *Queries) NotifyInbox(ctx context.Context, db DBTX) error {
 }
 
 const pruneInboxReleases = `-- name: PruneInboxReleases :execrows
-DELETE FROM inbox_releases
+DELETE FROM pgrelay.inbox_releases
 WHERE waiting_for IN (
-    SELECT r.waiting_for FROM inbox_releases r
+    SELECT r.waiting_for FROM pgrelay.inbox_releases r
     WHERE r.released_at < now() - $1::interval
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -727,11 +727,11 @@ func (q *Queries) PruneInboxReleases(ctx context.Context, db DBTX, arg PruneInbo
 
 const releaseInbox = `-- name: ReleaseInbox :one
 WITH recorded AS (
-    INSERT INTO inbox_releases (waiting_for)
+    INSERT INTO pgrelay.inbox_releases (waiting_for)
     SELECT unnest($1::text[])
     ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
 ), woken AS (
-    UPDATE inbox
+    UPDATE pgrelay.inbox
     SET next_attempt_at = now(), waiting_for = NULL
     WHERE status = 'pending' AND waiting_for = ANY($1::text[])
     RETURNING 1
@@ -751,7 +751,7 @@ func (q *Queries) ReleaseInbox(ctx context.Context, db DBTX, keys []string) (int
 }
 
 const retryInbox = `-- name: RetryInbox :execrows
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'pending', next_attempt_at = now() + $1::interval, last_error = $2::text,
     locked_until = NULL, waiting_for = NULL
 WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5 AND status = 'processing'
@@ -783,7 +783,7 @@ func (q *Queries) RetryInbox(ctx context.Context, db DBTX, arg RetryInboxParams)
 const selectInboxStored = `-- name: SelectInboxStored :many
 SELECT handler, dedup_key, event_id, topic, key, event_type, payload, headers, occurred_at, received_at,
        status, attempts, deferrals, lock_version, last_error
-FROM inbox
+FROM pgrelay.inbox
 WHERE handler = $1::text AND dedup_key = ANY($2::text[])
 `
 
@@ -855,13 +855,13 @@ func (q *Queries) SelectInboxStored(ctx context.Context, db DBTX, arg SelectInbo
 const sweepReleasedInbox = `-- name: SweepReleasedInbox :execrows
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.status = 'pending' AND i.waiting_for IS NOT NULL
-      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+      AND EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = i.waiting_for)
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
@@ -880,7 +880,7 @@ func (q *Queries) SweepReleasedInbox(ctx context.Context, db DBTX, batchSize int
 }
 
 const unclaimInbox = `-- name: UnclaimInbox :execrows
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
     locked_until = NULL
 FROM (SELECT unnest($2::text[]) AS dedup_key,
@@ -916,12 +916,12 @@ func (q *Queries) UnclaimInbox(ctx context.Context, db DBTX, arg UnclaimInboxPar
 const wakeReleasedInbox = `-- name: WakeReleasedInbox :execrows
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.status = 'pending' AND i.waiting_for = ANY($1::text[])
-      AND EXISTS (SELECT 1 FROM inbox_releases r WHERE r.waiting_for = i.waiting_for)
+      AND EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = i.waiting_for)
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET next_attempt_at = now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key

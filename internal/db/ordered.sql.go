@@ -19,28 +19,28 @@ WITH a AS (
     FROM (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS key,
                  unnest($3::bigint[]) AS seq) AS x
     WHERE x.seq > 0
-      AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.handler = x.handler AND i.key = x.key AND i.key_seq = x.seq)
+      AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox i WHERE i.handler = x.handler AND i.key = x.key AND i.key_seq = x.seq)
 ), g AS (
     SELECT a.handler, a.key, array_agg(a.seq) AS seqs FROM a GROUP BY a.handler, a.key
 ), st AS (
     -- A new state row takes the fold from 0; on conflict, the sequences the
     -- insert would have folded (1 .. excluded.last_applied) are merged back
     -- with the rest.
-    INSERT INTO inbox_key_state AS s (handler, key, last_applied, absorbed_seqs)
-    SELECT g.handler, g.key, inbox_seq_fold(0, g.seqs), inbox_seq_rest(inbox_seq_fold(0, g.seqs), g.seqs)
+    INSERT INTO pgrelay.inbox_key_state AS s (handler, key, last_applied, absorbed_seqs)
+    SELECT g.handler, g.key, pgrelay.inbox_seq_fold(0, g.seqs), pgrelay.inbox_seq_rest(pgrelay.inbox_seq_fold(0, g.seqs), g.seqs)
     FROM g
     ORDER BY g.handler, g.key
     ON CONFLICT (handler, key) DO UPDATE
-    SET last_applied = inbox_seq_fold(s.last_applied,
+    SET last_applied = pgrelay.inbox_seq_fold(s.last_applied,
             s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
-        absorbed_seqs = inbox_seq_rest(
-            inbox_seq_fold(s.last_applied,
+        absorbed_seqs = pgrelay.inbox_seq_rest(
+            pgrelay.inbox_seq_fold(s.last_applied,
                 s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
             s.absorbed_seqs || excluded.absorbed_seqs),
         updated_at = now()
     RETURNING s.handler, s.key, s.last_applied
 )
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
 FROM st
 WHERE i.handler = st.handler AND i.key = st.key AND i.key_seq = st.last_applied + 1
@@ -71,7 +71,7 @@ func (q *Queries) AbsorbInboxKeySeqs(ctx context.Context, db DBTX, arg AbsorbInb
 }
 
 const absorbInboxSeqDuplicates = `-- name: AbsorbInboxSeqDuplicates :many
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = 'duplicate key sequence ' || inbox.key_seq || ': absorbed without running the handler (key already applied up to '
                  || c.last_applied || ')'
@@ -122,17 +122,17 @@ const advanceInboxKeyState = `-- name: AdvanceInboxKeyState :execrows
 WITH a AS (
     SELECT unnest($2::text[]) AS key, unnest($3::bigint[]) AS seq
 ), upd AS (
-    UPDATE inbox_key_state s
+    UPDATE pgrelay.inbox_key_state s
     -- Nothing absorbed ahead (the rule): no function call.
-    SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE inbox_seq_fold(a.seq, s.absorbed_seqs) END,
+    SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE pgrelay.inbox_seq_fold(a.seq, s.absorbed_seqs) END,
         absorbed_seqs = CASE WHEN s.absorbed_seqs = '{}' THEN s.absorbed_seqs
-                             ELSE inbox_seq_rest(inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
+                             ELSE pgrelay.inbox_seq_rest(pgrelay.inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
         updated_at = now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
     FROM a
     WHERE s.handler = $1::text AND s.key = a.key AND s.last_applied < a.seq
     RETURNING s.key, s.last_applied
 )
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
 FROM upd
 WHERE i.handler = $1::text AND i.key = upd.key AND i.key_seq = upd.last_applied + 1
@@ -162,17 +162,17 @@ const claimInboxOrdered = `-- name: ClaimInboxOrdered :many
 
 WITH due AS (
     SELECT i.handler, i.dedup_key
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= now()
       AND (i.key_seq IS NULL
-           OR i.key_seq <= coalesce((SELECT s.last_applied FROM inbox_key_state s
+           OR i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                                      WHERE s.handler = i.handler AND s.key = i.key), 0) + 1)
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
-UPDATE inbox
+UPDATE pgrelay.inbox
 SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'processing' END,
     attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
@@ -273,7 +273,7 @@ func (q *Queries) ClaimInboxOrdered(ctx context.Context, db DBTX, arg ClaimInbox
 }
 
 const firstHeldInboxSeq = `-- name: FirstHeldInboxSeq :one
-SELECT coalesce(min(key_seq), 0)::bigint FROM inbox
+SELECT coalesce(min(key_seq), 0)::bigint FROM pgrelay.inbox
 WHERE handler = $1::text AND key = $2::text AND status = 'pending' AND key_seq > $3::bigint
 `
 
@@ -293,11 +293,11 @@ func (q *Queries) FirstHeldInboxSeq(ctx context.Context, db DBTX, arg FirstHeldI
 }
 
 const holdInboxOrdered = `-- name: HoldInboxOrdered :execrows
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = 'infinity',
     last_error = 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)
-FROM inbox i2
-LEFT JOIN inbox_key_state s ON s.handler = i2.handler AND s.key = i2.key
+FROM pgrelay.inbox i2
+LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i2.handler AND s.key = i2.key
 WHERE i2.handler = i.handler AND i2.dedup_key = i.dedup_key
   AND i.handler = $1::text AND i.status = 'pending'
   AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
@@ -320,7 +320,7 @@ func (q *Queries) HoldInboxOrdered(ctx context.Context, db DBTX, handler string)
 }
 
 const inboxDeadOrdered = `-- name: InboxDeadOrdered :one
-SELECT dedup_key, key, key_seq, last_error, attempts FROM inbox
+SELECT dedup_key, key, key_seq, last_error, attempts FROM pgrelay.inbox
 WHERE handler = $1::text AND event_id = $2::text AND status = 'dead'
 LIMIT 1
 `
@@ -354,7 +354,7 @@ func (q *Queries) InboxDeadOrdered(ctx context.Context, db DBTX, arg InboxDeadOr
 }
 
 const inboxSeqStatus = `-- name: InboxSeqStatus :many
-SELECT dedup_key, event_id, status FROM inbox
+SELECT dedup_key, event_id, status FROM pgrelay.inbox
 WHERE handler = $1::text AND key = $2::text AND key_seq = $3::bigint
 `
 
@@ -392,7 +392,7 @@ func (q *Queries) InboxSeqStatus(ctx context.Context, db DBTX, arg InboxSeqStatu
 }
 
 const insertOrderedSkipAudit = `-- name: InsertOrderedSkipAudit :exec
-INSERT INTO replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error, handler)
+INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error, handler)
 VALUES ('inbox', $1::text, $2::text, $3::text, $4::text, $5::int,
         $6::text, $7::text)
 `
@@ -422,7 +422,7 @@ func (q *Queries) InsertOrderedSkipAudit(ctx context.Context, db DBTX, arg Inser
 }
 
 const lastAuditID = `-- name: LastAuditID :one
-SELECT coalesce(max(id), 0)::bigint FROM replay_audit
+SELECT coalesce(max(id), 0)::bigint FROM pgrelay.replay_audit
 `
 
 func (q *Queries) LastAuditID(ctx context.Context, db DBTX) (int64, error) {
@@ -437,8 +437,8 @@ WITH w AS (
     SELECT i.handler, i.key, coalesce(s.last_applied, 0) AS last_applied, count(*)::bigint AS held,
            min(i.key_seq)::bigint AS first_held, min(i.received_at)::timestamptz AS oldest_held,
            s.gap_since, s.gap_reported_at
-    FROM inbox i
-    LEFT JOIN inbox_key_state s ON s.handler = i.handler AND s.key = i.key
+    FROM pgrelay.inbox i
+    LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i.handler AND s.key = i.key
     WHERE ($2::text = '' OR i.handler = $2::text) AND i.status = 'pending'
       AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
     GROUP BY i.handler, i.key, s.last_applied, s.gap_since, s.gap_reported_at
@@ -446,15 +446,15 @@ WITH w AS (
     -- parked keys with nothing held yet
     SELECT i.handler, i.key, s.last_applied, 0::bigint AS held, 0::bigint AS first_held,
            coalesce(i.finished_at, i.received_at) AS oldest_held, NULL::timestamptz AS gap_since, NULL::timestamptz AS gap_reported_at
-    FROM inbox_key_state s
-    JOIN inbox i ON i.handler = s.handler AND i.key = s.key AND i.key_seq = s.last_applied + 1 AND i.status = 'dead'
+    FROM pgrelay.inbox_key_state s
+    JOIN pgrelay.inbox i ON i.handler = s.handler AND i.key = s.key AND i.key_seq = s.last_applied + 1 AND i.status = 'dead'
     WHERE ($2::text = '' OR s.handler = $2::text)
       AND NOT EXISTS (SELECT 1 FROM w WHERE w.handler = s.handler AND w.key = s.key)
 ), a AS (
     SELECT handler, key, last_applied, held, first_held, oldest_held, gap_since, gap_reported_at FROM w UNION ALL SELECT handler, key, last_applied, held, first_held, oldest_held, gap_since, gap_reported_at FROM p
 )
 SELECT a.handler, a.key, a.last_applied::bigint AS last_applied, (a.last_applied + 1)::bigint AS waiting_for_seq,
-       coalesce((SELECT j.status FROM inbox j
+       coalesce((SELECT j.status FROM pgrelay.inbox j
                  WHERE j.handler = a.handler AND j.key = a.key AND j.key_seq = a.last_applied + 1
                  ORDER BY (j.status = 'dead') DESC LIMIT 1), '')::text AS next_status,
        a.held, a.first_held, a.oldest_held, a.gap_since, a.gap_reported_at
@@ -517,7 +517,7 @@ func (q *Queries) ListInboxOrderedKeys(ctx context.Context, db DBTX, arg ListInb
 }
 
 const lockInboxKeyState = `-- name: LockInboxKeyState :many
-INSERT INTO inbox_key_state AS s (handler, key)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
 SELECT $1::text, k FROM unnest($2::text[]) AS k
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 RETURNING s.key, s.last_applied
@@ -558,7 +558,7 @@ func (q *Queries) LockInboxKeyState(ctx context.Context, db DBTX, arg LockInboxK
 }
 
 const lockInboxKeyStateRow = `-- name: LockInboxKeyStateRow :one
-INSERT INTO inbox_key_state AS s (handler, key)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
 VALUES ($1::text, $2::text)
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 RETURNING s.last_applied
@@ -579,7 +579,7 @@ func (q *Queries) LockInboxKeyStateRow(ctx context.Context, db DBTX, arg LockInb
 }
 
 const lockInboxKeyStates = `-- name: LockInboxKeyStates :exec
-INSERT INTO inbox_key_state AS s (handler, key)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
 SELECT unnest($1::text[]), unnest($2::text[])
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 `
@@ -601,16 +601,16 @@ func (q *Queries) LockInboxKeyStates(ctx context.Context, db DBTX, arg LockInbox
 const moveInboxKeySeq = `-- name: MoveInboxKeySeq :one
 WITH o AS (
     SELECT i.handler, i.dedup_key, i.key_seq AS old
-    FROM inbox i
+    FROM pgrelay.inbox i
     WHERE i.handler = $2::text AND i.dedup_key = $3::text AND i.key = $4::text
       AND i.key_seq > $1::bigint AND i.status IN ('pending', 'dead')
-      AND $1::bigint > coalesce((SELECT s.last_applied FROM inbox_key_state s
+      AND $1::bigint > coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                                    WHERE s.handler = $2::text AND s.key = $4::text), 0)
-      AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = $2::text AND j.key = $4::text
+      AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = $2::text AND j.key = $4::text
                                               AND j.key_seq = $1::bigint)
     FOR UPDATE
 ), m AS (
-    UPDATE inbox i
+    UPDATE pgrelay.inbox i
     SET key_seq = $1::bigint,
         next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN now() ELSE i.next_attempt_at END,
         last_error = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN NULL ELSE i.last_error END
@@ -649,7 +649,7 @@ func (q *Queries) MoveInboxKeySeq(ctx context.Context, db DBTX, arg MoveInboxKey
 
 const orderedSkipsSince = `-- name: OrderedSkipsSince :many
 SELECT action, count(*)::bigint AS n, max(id)::bigint AS last_id
-FROM replay_audit
+FROM pgrelay.replay_audit
 WHERE handler = $1::text AND action IN ('skip_gap', 'skip_dead') AND id > $2::bigint
 GROUP BY action
 `
@@ -691,17 +691,17 @@ func (q *Queries) OrderedSkipsSince(ctx context.Context, db DBTX, arg OrderedSki
 const recordInboxGaps = `-- name: RecordInboxGaps :exec
 WITH w AS (
     SELECT i.key, coalesce(s.last_applied, 0) + 1 AS missing
-    FROM inbox i
-    LEFT JOIN inbox_key_state s ON s.handler = i.handler AND s.key = i.key
+    FROM pgrelay.inbox i
+    LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i.handler AND s.key = i.key
     WHERE i.handler = $1::text AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
       AND i.key_seq IS NOT NULL
     GROUP BY i.key, s.last_applied
 ), g AS (
     SELECT w.key, w.missing FROM w
-    WHERE NOT EXISTS (SELECT 1 FROM inbox j
+    WHERE NOT EXISTS (SELECT 1 FROM pgrelay.inbox j
                       WHERE j.handler = $1::text AND j.key = w.key AND j.key_seq = w.missing)
 )
-INSERT INTO inbox_key_state AS s (handler, key, missing_seq, gap_since)
+INSERT INTO pgrelay.inbox_key_state AS s (handler, key, missing_seq, gap_since)
 SELECT $1::text, g.key, g.missing, now() FROM g
 ON CONFLICT (handler, key) DO UPDATE
 SET missing_seq = excluded.missing_seq,
@@ -720,11 +720,11 @@ func (q *Queries) RecordInboxGaps(ctx context.Context, db DBTX, handler string) 
 }
 
 const reportInboxGaps = `-- name: ReportInboxGaps :many
-UPDATE inbox_key_state s
+UPDATE pgrelay.inbox_key_state s
 SET gap_reported_at = now()
 WHERE s.handler = $1::text AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
   AND s.gap_since < now() - $2::interval
-  AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
+  AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
 RETURNING s.key, s.last_applied, s.missing_seq::bigint AS missing_seq, s.gap_since::timestamptz AS gap_since
 `
 
@@ -769,11 +769,11 @@ func (q *Queries) ReportInboxGaps(ctx context.Context, db DBTX, arg ReportInboxG
 }
 
 const wakeInboxOrdered = `-- name: WakeInboxOrdered :execrows
-UPDATE inbox i
+UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
 WHERE i.handler = $1::text AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
   AND i.key_seq IS NOT NULL
-  AND i.key_seq <= coalesce((SELECT s.last_applied FROM inbox_key_state s
+  AND i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                              WHERE s.handler = i.handler AND s.key = i.key), 0) + 1
 `
 

@@ -12,7 +12,7 @@ import (
 )
 
 const enqueueOutbox = `-- name: EnqueueOutbox :exec
-INSERT INTO outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
        unnest($7::timestamptz[])
@@ -58,7 +58,7 @@ func (q *Queries) LockOutboxKeys(ctx context.Context, db DBTX, keys []string) er
 }
 
 const outboxStatusCounts = `-- name: OutboxStatusCounts :many
-SELECT status, count(*)::bigint AS n FROM outbox GROUP BY status ORDER BY status
+SELECT status, count(*)::bigint AS n FROM pgrelay.outbox GROUP BY status ORDER BY status
 `
 
 type OutboxStatusCountsRow struct {

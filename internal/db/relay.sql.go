@@ -13,13 +13,13 @@ import (
 
 const acquirePartitions = `-- name: AcquirePartitions :many
 WITH free AS (
-    SELECT rp.partition, rp.owner FROM relay_partitions rp
+    SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
     WHERE rp.owner IS NULL OR rp.lease_until < now()
     ORDER BY rp.partition
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-UPDATE relay_partitions p
+UPDATE pgrelay.relay_partitions p
 SET owner = $1::text, epoch = p.epoch + 1,
     lease_until = now() + make_interval(secs => $2::float8), acquired_at = now()
 FROM free
@@ -62,7 +62,7 @@ func (q *Queries) AcquirePartitions(ctx context.Context, db DBTX, arg AcquirePar
 }
 
 const armWakeup = `-- name: ArmWakeup :exec
-UPDATE relay_wakeups SET armed = true WHERE partition = $1 AND NOT armed
+UPDATE pgrelay.relay_wakeups SET armed = true WHERE partition = $1 AND NOT armed
 `
 
 // ArmWakeup asks the outbox insert trigger to notify the next insert into
@@ -86,7 +86,7 @@ func (q *Queries) CountInProgress(ctx context.Context, db DBTX, xids []string) (
 }
 
 const countLiveNodes = `-- name: CountLiveNodes :one
-SELECT count(*)::int FROM relay_nodes
+SELECT count(*)::int FROM pgrelay.relay_nodes
 WHERE last_seen > now() - make_interval(secs => $1::float8)
 `
 
@@ -98,7 +98,7 @@ func (q *Queries) CountLiveNodes(ctx context.Context, db DBTX, ttlSeconds float6
 }
 
 const countPartitions = `-- name: CountPartitions :one
-SELECT count(*)::int FROM relay_partitions
+SELECT count(*)::int FROM pgrelay.relay_partitions
 `
 
 func (q *Queries) CountPartitions(ctx context.Context, db DBTX) (int32, error) {
@@ -109,7 +109,7 @@ func (q *Queries) CountPartitions(ctx context.Context, db DBTX) (int32, error) {
 }
 
 const deleteNode = `-- name: DeleteNode :exec
-DELETE FROM relay_nodes WHERE node_id = $1
+DELETE FROM pgrelay.relay_nodes WHERE node_id = $1
 `
 
 func (q *Queries) DeleteNode(ctx context.Context, db DBTX, nodeID string) error {
@@ -118,9 +118,9 @@ func (q *Queries) DeleteNode(ctx context.Context, db DBTX, nodeID string) error 
 }
 
 const deletePublished = `-- name: DeletePublished :execrows
-DELETE FROM outbox
+DELETE FROM pgrelay.outbox
 WHERE id IN (
-    SELECT o.id FROM outbox o
+    SELECT o.id FROM pgrelay.outbox o
     WHERE o.status = 'published'
       AND o.published_at < now() - make_interval(secs => $1::float8)
     ORDER BY o.published_at
@@ -145,7 +145,7 @@ func (q *Queries) DeletePublished(ctx context.Context, db DBTX, arg DeletePublis
 }
 
 const deleteStaleNodes = `-- name: DeleteStaleNodes :exec
-DELETE FROM relay_nodes
+DELETE FROM pgrelay.relay_nodes
 WHERE last_seen < now() - make_interval(secs => $1::float8)
 `
 
@@ -155,7 +155,7 @@ func (q *Queries) DeleteStaleNodes(ctx context.Context, db DBTX, ttlSeconds floa
 }
 
 const heartbeatNode = `-- name: HeartbeatNode :exec
-INSERT INTO relay_nodes (node_id, last_seen) VALUES ($1, now())
+INSERT INTO pgrelay.relay_nodes (node_id, last_seen) VALUES ($1, now())
 ON CONFLICT (node_id) DO UPDATE SET last_seen = now()
 `
 
@@ -182,11 +182,11 @@ func (q *Queries) InProgressXids(ctx context.Context, db DBTX) ([]string, error)
 
 const markOutcomes = `-- name: MarkOutcomes :execrows
 WITH lease AS (
-    SELECT rp.partition FROM relay_partitions rp
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.partition = $4 AND rp.owner = $5::text AND rp.epoch = $6
     FOR SHARE
 )
-UPDATE outbox o
+UPDATE pgrelay.outbox o
 SET status       = CASE WHEN o.id = ANY($1::bigint[]) THEN 'dead' ELSE 'published' END,
     published_at = CASE WHEN o.id = ANY($1::bigint[]) THEN NULL ELSE now() END,
     last_error   = ($2::text[])[array_position($1::bigint[], o.id)],
@@ -248,7 +248,7 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 
 const pendingBatch = `-- name: PendingBatch :many
 SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq
-FROM outbox
+FROM pgrelay.outbox
 WHERE partition >= $1::int AND partition <= $1::int AND status = 'pending'
   AND id <> ALL($2::bigint[])
 ORDER BY partition, id
@@ -318,7 +318,7 @@ const pendingPartitions = `-- name: PendingPartitions :many
 SELECT p::int AS partition
 FROM unnest($1::int[]) AS p
 CROSS JOIN LATERAL (
-    SELECT o.id FROM outbox o
+    SELECT o.id FROM pgrelay.outbox o
     WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending'
     ORDER BY o.partition, o.id
     LIMIT 1
@@ -350,11 +350,11 @@ func (q *Queries) PendingPartitions(ctx context.Context, db DBTX, partitions []i
 
 const recordPublishFailure = `-- name: RecordPublishFailure :execrows
 WITH lease AS (
-    SELECT rp.partition FROM relay_partitions rp
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.partition = $4 AND rp.owner = $5::text AND rp.epoch = $6
     FOR SHARE
 )
-UPDATE outbox o
+UPDATE pgrelay.outbox o
 SET attempts = o.attempts + 1, last_error = $1::text, next_attempt_at = $2
 FROM lease
 WHERE o.partition = lease.partition AND o.id = ANY($3::bigint[]) AND coalesce(o.status, '') = 'pending'
@@ -388,7 +388,7 @@ func (q *Queries) RecordPublishFailure(ctx context.Context, db DBTX, arg RecordP
 }
 
 const releasePartitions = `-- name: ReleasePartitions :execrows
-UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'
+UPDATE pgrelay.relay_partitions SET owner = NULL, lease_until = '-infinity'
 WHERE owner = $1::text AND partition = ANY($2::int[])
 `
 
@@ -406,7 +406,7 @@ func (q *Queries) ReleasePartitions(ctx context.Context, db DBTX, arg ReleasePar
 }
 
 const renewLeases = `-- name: RenewLeases :many
-UPDATE relay_partitions
+UPDATE pgrelay.relay_partitions
 SET lease_until = now() + make_interval(secs => $1::float8)
 WHERE owner = $2::text
 RETURNING partition, epoch

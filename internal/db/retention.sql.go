@@ -11,9 +11,9 @@ import (
 
 const deleteExpiredInboxBatch = `-- name: DeleteExpiredInboxBatch :execrows
 
-DELETE FROM inbox
+DELETE FROM pgrelay.inbox
 WHERE (handler, dedup_key) IN (
-    SELECT e.handler, e.dedup_key FROM inbox e
+    SELECT e.handler, e.dedup_key FROM pgrelay.inbox e
     WHERE e.status = 'processed'
       AND e.finished_at < now() - make_interval(secs => $1::float8)
     ORDER BY e.finished_at
@@ -43,9 +43,9 @@ func (q *Queries) DeleteExpiredInboxBatch(ctx context.Context, db DBTX, arg Dele
 }
 
 const deleteExpiredInboxConflicts = `-- name: DeleteExpiredInboxConflicts :execrows
-DELETE FROM inbox_conflicts
+DELETE FROM pgrelay.inbox_conflicts
 WHERE id IN (
-    SELECT c.id FROM inbox_conflicts c
+    SELECT c.id FROM pgrelay.inbox_conflicts c
     WHERE c.detected_at < now() - make_interval(secs => $1::float8)
     ORDER BY c.detected_at
     LIMIT $2

@@ -10,7 +10,7 @@ import (
 )
 
 const analyzeInbox = `-- name: AnalyzeInbox :exec
-ANALYZE inbox
+ANALYZE pgrelay.inbox
 `
 
 func (q *Queries) AnalyzeInbox(ctx context.Context, db DBTX) error {
@@ -19,7 +19,7 @@ func (q *Queries) AnalyzeInbox(ctx context.Context, db DBTX) error {
 }
 
 const analyzeOutbox = `-- name: AnalyzeOutbox :exec
-ANALYZE outbox
+ANALYZE pgrelay.outbox
 `
 
 func (q *Queries) AnalyzeOutbox(ctx context.Context, db DBTX) error {
@@ -33,7 +33,7 @@ SELECT (s.n_mod_since_analyze >= greatest($1::bigint,
                                           ($2::float8 * greatest(s.n_live_tup, c.reltuples::bigint))::bigint))::boolean AS stale
 FROM pg_catalog.pg_stat_user_tables s
 JOIN pg_catalog.pg_class c ON c.oid = s.relid
-WHERE s.relid = to_regclass($3::text)
+WHERE s.relid = to_regclass('pgrelay.' || $3::text)
 `
 
 type TableStatisticsStaleParams struct {

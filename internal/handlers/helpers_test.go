@@ -84,7 +84,7 @@ func inboxRow(t *testing.T, pool *pgxpool.Pool, id string) row {
 	defer cancel()
 	var r row
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status, coalesce(last_error, ''), coalesce(waiting_for, ''), attempts,
-		handler_status, handler_latency_ms FROM inbox WHERE event_id = $1`, id).
+		handler_status, handler_latency_ms FROM pgrelay.inbox WHERE event_id = $1`, id).
 		Scan(&r.Status, &r.LastError, &r.WaitingFor, &r.Attempts, &r.HandlerStatus, &r.HandlerLatencyMs))
 	return r
 }

@@ -84,7 +84,7 @@ func waitProcessed(t testing.TB, pool *pgxpool.Pool, n int, within time.Duration
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		var done int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox WHERE status = 'processed'`).Scan(&done))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`).Scan(&done))
 		return done == n
 	}, within, 10*time.Millisecond, "%d events never all processed", n)
 }

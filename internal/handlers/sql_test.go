@@ -152,7 +152,7 @@ func TestSQLHandlerFunctionMustExist(t *testing.T) {
 	defer cancel()
 	_, err := handlers.NewSQL(ctx, pool, "shop.handle_event")
 	require.ErrorContains(t, err, "no function shop.handle_event(text, text, text, text, bytea, jsonb, integer) in the database")
-	_, err = handlers.NewSQL(ctx, pool, "shop.handle_event; DROP TABLE inbox")
+	_, err = handlers.NewSQL(ctx, pool, "shop.handle_event; DROP TABLE pgrelay.inbox")
 	require.ErrorContains(t, err, "is not a function name")
 	_, err = pool.Exec(ctx, `CREATE FUNCTION public.wrong(text, text, text, text, bytea, jsonb, integer) RETURNS int
 		LANGUAGE sql AS 'SELECT 1'`)

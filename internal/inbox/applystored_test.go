@@ -66,7 +66,7 @@ func TestApplyStoredProcessesInTheReceivingTransaction(t *testing.T) {
 		require.Equal(t, 1, r.Attempts, id)
 		require.Equal(t, 1, entries(t, pool, id), id)
 	}
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(DISTINCT lock_version) FROM inbox WHERE event_id LIKE 'as-%' AND lock_version = 1`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(DISTINCT lock_version) FROM pgrelay.inbox WHERE event_id LIKE 'as-%' AND lock_version = 1`))
 	require.EqualValues(t, 3, obs.claimed.Load())
 	require.EqualValues(t, 3, obs.processed.Load())
 
@@ -153,9 +153,9 @@ func TestApplyStoredSkipsOtherHandlersAndDeadRows(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 1, applied.Len())
 	require.EqualValues(t, 1, calls.Load())
-	require.Equal(t, "processed", queryString(t, pool, `SELECT status FROM inbox WHERE handler = 'ledger' AND event_id = 'sk-1'`))
-	require.Equal(t, "pending", queryString(t, pool, `SELECT status FROM inbox WHERE handler = 'audit' AND event_id = 'sk-1'`))
-	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'sk-dead' AND status = 'dead'`))
+	require.Equal(t, "processed", queryString(t, pool, `SELECT status FROM pgrelay.inbox WHERE handler = 'ledger' AND event_id = 'sk-1'`))
+	require.Equal(t, "pending", queryString(t, pool, `SELECT status FROM pgrelay.inbox WHERE handler = 'audit' AND event_id = 'sk-1'`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = 'sk-dead' AND status = 'dead'`))
 }
 
 func queryString(t testing.TB, pool interface {

@@ -22,7 +22,7 @@ func TestReceiveRecordsDuplicates(t *testing.T) {
 
 	_, err := inbox.ReceiveWith(ctx, pool, []inbox.Incoming{orderPaid("a", "o1", 1), orderPaid("b", "o1", 1)}, opts)
 	require.NoError(t, err)
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox_duplicates`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_duplicates`))
 
 	// a is a redelivery; c is new but repeated within the batch.
 	res, err := inbox.ReceiveWith(ctx, pool, []inbox.Incoming{orderPaid("a", "o1", 1), orderPaid("c", "o1", 1), orderPaid("c", "o1", 1)}, opts)
@@ -30,7 +30,7 @@ func TestReceiveRecordsDuplicates(t *testing.T) {
 	require.Equal(t, 1, res.Inserted)
 	require.ElementsMatch(t, []string{"a", "c"}, res.Duplicates)
 
-	rows, err := pool.Query(ctx, `SELECT event_id, handler, topic, original_received_at IS NOT NULL FROM inbox_duplicates ORDER BY event_id`)
+	rows, err := pool.Query(ctx, `SELECT event_id, handler, topic, original_received_at IS NOT NULL FROM pgrelay.inbox_duplicates ORDER BY event_id`)
 	require.NoError(t, err)
 	type rec struct {
 		id, handler, topic string
@@ -46,7 +46,7 @@ func TestReceiveRecordsDuplicates(t *testing.T) {
 	require.Equal(t, []rec{{"a", "ledger", "orders", true}, {"c", "ledger", "orders", false}}, got)
 
 	var received, dups int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(received), sum(duplicates) FROM inbox_receive_counts`).Scan(&received, &dups))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(received), sum(duplicates) FROM pgrelay.inbox_receive_counts`).Scan(&received, &dups))
 	require.Equal(t, int64(5), received)
 	require.Equal(t, int64(2), dups)
 
@@ -54,8 +54,8 @@ func TestReceiveRecordsDuplicates(t *testing.T) {
 	res, err = inbox.ReceiveWith(ctx, pool, []inbox.Incoming{orderPaid("b", "o1", 1)}, inbox.ReceiveOptions{Targets: opts.Targets, NoDuplicateRecord: true})
 	require.NoError(t, err)
 	require.Equal(t, []string{"b"}, res.Duplicates)
-	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox_duplicates`))
-	require.Equal(t, 5, queryInt(t, pool, `SELECT sum(received)::int FROM inbox_receive_counts`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_duplicates`))
+	require.Equal(t, 5, queryInt(t, pool, `SELECT sum(received)::int FROM pgrelay.inbox_receive_counts`))
 }
 
 // TestReceiveRecordRolledBackWithBatch shows that the record belongs to the
@@ -73,6 +73,6 @@ func TestReceiveRecordRolledBackWithBatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"a"}, res.Duplicates)
 	require.NoError(t, tx.Rollback(ctx))
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox_duplicates`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT coalesce(sum(received), 0)::int FROM inbox_receive_counts`), "only the committed batch is counted")
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_duplicates`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT coalesce(sum(received), 0)::int FROM pgrelay.inbox_receive_counts`), "only the committed batch is counted")
 }

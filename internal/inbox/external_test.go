@@ -84,7 +84,7 @@ func plainMsgs(prefix string, n int) []inbox.Incoming {
 func waitAllProcessed(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`) == n
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`) == n
 	}, 30*time.Second, 10*time.Millisecond, "not all %d events processed", n)
 }
 

@@ -49,14 +49,14 @@ func TestGateHandsBackWhatAClaimRaceLetThrough(t *testing.T) {
 	require.Equal(t, []int64{1}, ran, "the handler ran out of sequence")
 	status := func(id string) string {
 		var s string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM inbox WHERE event_id = $1`, id).Scan(&s))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM pgrelay.inbox WHERE event_id = $1`, id).Scan(&s))
 		return s
 	}
 	require.Equal(t, "processed", status("s1"))
 	require.Equal(t, "pending", status("s3"), "sequence 3 must be handed back")
 	require.Equal(t, "pending", status("s1-again"), "absorbed before its twin committed")
 	var last int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT last_applied FROM inbox_key_state WHERE key = 'k'`).Scan(&last))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_applied FROM pgrelay.inbox_key_state WHERE key = 'k'`).Scan(&last))
 	require.EqualValues(t, 1, last)
 
 	// The next batch absorbs it, without running the handler.

@@ -106,7 +106,7 @@ func inboxRow(t testing.TB, pool *pgxpool.Pool, id string) row {
 	var r row
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT status, attempts, deferrals, coalesce(last_error, ''), coalesce(waiting_for, '')
-		 FROM inbox WHERE event_id = $1`, id).Scan(&r.Status, &r.Attempts, &r.Deferrals, &r.LastError, &r.WaitingFor))
+		 FROM pgrelay.inbox WHERE event_id = $1`, id).Scan(&r.Status, &r.Attempts, &r.Deferrals, &r.LastError, &r.WaitingFor))
 	return r
 }
 
@@ -125,7 +125,7 @@ func waitStatus(t testing.TB, pool *pgxpool.Pool, id, status string, within time
 func waitAllDone(t testing.TB, pool *pgxpool.Pool, within time.Duration) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing')`) == 0
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing')`) == 0
 	}, within, 20*time.Millisecond, "inbox never drained")
 }
 

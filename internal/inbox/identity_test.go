@@ -97,9 +97,9 @@ func TestHandlersEachProcessOnce(t *testing.T) {
 	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM effects WHERE handler = 'ledger' AND event_id = 'e2'`))
 	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM effects WHERE handler = 'mail' AND event_id = 'e1'`))
 	require.Equal(t, 0, queryInt(t, pool, `SELECT count(*) FROM effects WHERE handler = 'mail' AND event_id = 'e2'`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'dead' AND handler = 'mail' AND event_id = 'e2'`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed' AND handler = 'ledger' AND event_id = 'e2'`))
-	require.Equal(t, 4, queryInt(t, pool, `SELECT count(*) FROM inbox`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'dead' AND handler = 'mail' AND event_id = 'e2'`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed' AND handler = 'ledger' AND event_id = 'e2'`))
+	require.Equal(t, 4, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`))
 }
 
 // TestStrategiesDeduplicateByTheirKey: the same double-clicked payment (two
@@ -116,16 +116,16 @@ func TestStrategiesDeduplicateByTheirKey(t *testing.T) {
 	res := receiveFor(t, pool, targets, payment("click-1", "o-9", 500), payment("click-2", "o-9", 500))
 	require.Equal(t, 4, res.Inserted, "by-order 1, by-id 2, by-content 1")
 	require.Empty(t, res.Conflicts(), "same content: no conflict")
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'by-order'`))
-	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'by-id'`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'by-content'`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'by-order'`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'by-id'`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'by-content'`))
 	var key, spec, id string
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT dedup_key, key_strategy, event_id FROM inbox WHERE handler = 'by-order'`).Scan(&key, &spec, &id))
+		`SELECT dedup_key, key_strategy, event_id FROM pgrelay.inbox WHERE handler = 'by-order'`).Scan(&key, &spec, &id))
 	require.Equal(t, "payment:o-9", key)
 	require.Equal(t, "business:payment:{order_id}", spec)
 	require.Equal(t, "click-1", id, "the first event's row stands")
-	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'by-id' AND dedup_key = event_id AND key_strategy = 'message-id'`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'by-id' AND dedup_key = event_id AND key_strategy = 'message-id'`))
 
 	// Later in another batch: absorbed by the key too.
 	res = receiveFor(t, pool, targets, payment("click-3", "o-9", 500))
@@ -161,11 +161,11 @@ func TestConflictsAreRecorded(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"e2": "e1", "e4": "e3"}, got)
 
-	require.Equal(t, 4, queryInt(t, pool, `SELECT count(*) FROM inbox_conflicts`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox_conflicts
+	require.Equal(t, 4, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_conflicts`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_conflicts
 		WHERE handler = 'by-order' AND dedup_key = 'pay:o1' AND stored_event_id = 'e1' AND event_id = 'e2'
 		  AND stored_fingerprint = sha256('{"order_id":"o1","amount_cents":100}') AND payload = '{"order_id":"o1","amount_cents":300}'`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'by-order' AND dedup_key = 'pay:o1'
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'by-order' AND dedup_key = 'pay:o1'
 		AND event_id = 'e1' AND payload = '{"order_id":"o1","amount_cents":100}'`), "the first event stands")
 }
 
@@ -208,7 +208,7 @@ func TestConcurrentDeliveriesStoreOnce(t *testing.T) {
 	require.Equal(t, 1, inserted)
 	require.Equal(t, 9, absorbed)
 	require.Equal(t, 9, conflicts)
-	require.Equal(t, 9, queryInt(t, pool, `SELECT count(*) FROM inbox_conflicts c JOIN inbox i
+	require.Equal(t, 9, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_conflicts c JOIN pgrelay.inbox i
 		ON i.handler = c.handler AND i.dedup_key = c.dedup_key AND i.event_id = c.stored_event_id AND i.fingerprint = c.stored_fingerprint
 		WHERE c.dedup_key = 'pay:o2'`))
 }
@@ -226,7 +226,7 @@ func TestUnbuildableKeyGoesDead(t *testing.T) {
 	require.Len(t, res.KeyFailures, 1)
 	var status, reason, key string
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT status, last_error, dedup_key FROM inbox WHERE event_id = 'nokey'`).Scan(&status, &reason, &key))
+		`SELECT status, last_error, dedup_key FROM pgrelay.inbox WHERE event_id = 'nokey'`).Scan(&status, &reason, &key))
 	require.Equal(t, "dead", status)
 	require.Equal(t, "dedup key (business:pay:{order_id}): payload lacks field order_id", reason)
 	require.Equal(t, "!nokey", key)
@@ -247,10 +247,10 @@ func TestFencingIsPerHandler(t *testing.T) {
 	cfg.HandlerName = "a"
 	stop := startWorker(t, cfg)
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'a' AND status = 'processed'`) == 1
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'a' AND status = 'processed'`) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	stop()
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE handler = 'b' AND status = 'pending' AND attempts = 0 AND lock_version = 0`),
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE handler = 'b' AND status = 'pending' AND attempts = 0 AND lock_version = 0`),
 		"handler b's row is untouched")
 }
 
@@ -267,7 +267,7 @@ func TestStrategyPerTopic(t *testing.T) {
 	other2.Topic = "orders"
 	res := receiveFor(t, pool, targets, payment("p-1", "o1", 1), payment("p-2", "o1", 1), other, other2)
 	require.Equal(t, 3, res.Inserted, "payments keyed by order (1), orders by id (2)")
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE topic = 'payments' AND dedup_key = 'payment:o1'
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE topic = 'payments' AND dedup_key = 'payment:o1'
 		AND key_strategy = 'business:payment:{order_id}'`))
-	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE topic = 'orders' AND key_strategy = 'message-id'`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE topic = 'orders' AND key_strategy = 'message-id'`))
 }

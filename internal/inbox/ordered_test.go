@@ -218,7 +218,7 @@ func TestOrderedPoisonParksTheKeyAndRequeueResumesIt(t *testing.T) {
 	// Requeue (as consumer dead requeue does): it runs again, in order.
 	cured.Store("p-2", true)
 	_, err := pool.Exec(context.Background(),
-		`UPDATE inbox SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL WHERE event_id = 'p-2'`)
+		`UPDATE pgrelay.inbox SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL WHERE event_id = 'p-2'`)
 	require.NoError(t, err)
 	waitSeqs(t, pool, "p", []int64{1, 2, 3, 4})
 }
@@ -261,8 +261,8 @@ func TestOrderedSkipDeadAndSkipGap(t *testing.T) {
 	require.Equal(t, []int64{1, 4, 5}, appliedSeqs(t, pool, "g"))
 
 	require.Equal(t, 2, queryInt(t, pool,
-		`SELECT count(*) FROM replay_audit WHERE action IN ('skip_gap', 'skip_dead') AND actor = 'alice' AND handler = 'default'`))
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM replay_audit WHERE event_id = 'g#2-3'`))
+		`SELECT count(*) FROM pgrelay.replay_audit WHERE action IN ('skip_gap', 'skip_dead') AND actor = 'alice' AND handler = 'default'`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.replay_audit WHERE event_id = 'g#2-3'`))
 	require.Eventually(t, func() bool {
 		return obs.get(inbox.SeqGapSkipped) == 1 && obs.get(inbox.SeqDeadSkipped) == 1
 	}, 10*time.Second, 20*time.Millisecond, "skips not counted from the audit trail")
@@ -356,7 +356,7 @@ func TestOrderedSameSequenceTwiceInOneBatch(t *testing.T) {
 	require.Equal(t, []string{"t-1", "t-2a", "t-3"}, appliedIDs("t"))
 	waitStatus(t, pool, "t-2b", "processed", 10*time.Second)
 	require.Contains(t, inboxRow(t, pool, "t-2b").LastError, "duplicate key sequence 2")
-	require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = 's'`))
+	require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM pgrelay.inbox_key_state WHERE key = 's'`))
 }
 
 // TestOrderedAbsorbedDuplicateCountsAsDelivered: an ordered handler keyed by
@@ -413,7 +413,7 @@ func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
 	waitSeqs(t, pool, "x", []int64{1})
 	waitSeqs(t, pool, "y", []int64{2})
 	for _, k := range []string{"a", "b", "c"} {
-		require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM inbox_key_state WHERE key = $1`, k), k)
+		require.Equal(t, 3, queryInt(t, pool, `SELECT last_applied::int FROM pgrelay.inbox_key_state WHERE key = $1`, k), k)
 	}
 
 	// The original dead: the key parks on it; skipping it passes the
@@ -426,7 +426,7 @@ func TestOrderedAbsorbedDuplicateCountsAsDelivered(t *testing.T) {
 	require.NoError(t, err)
 	waitSeqs(t, pool, "d", []int64{3})
 	waitAllDone(t, pool, 10*time.Second)
-	require.Equal(t, 0, queryInt(t, pool, `SELECT count(*)::int FROM inbox_key_state WHERE absorbed_seqs <> '{}'`))
+	require.Equal(t, 0, queryInt(t, pool, `SELECT count(*)::int FROM pgrelay.inbox_key_state WHERE absorbed_seqs <> '{}'`))
 }
 
 // TestAbsorbInboxKeySeqsFolds checks the statement that records absorbed
@@ -439,10 +439,10 @@ func TestAbsorbInboxKeySeqsFolds(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	h := inbox.DefaultHandlerName
-	_, err := pool.Exec(ctx, `INSERT INTO inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ($1, 'old', 2, '{6}')`, h)
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.inbox_key_state (handler, key, last_applied, absorbed_seqs) VALUES ($1, 'old', 2, '{6}')`, h)
 	require.NoError(t, err)
 	receive(t, pool, seqMsg("old-4", "old", 4), seqMsg("new-5", "new", 5))
-	_, err = pool.Exec(ctx, `UPDATE inbox SET next_attempt_at = 'infinity' WHERE event_id = 'new-5'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.inbox SET next_attempt_at = 'infinity' WHERE event_id = 'new-5'`)
 	require.NoError(t, err)
 	woken, err := db.New().AbsorbInboxKeySeqs(ctx, pool, db.AbsorbInboxKeySeqsParams{
 		Handlers: []string{h, h, h, h, h, h, h},
@@ -451,7 +451,7 @@ func TestAbsorbInboxKeySeqsFolds(t *testing.T) {
 	})
 	require.NoError(t, err)
 	state := func(key string) (last int64, ahead []int64) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT last_applied, absorbed_seqs FROM inbox_key_state WHERE handler = $1 AND key = $2`,
+		require.NoError(t, pool.QueryRow(ctx, `SELECT last_applied, absorbed_seqs FROM pgrelay.inbox_key_state WHERE handler = $1 AND key = $2`,
 			h, key).Scan(&last, &ahead))
 		return last, ahead
 	}

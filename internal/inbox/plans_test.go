@@ -28,8 +28,8 @@ func TestBatchMarksLookUpTheirRowsOnceAnalyzed(t *testing.T) {
 	defer cancel()
 	const rows, batch = 20000, 100
 	for _, q := range []string{
-		`ALTER TABLE inbox SET (autovacuum_enabled = false)`,
-		fmt.Sprintf(`INSERT INTO inbox (event_id, topic, status, lock_version) SELECT 'e-' || g, 'orders', 'processing', 1 FROM generate_series(1, %d) AS g`, rows),
+		`ALTER TABLE pgrelay.inbox SET (autovacuum_enabled = false)`,
+		fmt.Sprintf(`INSERT INTO pgrelay.inbox (event_id, topic, status, lock_version) SELECT 'e-' || g, 'orders', 'processing', 1 FROM generate_series(1, %d) AS g`, rows),
 	} {
 		_, err := pool.Exec(ctx, q)
 		require.NoError(t, err, q)

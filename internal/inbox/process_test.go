@@ -97,7 +97,7 @@ func runChild(role, dbURL string) int {
 		go func() {
 			for runCtx.Err() == nil {
 				var n int
-				if err := pool.QueryRow(runCtx, `SELECT count(*) FROM inbox WHERE status IN ('pending', 'processing')`).Scan(&n); err == nil && n == 0 {
+				if err := pool.QueryRow(runCtx, `SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing')`).Scan(&n); err == nil && n == 0 {
 					cancel()
 					return
 				}
@@ -247,7 +247,7 @@ func TestWorkerKilledMidBatch(t *testing.T) {
 			WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()`) == 0
 	}, 10*time.Second, 10*time.Millisecond)
 	credited := queryInt(t, pool, `SELECT count(*) FROM ledger_entries`)
-	inFlight := queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processing'`)
+	inFlight := queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processing'`)
 	t.Logf("at the kill: %d credited, %d claimed in flight", credited, inFlight)
 	require.Less(t, credited, 500)
 
@@ -258,7 +258,7 @@ func TestWorkerKilledMidBatch(t *testing.T) {
 	waitAllDone(t, pool, 30*time.Second)
 	require.Equal(t, 500, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
 	require.Equal(t, 500, queryInt(t, pool, `SELECT count(DISTINCT event_id) FROM ledger_entries`))
-	require.Equal(t, 500, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`))
+	require.Equal(t, 500, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`))
 	require.Equal(t, inFlight, stats.Snapshot().Takeovers, "every lost claim was taken over")
 }
 
@@ -295,7 +295,7 @@ func TestProcessKillingPoison(t *testing.T) {
 	require.Equal(t, 3, r.Attempts)
 	require.Equal(t, "attempts exhausted: worker lost during attempt 3 of 3", r.LastError)
 	require.Zero(t, entries(t, pool, "killer"))
-	require.Equal(t, 10, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`))
+	require.Equal(t, 10, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`))
 	require.Equal(t, 10, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
 }
 
@@ -352,7 +352,7 @@ func TestConcurrentWorkers(t *testing.T) {
 	require.Equal(t, 10000, inserted)
 	require.Equal(t, total-10000, dups)
 	require.Equal(t, 10000, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
-	require.Equal(t, 10000, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`))
+	require.Equal(t, 10000, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`))
 	require.Equal(t, 10000, stats.Snapshot().Processed)
 }
 
@@ -376,7 +376,7 @@ func TestTwoWorkerProcesses(t *testing.T) {
 	waitAllDone(t, pool, 120*time.Second)
 	t.Logf("10000 events processed by two worker processes in %s", time.Since(start))
 	require.Equal(t, 10000, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
-	require.Equal(t, 10000, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processed'`))
+	require.Equal(t, 10000, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`))
 
 	handled := map[string]int{}
 	for _, c := range []*child{c1, c2} {

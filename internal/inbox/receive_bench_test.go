@@ -72,7 +72,7 @@ func receiveByCopy(ctx context.Context, pool *pgxpool.Pool, msgs []inbox.Incomin
 			[]string{"event_id", "topic", "key", "event_type", "payload", "occurred_at"}, pgx.CopyFromRows(rows)); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO inbox (event_id, topic, key, event_type, payload, occurred_at)
+		_, err := tx.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic, key, event_type, payload, occurred_at)
 			SELECT DISTINCT ON (event_id) event_id, topic, key, event_type, payload, coalesce(occurred_at, now())
 			FROM inbox_in ON CONFLICT (handler, dedup_key) DO NOTHING`)
 		return err

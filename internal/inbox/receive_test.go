@@ -72,7 +72,7 @@ func TestReceiveInCallerTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Inserted)
 	require.NoError(t, tx.Rollback(ctx))
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`))
 }
 
 // TestReceiveDeadAndInvalid stores malformed input directly as dead, and
@@ -92,7 +92,7 @@ func TestReceiveDeadAndInvalid(t *testing.T) {
 	require.Equal(t, "dead", r.Status)
 	require.Equal(t, "malformed: no event type header", r.LastError)
 	var payload []byte
-	require.NoError(t, pool.QueryRow(ctx, `SELECT payload FROM inbox WHERE event_id = 'bad-1' AND finished_at IS NOT NULL`).Scan(&payload))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT payload FROM pgrelay.inbox WHERE event_id = 'bad-1' AND finished_at IS NOT NULL`).Scan(&payload))
 	require.Equal(t, raw, payload)
 
 	for _, bad := range []inbox.Incoming{
@@ -105,7 +105,7 @@ func TestReceiveDeadAndInvalid(t *testing.T) {
 		require.True(t, errors.As(err, &inv), "got %v", err)
 		require.Equal(t, 1, inv.Index)
 	}
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'fine'`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = 'fine'`))
 }
 
 // TestOverlappingReceivesDoNotDeadlock: two consumers store overlapping
@@ -138,5 +138,5 @@ func TestOverlappingReceivesDoNotDeadlock(t *testing.T) {
 			require.NoError(t, <-errs, "round %d", round)
 		}
 	}
-	require.Equal(t, 4000, queryInt(t, pool, `SELECT count(*) FROM inbox`))
+	require.Equal(t, 4000, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`))
 }

@@ -21,7 +21,7 @@ import (
 func inOrder(t *testing.T, pool *pgxpool.Pool, ids ...string) {
 	t.Helper()
 	for i, id := range ids {
-		_, err := pool.Exec(context.Background(), `UPDATE inbox
+		_, err := pool.Exec(context.Background(), `UPDATE pgrelay.inbox
 			SET received_at = now() - interval '1 minute' + $2 * interval '1 ms',
 			    next_attempt_at = now() - interval '1 minute' + $2 * interval '1 ms'
 			WHERE event_id = $1`, id, i)
@@ -70,7 +70,7 @@ func TestCrossedDeferralsAndReleasesDoNotDeadlock(t *testing.T) {
 	cfg.Workers, cfg.BatchSize = 1, 2
 	startWorker(t, cfg)
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE status = 'processing'
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processing'
 			AND event_id IN ('a1-pay-o1', 'a2-create-o2')`) == 2
 	}, 10*time.Second, 5*time.Millisecond)
 	startWorker(t, cfg)
@@ -184,7 +184,7 @@ func TestSweepCatchesAMissedRelease(t *testing.T) {
 
 	// What a committed Release leaves behind when nobody checks after it.
 	createOrders(t, pool, "o1")
-	_, err := pool.Exec(context.Background(), `INSERT INTO inbox_releases (waiting_for) VALUES ('order:o1')`)
+	_, err := pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox_releases (waiting_for) VALUES ('order:o1')`)
 	require.NoError(t, err)
 	r := waitStatus(t, pool, "pay", "processed", 10*time.Second)
 	require.Equal(t, 1, r.Deferrals)

@@ -27,7 +27,7 @@ func seedInbox(t *testing.T, pool *pgxpool.Pool, rows map[string]struct {
 		if r.status == "processed" || r.status == "dead" {
 			finished = &at
 		}
-		_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, received_at, finished_at)
+		_, err := pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, status, received_at, finished_at)
 			VALUES ($1, $2, $3, $4)`, id, r.status, at, finished)
 		require.NoError(t, err)
 	}
@@ -35,7 +35,7 @@ func seedInbox(t *testing.T, pool *pgxpool.Pool, rows map[string]struct {
 
 func remainingInbox(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT event_id FROM inbox`)
+	rows, err := pool.Query(context.Background(), `SELECT event_id FROM pgrelay.inbox`)
 	require.NoError(t, err)
 	var ids []string
 	for rows.Next() {
@@ -89,7 +89,7 @@ func TestNeverWaitsOnLockedRows(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	_, err = tx.Exec(ctx, `SELECT 1 FROM inbox WHERE event_id = 'held' FOR UPDATE`)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM pgrelay.inbox WHERE event_id = 'held' FOR UPDATE`)
 	require.NoError(t, err)
 
 	c, err := NewCleaner(RetentionConfig{Pool: pool, QueryTimeout: 3 * time.Second})
@@ -169,7 +169,7 @@ func TestDeletesExpiredReleaseRecords(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO inbox_releases (waiting_for, released_at) VALUES
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.inbox_releases (waiting_for, released_at) VALUES
 		('order:old-1', now() - interval '11 minutes'), ('order:old-2', now() - interval '30 days'),
 		('order:old-3', now() - interval '2 hours'), ('order:young', now() - interval '1 minute')`)
 	require.NoError(t, err)
@@ -179,7 +179,7 @@ func TestDeletesExpiredReleaseRecords(t *testing.T) {
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
 	var left []string
-	rows, err := pool.Query(ctx, `SELECT waiting_for FROM inbox_releases ORDER BY 1`)
+	rows, err := pool.Query(ctx, `SELECT waiting_for FROM pgrelay.inbox_releases ORDER BY 1`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var w string
@@ -210,9 +210,9 @@ func TestPrunesTheDuplicateRecord(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO inbox_duplicates (event_id) SELECT 'd' || g FROM generate_series(1, 25) AS g`)
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.inbox_duplicates (event_id) SELECT 'd' || g FROM generate_series(1, 25) AS g`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO inbox_receive_counts (minute, backend, received, duplicates)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.inbox_receive_counts (minute, backend, received, duplicates)
 		VALUES (date_trunc('minute', now()), 1, 10, 1), (now() - interval '26 hours', 1, 10, 1), (now() - interval '2 days', 2, 5, 5)`)
 	require.NoError(t, err)
 	c, err := NewCleaner(RetentionConfig{Pool: pool, BatchSize: 4, Pause: time.Millisecond, DuplicatesMax: 7})
@@ -220,10 +220,10 @@ func TestPrunesTheDuplicateRecord(t *testing.T) {
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
 	var n, lowest int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), min(substr(event_id, 2)::int) FROM inbox_duplicates`).Scan(&n, &lowest))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), min(substr(event_id, 2)::int) FROM pgrelay.inbox_duplicates`).Scan(&n, &lowest))
 	require.Equal(t, 7, n)
 	require.Equal(t, 19, lowest, "the newest are kept")
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_receive_counts`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox_receive_counts`).Scan(&n))
 	require.Equal(t, 1, n)
 }
 
@@ -233,7 +233,7 @@ func TestDeletesExpiredConflicts(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
 		stored_fingerprint, fingerprint, detected_at)
 		SELECT 'h', 'k' || i, 'message-id', 'a', 'b', '\x01', '\x02', now() - make_interval(days => i)
 		FROM generate_series(1, 10) AS i`)
@@ -243,7 +243,7 @@ func TestDeletesExpiredConflicts(t *testing.T) {
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
 	var left int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_conflicts`).Scan(&left))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox_conflicts`).Scan(&left))
 	require.Equal(t, 6, left, "days 1 to 6 are inside the 7-day window")
 }
 

@@ -18,16 +18,16 @@ import (
 func TestWorkerRunsInboxRetention(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, received_at, finished_at) VALUES
+	_, err := pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, status, received_at, finished_at) VALUES
 		('expired', 'processed', now() - interval '8 days', now() - interval '8 days'),
 		('young', 'processed', now() - interval '6 days', now() - interval '6 days'),
 		('dead-old', 'dead', now() - interval '60 days', now() - interval '60 days')`)
 	require.NoError(t, err)
 	startWorker(t, fastConfig(t, pool, ledger.Handler{}))
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id = 'expired'`) == 0
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = 'expired'`) == 0
 	}, 10*time.Second, 20*time.Millisecond, "the worker ran no inbox retention")
-	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE event_id IN ('young', 'dead-old')`))
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE event_id IN ('young', 'dead-old')`))
 }
 
 // TestWorkerKeepsTheInboxStatistics: the worker analyzes an inbox whose
@@ -39,7 +39,7 @@ func TestWorkerKeepsTheInboxStatistics(t *testing.T) {
 		t.Run(map[bool]string{true: "on", false: "off"}[on], func(t *testing.T) {
 			t.Parallel()
 			pool := testdb.New(t)
-			_, err := pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at)
+			_, err := pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, status, finished_at)
 				SELECT 'e-' || g, 'processed', now() FROM generate_series(1, 5000) AS g`)
 			require.NoError(t, err)
 			cfg := fastConfig(t, pool, ledger.Handler{})
@@ -49,7 +49,7 @@ func TestWorkerKeepsTheInboxStatistics(t *testing.T) {
 			}
 			startWorker(t, cfg)
 			analyzed := func() bool {
-				return queryInt(t, pool, `SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'inbox'`) > 0
+				return queryInt(t, pool, `SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'pgrelay.inbox'::regclass`) > 0
 			}
 			if on {
 				require.Eventually(t, analyzed, 20*time.Second, 50*time.Millisecond, "the worker never analyzed the stale inbox")

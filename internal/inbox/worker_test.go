@@ -367,7 +367,7 @@ func TestLongBatchStopsAtHalfLease(t *testing.T) {
 	require.Zero(t, stats.Snapshot().Fenced)
 	require.Zero(t, stats.Snapshot().Takeovers)
 	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM ledger_entries`))
-	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM inbox WHERE attempts = 1`))
+	require.Equal(t, 8, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE attempts = 1`))
 }
 
 // receiveNotify stores msgs and notifies the workers in one transaction, as a
@@ -448,13 +448,13 @@ func TestWakeInProcess(t *testing.T) {
 func TestWorkerPrunesOldReleases(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO inbox_releases (waiting_for, released_at)
+	_, err := pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox_releases (waiting_for, released_at)
 		SELECT 'old:' || g, now() - interval '11 minutes' FROM generate_series(1, 2500) g
 		UNION ALL SELECT 'recent', now() - interval '1 minute'`)
 	require.NoError(t, err)
 	startWorker(t, fastConfig(t, pool, ledger.Handler{}))
 	require.Eventually(t, func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM inbox_releases WHERE waiting_for LIKE 'old:%'`) == 0
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_releases WHERE waiting_for LIKE 'old:%'`) == 0
 	}, 10*time.Second, 20*time.Millisecond)
-	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM inbox_releases`))
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_releases`))
 }

@@ -74,7 +74,7 @@ func get(t *testing.T, pool *pgxpool.Pool, id string) state {
 	t.Helper()
 	var s state
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT status, attempts, deferrals, coalesce(last_error, '') FROM inbox WHERE event_id = $1`, id).
+		`SELECT status, attempts, deferrals, coalesce(last_error, '') FROM pgrelay.inbox WHERE event_id = $1`, id).
 		Scan(&s.Status, &s.Attempts, &s.Deferrals, &s.LastError))
 	return s
 }

@@ -23,7 +23,7 @@ func TestStatisticsAnalyzesAStaleTable(t *testing.T) {
 	s := maintenance.Statistics{Pool: pool, Table: "inbox"}
 	analyzed := func() int64 {
 		var n int64
-		require.NoError(t, pool.QueryRow(ctx, `SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'inbox'`).Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'pgrelay.inbox'::regclass`).Scan(&n))
 		return n
 	}
 	before := analyzed()
@@ -32,19 +32,19 @@ func TestStatisticsAnalyzesAStaleTable(t *testing.T) {
 	changedBy := func(n int64) {
 		require.Eventually(t, func() bool {
 			var mods int64
-			require.NoError(t, pool.QueryRow(ctx, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'inbox'`).Scan(&mods))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relid = 'pgrelay.inbox'::regclass`).Scan(&mods))
 			return mods >= n
 		}, 20*time.Second, 50*time.Millisecond, "the inserts never showed in the statistics")
 	}
 
-	_, err := pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) SELECT 'small-' || g, 'orders' FROM generate_series(1, 500) AS g`)
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic) SELECT 'small-' || g, 'orders' FROM generate_series(1, 500) AS g`)
 	require.NoError(t, err)
 	changedBy(500)
 	did, err := s.RunOnce(ctx)
 	require.NoError(t, err)
 	require.False(t, did, "500 changed rows are below the 1,000 minimum")
 
-	_, err = pool.Exec(ctx, `INSERT INTO inbox (event_id, topic) SELECT 'e-' || g, 'orders' FROM generate_series(1, 5000) AS g`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic) SELECT 'e-' || g, 'orders' FROM generate_series(1, 5000) AS g`)
 	require.NoError(t, err)
 	changedBy(5500)
 	// Another service holds the turn: this one skips.
@@ -63,7 +63,7 @@ func TestStatisticsAnalyzesAStaleTable(t *testing.T) {
 	require.True(t, did)
 	require.Equal(t, before+1, analyzed())
 	var tuples float64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE relname = 'inbox'`).Scan(&tuples))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'pgrelay.inbox'::regclass`).Scan(&tuples))
 	require.InDelta(t, 5500, tuples, 1)
 
 	// Analyzed: no longer stale.

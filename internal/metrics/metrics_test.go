@@ -182,14 +182,14 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 func TestOldestClaimableIgnoresBackoff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, received_at, next_attempt_at) VALUES
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, received_at, next_attempt_at) VALUES
 		('backing-off', now() - interval '1 hour', now() + interval '1 hour')`)
 	require.NoError(t, err)
 	m := scrape(t, b.url+"/metrics")
 	require.Equal(t, 0.0, m["inbox_oldest_claimable_age_seconds"], "nothing is claimable")
 	require.InDelta(t, 3600, m["inbox_oldest_pending_age_seconds"], 30)
 
-	_, err = b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, received_at, next_attempt_at) VALUES
+	_, err = b.pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, received_at, next_attempt_at) VALUES
 		('due', now() - interval '2 minutes', now() - interval '90 seconds')`)
 	require.NoError(t, err)
 	m = scrape(t, b.url+"/metrics")
@@ -204,7 +204,7 @@ func TestDBGaugesSurviveAnOutage(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), testdb.NewURL(t))
 	require.NoError(t, err)
-	_, err = pool.Exec(context.Background(), `INSERT INTO inbox (event_id) VALUES ('a'), ('b')`)
+	_, err = pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id) VALUES ('a'), ('b')`)
 	require.NoError(t, err)
 	reg := NewRegistry()
 	coll, err := NewInboxCollector(DBCollectorConfig{Pool: pool, CacheFor: time.Nanosecond, Timeout: time.Second})
@@ -367,13 +367,13 @@ func TestOutboxGauges(t *testing.T) {
 		require.Zero(t, v, name)
 	}
 	ctx := context.Background()
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ('a', 't', 'a'), ('b', 't', 'b'), ('c', 't', 'c'), ('d', 't', 'd')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ('a', 't', 'a'), ('b', 't', 'b'), ('c', 't', 'c'), ('d', 't', 'd')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 minutes' WHERE event_id = 'a'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET created_at = now() - interval '2 minutes' WHERE event_id = 'a'`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '1 hour', next_attempt_at = now() + interval '1 minute' WHERE event_id = 'b'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET created_at = now() - interval '1 hour', next_attempt_at = now() + interval '1 minute' WHERE event_id = 'b'`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'dead', last_error = 'too large' WHERE event_id = 'c'`)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'dead', last_error = 'too large' WHERE event_id = 'c'`)
 	require.NoError(t, err)
 	m = scrape(t, hs.URL+"/metrics")
 	require.Equal(t, 3.0, m["outbox_pending_rows"])
@@ -424,7 +424,7 @@ func TestFencedAndTakeoverMetrics(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	// A worker died holding this event: its lease expired a minute ago.
-	_, err := b.pool.Exec(ctx, `INSERT INTO inbox (event_id, status, attempts, lock_version, locked_by, locked_until)
+	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, status, attempts, lock_version, locked_by, locked_until)
 		VALUES ('orphan', 'processing', 1, 1, 'dead-worker', now() - interval '1 minute')`)
 	require.NoError(t, err)
 	res, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{msg("overtaken")})
@@ -436,7 +436,7 @@ func TestFencedAndTakeoverMetrics(t *testing.T) {
 		if ev.EventID == "overtaken" {
 			once.Do(func() {
 				// Another worker takes the claim over while this one runs.
-				_, err := b.pool.Exec(ctx, `UPDATE inbox SET lock_version = lock_version + 1 WHERE event_id = 'overtaken'`)
+				_, err := b.pool.Exec(ctx, `UPDATE pgrelay.inbox SET lock_version = lock_version + 1 WHERE event_id = 'overtaken'`)
 				require.NoError(t, err)
 			})
 		}

@@ -44,7 +44,7 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 	defer hs.Close()
 
 	for i := range 5 {
-		_, err := pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, event_type) VALUES ($1, 'orders', $2, 'OrderPaid')`,
+		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type) VALUES ($1, 'orders', $2, 'OrderPaid')`,
 			fmt.Sprintf("evt-%d", i), fmt.Sprintf("order-%d", i%2))
 		require.NoError(t, err)
 	}

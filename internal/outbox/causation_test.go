@@ -164,13 +164,13 @@ func TestConsumeProduceOneTransaction(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, sql, args...).Scan(&n))
 		return n
 	}
-	require.Zero(t, count(`SELECT count(*) FROM outbox WHERE topic = 'receipts'`), "the killed attempt enqueued nothing")
+	require.Zero(t, count(`SELECT count(*) FROM pgrelay.outbox WHERE topic = 'receipts'`), "the killed attempt enqueued nothing")
 	require.Zero(t, count(`SELECT count(*) FROM hop_effects WHERE kind = 'A'`), "the killed attempt applied nothing")
 
 	// A new consumer retries A after its lease and handles B.
 	second := start()
 	t.Cleanup(func() { _ = second.Process.Kill(); _ = second.Wait() })
-	for count(`SELECT count(*) FROM inbox WHERE event_type = 'B' AND status = 'processed'`) < 2 {
+	for count(`SELECT count(*) FROM pgrelay.inbox WHERE event_type = 'B' AND status = 'processed'`) < 2 {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("B not processed: %v", ctx.Err())
@@ -179,7 +179,7 @@ func TestConsumeProduceOneTransaction(t *testing.T) {
 	}
 
 	wantCorrelation := map[string]string{"a-1": "checkout-7", "a-2": "a-2"}
-	rows, err := pool.Query(ctx, `SELECT event_id, headers->>'Pgrelay-Causation-Id', headers->>'Pgrelay-Correlation-Id' FROM outbox WHERE topic = 'receipts'`)
+	rows, err := pool.Query(ctx, `SELECT event_id, headers->>'Pgrelay-Causation-Id', headers->>'Pgrelay-Correlation-Id' FROM pgrelay.outbox WHERE topic = 'receipts'`)
 	require.NoError(t, err)
 	type b struct{ id, causation, correlation string }
 	bs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (b, error) {
@@ -205,7 +205,7 @@ func TestConsumeProduceOneTransaction(t *testing.T) {
 
 		// Through the broker into the inbox, and to the handler.
 		var inboxCausation, inboxCorrelation string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'Pgrelay-Causation-Id', headers->>'Pgrelay-Correlation-Id' FROM inbox WHERE event_id = $1`, v.id).
+		require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'Pgrelay-Causation-Id', headers->>'Pgrelay-Correlation-Id' FROM pgrelay.inbox WHERE event_id = $1`, v.id).
 			Scan(&inboxCausation, &inboxCorrelation))
 		require.Equal(t, v.causation, inboxCausation, "B %s in the inbox: causation", v.id)
 		require.Equal(t, v.correlation, inboxCorrelation, "B %s in the inbox: correlation", v.id)
@@ -229,6 +229,6 @@ func TestConsumeProduceOneTransaction(t *testing.T) {
 	// run on receive (not stored, so not counted; the redelivery is never
 	// applied on receive, and its claim counts attempt 1). Either way A was
 	// handled again, by a counted attempt, and applied once (above).
-	require.Equal(t, 2, count(`SELECT count(*) FROM inbox WHERE event_type = 'A' AND status = 'processed' AND attempts >= 1`),
+	require.Equal(t, 2, count(`SELECT count(*) FROM pgrelay.inbox WHERE event_type = 'A' AND status = 'processed' AND attempts >= 1`),
 		"each A handled again after the crash, by a counted attempt")
 }

@@ -115,7 +115,7 @@ func TestPlainSQLDuplicateContract(t *testing.T) {
 	pool := testdb.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	const ins = `INSERT INTO outbox (event_id, topic, payload) VALUES ('p-1', 'orders', '\x01')`
+	const ins = `INSERT INTO pgrelay.outbox (event_id, topic, payload) VALUES ('p-1', 'orders', '\x01')`
 	_, err := pool.Exec(ctx, ins)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, ins)

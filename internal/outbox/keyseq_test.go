@@ -19,7 +19,7 @@ import (
 // keySeqs returns each event's key sequence (0: none), by event id.
 func keySeqs(t *testing.T, pool *pgxpool.Pool) map[string]int64 {
 	t.Helper()
-	rs, err := pool.Query(context.Background(), `SELECT event_id, coalesce(key_seq, 0) FROM outbox`)
+	rs, err := pool.Query(context.Background(), `SELECT event_id, coalesce(key_seq, 0) FROM pgrelay.outbox`)
 	require.NoError(t, err)
 	out := map[string]int64{}
 	for rs.Next() {
@@ -81,13 +81,13 @@ func testKeySeqContiguousPerKey(t *testing.T, opts pgx.TxOptions) {
 	}))
 	require.NoError(t, enqueue(t, pool, o, msg("a3", "a")))
 	// Plain SQL: the trigger numbers it, whatever the producer wrote.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, key_seq) VALUES ('b2', 'orders', 'b', 99)`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, key_seq) VALUES ('b2', 'orders', 'b', 99)`)
 	require.NoError(t, err)
 
 	require.Equal(t, map[string]int64{"a1": 1, "a2": 2, "a3": 3, "b1": 1, "b2": 2, "free": 0, "self": 0}, keySeqs(t, pool))
 
 	// Retention deleting a key's rows does not restart its numbering.
-	_, err = pool.Exec(ctx, `DELETE FROM outbox WHERE key = 'a'`)
+	_, err = pool.Exec(ctx, `DELETE FROM pgrelay.outbox WHERE key = 'a'`)
 	require.NoError(t, err)
 	require.NoError(t, enqueue(t, pool, o, msg("a4", "a")))
 	require.EqualValues(t, 4, keySeqs(t, pool)["a4"])
@@ -116,14 +116,14 @@ func testKeySeqContiguousPerKey(t *testing.T, opts pgx.TxOptions) {
 
 	// Deleting them (the counter was written with c1 only) and truncating
 	// keep the numbering.
-	_, err = pool.Exec(ctx, `DELETE FROM outbox WHERE key = 'c'`)
+	_, err = pool.Exec(ctx, `DELETE FROM pgrelay.outbox WHERE key = 'c'`)
 	require.NoError(t, err)
 	require.NoError(t, enqueue(t, pool, o, msg("c6", "c")))
 	require.EqualValues(t, 6, keySeqs(t, pool)["c6"])
 	require.NoError(t, pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error {
 		return o.Enqueue(ctx, tx, msg("c7", "c"), msg("c8", "c"))
 	}))
-	_, err = pool.Exec(ctx, `TRUNCATE outbox`)
+	_, err = pool.Exec(ctx, `TRUNCATE pgrelay.outbox`)
 	require.NoError(t, err)
 	require.NoError(t, enqueue(t, pool, o, msg("a5", "a"), msg("c9", "c")))
 	require.Equal(t, map[string]int64{"a5": 5, "c9": 9}, keySeqs(t, pool))
@@ -163,7 +163,7 @@ func TestKeySeqConcurrentProducers(t *testing.T) {
 	for range producers {
 		require.NoError(t, <-errs)
 	}
-	rows, err := pool.Query(ctx, `SELECT key_seq FROM outbox WHERE key = 'x' ORDER BY id`)
+	rows, err := pool.Query(ctx, `SELECT key_seq FROM pgrelay.outbox WHERE key = 'x' ORDER BY id`)
 	require.NoError(t, err)
 	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -188,17 +188,17 @@ func TestKeySeqLookupsStayOnIndexes(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `ANALYZE outbox`)
+	_, err = tx.Exec(ctx, `ANALYZE pgrelay.outbox`)
 	require.NoError(t, err)
 	const rows = 300
-	_, err = tx.Exec(ctx, `INSERT INTO outbox (event_id, topic, key)
+	_, err = tx.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key)
 		SELECT 'ix-' || g, 'orders', 'key-' || (g % 10) FROM generate_series(1, $1::int) AS g`, rows)
 	require.NoError(t, err)
 	var seqScans int64
-	require.NoError(t, tx.QueryRow(ctx, `SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'outbox'`).Scan(&seqScans))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'pgrelay.outbox'::regclass`).Scan(&seqScans))
 	require.Less(t, seqScans, int64(10), "the trigger scanned the outbox %d times for %d rows", seqScans, rows)
 	var maxSeq int64
-	require.NoError(t, tx.QueryRow(ctx, `SELECT max(key_seq) FROM outbox WHERE key = 'key-1'`).Scan(&maxSeq))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT max(key_seq) FROM pgrelay.outbox WHERE key = 'key-1'`).Scan(&maxSeq))
 	require.Equal(t, int64(rows/10), maxSeq)
 }
 

@@ -18,7 +18,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add("", "", "", "", 0)
 	f.Add("orders.*", "e\x00", "A B", "x\r\ny", 5)
 	f.Add("a..b", "\xff", "Ok", "v", 1<<21)
-	f.Add("orders.>", strings.Repeat("x", 300), "h\n", "'; DROP TABLE outbox; --", 3)
+	f.Add("orders.>", strings.Repeat("x", 300), "h\n", "'; DROP TABLE pgrelay.outbox; --", 3)
 	o, err := New(Config{MaxPayloadBytes: 1 << 20})
 	if err != nil {
 		f.Fatal(err)

@@ -37,7 +37,7 @@ type row struct {
 
 func rows(t *testing.T, pool *pgxpool.Pool) []row {
 	t.Helper()
-	rs, err := pool.Query(context.Background(), `SELECT id, event_id, topic, key, event_type, payload, headers, status, partition FROM outbox ORDER BY id`)
+	rs, err := pool.Query(context.Background(), `SELECT id, event_id, topic, key, event_type, payload, headers, status, partition FROM pgrelay.outbox ORDER BY id`)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
@@ -145,13 +145,13 @@ func TestPlainSQLContract(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key, event_type, payload) VALUES ('orders', 'order-9', 'OrderCreated', '{"id":9}')`)
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key, event_type, payload) VALUES ('orders', 'order-9', 'OrderCreated', '{"id":9}')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, key, event_type, payload, event_id, headers, occurred_at)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key, event_type, payload, event_id, headers, occurred_at)
 		VALUES ('orders', 'order-9', 'OrderPaid', '{"id":9}', 'evt-paid-9', '{"trace":"t1"}', '2026-01-02T03:04:05Z')`)
 	require.NoError(t, err)
 	// Someone trying to force an id or a status gets the trigger's instead.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (id, topic, status) VALUES (1000000, 'orders', 'published')`)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (id, topic, status) VALUES (1000000, 'orders', 'published')`)
 	require.NoError(t, err)
 
 	got := rows(t, pool)
@@ -163,23 +163,23 @@ func TestPlainSQLContract(t *testing.T) {
 	require.Less(t, got[2].ID, int64(1000000))
 	require.Equal(t, "pending", got[2].Status)
 	var p int32
-	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('order-9')`).Scan(&p))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition('order-9')`).Scan(&p))
 	require.Equal(t, p, got[0].Partition)
 	// The partition is the trigger's too (00090 made it a plain column):
 	// a forced value is replaced, and a changed key moves the row.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, partition) VALUES ('forced', 'orders', 'order-9', $1)`, (p+1)%16)
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, partition) VALUES ('forced', 'orders', 'order-9', $1)`, (p+1)%16)
 	require.NoError(t, err)
 	var forced int32
-	require.NoError(t, pool.QueryRow(ctx, `SELECT partition FROM outbox WHERE event_id = 'forced'`).Scan(&forced))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT partition FROM pgrelay.outbox WHERE event_id = 'forced'`).Scan(&forced))
 	require.Equal(t, p, forced)
 	var moved, want int32
-	require.NoError(t, pool.QueryRow(ctx, `UPDATE outbox SET key = 'order-10' WHERE event_id = 'forced' RETURNING partition`).Scan(&moved))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('order-10')`).Scan(&want))
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE pgrelay.outbox SET key = 'order-10' WHERE event_id = 'forced' RETURNING partition`).Scan(&moved))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition('order-10')`).Scan(&want))
 	require.Equal(t, want, moved)
-	require.NoError(t, pool.QueryRow(ctx, `UPDATE outbox SET partition = partition + 1 WHERE event_id = 'forced' RETURNING partition`).Scan(&moved))
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE pgrelay.outbox SET partition = partition + 1 WHERE event_id = 'forced' RETURNING partition`).Scan(&moved))
 	require.Equal(t, want, moved)
 	var mismatched int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE partition <> outbox_partition(key)`).Scan(&mismatched))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox WHERE partition <> pgrelay.outbox_partition(key)`).Scan(&mismatched))
 	require.Zero(t, mismatched)
 }
 
@@ -278,7 +278,7 @@ func TestOccurredAtEdges(t *testing.T) {
 
 	stored := func(id string) time.Time {
 		var at time.Time
-		require.NoError(t, pool.QueryRow(ctx, `SELECT occurred_at FROM outbox WHERE event_id = $1`, id).Scan(&at))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT occurred_at FROM pgrelay.outbox WHERE event_id = $1`, id).Scan(&at))
 		return at.UTC()
 	}
 	edges := map[string]struct{ in, want time.Time }{
@@ -294,11 +294,11 @@ func TestOccurredAtEdges(t *testing.T) {
 
 	// Plain SQL: the same range, as a constraint.
 	for _, lit := range []string{"0001-01-01 00:00:00+00", "10000-01-01 00:00:00+00", "9999-12-31 23:59:59.9999995+00", "0001-01-01 00:00:00+00 BC"} {
-		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
+		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
 		require.ErrorContains(t, err, "outbox_occurred_at_range", lit)
 	}
 	for _, lit := range []string{"0001-01-01 00:00:00.000001+00", "9999-12-31 23:59:59.999999+00"} {
-		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
+		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, occurred_at) VALUES ('t', $1::text::timestamptz)`, lit)
 		require.NoError(t, err, lit)
 	}
 }
@@ -310,8 +310,8 @@ func TestPlainSQLKeyLength(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2))
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2))
 	require.NoError(t, err, "a key of exactly the limit in bytes")
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2)+"k")
+	_, err = pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key) VALUES ('orders', $1)`, strings.Repeat("é", event.MaxKeyLen/2)+"k")
 	require.ErrorContains(t, err, "outbox_key_length")
 }

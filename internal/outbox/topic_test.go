@@ -42,7 +42,7 @@ func TestTopicRuleSameForEnqueueAndSQL(t *testing.T) {
 
 		tx, err = pool.Begin(ctx)
 		require.NoError(t, err)
-		_, sqlErr := tx.Exec(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ($1, 'k', '{}')`, topic)
+		_, sqlErr := tx.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key, payload) VALUES ($1, 'k', '{}')`, topic)
 		require.NoError(t, tx.Rollback(ctx))
 
 		require.Equal(t, valid, outbox.ValidTopic(topic), "ValidTopic %q", topic)

@@ -69,7 +69,7 @@ func BenchmarkEnqueue(b *testing.B) {
 					if mode == "unnest" {
 						return o.Enqueue(ctx, tx, msgs...)
 					}
-					_, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox"}, []string{"event_id", "topic", "key", "payload"}, pgx.CopyFromRows(rows))
+					_, err := tx.CopyFrom(ctx, pgx.Identifier{"pgrelay", "outbox"}, []string{"event_id", "topic", "key", "payload"}, pgx.CopyFromRows(rows))
 					return err
 				})
 				require.NoError(b, err)

@@ -129,7 +129,7 @@ func (b *bundle) enqueue(t testing.TB, msgs ...event.Message) {
 func (b *bundle) count(t testing.TB, status string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE status = $1`, status).Scan(&n))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.outbox WHERE status = $1`, status).Scan(&n))
 	return n
 }
 
@@ -203,14 +203,14 @@ func (o *countingObserver) PartitionsHeld(n int) { o.held.Store(int64(n)) }
 // partitionOf returns the partition of key.
 func (b *bundle) partitionOf(t *testing.T, key string) int32 {
 	var p int32
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT outbox_partition($1)`, key).Scan(&p))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT pgrelay.outbox_partition($1)`, key).Scan(&p))
 	return p
 }
 
 func (b *bundle) owner(t *testing.T, p int32) (string, int64) {
 	var owner *string
 	var epoch int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT owner, epoch FROM relay_partitions WHERE partition = $1`, p).Scan(&owner, &epoch))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT owner, epoch FROM pgrelay.relay_partitions WHERE partition = $1`, p).Scan(&owner, &epoch))
 	if owner == nil {
 		return "", epoch
 	}

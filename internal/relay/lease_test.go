@@ -93,7 +93,7 @@ func TestReleasedPartitionsTakenOverAtOnce(t *testing.T) {
 	ownedBy := func(node string) int {
 		var n int
 		require.NoError(t, b.pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM relay_partitions WHERE owner = $1 AND lease_until > now()`, node).Scan(&n))
+			`SELECT count(*) FROM pgrelay.relay_partitions WHERE owner = $1 AND lease_until > now()`, node).Scan(&n))
 		return n
 	}
 	// Both relays heartbeat only every 10 s.

@@ -87,26 +87,26 @@ func TestMarkTouchesOnlyItsBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var part int32
-	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('key-1')`).Scan(&part))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition('key-1')`).Scan(&part))
 	for _, q := range []string{
-		`ALTER TABLE outbox SET UNLOGGED`,
-		`ALTER TABLE outbox SET (autovacuum_enabled = false)`,
-		`ANALYZE outbox`, // empty: the statistics a fresh install has
-		`INSERT INTO outbox (event_id, topic, key) SELECT 'e-' || g, 'orders', 'key-' || (g % 1000) FROM generate_series(1, 40000) AS g`,
+		`ALTER TABLE pgrelay.outbox SET UNLOGGED`,
+		`ALTER TABLE pgrelay.outbox SET (autovacuum_enabled = false)`,
+		`ANALYZE pgrelay.outbox`, // empty: the statistics a fresh install has
+		`INSERT INTO pgrelay.outbox (event_id, topic, key) SELECT 'e-' || g, 'orders', 'key-' || (g % 1000) FROM generate_series(1, 40000) AS g`,
 	} {
 		_, err := pool.Exec(ctx, q)
 		require.NoError(t, err, q)
 	}
-	_, err := pool.Exec(ctx, `UPDATE relay_partitions SET owner = 'me', epoch = 7, lease_until = now() + interval '1 minute' WHERE partition = $1`, part)
+	_, err := pool.Exec(ctx, `UPDATE pgrelay.relay_partitions SET owner = 'me', epoch = 7, lease_until = now() + interval '1 minute' WHERE partition = $1`, part)
 	require.NoError(t, err)
 	var ids []int64
-	rows, err := pool.Query(ctx, `SELECT id FROM outbox WHERE partition = $1 ORDER BY id LIMIT 100`, part)
+	rows, err := pool.Query(ctx, `SELECT id FROM pgrelay.outbox WHERE partition = $1 ORDER BY id LIMIT 100`, part)
 	require.NoError(t, err)
 	ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	require.Len(t, ids, 100)
 	var pending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE partition = $1`, part).Scan(&pending))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox WHERE partition = $1`, part).Scan(&pending))
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -142,18 +142,18 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 	// The table is unlogged: durability is not under test, and WAL for a
 	// million rows would dominate the test's time.
 	for _, q := range []string{
-		`ALTER TABLE outbox SET UNLOGGED`,
+		`ALTER TABLE pgrelay.outbox SET UNLOGGED`,
 		`SET session_replication_role = replica`,
-		`INSERT INTO outbox (id, event_id, topic, key, partition, status, published_at, last_error)
-		 SELECT g, 'old-' || g, 'orders', 'key-' || (g % 1000), outbox_partition('key-' || (g % 1000)),
+		`INSERT INTO pgrelay.outbox (id, event_id, topic, key, partition, status, published_at, last_error)
+		 SELECT g, 'old-' || g, 'orders', 'key-' || (g % 1000), pgrelay.outbox_partition('key-' || (g % 1000)),
 		        CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'published' END,
 		        CASE WHEN g % 10 = 0 THEN NULL ELSE now() END,
 		        CASE WHEN g % 10 = 0 THEN 'rejected' END
 		 FROM generate_series(1, 1000000) AS g`,
-		`SELECT setval('outbox_id_seq', 1000000)`,
+		`SELECT setval('pgrelay.outbox_id_seq', 1000000)`,
 		`SET session_replication_role = DEFAULT`,
-		`INSERT INTO outbox (topic, key) SELECT 'orders', 'key-' || g FROM generate_series(1, 1000) AS g`,
-		`ANALYZE outbox`,
+		`INSERT INTO pgrelay.outbox (topic, key) SELECT 'orders', 'key-' || g FROM generate_series(1, 1000) AS g`,
+		`ANALYZE pgrelay.outbox`,
 	} {
 		_, err := conn.Exec(ctx, q)
 		require.NoError(t, err, q)
@@ -161,7 +161,7 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 	conn.Release()
 
 	var part int32
-	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('key-1')`).Scan(&part))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition('key-1')`).Scan(&part))
 	ex := &testdb.Explain{DBTX: pool}
 	_, err = db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: part, BatchSize: 500, Exclude: []int64{}})
 	require.ErrorIs(t, err, testdb.ErrExplained)
@@ -231,17 +231,17 @@ func TestClaimStaysOnPendingIndexWhileDraining(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	for _, q := range []string{
-		`ALTER TABLE outbox SET UNLOGGED`,
-		`ALTER TABLE outbox SET (autovacuum_enabled = false)`,
-		`INSERT INTO outbox (event_id, topic, key) SELECT 'e-' || g, 'orders', 'key-' || (g % 1000) FROM generate_series(1, 300000) AS g`,
-		`ANALYZE outbox`,
-		`UPDATE outbox SET status = 'published', published_at = now() WHERE id <= 150000`,
+		`ALTER TABLE pgrelay.outbox SET UNLOGGED`,
+		`ALTER TABLE pgrelay.outbox SET (autovacuum_enabled = false)`,
+		`INSERT INTO pgrelay.outbox (event_id, topic, key) SELECT 'e-' || g, 'orders', 'key-' || (g % 1000) FROM generate_series(1, 300000) AS g`,
+		`ANALYZE pgrelay.outbox`,
+		`UPDATE pgrelay.outbox SET status = 'published', published_at = now() WHERE id <= 150000`,
 	} {
 		_, err := pool.Exec(ctx, q)
 		require.NoError(t, err, q)
 	}
 	var part int32
-	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('key-1')`).Scan(&part))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition('key-1')`).Scan(&part))
 	var root testdb.PlanNode
 	for range 2 { // the first read also marks the published rows' index entries dead
 		ex := &testdb.Explain{DBTX: pool}

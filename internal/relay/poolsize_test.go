@@ -18,7 +18,7 @@ import (
 func TestRelayWarnsWhenPoolTooSmall(t *testing.T) {
 	b := setup(t)
 	var partitions int
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_partitions`).Scan(&partitions))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.relay_partitions`).Scan(&partitions))
 	for _, tc := range []struct {
 		conns int
 		warn  bool
@@ -35,7 +35,7 @@ func TestRelayWarnsWhenPoolTooSmall(t *testing.T) {
 		// The first heartbeat computes the share and acquires it.
 		require.Eventually(t, func() bool {
 			var owned int
-			_ = b.pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL`).Scan(&owned)
+			_ = b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.relay_partitions WHERE owner IS NOT NULL`).Scan(&owned)
 			return owned == partitions
 		}, 10*time.Second, 10*time.Millisecond)
 		stop()

@@ -40,7 +40,7 @@ func TestCommittedPublishedOnceRolledBackNever(t *testing.T) {
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	o := msgs(5, "order-2", "rolled-back")
-	_, err = tx.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ($1, 'orders', 'order-2')`, o[0].EventID)
+	_, err = tx.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ($1, 'orders', 'order-2')`, o[0].EventID)
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 
@@ -275,7 +275,7 @@ func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 						ids[j] = m.EventID
 					}
 					_, err := tx.Exec(ctx, `WITH c AS (UPDATE key_counters SET n = n + $2 WHERE key = $1 RETURNING n)
-						UPDATE outbox o SET payload = convert_to((c.n - $2 + e.ord)::text, 'UTF8')
+						UPDATE pgrelay.outbox o SET payload = convert_to((c.n - $2 + e.ord)::text, 'UTF8')
 						FROM c, unnest($3::text[]) WITH ORDINALITY AS e(id, ord) WHERE o.event_id = e.id`, key, n, ids)
 					return err
 				})
@@ -341,13 +341,13 @@ func TestPermanentRejectionGoesDead(t *testing.T) {
 	obs := &countingObserver{}
 	// Same key: ok-1, too large, bad headers, ok-2.
 	b.enqueue(t, event.Message{EventID: "ok-1", Topic: "orders", Key: "k", Payload: []byte("1")})
-	_, err := b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, payload) VALUES ('big', 'orders', 'k', $1)`, make([]byte, 2<<20))
+	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, payload) VALUES ('big', 'orders', 'k', $1)`, make([]byte, 2<<20))
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, headers) VALUES ('bad-headers', 'orders', 'k', '{"n": 1}')`)
+	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, headers) VALUES ('bad-headers', 'orders', 'k', '{"n": 1}')`)
 	require.NoError(t, err)
 	// A topic no subject can carry never reaches the relay: the outbox
 	// refuses it (outbox_topic_valid, the rule Enqueue applies).
-	_, err = b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ('bad subject', 'orders x', 'k')`)
+	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ('bad subject', 'orders x', 'k')`)
 	require.ErrorContains(t, err, "outbox_topic_valid")
 	b.enqueue(t, event.Message{EventID: "ok-2", Topic: "orders", Key: "k", Payload: []byte("2")})
 	start(t, b.testConfig(t, b.publisher(t), obs))
@@ -355,7 +355,7 @@ func TestPermanentRejectionGoesDead(t *testing.T) {
 	b.waitCount(t, "published", 2, 10*time.Second)
 	require.Equal(t, 2, b.count(t, "dead"))
 	reasons := map[string]string{}
-	rows, err := b.pool.Query(ctx, `SELECT event_id, last_error FROM outbox WHERE status = 'dead'`)
+	rows, err := b.pool.Query(ctx, `SELECT event_id, last_error FROM pgrelay.outbox WHERE status = 'dead'`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id, reason string
@@ -383,7 +383,7 @@ func TestNoStreamForSubjectGoesDead(t *testing.T) {
 	start(t, b.testConfig(t, pub, &countingObserver{}))
 	b.waitCount(t, "dead", 3, 20*time.Second)
 	var reason string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT last_error FROM outbox LIMIT 1`).Scan(&reason))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT last_error FROM pgrelay.outbox LIMIT 1`).Scan(&reason))
 	require.Contains(t, reason, "no stream stores subject")
 }
 
@@ -395,7 +395,7 @@ func TestPartitionsShareAndRelease(t *testing.T) {
 	pub := b.publisher(t)
 	owned := func() map[string]int {
 		out := map[string]int{}
-		rows, err := b.pool.Query(context.Background(), `SELECT coalesce(owner, '') FROM relay_partitions WHERE lease_until > now()`)
+		rows, err := b.pool.Query(context.Background(), `SELECT coalesce(owner, '') FROM pgrelay.relay_partitions WHERE lease_until > now()`)
 		require.NoError(t, err)
 		for rows.Next() {
 			var o string
@@ -411,11 +411,11 @@ func TestPartitionsShareAndRelease(t *testing.T) {
 	stopA()
 	// Released, not left to expire: A owns nothing the moment it returns.
 	var stillA int
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_partitions WHERE owner = $1`, a.NodeID()).Scan(&stillA))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.relay_partitions WHERE owner = $1`, a.NodeID()).Scan(&stillA))
 	require.Zero(t, stillA, "a stopped relay releases its leases")
 	require.Eventually(t, func() bool { return owned()[c.NodeID()] == 16 }, 10*time.Second, 10*time.Millisecond)
 	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_nodes WHERE node_id = $1`, a.NodeID()).Scan(&n))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.relay_nodes WHERE node_id = $1`, a.NodeID()).Scan(&n))
 	require.Zero(t, n)
 }
 
@@ -426,11 +426,11 @@ func TestRetentionDeletesPublishedKeepsDead(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	b.enqueue(t, msgs(25, "k", "r")...)
-	_, err := b.pool.Exec(ctx, `UPDATE outbox SET status = 'published', published_at = now() - interval '2 hours'`)
+	_, err := b.pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'published', published_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ('d', 'orders', 'k')`)
+	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ('d', 'orders', 'k')`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE outbox SET status = 'dead', last_error = 'x' WHERE event_id = 'd'`)
+	_, err = b.pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'dead', last_error = 'x' WHERE event_id = 'd'`)
 	require.NoError(t, err)
 	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 	cfg.Retention = time.Hour

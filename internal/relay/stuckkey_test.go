@@ -68,7 +68,7 @@ func TestStuckKeyDoesNotBlockItsPartition(t *testing.T) {
 	require.Equal(t, uint64(2*len(others)), b.streamMsgs(t), "each other event reached the stream once")
 	require.Zero(t, obs.duplicates.Load(), "no other event was republished")
 	var attempts int
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox WHERE key <> $1`, stuck).Scan(&attempts))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT max(attempts) FROM pgrelay.outbox WHERE key <> $1`, stuck).Scan(&attempts))
 	require.Equal(t, 1, attempts, "each other event was published in one attempt")
 }
 
@@ -103,6 +103,6 @@ func TestPipelinedBatchesPublishOnceInOrder(t *testing.T) {
 	eventually(t, func() bool { return obs.published.Load() == keys*perKey }, "every event observed published")
 	require.Zero(t, obs.duplicates.Load(), "no event was published twice")
 	var attempts int
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT max(attempts) FROM outbox`).Scan(&attempts))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT max(attempts) FROM pgrelay.outbox`).Scan(&attempts))
 	require.Equal(t, 1, attempts)
 }

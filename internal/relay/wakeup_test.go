@@ -26,9 +26,9 @@ func TestProducersNotifyOnlyArmedPartitions(t *testing.T) {
 	_, err = conn.Exec(ctx, "LISTEN "+notifier.OutboxChannel)
 	require.NoError(t, err)
 	var p int32
-	require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition('k')`).Scan(&p))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition('k')`).Scan(&p))
 	insert := func() {
-		_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', 'k')`)
+		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key) VALUES ('orders', 'k')`)
 		require.NoError(t, err)
 	}
 	notifications := func() []string {
@@ -47,7 +47,7 @@ func TestProducersNotifyOnlyArmedPartitions(t *testing.T) {
 		insert()
 	}
 	require.Empty(t, notifications(), "no relay armed the partition: no commit notifies")
-	_, err = pool.Exec(ctx, `UPDATE relay_wakeups SET armed = true WHERE partition = $1`, p)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.relay_wakeups SET armed = true WHERE partition = $1`, p)
 	require.NoError(t, err)
 	for range 5 {
 		insert()
@@ -73,7 +73,7 @@ func TestWakeupRaceWithLateCommit(t *testing.T) {
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	_, err = tx.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ('late-1', 'orders', 'late')`)
+	_, err = tx.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ('late-1', 'orders', 'late')`)
 	require.NoError(t, err)
 
 	// The producer commits once the relay, having armed the partition, either
@@ -131,14 +131,14 @@ func TestSteadyTrickleNeitherNotifiesNorWaits(t *testing.T) {
 	// The relay has armed every partition once it found them empty.
 	require.Eventually(t, func() bool {
 		var armed int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM relay_wakeups WHERE armed`).Scan(&armed))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.relay_wakeups WHERE armed`).Scan(&armed))
 		return armed == 16
 	}, 10*time.Second, 10*time.Millisecond)
 
 	const events = 50
 	var slowest time.Duration
 	for i := range events {
-		_, err := b.pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key) VALUES ($1, 'orders', 'trickle')`, "t-"+strconv.Itoa(i))
+		_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ($1, 'orders', 'trickle')`, "t-"+strconv.Itoa(i))
 		require.NoError(t, err)
 		began := time.Now()
 		b.waitCount(t, "published", i+1, 5*time.Second)

@@ -29,7 +29,7 @@ func TestProducersCrossingArmedPartitionsDoNotWait(t *testing.T) {
 	for i := 0; ka2 == "" || kb2 == ""; i++ {
 		k := fmt.Sprintf("key-%d", i)
 		var p int32
-		require.NoError(t, pool.QueryRow(ctx, `SELECT outbox_partition($1)`, k).Scan(&p))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition($1)`, k).Scan(&p))
 		switch {
 		case pa < 0:
 			pa, ka = p, k
@@ -46,7 +46,7 @@ func TestProducersCrossingArmedPartitionsDoNotWait(t *testing.T) {
 	defer listen.Release()
 	_, err = listen.Exec(ctx, "LISTEN "+notifier.OutboxChannel)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE relay_wakeups SET armed = true WHERE partition = ANY($1)`, []int32{pa, pb})
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.relay_wakeups SET armed = true WHERE partition = ANY($1)`, []int32{pa, pb})
 	require.NoError(t, err)
 
 	begin := func() pgx.Tx {
@@ -57,7 +57,7 @@ func TestProducersCrossingArmedPartitionsDoNotWait(t *testing.T) {
 		return tx
 	}
 	insert := func(tx pgx.Tx, key string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO outbox (topic, key) VALUES ('orders', $1)`, key)
+		_, err := tx.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key) VALUES ('orders', $1)`, key)
 		return err
 	}
 	a, b := begin(), begin()
@@ -81,6 +81,6 @@ func TestProducersCrossingArmedPartitionsDoNotWait(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{fmt.Sprint(pa): true, fmt.Sprint(pb): true}, got)
 	var armed int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM relay_wakeups WHERE armed`).Scan(&armed))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.relay_wakeups WHERE armed`).Scan(&armed))
 	require.Zero(t, armed)
 }

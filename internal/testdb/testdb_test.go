@@ -20,9 +20,9 @@ func TestNewGivesSeparateMigratedDatabases(t *testing.T) {
 	require.NotEqual(t, nameA, nameB)
 
 	// Both are migrated, and a write to one is invisible in the other.
-	_, err := a.Exec(ctx, "INSERT INTO inbox (event_id) VALUES ('e1')")
+	_, err := a.Exec(ctx, "INSERT INTO pgrelay.inbox (event_id) VALUES ('e1')")
 	require.NoError(t, err)
 	var n int
-	require.NoError(t, b.QueryRow(ctx, "SELECT count(*) FROM inbox").Scan(&n))
+	require.NoError(t, b.QueryRow(ctx, "SELECT count(*) FROM pgrelay.inbox").Scan(&n))
 	require.Zero(t, n)
 }

@@ -224,7 +224,7 @@ func storeDead(t *testing.T, pool *pgxpool.Pool, id string) {
 
 func auditRows(t *testing.T, pool *pgxpool.Pool, action string) []string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT event_id || ' ' || actor FROM replay_audit WHERE action = $1 ORDER BY id`, action)
+	rows, err := pool.Query(context.Background(), `SELECT event_id || ' ' || actor FROM pgrelay.replay_audit WHERE action = $1 ORDER BY id`, action)
 	require.NoError(t, err)
 	var out []string
 	for rows.Next() {
@@ -333,7 +333,7 @@ func TestResetCountersAsksFirstAndAudits(t *testing.T) {
 func TestRetentionAndExport(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO inbox (event_id, status, finished_at) VALUES ('old', 'processed', now() - interval '3 hours'), ('new', 'processed', now())`)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO pgrelay.inbox (event_id, status, finished_at) VALUES ('old', 'processed', now() - interval '3 hours'), ('new', 'processed', now())`)
 	require.NoError(t, err)
 	m := refresh(t, newModel(t, b.cfg, 80, 24))
 	m = press(t, m, "f")

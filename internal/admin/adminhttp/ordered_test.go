@@ -28,7 +28,7 @@ func TestOrderedGapsAndSkipsOverHTTP(t *testing.T) {
 	}
 	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
 	require.NoError(t, err)
-	_, err = b.Pool.Exec(ctx, `UPDATE inbox SET status = 'dead', last_error = 'poison', finished_at = now() WHERE event_id = 'p-1'`)
+	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.inbox SET status = 'dead', last_error = 'poison', finished_at = now() WHERE event_id = 'p-1'`)
 	require.NoError(t, err)
 
 	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
@@ -70,7 +70,7 @@ func TestOrderedGapsAndSkipsOverHTTP(t *testing.T) {
 	require.Equal(t, inbox.SkipResult{Key: "g", From: 1, To: 1, Woken: 0}, res)
 
 	var n int
-	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM replay_audit WHERE action IN ('skip_dead', 'skip_gap') AND actor = 'ops'`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.replay_audit WHERE action IN ('skip_dead', 'skip_gap') AND actor = 'ops'`).Scan(&n))
 	require.Equal(t, 2, n)
 	code, body = admintest.Do(t, "GET", hs.URL+"/v1/inbox/gaps", "", nil)
 	require.Equal(t, http.StatusOK, code)

@@ -58,7 +58,7 @@ func InsertRows(t *testing.T, pool *pgxpool.Pool, rows ...Row) {
 		if r.LastError != "" {
 			lastErr = &r.LastError
 		}
-		_, err := pool.Exec(ctx, `INSERT INTO inbox (event_id, topic, key, event_type, payload, status, attempts,
+		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, topic, key, event_type, payload, status, attempts,
 			last_error, finished_at, lock_version) VALUES ($1, $2, $1, $3, '{"n":1}', $4, $5, $6, $7, 7)`,
 			r.ID, r.Topic, r.Type, r.Status, r.Attempts, lastErr, finished)
 		require.NoError(t, err)
@@ -71,8 +71,8 @@ func Snapshot(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
 	var s string
 	err := pool.QueryRow(context.Background(), `SELECT
-		coalesce((SELECT string_agg(i::text, E'\n' ORDER BY event_id) FROM inbox i), '') || '|' ||
-		coalesce((SELECT string_agg(a::text, E'\n' ORDER BY id) FROM replay_audit a), '')`).Scan(&s)
+		coalesce((SELECT string_agg(i::text, E'\n' ORDER BY event_id) FROM pgrelay.inbox i), '') || '|' ||
+		coalesce((SELECT string_agg(a::text, E'\n' ORDER BY id) FROM pgrelay.replay_audit a), '')`).Scan(&s)
 	require.NoError(t, err)
 	return s
 }
@@ -81,7 +81,7 @@ func Snapshot(t *testing.T, pool *pgxpool.Pool) string {
 // "absent".
 func StatusOf(t *testing.T, pool *pgxpool.Pool, id string) (status string, attempts int, lastErr *string) {
 	t.Helper()
-	err := pool.QueryRow(context.Background(), `SELECT status, attempts, last_error FROM inbox WHERE event_id = $1`, id).
+	err := pool.QueryRow(context.Background(), `SELECT status, attempts, last_error FROM pgrelay.inbox WHERE event_id = $1`, id).
 		Scan(&status, &attempts, &lastErr)
 	if err != nil {
 		return "absent", 0, nil
@@ -125,18 +125,18 @@ func AffectedIDs(res *admin.Result) []string {
 func OutboxRow(t *testing.T, pool *pgxpool.Pool, id, topic, typ string, dead bool, deadAgo time.Duration, lastErr string) {
 	t.Helper()
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $1, $3, '{"o":1}')`, id, topic, typ)
+	_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload) VALUES ($1, $2, $1, $3, '{"o":1}')`, id, topic, typ)
 	require.NoError(t, err)
 	if !dead {
 		return
 	}
-	_, err = pool.Exec(ctx, `UPDATE outbox SET status = 'dead', attempts = attempts + 1, last_error = $2 WHERE event_id = $1`, id, lastErr)
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'dead', attempts = attempts + 1, last_error = $2 WHERE event_id = $1`, id, lastErr)
 	require.NoError(t, err)
 	var deadAt *time.Time
-	require.NoError(t, pool.QueryRow(ctx, `SELECT dead_at FROM outbox WHERE event_id = $1`, id).Scan(&deadAt))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dead_at FROM pgrelay.outbox WHERE event_id = $1`, id).Scan(&deadAt))
 	require.NotNil(t, deadAt, "the trigger records when a Row goes dead")
 	require.WithinDuration(t, time.Now(), *deadAt, time.Minute)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET dead_at = now() - make_interval(secs => $2) WHERE event_id = $1`, id, deadAgo.Seconds())
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.outbox SET dead_at = now() - make_interval(secs => $2) WHERE event_id = $1`, id, deadAgo.Seconds())
 	require.NoError(t, err)
 }
 
@@ -144,7 +144,7 @@ func OutboxRow(t *testing.T, pool *pgxpool.Pool, id, topic, typ string, dead boo
 func OutboxStatus(t *testing.T, pool *pgxpool.Pool, id string) string {
 	t.Helper()
 	var st string
-	if err := pool.QueryRow(context.Background(), `SELECT status FROM outbox WHERE event_id = $1`, id).Scan(&st); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT status FROM pgrelay.outbox WHERE event_id = $1`, id).Scan(&st); err != nil {
 		return "absent"
 	}
 	return st
@@ -155,8 +155,8 @@ func SnapshotOutbox(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
 	var s string
 	err := pool.QueryRow(context.Background(), `SELECT
-		coalesce((SELECT string_agg(o::text, E'\n' ORDER BY id) FROM outbox o), '') || '|' ||
-		coalesce((SELECT string_agg(a::text, E'\n' ORDER BY id) FROM replay_audit a), '')`).Scan(&s)
+		coalesce((SELECT string_agg(o::text, E'\n' ORDER BY id) FROM pgrelay.outbox o), '') || '|' ||
+		coalesce((SELECT string_agg(a::text, E'\n' ORDER BY id) FROM pgrelay.replay_audit a), '')`).Scan(&s)
 	require.NoError(t, err)
 	return s
 }

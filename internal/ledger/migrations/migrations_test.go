@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -63,7 +64,7 @@ func exampleTables(t *testing.T, ctx context.Context, pool *pgxpool.Pool) []stri
 
 func appliedVersions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table string) []int64 {
 	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT version_id FROM `+pgx.Identifier{table}.Sanitize()+` WHERE version_id > 0 AND is_applied ORDER BY 1`)
+	rows, err := pool.Query(ctx, `SELECT version_id FROM `+pgx.Identifier(strings.Split(table, ".")).Sanitize()+` WHERE version_id > 0 AND is_applied ORDER BY 1`)
 	require.NoError(t, err)
 	v, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -93,7 +94,7 @@ func TestFreshInstall(t *testing.T) {
 	require.NoError(t, ledgermigrations.Check(ctx, pool))
 	require.NoError(t, migrations.Check(ctx, sqlDB))
 	require.Equal(t, []int64{2, 20}, appliedVersions(t, ctx, pool, ledgermigrations.TableName))
-	for _, v := range appliedVersions(t, ctx, pool, goose.DefaultTablename) {
+	for _, v := range appliedVersions(t, ctx, pool, migrations.TableName) {
 		require.NotContains(t, []int64{2, 20}, v, "pgrelay's version table records no example version")
 	}
 	// A second run applies nothing.
@@ -106,14 +107,15 @@ func TestFreshInstall(t *testing.T) {
 const lastCombinedVersion = 45
 
 // oldSet is pgrelay's migration set as it was while the example schema was
-// part of it: pgrelay's files up to lastCombinedVersion plus the ledger
+// part of it: pgrelay's files up to lastCombinedVersion (as released, with
+// their objects in public: migrations/testdata/public-v90) plus the ledger
 // (version 2) and the demo shop (version 20) as they were released
 // (testdata/combined, without IF NOT EXISTS), all recorded in goose's one
-// version table.
+// version table, public.goose_db_version.
 func oldSet(t *testing.T) fs.FS {
 	t.Helper()
 	old := fstest.MapFS{}
-	for _, set := range []fs.FS{migrations.FS, os.DirFS("testdata/combined")} {
+	for _, set := range []fs.FS{os.DirFS("../../../migrations/testdata/public-v90"), os.DirFS("testdata/combined")} {
 		names, err := fs.Glob(set, "*.sql")
 		require.NoError(t, err)
 		for _, n := range names {
@@ -178,9 +180,12 @@ func TestUpgradeFromCombinedSet(t *testing.T) {
 
 	require.NoError(t, ledgermigrations.Up(ctx, sqlDB))
 	require.Equal(t, []int64{2, 20}, appliedVersions(t, ctx, pool, ledgermigrations.TableName))
-	for _, v := range appliedVersions(t, ctx, pool, goose.DefaultTablename) {
-		require.NotContains(t, []int64{2, 20}, v, "pgrelay's version table forgets the example's versions")
+	for _, v := range appliedVersions(t, ctx, pool, migrations.TableName) {
+		require.NotContains(t, []int64{2, 20}, v, "pgrelay's version table never records the example's versions")
 	}
+	// The shared table of the old installation is left as it was: its rows
+	// may be the application's.
+	require.Equal(t, oldVersions, appliedVersions(t, ctx, pool, goose.DefaultTablename))
 	dataStays := func() {
 		t.Helper()
 		var orders, entries, shop int
