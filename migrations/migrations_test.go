@@ -195,7 +195,12 @@ func TestOccurredAtRangeMigration(t *testing.T) {
 	url := emptyDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, url)
+	// Before version 100 the functions' bodies name pgrelay's objects
+	// without a schema.
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "pgrelay, public"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
 	sqlDB := stdlib.OpenDBFromPool(pool)

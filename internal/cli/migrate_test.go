@@ -21,12 +21,17 @@ func TestMigrateDownRefusalSaysWhatAndWhy(t *testing.T) {
 	url := testdb.NewURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
+	// Below version 100 the functions' bodies name pgrelay's objects
+	// without a schema.
+	cc, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	cc.RuntimeParams["search_path"] = "pgrelay, public"
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	version := func() int64 {
 		var v int64
-		require.NoError(t, conn.QueryRow(ctx, `SELECT max(version_id) FROM goose_db_version WHERE is_applied`).Scan(&v))
+		require.NoError(t, conn.QueryRow(ctx, `SELECT max(version_id) FROM pgrelay.goose_db_version WHERE is_applied`).Scan(&v))
 		return v
 	}
 	migrate := func(args ...string) (string, error) {
@@ -90,7 +95,7 @@ func TestMigrateUpFailureNamesTheMigration(t *testing.T) {
 	defer conn.Close(context.Background())
 	for {
 		var v int64
-		require.NoError(t, conn.QueryRow(ctx, `SELECT max(version_id) FROM goose_db_version WHERE is_applied`).Scan(&v))
+		require.NoError(t, conn.QueryRow(ctx, `SELECT max(version_id) FROM pgrelay.goose_db_version WHERE is_applied`).Scan(&v))
 		if v <= 86 {
 			break
 		}
