@@ -274,6 +274,24 @@ type InboxBatchHandler interface {
 	HandleBatch(ctx context.Context, tx pgx.Tx, evs []*InboxEvent) error
 }
 
+// ExternalHandler is an InboxHandler whose effect lies outside the database
+// (a webhook call, an email, a payment provider's API), which rolling back
+// the transaction does not undo; ExternalEffects reports whether that is so
+// (a wrapper reports what it wraps). The worker normally runs a batch in one
+// transaction and, when one event fails, rolls it back and runs the batch
+// again event by event, which would repeat every external call that had
+// already succeeded. For a handler whose ExternalEffects is true it commits
+// each event in a transaction of its own instead, never applies it on
+// receive and does not use HandleBatch, so a call that succeeded is never
+// made again because another event failed. A crash, a lost connection or a
+// failed commit between the call and the commit of its processed mark, or a
+// takeover of an expired lease, still repeats the call: pass the event id to
+// the remote side as its idempotency key. The cost is a commit per event.
+type ExternalHandler interface {
+	InboxHandler
+	ExternalEffects() bool
+}
+
 // HandlerFunc adapts a function to InboxHandler. Return nil on success,
 // Permanent(err) for input that can never succeed, Defer(key) to wait for a
 // dependency, and any other error to retry with backoff.

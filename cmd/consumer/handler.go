@@ -32,6 +32,14 @@ func (a engineHandler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxE
 	return a.h.Handle(ctx, tx, toEngine(ev))
 }
 
+// ExternalEffects reports what the engine handler reports
+// (inbox.ExternalHandler: the webhook handler's calls are outside the
+// database).
+func (a engineHandler) ExternalEffects() bool {
+	e, ok := a.h.(inbox.ExternalHandler)
+	return ok && e.ExternalEffects()
+}
+
 type engineBatchHandler struct {
 	engineHandler
 	bh inbox.BatchHandler

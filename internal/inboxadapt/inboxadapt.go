@@ -48,6 +48,13 @@ func (a handler[E]) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) erro
 	return a.h.Handle(ctx, tx, a.conv(ev))
 }
 
+// ExternalEffects reports what the public handler reports
+// (inbox.ExternalHandler): false when it does not say.
+func (a handler[E]) ExternalEffects() bool {
+	e, ok := a.h.(interface{ ExternalEffects() bool })
+	return ok && e.ExternalEffects()
+}
+
 type batchHandler[E any] struct {
 	handler[E]
 	bh BatchHandler[E]

@@ -1,9 +1,12 @@
 package inboxadapt
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -52,5 +55,46 @@ func TestObserverKeepsTheSequenceExtension(t *testing.T) {
 	want := []string{"sequence applied_in_order", "processed ", "sequence applied_in_order", "processed "}
 	if len(r.seen) != len(want) {
 		t.Fatalf("seen %q, want %q", r.seen, want)
+	}
+}
+
+// pubHandler is a public handler; external says whether it declares effects
+// outside the database.
+type pubHandler struct{}
+
+func (pubHandler) Handle(context.Context, pgx.Tx, *pubEvent) error { return nil }
+
+type pubExternal struct {
+	pubHandler
+	external bool
+}
+
+func (h pubExternal) ExternalEffects() bool { return h.external }
+
+type pubExternalBatch struct{ pubExternal }
+
+func (pubExternalBatch) HandleBatch(context.Context, pgx.Tx, []*pubEvent) error { return nil }
+
+// TestHandlerKeepsExternalEffects: a public handler that declares effects
+// outside the database (the engine then commits each event on its own) still
+// does once adapted, batch handler or not; one that does not say, or says
+// false, does not.
+func TestHandlerKeepsExternalEffects(t *testing.T) {
+	for name, tc := range map[string]struct {
+		h    Handler[pubEvent]
+		want bool
+	}{
+		"silent":         {pubHandler{}, false},
+		"external":       {pubExternal{external: true}, true},
+		"says false":     {pubExternal{external: false}, false},
+		"external batch": {pubExternalBatch{pubExternal{external: true}}, true},
+	} {
+		e, ok := NewHandler[pubEvent](tc.h, conv).(inbox.ExternalHandler)
+		if !ok {
+			t.Fatalf("%s: the adapted handler does not forward ExternalEffects", name)
+		}
+		if got := e.ExternalEffects(); got != tc.want {
+			t.Errorf("%s: ExternalEffects() = %v, want %v", name, got, tc.want)
+		}
 	}
 }
