@@ -1,90 +1,10 @@
 package pgrelay_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"flag"
-	"fmt"
-	"os"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/pgrelay/pgrelay/internal/pgurl"
-	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/internal/exampleenv"
 )
 
-// TestMain gives the Example functions, which cannot take a *testing.T, a
-// migrated database of their own in DATABASE_URL, so that they run and their
-// output is checked. Without TEST_DATABASE_URL they are skipped, like the
-// other database tests without a server.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	base := os.Getenv("TEST_DATABASE_URL")
-	if base == "" {
-		fmt.Fprintln(os.Stderr, "pgrelay: examples skipped: set TEST_DATABASE_URL to run them")
-		_ = flag.Set("test.skip", "^Example")
-		os.Exit(m.Run())
-	}
-	drop, err := exampleDatabase(base)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pgrelay: example database:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	drop()
-	os.Exit(code)
-}
-
-// exampleDatabase creates and migrates a database for the examples, with the
-// application tables they use, and points DATABASE_URL at it.
-func exampleDatabase(base string) (drop func(), err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "pgrelay_examples_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return nil, err
-	}
-	drop = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, base); err == nil {
-			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			_ = c.Close(ctx)
-		}
-	}
-	u := pgurl.WithDatabase(base, name)
-	pool, err := pgxpool.New(ctx, u)
-	if err != nil {
-		drop()
-		return nil, err
-	}
-	defer pool.Close()
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	defer sqlDB.Close()
-	if err := migrations.Up(ctx, sqlDB); err != nil {
-		drop()
-		return nil, err
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE orders (order_id text PRIMARY KEY);
-		CREATE TABLE payments (event_id text PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL)`); err != nil {
-		drop()
-		return nil, err
-	}
-	if err := os.Setenv("DATABASE_URL", u); err != nil {
-		drop()
-		return nil, err
-	}
-	return drop, nil
-}
+// TestMain gives the Example functions a migrated database of their own (internal/exampleenv).
+func TestMain(m *testing.M) { exampleenv.Main(m, false) }
