@@ -117,143 +117,201 @@ func EncodeHeaders(m Message) map[string]string {
 // not look inside the payload: the handler owns the payload's schema and
 // reports a bad shape or an unknown event type as a permanent failure.
 func Decode(r Received, opts DecodeOptions) (Delivery, error) {
-	var reasons []string
-	fail := func(format string, args ...any) { reasons = append(reasons, fmt.Sprintf(format, args...)) }
-	header := func(name string) (string, bool) {
-		vs, ok := r.Headers[name]
-		if !ok || len(vs) == 0 {
-			return "", false
-		}
-		return vs[0], true
+	d := &decoder{r: r, m: event.Message{Payload: r.Payload, Headers: map[string]string{}}}
+	if err := d.eventID(); err != nil {
+		return Delivery{}, err
 	}
-	text := func(name, v string) string {
-		clean, ok := StorableText(v)
-		if !ok {
-			fail("%s: %s is not valid UTF-8 text", ReasonInvalidHeader, Printable(name))
-		}
-		return clean
+	d.eventTypeAndTopic()
+	d.key()
+	d.contentType()
+	d.occurredAt()
+	d.ownHeaders()
+	d.payload(opts)
+	return Delivery{Message: d.m, DeadReason: strings.Join(d.reasons, "; ")}, nil
+}
+
+// decoder is one Decode call's state: the received message, the message
+// decoded so far, and the reasons found, in the order of Decode's steps, for
+// storing it dead.
+type decoder struct {
+	r       Received
+	m       event.Message
+	reasons []string
+}
+
+// fail adds a reason the message is stored dead.
+func (d *decoder) fail(format string, args ...any) {
+	d.reasons = append(d.reasons, fmt.Sprintf(format, args...))
+}
+
+// header returns the first value of the received header name; ok is false
+// when it is absent or has no value.
+func (d *decoder) header(name string) (string, bool) {
+	vs, ok := d.r.Headers[name]
+	if !ok || len(vs) == 0 {
+		return "", false
 	}
+	return vs[0], true
+}
 
-	m := event.Message{Payload: r.Payload, Headers: map[string]string{}}
+// text returns v, the value of header name, made storable; a value that was
+// not storable text adds a reason.
+func (d *decoder) text(name, v string) string {
+	clean, ok := StorableText(v)
+	if !ok {
+		d.fail("%s: %s is not valid UTF-8 text", ReasonInvalidHeader, Printable(name))
+	}
+	return clean
+}
 
-	// The event id: the idempotency key.
-	rawID, ok := header(event.HeaderEventID)
+// eventID sets the event id: the idempotency key. It is the event id header,
+// else the broker's message id; a missing or invalid one adds a reason and
+// is replaced by the stand-in derived from the broker position (the invalid
+// one kept, printable, in RawEventIDHeader). Without a stand-in it returns
+// ErrNoStableID. The id set is always valid.
+func (d *decoder) eventID() error {
+	rawID, ok := d.header(event.HeaderEventID)
 	if !ok || rawID == "" {
-		rawID, ok = r.BrokerID, r.BrokerID != ""
+		rawID, ok = d.r.BrokerID, d.r.BrokerID != ""
 	}
 	var fallback bool
 	switch err := event.ValidateEventID(rawID); {
 	case !ok || errors.Is(err, event.ErrMissingEventID):
-		if r.BrokerIDName != "" {
-			fail("%s: no %s or %s header", ReasonMissingEventID, event.HeaderEventID, r.BrokerIDName)
+		if d.r.BrokerIDName != "" {
+			d.fail("%s: no %s or %s header", ReasonMissingEventID, event.HeaderEventID, d.r.BrokerIDName)
 		} else {
-			fail("%s: no %s header", ReasonMissingEventID, event.HeaderEventID)
+			d.fail("%s: no %s header", ReasonMissingEventID, event.HeaderEventID)
 		}
 		fallback = true
 	case err != nil:
-		fail("%s: %s", ReasonInvalidEventID, strings.TrimPrefix(err.Error(), event.ErrInvalidEventID.Error()+": "))
-		m.Headers[RawEventIDHeader] = Truncate(Printable(rawID), 512)
+		d.fail("%s: %s", ReasonInvalidEventID, strings.TrimPrefix(err.Error(), event.ErrInvalidEventID.Error()+": "))
+		d.m.Headers[RawEventIDHeader] = Truncate(Printable(rawID), 512)
 		fallback = true
 	default:
-		m.EventID = rawID
+		d.m.EventID = rawID
 	}
 	if fallback {
-		if r.FallbackID == "" {
-			return Delivery{}, ErrNoStableID
+		if d.r.FallbackID == "" {
+			return ErrNoStableID
 		}
-		id, _ := StorableText(r.FallbackID)
-		m.EventID = Truncate(Printable(id), event.MaxEventIDLen)
+		id, _ := StorableText(d.r.FallbackID)
+		d.m.EventID = Truncate(Printable(id), event.MaxEventIDLen)
 	}
+	return nil
+}
 
-	// The event type, topic and key.
-	if et, ok := header(event.HeaderEventType); ok && et != "" {
-		m.EventType = text(event.HeaderEventType, et)
+// eventTypeAndTopic sets the event type (a missing one adds a reason) and the
+// topic (the topic header, else the one the broker's destination implies).
+func (d *decoder) eventTypeAndTopic() {
+	if et, ok := d.header(event.HeaderEventType); ok && et != "" {
+		d.m.EventType = d.text(event.HeaderEventType, et)
 	} else {
-		fail("%s: no %s header", ReasonMissingEventType, event.HeaderEventType)
+		d.fail("%s: no %s header", ReasonMissingEventType, event.HeaderEventType)
 	}
-	if topic, ok := header(event.HeaderTopic); ok && topic != "" {
-		m.Topic = text(event.HeaderTopic, topic)
+	if topic, ok := d.header(event.HeaderTopic); ok && topic != "" {
+		d.m.Topic = d.text(event.HeaderTopic, topic)
 	} else {
-		m.Topic = text("destination", r.Topic)
+		d.m.Topic = d.text("destination", d.r.Topic)
 	}
+}
+
+// key sets the key and its sequence. A key over event.MaxKeyLen is dropped,
+// its start kept in RawKeyHeader, and its sequence ignored; a sequence that
+// is not a positive integer, or has no key, adds a reason and is not set.
+func (d *decoder) key() {
 	keyTooLong := false
-	if key, ok := header(event.HeaderKey); ok {
-		m.Key = text(event.HeaderKey, key)
-		if len(m.Key) > event.MaxKeyLen {
+	if key, ok := d.header(event.HeaderKey); ok {
+		d.m.Key = d.text(event.HeaderKey, key)
+		if len(d.m.Key) > event.MaxKeyLen {
 			// No key index could hold it (a producer publishing straight to
 			// the broker): stored dead without a key, its start kept.
-			fail("%s: %s is %d bytes, the limit is %d", ReasonKeyTooLong, event.HeaderKey, len(m.Key), event.MaxKeyLen)
-			m.Headers[RawKeyHeader] = Truncate(Printable(m.Key), 256)
-			m.Key, keyTooLong = "", true
+			d.fail("%s: %s is %d bytes, the limit is %d", ReasonKeyTooLong, event.HeaderKey, len(d.m.Key), event.MaxKeyLen)
+			d.m.Headers[RawKeyHeader] = Truncate(Printable(d.m.Key), 256)
+			d.m.Key, keyTooLong = "", true
 		}
 	}
-	if seq, ok := header(event.HeaderKeySeq); ok && !keyTooLong {
+	if seq, ok := d.header(event.HeaderKeySeq); ok && !keyTooLong {
 		// A sequence the consumer cannot read would silently break a key's
 		// order: the delivery is stored dead, saying why.
 		n, err := strconv.ParseInt(seq, 10, 64)
 		switch {
 		case err != nil || n <= 0:
-			fail("%s: %s %q is not a positive decimal integer", ReasonInvalidKeySeq, event.HeaderKeySeq, Truncate(Printable(seq), 64))
-		case m.Key == "":
-			fail("%s: %s %d without a %s header", ReasonInvalidKeySeq, event.HeaderKeySeq, n, event.HeaderKey)
+			d.fail("%s: %s %q is not a positive decimal integer", ReasonInvalidKeySeq, event.HeaderKeySeq, Truncate(Printable(seq), 64))
+		case d.m.Key == "":
+			d.fail("%s: %s %d without a %s header", ReasonInvalidKeySeq, event.HeaderKeySeq, n, event.HeaderKey)
 		default:
-			m.KeySeq = n
+			d.m.KeySeq = n
 		}
 	}
-	if ct, ok := header(event.HeaderContentType); ok {
-		m.ContentType = text(event.HeaderContentType, ct)
-	}
+}
 
-	// When the event happened.
-	m.OccurredAt = r.Timestamp
-	if at, ok := header(event.HeaderOccurredAt); ok {
+// contentType sets the content type from its header, when there is one.
+func (d *decoder) contentType() {
+	if ct, ok := d.header(event.HeaderContentType); ok {
+		d.m.ContentType = d.text(event.HeaderContentType, ct)
+	}
+}
+
+// occurredAt sets when the event happened: the occurred-at header, else the
+// broker's timestamp, else the Unix epoch; never zero. A header that cannot
+// be read or is out of range adds a reason.
+func (d *decoder) occurredAt() {
+	d.m.OccurredAt = d.r.Timestamp
+	if at, ok := d.header(event.HeaderOccurredAt); ok {
 		t, err := time.Parse(time.RFC3339Nano, at)
 		if err == nil {
 			t, err = event.NormalizeOccurredAt(t)
 			if err != nil {
 				// Never replaced by another time: stored dead, saying why.
-				fail("%s: %s %q is out of range (after 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z)",
+				d.fail("%s: %s %q is out of range (after 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z)",
 					ReasonInvalidOccurredAt, event.HeaderOccurredAt, Truncate(Printable(at), 64))
 			} else {
-				m.OccurredAt = t
+				d.m.OccurredAt = t
 			}
 		} else {
-			fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, Truncate(Printable(at), 64))
+			d.fail("%s: %s %q is not RFC 3339", ReasonInvalidOccurredAt, event.HeaderOccurredAt, Truncate(Printable(at), 64))
 		}
 	}
-	if m.OccurredAt.IsZero() {
-		m.OccurredAt = time.Unix(0, 0).UTC()
+	if d.m.OccurredAt.IsZero() {
+		d.m.OccurredAt = time.Unix(0, 0).UTC()
 	}
+}
 
+// ownHeaders sets the message's own headers, made storable, visiting the
+// received headers in name order so that reasons come out the same every
+// time.
+func (d *decoder) ownHeaders() {
 	// The message's own headers travel as Pgrelay-H-<name>; causation and
 	// correlation as themselves.
-	names := make([]string, 0, len(r.Headers))
-	for name := range r.Headers {
+	names := make([]string, 0, len(d.r.Headers))
+	for name := range d.r.Headers {
 		names = append(names, name)
 	}
 	sort.Strings(names) // deterministic reasons
 	for _, name := range names {
-		if (name == event.HeaderCausationID || name == event.HeaderCorrelationID) && len(r.Headers[name]) > 0 {
-			m.Headers[name] = text(name, r.Headers[name][0])
+		if (name == event.HeaderCausationID || name == event.HeaderCorrelationID) && len(d.r.Headers[name]) > 0 {
+			d.m.Headers[name] = d.text(name, d.r.Headers[name][0])
 			continue
 		}
-		if !strings.HasPrefix(name, event.HeaderPrefix) || len(r.Headers[name]) == 0 {
+		if !strings.HasPrefix(name, event.HeaderPrefix) || len(d.r.Headers[name]) == 0 {
 			continue
 		}
-		k := text(name, strings.TrimPrefix(name, event.HeaderPrefix))
-		m.Headers[k] = text(name, r.Headers[name][0])
+		k := d.text(name, strings.TrimPrefix(name, event.HeaderPrefix))
+		d.m.Headers[k] = d.text(name, d.r.Headers[name][0])
 	}
+}
 
+// payload checks the payload's size against opts and, when the content type
+// says text or JSON, that it is UTF-8: either failure adds a reason.
+func (d *decoder) payload(opts DecodeOptions) {
 	// The payload is kept as received, whatever is wrong with it.
-	if opts.MaxPayloadBytes > 0 && len(r.Payload) > opts.MaxPayloadBytes {
-		fail("%s: %d bytes, the limit is %d", ReasonPayloadTooLarge, len(r.Payload), opts.MaxPayloadBytes)
-	} else if event.IsTextContentType(m.ContentType) && !utf8.Valid(r.Payload) {
+	if opts.MaxPayloadBytes > 0 && len(d.r.Payload) > opts.MaxPayloadBytes {
+		d.fail("%s: %d bytes, the limit is %d", ReasonPayloadTooLarge, len(d.r.Payload), opts.MaxPayloadBytes)
+	} else if event.IsTextContentType(d.m.ContentType) && !utf8.Valid(d.r.Payload) {
 		// Only a payload declared text must be text: any other is opaque
 		// bytes (protobuf, Avro) and stored as received.
-		fail("%s: content type %q", ReasonPayloadNotUTF8, Truncate(Printable(m.ContentType), 128))
+		d.fail("%s: content type %q", ReasonPayloadNotUTF8, Truncate(Printable(d.m.ContentType), 128))
 	}
-
-	return Delivery{Message: m, DeadReason: strings.Join(reasons, "; ")}, nil
 }
 
 // StorableText makes s storable as PostgreSQL text and jsonb: valid UTF-8

@@ -179,195 +179,320 @@ func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOp
 	if err := ValidateTargets(targets); err != nil {
 		return res, fmt.Errorf("inbox: receive: %w", err)
 	}
+	b := newReceiveBatch(msgs, targets, opts)
+	if err := b.plan(time.Now()); err != nil {
+		return ReceiveResult{}, err
+	}
+	inserted, err := b.insert(ctx, q)
+	if err != nil {
+		return ReceiveResult{}, err
+	}
+	if len(inserted) < len(b.p.Handlers) {
+		// Only the rows not inserted are compared with what is stored: one
+		// more set-based statement, for batches holding duplicates only.
+		if err := b.absorbStored(ctx, q, inserted); err != nil {
+			return ReceiveResult{}, err
+		}
+	}
+	if err := b.record(ctx, q); err != nil {
+		return ReceiveResult{}, err
+	}
+	b.listDuplicates()
+	return b.res, nil
+}
+
+// rowKey is an inbox row's identity: its handler and dedup key.
+type rowKey struct{ handler, key string }
+
+// rowRef names the message and target a planned row was built from.
+type rowRef struct {
+	msg    int
+	target int
+}
+
+// receiveBatch is the state of one ReceiveWith call, from planning the rows
+// to the result: the insert's parameters, which message first carried each
+// row key, what was absorbed, and the conflicts and key sequences to record.
+type receiveBatch struct {
+	msgs    []Incoming
+	targets []Target
+	p       db.InsertInboxParams
+	first   map[rowKey]int // row key → message index of its first copy
+	rows    map[rowKey]rowRef
+	// absorbedFor counts the targets that absorbed each message.
+	absorbedFor []int
+	fps         [][]byte
+	conflicts   []conflictRow
+	seqs        absorbedSeqs
+	res         ReceiveResult
+}
+
+// newReceiveBatch sizes the insert's parameters for one row per message and
+// target; nothing is planned yet.
+func newReceiveBatch(msgs []Incoming, targets []Target, opts ReceiveOptions) *receiveBatch {
 	n := len(msgs) * len(targets)
-	p := db.InsertInboxParams{
-		Handlers:      make([]string, 0, n),
-		DedupKeys:     make([]string, 0, n),
-		Fingerprints:  make([][]byte, 0, n),
-		KeyStrategies: make([]string, 0, n),
-		EventIds:      make([]string, 0, n),
-		Topics:        make([]string, 0, n),
-		Keys:          make([]string, 0, n),
-		EventTypes:    make([]string, 0, n),
-		Payloads:      make([][]byte, 0, n),
-		Headers:       make([]json.RawMessage, 0, n),
-		OccurredAts:   make([]time.Time, 0, n),
-		DeadReasons:   make([]string, 0, n),
-		// Recorded by the insert statement itself: no extra round trip.
-		RepeatedHandlers:  []string{},
-		RepeatedDedupKeys: []string{},
-		RepeatedEventIds:  []string{},
-		RecordDuplicates:  !opts.NoDuplicateRecord,
+	return &receiveBatch{
+		msgs:    msgs,
+		targets: targets,
+		p: db.InsertInboxParams{
+			Handlers:      make([]string, 0, n),
+			DedupKeys:     make([]string, 0, n),
+			Fingerprints:  make([][]byte, 0, n),
+			KeyStrategies: make([]string, 0, n),
+			EventIds:      make([]string, 0, n),
+			Topics:        make([]string, 0, n),
+			Keys:          make([]string, 0, n),
+			EventTypes:    make([]string, 0, n),
+			Payloads:      make([][]byte, 0, n),
+			Headers:       make([]json.RawMessage, 0, n),
+			OccurredAts:   make([]time.Time, 0, n),
+			DeadReasons:   make([]string, 0, n),
+			// Recorded by the insert statement itself: no extra round trip.
+			RepeatedHandlers:  []string{},
+			RepeatedDedupKeys: []string{},
+			RepeatedEventIds:  []string{},
+			RecordDuplicates:  !opts.NoDuplicateRecord,
+		},
+		first:       make(map[rowKey]int, n),
+		rows:        make(map[rowKey]rowRef, n),
+		absorbedFor: make([]int, len(msgs)),
+		fps:         make([][]byte, len(msgs)),
 	}
-	type rowKey struct{ handler, key string }
-	type rowRef struct {
-		msg    int
-		target int
+}
+
+// fingerprint returns message i's payload fingerprint, computed once.
+func (b *receiveBatch) fingerprint(i int) []byte {
+	if b.fps[i] == nil {
+		b.fps[i] = Fingerprint(b.msgs[i].Payload)
 	}
-	first := make(map[rowKey]int, n) // row key → message index of its first copy
-	rows := make(map[rowKey]rowRef, n)
-	absorbedFor := make([]int, len(msgs)) // targets that absorbed each message
-	fps := make([][]byte, len(msgs))
-	fingerprint := func(i int) []byte {
-		if fps[i] == nil {
-			fps[i] = Fingerprint(msgs[i].Payload)
+	return b.fps[i]
+}
+
+// plan validates every message and plans its row for each target, in message
+// then target order, without touching the database. A row key repeated in the
+// batch becomes an absorbed delivery of the first message that carried it;
+// every other row goes into the insert's parameters. The first invalid
+// message fails the batch with an *InvalidMessageError. now stands in for a
+// missing occurred-at.
+func (b *receiveBatch) plan(now time.Time) error {
+	for i, m := range b.msgs {
+		headers, occurred, payload, err := storedFields(m, now)
+		if err != nil {
+			return &InvalidMessageError{Index: i, EventID: m.EventID, Err: err}
 		}
-		return fps[i]
-	}
-	var conflicts []conflictRow
-	var seqs absorbedSeqs
-	now := time.Now()
-	for i, m := range msgs {
-		if err := validateIncoming(m); err != nil {
-			return ReceiveResult{}, &InvalidMessageError{Index: i, EventID: m.EventID, Err: err}
-		}
-		headers := json.RawMessage("{}")
-		if stored := m.StoredHeaders(); len(stored) > 0 {
-			b, err := json.Marshal(stored)
-			if err != nil {
-				return ReceiveResult{}, &InvalidMessageError{Index: i, EventID: m.EventID, Err: err}
-			}
-			headers = b
-		}
-		occurred := m.OccurredAt
-		if occurred.IsZero() {
-			occurred = now
-		}
-		payload := m.Payload
-		if payload == nil {
-			payload = []byte{}
-		}
-		for ti, t := range targets {
+		for ti, t := range b.targets {
 			handler := t.Handler
 			if handler == "" {
 				handler = DefaultHandlerName
 			}
 			strat := t.strategyFor(m.Message)
-			deadReason := m.DeadReason
-			key := m.EventID
-			if !strat.IsMessageID() {
-				if deadReason == "" {
-					k, err := strat.Key(m.Message)
-					if err != nil {
-						deadReason = err.Error()
-						res.KeyFailures = append(res.KeyFailures, KeyFailure{Handler: handler, EventID: m.EventID, Reason: deadReason})
-					} else {
-						key = k
-					}
-				}
-				if deadReason != "" {
-					// Never keyed by something else: dead under a key no
-					// strategy builds.
-					key = "!" + m.EventID
-				}
-			}
+			key, deadReason := b.dedupKey(handler, strat, m)
 			rk := rowKey{handler, key}
-			if j, dup := first[rk]; dup {
-				absorbedFor[i]++
-				a := Absorbed{Handler: handler, DedupKey: key, EventID: m.EventID, StoredEventID: msgs[j].EventID}
-				if !bytes.Equal(fingerprint(i), fingerprint(j)) {
-					a.Conflict = true
-					conflicts = append(conflicts, conflictRow{a: a, strategy: strat.String(), msg: i, storedFP: fingerprint(j)})
-				}
-				res.Absorbed = append(res.Absorbed, a)
-				if m.KeySeq > 0 && (msgs[j].Key != m.Key || msgs[j].KeySeq != m.KeySeq) {
-					seqs.add(handler, m.Key, m.KeySeq, key, msgs[j].Key == m.Key)
-				}
-				p.RepeatedHandlers = append(p.RepeatedHandlers, handler)
-				p.RepeatedDedupKeys = append(p.RepeatedDedupKeys, key)
-				p.RepeatedEventIds = append(p.RepeatedEventIds, m.EventID)
+			if j, dup := b.first[rk]; dup {
+				b.absorbRepeat(i, j, handler, key, strat)
 				continue
 			}
-			first[rk] = i
-			rows[rk] = rowRef{msg: i, target: ti}
-			p.Handlers = append(p.Handlers, handler)
-			p.DedupKeys = append(p.DedupKeys, key)
-			p.Fingerprints = append(p.Fingerprints, fingerprint(i))
-			p.KeyStrategies = append(p.KeyStrategies, strat.String())
-			p.EventIds = append(p.EventIds, m.EventID)
-			p.Topics = append(p.Topics, m.Topic)
-			p.Keys = append(p.Keys, m.Key)
-			p.EventTypes = append(p.EventTypes, m.EventType)
-			p.Payloads = append(p.Payloads, payload)
-			p.Headers = append(p.Headers, headers)
-			p.OccurredAts = append(p.OccurredAts, occurred)
-			p.DeadReasons = append(p.DeadReasons, deadReason)
-			p.KeySeqs = append(p.KeySeqs, m.KeySeq)
+			b.first[rk] = i
+			b.rows[rk] = rowRef{msg: i, target: ti}
+			b.p.Handlers = append(b.p.Handlers, handler)
+			b.p.DedupKeys = append(b.p.DedupKeys, key)
+			b.p.Fingerprints = append(b.p.Fingerprints, b.fingerprint(i))
+			b.p.KeyStrategies = append(b.p.KeyStrategies, strat.String())
+			b.p.EventIds = append(b.p.EventIds, m.EventID)
+			b.p.Topics = append(b.p.Topics, m.Topic)
+			b.p.Keys = append(b.p.Keys, m.Key)
+			b.p.EventTypes = append(b.p.EventTypes, m.EventType)
+			b.p.Payloads = append(b.p.Payloads, payload)
+			b.p.Headers = append(b.p.Headers, headers)
+			b.p.OccurredAts = append(b.p.OccurredAts, occurred)
+			b.p.DeadReasons = append(b.p.DeadReasons, deadReason)
+			b.p.KeySeqs = append(b.p.KeySeqs, m.KeySeq)
 		}
 	}
-	sortRows(&p)
-	inserted, err := db.New().InsertInbox(ctx, q, p)
-	if err != nil {
-		return ReceiveResult{}, fmt.Errorf("inbox: receive %d messages: %w", len(msgs), err)
+	return nil
+}
+
+// storedFields validates m and returns what its rows store whatever the
+// target: its headers as JSON ("{}" when none), its occurred-at (now when
+// unset) and its payload (never nil). An error means m cannot be stored.
+func storedFields(m Incoming, now time.Time) (json.RawMessage, time.Time, []byte, error) {
+	if err := validateIncoming(m); err != nil {
+		return nil, time.Time{}, nil, err
 	}
-	res.Inserted = len(inserted)
-	res.Stored = make([]StoredRow, len(inserted))
-	for i, r := range inserted {
-		res.Stored[i] = StoredRow{Handler: r.Handler, DedupKey: r.DedupKey}
-	}
-	if len(inserted) < len(p.Handlers) {
-		// Only the rows not inserted are compared with what is stored: one
-		// more set-based statement, for batches holding duplicates only.
-		stored := make(map[rowKey]bool, len(inserted))
-		for _, r := range inserted {
-			stored[rowKey{r.Handler, r.DedupKey}] = true
-		}
-		var absent db.InboxStoredKeysParams
-		for i := range p.Handlers {
-			if rk := (rowKey{p.Handlers[i], p.DedupKeys[i]}); !stored[rk] {
-				absent.Handlers = append(absent.Handlers, rk.handler)
-				absent.DedupKeys = append(absent.DedupKeys, rk.key)
-			}
-		}
-		got, err := db.New().InboxStoredKeys(ctx, q, absent)
+	headers := json.RawMessage("{}")
+	if stored := m.StoredHeaders(); len(stored) > 0 {
+		b, err := json.Marshal(stored)
 		if err != nil {
-			return ReceiveResult{}, fmt.Errorf("inbox: receive: read stored keys: %w", err)
+			return nil, time.Time{}, nil, err
 		}
-		found := make(map[rowKey]db.InboxStoredKeysRow, len(got))
-		for _, g := range got {
-			found[rowKey{g.Handler, g.DedupKey}] = g
+		headers = b
+	}
+	occurred := m.OccurredAt
+	if occurred.IsZero() {
+		occurred = now
+	}
+	payload := m.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	return headers, occurred, payload, nil
+}
+
+// dedupKey returns the key m is stored under for handler with strat, and the
+// reason its row is stored dead (empty for a live row): the event id for the
+// message-id strategy; otherwise the strategy's key, or, for a message
+// already dead or whose key cannot be built (recorded in the result's
+// KeyFailures), the reserved key '!'+event id.
+func (b *receiveBatch) dedupKey(handler string, strat KeyStrategy, m Incoming) (key, deadReason string) {
+	deadReason = m.DeadReason
+	key = m.EventID
+	if !strat.IsMessageID() {
+		if deadReason == "" {
+			k, err := strat.Key(m.Message)
+			if err != nil {
+				deadReason = err.Error()
+				b.res.KeyFailures = append(b.res.KeyFailures, KeyFailure{Handler: handler, EventID: m.EventID, Reason: deadReason})
+			} else {
+				key = k
+			}
 		}
-		for i := range absent.Handlers {
-			rk := rowKey{absent.Handlers[i], absent.DedupKeys[i]}
-			ref := rows[rk]
-			a := Absorbed{Handler: rk.handler, DedupKey: rk.key, EventID: msgs[ref.msg].EventID}
-			g, ok := found[rk]
-			if m := msgs[ref.msg]; m.KeySeq > 0 && (!ok || g.Key != m.Key || g.KeySeq == nil || *g.KeySeq != m.KeySeq) {
-				// Another sequence than the stored row's own (a redelivery
-				// carries the same).
-				seqs.add(rk.handler, m.Key, m.KeySeq, rk.key, !ok || g.Key == m.Key)
-			}
-			if ok {
-				// A row deleted again meanwhile (retention, purge) is
-				// absorbed all the same, with nothing to compare.
-				a.StoredEventID = g.EventID
-				if !bytes.Equal(g.Fingerprint, fingerprint(ref.msg)) {
-					a.Conflict = true
-					conflicts = append(conflicts, conflictRow{a: a, strategy: targets[ref.target].strategyFor(msgs[ref.msg].Message).String(),
-						msg: ref.msg, storedFP: g.Fingerprint})
-				}
-			}
-			res.Absorbed = append(res.Absorbed, a)
-			absorbedFor[ref.msg]++
+		if deadReason != "" {
+			// Never keyed by something else: dead under a key no
+			// strategy builds.
+			key = "!" + m.EventID
 		}
 	}
-	if len(conflicts) > 0 {
-		if err := recordConflicts(ctx, q, conflicts, msgs, fingerprint); err != nil {
-			return ReceiveResult{}, err
+	return key, deadReason
+}
+
+// absorbRepeat records message i's row (handler, key) as absorbed by message
+// j, which carried the same row key earlier in the batch: a conflict when
+// their fingerprints differ, a key sequence to record when i's differs from
+// j's, and a duplicate for the insert statement to record.
+func (b *receiveBatch) absorbRepeat(i, j int, handler, key string, strat KeyStrategy) {
+	m := b.msgs[i]
+	b.absorbedFor[i]++
+	a := Absorbed{Handler: handler, DedupKey: key, EventID: m.EventID, StoredEventID: b.msgs[j].EventID}
+	if !bytes.Equal(b.fingerprint(i), b.fingerprint(j)) {
+		a.Conflict = true
+		b.conflicts = append(b.conflicts, conflictRow{a: a, strategy: strat.String(), msg: i, storedFP: b.fingerprint(j)})
+	}
+	b.res.Absorbed = append(b.res.Absorbed, a)
+	if m.KeySeq > 0 && (b.msgs[j].Key != m.Key || b.msgs[j].KeySeq != m.KeySeq) {
+		b.seqs.add(handler, m.Key, m.KeySeq, key, b.msgs[j].Key == m.Key)
+	}
+	b.p.RepeatedHandlers = append(b.p.RepeatedHandlers, handler)
+	b.p.RepeatedDedupKeys = append(b.p.RepeatedDedupKeys, key)
+	b.p.RepeatedEventIds = append(b.p.RepeatedEventIds, m.EventID)
+}
+
+// insert stores the planned rows in one statement, in (handler, dedup key)
+// order, and sets the result's Inserted and Stored. It returns the rows
+// inserted: the others' keys were already stored.
+func (b *receiveBatch) insert(ctx context.Context, q db.DBTX) ([]db.InsertInboxRow, error) {
+	sortRows(&b.p)
+	inserted, err := db.New().InsertInbox(ctx, q, b.p)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: receive %d messages: %w", len(b.msgs), err)
+	}
+	b.res.Inserted = len(inserted)
+	b.res.Stored = make([]StoredRow, len(inserted))
+	for i, r := range inserted {
+		b.res.Stored[i] = StoredRow{Handler: r.Handler, DedupKey: r.DedupKey}
+	}
+	return inserted, nil
+}
+
+// absorbStored reports each planned row the insert did not store as absorbed
+// by the stored row holding its key, read in one more statement: a conflict
+// when the stored fingerprint differs, a key sequence to record when the
+// stored row is of another sequence.
+func (b *receiveBatch) absorbStored(ctx context.Context, q db.DBTX, inserted []db.InsertInboxRow) error {
+	absent := b.notInserted(inserted)
+	got, err := db.New().InboxStoredKeys(ctx, q, absent)
+	if err != nil {
+		return fmt.Errorf("inbox: receive: read stored keys: %w", err)
+	}
+	found := make(map[rowKey]db.InboxStoredKeysRow, len(got))
+	for _, g := range got {
+		found[rowKey{g.Handler, g.DedupKey}] = g
+	}
+	for i := range absent.Handlers {
+		rk := rowKey{absent.Handlers[i], absent.DedupKeys[i]}
+		g, ok := found[rk]
+		b.absorbByStored(rk, g, ok)
+	}
+	return nil
+}
+
+// notInserted returns the keys of the planned rows missing from inserted, in
+// the insert's order.
+func (b *receiveBatch) notInserted(inserted []db.InsertInboxRow) db.InboxStoredKeysParams {
+	stored := make(map[rowKey]bool, len(inserted))
+	for _, r := range inserted {
+		stored[rowKey{r.Handler, r.DedupKey}] = true
+	}
+	var absent db.InboxStoredKeysParams
+	for i := range b.p.Handlers {
+		if rk := (rowKey{b.p.Handlers[i], b.p.DedupKeys[i]}); !stored[rk] {
+			absent.Handlers = append(absent.Handlers, rk.handler)
+			absent.DedupKeys = append(absent.DedupKeys, rk.key)
 		}
 	}
-	if len(seqs) > 0 {
+	return absent
+}
+
+// absorbByStored records the planned row rk as absorbed by the stored row g
+// (ok false: no stored row was found).
+func (b *receiveBatch) absorbByStored(rk rowKey, g db.InboxStoredKeysRow, ok bool) {
+	ref := b.rows[rk]
+	a := Absorbed{Handler: rk.handler, DedupKey: rk.key, EventID: b.msgs[ref.msg].EventID}
+	if m := b.msgs[ref.msg]; m.KeySeq > 0 && (!ok || g.Key != m.Key || g.KeySeq == nil || *g.KeySeq != m.KeySeq) {
+		// Another sequence than the stored row's own (a redelivery
+		// carries the same).
+		b.seqs.add(rk.handler, m.Key, m.KeySeq, rk.key, !ok || g.Key == m.Key)
+	}
+	if ok {
+		// A row deleted again meanwhile (retention, purge) is
+		// absorbed all the same, with nothing to compare.
+		a.StoredEventID = g.EventID
+		if !bytes.Equal(g.Fingerprint, b.fingerprint(ref.msg)) {
+			a.Conflict = true
+			b.conflicts = append(b.conflicts, conflictRow{a: a, strategy: b.targets[ref.target].strategyFor(b.msgs[ref.msg].Message).String(),
+				msg: ref.msg, storedFP: g.Fingerprint})
+		}
+	}
+	b.res.Absorbed = append(b.res.Absorbed, a)
+	b.absorbedFor[ref.msg]++
+}
+
+// record writes, in q, the conflicts found (one statement, only when there
+// are some) and then the absorbed key sequences (only when there are some),
+// setting the result's SeqsWoken.
+func (b *receiveBatch) record(ctx context.Context, q db.DBTX) error {
+	if len(b.conflicts) > 0 {
+		if err := recordConflicts(ctx, q, b.conflicts, b.msgs, b.fingerprint); err != nil {
+			return err
+		}
+	}
+	if len(b.seqs) > 0 {
 		// Rare: only deliveries absorbed by a row of another sequence.
-		if res.SeqsWoken, err = seqs.record(ctx, q); err != nil {
-			return ReceiveResult{}, fmt.Errorf("inbox: receive: record %d absorbed key sequences: %w", len(seqs), err)
+		var err error
+		if b.res.SeqsWoken, err = b.seqs.record(ctx, q); err != nil {
+			return fmt.Errorf("inbox: receive: record %d absorbed key sequences: %w", len(b.seqs), err)
 		}
 	}
-	for i, m := range msgs {
-		if absorbedFor[i] == len(targets) {
-			res.Duplicates = append(res.Duplicates, m.EventID)
+	return nil
+}
+
+// listDuplicates sets the result's Duplicates: the event ids of the messages
+// every target absorbed, in batch order.
+func (b *receiveBatch) listDuplicates() {
+	for i, m := range b.msgs {
+		if b.absorbedFor[i] == len(b.targets) {
+			b.res.Duplicates = append(b.res.Duplicates, m.EventID)
 		}
 	}
-	return res, nil
 }
 
 // absorbedSeqs collects the key sequences of deliveries absorbed by a stored
