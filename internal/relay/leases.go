@@ -21,19 +21,48 @@ func (r *Relay) tick(ctx context.Context) error {
 	}
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	pool := r.cfg.Pool
-	if err := r.q.HeartbeatNode(qctx, pool, r.cfg.NodeID); err != nil {
-		return fmt.Errorf("heartbeat: %w", err)
+	renewed, deadline, err := r.renew(qctx)
+	if err != nil {
+		return err
 	}
-	leaseSecs := r.cfg.Lease.Seconds()
+	owned := r.keepRenewed(ctx, renewed, deadline)
+	share, err := r.fairShare(qctx)
+	if err != nil {
+		return err
+	}
+	if err := r.rebalance(ctx, qctx, owned, share); err != nil {
+		return err
+	}
+	r.reportHeld()
+	if rand.IntN(20) == 0 {
+		if err := r.q.DeleteStaleNodes(qctx, r.cfg.Pool, 10*r.cfg.Lease.Seconds()); err != nil {
+			return fmt.Errorf("delete stale relays: %w", err)
+		}
+	}
+	return nil
+}
+
+// renew registers this relay (heartbeat) and renews the leases it holds; it
+// returns them with the deadline they last until on this process's clock.
+func (r *Relay) renew(qctx context.Context) ([]db.RenewLeasesRow, time.Duration, error) {
+	if err := r.q.HeartbeatNode(qctx, r.cfg.Pool, r.cfg.NodeID); err != nil {
+		return nil, 0, fmt.Errorf("heartbeat: %w", err)
+	}
 	// A lease renewed or taken by a statement sent now lasts at least until
 	// now + Lease on this process's clock: the database's lease_until
 	// is computed later, from the same duration.
 	deadline := r.leaseDeadline()
-	renewed, err := r.q.RenewLeases(qctx, pool, db.RenewLeasesParams{LeaseSeconds: leaseSecs, Owner: r.cfg.NodeID})
+	renewed, err := r.q.RenewLeases(qctx, r.cfg.Pool, db.RenewLeasesParams{LeaseSeconds: r.cfg.Lease.Seconds(), Owner: r.cfg.NodeID})
 	if err != nil {
-		return fmt.Errorf("renew leases: %w", err)
+		return nil, 0, fmt.Errorf("renew leases: %w", err)
 	}
+	return renewed, deadline, nil
+}
+
+// keepRenewed stops the workers whose lease was not renewed at their epoch
+// (lost), extends the others' to deadline, starts a worker for a lease held
+// with none, and returns the partitions this relay now works.
+func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, deadline time.Duration) []int32 {
 	held := make(map[int32]int64, len(renewed))
 	for _, l := range renewed {
 		held[l.Partition] = l.Epoch
@@ -67,21 +96,30 @@ func (r *Relay) tick(ctx context.Context) error {
 	for _, l := range orphans {
 		r.startWorker(ctx, l.Partition, l.Epoch, deadline)
 	}
+	return owned
+}
 
-	live, err := r.q.CountLiveNodes(qctx, pool, leaseSecs)
+// fairShare returns how many partitions each live relay should hold.
+func (r *Relay) fairShare(qctx context.Context) (int, error) {
+	live, err := r.q.CountLiveNodes(qctx, r.cfg.Pool, r.cfg.Lease.Seconds())
 	if err != nil {
-		return fmt.Errorf("count relays: %w", err)
+		return 0, fmt.Errorf("count relays: %w", err)
 	}
-	total, err := r.q.CountPartitions(qctx, pool)
+	total, err := r.q.CountPartitions(qctx, r.cfg.Pool)
 	if err != nil {
-		return fmt.Errorf("count partitions: %w", err)
+		return 0, fmt.Errorf("count partitions: %w", err)
 	}
 	if live < 1 {
 		live = 1
 	}
 	share := (int(total) + int(live) - 1) / int(live)
 	r.checkPoolSize(share)
+	return share, nil
+}
 
+// rebalance gives up the partitions owned beyond share, or acquires free or
+// expired ones up to it.
+func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int) error {
 	switch {
 	case len(owned) > share:
 		// Give up the highest partitions beyond the fair share; each worker
@@ -95,8 +133,8 @@ func (r *Relay) tick(ctx context.Context) error {
 		r.mu.Unlock()
 	case len(owned) < share:
 		deadline := r.leaseDeadline()
-		got, err := r.q.AcquirePartitions(qctx, pool, db.AcquirePartitionsParams{
-			Owner: r.cfg.NodeID, LeaseSeconds: leaseSecs, MaxCount: int32(share - len(owned)),
+		got, err := r.q.AcquirePartitions(qctx, r.cfg.Pool, db.AcquirePartitionsParams{
+			Owner: r.cfg.NodeID, LeaseSeconds: r.cfg.Lease.Seconds(), MaxCount: int32(share - len(owned)),
 		})
 		if err != nil {
 			return fmt.Errorf("acquire partitions: %w", err)
@@ -108,6 +146,11 @@ func (r *Relay) tick(ctx context.Context) error {
 			r.startWorker(ctx, a.Partition, a.Epoch, deadline)
 		}
 	}
+	return nil
+}
+
+// reportHeld tells the observer how many partitions are being worked.
+func (r *Relay) reportHeld() {
 	r.mu.Lock()
 	working := 0
 	for _, w := range r.workers {
@@ -117,12 +160,6 @@ func (r *Relay) tick(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	r.cfg.Observer.PartitionsHeld(working)
-	if rand.IntN(20) == 0 {
-		if err := r.q.DeleteStaleNodes(qctx, pool, 10*leaseSecs); err != nil {
-			return fmt.Errorf("delete stale relays: %w", err)
-		}
-	}
-	return nil
 }
 
 // checkPoolSize warns, once per share, when the pool is too small for the
