@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/cli"
@@ -139,4 +140,28 @@ func TestParsePooler(t *testing.T) {
 	require.ErrorContains(t, err, "must be none, session or transaction")
 	_, err = cli.DBSettings{Pooler: pooler.Session, ListenURL: "postgres://x/y"}.Resolve(time.Second, 0)
 	require.ErrorContains(t, err, "--listen-url (DB_LISTEN_URL) is for --pooler transaction")
+}
+
+// TestReachFindsAnUndeclaredPooler: a pooler that lets the connection in
+// (one told to ignore start-up parameters, here a pool sending none) is
+// still found at start-up when --pooler is not set, instead of running with
+// its settings silently dropped.
+func TestReachFindsAnUndeclaredPooler(t *testing.T) {
+	t.Parallel()
+	direct := testdb.NewURL(t)
+	pgb := testpgbouncer.URL(t, direct, testpgbouncer.Session)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for url, want := range map[string]string{direct: "", pgb: "goes through a connection pooler"} {
+		pool, err := pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		err = resolved(t, pooler.None).Reach(ctx, pool)
+		pool.Close()
+		if want == "" {
+			require.NoError(t, err)
+		} else {
+			require.ErrorContains(t, err, want)
+			require.ErrorContains(t, err, "set --pooler (DB_POOLER)")
+		}
+	}
 }

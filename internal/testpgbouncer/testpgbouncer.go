@@ -106,9 +106,9 @@ auth_type = trust
 auth_file = %s
 pool_mode = %s
 max_client_conn = 1000
-default_pool_size = 30
+default_pool_size = %d
 server_login_retry = 1
-`, dbname, host, port, dbname, listen, filepath.Join(dir, "users.txt"), mode)
+`, dbname, host, port, dbname, listen, filepath.Join(dir, "users.txt"), mode, poolSize(mode))
 	for name, body := range map[string]string{"pgbouncer.ini": ini, "users.txt": fmt.Sprintf("%q \"\"\n", username)} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			tb.Fatal(err)
@@ -162,6 +162,16 @@ server_login_retry = 1
 	}
 	u.Host = addr
 	return u.String()
+}
+
+// poolSize is the server connections per database: in session mode each
+// client holds one for as long as it is connected (a relay's and a
+// consumer's pools together), in transaction mode a few are shared.
+func poolSize(mode string) int {
+	if mode == Session {
+		return 60
+	}
+	return 10
 }
 
 func freePort(tb testing.TB) int {
