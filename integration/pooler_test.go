@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,21 +151,25 @@ func TestPoolerLatency(t *testing.T) {
 		t.Skip("a measurement: set PGRELAY_POOLER_LATENCY=1")
 	}
 	dir := bins(t)
-	for _, mode := range []string{"none", testpgbouncer.Session, testpgbouncer.Transaction} {
-		t.Run(mode, func(t *testing.T) {
+	for _, name := range []string{"none", testpgbouncer.Session, testpgbouncer.Transaction, "transaction+listen-url"} {
+		t.Run(name, func(t *testing.T) {
+			mode, listen := strings.CutSuffix(name, "+listen-url")
 			dbURL := testdb.NewURL(t)
-			url := dbURL
+			url, extra := dbURL, []string{"DB_POOLER=" + mode}
 			if mode != "none" {
 				url = testpgbouncer.URL(t, dbURL, mode)
+			}
+			if listen {
+				extra = append(extra, "DB_LISTEN_URL="+dbURL) // LISTEN straight to PostgreSQL
 			}
 			pool := newPool(t, dbURL)
 			natsURL := testnats.URL(t)
 			stream, prefix := testnats.Stream(t, natsURL)
-			startService(t, filepath.Join(dir, "relay"), []string{
-				"DATABASE_URL=" + url, "DB_POOLER=" + mode, "NATS_URL=" + natsURL, "RELAY_STREAM=" + stream,
+			startService(t, filepath.Join(dir, "relay"), append([]string{
+				"DATABASE_URL=" + url, "NATS_URL=" + natsURL, "RELAY_STREAM=" + stream,
 				"RELAY_SUBJECT_PREFIX=" + prefix, "METRICS_ADDR=", "ADMIN_ADDR=", "LOG_LEVEL=warn",
-			}, "run")
-			startService(t, filepath.Join(dir, "consumer"), consumerEnv(url, natsURL, stream, prefix, "DB_POOLER="+mode, "LOG_LEVEL=warn"), "run")
+			}, extra...), "run")
+			startService(t, filepath.Join(dir, "consumer"), consumerEnv(url, natsURL, stream, prefix, append(extra, "LOG_LEVEL=warn")...), "run")
 			time.Sleep(2 * time.Second) // both started
 			const orders = 400
 			tick := time.NewTicker(50 * time.Millisecond)
@@ -186,8 +191,8 @@ func TestPoolerLatency(t *testing.T) {
 			require.Len(t, ms, orders)
 			slices.Sort(ms)
 			load, _ := os.ReadFile("/proc/loadavg")
-			t.Logf("pooler=%s: commit→ledger p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d orders at 20/s; loadavg %s)",
-				mode, ms[len(ms)/2], ms[len(ms)*99/100], ms[len(ms)-1], orders, load[:min(len(load), 14)])
+			t.Logf("%s: commit→ledger p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d orders at 20/s; loadavg %s)",
+				name, ms[len(ms)/2], ms[len(ms)*99/100], ms[len(ms)-1], orders, load[:min(len(load), 14)])
 		})
 	}
 }
