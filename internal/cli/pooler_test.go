@@ -165,3 +165,34 @@ func TestReachFindsAnUndeclaredPooler(t *testing.T) {
 		}
 	}
 }
+
+// TestOperatorPoolThroughPgBouncer: the admin CLI's and the console's pool
+// (pooler.NewPool) describes its statements when DB_POOLER=transaction, so
+// that it meets no statement clash (42P05) through a transaction pooler.
+func TestOperatorPoolThroughPgBouncer(t *testing.T) {
+	pgb := testpgbouncer.URL(t, testdb.NewURL(t), testpgbouncer.Transaction)
+	t.Setenv("DB_POOLER", "transaction")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pooler.NewPool(ctx, pgb)
+	require.NoError(t, err)
+	defer pool.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for g := range 10 {
+		wg.Go(func() {
+			for i := range 50 {
+				var n int
+				if err := pool.QueryRow(ctx, "SELECT $1::int + $2::int", g, i).Scan(&n); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -102,4 +103,19 @@ func PoolBehind(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	}
 	defer c.Release()
 	return Behind(ctx, c.Conn())
+}
+
+// NewPool is pgxpool.New for the operator commands (the admin CLI, the
+// console), which take no --pooler flag: behind a pooler in transaction mode
+// (env DB_POOLER=transaction) their statements are described, never named,
+// as the services' are.
+func NewPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if m, _ := Parse(os.Getenv("DB_POOLER")); m == Transaction {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
