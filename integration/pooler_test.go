@@ -86,9 +86,11 @@ func TestThroughPgBouncer(t *testing.T) {
 				return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`) > 200
 			}, time.Minute, 20*time.Millisecond, "nothing reached the inbox through pgbouncer")
 			cons.kill()
+			t.Logf("consumer killed with %d of %d events in the inbox", queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox`), 2*orders)
 			startService(t, consumerBin, env, "run")
 			expected += produceOrders(t, pool, orders/2, 3*orders/4, 50)
 			rel.kill()
+			t.Logf("relay killed with %d outbox rows unpublished", queryInt(t, pool, `SELECT count(*) FROM pgrelay.outbox WHERE status <> 'published'`))
 			startService(t, relayBin, relayEnv, "run")
 			expected += produceOrders(t, pool, 3*orders/4, orders, 50)
 
