@@ -113,7 +113,7 @@ func (s DBSettings) Resolve(defaultIdle, minIdle time.Duration) (DBSettings, err
 		if s.Pooler != pooler.Transaction {
 			return s, fmt.Errorf("--listen-url (DB_LISTEN_URL) is for --pooler transaction (LISTEN works on the pool's own connections otherwise), got --pooler %s", s.Pooler)
 		}
-		if _, err := pgx.ParseConfig(s.ListenURL); err != nil {
+		if _, err := pgxpool.ParseConfig(s.ListenURL); err != nil {
 			return s, fmt.Errorf("--listen-url (DB_LISTEN_URL): %w", err)
 		}
 	}
@@ -287,9 +287,14 @@ func (s DBSettings) Listen() (cc *pgx.ConnConfig, off bool, err error) {
 	if s.ListenURL == "" {
 		return nil, true, nil
 	}
-	cc, err = pgx.ParseConfig(s.ListenURL)
+	// Straight to PostgreSQL: the session settings as start-up parameters,
+	// and the keepalive that notices a vanished server under an idle LISTEN.
+	pcfg, err := pgxpool.ParseConfig(s.ListenURL)
 	if err != nil {
 		return nil, false, fmt.Errorf("--listen-url (DB_LISTEN_URL): %w", err)
 	}
-	return cc, false, nil
+	direct := s
+	direct.Pooler = pooler.None
+	direct.Apply(pcfg)
+	return pcfg.ConnConfig, false, nil
 }

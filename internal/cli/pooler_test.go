@@ -196,3 +196,31 @@ func TestOperatorPoolThroughPgBouncer(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestListenSettings: only transaction mode changes the wake-ups: without
+// --listen-url no LISTEN, with it a direct connection carrying the session
+// settings and the keepalive.
+func TestListenSettings(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pooler.Mode{pooler.None, pooler.Session} {
+		cc, off, err := resolved(t, mode).Listen()
+		require.NoError(t, err)
+		require.Nil(t, cc)
+		require.False(t, off)
+	}
+	cc, off, err := resolved(t, pooler.Transaction).Listen()
+	require.NoError(t, err)
+	require.Nil(t, cc)
+	require.True(t, off, "no LISTEN through a transaction pooler")
+
+	s := resolved(t, pooler.Transaction)
+	s.ListenURL = "postgres://postgres@db.example:5432/app?sslmode=disable"
+	s, err = s.Resolve(15*time.Second, 0)
+	require.NoError(t, err)
+	cc, off, err = s.Listen()
+	require.NoError(t, err)
+	require.False(t, off)
+	require.Equal(t, "db.example", cc.Host)
+	require.Equal(t, "60000", cc.RuntimeParams["statement_timeout"])
+	require.NotNil(t, cc.DialFunc, "keepalive dialer")
+}
