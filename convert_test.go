@@ -39,6 +39,8 @@ func fill(t *testing.T, v reflect.Value) {
 		switch f.Type() {
 		case reflect.TypeFor[*pgxpool.Pool]():
 			f.Set(reflect.ValueOf(&pgxpool.Pool{}))
+		case reflect.TypeFor[*pgx.ConnConfig]():
+			f.Set(reflect.ValueOf(&pgx.ConnConfig{}))
 		case reflect.TypeFor[InboxHandler]():
 			f.Set(reflect.ValueOf(HandlerFunc(func(context.Context, pgx.Tx, *InboxEvent) error { return nil })))
 		case reflect.TypeFor[*slog.Logger]():

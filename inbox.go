@@ -401,6 +401,16 @@ type InboxConfig struct {
 	// ±50%), the fallback behind LISTEN/NOTIFY and for retries coming due.
 	// Default DefaultPollInterval (1s).
 	PollInterval time.Duration
+	// ListenConnConfig, when set, is the connection LISTEN is dialled with
+	// instead of Pool's settings: a direct connection to PostgreSQL when Pool
+	// goes through a connection pooler in transaction mode (docs/pooler.md).
+	// Default: Pool's.
+	ListenConnConfig *pgx.ConnConfig
+	// NoListen turns LISTEN/NOTIFY wake-ups off: events another process
+	// stored are found at the next poll (PollInterval). For a Pool behind a
+	// pooler in transaction mode, where LISTEN does not work, without
+	// ListenConnConfig.
+	NoListen bool
 	// QueryTimeout bounds each inbox query outside handlers. Default 10s.
 	QueryTimeout time.Duration
 	// ShutdownTimeout is how long in-flight batches may run on after Run's
@@ -467,6 +477,7 @@ func (c InboxConfig) engine() inbox.Config {
 		Lease: c.Lease, HandlerTimeout: c.HandlerTimeout, MaxAttempts: c.MaxAttempts,
 		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, MaxDeferrals: c.MaxDeferrals,
 		DeferFallback: c.DeferFallback, PollInterval: c.PollInterval, QueryTimeout: c.QueryTimeout,
+		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
 		ShutdownTimeout: c.ShutdownTimeout, Ordered: c.Ordered, GapTimeout: c.GapTimeout,
 		StatisticsInterval: c.StatisticsInterval,
 		Observer:           inboxadapt.NewObserver[InboxEvent, SeqOutcome](c.Observer, fromInboxEvent),

@@ -41,6 +41,8 @@ func fill(t *testing.T, v reflect.Value) {
 		switch f.Type() {
 		case reflect.TypeFor[*pgxpool.Pool]():
 			f.Set(reflect.ValueOf(&pgxpool.Pool{}))
+		case reflect.TypeFor[*pgx.ConnConfig]():
+			f.Set(reflect.ValueOf(&pgx.ConnConfig{}))
 		case reflect.TypeFor[pgrelay.InboxHandler]():
 			f.Set(reflect.ValueOf(pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error { return nil })))
 		case reflect.TypeFor[*slog.Logger]():

@@ -17,6 +17,7 @@ func engineInbox(c pgrelay.InboxConfig) inbox.Config {
 		Lease: c.Lease, HandlerTimeout: c.HandlerTimeout, MaxAttempts: c.MaxAttempts,
 		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, MaxDeferrals: c.MaxDeferrals,
 		DeferFallback: c.DeferFallback, PollInterval: c.PollInterval, QueryTimeout: c.QueryTimeout,
+		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
 		ShutdownTimeout: c.ShutdownTimeout, Ordered: c.Ordered, GapTimeout: c.GapTimeout,
 		StatisticsInterval: c.StatisticsInterval,
 		Observer:           inboxadapt.NewObserver[pgrelay.InboxEvent, pgrelay.SeqOutcome](c.Observer, fromInboxEvent),

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/pooler"
 	engine "github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/migrations"
@@ -91,6 +93,16 @@ type Config struct {
 	// notification arrives (LISTEN/NOTIFY is the fast path). Default
 	// DefaultPollInterval (1s).
 	PollInterval time.Duration
+	// ListenConnConfig, when set, is the connection LISTEN is dialled with
+	// instead of Pool's settings: a direct connection to PostgreSQL when Pool
+	// goes through a connection pooler in transaction mode (docs/pooler.md).
+	// Default: Pool's.
+	ListenConnConfig *pgx.ConnConfig
+	// NoListen turns LISTEN/NOTIFY wake-ups off: idle partitions look for
+	// rows every PollInterval, and partitions another relay released are
+	// taken at the next heartbeat. For a Pool behind a pooler in transaction
+	// mode, where LISTEN does not work, without ListenConnConfig.
+	NoListen bool
 	// PublishTimeout bounds publishing one batch and awaiting its
 	// acknowledgements. Default DefaultPublishTimeout (30s).
 	PublishTimeout time.Duration
@@ -163,6 +175,7 @@ func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config 
 		Pool: c.Pool, Publisher: c.Publisher, Logger: log, Observer: observer,
 		NodeID: c.NodeID, BatchSize: c.BatchSize, Lease: c.Lease, HeartbeatInterval: c.HeartbeatInterval,
 		PollInterval: c.PollInterval, PublishTimeout: c.PublishTimeout, QueryTimeout: c.QueryTimeout,
+		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
 		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, Retention: c.Retention,
 		RetentionInterval: c.RetentionInterval, RetentionBatchSize: c.RetentionBatchSize,
 		StatisticsInterval: c.StatisticsInterval,
@@ -269,11 +282,19 @@ func (r *Relay) checkDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
 	defer cancel()
 	if err := r.cfg.Pool.Ping(ctx); err != nil {
+		if p := pooler.RefusedParameter(err); p != "" {
+			return configError("Pool", "{}: the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
+				"leave it out of the pool's RuntimeParams (docs/pooler.md): %w", p, err)
+		}
 		return configError("Pool", "{}: cannot reach PostgreSQL: %w", err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(r.cfg.Pool)
 	defer sqlDB.Close()
 	if err := migrations.Check(ctx, sqlDB); err != nil {
+		if pooler.StatementClash(err) {
+			return configError("Pool", "{}: %w: a connection pooler in transaction mode shares server connections: "+
+				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
+		}
 		return configError("Pool", "{}: %w; apply the migrations first", err)
 	}
 	return nil

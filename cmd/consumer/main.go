@@ -316,7 +316,10 @@ func runConsumer(parent context.Context, s settings) error {
 	if err := side.Check(opts); err != nil {
 		return err
 	}
-	if err := checkDatabase(ctx, pool, s.handler == "ledger"); err != nil {
+	if cfg.Inbox.ListenConnConfig, cfg.Inbox.NoListen, err = dbs.Listen(); err != nil {
+		return err
+	}
+	if err := checkDatabase(ctx, pool, dbs, s.handler == "ledger"); err != nil {
 		return err
 	}
 	if cfg.Inbox.Handler, err = newHandler(ctx, s, pool, log); err != nil {
@@ -437,16 +440,16 @@ func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *zap.Lo
 // checkDatabase fails start-up when the database cannot be reached or lacks
 // migrations: consuming into a partial schema would only loop on errors while
 // looking alive. The ledger handler also needs the example schema.
-func checkDatabase(ctx context.Context, pool *pgxpool.Pool, ledgerHandler bool) error {
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, dbs cli.DBSettings, ledgerHandler bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	if err := dbs.Reach(ctx, pool); err != nil {
+		return err
 	}
 	sqlDB := stdlib.OpenDBFromPool(pool)
 	defer sqlDB.Close()
 	if err := migrations.Check(ctx, sqlDB); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: consumer migrate up", err)
+		return cli.SchemaError(err, "apply the migrations first: consumer migrate up")
 	}
 	if !ledgerHandler {
 		return nil

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -21,14 +21,16 @@ import (
 
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
-	databaseURL        string
-	broker             string
-	brokers            map[string]cli.RelaySide
-	nodeID             string
-	batchSize          int
-	lease              time.Duration
-	heartbeat          time.Duration
-	pollInterval       time.Duration
+	databaseURL  string
+	broker       string
+	brokers      map[string]cli.RelaySide
+	nodeID       string
+	batchSize    int
+	lease        time.Duration
+	heartbeat    time.Duration
+	pollInterval time.Duration
+	// pollIntervalSet: --poll-interval or RELAY_POLL_INTERVAL was given.
+	pollIntervalSet    bool
 	publishTimeout     time.Duration
 	retention          time.Duration
 	retentionInterval  time.Duration
@@ -121,7 +123,11 @@ server with JetStream is started in this process (data in --embedded-nats-dir,
 listening on --embedded-nats-listen) and the stream is created, so a first run
 needs only PostgreSQL.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runRelay(cmd.Context(), s) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, env := os.LookupEnv("RELAY_POLL_INTERVAL")
+			s.pollIntervalSet = env || cmd.Flags().Changed("poll-interval")
+			return runRelay(cmd.Context(), s)
+		},
 	}
 	f := run.Flags()
 	brokers := cli.Brokers()
@@ -194,6 +200,12 @@ func runRelay(parent context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
+	if rcfg.ListenConnConfig, rcfg.NoListen, err = dbs.Listen(); err != nil {
+		return err
+	}
+	if rcfg.NoListen && !s.pollIntervalSet {
+		rcfg.PollInterval = cli.PoolerPollInterval
+	}
 	defer log.Sync() //nolint:errcheck
 
 	ctx, stop := cli.SignalContext(parent)
@@ -210,8 +222,8 @@ func runRelay(parent context.Context, s settings) error {
 		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(startCtx); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	if err := dbs.Reach(startCtx, pool); err != nil {
+		return err
 	}
 	if s.migrate {
 		if err := cli.MigrateUp(startCtx, s.databaseURL); err != nil {
@@ -223,7 +235,7 @@ func runRelay(parent context.Context, s settings) error {
 	_ = sqlDB.Close()
 	if err != nil {
 		// Relaying on a partial schema would only loop on errors.
-		return fmt.Errorf("--database-url (DATABASE_URL): %w; apply the migrations first: relay migrate up (or relay run --migrate)", err)
+		return cli.SchemaError(err, "apply the migrations first: relay migrate up (or relay run --migrate)")
 	}
 
 	bc, err := side.Open(startCtx, log)

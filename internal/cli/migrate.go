@@ -14,6 +14,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -165,7 +166,37 @@ func openMigrationPool(ctx context.Context, databaseURL string, force bool) (*pg
 	if err != nil {
 		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
+	if err := checkDirect(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
 	return pool, nil
+}
+
+// checkDirect refuses a connection through a connection pooler: migrating
+// holds a session advisory lock and runs each migration in one session,
+// which a pooler in transaction mode would spread over server connections
+// (and could leave the lock held on one of them).
+func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
+	const direct = "migrations need a direct connection to PostgreSQL, not one through a connection pooler: give --database-url (DATABASE_URL) the server's own address (see docs/pooler.md)"
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		if p := pooler.RefusedParameter(err); p != "" {
+			return fmt.Errorf("%s; the server refused the start-up parameter %s, as a pooler does: %w", direct, p, err)
+		}
+		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	}
+	defer c.Release()
+	behind, err := pooler.Behind(ctx, c.Conn())
+	if err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	if behind {
+		return fmt.Errorf("%s; the server process serving this connection is not the one named at start-up, as behind a pooler", direct)
+	}
+	return nil
 }
 
 // MigrateUp applies every pending migration over a connection of its own

@@ -5,11 +5,16 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
+
+	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
 // DBSettings are the session settings of a service's database connections.
@@ -32,6 +37,15 @@ type DBSettings struct {
 	// connection. Default: 30s. Zero disables pgrelay's setting (the operating
 	// system's defaults apply).
 	TCPKeepalive time.Duration
+	// Pooler is how the connections reach PostgreSQL: straight (none, the
+	// default), or through a connection pooler such as PgBouncer in session
+	// or transaction mode. See docs/pooler.md.
+	Pooler pooler.Mode
+	// ListenURL, when set, is a direct connection to PostgreSQL for LISTEN
+	// (the wake-ups), for a pool behind a pooler in transaction mode, where
+	// LISTEN does not work. Empty: LISTEN on the pool's own connection
+	// settings, or, in transaction mode, no LISTEN (the services poll).
+	ListenURL string
 }
 
 // Defaults for DBSettings.
@@ -58,7 +72,29 @@ func BindDBFlags(f *pflag.FlagSet, s *DBSettings, leaseFlag string) {
 		"PostgreSQL ends a session idle inside a transaction this long, releasing its locks; 0 = the "+leaseFlag+", negative disables (env DB_IDLE_IN_TRANSACTION_TIMEOUT)")
 	f.DurationVar(&s.TCPKeepalive, "db-tcp-keepalive", EnvDuration("DB_TCP_KEEPALIVE", DefaultTCPKeepalive),
 		"idle time before TCP keepalive probes on database connections, client and server side; 0 leaves the system defaults (env DB_TCP_KEEPALIVE)")
+	f.Var(&poolerFlag{&s.Pooler}, "pooler", "a connection pooler between the service and PostgreSQL: none, session or transaction (its pool mode); see docs/pooler.md (env DB_POOLER)")
+	f.StringVar(&s.ListenURL, "listen-url", os.Getenv("DB_LISTEN_URL"),
+		"with --pooler transaction: a direct PostgreSQL URL for LISTEN wake-ups; empty polls instead (env DB_LISTEN_URL)")
 }
+
+// poolerFlag is --pooler, defaulted from DB_POOLER.
+type poolerFlag struct{ m *pooler.Mode }
+
+func (f *poolerFlag) String() string {
+	if f.m == nil || *f.m == "" {
+		return string(pooler.None)
+	}
+	return string(*f.m)
+}
+func (f *poolerFlag) Set(v string) error {
+	m, err := pooler.Parse(v)
+	if err != nil {
+		return err
+	}
+	*f.m = m
+	return nil
+}
+func (f *poolerFlag) Type() string { return "mode" }
 
 // Resolve returns s with IdleInTransactionTimeout 0 replaced by defaultIdle
 // (the lease), then validates it: minIdle is the shortest idle in transaction
@@ -66,6 +102,21 @@ func BindDBFlags(f *pflag.FlagSet, s *DBSettings, leaseFlag string) {
 // for the inbox), 0 for none; the lease itself is checked against it by the
 // service's own validation. Errors name the flag and environment variable.
 func (s DBSettings) Resolve(defaultIdle, minIdle time.Duration) (DBSettings, error) {
+	if s.Pooler == "" {
+		m, err := pooler.Parse(os.Getenv("DB_POOLER"))
+		if err != nil {
+			return s, fmt.Errorf("--pooler (DB_POOLER) %w", err)
+		}
+		s.Pooler = m
+	}
+	if s.ListenURL != "" {
+		if s.Pooler != pooler.Transaction {
+			return s, fmt.Errorf("--listen-url (DB_LISTEN_URL) is for --pooler transaction (LISTEN works on the pool's own connections otherwise), got --pooler %s", s.Pooler)
+		}
+		if _, err := pgxpool.ParseConfig(s.ListenURL); err != nil {
+			return s, fmt.Errorf("--listen-url (DB_LISTEN_URL): %w", err)
+		}
+	}
 	explicit := s.IdleInTransactionTimeout != 0
 	if !explicit {
 		s.IdleInTransactionTimeout = defaultIdle
@@ -101,15 +152,21 @@ func checkMillis(name string, d time.Duration) error {
 	return nil
 }
 
-// Apply sets s on a pool configuration: the session parameters go into the
-// start-up message of every connection, the keepalive into its dialer. A
-// parameter the connection string already sets (?statement_timeout=0, say)
-// is left as given. s must have been resolved.
+// Apply sets s on a pool configuration. Straight to PostgreSQL (Pooler
+// none), the session parameters go into the start-up message of every
+// connection; behind a pooler in session mode, which refuses them there, a
+// SET after connecting sets them; in transaction mode nothing is set in the
+// session (the timeouts are the role's: see docs/pooler.md) and statements
+// are described, not prepared under a name, so that no server connection
+// keeps anything of a client's. The keepalive goes into the dialer in every
+// mode. A parameter the connection string already sets (?statement_timeout=0,
+// say) is left as given. s must have been resolved.
 func (s DBSettings) Apply(cfg *pgxpool.Config) {
 	params := cfg.ConnConfig.RuntimeParams
+	var names, values []string
 	set := func(name, value string) {
 		if _, given := params[name]; !given {
-			params[name] = value
+			names, values = append(names, name), append(values, value)
 		}
 	}
 	set("statement_timeout", strconv.FormatInt(s.StatementTimeout.Milliseconds(), 10))
@@ -124,6 +181,35 @@ func (s DBSettings) Apply(cfg *pgxpool.Config) {
 			Enable: true, Idle: s.TCPKeepalive, Interval: interval, Count: keepaliveProbes,
 		}}
 		cfg.ConnConfig.DialFunc = d.DialContext
+	}
+	switch s.Pooler {
+	case pooler.Transaction:
+		// CacheDescribe: one unnamed statement per round trip, its
+		// description cached per connection; no "stmtcache_..." names that
+		// another client's server connection already holds.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	case pooler.Session:
+		var sql strings.Builder
+		for i, n := range names {
+			fmt.Fprintf(&sql, "SET %s = %s;", n, values[i])
+		}
+		if sql.Len() == 0 {
+			return
+		}
+		stmt, prev := sql.String(), cfg.AfterConnect
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			if prev != nil {
+				if err := prev(ctx, c); err != nil {
+					return err
+				}
+			}
+			_, err := c.PgConn().Exec(ctx, stmt).ReadAll()
+			return err
+		}
+	default:
+		for i, n := range names {
+			params[n] = values[i]
+		}
 	}
 }
 
@@ -144,4 +230,71 @@ func OpenPool(ctx context.Context, databaseURL string, s DBSettings, minConns in
 		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
 	return pool, nil
+}
+
+// Reach pings pool and names the real cause when it cannot: a start-up
+// parameter refused (what PgBouncer answers, unless told to ignore them)
+// means a pooler the settings do not know of, not an unreachable server.
+// Straight to PostgreSQL (Pooler none) it also checks that no pooler is in
+// between after all: the backend process id PostgreSQL gave at start-up is
+// the one serving the connection. Errors name --database-url.
+func (s DBSettings) Reach(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pool.Ping(ctx); err != nil {
+		if p := pooler.RefusedParameter(err); p != "" {
+			return fmt.Errorf("--database-url (DATABASE_URL): the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
+				"set --pooler (DB_POOLER) to its pool mode, transaction or session (see docs/pooler.md): %w", p, err)
+		}
+		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	}
+	if s.Pooler != "" && s.Pooler != pooler.None {
+		return nil
+	}
+	behind, err := pooler.PoolBehind(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+	}
+	if behind {
+		return fmt.Errorf("--database-url (DATABASE_URL) goes through a connection pooler (the server process serving it is not the one named at start-up): " +
+			"set --pooler (DB_POOLER) to its pool mode, transaction or session (see docs/pooler.md)")
+	}
+	return nil
+}
+
+// SchemaError words a failed schema check: a prepared statement that already
+// exists (SQLSTATE 42P05) is a pooler in transaction mode sharing server
+// connections, not a missing migration; anything else gets advice (how to
+// apply the migrations).
+func SchemaError(err error, advice string) error {
+	if pooler.StatementClash(err) {
+		return fmt.Errorf("--database-url (DATABASE_URL): %w: a connection pooler in transaction mode hands this service other clients' server connections: set --pooler (DB_POOLER) transaction (see docs/pooler.md)", err)
+	}
+	return fmt.Errorf("--database-url (DATABASE_URL): %w; %s", err, advice)
+}
+
+// PoolerPollInterval is the relay's poll of idle partitions by default
+// behind a pooler in transaction mode without --listen-url: no LISTEN wakes
+// it, so an event waits for the next poll (about half of it on average).
+const PoolerPollInterval = 100 * time.Millisecond
+
+// Listen says how a service with settings s is woken: LISTEN on cc (nil: on
+// the pool's own connection settings), or, behind a pooler in transaction
+// mode without --listen-url, no LISTEN at all (off): the services poll. s
+// must have been resolved.
+func (s DBSettings) Listen() (cc *pgx.ConnConfig, off bool, err error) {
+	if s.Pooler != pooler.Transaction {
+		return nil, false, nil
+	}
+	if s.ListenURL == "" {
+		return nil, true, nil
+	}
+	// Straight to PostgreSQL: the session settings as start-up parameters,
+	// and the keepalive that notices a vanished server under an idle LISTEN.
+	pcfg, err := pgxpool.ParseConfig(s.ListenURL)
+	if err != nil {
+		return nil, false, fmt.Errorf("--listen-url (DB_LISTEN_URL): %w", err)
+	}
+	direct := s
+	direct.Pooler = pooler.None
+	direct.Apply(pcfg)
+	return pcfg.ConnConfig, false, nil
 }

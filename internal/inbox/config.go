@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -18,6 +19,14 @@ import (
 type Config struct {
 	// Pool is the database the inbox lives in. Required.
 	Pool *pgxpool.Pool
+	// ListenConnConfig, when set, is the connection LISTEN is dialled with
+	// instead of the pool's settings: a direct connection to PostgreSQL for
+	// a pool behind a pooler in transaction mode. Default: the pool's.
+	ListenConnConfig *pgx.ConnConfig
+	// NoListen turns LISTEN/NOTIFY wake-ups off: events another process
+	// stored are found every PollInterval. For a pool behind a pooler in
+	// transaction mode, where LISTEN does not work, without ListenConnConfig.
+	NoListen bool
 	// Handler runs each event's side effect. Required.
 	Handler Handler
 	// HandlerName names the handler: the worker claims only the inbox rows

@@ -54,8 +54,15 @@ func NewWorker(cfg Config) (*Worker, error) {
 		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID), zap.String("handler", cfg.HandlerName)),
 		wake: newWaker(),
 	}
+	if cfg.NoListen {
+		if err := w.newCleaner(); err != nil {
+			return nil, err
+		}
+		return w, nil
+	}
 	n, err := notifier.New(notifier.Config{
 		Pool:         cfg.Pool,
+		ConnConfig:   cfg.ListenConnConfig,
 		Topics:       []notifier.Topic{{Channel: notifier.InboxChannel, Notify: func(string) { w.wake.broadcast() }}},
 		OnListen:     w.wake.broadcast, // anything stored while not listening is picked up now
 		QueryTimeout: cfg.QueryTimeout,
@@ -65,12 +72,18 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	w.notifier = n
-	if !cfg.Retention.Disabled {
-		if w.cleaner, err = NewCleaner(cfg.Retention); err != nil {
-			return nil, err
-		}
+	if err := w.newCleaner(); err != nil {
+		return nil, err
 	}
 	return w, nil
+}
+
+// newCleaner sets up the inbox's upkeep unless Config.Retention.Disabled.
+func (w *Worker) newCleaner() (err error) {
+	if !w.cfg.Retention.Disabled {
+		w.cleaner, err = NewCleaner(w.cfg.Retention)
+	}
+	return err
 }
 
 // Run processes events until ctx is cancelled, then stops gracefully: batches
@@ -86,7 +99,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.running.Store(false)
 	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
 	var wg sync.WaitGroup
-	wg.Go(func() { w.notifier.Run(ctx) })
+	if w.notifier != nil {
+		wg.Go(func() { w.notifier.Run(ctx) })
+	}
 	if w.cleaner != nil {
 		wg.Go(func() { _ = w.cleaner.Run(ctx) })
 	}

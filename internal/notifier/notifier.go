@@ -47,6 +47,10 @@ type Config struct {
 	// with its connection settings, beside the pool, so that it never waits
 	// for a pool connection nor takes one from the service. Required.
 	Pool *pgxpool.Pool
+	// ConnConfig, when set, is dialled for LISTEN instead of the pool's
+	// connection settings: a direct connection to PostgreSQL when the pool
+	// goes through a pooler in transaction mode. Default: the pool's.
+	ConnConfig *pgx.ConnConfig
 	// Topics are the channels listened on, in this order. At least one.
 	Topics []Topic
 	// OnListen is called each time the connection listens again on every
@@ -137,7 +141,11 @@ func (n *Notifier) Run(ctx context.Context) {
 func (n *Notifier) listen(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, n.cfg.QueryTimeout)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, n.cfg.Pool.Config().ConnConfig.Copy())
+	cc := n.cfg.ConnConfig
+	if cc == nil {
+		cc = n.cfg.Pool.Config().ConnConfig
+	}
+	conn, err := pgx.ConnectConfig(cctx, cc.Copy())
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -19,6 +20,15 @@ type Config struct {
 	// Pool is the PostgreSQL pool holding the outbox. Required. The relay
 	// holds one of its connections for LISTEN.
 	Pool *pgxpool.Pool
+	// ListenConnConfig, when set, is the connection LISTEN is dialled with
+	// instead of the pool's settings: a direct connection to PostgreSQL for
+	// a pool behind a pooler in transaction mode. Default: the pool's.
+	ListenConnConfig *pgx.ConnConfig
+	// NoListen turns LISTEN/NOTIFY wake-ups off: idle partitions find new
+	// rows every PollInterval, and partitions another relay released are
+	// taken at the next heartbeat. For a pool behind a pooler in transaction
+	// mode, where LISTEN does not work, without ListenConnConfig.
+	NoListen bool
 	// Publisher publishes the events. Required. The relay does not close it.
 	Publisher broker.Publisher
 	// Logger receives the relay's logs. Default: a no-op logger.

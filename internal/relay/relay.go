@@ -74,8 +74,12 @@ func New(cfg Config) (*Relay, error) {
 		kick:    make(chan struct{}, 1),
 		busy:    make(chan struct{}, 1),
 	}
+	if cfg.NoListen {
+		r.cleaner = newOutboxCleaner(cfg, r.log)
+		return r, nil
+	}
 	n, err := notifier.New(notifier.Config{
-		Pool: cfg.Pool,
+		Pool: cfg.Pool, ConnConfig: cfg.ListenConnConfig,
 		Topics: []notifier.Topic{
 			{Channel: notifier.OutboxChannel, Notify: r.wakePartitions},
 			{Channel: notifier.RelaysChannel, Notify: func(string) { r.kickHeartbeat() }},
@@ -104,7 +108,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Add(4)
 	go func() { defer bg.Done(); r.pollBusy(ctx) }()
-	go func() { defer bg.Done(); r.notifier.Run(ctx) }()
+	go func() {
+		defer bg.Done()
+		if r.notifier != nil {
+			r.notifier.Run(ctx)
+		}
+	}()
 	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
 	stats := maintenance.Statistics{Pool: r.cfg.Pool, Table: "outbox", Interval: r.cfg.StatisticsInterval, Logger: r.log}
 	go func() { defer bg.Done(); stats.Run(ctx) }()

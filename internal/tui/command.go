@@ -10,7 +10,6 @@ import (
 	"time"
 
 	tea "github.com/charmbracelet/bubbletea"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -18,6 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
 // EnvKinds lists the typed environment variables the tui command reads, for
@@ -63,7 +63,7 @@ screens.`,
 			ctx := cmd.Context()
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			pool, err := pgxpool.New(cctx, *databaseURL)
+			pool, err := pooler.NewPool(cctx, *databaseURL)
 			if err != nil {
 				return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 			}

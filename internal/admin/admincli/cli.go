@@ -15,10 +15,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
 // Commands returns the operator subcommands (stats, dead, outbox, audit,
@@ -53,7 +53,7 @@ func (c *cliEnv) service(ctx context.Context, counters func() (float64, float64,
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(cctx, *c.databaseURL)
+	pool, err := pooler.NewPool(cctx, *c.databaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
