@@ -48,6 +48,10 @@ type StreamSpec struct {
 	// DuplicateWindow is the stream's dedup window. Zero means
 	// DefaultDuplicateWindow. It is capped at MaxAge, as JetStream requires.
 	DuplicateWindow time.Duration
+	// Replicas is how many servers of a JetStream cluster keep the stream
+	// (1, 3 or 5; 3 survives the loss of one node). Zero means 1, which is
+	// the only value a single server accepts.
+	Replicas int
 }
 
 // Config returns the JetStream configuration of a new stream: file storage,
@@ -67,7 +71,12 @@ func (s StreamSpec) Config() jetstream.StreamConfig {
 	if maxAge > 0 && dup > maxAge {
 		dup = maxAge
 	}
+	replicas := s.Replicas
+	if replicas <= 0 {
+		replicas = 1
+	}
 	return jetstream.StreamConfig{
+		Replicas:   replicas,
 		Name:       s.Name,
 		Subjects:   []string{s.SubjectPrefix + ".>"},
 		Storage:    jetstream.FileStorage,

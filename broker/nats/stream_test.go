@@ -90,3 +90,8 @@ func TestCreateStreamWhenMissing(t *testing.T) {
 	require.Equal(t, time.Minute, short.Duplicates, "the duplicate window is capped at MaxAge")
 	require.Zero(t, nats.StreamSpec{Name: name, SubjectPrefix: prefix, MaxAge: -1}.Config().MaxAge, "negative: no limit")
 }
+
+func TestStreamSpecReplicas(t *testing.T) {
+	require.Equal(t, 1, nats.StreamSpec{Name: "s", SubjectPrefix: "p"}.Config().Replicas, "zero means one replica")
+	require.Equal(t, 3, nats.StreamSpec{Name: "s", SubjectPrefix: "p", Replicas: 3}.Config().Replicas)
+}

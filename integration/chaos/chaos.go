@@ -124,8 +124,8 @@ func (c Config) validate() error {
 	if c.OrdersPerSecond < 1 || c.OrdersPerSecond > 1000 {
 		errs = append(errs, fmt.Errorf("chaos: OrdersPerSecond must be 1-1000, got %d", c.OrdersPerSecond))
 	}
-	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ {
-		errs = append(errs, fmt.Errorf("chaos: Broker must be %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, c.Broker))
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerNATSCluster {
+		errs = append(errs, fmt.Errorf("chaos: Broker must be %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerNATSCluster, c.Broker))
 	}
 	if c.RelayLease < time.Second || c.ConsumerLease < time.Second {
 		errs = append(errs, fmt.Errorf("chaos: RelayLease and ConsumerLease must be at least 1s, got %s and %s", c.RelayLease, c.ConsumerLease))
@@ -153,6 +153,7 @@ type run struct {
 	prod     *producer
 	injected *injections
 	faults   []faultRecord
+	stalls   map[string][]time.Duration // node-loss stalls of a NATS cluster run
 }
 
 // Run performs one chaos run and returns its report. The error is non-nil
@@ -219,6 +220,8 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	switch r.cfg.Broker {
 	case BrokerRabbitMQ:
 		r.broker, err = startRabbitEnv(bctx, r.cfg.AMQPURL)
+	case BrokerNATSCluster:
+		r.broker, err = startNATSClusterEnv(bctx, r.work)
 	default:
 		r.broker, err = startNATSEnv(bctx, r.work)
 	}
@@ -310,6 +313,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	}
 	rep.Faults = r.faultCounts()
 	rep.FaultLog = r.faults
+	rep.NodeLossStalls = r.stalls
 	rep.Orders = r.prod.orders()
 	rep.ProducerFailures = r.prod.failures()
 	rep.InjectedDuplicates = r.injected.duplicates()

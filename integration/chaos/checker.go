@@ -60,6 +60,11 @@ type Report struct {
 	Violations  []string
 
 	OrderedKeys int // keys whose apply order was checked (ordered runs)
+
+	// NodeLossStalls are, on a NATS cluster run, the times from each node's
+	// SIGKILL until the stream's last sequence moved again, by the killed
+	// node's role ("leader", "follower"); -1 when it did not move within 30s.
+	NodeLossStalls map[string][]time.Duration
 }
 
 // OK reports whether the run found no violation.

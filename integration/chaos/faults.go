@@ -24,6 +24,11 @@ type faultRecord struct {
 // from; the broker's own are named after it ("nats-reset",
 // "rabbitmq-reset"). restart includes "<broker>-restart".
 func faultKindsFor(broker string, restart bool) []string {
+	if broker == BrokerNATSCluster {
+		// One node at a time, the stream leader or a follower; the
+		// services stay up, so that what the run measures is the node loss.
+		return []string{"node-kill-leader", "node-kill-follower"}
+	}
 	kinds := []string{
 		"kill-relay", "kill-consumer",
 		"pause-relay", "pause-consumer",
@@ -176,6 +181,22 @@ func (r *run) strike(ctx context.Context, rng *rand.Rand, kind string) (string, 
 			return "", err
 		}
 		return fmt.Sprintf("%s server shut down, restarted after %s", r.broker.label(), down.Round(time.Millisecond)), nil
+
+	case "node-kill-leader", "node-kill-follower":
+		env, ok := r.broker.(*natsClusterEnv)
+		if !ok {
+			return "", fmt.Errorf("chaos: %s needs a NATS cluster run", kind)
+		}
+		role := strings.TrimPrefix(kind, "node-kill-")
+		detail, stall, err := env.killNode(ctx, rng, role == "leader", hold(500*time.Millisecond, 1500*time.Millisecond))
+		if err != nil {
+			return "", err
+		}
+		if r.stalls == nil {
+			r.stalls = map[string][]time.Duration{}
+		}
+		r.stalls[role] = append(r.stalls[role], stall)
+		return detail, nil
 
 	case "pg-restart":
 		mode := "fast"
