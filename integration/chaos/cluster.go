@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,7 +91,29 @@ cluster {
 			return nil, err
 		}
 	}
+	for _, nd := range c.nodes {
+		if err := nd.waitListening(30 * time.Second); err != nil {
+			c.shutdown()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// waitListening waits until the node accepts client connections.
+func (nd *natsNode) waitListening(timeout time.Duration) error {
+	addr := fmt.Sprintf("127.0.0.1:%d", nd.clientPort)
+	for end := time.Now().Add(timeout); ; {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("chaos: nats-server %s does not listen on %s (log %s): %w", nd.name, addr, nd.logFile, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (nd *natsNode) start() error {
