@@ -51,6 +51,10 @@ type Config struct {
 	// creates it; negative means no limit. Default DefaultStreamMaxAge (6
 	// days).
 	StreamMaxAge time.Duration
+	// StreamReplicas is how many servers of a JetStream cluster keep the
+	// stream when a publisher creates it: 3 survives the loss of one node.
+	// Default 1 (the only value a single server accepts); 1 to 5.
+	StreamReplicas int
 	// AckTimeout bounds a publisher's wait for each acknowledgement. Default
 	// 5s.
 	AckTimeout time.Duration
@@ -91,7 +95,7 @@ type Config struct {
 
 func (c Config) publisher() pubConfig {
 	return pubConfig{URL: c.URL, SubjectPrefix: c.SubjectPrefix, Stream: c.Stream, CreateStream: c.CreateStream,
-		DuplicateWindow: c.DuplicateWindow, StreamMaxAge: c.StreamMaxAge, AckTimeout: c.AckTimeout,
+		DuplicateWindow: c.DuplicateWindow, StreamMaxAge: c.StreamMaxAge, StreamReplicas: c.StreamReplicas, AckTimeout: c.AckTimeout,
 		ReconnectWait: c.ReconnectWait, Logger: logbridge.Zap(c.Logger)}
 }
 

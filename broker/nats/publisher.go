@@ -39,6 +39,9 @@ type pubConfig struct {
 	// created; negative means no limit. An existing stream is never changed.
 	// Default: DefaultStreamMaxAge (6 days).
 	StreamMaxAge time.Duration
+	// StreamReplicas is the stream's replica count when it is created (on
+	// a JetStream cluster, 3 survives a node loss). Default: 1; 1 to 5.
+	StreamReplicas int
 	// AckTimeout bounds the wait for each acknowledgement. Default: 5s.
 	AckTimeout time.Duration
 	// ReconnectWait is the pause between reconnection attempts; the client
@@ -88,6 +91,8 @@ func (c pubConfig) Validate() error {
 		return bad("AckTimeout", "{} must not be negative")
 	case c.DuplicateWindow < 0:
 		return bad("DuplicateWindow", "{} must not be negative")
+	case c.StreamReplicas < 0 || c.StreamReplicas > 5:
+		return bad("StreamReplicas", "{} must be 1 to 5 (0: 1), got %d", c.StreamReplicas)
 	}
 	return nil
 }
@@ -156,7 +161,7 @@ func newPublisher(ctx context.Context, cfg pubConfig) (*Publisher, error) {
 
 func (p *Publisher) ensureStream(ctx context.Context) error {
 	_, err := ensureStream(ctx, p.js, StreamSpec{Name: p.cfg.Stream, SubjectPrefix: p.cfg.SubjectPrefix,
-		MaxAge: p.cfg.StreamMaxAge, DuplicateWindow: p.cfg.DuplicateWindow}, p.log)
+		MaxAge: p.cfg.StreamMaxAge, DuplicateWindow: p.cfg.DuplicateWindow, Replicas: p.cfg.StreamReplicas}, p.log)
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}

@@ -47,6 +47,7 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		{[]string{"run", "--database-url", "postgres://x", "--retention-batch", "-1"}, "--retention-batch (RELAY_RETENTION_BATCH)"},
 		{[]string{"run", "--database-url", "postgres://x", "--ack-timeout", "-1s"}, "--ack-timeout (RELAY_ACK_TIMEOUT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--stream", "a.b"}, "--stream (RELAY_STREAM)"},
+		{[]string{"run", "--database-url", "postgres://x", "--stream-replicas", "7"}, "--stream-replicas (RELAY_STREAM_REPLICAS) must be 1 to 5"},
 		{[]string{"run", "--database-url", "postgres://x", "--broker", "carrier-pigeon"}, `--broker (PGRELAY_BROKER) "carrier-pigeon": want kafka or nats`},
 		{[]string{"run", "--database-url", "postgres://x", "--log-level", "loud"}, "--log-level"},
 		{[]string{"run", "--database-url", "::not a url::"}, "--database-url (DATABASE_URL)"},

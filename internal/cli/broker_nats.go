@@ -33,13 +33,15 @@ type natsRelay struct {
 	subjectPrefix  string
 	createStream   bool
 	streamMaxAge   time.Duration
+	streamReplicas int
 	ackTimeout     time.Duration
 }
 
 var natsRelayEnvKinds = map[string]string{
-	"RELAY_CREATE_STREAM":  "bool",
-	"RELAY_STREAM_MAX_AGE": "duration",
-	"RELAY_ACK_TIMEOUT":    "duration",
+	"RELAY_CREATE_STREAM":   "bool",
+	"RELAY_STREAM_MAX_AGE":  "duration",
+	"RELAY_STREAM_REPLICAS": "int",
+	"RELAY_ACK_TIMEOUT":     "duration",
 }
 
 // natsRelayFlags names the relay's flags that set nats.Config's
@@ -48,6 +50,7 @@ var natsRelayFlags = map[string]string{
 	"SubjectPrefix":   "--subject-prefix (RELAY_SUBJECT_PREFIX)",
 	"Stream":          "--stream (RELAY_STREAM)",
 	"AckTimeout":      "--ack-timeout (RELAY_ACK_TIMEOUT)",
+	"StreamReplicas":  "--stream-replicas (RELAY_STREAM_REPLICAS)",
 	"DuplicateWindow": "the stream's duplicate window",
 	"URL":             "--nats-url (NATS_URL)",
 }
@@ -65,13 +68,14 @@ func bindNATSRelay(f *pflag.FlagSet) RelaySide {
 	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("RELAY_SUBJECT_PREFIX", nats.DefaultSubjectPrefix), "--broker nats: subject prefix: topic orders goes to <prefix>.orders (env RELAY_SUBJECT_PREFIX)")
 	f.BoolVar(&s.createStream, "create-stream", EnvBool("RELAY_CREATE_STREAM", false), "--broker nats: create the stream (subjects <prefix>.>) if missing, never changing an existing one; always on with the embedded server (env RELAY_CREATE_STREAM)")
 	f.DurationVar(&s.streamMaxAge, "stream-max-age", EnvDuration("RELAY_STREAM_MAX_AGE", nats.DefaultStreamMaxAge), "--broker nats: MaxAge of a stream the relay creates; keep it within the consumer's --dedup-window; negative: no limit (env RELAY_STREAM_MAX_AGE)")
+	f.IntVar(&s.streamReplicas, "stream-replicas", EnvInt("RELAY_STREAM_REPLICAS", 1), "--broker nats: replicas of a stream the relay creates: 3 on a JetStream cluster survives a node loss; 1 on a single server (env RELAY_STREAM_REPLICAS)")
 	f.DurationVar(&s.ackTimeout, "ack-timeout", EnvDuration("RELAY_ACK_TIMEOUT", 5*time.Second), "--broker nats: longest wait for one JetStream acknowledgement (env RELAY_ACK_TIMEOUT)")
 	return s
 }
 
 func (s *natsRelay) config(url string, createStream bool, log *zap.Logger) nats.Config {
 	return nats.Config{URL: url, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		StreamMaxAge: s.streamMaxAge, AckTimeout: s.ackTimeout, Logger: logbridge.Slog(log)}
+		StreamMaxAge: s.streamMaxAge, StreamReplicas: s.streamReplicas, AckTimeout: s.ackTimeout, Logger: logbridge.Slog(log)}
 }
 
 func (s *natsRelay) Check() error {
