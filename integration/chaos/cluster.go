@@ -316,7 +316,12 @@ func (e *natsClusterEnv) killNode(ctx context.Context, rng *mrand.Rand, leader b
 	stall := make(chan time.Duration, 1)
 	go func() {
 		for time.Since(killed) < 30*time.Second && ctx.Err() == nil {
-			if _, seq, err := e.streamCluster(ctx); err == nil && seq > before {
+			// A short timeout: a request lost with the killed node must
+			// not stretch the measure.
+			pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, seq, err := e.streamCluster(pctx)
+			cancel()
+			if err == nil && seq > before {
 				stall <- time.Since(killed)
 				return
 			}
