@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // BrokerNATSCluster is a run on a private three-node NATS JetStream cluster
@@ -343,4 +344,63 @@ func (e *natsClusterEnv) killNode(ctx context.Context, rng *mrand.Rand, leader b
 	}
 	return fmt.Sprintf("SIGKILL node %s (%s), restarted after %s; stream writes resumed %s after the kill; leader now %s",
 		victim.name, role, down.Round(time.Millisecond), s.Round(time.Millisecond), newLead), s, nil
+}
+
+// readLog reads the stream message by message, by sequence, from its
+// leader (each request bounded and retried): an ordered consumer on a
+// cluster whose nodes just restarted can stall past the checker's deadline.
+func (e *natsClusterEnv) readLog(ctx context.Context) ([]streamMsg, error) {
+	if _, err := e.waitHealthy(ctx, 30*time.Second); err != nil {
+		return nil, err
+	}
+	var st jetstream.Stream
+	var info *jetstream.StreamInfo
+	err := retry(ctx, func(ctx context.Context) error {
+		var err error
+		if st, err = e.js.Stream(ctx, streamName); err == nil {
+			info, err = st.Info(ctx)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chaos: stream %s: %w", streamName, err)
+	}
+	out := make([]streamMsg, 0, info.State.Msgs)
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
+		var m *jetstream.RawStreamMsg
+		err := retry(ctx, func(ctx context.Context) error {
+			var err error
+			m, err = st.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				m, err = nil, nil
+			}
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("chaos: read stream message %d: %w", seq, err)
+		}
+		if m == nil {
+			continue
+		}
+		out = append(out, streamMsg{seq: m.Sequence, msgID: m.Header.Get(pgnats.MsgIDHeader),
+			eventID: m.Header.Get(event.HeaderEventID), key: m.Header.Get(event.HeaderKey)})
+	}
+	return out, nil
+}
+
+// retry calls f with a 5s timeout up to 5 times, until it succeeds.
+func retry(ctx context.Context, f func(context.Context) error) error {
+	var err error
+	for range 5 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = f(cctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if sleepCtx(ctx, 500*time.Millisecond) != nil {
+			return err
+		}
+	}
+	return err
 }

@@ -32,13 +32,13 @@ func TestChaosNATSCluster(t *testing.T) {
 	}
 	t.Logf("chaos seed %d on a NATS cluster (rerun: go test -run TestChaosNATSCluster -chaos.seed=%d ./integration/chaos/)", seed, seed)
 	rep, err := Run(ctx, Config{
-		Seed: seed, Duration: 30 * time.Second, DrainTimeout: 90 * time.Second, OrdersPerSecond: 40,
+		Seed: seed, Duration: 30 * time.Second, DrainTimeout: 90 * time.Second, OrdersPerSecond: 60,
 		BinDir: binaries(t), WorkDir: *flagWorkDir, Out: testWriter{t}, Broker: BrokerNATSCluster, Ordered: true,
 	})
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
-	if rep.Produced < 1000 || rep.OrderedKeys == 0 {
+	if rep.Produced < 1500 || rep.OrderedKeys == 0 {
 		t.Fatalf("seed %d: the run proved too little: %d events, %d keys order-checked", seed, rep.Produced, rep.OrderedKeys)
 	}
 	if rep.Faults["node-kill-leader"] == 0 || rep.Faults["node-kill-follower"] == 0 {
