@@ -136,20 +136,30 @@ func testPerKeyOrder(t *testing.T, h Harness) {
 	var all []event.Message
 
 	// The connection cut while a slow batch is in flight (each key's
-	// messages, confirmed one after another, take about a second).
-	msgs := interleaved(ns+"-cut", 50)
-	all = append(all, msgs...)
+	// messages, confirmed one after another, take about a second). An
+	// adapter that pipelines its confirms can finish a batch before the
+	// cut; then a fresh batch is cut sooner, until a cut lands inside one.
 	remove := addLatency(t, px, "slow", 10*time.Millisecond)
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		time.Sleep(300 * time.Millisecond)
-		cut(t, px.Stop, px.Start, 0)
-	})
-	failures := publishRetrying(t, p, msgs, 60*time.Second)
-	wg.Wait()
-	if failures == 0 {
-		t.Fatal("no publish failed although the connection was cut during the batch")
+	failures := 0
+	for i, after := range []time.Duration{300 * time.Millisecond, 100 * time.Millisecond, 30 * time.Millisecond, 5 * time.Millisecond} {
+		msgs := interleaved(fmt.Sprintf("%s-cut%d", ns, i), 50)
+		all = append(all, msgs...)
+		wg.Go(func() {
+			time.Sleep(after)
+			cut(t, px.Stop, px.Start, 0)
+		})
+		failures = publishRetrying(t, p, msgs, 60*time.Second)
+		wg.Wait()
+		if failures > 0 {
+			break
+		}
+		t.Logf("the batch was confirmed before a cut %s after its start; cutting sooner", after)
 	}
+	if failures == 0 {
+		t.Fatal("no publish failed although the connection was cut during four batches")
+	}
+	var msgs []event.Message
 
 	// Acknowledgements held back past the ack timeout, then let through.
 	if h.AckTimeout > 0 {
