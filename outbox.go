@@ -18,6 +18,9 @@ var (
 	// ErrPayloadNotText: ContentType says text or JSON and the payload is not
 	// valid UTF-8.
 	ErrPayloadNotText = outbox.ErrPayloadNotText
+	// ErrInvalidSchedule: NotBefore or ExpiresAt out of the range of
+	// OccurredAt, or a negative Delay.
+	ErrInvalidSchedule = outbox.ErrInvalidSchedule
 	// ErrOccurredAtOutOfRange: OccurredAt must be after 0001-01-01T00:00:00Z
 	// and at most 9999-12-31T23:59:59.999999Z once rounded to the microsecond.
 	ErrOccurredAtOutOfRange = event.ErrOccurredAtOutOfRange
@@ -39,6 +42,10 @@ var (
 // HeaderContentType is the broker header (and the key in the outbox's and
 // inbox's headers column) that carries Message.ContentType.
 const HeaderContentType = event.HeaderContentType
+
+// HeaderExpiresAt is the broker header (and the key in the inbox's headers
+// column) that carries Message.ExpiresAt, in RFC 3339 with nanoseconds.
+const HeaderExpiresAt = event.HeaderExpiresAt
 
 // IsTextContentType reports whether a content type says text or JSON, the
 // only payloads that must be UTF-8; every other payload is opaque bytes.

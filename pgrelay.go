@@ -72,6 +72,22 @@ type Message struct {
 	// Enqueue sets a zero one to now and rounds it to the microsecond, as
 	// PostgreSQL stores it (ErrOccurredAtOutOfRange otherwise).
 	OccurredAt time.Time
+	// NotBefore delays the event: the relay publishes it at or after this
+	// time, compared with the database's clock, never before. Zero: at
+	// once. A delayed event holds the later events of its Key until it is
+	// published, so per-key order stays true; events of other keys are not
+	// held. See docs/delayed.md.
+	NotBefore time.Time
+	// Delay delays the event by this long from its insert, measured on the
+	// database's clock rather than the producer's. With NotBefore too, the
+	// later of the two counts. Only Enqueue reads it.
+	Delay time.Duration
+	// ExpiresAt is when the event expires. The relay does not publish it
+	// after this time (the outbox row ends dead with the reason "expired"),
+	// and an inbox worker does not apply it after this time (dead with the
+	// reason "expired"). It travels as the Pgrelay-Expires-At broker
+	// header. Zero: never.
+	ExpiresAt time.Time
 }
 
 // CausationID returns the event id of the event whose handling produced m

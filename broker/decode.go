@@ -20,6 +20,7 @@ const (
 	ReasonMissingEventType  = "missing event type"
 	ReasonInvalidHeader     = "invalid header"
 	ReasonInvalidOccurredAt = "invalid occurred-at"
+	ReasonInvalidExpiresAt  = "invalid expires-at"
 	ReasonInvalidKeySeq     = "invalid key sequence"
 	ReasonKeyTooLong        = "key too long"
 	ReasonPayloadTooLarge   = "payload too large"
@@ -91,6 +92,9 @@ func EncodeHeaders(m Message) map[string]string {
 	if !m.OccurredAt.IsZero() {
 		h[event.HeaderOccurredAt] = m.OccurredAt.UTC().Format(time.RFC3339Nano)
 	}
+	if !m.ExpiresAt.IsZero() {
+		h[event.HeaderExpiresAt] = m.ExpiresAt.UTC().Format(time.RFC3339Nano)
+	}
 	for k, v := range m.Headers {
 		if k == event.HeaderCausationID || k == event.HeaderCorrelationID || k == event.HeaderContentType {
 			h[k] = v // pgrelay's own headers, under their own names
@@ -125,6 +129,7 @@ func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	d.key()
 	d.contentType()
 	d.occurredAt()
+	d.expiresAt()
 	d.ownHeaders()
 	d.payload(opts)
 	return Delivery{Message: d.m, DeadReason: strings.Join(d.reasons, "; ")}, nil
@@ -275,6 +280,25 @@ func (d *decoder) occurredAt() {
 	if d.m.OccurredAt.IsZero() {
 		d.m.OccurredAt = time.Unix(0, 0).UTC()
 	}
+}
+
+// expiresAt sets the event's expiry from its header, when there is one. A
+// header that cannot be read adds a reason: an expiry silently dropped would
+// let the event be applied after it.
+func (d *decoder) expiresAt() {
+	at, ok := d.header(event.HeaderExpiresAt)
+	if !ok {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err == nil {
+		t, err = event.NormalizeOccurredAt(t)
+	}
+	if err != nil {
+		d.fail("%s: %s %q is not an RFC 3339 time in range", ReasonInvalidExpiresAt, event.HeaderExpiresAt, Truncate(Printable(at), 64))
+		return
+	}
+	d.m.ExpiresAt = t
 }
 
 // ownHeaders sets the message's own headers, made storable, visiting the

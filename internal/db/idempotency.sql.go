@@ -12,10 +12,13 @@ import (
 )
 
 const enqueueOutboxIdempotent = `-- name: EnqueueOutboxIdempotent :many
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, not_before, expires_at)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
-       unnest($7::timestamptz[])
+       unnest($7::timestamptz[]),
+       greatest(nullif(unnest($8::timestamptz[]), '0001-01-01 00:00:00+00'),
+                statement_timestamp() + nullif(unnest($9::bigint[]), 0) * interval '1 microsecond'),
+       nullif(unnest($10::timestamptz[]), '0001-01-01 00:00:00+00')
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 `
@@ -28,6 +31,9 @@ type EnqueueOutboxIdempotentParams struct {
 	Payloads    [][]byte
 	Headers     []json.RawMessage
 	OccurredAts []time.Time
+	NotBefores  []time.Time
+	DelaysUs    []int64
+	ExpiresAts  []time.Time
 }
 
 // EnqueueOutboxIdempotent inserts a batch in one statement (ids in array
@@ -35,6 +41,10 @@ type EnqueueOutboxIdempotentParams struct {
 // (or repeated in the batch): a unique violation would abort the caller's
 // transaction. It returns the event ids it inserted; the caller compares the
 // others with the stored rows.
+// not_before is the later of the message's NotBefore and, for a Delay (in
+// microseconds, 0 for none), the database's clock plus the delay. A zero Go
+// time (0001-01-01, never a valid one here) stands for NULL in
+// @not_befores and @expires_ats.
 func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg EnqueueOutboxIdempotentParams) ([]string, error) {
 	rows, err := db.Query(ctx, enqueueOutboxIdempotent,
 		arg.EventIds,
@@ -44,6 +54,9 @@ func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg Enqu
 		arg.Payloads,
 		arg.Headers,
 		arg.OccurredAts,
+		arg.NotBefores,
+		arg.DelaysUs,
+		arg.ExpiresAts,
 	)
 	if err != nil {
 		return nil, err

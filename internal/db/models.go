@@ -144,6 +144,8 @@ type Outbox struct {
 	Partition     int32
 	DeadAt        *time.Time
 	KeySeq        *int64
+	NotBefore     *time.Time
+	ExpiresAt     *time.Time
 }
 
 type OutboxKeySeq struct {

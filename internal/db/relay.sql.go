@@ -234,6 +234,23 @@ func (q *Queries) MarkOutcomes(ctx context.Context, db DBTX, arg MarkOutcomesPar
 	return result.RowsAffected(), nil
 }
 
+const nextDue = `-- name: NextDue :one
+SELECT coalesce((extract(epoch FROM min(o.not_before) - now()) * 1000000)::bigint, -1)::bigint AS due_in_us
+FROM pgrelay.outbox o
+WHERE o.partition >= $1::int AND o.partition <= $1::int AND o.status = 'pending'
+  AND o.not_before > now()
+`
+
+// NextDue returns how long until the partition's earliest delayed pending row
+// falls due, in microseconds (-1: none waits): one probe of
+// outbox_pending_idx. The relay sleeps until then instead of polling.
+func (q *Queries) NextDue(ctx context.Context, db DBTX, partition int32) (int64, error) {
+	row := db.QueryRow(ctx, nextDue, partition)
+	var due_in_us int64
+	err := row.Scan(&due_in_us)
+	return due_in_us, err
+}
+
 const notifyRelays = `-- name: NotifyRelays :exec
 SELECT pg_notify('pgrelay_relays', $1::text)
 `
@@ -247,11 +264,28 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 }
 
 const pendingBatch = `-- name: PendingBatch :many
-SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq
-FROM pgrelay.outbox
-WHERE partition >= $1::int AND partition <= $1::int AND status = 'pending'
-  AND id <> ALL($2::bigint[])
-ORDER BY partition, id
+SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
+       b.expires_at, now()::timestamptz AS db_now
+FROM (
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
+     FROM pgrelay.outbox o
+     WHERE o.partition >= $1::int AND o.partition <= $1::int AND o.status = 'pending'
+       AND o.not_before IS NULL AND o.id <> ALL($2::bigint[])
+       AND NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                       WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                         AND h.not_before IS NOT NULL AND h.not_before > now())
+     ORDER BY o.partition, o.not_before, o.id
+     LIMIT $3)
+    UNION ALL
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
+     FROM pgrelay.outbox o
+     WHERE o.partition >= $1::int AND o.partition <= $1::int AND o.status = 'pending'
+       AND o.not_before <= now() AND o.id <> ALL($2::bigint[])
+       AND NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                       WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                         AND h.not_before IS NOT NULL AND h.not_before > now()))
+) AS b
+ORDER BY b.id
 LIMIT $3
 `
 
@@ -272,10 +306,12 @@ type PendingBatchRow struct {
 	OccurredAt time.Time
 	CreatedAt  time.Time
 	KeySeq     *int64
+	ExpiresAt  *time.Time
+	DbNow      time.Time
 }
 
-// PendingBatch reads the oldest pending rows of one partition, in id order.
-// It reads only the outbox_pending_idx partial index. The partition is
+// PendingBatch reads the oldest due pending rows of one partition, in id
+// order. It reads only the outbox_pending_idx partial index. The partition is
 // compared as a range and sorted on, on purpose: with "partition = $1" the
 // planner may walk the primary key in id order instead, filtering out every
 // published row on the way, once statistics taken during a large backlog say
@@ -283,6 +319,15 @@ type PendingBatchRow struct {
 // 400,000-row backlog). No other index provides (partition, id) order.
 // exclude (never NULL; empty for none) skips the previous batch's rows while
 // their mark is still in flight.
+//
+// Delayed rows (not_before set, docs/delayed.md) sort apart in the index, by
+// not_before: the first branch walks the rows without one, the second only
+// the delayed rows due by now(); a row not due yet is never read. A row whose
+// key has an earlier pending row not due yet is held (per-key order): one
+// probe of outbox_delayed_idx, empty unless delayed rows are pending.
+// db_now is the database's clock: the relay measures the time left before a
+// row's expires_at against it, and marks the row dead with the reason
+// 'expired' instead of publishing it once that time has passed.
 func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchParams) ([]PendingBatchRow, error) {
 	rows, err := db.Query(ctx, pendingBatch, arg.Partition, arg.Exclude, arg.BatchSize)
 	if err != nil {
@@ -303,6 +348,8 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 			&i.OccurredAt,
 			&i.CreatedAt,
 			&i.KeySeq,
+			&i.ExpiresAt,
+			&i.DbNow,
 		); err != nil {
 			return nil, err
 		}
@@ -318,16 +365,26 @@ const pendingPartitions = `-- name: PendingPartitions :many
 SELECT p::int AS partition
 FROM unnest($1::int[]) AS p
 CROSS JOIN LATERAL (
-    SELECT o.id FROM pgrelay.outbox o
-    WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending'
-    ORDER BY o.partition, o.id
+    (SELECT o.id FROM pgrelay.outbox o
+     WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending' AND o.not_before IS NULL
+       AND NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                       WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                         AND h.not_before IS NOT NULL AND h.not_before > now())
+     ORDER BY o.partition, o.not_before, o.id
+     LIMIT 1)
+    UNION ALL
+    (SELECT o.id FROM pgrelay.outbox o
+     WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending' AND o.not_before <= now()
+     LIMIT 1)
     LIMIT 1
 ) AS first
 `
 
-// PendingPartitions returns which of @partitions hold a pending row: one
-// probe of outbox_pending_idx each (the first entry in PendingBatch's order),
-// for the relay's poll of partitions that are busy (Relay.pollBusy).
+// PendingPartitions returns which of @partitions hold a pending row due now:
+// one probe of outbox_pending_idx each (the first entry in PendingBatch's
+// order), for the relay's poll of partitions that are busy (Relay.pollBusy).
+// A delayed row is due once its not_before has passed; a row held behind its
+// key's delayed row does not count.
 func (q *Queries) PendingPartitions(ctx context.Context, db DBTX, partitions []int32) ([]int32, error) {
 	rows, err := db.Query(ctx, pendingPartitions, partitions)
 	if err != nil {

@@ -48,6 +48,20 @@ type Message struct {
 	Headers map[string]string
 	// OccurredAt is when the event happened in the producer's domain.
 	OccurredAt time.Time
+	// NotBefore delays the event: the relay publishes it at or after this
+	// time, compared with the database's clock, never before. Zero: at once.
+	// A delayed event holds its key's later events (docs/delayed.md).
+	NotBefore time.Time
+	// Delay delays the event by this long from its insert, measured on the
+	// database's clock (not the producer's). With NotBefore too, the later
+	// of the two counts. Only the outbox reads it.
+	Delay time.Duration
+	// ExpiresAt is when the event expires: the relay does not publish it
+	// after this time (the outbox row ends dead with the reason "expired"),
+	// and the inbox does not apply it after this time (dead with the reason
+	// "expired"). It travels as the HeaderExpiresAt broker header. Zero:
+	// never.
+	ExpiresAt time.Time
 }
 
 // MaxEventIDLen is the longest accepted event id, in bytes.
@@ -135,6 +149,10 @@ const (
 	// HeaderKeySeq carries Message.KeySeq in decimal; absent when zero.
 	HeaderKeySeq     = "Pgrelay-Key-Seq"
 	HeaderOccurredAt = "Pgrelay-Occurred-At" // RFC 3339 with nanoseconds
+	// HeaderExpiresAt carries Message.ExpiresAt (RFC 3339 with nanoseconds);
+	// absent when the event never expires. The inbox keeps it in its headers
+	// column under this name.
+	HeaderExpiresAt = "Pgrelay-Expires-At"
 	// HeaderCausationID is the event id of the event whose handling produced
 	// this one. It is kept in Message.Headers under this very name, stored
 	// in the outbox's headers column, and published as a broker header of
@@ -244,6 +262,33 @@ func (m Message) StoredHeaders() map[string]string {
 	}
 	h[HeaderContentType] = m.ContentType
 	return h
+}
+
+// Expired reports whether m has an expiry and now is at or past it.
+func (m Message) Expired(now time.Time) bool {
+	return !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt)
+}
+
+// ReasonExpired starts the reason recorded on an event not published or not
+// applied because it expired.
+const ReasonExpired = "expired"
+
+// LiftExpiresAt moves an expiry stored under HeaderExpiresAt in m.Headers
+// (the inbox's headers column) into m.ExpiresAt, unless ExpiresAt is set
+// already. A value that is not RFC 3339 stays in the headers.
+func (m *Message) LiftExpiresAt() {
+	v, ok := m.Headers[HeaderExpiresAt]
+	if !ok {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return
+	}
+	if m.ExpiresAt.IsZero() {
+		m.ExpiresAt = t
+	}
+	delete(m.Headers, HeaderExpiresAt)
 }
 
 // LiftContentType moves a content type stored under HeaderContentType in

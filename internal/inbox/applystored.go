@@ -148,6 +148,9 @@ func (w *Worker) applyStored(ctx context.Context, sp pgx.Tx, keys []string) (*Ap
 	hctx := withReleaseSet(ctx, released)
 	durs := make([]time.Duration, len(evs))
 	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
+		if expiredEvents(evs, time.Now()) != nil {
+			return nil, "an event expired" // the worker marks it dead
+		}
 		start := time.Now()
 		if herr := w.callBatchHandler(hctx, sp, bh, evs); herr != nil {
 			return nil, "batch handler: " + herr.Error()

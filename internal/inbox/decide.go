@@ -47,7 +47,10 @@ func decide(p policy, err error, attempts, deferrals int, random func() float64)
 
 func decideRaw(p policy, err error, attempts, deferrals int, random func() float64) decision {
 	var d *DeferError
+	var exp *ExpiredError
 	switch {
+	case errors.As(err, &exp):
+		return decision{outcome: outcomeDead, reason: exp.Error()}
 	case IsPermanent(err):
 		return decision{outcome: outcomeDead, reason: err.Error()}
 	case errors.As(err, &d):

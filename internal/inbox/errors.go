@@ -3,6 +3,9 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // permanentError marks a handler error as not worth retrying.
@@ -63,3 +66,38 @@ func (e *InvalidMessageError) Error() string {
 }
 
 func (e *InvalidMessageError) Unwrap() error { return e.Err }
+
+// ExpiredError is the failure of an event whose ExpiresAt passed before a
+// handler ran it: the worker never calls the handler for it and stores it
+// dead, with a reason starting with "expired".
+type ExpiredError struct {
+	// ExpiresAt is the event's expiry.
+	ExpiresAt time.Time
+}
+
+func (e *ExpiredError) Error() string {
+	return event.ReasonExpired + ": not applied after its expiry " + e.ExpiresAt.UTC().Format(time.RFC3339Nano)
+}
+
+// expiredError returns an *ExpiredError when ev has expired at now, else nil.
+func expiredError(ev *Event, now time.Time) error {
+	if !ev.Expired(now) {
+		return nil
+	}
+	return &ExpiredError{ExpiresAt: ev.ExpiresAt}
+}
+
+// expiredEvents returns the failures of the events of evs expired at now, or
+// nil when none is.
+func expiredEvents(evs []*Event, now time.Time) map[*Event]error {
+	var out map[*Event]error
+	for _, ev := range evs {
+		if err := expiredError(ev, now); err != nil {
+			if out == nil {
+				out = make(map[*Event]error)
+			}
+			out[ev] = err
+		}
+	}
+	return out
+}

@@ -320,7 +320,18 @@ func storedFields(m Incoming, now time.Time) (json.RawMessage, time.Time, []byte
 		return nil, time.Time{}, nil, err
 	}
 	headers := json.RawMessage("{}")
-	if stored := m.StoredHeaders(); len(stored) > 0 {
+	stored := m.StoredHeaders()
+	if !m.ExpiresAt.IsZero() {
+		// Kept in the headers column under its broker header's name, and
+		// lifted back into ExpiresAt when the event is claimed.
+		h := make(map[string]string, len(stored)+1)
+		for k, v := range stored {
+			h[k] = v
+		}
+		h[event.HeaderExpiresAt] = m.ExpiresAt.UTC().Format(time.RFC3339Nano)
+		stored = h
+	}
+	if len(stored) > 0 {
 		b, err := json.Marshal(stored)
 		if err != nil {
 			return nil, time.Time{}, nil, err

@@ -411,6 +411,11 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 	ran := evs
 	durs := make([]time.Duration, len(evs))
 	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
+		if exp := expiredEvents(evs, time.Now()); exp != nil {
+			// The isolated run records the expired events dead and runs
+			// the others one by one.
+			return nil, nil, exp, false, nil
+		}
 		if stopEarly() {
 			// Nothing commits: the duplicates the gate closed are handed
 			// back too (absorbed again by the next claim).
@@ -679,6 +684,9 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, ev *Event) (err err
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()
+	if err := expiredError(ev, time.Now()); err != nil {
+		return err // never applied after its expiry
+	}
 	// Events the handler enqueues with its ctx record ev as their cause.
 	err = w.cfg.Handler.Handle(event.WithCause(hctx, ev.Message), tx, ev)
 	if err != nil && hctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {

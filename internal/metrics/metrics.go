@@ -53,13 +53,14 @@ const (
 	DeadAttemptsExhausted  = "attempts_exhausted"
 	DeadWorkerLost         = "worker_lost"
 	DeadDeferralsExhausted = "deferrals_exhausted"
+	DeadExpired            = "expired"
 	DeadOther              = "other"
 )
 
 // RetryReasons and DeadReasons list every value the reason labels take.
 var (
 	RetryReasons = []string{RetryError, RetryTimeout, RetryPanic}
-	DeadReasons  = []string{DeadPermanent, DeadAttemptsExhausted, DeadWorkerLost, DeadDeferralsExhausted, DeadOther}
+	DeadReasons  = []string{DeadPermanent, DeadAttemptsExhausted, DeadWorkerLost, DeadDeferralsExhausted, DeadExpired, DeadOther}
 )
 
 // ClassifyRetry maps a retried event's recorded error onto a retry reason.
@@ -85,6 +86,8 @@ func ClassifyDead(reason string) string {
 		return DeadAttemptsExhausted
 	case strings.HasPrefix(reason, "deferrals exhausted"):
 		return DeadDeferralsExhausted
+	case strings.HasPrefix(reason, "expired"):
+		return DeadExpired
 	default:
 		return DeadOther
 	}

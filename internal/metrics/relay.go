@@ -14,6 +14,7 @@ type RelayObserver struct {
 	publishErrors prometheus.Counter
 	failedEvents  prometheus.Counter
 	dead          prometheus.Counter
+	expired       prometheus.Counter
 	fenced        prometheus.Counter
 	acquired      prometheus.Counter
 	takeovers     prometheus.Counter
@@ -47,6 +48,10 @@ func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
 			Name: "relay_dead_total",
 			Help: "Outbox events rejected permanently by the broker and marked dead.",
 		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "relay_expired_total",
+			Help: "Outbox events whose expires_at passed before they were published, marked dead with the reason expired.",
+		}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "relay_fenced_total",
 			Help: "Marks refused because another relay took the partition over (its epoch moved on).",
@@ -78,7 +83,7 @@ func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	reg.MustRegister(o.published, o.duplicates, o.publishErrors, o.failedEvents, o.dead, o.fenced,
+	reg.MustRegister(o.published, o.duplicates, o.publishErrors, o.failedEvents, o.dead, o.expired, o.fenced,
 		o.acquired, o.takeovers, o.lost, o.held, o.lag, o.publishTime)
 	return o
 }
@@ -105,6 +110,9 @@ func (o *RelayObserver) PublishFailed(_ int, n int, _ error) {
 
 // MarkedDead counts events marked dead.
 func (o *RelayObserver) MarkedDead(_ int, n int) { o.dead.Add(float64(n)) }
+
+// Expired counts events marked dead because they expired unpublished.
+func (o *RelayObserver) Expired(_ int, n int) { o.expired.Add(float64(n)) }
 
 // Fenced counts a refused mark.
 func (o *RelayObserver) Fenced(int) { o.fenced.Inc() }

@@ -34,6 +34,9 @@ var (
 	// ErrPayloadNotText: the content type says text or JSON (see
 	// event.IsTextContentType) and the payload is not valid UTF-8.
 	ErrPayloadNotText = errors.New("payload is not text")
+	// ErrInvalidSchedule: NotBefore or ExpiresAt out of range, or a negative
+	// Delay.
+	ErrInvalidSchedule = errors.New("schedule is invalid")
 )
 
 // Errors returned by Enqueue for an event id that is already in the outbox
@@ -133,7 +136,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 	// cause of what the handler enqueues.
 	msgs = event.WithCauseFromContext(ctx, msgs)
 	n := len(msgs)
-	p := db.EnqueueOutboxParams{
+	p := db.EnqueueOutboxIdempotentParams{
 		EventIds:    make([]string, n),
 		Topics:      make([]string, n),
 		Keys:        make([]string, n),
@@ -141,6 +144,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		Payloads:    make([][]byte, n),
 		Headers:     make([]json.RawMessage, n),
 		OccurredAts: make([]time.Time, n),
+		NotBefores:  make([]time.Time, n), // zero: none (the query's NULL)
+		DelaysUs:    make([]int64, n),
+		ExpiresAts:  make([]time.Time, n), // zero: none
 	}
 	now := time.Now().Round(time.Microsecond)
 	var keys []string // the explicit keys, whose locks the insert takes
@@ -180,6 +186,16 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		}
 		p.EventIds[i], p.Topics[i], p.Keys[i], p.EventTypes[i] = id, m.Topic, key, m.EventType
 		p.Payloads[i], p.Headers[i], p.OccurredAts[i] = payload, headers, occurred
+		if !m.NotBefore.IsZero() {
+			p.NotBefores[i] = m.NotBefore.Round(time.Microsecond).UTC()
+		}
+		if m.Delay > 0 {
+			// Resolved by the insert against the database's clock.
+			p.DelaysUs[i] = max(m.Delay.Microseconds(), 1)
+		}
+		if !m.ExpiresAt.IsZero() {
+			p.ExpiresAts[i] = m.ExpiresAt.Round(time.Microsecond).UTC()
+		}
 	}
 	if len(keys) > 1 {
 		// Take the key locks in one global order before the insert takes them
@@ -188,7 +204,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 			return fmt.Errorf("outbox: lock keys: %w", err)
 		}
 	}
-	inserted, err := o.q.EnqueueOutboxIdempotent(ctx, tx, db.EnqueueOutboxIdempotentParams(p))
+	inserted, err := o.q.EnqueueOutboxIdempotent(ctx, tx, p)
 	if err != nil {
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_key_seq_idx" {
 			return fmt.Errorf("outbox: insert %d messages: %w: %w", n, ErrKeySeqRace, err)
@@ -204,7 +220,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 // duplicates compares the messages whose insert was skipped with the stored
 // events of the same id, and returns ErrDuplicateEvent or ErrEventIDConflict
 // for each, joined. When any is a conflict, only the conflicts are returned.
-func (o *Outbox) duplicates(ctx context.Context, tx pgx.Tx, p db.EnqueueOutboxParams, inserted []string) error {
+func (o *Outbox) duplicates(ctx context.Context, tx pgx.Tx, p db.EnqueueOutboxIdempotentParams, inserted []string) error {
 	left := make(map[string]int, len(inserted)) // inserted ids, counted: a repeated id is inserted once
 	for _, id := range inserted {
 		left[id]++
@@ -296,6 +312,18 @@ func (o *Outbox) validate(m event.Message) error {
 			return err
 		}
 	}
+	if err := timeField("NotBefore", m.NotBefore); err != nil {
+		return err
+	}
+	if err := timeField("ExpiresAt", m.ExpiresAt); err != nil {
+		return err
+	}
+	if m.Delay < 0 {
+		return fmt.Errorf("%w: Delay must not be negative, got %s", ErrInvalidSchedule, m.Delay)
+	}
+	if m.Delay > maxDelay {
+		return fmt.Errorf("%w: Delay must be at most %s, got %s", ErrInvalidSchedule, maxDelay, m.Delay)
+	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
 	}
@@ -315,6 +343,21 @@ func (o *Outbox) validate(m event.Message) error {
 		if err := textField(fmt.Sprintf("value of %q", k), v); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidHeader, err)
 		}
+	}
+	return nil
+}
+
+// maxDelay is the longest Message.Delay accepted: 100 years.
+const maxDelay = 100 * 365 * 24 * time.Hour
+
+// timeField checks a NotBefore or ExpiresAt: zero (none) or within the range
+// PostgreSQL stores and the broker header carries (the range of OccurredAt).
+func timeField(name string, t time.Time) error {
+	if t.IsZero() {
+		return nil
+	}
+	if _, err := event.NormalizeOccurredAt(t); err != nil {
+		return fmt.Errorf("%w: %s %s is out of range (after 0001-01-01T00:00:00Z, at most 9999-12-31T23:59:59.999999Z)", ErrInvalidSchedule, name, t.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }

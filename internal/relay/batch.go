@@ -54,14 +54,14 @@ func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
 // so a fenced or failed mark stops the partition before anything later is
 // marked.
 func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
-	rows, err := r.readBatch(w, inflight)
+	rows, readStart, err := r.readBatch(w, inflight)
 	if err != nil {
 		return 0, err
 	}
 	if len(rows) == 0 {
 		return 0, nil
 	}
-	results, err := r.publishBatch(w, log, rows)
+	results, err := r.publishBatch(w, log, rows, readStart)
 	if err != nil {
 		return len(rows), err
 	}
@@ -89,22 +89,24 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 }
 
 // readBatch reads the partition's next pending rows, in id order, past the
-// batch whose mark is in flight.
-func (r *Relay) readBatch(w *worker, inflight *pendingMark) ([]db.PendingBatchRow, error) {
+// batch whose mark is in flight. readStart is when the read was sent: the
+// rows' DbNow is no earlier than that instant.
+func (r *Relay) readBatch(w *worker, inflight *pendingMark) (rows []db.PendingBatchRow, readStart time.Time, err error) {
 	exclude := inflight.ids
 	if exclude == nil {
 		exclude = []int64{}
 	}
+	readStart = time.Now()
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-	rows, err := r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
+	rows, err = r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("read pending rows: %w", err)
+		return nil, readStart, fmt.Errorf("read pending rows: %w", err)
 	}
 	if h := r.cfg.hooks.afterRead; h != nil {
 		h(w.partition, len(rows))
 	}
-	return rows, nil
+	return rows, readStart, nil
 }
 
 // rowIDs returns the ids of rows, in order.
@@ -141,6 +143,9 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 	}
 	if out.dead > 0 {
 		r.cfg.Observer.MarkedDead(int(w.partition), out.dead)
+	}
+	if out.expired > 0 {
+		r.cfg.Observer.Expired(int(w.partition), out.expired)
 	}
 	return nil
 }

@@ -180,7 +180,7 @@ func (b *bundle) subscribe(t *testing.T) <-chan received {
 
 // countingObserver counts the observer events.
 type countingObserver struct {
-	published, duplicates, failed, dead, fenced, acquired, takenOver, lost, held atomic.Int64
+	published, duplicates, failed, dead, expired, fenced, acquired, takenOver, lost, held atomic.Int64
 }
 
 func (o *countingObserver) Published(_ int, n, dups int, _ time.Duration) {
@@ -190,6 +190,7 @@ func (o *countingObserver) Published(_ int, n, dups int, _ time.Duration) {
 func (o *countingObserver) PublishDuration(int, int, time.Duration) {}
 func (o *countingObserver) PublishFailed(int, int, error)           { o.failed.Add(1) }
 func (o *countingObserver) MarkedDead(_ int, n int)                 { o.dead.Add(int64(n)) }
+func (o *countingObserver) Expired(_ int, n int)                    { o.expired.Add(int64(n)) }
 func (o *countingObserver) Fenced(int)                              { o.fenced.Add(1) }
 func (o *countingObserver) LeaseAcquired(_ int, _ int64, takenOver bool) {
 	o.acquired.Add(1)

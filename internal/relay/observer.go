@@ -16,6 +16,9 @@ type Observer interface {
 	PublishFailed(partition int, n int, err error)
 	// MarkedDead reports n events the broker rejected for good, marked dead.
 	MarkedDead(partition int, n int)
+	// Expired reports n events whose expires_at passed before they were
+	// published, marked dead with the reason "expired".
+	Expired(partition int, n int)
 	// Fenced reports a mark refused because another relay took the
 	// partition over (its epoch moved on).
 	Fenced(partition int)
@@ -43,6 +46,9 @@ func (NopObserver) PublishFailed(int, int, error) {}
 
 // MarkedDead implements Observer.
 func (NopObserver) MarkedDead(int, int) {}
+
+// Expired implements Observer.
+func (NopObserver) Expired(int, int) {}
 
 // Fenced implements Observer.
 func (NopObserver) Fenced(int) {}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -15,11 +16,12 @@ import (
 
 // publishBatch publishes rows while w's lease lasts and returns each row's
 // result; errLeaseExpired when the lease may have ended before publishing.
-func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchRow) ([]broker.Result, error) {
-	results, msgs, idx := brokerMessages(rows)
+// readStart is when the rows were read (see expiredRows).
+func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchRow, readStart time.Time) ([]broker.Result, error) {
 	if h := r.cfg.hooks.beforePublish; h != nil {
 		h(w.partition)
 	}
+	results, msgs, idx := brokerMessages(rows, expiredRows(rows, readStart))
 	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
 	// failed heartbeats) must not publish the batch it read before: another
 	// relay may have taken the partition and published these rows, and once
@@ -40,18 +42,50 @@ func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchR
 	return results, nil
 }
 
+// errExpired is the result of a row whose expires_at passed before it was
+// published: it is marked dead with the reason "expired".
+var errExpired = broker.Terminal(errors.New(event.ReasonExpired))
+
+// expiredRows reports which rows have expired by now, on the database's
+// clock: each row's DbNow (the read's now()) plus the time since readStart,
+// which is no less than the time since the read's now() was taken. The
+// estimate errs towards later, so a row is never published after its
+// expires_at; it may be marked expired up to the read's round trip early.
+func expiredRows(rows []db.PendingBatchRow, readStart time.Time) []bool {
+	var expired []bool
+	since := time.Since(readStart)
+	for i, row := range rows {
+		if row.ExpiresAt == nil || row.DbNow.Add(since).Before(*row.ExpiresAt) {
+			continue
+		}
+		if expired == nil {
+			expired = make([]bool, len(rows))
+		}
+		expired[i] = true
+	}
+	return expired
+}
+
 // brokerMessages returns the messages to publish for rows (msgs[j] is
 // rows[idx[j]]) and a result per row, already failed for the rows that
-// cannot be published.
-func brokerMessages(rows []db.PendingBatchRow) (results []broker.Result, msgs []broker.Message, idx []int) {
+// cannot be published: expired ones (expired[i], nil for none) and those
+// whose headers cannot be carried.
+func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker.Result, msgs []broker.Message, idx []int) {
 	// Rows whose headers cannot be carried are dead before publishing.
 	results = make([]broker.Result, len(rows))
 	msgs = make([]broker.Message, 0, len(rows))
 	idx = make([]int, 0, len(rows))
 	for i, row := range rows {
+		if expired != nil && expired[i] {
+			results[i].Err = errExpired
+			continue
+		}
 		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
 		if row.KeySeq != nil {
 			m.KeySeq = *row.KeySeq
+		}
+		if row.ExpiresAt != nil {
+			m.ExpiresAt = *row.ExpiresAt
 		}
 		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
 			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
@@ -101,6 +135,7 @@ type outcomes struct {
 	transient error    // the first transient failure
 
 	published, dead, dups int // dups: published rows the broker reported as duplicates
+	expired               int // rows marked dead because they expired before publishing
 }
 
 // outcomesOf sorts the batch's rows by their publishing's results.
@@ -120,6 +155,12 @@ func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Res
 			continue
 		}
 		out.markIDs = append(out.markIDs, rows[i].ID)
+		if res.Err == errExpired {
+			out.deadIDs = append(out.deadIDs, rows[i].ID)
+			out.reasons = append(out.reasons, event.ReasonExpired)
+			out.expired++
+			continue
+		}
 		if res.Err != nil {
 			out.deadIDs = append(out.deadIDs, rows[i].ID)
 			out.reasons = append(out.reasons, res.Err.Error())
