@@ -188,8 +188,31 @@ func (r *Relay) work(w *worker) {
 				continue // look again: rows committed while arming
 			}
 		}
-		if r.sleepOrWake(w, wait.Jitter(r.cfg.PollInterval, jitterSpread)) {
+		if r.sleepOrWake(w, r.idleFor(w, log)) {
 			armed = false // the notification disarmed the partition
 		}
 	}
+}
+
+// idleFor returns how long an idle worker sleeps: PollInterval (jittered),
+// or less when the partition's earliest delayed row falls due sooner (one
+// probe of the pending index, NextDue). A row due far in the future thus
+// costs nothing while it waits: no claim reads it, and the worker polls at
+// its usual pace.
+func (r *Relay) idleFor(w *worker, log *zap.Logger) time.Duration {
+	d := wait.Jitter(r.cfg.PollInterval, jitterSpread)
+	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
+	dueUs, err := r.q.NextDue(qctx, r.cfg.Pool, w.partition)
+	cancel()
+	switch {
+	case err != nil:
+		if w.ctx.Err() == nil {
+			log.Warn("reading the partition's next due time failed; polling", zap.Error(err))
+		}
+	case dueUs >= 0:
+		// A millisecond past the due time, so that the claim's now() has
+		// passed it.
+		d = min(d, time.Duration(dueUs)*time.Microsecond+time.Millisecond)
+	}
+	return d
 }
