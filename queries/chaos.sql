@@ -1,14 +1,18 @@
 -- name: ChaosOutboxEvents :many
 -- ChaosOutboxEvents lists every outbox row in id order for the fault-test
 -- checker: the produced events and their per-key commit order.
-SELECT id, event_id, key, event_type, status, last_error
+-- not_before, expires_at and published_at check delayed and expiring events.
+SELECT id, event_id, key, event_type, status, last_error, not_before, expires_at, published_at
 FROM pgrelay.outbox
 ORDER BY id;
 
 -- name: ChaosInboxEvents :many
 -- ChaosInboxEvents lists every inbox row's outcome for the fault-test checker.
+-- expires_at is the event's expiry (kept in the headers; '' for none), finished_at when
+-- its outcome was recorded (the applying transaction's now()).
 SELECT event_id, event_type, status, attempts, last_error,
-       (status = 'processing' AND locked_until < now())::boolean AS lease_expired
+       (status = 'processing' AND locked_until < now())::boolean AS lease_expired,
+       coalesce(headers->>'Pgrelay-Expires-At', '')::text AS expires_at, finished_at
 FROM pgrelay.inbox;
 
 -- name: ChaosLedgerEntries :many

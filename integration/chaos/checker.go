@@ -61,6 +61,11 @@ type Report struct {
 
 	OrderedKeys int // keys whose apply order was checked (ordered runs)
 
+	// Delayed and expiring events: how many the producer delayed, and how
+	// many expired before the relay published them or before a consumer
+	// applied them.
+	Delayed, ExpiredOutbox, ExpiredInbox int
+
 	// NodeLossStalls are, on a NATS cluster run, the times from each node's
 	// SIGKILL until the stream's last sequence moved again, by the killed
 	// node's role ("leader", "follower"); -1 when it did not move within 30s.
@@ -110,7 +115,21 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 		events[o.EventID] = produced{eventType: o.EventType, expect: expectCredit, source: "outbox"}
 		switch o.Status {
 		case "published":
+			// Never published before its time (both times on the
+			// database's clock: the claim compares not_before with its
+			// now(), and the mark that sets published_at comes after it).
+			if o.NotBefore != nil && o.PublishedAt != nil && o.PublishedAt.Before(*o.NotBefore) {
+				fail("outbox event %s (key %s) published at %s, before its not_before %s", o.EventID, o.Key,
+					o.PublishedAt.Format(time.RFC3339Nano), o.NotBefore.Format(time.RFC3339Nano))
+			}
 		case "dead":
+			if o.LastError != nil && *o.LastError == event.ReasonExpired {
+				if o.ExpiresAt == nil {
+					fail("outbox event %s (key %s) is dead as expired but has no expires_at", o.EventID, o.Key)
+				}
+				// Never published: it must not reach the inbox.
+				events[o.EventID] = produced{eventType: o.EventType, expect: expectExpired, source: "outbox"}
+			}
 			if o.LastError == nil || *o.LastError == "" {
 				fail("outbox event %s (key %s) is dead without a reason", o.EventID, o.Key)
 			}
@@ -155,6 +174,22 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 		if _, ok := events[row.EventID]; !ok {
 			fail("inbox event %s (%s) was never produced", row.EventID, row.EventType)
 		}
+		// Never applied after its expiry: the applying transaction's now()
+		// (finished_at) precedes the handler's expiry check, which refuses
+		// to run an expired event.
+		if row.Status == "processed" && row.ExpiresAt != "" {
+			exp, err := time.Parse(time.RFC3339Nano, row.ExpiresAt)
+			switch {
+			case err != nil:
+				fail("inbox event %s has an unreadable expiry %q", row.EventID, row.ExpiresAt)
+			case row.FinishedAt != nil && row.FinishedAt.After(exp):
+				fail("inbox event %s applied at %s, after its expiry %s", row.EventID,
+					row.FinishedAt.Format(time.RFC3339Nano), exp.Format(time.RFC3339Nano))
+			}
+		}
+		if row.Status == "dead" && row.LastError != nil && strings.HasPrefix(*row.LastError, event.ReasonExpired) {
+			rep.ExpiredInbox++
+		}
 	}
 	for _, c := range inboxCounts(inbox) {
 		if c.n > 1 {
@@ -185,8 +220,16 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 	for id, p := range events {
 		row, ok := inboxByID[id]
 		switch {
+		case p.expect == expectExpired && !ok:
+			rep.ExpiredOutbox++
+			continue
 		case !ok:
 			fail("%s event %s (%s) never reached the inbox", p.source, id, orDash(p.eventType))
+			continue
+		case p.expect == expectExpired:
+			if ok {
+				fail("outbox event %s expired unpublished (dead), yet reached the inbox", id)
+			}
 			continue
 		case p.expect == expectDead:
 			if row.Status != "dead" {
@@ -214,12 +257,14 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 	// Per-key publish order: for each key, the relay's first publication of
 	// each event follows the outbox id order (commit order per key).
 	firstSeq := map[string]uint64{}
+	storedAt := map[string]time.Time{} // the broker's time of the first publication, when it tells
 	for _, m := range stream {
 		if m.msgID != m.eventID {
 			continue // a duplicate injected under a new broker id
 		}
 		if _, seen := firstSeq[m.eventID]; !seen {
 			firstSeq[m.eventID] = m.seq
+			storedAt[m.eventID] = m.stored
 		}
 	}
 	unique := map[string]bool{}
@@ -235,7 +280,17 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 		seq uint64
 	}{}
 	for _, o := range outbox {
+		if o.NotBefore != nil {
+			rep.Delayed++
+		}
 		seq, ok := firstSeq[o.EventID]
+		if ok && o.NotBefore != nil && !storedAt[o.EventID].IsZero() && storedAt[o.EventID].Before(*o.NotBefore) {
+			fail("outbox event %s (key %s) reached the broker at %s, before its not_before %s", o.EventID, o.Key,
+				storedAt[o.EventID].Format(time.RFC3339Nano), o.NotBefore.Format(time.RFC3339Nano))
+		}
+		if ok && o.Status == "dead" && o.LastError != nil && *o.LastError == event.ReasonExpired {
+			fail("outbox event %s (key %s) is dead as expired, yet it is in the stream", o.EventID, o.Key)
+		}
 		if o.Status == "published" && !ok {
 			fail("outbox event %s (key %s) is marked published but is not in the stream", o.EventID, o.Key)
 			continue
@@ -334,6 +389,7 @@ type streamMsg struct {
 	seq            uint64
 	msgID, eventID string
 	key            string
+	stored         time.Time // when the broker stored it; zero when unknown
 }
 
 // readStream reads every message stored in the stream, in order.
@@ -365,7 +421,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]str
 				return nil, err
 			}
 			h := m.Headers()
-			out = append(out, streamMsg{seq: md.Sequence.Stream, msgID: h.Get(nats.MsgIDHeader), eventID: h.Get(event.HeaderEventID), key: h.Get(event.HeaderKey)})
+			out = append(out, streamMsg{seq: md.Sequence.Stream, msgID: h.Get(nats.MsgIDHeader), eventID: h.Get(event.HeaderEventID), key: h.Get(event.HeaderKey), stored: md.Timestamp})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, fmt.Errorf("chaos: read stream: %w", err)
@@ -397,6 +453,7 @@ func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "  fenced commits                 %8d inbox (%d logged), %d relay marks logged (%d counted)\n", r.InboxFenced, r.InboxFencedLogLines, r.RelayFenced, r.RelayFencedScraped)
 	fmt.Fprintf(w, "  lease takeovers                %8d inbox claims, %d relay partitions logged (%d counted)\n", r.InboxTakeovers, r.RelayTakeovers, r.RelayTakeoversScraped)
 	fmt.Fprintf(w, "  service restarts               %8d\n", r.Restarts)
+	fmt.Fprintf(w, "  delayed events                 %8d (expired: %d before publishing, %d before applying)\n", r.Delayed, r.ExpiredOutbox, r.ExpiredInbox)
 	if r.OrderedKeys > 0 {
 		fmt.Fprintf(w, "  ordered keys (apply order)     %8d checked\n", r.OrderedKeys)
 	}

@@ -114,6 +114,9 @@ func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
 		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
+			// One order in eight is created delayed: its OrderCreated
+			// holds the order's OrderPaid behind it.
+			Delay: delayOf(o),
 		})
 	})
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -145,6 +148,7 @@ func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
 		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
+			ExpiresAt: expiryOf(o),
 		})
 	})
 	if err == nil && enqueued {
@@ -187,4 +191,24 @@ func mustJSON(v any) []byte {
 		panic(err) // only called with the ledger's plain structs
 	}
 	return b
+}
+
+// delayOf is the delay of an order's OrderCreated: 0.2 to 1.5 s for one
+// order in eight (by its amount), none for the others.
+func delayOf(o order) time.Duration {
+	if o.amount%8 != 3 {
+		return 0
+	}
+	return 200*time.Millisecond + time.Duration(o.amount%1300)*time.Millisecond
+}
+
+// expiryOf is the expiry of an order's OrderPaid: 0.1 to 2 s from now for one
+// order in ten (by its amount), so that faults make some of them expire
+// before the relay publishes them or a consumer applies them; none for the
+// others.
+func expiryOf(o order) time.Time {
+	if o.amount%10 != 7 {
+		return time.Time{}
+	}
+	return time.Now().Add(100*time.Millisecond + time.Duration(o.amount%1900)*time.Millisecond)
 }

@@ -12,7 +12,8 @@ import (
 
 const chaosInboxEvents = `-- name: ChaosInboxEvents :many
 SELECT event_id, event_type, status, attempts, last_error,
-       (status = 'processing' AND locked_until < now())::boolean AS lease_expired
+       (status = 'processing' AND locked_until < now())::boolean AS lease_expired,
+       coalesce(headers->>'Pgrelay-Expires-At', '')::text AS expires_at, finished_at
 FROM pgrelay.inbox
 `
 
@@ -23,9 +24,13 @@ type ChaosInboxEventsRow struct {
 	Attempts     int32
 	LastError    *string
 	LeaseExpired bool
+	ExpiresAt    string
+	FinishedAt   *time.Time
 }
 
 // ChaosInboxEvents lists every inbox row's outcome for the fault-test checker.
+// expires_at is the event's expiry (kept in the headers; ” for none), finished_at when
+// its outcome was recorded (the applying transaction's now()).
 func (q *Queries) ChaosInboxEvents(ctx context.Context, db DBTX) ([]ChaosInboxEventsRow, error) {
 	rows, err := db.Query(ctx, chaosInboxEvents)
 	if err != nil {
@@ -42,6 +47,8 @@ func (q *Queries) ChaosInboxEvents(ctx context.Context, db DBTX) ([]ChaosInboxEv
 			&i.Attempts,
 			&i.LastError,
 			&i.LeaseExpired,
+			&i.ExpiresAt,
+			&i.FinishedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -162,22 +169,26 @@ func (q *Queries) ChaosLedgerOrders(ctx context.Context, db DBTX) ([]ChaosLedger
 }
 
 const chaosOutboxEvents = `-- name: ChaosOutboxEvents :many
-SELECT id, event_id, key, event_type, status, last_error
+SELECT id, event_id, key, event_type, status, last_error, not_before, expires_at, published_at
 FROM pgrelay.outbox
 ORDER BY id
 `
 
 type ChaosOutboxEventsRow struct {
-	ID        int64
-	EventID   string
-	Key       string
-	EventType string
-	Status    string
-	LastError *string
+	ID          int64
+	EventID     string
+	Key         string
+	EventType   string
+	Status      string
+	LastError   *string
+	NotBefore   *time.Time
+	ExpiresAt   *time.Time
+	PublishedAt *time.Time
 }
 
 // ChaosOutboxEvents lists every outbox row in id order for the fault-test
 // checker: the produced events and their per-key commit order.
+// not_before, expires_at and published_at check delayed and expiring events.
 func (q *Queries) ChaosOutboxEvents(ctx context.Context, db DBTX) ([]ChaosOutboxEventsRow, error) {
 	rows, err := db.Query(ctx, chaosOutboxEvents)
 	if err != nil {
@@ -194,6 +205,9 @@ func (q *Queries) ChaosOutboxEvents(ctx context.Context, db DBTX) ([]ChaosOutbox
 			&i.EventType,
 			&i.Status,
 			&i.LastError,
+			&i.NotBefore,
+			&i.ExpiresAt,
+			&i.PublishedAt,
 		); err != nil {
 			return nil, err
 		}
