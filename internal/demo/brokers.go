@@ -22,6 +22,7 @@ import (
 const (
 	BrokerNATS     = "nats"
 	BrokerRabbitMQ = "rabbitmq"
+	BrokerKafka    = "kafka"
 )
 
 // demoBroker is the broker of a demo run: the services' settings, raw

@@ -50,9 +50,10 @@ type Config struct {
 	// it lives in the demo, not in the relay, so that killing the relay does
 	// not take the broker down with it.
 	NATSURL string
-	// Broker is the broker the services use: BrokerNATS or BrokerRabbitMQ
+	// Broker is the broker the services use: BrokerNATS, BrokerRabbitMQ
 	// (the server at AMQPURL, under exchange and queue names of the run's
-	// own). Default BrokerNATS.
+	// own) or BrokerKafka (kfake, an in-memory Kafka started by the demo).
+	// Default BrokerNATS.
 	Broker string
 	// AMQPURL is the RabbitMQ server of a BrokerRabbitMQ run. Default
 	// amqp://guest:guest@127.0.0.1:5672/.
@@ -116,8 +117,8 @@ func (c Config) validate() error {
 			break
 		}
 	}
-	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ {
-		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, c.Broker))
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerKafka {
+		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerKafka, c.Broker))
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("demo: Timeout (--timeout) must be positive, got %s", c.Timeout))
@@ -130,7 +131,7 @@ type Report struct {
 	Orders, PaidOrders        int64 // the shop's truth
 	ExpectedCents             int64 // sum of paid orders
 	Produced, Published       int64 // outbox rows written / published by the relay
-	StreamMessages            int64 // messages the broker stored (JetStream's stream; RabbitMQ's audit queue)
+	StreamMessages            int64 // messages the broker stored (JetStream's stream; RabbitMQ's audit queue; the Kafka topic's records)
 	InjectedDuplicates        int64 // duplicates published straight to the broker under a new broker id
 	BrokerDeduplicated        int64 // duplicates the broker itself dropped (JetStream: same Nats-Msg-Id; RabbitMQ: none)
 	Received                  int64 // distinct events stored in the inbox
@@ -253,6 +254,8 @@ func (r *run) run(ctx context.Context) error {
 	switch r.cfg.Broker {
 	case BrokerRabbitMQ:
 		r.broker, err = startRabbitBroker(bctx, r.cfg, r.say)
+	case BrokerKafka:
+		r.broker, err = startKafkaBroker(bctx, r.say)
 	default:
 		r.broker, err = startNATSBroker(bctx, r.cfg, work, r.say)
 	}
