@@ -138,6 +138,13 @@ func TestDemoOnRabbitMQ(t *testing.T) {
 	runDemo(t, "--broker", "rabbitmq", "--amqp-url", testamqp.URL(t))
 }
 
+// TestDemoOnKafka runs the short demo on kfake, the in-memory Kafka the demo
+// starts (make demo BROKER=kafka), and requires its verification to pass.
+func TestDemoOnKafka(t *testing.T) {
+	t.Parallel()
+	runDemo(t, "--broker", "kafka")
+}
+
 func runDemo(t *testing.T, args ...string) {
 	dir := bins(t)
 	testdb.NewURL(t) // resolves the server (or skips/fails like every other test)
