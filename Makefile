@@ -87,7 +87,8 @@ bench-quick:
 ## demo: build the binaries and run the end-to-end demo with crashes, duplicates
 ## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
 ## unless NATS_URL is set). BROKER=rabbitmq runs it on RabbitMQ (AMQP_URL,
-## default the local server).
+## default the local server); BROKER=kafka on kfake, an in-memory Kafka the
+## demo starts.
 demo: build
 	./bin/demo $(if $(BROKER),--broker $(BROKER))
 
