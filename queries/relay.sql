@@ -1,42 +1,62 @@
 -- name: PendingBatch :many
 -- PendingBatch reads the oldest due pending rows of one partition, in id
--- order. It reads only the outbox_pending_idx partial index. The partition is
--- compared as a range and sorted on, on purpose: with "partition = $1" the
--- planner may walk the primary key in id order instead, filtering out every
--- published row on the way, once statistics taken during a large backlog say
--- most rows are pending (74 ms instead of 0.1 ms per read at half of a
--- 400,000-row backlog). No other index provides (partition, id) order.
+-- order. It reads only the outbox_pending_idx partial index,
+-- (partition, not_before, id). Rows without a not_before sort apart, in id
+-- order: the first branch walks them. Delayed rows (docs/delayed.md) sort by
+-- not_before: the second branch reads only those due by now(); a row not due
+-- yet is never read.
+--
+-- Each branch compares the partition with "=": with equality on the index's
+-- first column, the bound on its second (IS NULL, <= now()) positions and
+-- ends the scan, and the planner costs it so. With the range "partition >= p
+-- AND partition <= p" (which kept the planner off the primary key when the
+-- claim was ordered by id alone) the second branch walked every delayed row
+-- of the partition, and the planner, costing the first branch as a walk of
+-- the whole partition, chose a sequential scan when most pending rows were
+-- delayed (TestClaimSkipsFarFutureRows: 156 buffers instead of a handful).
+-- The primary key cannot tempt the planner here: the first branch is ordered
+-- by (partition, not_before, id), which only this index provides, and the
+-- second has no order of its own (TestClaimStaysOnPendingIndexWhileDraining).
 -- exclude (never NULL; empty for none) skips the previous batch's rows while
 -- their mark is still in flight.
 --
--- Delayed rows (not_before set, docs/delayed.md) sort apart in the index, by
--- not_before: the first branch walks the rows without one, the second only
--- the delayed rows due by now(); a row not due yet is never read. A row whose
--- key has an earlier pending row not due yet is held (per-key order): one
--- probe of outbox_delayed_idx, empty unless delayed rows are pending.
--- db_now is the database's clock: the relay measures the time left before a
--- row's expires_at against it, and marks the row dead with the reason
--- 'expired' instead of publishing it once that time has passed.
+-- A row whose key has an earlier pending row not due yet is held (per-key
+-- order): one probe of outbox_delayed_idx (only delayed pending rows) per
+-- row, and only when the partition has a row not due yet at all (all of a
+-- key's rows share its partition): that test is one probe of
+-- outbox_pending_idx, evaluated once per claim, so a partition without
+-- waiting rows claims as it did before delayed events (no probe per row). It
+-- is ordered by not_before so that the planner reads the index: as "NOT
+-- EXISTS" it chose a sequential scan for the first waiting row once many were
+-- waiting (361 buffers on a 33,000-row outbox). db_now is the database's clock: the relay measures the time left
+-- before a row's expires_at against it, and marks the row dead with the
+-- reason 'expired' instead of publishing it once that time has passed.
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
        b.expires_at, now()::timestamptz AS db_now
 FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
      FROM pgrelay.outbox o
-     WHERE o.partition >= @partition::int AND o.partition <= @partition::int AND o.status = 'pending'
+     WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id <> ALL(@exclude::bigint[])
-       AND NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
-                       WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                         AND h.not_before IS NOT NULL AND h.not_before > now())
+       AND ((SELECT w.not_before FROM pgrelay.outbox w
+             WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > now()
+             ORDER BY w.not_before LIMIT 1) IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                           WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                             AND h.not_before IS NOT NULL AND h.not_before > now()))
      ORDER BY o.partition, o.not_before, o.id
      LIMIT @batch_size)
     UNION ALL
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
      FROM pgrelay.outbox o
-     WHERE o.partition >= @partition::int AND o.partition <= @partition::int AND o.status = 'pending'
+     WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before <= now() AND o.id <> ALL(@exclude::bigint[])
-       AND NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
-                       WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                         AND h.not_before IS NOT NULL AND h.not_before > now()))
+       AND ((SELECT w.not_before FROM pgrelay.outbox w
+             WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > now()
+             ORDER BY w.not_before LIMIT 1) IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                           WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                             AND h.not_before IS NOT NULL AND h.not_before > now())))
 ) AS b
 ORDER BY b.id
 LIMIT @batch_size;
@@ -47,8 +67,7 @@ LIMIT @batch_size;
 -- outbox_pending_idx. The relay sleeps until then instead of polling.
 SELECT coalesce((extract(epoch FROM min(o.not_before) - now()) * 1000000)::bigint, -1)::bigint AS due_in_us
 FROM pgrelay.outbox o
-WHERE o.partition >= @partition::int AND o.partition <= @partition::int AND o.status = 'pending'
-  AND o.not_before > now();
+WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > now();
 
 -- name: MarkOutcomes :execrows
 -- MarkOutcomes marks a published batch in one statement: @ids are the batch's
@@ -187,15 +206,18 @@ SELECT p::int AS partition
 FROM unnest(@partitions::int[]) AS p
 CROSS JOIN LATERAL (
     (SELECT o.id FROM pgrelay.outbox o
-     WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending' AND o.not_before IS NULL
-       AND NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
-                       WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                         AND h.not_before IS NOT NULL AND h.not_before > now())
+     WHERE o.partition = p AND o.status = 'pending' AND o.not_before IS NULL
+       AND ((SELECT w.not_before FROM pgrelay.outbox w
+             WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+             ORDER BY w.not_before LIMIT 1) IS NULL
+            OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                           WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                             AND h.not_before IS NOT NULL AND h.not_before > now()))
      ORDER BY o.partition, o.not_before, o.id
      LIMIT 1)
     UNION ALL
     (SELECT o.id FROM pgrelay.outbox o
-     WHERE o.partition >= p AND o.partition <= p AND o.status = 'pending' AND o.not_before <= now()
+     WHERE o.partition = p AND o.status = 'pending' AND o.not_before <= now()
      LIMIT 1)
     LIMIT 1
 ) AS first;

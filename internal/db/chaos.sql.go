@@ -221,7 +221,8 @@ func (q *Queries) ChaosOutboxEvents(ctx context.Context, db DBTX) ([]ChaosOutbox
 
 const chaosProgress = `-- name: ChaosProgress :one
 SELECT (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
-       (SELECT count(*) FROM pgrelay.outbox)::bigint AS outbox_total,
+       -- Rows that expired unpublished never reach the inbox.
+       (SELECT count(*) FROM pgrelay.outbox WHERE NOT (status = 'dead' AND last_error = 'expired'))::bigint AS outbox_total,
        (SELECT count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
        (SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open
 `
@@ -234,7 +235,8 @@ type ChaosProgressRow struct {
 }
 
 // ChaosProgress counts what is still in flight: outbox rows not published or
-// dead, inbox rows, and inbox rows pending or processing.
+// dead, outbox rows that are to reach the inbox (all but those that expired
+// unpublished), inbox rows, and inbox rows pending or processing.
 func (q *Queries) ChaosProgress(ctx context.Context, db DBTX) (ChaosProgressRow, error) {
 	row := db.QueryRow(ctx, chaosProgress)
 	var i ChaosProgressRow

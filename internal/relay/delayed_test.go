@@ -10,7 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
 // dbNow reads the database's clock.
@@ -199,4 +201,44 @@ func TestExpiredEventEndsDead(t *testing.T) {
 		t.Fatal("the unexpired event was not published")
 	}
 	require.Equal(t, uint64(1), b.streamMsgs(t), "the expired events never reached the broker")
+}
+
+// TestClaimSkipsFarFutureRows: a partition holding 10,000 rows due next year
+// (and nothing due) is claimed and probed for its next due time without
+// walking them: both statements read a handful of buffers, where walking the
+// rows' index entries reads some fifty.
+func TestClaimSkipsFarFutureRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p := b.partitionOf(t, "far")
+	// Rows without a key (their key is their event id: no key lock), those
+	// of partition p.
+	tag, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, not_before)
+		SELECT 'far-' || g, 'orders', now() + interval '1 year' + g * interval '1 second'
+		FROM generate_series(1, 200000) AS g
+		WHERE pgrelay.outbox_partition('far-' || g) = $1
+		LIMIT 10000`, p)
+	require.NoError(t, err)
+	require.EqualValues(t, 10000, tag.RowsAffected())
+	_, err = b.pool.Exec(ctx, `VACUUM ANALYZE pgrelay.outbox`)
+	require.NoError(t, err)
+
+	ex := &testdb.Explain{DBTX: b.pool}
+	_, err = db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: p, BatchSize: 500, Exclude: []int64{}})
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root := ex.Root(t)
+	require.Zero(t, root.ActualRows, "nothing is due")
+	buffers := root.SharedHit + root.SharedRead
+	t.Logf("claim of a partition holding 10,000 far-future rows: %d buffers", buffers)
+	require.LessOrEqual(t, buffers, 12, "the claim walked the far-future rows: %s", ex.JSON)
+
+	ex = &testdb.Explain{DBTX: b.pool}
+	_, err = db.New().NextDue(ctx, ex, p)
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root = ex.Root(t)
+	buffers = root.SharedHit + root.SharedRead
+	t.Logf("next due time of a partition holding 10,000 far-future rows: %d buffers", buffers)
+	require.LessOrEqual(t, buffers, 12, "the next due time walked the far-future rows: %s", ex.JSON)
 }

@@ -45,6 +45,17 @@ func (e *Explain) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	return pgconn.CommandTag{}, e.explain(ctx, sql, args)
 }
 
+// QueryRow explains a statement that returns one row (a :one); the row's
+// Scan returns ErrExplained.
+func (e *Explain) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return explainedRow{err: e.explain(ctx, sql, args)}
+}
+
+// explainedRow is the row of a statement that was explained, not run.
+type explainedRow struct{ err error }
+
+func (r explainedRow) Scan(...any) error { return r.err }
+
 // Root returns the plan's top node.
 func (e *Explain) Root(t testing.TB) PlanNode {
 	t.Helper()
