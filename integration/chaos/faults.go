@@ -291,9 +291,9 @@ func (r *run) faultCounts() map[string]int {
 type expectation int
 
 const (
-	expectCredit expectation = iota // applied exactly once
-	expectDead                      // dead with a reason
-	expectExpired                   // an outbox event that expired unpublished: never received
+	expectCredit  expectation = iota // applied exactly once
+	expectDead                       // dead with a reason
+	expectExpired                    // an outbox event that expired unpublished: never received
 )
 
 // injections records what was published straight into NATS.

@@ -147,7 +147,7 @@ func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
 		enqueued = true
 		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
-			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
+			Payload:   mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 			ExpiresAt: expiryOf(o),
 		})
 	})
