@@ -118,6 +118,9 @@ func EncodeHeaders(m Message) map[string]string {
 // reports a bad shape or an unknown event type as a permanent failure.
 func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	d := &decoder{r: r, m: event.Message{Payload: r.Payload, Headers: map[string]string{}}}
+	if ce := detectCloudEvent(r.Headers); ce != nil {
+		d.fromCloudEvent(ce)
+	}
 	if err := d.eventID(); err != nil {
 		return Delivery{}, err
 	}
@@ -137,6 +140,9 @@ type decoder struct {
 	r       Received
 	m       event.Message
 	reasons []string
+	// ce is the CloudEvent the delivery carries in binary mode, nil for
+	// pgrelay's own format; dead reasons then name its attributes.
+	ce *cloudEvent
 }
 
 // fail adds a reason the message is stored dead.
@@ -177,7 +183,9 @@ func (d *decoder) eventID() error {
 	var fallback bool
 	switch err := event.ValidateEventID(rawID); {
 	case !ok || errors.Is(err, event.ErrMissingEventID):
-		if d.r.BrokerIDName != "" {
+		if d.ce != nil {
+			d.fail("%s: no %s attribute", ReasonMissingEventID, d.ce.attrName(ceID))
+		} else if d.r.BrokerIDName != "" {
 			d.fail("%s: no %s or %s header", ReasonMissingEventID, event.HeaderEventID, d.r.BrokerIDName)
 		} else {
 			d.fail("%s: no %s header", ReasonMissingEventID, event.HeaderEventID)
@@ -205,6 +213,8 @@ func (d *decoder) eventID() error {
 func (d *decoder) eventTypeAndTopic() {
 	if et, ok := d.header(event.HeaderEventType); ok && et != "" {
 		d.m.EventType = d.text(event.HeaderEventType, et)
+	} else if d.ce != nil {
+		d.fail("%s: no %s attribute", ReasonMissingEventType, d.ce.attrName(ceType))
 	} else {
 		d.fail("%s: no %s header", ReasonMissingEventType, event.HeaderEventType)
 	}
