@@ -47,7 +47,7 @@ func ApplyWire(side RelaySide, brokerName string, w Wire) error {
 	if err := broker.CheckWireFormat(f); err != nil {
 		return fmt.Errorf("%s: %w", WireFormatFlag, err)
 	}
-	if w.Source != "" {
+	if f == broker.WireCloudEvents || w.Source != "" {
 		if err := broker.CheckCloudEventsSource(w.Source); err != nil {
 			return fmt.Errorf("%s: %w", CESourceFlag, err)
 		}
