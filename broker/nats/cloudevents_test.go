@@ -2,6 +2,7 @@ package nats_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,13 +10,17 @@ import (
 	cejs "github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2"
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	ceevent "github.com/cloudevents/sdk-go/v2/event"
+	"github.com/jackc/pgx/v5"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/cetest"
+	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -193,4 +198,61 @@ func TestCloudEventsNATSSDKEventApplied(t *testing.T) {
 	}
 	require.Equal(t, 1, missing)
 	require.Equal(t, map[string]int{"sdk-1": 1, "sdk-2": 1}, cetest.Applied(t, pool), "each valid event applied once, the dead ones never")
+}
+
+// TestCloudEventsNATSRelayOrderedApply: outbox → relay publishing
+// CloudEvents → JetStream → an ordered consumer. Every event is stored under
+// its event id with its key sequence (carried beside the attributes as
+// Pgrelay-Key-Seq) and each key's events are applied once, in sequence: per-key
+// order and dedup work in CloudEvents mode as in pgrelay's own.
+func TestCloudEventsNATSRelayOrderedApply(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	url := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pub, err := nats.NewPublisher(ctx, nats.Config{URL: url, Stream: stream, SubjectPrefix: prefix,
+		WireFormat: broker.WireCloudEvents, CloudEventsSource: "/orders-service"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	wg.Go(func() { _ = r.Run(runCtx) })
+
+	ob, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	const keys, perKey = 3, 10
+	for i := range perKey {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for k := range keys {
+				if err := ob.Enqueue(ctx, tx, event.Message{EventID: fmt.Sprintf("k%d-%d", k, i), Topic: "orders",
+					Key: fmt.Sprintf("k%d", k), EventType: "Step", Payload: []byte("{}")}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	cetest.Consume(t, pool, broker.Subscribe(nats.NewSubscriber, nats.Config{URL: url, Stream: stream, SubjectPrefix: prefix,
+		Durable: "ordered", DedupWindow: 48 * time.Hour}), func(c *consumer.Config) { c.Inbox.Ordered = true })
+	rows := cetest.WaitInbox(t, pool, keys*perKey)
+	for id, row := range rows {
+		require.Equal(t, "processed", row.Status, "%s: %s", id, row.LastError)
+		require.Equal(t, "/orders-service", row.Headers["ce-source"])
+		var k, i int
+		_, err := fmt.Sscanf(id, "k%d-%d", &k, &i)
+		require.NoError(t, err)
+		require.Equal(t, int64(i+1), row.KeySeq, "%s: the key sequence travelled", id)
+	}
+	want := make([]int64, perKey)
+	for i := range want {
+		want[i] = int64(i + 1)
+	}
+	for k, seqs := range cetest.AppliedSeqs(t, pool) {
+		require.Equal(t, want, seqs, "key %s applied once each, in sequence", k)
+	}
 }

@@ -24,6 +24,7 @@ import (
 // Row is one inbox row, as the tests check it.
 type Row struct {
 	Status, Topic, Key, EventType, LastError string
+	KeySeq                                   int64
 	Payload                                  []byte
 	Headers                                  map[string]string
 	OccurredAt                               time.Time
@@ -33,27 +34,32 @@ type Row struct {
 // handler inserts one row per application into ce_applied (event id, event
 // type, key, payload) in the inbox transaction, so Applied counts only
 // applications that committed.
-func Consume(t *testing.T, pool *pgxpool.Pool, subscribe func(context.Context) (broker.Subscriber, error)) {
+// Options, when given, adjust the consumer's config (ordered apply).
+func Consume(t *testing.T, pool *pgxpool.Pool, subscribe func(context.Context) (broker.Subscriber, error), options ...func(*consumer.Config)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS ce_applied (event_id text NOT NULL, event_type text NOT NULL, key text NOT NULL, payload bytea NOT NULL)`)
+	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS ce_applied (n bigserial, event_id text NOT NULL, event_type text NOT NULL, key text NOT NULL, key_seq bigint NOT NULL, payload bytea NOT NULL)`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO ce_applied VALUES ($1, $2, $3, $4)`, ev.EventID, ev.EventType, ev.Key, ev.Payload)
+		_, err := tx.Exec(ctx, `INSERT INTO ce_applied (event_id, event_type, key, key_seq, payload) VALUES ($1, $2, $3, $4, $5)`, ev.EventID, ev.EventType, ev.Key, ev.KeySeq, ev.Payload)
 		return err
 	})
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	c, err := consumer.New(consumer.Config{
+	cfg := consumer.Config{
 		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Subscribe: subscribe,
 		Inbox: inbox.Config{Handler: h, PollInterval: 50 * time.Millisecond,
 			BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
 		Logger: log,
-	})
+	}
+	for _, o := range options {
+		o(&cfg)
+	}
+	c, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +100,7 @@ func inboxRows(t *testing.T, pool *pgxpool.Pool) map[string]Row {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rs, err := pool.Query(ctx, `SELECT event_id, status, topic, key, event_type, coalesce(last_error, ''), payload, headers, occurred_at FROM pgrelay.inbox`)
+	rs, err := pool.Query(ctx, `SELECT event_id, status, topic, key, event_type, coalesce(last_error, ''), coalesce(key_seq, 0), payload, headers, occurred_at FROM pgrelay.inbox`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +110,7 @@ func inboxRows(t *testing.T, pool *pgxpool.Pool) map[string]Row {
 		var id string
 		var r Row
 		var headers []byte
-		if err := rs.Scan(&id, &r.Status, &r.Topic, &r.Key, &r.EventType, &r.LastError, &r.Payload, &headers, &r.OccurredAt); err != nil {
+		if err := rs.Scan(&id, &r.Status, &r.Topic, &r.Key, &r.EventType, &r.LastError, &r.KeySeq, &r.Payload, &headers, &r.OccurredAt); err != nil {
 			t.Fatal(err)
 		}
 		if err := json.Unmarshal(headers, &r.Headers); err != nil {
@@ -137,6 +143,29 @@ func Applied(t *testing.T, pool *pgxpool.Pool) map[string]int {
 			t.Fatal(err)
 		}
 		out[id] = n
+	}
+	return out
+}
+
+// AppliedSeqs returns, per key, the key sequences of the events applied, in
+// the order their applications committed.
+func AppliedSeqs(t *testing.T, pool *pgxpool.Pool) map[string][]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rs, err := pool.Query(ctx, `SELECT key, key_seq FROM ce_applied ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	out := map[string][]int64{}
+	for rs.Next() {
+		var k string
+		var seq int64
+		if err := rs.Scan(&k, &seq); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = append(out[k], seq)
 	}
 	return out
 }
