@@ -117,8 +117,9 @@ const (
 
 // CloudEventsHeaderPrefix prefixes, in the inbox, the CloudEvents
 // attributes a received CloudEvent carries that have no pgrelay field of
-// their own: "ce-source", "ce-subject" (when it is not the key),
-// "ce-dataschema" and every extension but partitionkey ("ce-traceparent").
+// their own: "ce-source" (except from a pgrelay relay), "ce-subject" (when
+// it is not the key), "ce-dataschema" and every extension but partitionkey
+// ("ce-traceparent").
 const CloudEventsHeaderPrefix = "ce-"
 
 // CloudEventsHeaders turns pgrelay's logical headers h (EncodeHeaders'
@@ -234,9 +235,10 @@ func (ce *cloudEvent) attrName(a string) string { return ce.prefix + a }
 // fromCloudEvent rewrites d.r.Headers, a binary-mode CloudEvent, into
 // pgrelay's logical headers for the remaining Decode steps: id, type, time,
 // partitionkey and datacontenttype become the event id, event type,
-// occurred-at, key and content type; source, dataschema, a subject other
-// than the key and every other extension are kept as the message's own
-// headers under CloudEventsHeaderPrefix. Headers without the prefix
+// occurred-at, key and content type; source (unless a pgrelay relay sent
+// it: then the message decodes exactly as in pgrelay's format), dataschema, a
+// subject other than the key and every other extension are kept as the
+// message's own headers under CloudEventsHeaderPrefix. Headers without the prefix
 // (Pgrelay-Topic, Pgrelay-Key-Seq, Pgrelay-H-*, ...) are read as usual. A
 // specversion other than 1.0 or a missing source adds a reason; the broker's
 // message id never stands in for a missing id attribute (a CloudEvent without
@@ -257,6 +259,10 @@ func (d *decoder) fromCloudEvent(ce *cloudEvent) {
 		h[name] = vs
 	}
 	set := func(name, v string) { h[name] = []string{v} }
+	// A pgrelay relay always writes Pgrelay-Topic beside the attributes. Its
+	// source is its own setting, not part of the event: such a CloudEvent is
+	// stored exactly as the same event in pgrelay's format.
+	_, fromRelay := h[event.HeaderTopic]
 	if v := ce.attrs[ceSpecVersion]; v != CloudEventsSpecVersion {
 		d.fail("%s: %s %q, want %q", ReasonInvalidCloudEvent, ce.attrName(ceSpecVersion), Truncate(Printable(v), 64), CloudEventsSpecVersion)
 	}
@@ -280,7 +286,11 @@ func (d *decoder) fromCloudEvent(ce *cloudEvent) {
 			if v != ce.attrs[cePartitionKey] {
 				set(event.HeaderPrefix+CloudEventsHeaderPrefix+a, v)
 			}
-		default: // source, dataschema, extensions
+		case ceSource:
+			if !fromRelay {
+				set(event.HeaderPrefix+CloudEventsHeaderPrefix+a, v)
+			}
+		default: // dataschema, extensions
 			set(event.HeaderPrefix+CloudEventsHeaderPrefix+a, v)
 		}
 	}
