@@ -17,9 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/cetest"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/testamqp"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -294,4 +296,23 @@ func TestCloudEventsRabbitMQSDKEventApplied(t *testing.T) {
 	}
 	require.Equal(t, 1, missing)
 	require.Equal(t, map[string]int{"sdk-1": 1, "sdk-2": 1}, cetest.Applied(t, pool), "each valid event applied once, the dead ones never")
+}
+
+// TestCloudEventsRabbitMQConformance runs the broker conformance suite with
+// the publisher in CloudEvents mode (the fault cases, which do not depend on
+// the wire format, run in TestConformance).
+func TestCloudEventsRabbitMQConformance(t *testing.T) {
+	u := testamqp.URL(t)
+	h := harness(u, u)
+	h.NewPublisher = func(t *testing.T, ns string) broker.Publisher {
+		cfg := config(u, ns, "c")
+		cfg.MaxMessageBytes = suiteMaxMessageBytes
+		cfg.WireFormat = broker.WireCloudEvents
+		t.Cleanup(func() { testamqp.Delete(t, u, ns, ns+"_c") })
+		p, err := rabbitmq.NewPublisher(ctxT(t, 30*time.Second), cfg)
+		require.NoError(t, err)
+		return p
+	}
+	h.UnknownDestination = nil // the exchange without a queue: the same in both formats (TestConformance)
+	brokertest.Run(t, h)
 }
