@@ -2,7 +2,9 @@
 // Publisher interface the relay publishes through, the Subscriber interface
 // the consumer fetches from, the Delivery a subscriber returns, the
 // classification of publish failures (Terminal), the broker-neutral decoding
-// of received messages (Decode, EncodeHeaders) and the header names.
+// of received messages (Decode, EncodeHeaders), the header names, and the
+// CloudEvents binary-mode bindings an adapter publishes with under
+// WireCloudEvents (CloudEventsHeaders).
 //
 // The adapters live in sub-packages, each with the same shape
 // (NewPublisher(ctx, Config), NewSubscriber(ctx, Config), a Config holding its

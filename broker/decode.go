@@ -116,6 +116,12 @@ func EncodeHeaders(m Message) map[string]string {
 // other payload is opaque bytes (protobuf, Avro), stored as received. It does
 // not look inside the payload: the handler owns the payload's schema and
 // reports a bad shape or an unknown event type as a permanent failure.
+//
+// A message in CloudEvents binary mode (a specversion header under "ce-",
+// "ce_", "cloudEvents_" or "cloudEvents:") is read from its attributes
+// first (see CloudEventsHeaders for the mapping; a specversion other than
+// 1.0, or no id, source or type, adds a reason), so every adapter reads both
+// wire formats.
 func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	d := &decoder{r: r, m: event.Message{Payload: r.Payload, Headers: map[string]string{}}}
 	if ce := detectCloudEvent(r.Headers); ce != nil {
