@@ -283,3 +283,13 @@ func TestCloudEventsNATSConformance(t *testing.T) {
 	h.Proxied, h.Restartable = nil, nil
 	brokertest.Run(t, h)
 }
+
+// FuzzCloudEventsNATSRoundTrip: the relay's NATS message in CloudEvents
+// mode, decoded as the NATS subscriber does, is the event it was made from,
+// as in pgrelay's format.
+func FuzzCloudEventsNATSRoundTrip(f *testing.F) {
+	p := nats.CloudEventsPublisherForTest("pgrelay")
+	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
+		return nats.RoundTripWireForTest(t, p, m)
+	})
+}
