@@ -180,4 +180,3 @@ func TestPostgresConformance(t *testing.T) {
 	ts := &targets{dbs: map[string]*pgxpool.Pool{}, url: map[string]string{}}
 	brokertest.Run(t, harness(ts, ""))
 }
-
