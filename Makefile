@@ -87,7 +87,7 @@ bench-quick:
 ## demo: build the binaries and run the end-to-end demo with crashes, duplicates
 ## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
 ## unless NATS_URL is set). BROKER=rabbitmq runs it on RabbitMQ (AMQP_URL,
-## default the local server).
+## default the local server); BROKER=postgres with PostgreSQL as the broker.
 demo: build
 	./bin/demo $(if $(BROKER),--broker $(BROKER))
 
