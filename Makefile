@@ -100,7 +100,7 @@ demo-short: build
 ## consumer processes, a private PostgreSQL cluster, a broker, toxiproxy
 ## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ: one
 ## shorter run; about four minutes); `make chaos DURATION=20m` runs one long
-rabbitmq picks the broker of every run$|rabbitmq picks the broker of every run
+## run, SEED=n replays one, BROKER=nats|rabbitmq|postgres picks the broker of every run
 ## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
 ## the local server).
 DURATION ?=
