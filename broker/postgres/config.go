@@ -27,8 +27,10 @@ import (
 // payload limit a command-line consumer gives its subscriber.
 const DefaultMaxMessageBytes = 1 << 20
 
-// DefaultMaxConns is the default Config.MaxConns.
-const DefaultMaxConns = 4
+// DefaultMaxConns is the default Config.MaxConns: one per partition of a
+// default install (16), each of which may store a batch at once; the pool
+// opens connections only as needed.
+const DefaultMaxConns = 16
 
 // Config configures the publisher.
 type Config struct {
