@@ -74,7 +74,7 @@ func (s *postgresRelay) DefaultDatabase(url string) {
 
 func (s *postgresRelay) config(log *zap.Logger) postgres.Config {
 	c := s.cfg
-	c.MaxConns = int32(min(max(s.maxConns, -1), 1<<20))
+	c.MaxConns = int32(min(max(s.maxConns, 0), 10000))
 	c.Logger = logbridge.Slog(log)
 	return c.WithDefaults()
 }
@@ -82,6 +82,9 @@ func (s *postgresRelay) config(log *zap.Logger) postgres.Config {
 func (s *postgresRelay) Check() error {
 	if err := ValidateEnv(postgresEnvKinds); err != nil {
 		return err
+	}
+	if s.maxConns < 1 || s.maxConns > 10000 {
+		return fmt.Errorf("--pg-max-conns (PG_MAX_CONNS) must be between 1 and 10000, got %d", s.maxConns)
 	}
 	if err := s.config(nil).Validate(); err != nil {
 		return postgresNames(err)
