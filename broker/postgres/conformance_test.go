@@ -108,8 +108,7 @@ func viaProxy(t *testing.T, u, addr string) string {
 }
 
 func harness(ts *targets, proxy string) brokertest.Harness {
-	var h brokertest.Harness
-	h = brokertest.Harness{
+	h := brokertest.Harness{
 		NewPublisher: func(t *testing.T, ns string) broker.Publisher {
 			u, _ := ts.get(t, ns)
 			if proxy != "" {
