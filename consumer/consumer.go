@@ -1,6 +1,7 @@
 // Package consumer runs pgrelay's consumer as a library: it fetches
 // deliveries from a broker subscriber (NATS JetStream, Kafka, RabbitMQ, or
-// any broker.Subscriber), stores them in the inbox, deduplicated, and runs a
+// any broker.Subscriber; none with Config.Direct, when the relay stores into
+// the inbox itself), stores them in the inbox, deduplicated, and runs a
 // pgrelay.InboxHandler over them exactly once per event, together with the
 // inbox's retention. Prometheus metrics, health checks and the admin API are
 // opt-in (Config.MetricsAddr, Config.AdminAddr).
