@@ -98,8 +98,8 @@ demo-short: build
 .PHONY: chaos fuzz
 ## chaos: the fault suite with its exactly-once checker (real relay and
 ## consumer processes, a private PostgreSQL cluster, a broker, toxiproxy
-## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ: one
-## shorter run; about four minutes); `make chaos DURATION=20m` runs one long
+## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ and
+## PostgreSQL as the broker: one shorter run each; about five minutes); `make chaos DURATION=20m` runs one long
 ## run, SEED=n replays one, BROKER=nats|rabbitmq|postgres picks the broker of every run
 ## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
 ## the local server).
