@@ -241,3 +241,76 @@ func TestNewPublisherNeedsMigratedTarget(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestRegisteredTopicsAndKeys: each event is stored for the handlers whose
+// topics take it, under each handler's own key strategy (per topic too);
+// registering again replaces a handler's settings; a bad spec is refused.
+func TestRegisteredTopicsAndKeys(t *testing.T) {
+	u := testdb.NewURL(t)
+	pool := postgresPool(t, u)
+	err := postgres.Register(ctxT(t, 10*time.Second), pool, postgres.Subscription{Handler: "h", DedupKey: "nonsense:{x}"})
+	if err == nil || !contains(err.Error(), "nonsense") {
+		t.Fatalf("a bad key strategy: got %v", err)
+	}
+	if err := postgres.Register(ctxT(t, 10*time.Second), pool,
+		postgres.Subscription{Handler: "all", DedupKeyByTopic: map[string]string{"payments": "business:pay:{order_id}"}},
+		postgres.Subscription{Handler: "pay", Topics: []string{"payments"}}); err != nil {
+		t.Fatal(err)
+	}
+	subs, err := postgres.Registered(ctxT(t, 10*time.Second), pool)
+	if err != nil || len(subs) != 2 || subs[0].DedupKeyByTopic["payments"] != "business:pay:{order_id}" || !slices.Equal(subs[1].Topics, []string{"payments"}) {
+		t.Fatalf("registered %+v (%v)", subs, err)
+	}
+	p, err := postgres.NewPublisher(ctxT(t, 30*time.Second), postgres.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := event.Message{EventID: uuid(), Topic: "orders", EventType: "OrderCreated", Payload: []byte(`{"order_id":"o1"}`)}
+	pay := event.Message{EventID: uuid(), Topic: "payments", EventType: "OrderPaid", Payload: []byte(`{"order_id":"o1"}`)}
+	// Another event id, the same business key: absorbed for "all" only.
+	payAgain := event.Message{EventID: uuid(), Topic: "payments", EventType: "OrderPaid", Payload: []byte(`{"order_id":"o1"}`)}
+	res := mustPublish(t, p, []broker.Message{order, pay, payAgain})
+	if res[0].Duplicate || res[1].Duplicate || res[2].Duplicate {
+		t.Fatalf("results %+v: nothing was stored for every handler before", res)
+	}
+	rows, err := pool.Query(ctxT(t, 10*time.Second), `SELECT handler, event_id, dedup_key FROM pgrelay.inbox ORDER BY handler, event_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var h, id, key string
+		if err := rows.Scan(&h, &id, &key); err != nil {
+			t.Fatal(err)
+		}
+		got[h+"/"+id] = key
+	}
+	rows.Close()
+	want := map[string]string{
+		"all/" + order.EventID:    order.EventID,
+		"all/" + pay.EventID:      "pay:o1",
+		"pay/" + pay.EventID:      pay.EventID,
+		"pay/" + payAgain.EventID: payAgain.EventID,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("stored %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("stored %v, want %v", got, want)
+		}
+	}
+	// Registered again without topics: "pay" now takes orders too.
+	if err := postgres.Register(ctxT(t, 10*time.Second), pool, postgres.Subscription{Handler: "pay"}); err != nil {
+		t.Fatal(err)
+	}
+	order2 := event.Message{EventID: uuid(), Topic: "orders", EventType: "OrderCreated", Payload: []byte(`{}`)}
+	mustPublish(t, p, []broker.Message{order2})
+	var n int
+	if err := pool.QueryRow(ctxT(t, 10*time.Second), `SELECT count(*) FROM pgrelay.inbox WHERE event_id = $1`, order2.EventID).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("the order after re-registering is stored %d times (%v), want 2", n, err)
+	}
+	if ok, err := postgres.Unregister(ctxT(t, 10*time.Second), pool, "pay"); !ok || err != nil {
+		t.Fatalf("unregister: %v %v", ok, err)
+	}
+}
