@@ -9,7 +9,9 @@
 // The adapters live in sub-packages, each with the same shape
 // (NewPublisher(ctx, Config), NewSubscriber(ctx, Config), a Config holding its
 // own limits): broker/nats (NATS JetStream), broker/kafka and
-// broker/rabbitmq; a program imports only the one it uses. broker/brokertest
+// broker/rabbitmq; a program imports only the one it uses. broker/postgres
+// has a Publisher only: it stores into a target database's inbox, and that
+// database's consumer runs without a subscriber. broker/brokertest
 // is the conformance suite every adapter passes; a third-party adapter proves
 // itself with it.
 package broker

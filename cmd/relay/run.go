@@ -180,6 +180,9 @@ func runRelay(parent context.Context, s settings) error {
 	if err := cli.ApplyWire(side, s.broker, s.wire); err != nil {
 		return err
 	}
+	if d, ok := side.(cli.DatabaseDefault); ok {
+		d.DefaultDatabase(s.databaseURL)
+	}
 	if err := side.Check(); err != nil {
 		return err
 	}
