@@ -2,12 +2,16 @@
 // Publisher interface the relay publishes through, the Subscriber interface
 // the consumer fetches from, the Delivery a subscriber returns, the
 // classification of publish failures (Terminal), the broker-neutral decoding
-// of received messages (Decode, EncodeHeaders) and the header names.
+// of received messages (Decode, EncodeHeaders), the header names, and the
+// CloudEvents binary-mode bindings an adapter publishes with under
+// WireCloudEvents (CloudEventsHeaders).
 //
 // The adapters live in sub-packages, each with the same shape
 // (NewPublisher(ctx, Config), NewSubscriber(ctx, Config), a Config holding its
 // own limits): broker/nats (NATS JetStream), broker/kafka and
-// broker/rabbitmq; a program imports only the one it uses. broker/brokertest
+// broker/rabbitmq; a program imports only the one it uses. broker/postgres
+// has a Publisher only: it stores into a target database's inbox, and that
+// database's consumer runs without a subscriber. broker/brokertest
 // is the conformance suite every adapter passes; a third-party adapter proves
 // itself with it.
 package broker

@@ -1,6 +1,7 @@
 // Package consumer runs pgrelay's consumer as a library: it fetches
 // deliveries from a broker subscriber (NATS JetStream, Kafka, RabbitMQ, or
-// any broker.Subscriber), stores them in the inbox, deduplicated, and runs a
+// any broker.Subscriber; none with Config.Direct, when the relay stores into
+// the inbox itself), stores them in the inbox, deduplicated, and runs a
 // pgrelay.InboxHandler over them exactly once per event, together with the
 // inbox's retention. Prometheus metrics, health checks and the admin API are
 // opt-in (Config.MetricsAddr, Config.AdminAddr).
@@ -74,6 +75,16 @@ type Config struct {
 	// kafka.Config.Group, rabbitmq.Config.Queue), so that each handler receives
 	// every message; consumers of one handler share one. Required.
 	Subscribe func(ctx context.Context) (broker.Subscriber, error)
+	// Direct runs the consumer without a broker, for a relay that stores
+	// events straight into this database's inbox (relay --broker postgres,
+	// broker/postgres): Run registers the handlers (Targets, or
+	// Inbox.HandlerName with DedupKey) in pgrelay.inbox_subscriptions and
+	// runs the inbox workers only, woken by the relay's NOTIFY. Subscribe
+	// must then be nil. See docs/postgres-broker.md. Default false.
+	Direct bool
+	// DirectTopics, with Direct, are the topics the handlers take. Default
+	// (nil): every topic.
+	DirectTopics []string
 	// Inbox configures the inbox workers that run the handler in this
 	// process, as pgrelay.NewInboxWorker takes it: Inbox.Handler is
 	// required; Inbox.HandlerName names the handler the received messages
@@ -186,8 +197,8 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.Inbox.HandlerName = pgrelay.DefaultHandlerName
 	}
 	var errs []error
-	if cfg.Subscribe == nil {
-		errs = append(errs, configError("Subscribe", "{} is required: broker.Subscribe(nats.NewSubscriber, nats.Config{...}) or another adapter's"))
+	if cfg.Subscribe == nil && !cfg.Direct {
+		errs = append(errs, configError("Subscribe", "{} is required: broker.Subscribe(nats.NewSubscriber, nats.Config{...}) or another adapter's (or set {Direct})"))
 	}
 	if cfg.StartupTimeout < 0 {
 		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", cfg.StartupTimeout))
@@ -224,6 +235,8 @@ func New(cfg Config) (*Consumer, error) {
 	c, err := engine.New(engine.Config{
 		Pool:             cfg.Pool,
 		Subscribe:        cfg.Subscribe,
+		Direct:           cfg.Direct,
+		DirectTopics:     cfg.DirectTopics,
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
 		StatsInterval:    cfg.StatsInterval,

@@ -173,8 +173,8 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, outboxPending+1, info.State.Msgs, "each pending outbox row published once")
 
-	// Rolling back version 100 (and the versions after it) drops the views
-	// and keeps the data in pgrelay.
+	// Rolling back version 100 (and the later ones) drops the views and
+	// keeps the data in pgrelay.
 	stop()
 	wg.Wait()
 	p, err := migrations.NewProvider(sqlDB)

@@ -117,8 +117,8 @@ func (c Config) validate() error {
 			break
 		}
 	}
-	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerKafka {
-		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerKafka, c.Broker))
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerPostgres && c.Broker != BrokerKafka {
+		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q, %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerPostgres, BrokerKafka, c.Broker))
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("demo: Timeout (--timeout) must be positive, got %s", c.Timeout))
@@ -254,6 +254,8 @@ func (r *run) run(ctx context.Context) error {
 	switch r.cfg.Broker {
 	case BrokerRabbitMQ:
 		r.broker, err = startRabbitBroker(bctx, r.cfg, r.say)
+	case BrokerPostgres:
+		r.broker, err = startPostgresBroker(bctx, r.pool, r.say)
 	case BrokerKafka:
 		r.broker, err = startKafkaBroker(bctx, r.say)
 	default:
