@@ -19,6 +19,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -324,7 +325,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
-			AdminToken: c.cfg.AdminToken},
+			AdminToken: c.cfg.AdminToken, DedupWindow: cmp.Or(c.cfg.Inbox.Retention.Window, pgrelay.DefaultDedupWindow)},
 		Struct: "consumer.Config",
 		Pool:   c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.log,
 		Checks: map[string]metrics.Check{

@@ -34,6 +34,10 @@ type ServerConfig struct {
 	Logger *zap.Logger
 	// ShutdownTimeout bounds the graceful shutdown. Default: 10s.
 	ShutdownTimeout time.Duration
+	// Console, when set, is served under /console/ (and / redirects to
+	// it). It applies the same token rules itself (internal/console), with
+	// a sign-in for browsers. Default: nil, no console.
+	Console http.Handler
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -156,7 +160,15 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/inbox/gaps", s.handleGaps)
 	mux.HandleFunc("POST /v1/inbox/gaps/skip", s.handleGapSkip)
 	mux.HandleFunc("POST /v1/inbox/dead/skip", s.handleDeadSkip)
-	return s.recoverer(s.authenticate(mux))
+	api := s.recoverer(s.authenticate(mux))
+	if s.cfg.Console == nil {
+		return api
+	}
+	root := http.NewServeMux()
+	root.Handle("/", api)
+	root.Handle("/console/", s.cfg.Console)
+	root.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusSeeOther))
+	return root
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
@@ -233,11 +245,11 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 }
 
 // filterFromQuery reads a Filter from URL parameters: handler, event_id,
-// topic, type, error, since, until (RFC 3339) and limit.
+// topic, type, key, error, since, until (RFC 3339) and limit.
 func filterFromQuery(r *http.Request) (admin.Filter, error) {
 	q := r.URL.Query()
 	f := admin.Filter{Handler: q.Get("handler"), EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
-		ErrorContains: q.Get("error")}
+		Key: q.Get("key"), ErrorContains: q.Get("error")}
 	for name, dst := range map[string]**time.Time{"since": &f.DeadAfter, "until": &f.DeadBefore} {
 		if v := q.Get(name); v != "" {
 			t, err := time.Parse(time.RFC3339Nano, v)
