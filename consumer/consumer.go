@@ -36,6 +36,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -169,6 +170,37 @@ type Consumer struct {
 	running atomic.Bool
 	started chan struct{}
 	ops     *endpoints.Running
+	// sub is the subscriber Run created, for the console's broker page.
+	sub atomic.Pointer[broker.Subscriber]
+}
+
+// subscribe creates the subscriber with Config.Subscribe and keeps it.
+func (c *Consumer) subscribe(ctx context.Context) (broker.Subscriber, error) {
+	sub, err := c.cfg.Subscribe(ctx)
+	if err == nil {
+		c.sub.Store(&sub)
+	}
+	return sub, err
+}
+
+// retention reads the broker's retention for the web console, when the
+// subscriber can (broker.RetentionReporter).
+func (c *Consumer) retention(ctx context.Context) (*console.BrokerSettings, error) {
+	p := c.sub.Load()
+	if p == nil {
+		return nil, errors.New("not connected to the broker yet")
+	}
+	rr, ok := (*p).(broker.RetentionReporter)
+	if !ok {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := rr.Retention(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &console.BrokerSettings{Kind: r.Kind, Name: r.Name, MaxAge: r.MaxAge, DuplicateWindow: r.DuplicateWindow}, nil
 }
 
 // New checks cfg and builds a consumer; it does not connect to anything
@@ -224,7 +256,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c, err := engine.New(engine.Config{
 		Pool:             cfg.Pool,
-		Subscribe:        cfg.Subscribe,
+		Subscribe:        pc.subscribe,
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
 		StatsInterval:    cfg.StatsInterval,
@@ -337,6 +369,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				return nil
 			},
 		},
+		Broker: c.retention,
 		Counters: func() (float64, float64, bool) {
 			st := c.c.Stats()
 			return float64(st.Fetched), float64(st.Duplicates), true
