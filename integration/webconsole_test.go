@@ -17,8 +17,10 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/outbox"
@@ -205,6 +207,22 @@ func TestWebConsoleInChromium(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed'`) == 5
 	}, time.Minute, 50*time.Millisecond)
+	// Two redeliveries under new broker message ids, absorbed by the inbox;
+	// the second carries another order's payload: a key conflict.
+	_, js := testnats.Connect(t, natsURL)
+	for i, id := range []string{"created-order-0", "created-order-3"} {
+		m := nats.NewMsg(prefix + ".orders")
+		m.Header.Set(pgnats.MsgIDHeader, fmt.Sprintf("redelivery-%d", i))
+		m.Header.Set(event.HeaderEventID, id)
+		m.Header.Set(event.HeaderEventType, ledger.EventOrderCreated)
+		m.Header.Set(event.HeaderTopic, "orders")
+		m.Data = msgs[0].Payload
+		_, err := js.PublishMsg(ctx, m)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pgrelay.inbox_duplicates`) == 2
+	}, time.Minute, 50*time.Millisecond)
 	insertDead(t, pool, "created-order-web", "order-web")
 	insertDead(t, pool, "created-order-cli", "order-cli")
 
@@ -223,7 +241,8 @@ func TestWebConsoleInChromium(t *testing.T) {
 	// The overview, from the database and the consumer's own counters.
 	b.do("overview", chromedp.Navigate(base))
 	b.waitText("#handlers", "ledger")
-	require.Contains(t, b.text("main"), "Dedup")
+	overview := b.waitText("main", "2 duplicates of 7 received in 24 h")
+	require.Contains(t, overview, "created-order-3", "the recent duplicates")
 	b.shot("overview")
 
 	// A filtered dead-letter list is a stable link.
@@ -285,8 +304,11 @@ func TestWebConsoleInChromium(t *testing.T) {
 	require.Contains(t, auditText, "web-operator")
 	b.shot("audit")
 	b.do("ordered", chromedp.Navigate(base+"ordered"), chromedp.WaitVisible(chromedp.ID("keys")))
-	b.do("conflicts", chromedp.Navigate(base+"conflicts"), chromedp.WaitVisible(chromedp.CSS("main")))
-	require.Contains(t, b.text("main"), "No key conflicts")
+	b.do("conflicts", chromedp.Navigate(base+"conflicts"), chromedp.WaitVisible(chromedp.CSS(".conflict")))
+	stored, conflicting := b.text(".conflict .side > div:first-child pre"), b.text(".conflict .side > div:last-child pre")
+	require.Contains(t, stored, `"order_id": "order-3"`, "the stored payload")
+	require.Contains(t, conflicting, `"order_id": "order-0"`, "the conflicting payload, side by side")
+	b.shot("conflicts")
 	b.do("relay page", chromedp.Navigate(base+"relay"))
 	b.waitText("#partitions", "15")
 	brokerText := b.text("#broker")
@@ -296,7 +318,7 @@ func TestWebConsoleInChromium(t *testing.T) {
 	require.Contains(t, b.text("main"), "within the dedup window 2d00h")
 	b.shot("relay-from-consumer")
 	b.do("overview again", chromedp.Navigate(base))
-	b.waitText("#handlers", "ledger")
+	b.waitText("main", "this process's counters over")
 	b.shot("overview-after")
 
 	// The relay's console off loopback: a page asks for the token, and an

@@ -72,7 +72,7 @@ type Config struct {
 	// Gatherer is the process's metrics registry, sampled every
 	// SampleEvery for the charts of the process's own counters. Optional.
 	Gatherer prometheus.Gatherer
-	// SampleEvery is the sampling period of Gatherer. Default 10s.
+	// SampleEvery is the sampling period of Gatherer. Default 5s.
 	SampleEvery time.Duration
 	// DedupWindow is the consumer's dedup window (0: unknown).
 	DedupWindow time.Duration
@@ -107,7 +107,7 @@ func New(cfg Config) (*Console, error) {
 		cfg.Program = "pgrelay"
 	}
 	if cfg.SampleEvery == 0 {
-		cfg.SampleEvery = 10 * time.Second
+		cfg.SampleEvery = 5 * time.Second
 	}
 	if cfg.SampleEvery < 0 {
 		return nil, fmt.Errorf("console: Config.SampleEvery must be positive, got %s", cfg.SampleEvery)
