@@ -17,6 +17,8 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/console"
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 type client struct {
@@ -117,6 +119,11 @@ func TestPages(t *testing.T) {
 			require.Contains(t, body, w, path)
 		}
 	}
+	// The process's counters are sampled: the overview shows what they cover.
+	require.Eventually(t, func() bool {
+		_, body := c.get("/console/")
+		return strings.Contains(body, "this process's counters over")
+	}, 10*time.Second, 50*time.Millisecond)
 	_, body := c.get("/console/dead?source=inbox&topic=users")
 	require.NotContains(t, body, "d-orders-1", "the filter applies")
 	code, body := c.get("/console/dead?since=yesterday")
@@ -287,4 +294,52 @@ func TestHostCheckWithoutToken(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestOrderedSkipsInTheConsole: the ordered page lists a gap and a parked
+// key; skipping the gap and the dead event that parks the other key each
+// go through a review and write their audit row.
+func TestOrderedSkipsInTheConsole(t *testing.T) {
+	t.Parallel()
+	b, srv := start(t, "")
+	ctx := context.Background()
+	msg := func(id, key string, seq int64) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	}
+	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
+	require.NoError(t, err)
+	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.inbox SET status = 'dead', last_error = 'poison', finished_at = now() WHERE event_id = 'p-1'`)
+	require.NoError(t, err)
+
+	c := newClient(t, srv.URL)
+	code, page := c.get("/console/ordered")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, `class="k-gap">gap<`)
+	require.Contains(t, page, `class="k-parked">parked<`)
+	require.Contains(t, page, `href="/console/dead?source=inbox&amp;handler=default&amp;key=p"`, "a parked key links to its dead event")
+	_, list := c.get("/console/dead?source=inbox&handler=default&key=p")
+	require.Contains(t, list, "p-1")
+	csrf := find(t, csrfRe, page)
+
+	act := func(form url.Values, want string) {
+		t.Helper()
+		form.Set("csrf", csrf)
+		form.Set("step", "review")
+		code, body, _ := c.do(http.MethodPost, "/console/act", form)
+		require.Equal(t, http.StatusOK, code, body)
+		form.Set("step", "run")
+		form.Set("confirm", find(t, confirmRe, body))
+		code, body, _ = c.do(http.MethodPost, "/console/act", form)
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, want)
+	}
+	act(url.Values{"op": {"skip-gap"}, "source": {"inbox"}, "handler": {"default"}, "gap_key": {"g"}, "actor": {"ops"}, "reason": {"lost upstream"}},
+		"Skipped key g: sequences 1–1")
+	act(url.Values{"op": {"skip-dead"}, "source": {"inbox"}, "handler": {"default"}, "event_id": {"p-1"}, "actor": {"ops"}, "reason": {"known bad"}},
+		"Skipped key p: sequences 1–1")
+	var n int
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.replay_audit WHERE action IN ('skip_dead', 'skip_gap') AND actor = 'ops'`).Scan(&n))
+	require.Equal(t, 2, n)
+	_, page = c.get("/console/ordered")
+	require.Contains(t, page, "no key waits")
 }
