@@ -104,7 +104,9 @@ type overviewData struct {
 	Outbox     *admin.ThroughputSeries
 	Retries    []int64
 	Dead       []int64
-	DedupHours []int64
+	// RetriesTotal and DeadTotal add up Retries and Dead.
+	RetriesTotal, DeadTotal int64
+	DedupHours              []int64
 }
 
 type handlerRow struct {
@@ -149,6 +151,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				into[i] += v
 			}
 		}
+		switch ps.Label {
+		case "retries", "publish errors":
+			d.RetriesTotal += sum(ps.Minutes)
+		case "dead":
+			d.DeadTotal += sum(ps.Minutes)
+		}
 	}
 	byHandler := map[string]*admin.ThroughputSeries{}
 	for i := range d.Throughput {
@@ -182,6 +190,14 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	p.Data = d
 	c.renderPage(w, r, http.StatusOK, "overview", p)
+}
+
+func sum(v []int64) int64 {
+	var n int64
+	for _, x := range v {
+		n += x
+	}
+	return n
 }
 
 func throughputCounts(m []admin.ThroughputMinute) []int64 {
@@ -430,7 +446,14 @@ type relayData struct {
 	Broker      *BrokerSettings
 	BrokerError string
 	DedupWindow time.Duration
-	Advice      []string
+	Advice      []advice
+}
+
+// advice is one line of the relay page's comparison; OK when nothing needs
+// doing.
+type advice struct {
+	Text string
+	OK   bool
 }
 
 func (c *Console) relay(w http.ResponseWriter, r *http.Request) {
@@ -450,21 +473,21 @@ func (c *Console) relay(w http.ResponseWriter, r *http.Request) {
 }
 
 // advise compares the broker's retention with the dedup window.
-func advise(b *BrokerSettings, window time.Duration) []string {
+func advise(b *BrokerSettings, window time.Duration) []advice {
 	if b == nil || window == 0 {
 		return nil
 	}
-	var out []string
+	var out []advice
 	switch {
 	case b.MaxAge == 0:
-		out = append(out, fmt.Sprintf("%s %s keeps messages forever: longer than the dedup window %s, so a replay from the start could apply old events twice; set its max age to at most %s", b.Kind, b.Name, fmtDur(window), fmtDur(window)))
+		out = append(out, advice{Text: fmt.Sprintf("%s %s keeps messages forever: longer than the dedup window %s, so a replay from the start could apply old events twice; set its max age to at most %s", b.Kind, b.Name, fmtDur(window), fmtDur(window))})
 	case b.MaxAge > window:
-		out = append(out, fmt.Sprintf("the dedup window %s is shorter than the %s's max age %s: a replay could apply events twice; raise --dedup-window or lower the max age", fmtDur(window), b.Kind, fmtDur(b.MaxAge)))
+		out = append(out, advice{Text: fmt.Sprintf("the dedup window %s is shorter than the %s's max age %s: a replay could apply events twice; raise --dedup-window or lower the max age", fmtDur(window), b.Kind, fmtDur(b.MaxAge))})
 	default:
-		out = append(out, fmt.Sprintf("the %s keeps messages %s, within the dedup window %s", b.Kind, fmtDur(b.MaxAge), fmtDur(window)))
+		out = append(out, advice{Text: fmt.Sprintf("the %s keeps messages %s, within the dedup window %s", b.Kind, fmtDur(b.MaxAge), fmtDur(window)), OK: true})
 	}
 	if b.DuplicateWindow > window {
-		out = append(out, fmt.Sprintf("the broker's duplicate window %s is longer than the dedup window %s", fmtDur(b.DuplicateWindow), fmtDur(window)))
+		out = append(out, advice{Text: fmt.Sprintf("the broker's duplicate window %s is longer than the dedup window %s", fmtDur(b.DuplicateWindow), fmtDur(window))})
 	}
 	return out
 }
