@@ -223,3 +223,32 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	require.Equal(t, "processed", st)
 	require.Equal(t, 1, attempts, "attempts were reset by the requeue")
 }
+
+// TestConsoleMountKeepsTheAPIsAuth: with a console mounted, /console/ goes
+// to it (which applies the token rules itself), / leads to it, and every
+// other path still needs the bearer token.
+func TestConsoleMountKeepsTheAPIsAuth(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	con := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("console " + r.URL.Path)) })
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "0.0.0.0:0", Token: admintest.Token, Console: con})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	code, body := admintest.Do(t, "GET", hs.URL+"/console/dead", "", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "console /console/dead", string(body))
+	for _, p := range []string{"/v1/stats", "/elsewhere", "/v1/inbox/dead"} {
+		code, _ = admintest.Do(t, "GET", hs.URL+p, "", nil)
+		require.Equal(t, http.StatusUnauthorized, code, p)
+	}
+	code, _ = admintest.Do(t, "GET", hs.URL+"/v1/stats", admintest.Token, nil)
+	require.Equal(t, http.StatusOK, code)
+	req, err := http.NewRequest(http.MethodGet, hs.URL+"/", nil)
+	require.NoError(t, err)
+	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Equal(t, "/console/", resp.Header.Get("Location"))
+}
