@@ -252,3 +252,39 @@ func TestConsoleMountKeepsTheAPIsAuth(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, "/console/", resp.Header.Get("Location"))
 }
+
+// TestAPIRefusesBrowserCrossSite: a POST from another origin (a "simple"
+// cross-site request a page can send without a preflight) is refused, and
+// without a token a Host that is not loopback (DNS rebinding) is refused;
+// the same request from a non-browser client passes.
+func TestAPIRefusesBrowserCrossSite(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	before := admintest.Snapshot(t, b.Pool)
+	post := func(hdr map[string]string, host string) int {
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/v1/inbox/dead/purge",
+			strings.NewReader(`{"filter":{},"older_than":"0s","actor":"evil"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "text/plain")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusForbidden, post(map[string]string{"Origin": "http://evil.example"}, ""))
+	require.Equal(t, http.StatusForbidden, post(map[string]string{"Sec-Fetch-Site": "cross-site"}, ""))
+	require.Equal(t, http.StatusMisdirectedRequest, post(map[string]string{"Origin": "http://rebound.example:80"}, "rebound.example:80"))
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "nothing was purged")
+	require.Equal(t, http.StatusOK, post(nil, ""), "a client that is not a browser")
+}
