@@ -101,7 +101,7 @@ func TestPages(t *testing.T) {
 	_, srv := start(t, "")
 	c := newClient(t, srv.URL)
 	for path, want := range map[string][]string{
-		"/console/":                              {"Inbox", "Outbox", "Dedup", "Per handler", "<svg class=\"chart"},
+		"/console/":                              {"Inbox", "Outbox", "Dedup", "Per handler", "<svg class=\"chart", `http-equiv="refresh" content="30"`},
 		"/console/dead":                          {"d-orders-1", "d-orders-2", "d-users-1", "Dry run"},
 		"/console/dead?source=inbox&topic=users": {"d-users-1"},
 		"/console/dead?q=d-orders-2":             {"d-orders-2", "link to this filter"},

@@ -46,6 +46,8 @@ type page struct {
 	CSRF    string
 	Signed  bool // signed in with the token (sign-out shown)
 	Actor   string
+	// Refresh, when set, reloads the page every so many seconds.
+	Refresh int
 	Now     time.Time
 	Errors  []string
 	Data    any
@@ -119,7 +121,7 @@ type handlerRow struct {
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	p := &page{Title: "Overview"}
+	p := &page{Title: "Overview", Refresh: 30}
 	d := &overviewData{}
 	var err error
 	if d.Stats, err = c.cfg.Service.Stats(ctx); err != nil {
