@@ -485,6 +485,7 @@ func (s *walSession) read(ctx context.Context) error {
 					continue
 				}
 				cur.end, cur.commit = lm.TransactionEndLSN, lm.CommitTime
+				s.w.log.Debug("transaction read", zap.Int("events", len(cur.msgs)), zap.Stringer("end", cur.end))
 				if err := s.hand(ctx, cur, &next); err != nil {
 					return err
 				}
@@ -548,6 +549,7 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 			return err
 		}
 		last := batch[len(batch)-1]
+		s.w.log.Debug("batch acknowledged", zap.Int("transactions", len(batch)), zap.Stringer("end", last.end))
 		s.confirmed.Store(uint64(last.end))
 		if s.confirmed.Load() == s.handed.Load() {
 			s.oldest.Store(0)

@@ -277,7 +277,7 @@ func TestWALSurvivesPostgresRestart(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 				o, _ := outbox.New(outbox.Config{})
-				return o.Emit(ctx, tx, msgs(10, "k-"+mode, "b")...)
+				return o.Emit(ctx, tx, msgs(10, "k-"+mode, mode)...)
 			}) == nil
 		}, 30*time.Second, 100*time.Millisecond)
 		got := readAll(t, ch, 10, 30*time.Second)
