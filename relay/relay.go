@@ -257,9 +257,7 @@ func New(cfg Config) (*Relay, error) {
 	log := logbridge.Zap(cfg.Logger)
 	reg := metrics.NewRegistry()
 	ecfg := cfg.engine(log, metrics.NewRelayObserver(reg))
-	if ecfg.Capture == engine.CaptureWAL {
-		ecfg.WAL.Observer = metrics.NewWALObserver(reg)
-	}
+	ecfg.WAL.Observer = metrics.NewWALObserver(reg)
 	r, err := engine.New(ecfg)
 	if err != nil {
 		return nil, publicError(err)
