@@ -323,3 +323,25 @@ func waitReading(t *testing.T, r *Relay) {
 	t.Helper()
 	require.Eventually(t, func() bool { s, ok := r.WALStatus(); return ok && s.Reading }, 20*time.Second, 20*time.Millisecond)
 }
+
+// TestWALQuietDatabaseDoesNotPinWAL: while other databases of the server
+// write and this one is quiet, the slot's confirmed position follows the
+// server's (heartbeats, and keepalives confirmed while nothing is pending),
+// so the slot holds back little WAL.
+func TestWALQuietDatabaseDoesNotPinWAL(t *testing.T) {
+	b, c := walSetup(t, walConf)
+	r, _ := start(t, b.walConfig(t, b.publisher(t), nil))
+	waitReading(t, r)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE DATABASE other`)
+	require.NoError(t, err)
+	other, err := pgx.Connect(ctx, strings.Replace(c.URL(), "/postgres?", "/other?", 1))
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	_, err = other.Exec(ctx, `CREATE TABLE filler (b text); INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000)`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		confirmed, current := b.slotConfirmed(t, DefaultWALSlot)
+		return current-confirmed < 1<<20
+	}, 20*time.Second, 100*time.Millisecond, "the slot holds back the other database's WAL")
+}
