@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
@@ -84,6 +85,11 @@ func (r *Relay) runWAL(ctx context.Context) error {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	// The reader waits for the stream with a deadline every status
+	// interval: a deadline must end the wait, never send a cancel request.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
 	w := &walSource{r: r, log: r.log.With(zap.String("capture", "wal"), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
 	r.walMu.Lock()
 	r.wal = w
