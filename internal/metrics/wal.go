@@ -15,7 +15,7 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 // it.
 type WALObserver struct {
 	lagBytes, lagSeconds, reading, capture prometheus.Gauge
-	status                        *prometheus.GaugeVec
+	status                                 *prometheus.GaugeVec
 }
 
 // NewWALObserver registers the WAL capture's metrics on reg. A relay
