@@ -59,6 +59,26 @@ type Subscriber interface {
 	Close() error
 }
 
+// Retention is what a broker keeps of the messages a subscriber reads, as
+// the adapter reads it from the broker.
+type Retention struct {
+	// Kind names what is described ("NATS JetStream stream").
+	Kind string
+	// Name is the stream's (topic's, queue's) name.
+	Name string
+	// MaxAge is how long the broker keeps a message; 0 means without limit.
+	MaxAge time.Duration
+	// DuplicateWindow is the broker's own duplicate window (0: none).
+	DuplicateWindow time.Duration
+}
+
+// RetentionReporter is implemented by the subscribers that can read their
+// broker's retention (broker/nats): the web console shows it against the
+// inbox's dedup window. Optional for an adapter.
+type RetentionReporter interface {
+	Retention(ctx context.Context) (Retention, error)
+}
+
 // Subscribe returns a function creating a subscriber with newSubscriber and
 // cfg, the shape consumer.Config.Subscribe takes:
 //

@@ -20,6 +20,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -179,6 +181,37 @@ type Consumer struct {
 	running atomic.Bool
 	started chan struct{}
 	ops     *endpoints.Running
+	// sub is the subscriber Run created, for the console's broker page.
+	sub atomic.Pointer[broker.Subscriber]
+}
+
+// subscribe creates the subscriber with Config.Subscribe and keeps it.
+func (c *Consumer) subscribe(ctx context.Context) (broker.Subscriber, error) {
+	sub, err := c.cfg.Subscribe(ctx)
+	if err == nil {
+		c.sub.Store(&sub)
+	}
+	return sub, err
+}
+
+// retention reads the broker's retention for the web console, when the
+// subscriber can (broker.RetentionReporter).
+func (c *Consumer) retention(ctx context.Context) (*console.BrokerSettings, error) {
+	p := c.sub.Load()
+	if p == nil {
+		return nil, errors.New("not connected to the broker yet")
+	}
+	rr, ok := (*p).(broker.RetentionReporter)
+	if !ok {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := rr.Retention(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &console.BrokerSettings{Kind: r.Kind, Name: r.Name, MaxAge: r.MaxAge, DuplicateWindow: r.DuplicateWindow}, nil
 }
 
 // New checks cfg and builds a consumer; it does not connect to anything
@@ -232,9 +265,15 @@ func New(cfg Config) (*Consumer, error) {
 	} else {
 		inboxCfg.Retention.Observer = metrics.NewRetentionObserver(pc.reg)
 	}
+	// The subscriber is kept for the web console's retention read; a
+	// direct consumer (broker/postgres) has none.
+	var subscribe func(context.Context) (broker.Subscriber, error)
+	if cfg.Subscribe != nil {
+		subscribe = pc.subscribe
+	}
 	c, err := engine.New(engine.Config{
 		Pool:             cfg.Pool,
-		Subscribe:        cfg.Subscribe,
+		Subscribe:        subscribe,
 		Direct:           cfg.Direct,
 		DirectTopics:     cfg.DirectTopics,
 		BatchSize:        cfg.FetchBatchSize,
@@ -337,7 +376,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
-			AdminToken: c.cfg.AdminToken},
+			AdminToken: c.cfg.AdminToken, DedupWindow: cmp.Or(c.cfg.Inbox.Retention.Window, pgrelay.DefaultDedupWindow)},
 		Struct: "consumer.Config",
 		Pool:   c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.log,
 		Checks: map[string]metrics.Check{
@@ -349,6 +388,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				return nil
 			},
 		},
+		Broker: c.retention,
 		Counters: func() (float64, float64, bool) {
 			st := c.c.Stats()
 			return float64(st.Fetched), float64(st.Duplicates), true

@@ -249,6 +249,16 @@ func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durat
 	return ds, err
 }
 
+// Retention forwards to the subscriber's (broker.RetentionReporter), for the
+// web console.
+func (s *namedSubscriber) Retention(ctx context.Context) (broker.Retention, error) {
+	rr, ok := s.Subscriber.(broker.RetentionReporter)
+	if !ok {
+		return broker.Retention{}, errors.New("the subscriber does not report its broker's retention")
+	}
+	return rr.Retention(ctx)
+}
+
 // handlerNamed reports whether the consumer runs a named handler (not the
 // default one). A named handler reads from a broker subscription of its own
 // (NATS durable, Kafka consumer group, RabbitMQ queue) unless one is given:
