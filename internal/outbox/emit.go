@@ -17,7 +17,10 @@ import (
 // message with the prefix "pgrelay" (pg_logical_emit_message), decoded only
 // if tx commits. No table is touched. It validates and completes the messages
 // as Enqueue does (EventID a new UUIDv7, Key the EventID, OccurredAt now),
-// every message before writing any. Emit does not deduplicate event ids and
+// every message before writing any. A message with NotBefore or Delay is
+// refused (ErrInvalidSchedule): the WAL cannot hold an event back. ExpiresAt
+// travels with the event, and the consumer does not apply it after that
+// time. Emit does not deduplicate event ids and
 // assigns no per-key sequence (KeySeq stays 0): the broker's duplicate
 // window and the inbox deduplicate.
 func (o *Outbox) Emit(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
@@ -30,6 +33,14 @@ func (o *Outbox) Emit(ctx context.Context, tx pgx.Tx, msgs ...event.Message) err
 	for i, m := range msgs {
 		if err := o.validate(m); err != nil {
 			return fmt.Errorf("outbox: message %d: %w", i, err)
+		}
+		if !m.NotBefore.IsZero() || m.Delay != 0 {
+			// The WAL is read in commit order and published as it is read:
+			// nothing could hold an event back (docs/delayed.md).
+			return fmt.Errorf("outbox: message %d: %w: WAL capture cannot delay an event (NotBefore, Delay); write it with Enqueue", i, ErrInvalidSchedule)
+		}
+		if !m.ExpiresAt.IsZero() {
+			m.ExpiresAt = m.ExpiresAt.Round(time.Microsecond).UTC()
 		}
 		if m.EventID == "" {
 			u, err := uuid.NewV7()

@@ -69,3 +69,23 @@ func TestEnqueueStoresSchedule(t *testing.T) {
 		require.ErrorContains(t, err, name)
 	}
 }
+
+// TestEmitRefusesDelay: WAL capture publishes in WAL order and cannot hold
+// an event back, so Emit refuses NotBefore and Delay, naming them, and
+// writes nothing.
+func TestEmitRefusesDelay(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	for _, m := range []event.Message{
+		{Topic: "orders", NotBefore: time.Now().Add(time.Hour)},
+		{Topic: "orders", Delay: time.Minute},
+	} {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return o.Emit(ctx, tx, m) })
+		require.ErrorIs(t, err, outbox.ErrInvalidSchedule)
+		require.ErrorContains(t, err, "WAL capture cannot delay")
+	}
+}

@@ -4,10 +4,12 @@
 // that plain SQL can build it (jsonb_build_object) as well as Go:
 //
 //	{"v":1,"id":"…","topic":"…","key":"…","type":"…","ct":"…",
-//	 "headers":{"…":"…"},"at":"2026-01-02T03:04:05.123456Z","payload":"<base64>"}
+//	 "headers":{"…":"…"},"at":"2026-01-02T03:04:05.123456Z","payload":"<base64>",
+//	 "exp":"2026-01-02T04:00:00Z"}
 //
 // v is the format's version: a reader refuses a version it does not know
-// rather than guess. key, type, ct and headers may be absent; payload is the
+// rather than guess. key, type, ct, headers and exp (the expiry) may be
+// absent; payload is the
 // payload's bytes in standard base64 (line breaks, as PostgreSQL's encode
 // writes them, are ignored).
 package walmsg
@@ -42,15 +44,23 @@ type wire struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	At      time.Time         `json:"at"`
 	Payload []byte            `json:"payload"`
+	// Exp is the event's expiry (Message.ExpiresAt); absent for none. A
+	// reader that predates it ignores it.
+	Exp *time.Time `json:"exp,omitempty"`
 }
 
 // Encode returns m's content for pg_logical_emit_message. m must be
 // validated and complete (event id, key, occurred at set).
 func Encode(m event.Message) ([]byte, error) {
-	return json.Marshal(wire{
+	w := wire{
 		V: Version, ID: m.EventID, Topic: m.Topic, Key: m.Key, Type: m.EventType, CT: m.ContentType,
 		Headers: m.Headers, At: m.OccurredAt.UTC(), Payload: m.Payload,
-	})
+	}
+	if !m.ExpiresAt.IsZero() {
+		exp := m.ExpiresAt.UTC()
+		w.Exp = &exp
+	}
+	return json.Marshal(w)
 }
 
 // ErrVersion is returned by Decode for a format version it does not know.
@@ -75,6 +85,9 @@ func Decode(b []byte) (event.Message, error) {
 	m := event.Message{
 		EventID: w.ID, Topic: w.Topic, Key: w.Key, EventType: w.Type, ContentType: w.CT,
 		Headers: w.Headers, OccurredAt: w.At.UTC(), Payload: w.Payload,
+	}
+	if w.Exp != nil {
+		m.ExpiresAt = w.Exp.UTC()
 	}
 	if m.Key == "" {
 		m.Key = m.EventID

@@ -59,3 +59,27 @@ func TestDecodeRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiryRoundTrip: an expiry travels as "exp"; a message without one has
+// no "exp" and decodes with none.
+func TestExpiryRoundTrip(t *testing.T) {
+	exp := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
+	b, err := Encode(event.Message{EventID: "e1", Topic: "orders", Key: "e1", ExpiresAt: exp, Payload: []byte{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil || !got.ExpiresAt.Equal(exp) {
+		t.Fatalf("ExpiresAt %s, %v; want %s", got.ExpiresAt, err, exp)
+	}
+	b, err = Encode(event.Message{EventID: "e2", Topic: "orders", Key: "e2", Payload: []byte{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(b, []byte(`"exp"`)) {
+		t.Fatalf("no expiry, yet %s", b)
+	}
+	if got, err := Decode(b); err != nil || !got.ExpiresAt.IsZero() {
+		t.Fatalf("ExpiresAt %s, %v; want none", got.ExpiresAt, err)
+	}
+}
