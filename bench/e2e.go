@@ -188,24 +188,59 @@ type runResult struct {
 	latencies []time.Duration // commit→ledger, sorted
 	achieved  float64         // the producers' achieved rate (events/s)
 	prefix    string          // the run's event id prefix
+	commitAt  []int64         // per event: UnixNano when its producer's commit returned (0: not produced)
+	seenAt    []int64         // per event: UnixNano when the observer saw its credit
 }
 
-// stageMedians splits the latency of a run's events into the stages the
-// tables record, by server timestamps (one clock): the producer's
-// transaction start (outbox.created_at) to the relay's mark (published_at,
-// after the broker acked); to the consumer storing it (inbox.received_at);
-// to the inbox batch that credited it starting (ledger created_at).
-const stageMedians = `SELECT
-    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.published_at - o.created_at)), 0) * 1000,
-    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM i.received_at - o.published_at)), 0) * 1000,
-    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM l.created_at - i.received_at)), 0) * 1000
-FROM pgrelay.outbox o JOIN pgrelay.inbox i USING (event_id) JOIN ledger_entries l USING (event_id)
+// stageTimes reads, for a run's events, the server's wall-clock timestamps
+// of the two hand-overs in between: the relay's mark (outbox.published_at,
+// the start of the mark's transaction, after the broker acknowledged the
+// publish) and the consumer's store (inbox.received_at, the start of the
+// transaction that stored it). The server runs on the benchmark's machine,
+// so they compare with the producer's commit and the observer's sighting,
+// taken on the same clock.
+const stageTimes = `SELECT o.event_id, o.published_at, i.received_at
+FROM pgrelay.outbox o JOIN pgrelay.inbox i USING (event_id)
 WHERE starts_with(o.event_id, $1)`
 
-// stages returns the median milliseconds of each stage for a run's events.
-func (p *pipeline) stages(ctx context.Context, prefix string) (relayMs, consumerMs, inboxMs float64, err error) {
-	err = p.pool.QueryRow(ctx, stageMedians, prefix).Scan(&relayMs, &consumerMs, &inboxMs)
-	return
+// stageSplit is the median of each stage of a run's events, in ms: the
+// producer's commit to the relay's mark (wake-up, read, publish, broker
+// ack), the mark to the consumer's store (fetch; the message may arrive
+// before the mark starts, so this is small or negative), and the store to
+// the observer seeing the credit (the consumer's transaction, its commit,
+// and at most one observer poll).
+type stageSplit struct{ relay, consumer, inbox float64 }
+
+// stages splits a run's latencies into stages; see stageSplit.
+func (p *pipeline) stages(ctx context.Context, r runResult) (stageSplit, error) {
+	rows, err := p.pool.Query(ctx, stageTimes, r.prefix)
+	if err != nil {
+		return stageSplit{}, err
+	}
+	defer rows.Close()
+	var relay, consumer, inbox []time.Duration
+	for rows.Next() {
+		var id string
+		var published, received time.Time
+		if err := rows.Scan(&id, &published, &received); err != nil {
+			return stageSplit{}, err
+		}
+		i, err := strconv.Atoi(strings.TrimPrefix(id, r.prefix))
+		if err != nil || i < 0 || i >= len(r.commitAt) || r.commitAt[i] == 0 || r.seenAt[i] == 0 {
+			continue
+		}
+		relay = append(relay, published.Sub(time.Unix(0, r.commitAt[i])))
+		consumer = append(consumer, received.Sub(published))
+		inbox = append(inbox, time.Unix(0, r.seenAt[i]).Sub(received))
+	}
+	if err := rows.Err(); err != nil {
+		return stageSplit{}, err
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return ms(percentile(d, 50))
+	}
+	return stageSplit{relay: med(relay), consumer: med(consumer), inbox: med(inbox)}, nil
 }
 
 // run produces n events through the pipeline, perTx events per transaction
@@ -225,6 +260,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	obsCtx, stopObs := context.WithCancel(ctx)
 	defer stopObs()
 	seen := make(chan []time.Duration, 1)
+	seenAt := make([]int64, n) // written by the observer, read after it sent on seen
 	obsErr := make(chan error, 1)
 	var lastSeen atomic.Int64
 	poll := observePoll
@@ -232,7 +268,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 		poll = throughputPoll
 	}
 	go func() {
-		lat, err := p.observe(obsCtx, gen, n, poll, &target, commitAt, &lastSeen)
+		lat, err := p.observe(obsCtx, gen, n, poll, &target, commitAt, seenAt, &lastSeen)
 		if err != nil {
 			obsErr <- err
 			return
@@ -305,6 +341,11 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	select {
 	case lat := <-seen:
 		res.latencies = lat
+		res.seenAt = seenAt
+		res.commitAt = make([]int64, n)
+		for i := range commitAt {
+			res.commitAt[i] = commitAt[i].Load()
+		}
 	case err := <-obsErr:
 		return res, err
 	case err := <-p.failed:
@@ -325,7 +366,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 // lowest id not seen yet (low) and re-reads from there, skipping ids it has
 // seen; an id missing for more than gapTimeout below one it has seen is a
 // rolled-back insert and is passed over.
-func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
+func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, seenAt []int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
 	const gapTimeout = 10 * time.Second
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
@@ -385,6 +426,7 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 				c = now.UnixNano()
 			}
 			lat = append(lat, time.Duration(now.UnixNano()-c))
+			seenAt[i] = now.UnixNano()
 		}
 		if len(ids) > 0 {
 			lastSeen.Store(now.UnixNano())
@@ -488,14 +530,14 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 					continue
 				}
 				recordLatency(itoa(l), r)
-				relayMs, consumerMs, inboxMs, err := p.stages(ctx, r.prefix)
+				st, err := p.stages(ctx, r)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("stages at %d/s: %w", l, err))
 					continue
 				}
-				b.sample("stage_"+itoa(l)+"_relay", relayMs)
-				b.sample("stage_"+itoa(l)+"_consumer", consumerMs)
-				b.sample("stage_"+itoa(l)+"_inbox", inboxMs)
+				b.sample("stage_"+itoa(l)+"_relay", st.relay)
+				b.sample("stage_"+itoa(l)+"_consumer", st.consumer)
+				b.sample("stage_"+itoa(l)+"_inbox", st.inbox)
 			}
 			return errors.Join(errs...)
 		})

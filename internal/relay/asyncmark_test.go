@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/db"
+)
+
+// TestMarkCommitsAsynchronouslyForItsTransactionOnly checks what the fast
+// path is: the mark statement turns synchronous_commit off for its own
+// transaction (SynchronousMarks false), keeps the server's setting with
+// SynchronousMarks, and leaves nothing behind on the connection, so a pooler
+// in transaction mode hands it on unchanged.
+func TestMarkCommitsAsynchronouslyForItsTransactionOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b.enqueue(t, msgs(1, "order-1", "a")...)
+	p := b.partitionOf(t, "order-1")
+	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.relay_partitions (partition, owner, epoch, lease_until)
+		VALUES ($1, 'test', 7, now() + interval '1 hour')
+		ON CONFLICT (partition) DO UPDATE SET owner = 'test', epoch = 7, lease_until = now() + interval '1 hour'`, p)
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM pgrelay.outbox`).Scan(&id))
+
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var server string
+	require.NoError(t, conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&server))
+	for _, async := range []bool{true, false} {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		n, err := db.New().MarkOutcomes(ctx, tx, db.MarkOutcomesParams{Partition: p, Owner: "test", Epoch: 7,
+			Ids: []int64{id}, DeadIds: []int64{}, DeadReasons: []string{}, AsyncCommit: async})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		var inTx string
+		require.NoError(t, tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inTx))
+		require.NoError(t, tx.Rollback(ctx))
+		want := server
+		if async {
+			want = "off"
+		}
+		require.Equal(t, want, inTx, "synchronous_commit inside the mark's transaction (async %v)", async)
+	}
+	var after string
+	require.NoError(t, conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&after))
+	require.Equal(t, server, after, "the setting ends with the mark's transaction")
+}
+
+// TestLostMarkIsRepublishedOnce is the safety of asynchronous marks: a
+// server crash that loses marks whose commit had not reached the disk leaves
+// those rows pending, as a relay crash between publish and mark does. The
+// relay publishes them again and the broker drops every republished message
+// as a duplicate (Nats-Msg-Id = event id), so the stream holds each event
+// once. Without the dedup id the stream would hold them twice.
+func TestLostMarkIsRepublishedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	obs := &countingObserver{}
+	start(t, b.testConfig(t, b.publisher(t), obs))
+	b.enqueue(t, msgs(20, "order-1", "lost")...)
+	b.waitCount(t, "published", 20, 15*time.Second)
+	require.Equal(t, uint64(20), b.streamMsgs(t))
+
+	// What the table holds after a crash that lost the asynchronous marks:
+	// the rows as they were before them.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'pending', published_at = NULL, attempts = attempts - 1`)
+		return err
+	}))
+
+	b.waitCount(t, "published", 20, 15*time.Second)
+	eventually(t, func() bool { return obs.duplicates.Load() == 20 }, "the broker dropped every republished message as a duplicate")
+	require.Equal(t, uint64(20), b.streamMsgs(t), "each event is in the stream once")
+	require.EqualValues(t, 40, obs.published.Load(), "the rows were published twice")
+}
