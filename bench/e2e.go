@@ -120,7 +120,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		rpool.Close()
 		return err
 	}
-	cpool, err := openPool(ctx, p.url, inbox.DefaultWorkers+2)
+	cpool, err := openPool(ctx, p.url, inbox.DefaultWorkers+consumer.DefaultIngestLoops+2)
 	if err != nil {
 		pub.Close()
 		rpool.Close()
