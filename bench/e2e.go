@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,6 +60,20 @@ type pipeline struct {
 	procs  map[string]*process // the services, when run as processes
 	// maxWait overrides the consumer's MaxWait when not zero.
 	maxWait time.Duration
+	// traces count the in-process services' statements (-sql-trace).
+	traces []*sqlTrace
+}
+
+// traced prints and resets the statement counts of the run just finished
+// (-sql-trace with in-process services), labelled with what it was.
+func (p *pipeline) traced(label string) {
+	if len(p.traces) == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "sql trace, %s:\n", label)
+	for _, t := range p.traces {
+		fmt.Fprint(os.Stderr, t.reset())
+	}
 }
 
 // startPipeline starts the relay and the consumer (as processes when the
@@ -94,6 +109,9 @@ func (b *bench) startPipeline(ctx context.Context, maxWait time.Duration) (*pipe
 		p.close()
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
+	for _, t := range p.traces {
+		t.reset()
+	}
 	return p, nil
 }
 
@@ -104,7 +122,12 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 	var wg sync.WaitGroup
 	p.stop = func() { cancel(); wg.Wait() }
 
-	rpool, err := openPool(ctx, p.url, 10)
+	var rtrace, ctrace *sqlTrace
+	if b.cfg.SQLTrace {
+		rtrace, ctrace = newSQLTrace("relay"), newSQLTrace("consumer")
+		p.traces = []*sqlTrace{rtrace, ctrace}
+	}
+	rpool, err := openTracedPool(ctx, p.url, 10, rtrace)
 	if err != nil {
 		return err
 	}
@@ -120,7 +143,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		rpool.Close()
 		return err
 	}
-	cpool, err := openPool(ctx, p.url, inbox.DefaultWorkers+consumer.DefaultIngestLoops+2)
+	cpool, err := openTracedPool(ctx, p.url, inbox.DefaultWorkers+consumer.DefaultIngestLoops+2, ctrace)
 	if err != nil {
 		pub.Close()
 		rpool.Close()
@@ -512,6 +535,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			} else {
 				b.sample("e2e_batch", rate(r.events, r.elapsed))
 			}
+			p.traced(fmt.Sprintf("flat out, %d/tx", b.cfg.BatchSize))
 			// Flat out, one event per transaction: throughput and latency.
 			if r, err := p.run(ctx, nOne, 1, w, 0, 0); err != nil {
 				errs = append(errs, fmt.Errorf("flat out, 1/tx: %w", err))
@@ -520,6 +544,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 				b.sample("e2e_one", rate(r.events, r.elapsed))
 				recordLatency("max", r)
 			}
+			p.traced("flat out, 1/tx")
 			// Fixed offered loads, one event per transaction.
 			for _, l := range b.cfg.Loads {
 				events := max(1, int(float64(l)*b.cfg.LoadDuration.Seconds()))
@@ -530,6 +555,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 					continue
 				}
 				recordLatency(itoa(l), r)
+				p.traced(fmt.Sprintf("%d/s offered, 1/tx", l))
 				st, err := p.stages(ctx, r)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("stages at %d/s: %w", l, err))
