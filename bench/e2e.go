@@ -46,6 +46,11 @@ const throughputPoll = 10 * time.Millisecond
 // by the primary key.
 const ledgerSince = `SELECT id, event_id FROM ledger_entries WHERE id > $1 ORDER BY id`
 
+// ledgerHoles reads the credits in id ranges the observer passed over
+// ($1[i] <= id < $2[i]).
+const ledgerHoles = `SELECT l.id, l.event_id FROM ledger_entries l
+JOIN unnest($1::bigint[], $2::bigint[]) AS h(lo, hi) ON l.id >= h.lo AND l.id < h.hi`
+
 // pipeline is one running relay → NATS → consumer → inbox → ledger chain over
 // a fresh database and stream.
 type pipeline struct {
@@ -387,8 +392,11 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 // concurrent inbox batches commit out of id order: a cursor on the highest id
 // seen would skip a batch that commits late. The observer keeps instead the
 // lowest id not seen yet (low) and re-reads from there, skipping ids it has
-// seen; an id missing for more than gapTimeout below one it has seen is a
-// rolled-back insert and is passed over.
+// seen; an id missing for more than gapTimeout below one it has seen is
+// taken for a rolled-back insert and passed over. The ranges passed over are
+// still read on every poll (ledgerHoles), for an insert that was only slow:
+// with concurrent inbox transactions under a heavy load one committed after
+// such a jump, and the run waited for its credit for ever.
 func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, seenAt []int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
 	const gapTimeout = 10 * time.Second
 	conn, err := p.pool.Acquire(ctx)
@@ -402,6 +410,10 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 	}
 	seen := map[int64]bool{}
 	stalledSince := time.Now()
+	// holes are the ranges [holeLo[k], holeHi[k]) passed over; holeSeen the
+	// ids found in them since.
+	var holeLo, holeHi []int64
+	holeSeen := map[int64]bool{}
 	lat := make([]time.Duration, 0, n)
 	t := time.NewTicker(poll)
 	defer t.Stop()
@@ -432,6 +444,28 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 		if err := rows.Err(); err != nil {
 			return nil, err
 		}
+		if len(holeLo) > 0 {
+			rows, err := conn.Query(ctx, ledgerHoles, holeLo, holeHi)
+			if err != nil {
+				return nil, err
+			}
+			for rows.Next() {
+				var id int64
+				var eventID string
+				if err := rows.Scan(&id, &eventID); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				if !holeSeen[id] {
+					holeSeen[id] = true
+					ids = append(ids, eventID)
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
+		}
 		now := time.Now()
 		for _, id := range ids {
 			idx, ok := strings.CutPrefix(id, gen.prefix)
@@ -459,7 +493,9 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 		// it: ids above the lowest seen may still be in flight).
 		moved := false
 		if len(seen) > 0 && !seen[low] && now.Sub(stalledSince) > gapTimeout {
-			low = slices.Min(slices.Collect(maps.Keys(seen)))
+			next := slices.Min(slices.Collect(maps.Keys(seen)))
+			holeLo, holeHi = append(holeLo, low), append(holeHi, next)
+			low = next
 		}
 		for seen[low] {
 			delete(seen, low)
