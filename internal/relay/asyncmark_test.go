@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,4 +85,61 @@ func TestLostMarkIsRepublishedOnce(t *testing.T) {
 	eventually(t, func() bool { return obs.duplicates.Load() == 20 }, "the broker dropped every republished message as a duplicate")
 	require.Equal(t, uint64(20), b.streamMsgs(t), "each event is in the stream once")
 	require.EqualValues(t, 40, obs.published.Load(), "the rows were published twice")
+}
+
+// TestNextBatchSkipsTheRowsBeingMarked: a partial batch's mark runs while
+// the worker reads and publishes the next rows. Held at the mark here, the
+// first batch's rows are still pending when the second read runs (rows
+// committed while the first batch was being published); that read excludes
+// them, so nothing is published twice, and the second batch's mark waits for
+// the first. Reading without the exclusion publishes the first batch again
+// (JetStream reports the duplicates).
+func TestNextBatchSkipsTheRowsBeingMarked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	obs := &countingObserver{}
+	cfg := b.testConfig(t, b.publisher(t), obs)
+	p := b.partitionOf(t, "order-1")
+	var marks, publishes atomic.Int32
+	release := make(chan struct{})
+	var readWhileMarking atomic.Int32
+	var holding atomic.Bool
+	enqueued := make(chan error, 1)
+	cfg.hooks.afterPublish = func(part int32, _ []int64) {
+		if part == p && publishes.Add(1) == 1 {
+			// The next rows commit while the first batch is in flight.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			o, err := newOutboxForTest()
+			if err == nil {
+				err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return o.Enqueue(ctx, tx, msgs(5, "order-1", "second")...) })
+			}
+			enqueued <- err
+		}
+	}
+	cfg.hooks.beforeMark = func(part int32, _ []int64) {
+		if part == p && marks.Add(1) == 1 {
+			holding.Store(true)
+			select {
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+			holding.Store(false)
+		}
+	}
+	cfg.hooks.afterRead = func(part int32, rows int) {
+		if part == p && rows > 0 && holding.Load() {
+			readWhileMarking.Add(int32(rows))
+		}
+	}
+	start(t, cfg)
+	b.enqueue(t, msgs(5, "order-1", "first")...)
+	require.NoError(t, <-enqueued)
+	eventually(t, func() bool { return readWhileMarking.Load() == 5 }, "the second batch was read while the first was being marked, without its rows")
+	eventually(t, func() bool { return b.streamMsgs(t) == 10 }, "both batches published")
+	require.Equal(t, 10, b.count(t, "pending"), "nothing is marked before the first mark")
+	close(release)
+	b.waitCount(t, "published", 10, 15*time.Second)
+	require.Zero(t, obs.duplicates.Load(), "nothing was published twice")
+	require.Equal(t, uint64(10), b.streamMsgs(t))
 }

@@ -94,6 +94,7 @@ type hooks struct {
 	afterArm        func(partition int32)
 	armWait         func(partition int32)
 	afterRead       func(partition int32, rows int)
+	beforeMark      func(partition int32, ids []int64)
 }
 
 // Defaults for Config; the relay command's flags default to them too.
