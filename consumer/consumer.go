@@ -104,8 +104,9 @@ type Config struct {
 	// IngestLoops is how many fetched batches are stored at once, each in
 	// its own transaction on its own connection and acknowledged after its
 	// own commit, while the next batch is fetched. 1 stores one batch at a
-	// time. Default DefaultIngestLoops (2); at most 64. Each loop beyond the
-	// first holds one more connection of Pool while it stores.
+	// time (fetch, store, commit, ack). Default DefaultIngestLoops (1); at
+	// most 64. Each loop beyond the first holds one more connection of Pool
+	// while it stores.
 	IngestLoops int
 	// StatsInterval is how often the ingest counters are logged; negative
 	// disables. Default DefaultStatsInterval (30s).

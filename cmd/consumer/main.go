@@ -173,7 +173,7 @@ the reason and acknowledged, never dropped.`,
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindConsumerSides(f, brokers)
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", consumer.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
-	f.IntVar(&s.ingestLoops, "ingest-loops", cli.EnvInt("CONSUMER_INGEST_LOOPS", consumer.DefaultIngestLoops), "fetched batches stored at once, each in its own transaction and acknowledged after its own commit, while the next is fetched; 1 stores one at a time (CONSUMER_INGEST_LOOPS)")
+	f.IntVar(&s.ingestLoops, "ingest-loops", cli.EnvInt("CONSUMER_INGEST_LOOPS", consumer.DefaultIngestLoops), "fetched batches stored at once, each in its own transaction and acknowledged after its own commit, while the next is fetched; 1 fetches, stores, commits and acknowledges one at a time (CONSUMER_INGEST_LOOPS)")
 	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", consumer.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
 	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", consumer.DefaultMaxPayloadBytes), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", pgrelay.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")

@@ -186,23 +186,29 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	defer c.ready.Store(false)
 	c.log.Info("ingest started", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait),
 		zap.Int("ingest_loops", c.cfg.IngestLoops))
-	// This goroutine alone fetches (Subscriber.Fetch is never called
-	// concurrently); IngestLoops goroutines store and acknowledge, each batch
-	// in its own transaction, acknowledged after its own commit. A batch
-	// fetched while every loop is busy waits in hand for the first free one,
-	// so at most IngestLoops+1 batches are out at once. The loops drain
-	// every batch handed over, on a stop too, before ingest returns.
-	batches := make(chan []broker.Delivery)
-	var loops sync.WaitGroup
-	for range c.cfg.IngestLoops {
-		loops.Go(func() {
-			for ds := range batches {
-				c.handle(ctx, ds)
-			}
-		})
+	// With one ingest loop this goroutine fetches, stores, commits and
+	// acknowledges one batch at a time. With more, it only fetches
+	// (Subscriber.Fetch is never called concurrently) and IngestLoops
+	// goroutines store and acknowledge, each batch in its own transaction,
+	// acknowledged after its own commit. A batch fetched while every loop is
+	// busy waits in hand for the first free one, so at most IngestLoops+1
+	// batches are out at once. The loops drain every batch handed over, on a
+	// stop too, before ingest returns.
+	handOver := func(ds []broker.Delivery) { c.handle(ctx, ds) }
+	if c.cfg.IngestLoops > 1 {
+		batches := make(chan []broker.Delivery)
+		var loops sync.WaitGroup
+		for range c.cfg.IngestLoops {
+			loops.Go(func() {
+				for ds := range batches {
+					c.handle(ctx, ds)
+				}
+			})
+		}
+		defer loops.Wait()
+		defer close(batches)
+		handOver = func(ds []broker.Delivery) { batches <- ds }
 	}
-	defer loops.Wait()
-	defer close(batches)
 	failures := 0
 	for ctx.Err() == nil {
 		ds, err := sub.Fetch(ctx, c.cfg.BatchSize, c.cfg.MaxWait)
@@ -222,7 +228,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		// in hand is stored and acknowledged even when shutdown has begun:
 		// that is what a graceful stop means.
 		if len(ds) > 0 {
-			batches <- ds
+			handOver(ds)
 		}
 		if err != nil {
 			if !c.sleep(ctx, failures) {
