@@ -249,17 +249,20 @@ func (p *pipeline) stages(ctx context.Context, r runResult) (stageSplit, error) 
 	var relay, consumer, inbox []time.Duration
 	for rows.Next() {
 		var id string
-		var published, received time.Time
+		var published, received *time.Time
 		if err := rows.Scan(&id, &published, &received); err != nil {
 			return stageSplit{}, err
+		}
+		if published == nil || received == nil {
+			continue // credited before the relay's mark committed
 		}
 		i, err := strconv.Atoi(strings.TrimPrefix(id, r.prefix))
 		if err != nil || i < 0 || i >= len(r.commitAt) || r.commitAt[i] == 0 || r.seenAt[i] == 0 {
 			continue
 		}
 		relay = append(relay, published.Sub(time.Unix(0, r.commitAt[i])))
-		consumer = append(consumer, received.Sub(published))
-		inbox = append(inbox, time.Unix(0, r.seenAt[i]).Sub(received))
+		consumer = append(consumer, received.Sub(*published))
+		inbox = append(inbox, time.Unix(0, r.seenAt[i]).Sub(*received))
 	}
 	if err := rows.Err(); err != nil {
 		return stageSplit{}, err

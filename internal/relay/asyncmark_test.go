@@ -87,18 +87,19 @@ func TestLostMarkIsRepublishedOnce(t *testing.T) {
 	require.EqualValues(t, 40, obs.published.Load(), "the rows were published twice")
 }
 
-// TestNextBatchSkipsTheRowsBeingMarked: a partial batch's mark runs while
-// the worker reads and publishes the next rows. Held at the mark here, the
-// first batch's rows are still pending when the second read runs (rows
-// committed while the first batch was being published); that read excludes
-// them, so nothing is published twice, and the second batch's mark waits for
-// the first. Reading without the exclusion publishes the first batch again
+// TestNextBatchSkipsTheRowsBeingMarked: a full batch's mark runs while the
+// worker reads and publishes the next rows. Held at the mark here, the first
+// batch's rows are still pending when the second read runs (rows committed
+// while the first batch was being published); that read excludes them, so
+// nothing is published twice, and the second batch's mark waits for the
+// first. Reading without the exclusion publishes the first batch again
 // (JetStream reports the duplicates).
 func TestNextBatchSkipsTheRowsBeingMarked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	obs := &countingObserver{}
 	cfg := b.testConfig(t, b.publisher(t), obs)
+	cfg.BatchSize = 5 // the first batch is full
 	p := b.partitionOf(t, "order-1")
 	var marks, publishes atomic.Int32
 	release := make(chan struct{})

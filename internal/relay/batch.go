@@ -47,13 +47,12 @@ func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
 }
 
 // runBatchOnce reads the next batch (past the batch whose mark is in
-// flight), publishes it, and marks it. A batch published without a transient
-// failure is marked in the background while the worker reads and publishes
-// the next one: the next batch holds only rows after it (each key's earlier
-// rows are acknowledged), and its own mark waits for this one, so a fenced or
-// failed mark stops the partition before anything later is marked. A partial
-// batch too: under a stream of small transactions the next rows are read and
-// published while the mark's round trip runs.
+// flight), publishes it, and marks it. A full batch published without a
+// transient failure is marked in the background while the worker reads and
+// publishes the next one: the next batch holds only rows after it (each
+// key's earlier rows are acknowledged), and its own mark waits for this one,
+// so a fenced or failed mark stops the partition before anything later is
+// marked.
 func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
 	rows, err := r.readBatch(w, inflight)
 	if err != nil {
@@ -76,7 +75,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 		return len(rows), err
 	}
 	mark := func() error { return r.mark(w, log, rows, out) }
-	if out.transient == nil && w.ctx.Err() == nil {
+	if out.transient == nil && len(rows) == r.cfg.BatchSize && w.ctx.Err() == nil {
 		inflight.start(log, ids, mark)
 		return len(rows), nil
 	}

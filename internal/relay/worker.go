@@ -117,14 +117,14 @@ func (r *Relay) work(w *worker) {
 	// found nothing: the next insert into the partition notifies it.
 	armed := false
 	var lastArmed, lastRows time.Time
-	// inflight is the mark of the last batch, running while the next batch
-	// is read and published; it is always awaited before the worker arms its
-	// wake-up, backs off or ends (a read that finds nothing awaits it).
+	// inflight is the mark of the last full batch, running while the next
+	// batch is read and published; it is always awaited before the worker
+	// idles, backs off or ends.
 	inflight := &pendingMark{}
 	defer func() { _ = r.awaitMark(w, log, inflight) }()
 	for w.ctx.Err() == nil {
 		n, err := r.runBatch(w, log, bo, inflight)
-		if err == nil && n == 0 {
+		if err == nil && n < r.cfg.BatchSize {
 			err = r.awaitMark(w, log, inflight)
 		}
 		switch {
