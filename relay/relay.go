@@ -126,13 +126,13 @@ type Config struct {
 	// planner statistics went stale and analyzes it then. Default 5s;
 	// negative: never.
 	StatisticsInterval time.Duration
-	// SynchronousMarks makes each batch's mark wait for its WAL flush. By
-	// default a mark commits without waiting (synchronous_commit off for its
-	// own transaction only): a mark a server crash loses leaves its rows
-	// pending, and they are published again and deduplicated (by the
-	// broker's dedup id, then the inbox), exactly as after a relay crash
-	// between publish and mark. Default false.
-	SynchronousMarks bool
+	// AsyncMarks lets each batch's mark commit without waiting for its WAL
+	// flush (synchronous_commit off for the mark's own transaction only): a
+	// mark a server crash loses leaves its rows pending, and they are
+	// published again and deduplicated (by the broker's dedup id, then the
+	// inbox), exactly as after a relay crash between publish and mark.
+	// Default false: on a slow-flushing disk it made other commits wait.
+	AsyncMarks bool
 
 	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9090".
 	// Default "": not served.
@@ -185,7 +185,7 @@ func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config 
 		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
 		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, Retention: c.Retention,
 		RetentionInterval: c.RetentionInterval, RetentionBatchSize: c.RetentionBatchSize,
-		StatisticsInterval: c.StatisticsInterval, SynchronousMarks: c.SynchronousMarks,
+		StatisticsInterval: c.StatisticsInterval, AsyncMarks: c.AsyncMarks,
 	}
 }
 

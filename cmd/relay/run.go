@@ -36,7 +36,7 @@ type settings struct {
 	retentionInterval  time.Duration
 	retentionBatchSize int
 	migrate            bool
-	synchronousMarks   bool
+	asyncMarks         bool
 	logLevel           string
 	logFormat          string
 	ops                endpoints.Flags
@@ -60,7 +60,7 @@ var envKinds = map[string]string{
 	"RELAY_RETENTION_INTERVAL": "duration",
 	"RELAY_RETENTION_BATCH":    "int",
 	"RELAY_MIGRATE":            "bool",
-	"RELAY_SYNCHRONOUS_MARKS":  "bool",
+	"RELAY_ASYNC_MARKS":        "bool",
 }
 
 // flagOf names the flag and environment variable that fill each relay.Config
@@ -144,7 +144,7 @@ needs only PostgreSQL.`,
 	f.DurationVar(&s.retention, "retention", cli.EnvDuration("RELAY_RETENTION", relay.DefaultRetention), "how long published rows are kept; negative keeps them forever; dead rows are always kept (env RELAY_RETENTION)")
 	f.DurationVar(&s.retentionInterval, "retention-interval", cli.EnvDuration("RELAY_RETENTION_INTERVAL", relay.DefaultRetentionInterval), "how often expired published rows are deleted (env RELAY_RETENTION_INTERVAL)")
 	f.IntVar(&s.retentionBatchSize, "retention-batch", cli.EnvInt("RELAY_RETENTION_BATCH", relay.DefaultRetentionBatchSize), "rows deleted per retention statement (env RELAY_RETENTION_BATCH)")
-	f.BoolVar(&s.synchronousMarks, "synchronous-marks", cli.EnvBool("RELAY_SYNCHRONOUS_MARKS", false), "make each batch's published mark wait for its WAL flush; by default it commits asynchronously, and a mark a server crash loses only republishes its batch, deduplicated (env RELAY_SYNCHRONOUS_MARKS)")
+	f.BoolVar(&s.asyncMarks, "async-marks", cli.EnvBool("RELAY_ASYNC_MARKS", false), "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated (env RELAY_ASYNC_MARKS)")
 	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
@@ -190,8 +190,8 @@ func runRelay(parent context.Context, s settings) error {
 		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
-		SynchronousMarks: s.synchronousMarks,
-		MetricsAddr:      s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
+		AsyncMarks:  s.asyncMarks,
+		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
 	}
 	if err := rcfg.Validate(); err != nil {
 		return nameSettings(err)

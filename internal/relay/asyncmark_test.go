@@ -14,8 +14,8 @@ import (
 
 // TestMarkCommitsAsynchronouslyForItsTransactionOnly checks what the fast
 // path is: the mark statement turns synchronous_commit off for its own
-// transaction (SynchronousMarks false), keeps the server's setting with
-// SynchronousMarks, and leaves nothing behind on the connection, so a pooler
+// transaction (AsyncMarks), keeps the server's setting otherwise, and
+// leaves nothing behind on the connection, so a pooler
 // in transaction mode hands it on unchanged.
 func TestMarkCommitsAsynchronouslyForItsTransactionOnly(t *testing.T) {
 	t.Parallel()
@@ -67,7 +67,9 @@ func TestLostMarkIsRepublishedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	obs := &countingObserver{}
-	start(t, b.testConfig(t, b.publisher(t), obs))
+	cfg := b.testConfig(t, b.publisher(t), obs)
+	cfg.AsyncMarks = true
+	start(t, cfg)
 	b.enqueue(t, msgs(20, "order-1", "lost")...)
 	b.waitCount(t, "published", 20, 15*time.Second)
 	require.Equal(t, uint64(20), b.streamMsgs(t))

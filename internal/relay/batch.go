@@ -129,7 +129,7 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
 		Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: out.markIDs, DeadIds: out.deadIDs, DeadReasons: out.reasons,
-		AsyncCommit: !r.cfg.SynchronousMarks,
+		AsyncCommit: r.cfg.AsyncMarks,
 	})
 	cancel()
 	if err != nil {

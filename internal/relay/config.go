@@ -75,13 +75,14 @@ type Config struct {
 	// RetentionBatchSize is how many rows one delete statement removes, so
 	// deletion never holds long locks. Default: 1,000.
 	RetentionBatchSize int
-	// SynchronousMarks makes each batch's mark wait for its WAL flush, as
-	// every other commit does. By default a mark commits asynchronously
-	// (synchronous_commit off for its own transaction): a mark that a server
-	// crash loses leaves its rows pending, and they are published again,
-	// deduplicated by the broker (Nats-Msg-Id) or the inbox, as after a relay
-	// crash between publish and mark. Default false.
-	SynchronousMarks bool
+	// AsyncMarks lets each batch's mark commit without waiting for its WAL
+	// flush (synchronous_commit off for its own transaction). A mark that a
+	// server crash loses leaves its rows pending, and they are published
+	// again, deduplicated by the broker (Nats-Msg-Id) or the inbox, as after
+	// a relay crash between publish and mark. Off by default: on a disk whose
+	// flush is slow, the WAL writer's flushes of the asynchronous marks made
+	// the other commits (the producers', the consumer's) wait longer.
+	AsyncMarks bool
 
 	hooks hooks
 }
