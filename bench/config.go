@@ -73,6 +73,11 @@ type Config struct {
 	// cost measurement; otherwise they are built with `go build` into a
 	// temporary directory. Default "".
 	BinDir string
+	// SQLTrace counts the statements of the in-process services' pools
+	// (round trips) by kind and prints them after each end-to-end run. It
+	// only applies when the services run in-process (-bin pointing nowhere
+	// usable). Default false.
+	SQLTrace bool
 	// Logger receives progress messages. Default zap.NewNop().
 	Logger *zap.Logger
 }

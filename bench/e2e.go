@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +46,11 @@ const throughputPoll = 10 * time.Millisecond
 // by the primary key.
 const ledgerSince = `SELECT id, event_id FROM ledger_entries WHERE id > $1 ORDER BY id`
 
+// ledgerHoles reads the credits in id ranges the observer passed over
+// ($1[i] <= id < $2[i]).
+const ledgerHoles = `SELECT l.id, l.event_id FROM ledger_entries l
+JOIN unnest($1::bigint[], $2::bigint[]) AS h(lo, hi) ON l.id >= h.lo AND l.id < h.hi`
+
 // pipeline is one running relay → NATS → consumer → inbox → ledger chain over
 // a fresh database and stream.
 type pipeline struct {
@@ -59,6 +65,20 @@ type pipeline struct {
 	procs  map[string]*process // the services, when run as processes
 	// maxWait overrides the consumer's MaxWait when not zero.
 	maxWait time.Duration
+	// traces count the in-process services' statements (-sql-trace).
+	traces []*sqlTrace
+}
+
+// traced prints and resets the statement counts of the run just finished
+// (-sql-trace with in-process services), labelled with what it was.
+func (p *pipeline) traced(label string) {
+	if len(p.traces) == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "sql trace, %s:\n", label)
+	for _, t := range p.traces {
+		fmt.Fprint(os.Stderr, t.reset())
+	}
 }
 
 // startPipeline starts the relay and the consumer (as processes when the
@@ -94,6 +114,9 @@ func (b *bench) startPipeline(ctx context.Context, maxWait time.Duration) (*pipe
 		p.close()
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
+	for _, t := range p.traces {
+		t.reset()
+	}
 	return p, nil
 }
 
@@ -104,7 +127,12 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 	var wg sync.WaitGroup
 	p.stop = func() { cancel(); wg.Wait() }
 
-	rpool, err := openPool(ctx, p.url, 10)
+	var rtrace, ctrace *sqlTrace
+	if b.cfg.SQLTrace {
+		rtrace, ctrace = newSQLTrace("relay"), newSQLTrace("consumer")
+		p.traces = []*sqlTrace{rtrace, ctrace}
+	}
+	rpool, err := openTracedPool(ctx, p.url, 10, rtrace)
 	if err != nil {
 		return err
 	}
@@ -120,7 +148,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		rpool.Close()
 		return err
 	}
-	cpool, err := openPool(ctx, p.url, inbox.DefaultWorkers+2)
+	cpool, err := openTracedPool(ctx, p.url, inbox.DefaultWorkers+consumer.DefaultIngestLoops+2, ctrace)
 	if err != nil {
 		pub.Close()
 		rpool.Close()
@@ -188,24 +216,62 @@ type runResult struct {
 	latencies []time.Duration // commit→ledger, sorted
 	achieved  float64         // the producers' achieved rate (events/s)
 	prefix    string          // the run's event id prefix
+	commitAt  []int64         // per event: UnixNano when its producer's commit returned (0: not produced)
+	seenAt    []int64         // per event: UnixNano when the observer saw its credit
 }
 
-// stageMedians splits the latency of a run's events into the stages the
-// tables record, by server timestamps (one clock): the producer's
-// transaction start (outbox.created_at) to the relay's mark (published_at,
-// after the broker acked); to the consumer storing it (inbox.received_at);
-// to the inbox batch that credited it starting (ledger created_at).
-const stageMedians = `SELECT
-    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.published_at - o.created_at)), 0) * 1000,
-    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM i.received_at - o.published_at)), 0) * 1000,
-    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM l.created_at - i.received_at)), 0) * 1000
-FROM pgrelay.outbox o JOIN pgrelay.inbox i USING (event_id) JOIN ledger_entries l USING (event_id)
+// stageTimes reads, for a run's events, the server's wall-clock timestamps
+// of the two hand-overs in between: the relay's mark (outbox.published_at,
+// the start of the mark's transaction, after the broker acknowledged the
+// publish) and the consumer's store (inbox.received_at, the start of the
+// transaction that stored it). The server runs on the benchmark's machine,
+// so they compare with the producer's commit and the observer's sighting,
+// taken on the same clock.
+const stageTimes = `SELECT o.event_id, o.published_at, i.received_at
+FROM pgrelay.outbox o JOIN pgrelay.inbox i USING (event_id)
 WHERE starts_with(o.event_id, $1)`
 
-// stages returns the median milliseconds of each stage for a run's events.
-func (p *pipeline) stages(ctx context.Context, prefix string) (relayMs, consumerMs, inboxMs float64, err error) {
-	err = p.pool.QueryRow(ctx, stageMedians, prefix).Scan(&relayMs, &consumerMs, &inboxMs)
-	return
+// stageSplit is the median of each stage of a run's events, in ms: the
+// producer's commit to the relay's mark (wake-up, read, publish, broker
+// ack), the mark to the consumer's store (fetch; the message may arrive
+// before the mark starts, so this is small or negative), and the store to
+// the observer seeing the credit (the consumer's transaction, its commit,
+// and at most one observer poll).
+type stageSplit struct{ relay, consumer, inbox float64 }
+
+// stages splits a run's latencies into stages; see stageSplit.
+func (p *pipeline) stages(ctx context.Context, r runResult) (stageSplit, error) {
+	rows, err := p.pool.Query(ctx, stageTimes, r.prefix)
+	if err != nil {
+		return stageSplit{}, err
+	}
+	defer rows.Close()
+	var relay, consumer, inbox []time.Duration
+	for rows.Next() {
+		var id string
+		var published, received *time.Time
+		if err := rows.Scan(&id, &published, &received); err != nil {
+			return stageSplit{}, err
+		}
+		if published == nil || received == nil {
+			continue // credited before the relay's mark committed
+		}
+		i, err := strconv.Atoi(strings.TrimPrefix(id, r.prefix))
+		if err != nil || i < 0 || i >= len(r.commitAt) || r.commitAt[i] == 0 || r.seenAt[i] == 0 {
+			continue
+		}
+		relay = append(relay, published.Sub(time.Unix(0, r.commitAt[i])))
+		consumer = append(consumer, received.Sub(*published))
+		inbox = append(inbox, time.Unix(0, r.seenAt[i]).Sub(*received))
+	}
+	if err := rows.Err(); err != nil {
+		return stageSplit{}, err
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return ms(percentile(d, 50))
+	}
+	return stageSplit{relay: med(relay), consumer: med(consumer), inbox: med(inbox)}, nil
 }
 
 // run produces n events through the pipeline, perTx events per transaction
@@ -225,6 +291,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	obsCtx, stopObs := context.WithCancel(ctx)
 	defer stopObs()
 	seen := make(chan []time.Duration, 1)
+	seenAt := make([]int64, n) // written by the observer, read after it sent on seen
 	obsErr := make(chan error, 1)
 	var lastSeen atomic.Int64
 	poll := observePoll
@@ -232,7 +299,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 		poll = throughputPoll
 	}
 	go func() {
-		lat, err := p.observe(obsCtx, gen, n, poll, &target, commitAt, &lastSeen)
+		lat, err := p.observe(obsCtx, gen, n, poll, &target, commitAt, seenAt, &lastSeen)
 		if err != nil {
 			obsErr <- err
 			return
@@ -305,6 +372,11 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	select {
 	case lat := <-seen:
 		res.latencies = lat
+		res.seenAt = seenAt
+		res.commitAt = make([]int64, n)
+		for i := range commitAt {
+			res.commitAt[i] = commitAt[i].Load()
+		}
 	case err := <-obsErr:
 		return res, err
 	case err := <-p.failed:
@@ -323,9 +395,12 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 // concurrent inbox batches commit out of id order: a cursor on the highest id
 // seen would skip a batch that commits late. The observer keeps instead the
 // lowest id not seen yet (low) and re-reads from there, skipping ids it has
-// seen; an id missing for more than gapTimeout below one it has seen is a
-// rolled-back insert and is passed over.
-func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
+// seen; an id missing for more than gapTimeout below one it has seen is
+// taken for a rolled-back insert and passed over. The ranges passed over are
+// still read on every poll (ledgerHoles), for an insert that was only slow:
+// with concurrent inbox transactions under a heavy load one committed after
+// such a jump, and the run waited for its credit for ever.
+func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, seenAt []int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
 	const gapTimeout = 10 * time.Second
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
@@ -338,6 +413,10 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 	}
 	seen := map[int64]bool{}
 	stalledSince := time.Now()
+	// holes are the ranges [holeLo[k], holeHi[k]) passed over; holeSeen the
+	// ids found in them since.
+	var holeLo, holeHi []int64
+	holeSeen := map[int64]bool{}
 	lat := make([]time.Duration, 0, n)
 	t := time.NewTicker(poll)
 	defer t.Stop()
@@ -368,6 +447,28 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 		if err := rows.Err(); err != nil {
 			return nil, err
 		}
+		if len(holeLo) > 0 {
+			rows, err := conn.Query(ctx, ledgerHoles, holeLo, holeHi)
+			if err != nil {
+				return nil, err
+			}
+			for rows.Next() {
+				var id int64
+				var eventID string
+				if err := rows.Scan(&id, &eventID); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				if !holeSeen[id] {
+					holeSeen[id] = true
+					ids = append(ids, eventID)
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
+		}
 		now := time.Now()
 		for _, id := range ids {
 			idx, ok := strings.CutPrefix(id, gen.prefix)
@@ -385,6 +486,7 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 				c = now.UnixNano()
 			}
 			lat = append(lat, time.Duration(now.UnixNano()-c))
+			seenAt[i] = now.UnixNano()
 		}
 		if len(ids) > 0 {
 			lastSeen.Store(now.UnixNano())
@@ -394,7 +496,9 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 		// it: ids above the lowest seen may still be in flight).
 		moved := false
 		if len(seen) > 0 && !seen[low] && now.Sub(stalledSince) > gapTimeout {
-			low = slices.Min(slices.Collect(maps.Keys(seen)))
+			next := slices.Min(slices.Collect(maps.Keys(seen)))
+			holeLo, holeHi = append(holeLo, low), append(holeHi, next)
+			low = next
 		}
 		for seen[low] {
 			delete(seen, low)
@@ -470,6 +574,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			} else {
 				b.sample("e2e_batch", rate(r.events, r.elapsed))
 			}
+			p.traced(fmt.Sprintf("flat out, %d/tx", b.cfg.BatchSize))
 			// Flat out, one event per transaction: throughput and latency.
 			if r, err := p.run(ctx, nOne, 1, w, 0, 0); err != nil {
 				errs = append(errs, fmt.Errorf("flat out, 1/tx: %w", err))
@@ -478,6 +583,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 				b.sample("e2e_one", rate(r.events, r.elapsed))
 				recordLatency("max", r)
 			}
+			p.traced("flat out, 1/tx")
 			// Fixed offered loads, one event per transaction.
 			for _, l := range b.cfg.Loads {
 				events := max(1, int(float64(l)*b.cfg.LoadDuration.Seconds()))
@@ -488,14 +594,15 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 					continue
 				}
 				recordLatency(itoa(l), r)
-				relayMs, consumerMs, inboxMs, err := p.stages(ctx, r.prefix)
+				p.traced(fmt.Sprintf("%d/s offered, 1/tx", l))
+				st, err := p.stages(ctx, r)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("stages at %d/s: %w", l, err))
 					continue
 				}
-				b.sample("stage_"+itoa(l)+"_relay", relayMs)
-				b.sample("stage_"+itoa(l)+"_consumer", consumerMs)
-				b.sample("stage_"+itoa(l)+"_inbox", inboxMs)
+				b.sample("stage_"+itoa(l)+"_relay", st.relay)
+				b.sample("stage_"+itoa(l)+"_consumer", st.consumer)
+				b.sample("stage_"+itoa(l)+"_inbox", st.inbox)
 			}
 			return errors.Join(errs...)
 		})

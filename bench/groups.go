@@ -84,12 +84,12 @@ func (b *bench) declareFigures() {
 		add("latency_"+l+"_max", "e2e", "commit→ledger max, "+label, unitMs, "process", "", nil, "")
 		if l != "max" {
 			add("achieved_"+l, "e2e", "  achieved rate, "+label, unitRate, "process", "", nil, "")
-			add("stage_"+l+"_relay", "e2e", "  stage p50: producer tx → relay marked published", unitMs, "process", "", nil,
-				"server timestamps: outbox.created_at (producer tx start) to published_at (mark after broker ack)")
-			add("stage_"+l+"_consumer", "e2e", "  stage p50: published → stored in inbox", unitMs, "process", "", nil,
-				"outbox.published_at to inbox.received_at (consumer fetch and store)")
-			add("stage_"+l+"_inbox", "e2e", "  stage p50: stored → inbox batch crediting it starts", unitMs, "process", "", nil,
-				"inbox.received_at to ledger_entries.created_at (claim wake-up)")
+			add("stage_"+l+"_relay", "e2e", "  stage p50: commit → relay marks it published", unitMs, "process", "", nil,
+				"one clock: the producer's commit returning to outbox.published_at (the mark's transaction start, after the broker ack): wake-up, read, publish")
+			add("stage_"+l+"_consumer", "e2e", "  stage p50: marked → consumer stores it", unitMs, "process", "", nil,
+				"outbox.published_at to inbox.received_at (the storing transaction's start); the message can arrive before the mark starts")
+			add("stage_"+l+"_inbox", "e2e", "  stage p50: stored → credit seen", unitMs, "process", "", nil,
+				"inbox.received_at to the observer's poll seeing the ledger credit: the consumer's transaction (store, apply) and its commit")
 		}
 	}
 

@@ -66,6 +66,7 @@ func mainErr() error {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
 	fs.StringVar(&cfg.BinDir, "bin", "", "directory with prebuilt relay and consumer binaries (default: go build them)")
 	fs.StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and the in-process services")
+	fs.BoolVar(&cfg.SQLTrace, "sql-trace", false, "count the in-process services' statements (round trips) by kind and print them after each end-to-end run; with services in-process only")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (in-process services included) to this file, for go tool pprof")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err

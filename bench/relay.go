@@ -188,11 +188,19 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 }
 
 func openPool(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, error) {
+	return openTracedPool(ctx, url, maxConns, nil)
+}
+
+// openTracedPool is openPool whose statements t counts (none when nil).
+func openTracedPool(ctx context.Context, url string, maxConns int, t *sqlTrace) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = int32(maxConns)
+	if t != nil {
+		t.attach(cfg)
+	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 

@@ -53,6 +53,7 @@ import (
 const (
 	DefaultFetchBatchSize = engine.DefaultBatchSize
 	DefaultMaxWait        = engine.DefaultMaxWait
+	DefaultIngestLoops    = engine.DefaultIngestLoops
 	DefaultStatsInterval  = engine.DefaultStatsInterval
 	DefaultStartupTimeout = 30 * time.Second
 	// DefaultMaxPayloadBytes is the payload limit a command-line consumer
@@ -65,7 +66,7 @@ const (
 type Config struct {
 	// Pool is the PostgreSQL database holding the inbox (migrated with
 	// `relay migrate up` or the migrations package). Required. Give it at
-	// least Inbox.Workers+4 connections.
+	// least Inbox.Workers+IngestLoops+3 connections.
 	Pool *pgxpool.Pool
 	// Subscribe creates the subscriber the consumer fetches from, for
 	// example broker.Subscribe(nats.NewSubscriber, nats.Config{...}),
@@ -113,6 +114,13 @@ type Config struct {
 	// MaxWait is how long an idle fetch waits; it also bounds shutdown.
 	// Default DefaultMaxWait (500ms).
 	MaxWait time.Duration
+	// IngestLoops is how many fetched batches are stored at once, each in
+	// its own transaction on its own connection and acknowledged after its
+	// own commit, while the next batch is fetched. 1 stores one batch at a
+	// time (fetch, store, commit, ack). Default DefaultIngestLoops (1); at
+	// most 64. Each loop beyond the first holds one more connection of Pool
+	// while it stores.
+	IngestLoops int
 	// StatsInterval is how often the ingest counters are logged; negative
 	// disables. Default DefaultStatsInterval (30s).
 	StatsInterval time.Duration
@@ -278,6 +286,7 @@ func New(cfg Config) (*Consumer, error) {
 		DirectTopics:     cfg.DirectTopics,
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
+		IngestLoops:      cfg.IngestLoops,
 		StatsInterval:    cfg.StatsInterval,
 		DupRateWarn:      cfg.DupRateWarn,
 		ObserveReceive:   observer.ObserveReceive,

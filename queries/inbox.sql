@@ -336,8 +336,15 @@ WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]);
 -- the handlers of rows read by SelectInboxStored committed: one attempt, a new
 -- fencing version, processed. It returns the keys it marked; the caller rolls
 -- back when one is missing.
+-- coalesce on the NOT NULL status hides the partial index on pending rows
+-- from the planner (as in MarkInboxBatchProcessed): with statistics taken
+-- while few rows were pending, or none at all, it scanned the handler's
+-- pending entries (every row stored since the last vacuum) instead of
+-- looking the keys up: 14 ms a mark in the end to end benchmark at 500
+-- events/s, 24 ms among 20,000 pending rows. The primary key is always the
+-- right path.
 UPDATE pgrelay.inbox
 SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
     locked_by = @worker_id::text, started_at = @started_at::timestamptz, finished_at = now()
-WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]) AND status = 'pending'
+WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]) AND coalesce(status, '') = 'pending'
 RETURNING dedup_key;

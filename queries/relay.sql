@@ -85,6 +85,12 @@ WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > 
 -- at a 50,000-row backlog), and the lease renewals queued behind the lease
 -- row it holds. coalesce on the NOT NULL status keeps the pending partial
 -- index out of the planner's choices (TestMarkTouchesOnlyItsBatch).
+--
+-- With @async_commit the statement's own transaction commits without waiting
+-- for its WAL flush (synchronous_commit off, set for this transaction only,
+-- so no session state is left behind for a pooler): a mark lost in a server
+-- crash leaves its rows pending, and they are published again, as after a
+-- relay crash between publish and mark (docs/relay.md, "Asynchronous marks").
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
@@ -96,7 +102,9 @@ SET status       = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN 'dead' ELSE 'p
     last_error   = (@dead_reasons::text[])[array_position(@dead_ids::bigint[], o.id)],
     attempts     = o.attempts + 1
 FROM lease
-WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending';
+WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending'
+  AND (SELECT set_config('synchronous_commit',
+        CASE WHEN @async_commit::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL;
 
 -- name: RecordPublishFailure :execrows
 -- RecordPublishFailure notes a transient failure on the rows of a batch that

@@ -127,6 +127,13 @@ type Config struct {
 	// planner statistics went stale and analyzes it then. Default 5s;
 	// negative: never.
 	StatisticsInterval time.Duration
+	// AsyncMarks lets each batch's mark commit without waiting for its WAL
+	// flush (synchronous_commit off for the mark's own transaction only): a
+	// mark a server crash loses leaves its rows pending, and they are
+	// published again and deduplicated (by the broker's dedup id, then the
+	// inbox), exactly as after a relay crash between publish and mark.
+	// Default false: on a slow-flushing disk it made other commits wait.
+	AsyncMarks bool
 
 	// Capture is where events are read from: "table" (the default), the
 	// outbox table, or "wal", the events producers write with pgrelay.Emit
@@ -202,6 +209,7 @@ func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config 
 		StatisticsInterval: c.StatisticsInterval,
 		Capture:            c.Capture,
 		WAL:                engine.WALConfig{Slot: c.WALSlot, AllowUnboundedSlot: c.WALAllowUnboundedSlot},
+		AsyncMarks:         c.AsyncMarks,
 	}
 }
 

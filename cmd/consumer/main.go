@@ -55,6 +55,7 @@ type settings struct {
 	brokers         map[string]cli.ConsumerSide
 	batchSize       int
 	maxWait         time.Duration
+	ingestLoops     int
 	maxPayloadBytes int
 	workers         int
 	workerBatchSize int
@@ -92,6 +93,7 @@ const (
 var envKinds = map[string]string{
 	"CONSUMER_BATCH_SIZE":        "int",
 	"CONSUMER_MAX_WAIT":          "duration",
+	"CONSUMER_INGEST_LOOPS":      "int",
 	"CONSUMER_MAX_PAYLOAD_BYTES": "int",
 	"CONSUMER_WORKERS":           "int",
 	"CONSUMER_ORDERED":           "bool",
@@ -121,6 +123,7 @@ var flagOf = map[string]string{
 	"DedupKey":                      "--dedup-key (CONSUMER_DEDUP_KEY)",
 	"FetchBatchSize":                "--batch-size (CONSUMER_BATCH_SIZE)",
 	"MaxWait":                       "--max-wait (CONSUMER_MAX_WAIT)",
+	"IngestLoops":                   "--ingest-loops (CONSUMER_INGEST_LOOPS)",
 	"DupRateWarn":                   "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
 	"MetricsAddr":                   "--metrics-addr (METRICS_ADDR)",
 	"AdminAddr":                     "--admin-addr (ADMIN_ADDR)",
@@ -170,6 +173,7 @@ the reason and acknowledged, never dropped.`,
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindConsumerSides(f, brokers)
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("CONSUMER_BATCH_SIZE", consumer.DefaultFetchBatchSize), "messages per fetch, stored in one transaction (CONSUMER_BATCH_SIZE)")
+	f.IntVar(&s.ingestLoops, "ingest-loops", cli.EnvInt("CONSUMER_INGEST_LOOPS", consumer.DefaultIngestLoops), "fetched batches stored at once, each in its own transaction and acknowledged after its own commit, while the next is fetched; 1 fetches, stores, commits and acknowledges one at a time (CONSUMER_INGEST_LOOPS)")
 	f.DurationVar(&s.maxWait, "max-wait", cli.EnvDuration("CONSUMER_MAX_WAIT", consumer.DefaultMaxWait), "longest wait of an idle fetch for a first message; also bounds shutdown (CONSUMER_MAX_WAIT)")
 	f.IntVar(&s.maxPayloadBytes, "max-payload-bytes", cli.EnvInt("CONSUMER_MAX_PAYLOAD_BYTES", consumer.DefaultMaxPayloadBytes), "larger payloads are stored dead (CONSUMER_MAX_PAYLOAD_BYTES)")
 	f.IntVar(&s.workers, "workers", cli.EnvInt("CONSUMER_WORKERS", pgrelay.DefaultWorkers), "concurrent inbox worker batches (CONSUMER_WORKERS)")
@@ -250,10 +254,10 @@ func runConsumer(parent context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
-	// Inbox workers each hold a connection; ingest, LISTEN, the metrics
+	// Inbox workers and ingest loops each hold a connection; LISTEN, the metrics
 	// collector and retention need a few more. The http handler records a
 	// failed attempt's response on a second connection, beside its batch's.
-	conns := s.workers + 4
+	conns := s.workers + 3 + max(1, s.ingestLoops)
 	if s.handler == "http" {
 		conns += s.workers
 	}
@@ -300,6 +304,7 @@ func runConsumer(parent context.Context, s settings) error {
 		DedupKeyByTopic:  byTopic,
 		FetchBatchSize:   s.batchSize,
 		MaxWait:          s.maxWait,
+		IngestLoops:      s.ingestLoops,
 		StatsInterval:    s.statsInterval,
 		DupRateWarn:      s.dupRateWarn,
 		NoApplyOnReceive: !s.applyOnReceive,

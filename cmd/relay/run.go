@@ -40,6 +40,7 @@ type settings struct {
 	walSlot            string
 	walUnbounded       bool
 	migrate            bool
+	asyncMarks         bool
 	logLevel           string
 	logFormat          string
 	ops                endpoints.Flags
@@ -64,6 +65,7 @@ var envKinds = map[string]string{
 	"RELAY_RETENTION_BATCH":          "int",
 	"RELAY_MIGRATE":                  "bool",
 	"RELAY_WAL_ALLOW_UNBOUNDED_SLOT": "bool",
+	"RELAY_ASYNC_MARKS":              "bool",
 }
 
 // flagOf names the flag and environment variable that fill each relay.Config
@@ -154,6 +156,7 @@ needs only PostgreSQL.`,
 	f.StringVar(&s.capture, "capture", cli.EnvString("RELAY_CAPTURE", "table"), "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md) (env RELAY_CAPTURE)")
 	f.StringVar(&s.walSlot, "wal-slot", cli.EnvString("RELAY_WAL_SLOT", "pgrelay"), "replication slot of --capture wal; one relay streams it, the others wait as standbys (env RELAY_WAL_SLOT)")
 	f.BoolVar(&s.walUnbounded, "wal-allow-unbounded-slot", cli.EnvBool("RELAY_WAL_ALLOW_UNBOUNDED_SLOT", false), "create the slot even while max_slot_wal_keep_size is -1 (unlimited) (env RELAY_WAL_ALLOW_UNBOUNDED_SLOT)")
+	f.BoolVar(&s.asyncMarks, "async-marks", cli.EnvBool("RELAY_ASYNC_MARKS", false), "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated (env RELAY_ASYNC_MARKS)")
 	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
@@ -205,6 +208,7 @@ func runRelay(parent context.Context, s settings) error {
 		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
+		AsyncMarks:  s.asyncMarks,
 		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
 		Capture: s.capture, WALSlot: s.walSlot, WALAllowUnboundedSlot: s.walUnbounded,
 	}

@@ -34,6 +34,12 @@ type Config struct {
 	MaxWait time.Duration
 	// StoreTimeout bounds one batch's inbox transaction. Default 15s.
 	StoreTimeout time.Duration
+	// IngestLoops is how many fetched batches are stored at once, each in
+	// its own transaction on its own connection and acknowledged after its
+	// own commit, the fetch of the next batch overlapping them. 1 stores one
+	// batch at a time (fetch, store, commit, ack, then fetch again). Default
+	// DefaultIngestLoops; at most 64.
+	IngestLoops int
 	// RetryMin and RetryMax bound the exponential backoff after a failed
 	// fetch, store or connect: it doubles from RetryMin up to RetryMax, each
 	// wait jittered ×0.5–1.5. Defaults 100ms and 5s.
@@ -103,8 +109,13 @@ type Config struct {
 
 // Defaults for Config.
 const (
-	DefaultBatchSize     = 100
-	DefaultMaxWait       = 500 * time.Millisecond
+	DefaultBatchSize = 100
+	DefaultMaxWait   = 500 * time.Millisecond
+	// DefaultIngestLoops is Config.IngestLoops' default: one batch at a
+	// time. More loops did not measurably help on the two-core benchmark
+	// machine, where smaller, more numerous commits cost the CPU they saved
+	// in waiting (docs/benchmarks.md).
+	DefaultIngestLoops   = 1
 	DefaultStatsInterval = 30 * time.Second
 	// DefaultMaxPayloadBytes is the largest payload a subscriber accepts
 	// unless told otherwise; a larger message is stored dead.
@@ -128,6 +139,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = 15 * time.Second
+	}
+	if c.IngestLoops == 0 {
+		c.IngestLoops = DefaultIngestLoops
 	}
 	if c.RetryMin == 0 {
 		c.RetryMin = 100 * time.Millisecond
@@ -185,6 +199,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxWait < 10*time.Millisecond {
 		bad("MaxWait", "{} %s must be at least 10ms", c.MaxWait)
+	}
+	if c.IngestLoops < 1 || c.IngestLoops > 64 {
+		bad("IngestLoops", "{} %d must be between 1 and 64", c.IngestLoops)
 	}
 	if c.StoreTimeout <= 0 {
 		bad("StoreTimeout", "{} %s must be positive", c.StoreTimeout)

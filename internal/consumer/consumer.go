@@ -142,7 +142,7 @@ func (c *Consumer) DedupHitRatio() float64 { return math.Float64frombits(c.hitRa
 func (c *Consumer) Ready() bool { return c.ready.Load() }
 
 // Run consumes until ctx is cancelled, then shuts down gracefully: it stops
-// fetching, stores and acknowledges the batch in hand, and stops the inbox
+// fetching, stores and acknowledges the batches in hand, and stops the inbox
 // workers. It returns nil after a graceful shutdown. Broker and database
 // outages are retried with backoff, never returned; what a retry cannot fix
 // is: a subscriber that cannot be created (Config.Subscribe fails: a broker
@@ -188,7 +188,31 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		}
 	}()
 	defer c.ready.Store(false)
-	c.log.Info("ingest started", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait))
+	c.log.Info("ingest started", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait),
+		zap.Int("ingest_loops", c.cfg.IngestLoops))
+	// With one ingest loop this goroutine fetches, stores, commits and
+	// acknowledges one batch at a time. With more, it only fetches
+	// (Subscriber.Fetch is never called concurrently) and IngestLoops
+	// goroutines store and acknowledge, each batch in its own transaction,
+	// acknowledged after its own commit. A batch fetched while every loop is
+	// busy waits in hand for the first free one, so at most IngestLoops+1
+	// batches are out at once. The loops drain every batch handed over, on a
+	// stop too, before ingest returns.
+	handOver := func(ds []broker.Delivery) { c.handle(ctx, ds) }
+	if c.cfg.IngestLoops > 1 {
+		batches := make(chan []broker.Delivery)
+		var loops sync.WaitGroup
+		for range c.cfg.IngestLoops {
+			loops.Go(func() {
+				for ds := range batches {
+					c.handle(ctx, ds)
+				}
+			})
+		}
+		defer loops.Wait()
+		defer close(batches)
+		handOver = func(ds []broker.Delivery) { batches <- ds }
+	}
 	failures := 0
 	for ctx.Err() == nil {
 		ds, err := sub.Fetch(ctx, c.cfg.BatchSize, c.cfg.MaxWait)
@@ -208,7 +232,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		// in hand is stored and acknowledged even when shutdown has begun:
 		// that is what a graceful stop means.
 		if len(ds) > 0 {
-			c.handle(ctx, ds)
+			handOver(ds)
 		}
 		if err != nil {
 			if !c.sleep(ctx, failures) {

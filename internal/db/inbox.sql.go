@@ -648,7 +648,7 @@ const markInboxStoredProcessed = `-- name: MarkInboxStoredProcessed :many
 UPDATE pgrelay.inbox
 SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
     locked_by = $1::text, started_at = $2::timestamptz, finished_at = now()
-WHERE handler = $3::text AND dedup_key = ANY($4::text[]) AND status = 'pending'
+WHERE handler = $3::text AND dedup_key = ANY($4::text[]) AND coalesce(status, '') = 'pending'
 RETURNING dedup_key
 `
 
@@ -663,6 +663,13 @@ type MarkInboxStoredProcessedParams struct {
 // the handlers of rows read by SelectInboxStored committed: one attempt, a new
 // fencing version, processed. It returns the keys it marked; the caller rolls
 // back when one is missing.
+// coalesce on the NOT NULL status hides the partial index on pending rows
+// from the planner (as in MarkInboxBatchProcessed): with statistics taken
+// while few rows were pending, or none at all, it scanned the handler's
+// pending entries (every row stored since the last vacuum) instead of
+// looking the keys up: 14 ms a mark in the end to end benchmark at 500
+// events/s, 24 ms among 20,000 pending rows. The primary key is always the
+// right path.
 func (q *Queries) MarkInboxStoredProcessed(ctx context.Context, db DBTX, arg MarkInboxStoredProcessedParams) ([]string, error) {
 	rows, err := db.Query(ctx, markInboxStoredProcessed,
 		arg.WorkerID,

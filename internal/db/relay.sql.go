@@ -183,7 +183,7 @@ func (q *Queries) InProgressXids(ctx context.Context, db DBTX) ([]string, error)
 const markOutcomes = `-- name: MarkOutcomes :execrows
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
-    WHERE rp.partition = $4 AND rp.owner = $5::text AND rp.epoch = $6
+    WHERE rp.partition = $5 AND rp.owner = $6::text AND rp.epoch = $7
     FOR SHARE
 )
 UPDATE pgrelay.outbox o
@@ -193,12 +193,15 @@ SET status       = CASE WHEN o.id = ANY($1::bigint[]) THEN 'dead' ELSE 'publishe
     attempts     = o.attempts + 1
 FROM lease
 WHERE o.partition = lease.partition AND o.id = ANY($3::bigint[]) AND coalesce(o.status, '') = 'pending'
+  AND (SELECT set_config('synchronous_commit',
+        CASE WHEN $4::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
 `
 
 type MarkOutcomesParams struct {
 	DeadIds     []int64
 	DeadReasons []string
 	Ids         []int64
+	AsyncCommit bool
 	Partition   int32
 	Owner       string
 	Epoch       int64
@@ -219,11 +222,18 @@ type MarkOutcomesParams struct {
 // at a 50,000-row backlog), and the lease renewals queued behind the lease
 // row it holds. coalesce on the NOT NULL status keeps the pending partial
 // index out of the planner's choices (TestMarkTouchesOnlyItsBatch).
+//
+// With @async_commit the statement's own transaction commits without waiting
+// for its WAL flush (synchronous_commit off, set for this transaction only,
+// so no session state is left behind for a pooler): a mark lost in a server
+// crash leaves its rows pending, and they are published again, as after a
+// relay crash between publish and mark (docs/relay.md, "Asynchronous marks").
 func (q *Queries) MarkOutcomes(ctx context.Context, db DBTX, arg MarkOutcomesParams) (int64, error) {
 	result, err := db.Exec(ctx, markOutcomes,
 		arg.DeadIds,
 		arg.DeadReasons,
 		arg.Ids,
+		arg.AsyncCommit,
 		arg.Partition,
 		arg.Owner,
 		arg.Epoch,

@@ -125,9 +125,13 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 	if len(out.markIDs) == 0 {
 		return nil
 	}
+	if h := r.cfg.hooks.beforeMark; h != nil {
+		h(w.partition, out.markIDs)
+	}
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
 		Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: out.markIDs, DeadIds: out.deadIDs, DeadReasons: out.reasons,
+		AsyncCommit: r.cfg.AsyncMarks,
 	})
 	cancel()
 	if err != nil {

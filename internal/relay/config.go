@@ -75,6 +75,14 @@ type Config struct {
 	// RetentionBatchSize is how many rows one delete statement removes, so
 	// deletion never holds long locks. Default: 1,000.
 	RetentionBatchSize int
+	// AsyncMarks lets each batch's mark commit without waiting for its WAL
+	// flush (synchronous_commit off for its own transaction). A mark that a
+	// server crash loses leaves its rows pending, and they are published
+	// again, deduplicated by the broker (Nats-Msg-Id) or the inbox, as after
+	// a relay crash between publish and mark. Off by default: on a disk whose
+	// flush is slow, the WAL writer's flushes of the asynchronous marks made
+	// the other commits (the producers', the consumer's) wait longer.
+	AsyncMarks bool
 
 	// Capture is where the relay reads events from: CaptureTable (the
 	// default), the outbox table, or CaptureWAL, the events producers write
@@ -98,6 +106,7 @@ type hooks struct {
 	// The WAL capture's: before each status update, before each publish.
 	walBeforeStatus  func()
 	walBeforePublish func(events int)
+	beforeMark       func(partition int32, ids []int64)
 }
 
 // Defaults for Config; the relay command's flags default to them too.
