@@ -101,6 +101,7 @@ func EncodeHeaders(m Message) map[string]string {
 	if m.ContentType != "" {
 		h[event.HeaderContentType] = m.ContentType
 	}
+	encodeTraceHeaders(h, m)
 	return h
 }
 
@@ -126,6 +127,7 @@ func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	d.contentType()
 	d.occurredAt()
 	d.ownHeaders()
+	d.traceContext()
 	d.payload(opts)
 	return Delivery{Message: d.m, DeadReason: strings.Join(d.reasons, "; ")}, nil
 }

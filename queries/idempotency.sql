@@ -3,11 +3,12 @@
 -- order) and skips, instead of failing on, an event id that is already stored
 -- (or repeated in the batch): a unique violation would abort the caller's
 -- transaction. It returns the event ids it inserted; the caller compares the
--- others with the stored rows.
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+-- others with the stored rows. An empty trace context is stored as NULL.
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, traceparent, tracestate)
 SELECT unnest(@event_ids::text[]), unnest(@topics::text[]), unnest(@keys::text[]),
        unnest(@event_types::text[]), unnest(@payloads::bytea[]), unnest(@headers::jsonb[]),
-       unnest(@occurred_ats::timestamptz[])
+       unnest(@occurred_ats::timestamptz[]),
+       NULLIF(unnest(@traceparents::text[]), ''), NULLIF(unnest(@tracestates::text[]), '')
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id;
 

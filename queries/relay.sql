@@ -8,7 +8,7 @@
 -- 400,000-row backlog). No other index provides (partition, id) order.
 -- exclude (never NULL; empty for none) skips the previous batch's rows while
 -- their mark is still in flight.
-SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq
+SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq, traceparent, tracestate
 FROM pgrelay.outbox
 WHERE partition >= @partition::int AND partition <= @partition::int AND status = 'pending'
   AND id <> ALL(@exclude::bigint[])

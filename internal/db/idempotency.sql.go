@@ -12,29 +12,32 @@ import (
 )
 
 const enqueueOutboxIdempotent = `-- name: EnqueueOutboxIdempotent :many
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, traceparent, tracestate)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
-       unnest($7::timestamptz[])
+       unnest($7::timestamptz[]),
+       NULLIF(unnest($8::text[]), ''), NULLIF(unnest($9::text[]), '')
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 `
 
 type EnqueueOutboxIdempotentParams struct {
-	EventIds    []string
-	Topics      []string
-	Keys        []string
-	EventTypes  []string
-	Payloads    [][]byte
-	Headers     []json.RawMessage
-	OccurredAts []time.Time
+	EventIds     []string
+	Topics       []string
+	Keys         []string
+	EventTypes   []string
+	Payloads     [][]byte
+	Headers      []json.RawMessage
+	OccurredAts  []time.Time
+	Traceparents []string
+	Tracestates  []string
 }
 
 // EnqueueOutboxIdempotent inserts a batch in one statement (ids in array
 // order) and skips, instead of failing on, an event id that is already stored
 // (or repeated in the batch): a unique violation would abort the caller's
 // transaction. It returns the event ids it inserted; the caller compares the
-// others with the stored rows.
+// others with the stored rows. An empty trace context is stored as NULL.
 func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg EnqueueOutboxIdempotentParams) ([]string, error) {
 	rows, err := db.Query(ctx, enqueueOutboxIdempotent,
 		arg.EventIds,
@@ -44,6 +47,8 @@ func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg Enqu
 		arg.Payloads,
 		arg.Headers,
 		arg.OccurredAts,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	if err != nil {
 		return nil, err

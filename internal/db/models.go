@@ -144,6 +144,8 @@ type Outbox struct {
 	Partition     int32
 	DeadAt        *time.Time
 	KeySeq        *int64
+	Traceparent   *string
+	Tracestate    *string
 }
 
 type OutboxKeySeq struct {

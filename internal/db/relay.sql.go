@@ -247,7 +247,7 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 }
 
 const pendingBatch = `-- name: PendingBatch :many
-SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq
+SELECT id, event_id, topic, key, event_type, payload, headers, occurred_at, created_at, key_seq, traceparent, tracestate
 FROM pgrelay.outbox
 WHERE partition >= $1::int AND partition <= $1::int AND status = 'pending'
   AND id <> ALL($2::bigint[])
@@ -262,16 +262,18 @@ type PendingBatchParams struct {
 }
 
 type PendingBatchRow struct {
-	ID         int64
-	EventID    string
-	Topic      string
-	Key        string
-	EventType  string
-	Payload    []byte
-	Headers    json.RawMessage
-	OccurredAt time.Time
-	CreatedAt  time.Time
-	KeySeq     *int64
+	ID          int64
+	EventID     string
+	Topic       string
+	Key         string
+	EventType   string
+	Payload     []byte
+	Headers     json.RawMessage
+	OccurredAt  time.Time
+	CreatedAt   time.Time
+	KeySeq      *int64
+	Traceparent *string
+	Tracestate  *string
 }
 
 // PendingBatch reads the oldest pending rows of one partition, in id order.
@@ -303,6 +305,8 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 			&i.OccurredAt,
 			&i.CreatedAt,
 			&i.KeySeq,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}

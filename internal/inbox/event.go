@@ -124,6 +124,7 @@ func newEvent(id, topic, key, typ string, payload []byte, headers json.RawMessag
 		// by hand into another shape just yields no headers.
 		_ = json.Unmarshal(headers, &ev.Headers)
 		ev.LiftContentType()
+		ev.LiftTrace()
 	}
 	if lastErr != nil {
 		ev.LastError = *lastErr

@@ -320,7 +320,9 @@ func storedFields(m Incoming, now time.Time) (json.RawMessage, time.Time, []byte
 		return nil, time.Time{}, nil, err
 	}
 	headers := json.RawMessage("{}")
-	if stored := m.StoredHeaders(); len(stored) > 0 {
+	// The trace context, which the outbox keeps in columns of its own, is
+	// kept with the headers: the handler runs under it (docs/tracing.md).
+	if stored := m.WithTraceHeaders(m.StoredHeaders()); len(stored) > 0 {
 		b, err := json.Marshal(stored)
 		if err != nil {
 			return nil, time.Time{}, nil, err

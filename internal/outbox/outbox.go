@@ -142,6 +142,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		Headers:     make([]json.RawMessage, n),
 		OccurredAts: make([]time.Time, n),
 	}
+	p.Traceparents, p.Tracestates = traceColumns(msgs)
 	now := time.Now().Round(time.Microsecond)
 	var keys []string // the explicit keys, whose locks the insert takes
 	for i, m := range msgs {
@@ -254,6 +255,16 @@ func (o *Outbox) duplicates(ctx context.Context, tx pgx.Tx, p db.EnqueueOutboxPa
 	return errors.Join(dups...)
 }
 
+// traceColumns returns the messages' trace contexts, one per message ("" for
+// none, stored as NULL).
+func traceColumns(msgs []event.Message) (parents, states []string) {
+	parents, states = make([]string, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		parents[i], states[i] = m.TraceParent, m.TraceState
+	}
+	return parents, states
+}
+
 // sameHeaders compares two header objects as maps of strings, so that key
 // order and JSON spacing do not matter.
 func sameHeaders(a, b json.RawMessage) bool {
@@ -298,6 +309,9 @@ func (o *Outbox) validate(m event.Message) error {
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
+	}
+	if reason := event.ValidTraceContext(m.TraceParent, m.TraceState); reason != "" {
+		return errors.New(reason)
 	}
 	if err := textField("content type", m.ContentType); err != nil {
 		return err

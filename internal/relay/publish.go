@@ -53,6 +53,12 @@ func brokerMessages(rows []db.PendingBatchRow) (results []broker.Result, msgs []
 		if row.KeySeq != nil {
 			m.KeySeq = *row.KeySeq
 		}
+		if row.Traceparent != nil {
+			m.TraceParent = *row.Traceparent
+		}
+		if row.Tracestate != nil {
+			m.TraceState = *row.Tracestate
+		}
 		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
 			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
 				results[i].Err = broker.Terminalf("headers must be a JSON object of strings: %v", err)
