@@ -66,9 +66,9 @@ func (m *Message) LiftTrace() {
 func ValidTraceContext(traceParent, traceState string) string {
 	switch {
 	case len(traceParent) > MaxTraceParentLen:
-		return "TraceParent is longer than 255 bytes"
+		return "trace context: TraceParent is longer than 255 bytes"
 	case len(traceState) > MaxTraceStateLen:
-		return "TraceState is longer than 4096 bytes"
+		return "trace context: TraceState is longer than 4096 bytes"
 	case !utf8.ValidString(traceParent) || !utf8.ValidString(traceState):
 		return "trace context is not valid UTF-8"
 	case strings.ContainsAny(traceParent, "\x00\r\n"), strings.ContainsAny(traceState, "\x00\r\n"):
