@@ -88,9 +88,16 @@ func newProvider(ctx context.Context, service string, getenv func(string) string
 	if len(opts) == 0 {
 		return nil, nil
 	}
+	// OTEL_RESOURCE_ATTRIBUTES over the command's name, OTEL_SERVICE_NAME
+	// over both.
 	res, err := resource.Merge(resource.NewSchemaless(semconv.ServiceName(service)), resource.Environment())
 	if err != nil {
-		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME: %w", err)
+		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	if name := strings.TrimSpace(getenv("OTEL_SERVICE_NAME")); name != "" {
+		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(name))); err != nil {
+			return nil, fmt.Errorf("OTEL_SERVICE_NAME: %w", err)
+		}
 	}
 	opts = append(opts, sdktrace.WithResource(res))
 	return &Provider{sdktrace.NewTracerProvider(opts...)}, nil
