@@ -234,6 +234,15 @@ func runConsumer(parent context.Context, s settings) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck
+	// OTEL_* environment variables; none set: no tracing (docs/tracing.md).
+	tp, err := otelenv.New(parent, "pgrelay-consumer")
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		// Flushed at exit, after the last handler returned.
+		defer shutdownTracing(tp, log)
+	}
 
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
@@ -327,14 +336,7 @@ func runConsumer(parent context.Context, s settings) error {
 	if cfg.Inbox.Handler, err = newHandler(ctx, s, pool, log); err != nil {
 		return err
 	}
-	// OTEL_* environment variables; none set: no tracing (docs/tracing.md).
-	tp, err := otelenv.New(ctx, "pgrelay-consumer")
-	if err != nil {
-		return err
-	}
 	if tp != nil {
-		// Flushed at exit, after the last handler returned.
-		defer shutdownTracing(tp, log)
 		cfg.Inbox.Handler = otelpgrelay.NewHandler(cfg.Inbox.Handler, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(s.broker))
 	}
 	c, err := consumer.New(cfg)

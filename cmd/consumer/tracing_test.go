@@ -106,6 +106,8 @@ func TestRunExportsProcessSpans(t *testing.T) {
 // use fails at start-up, naming the variable.
 func TestTracingSettingsNameTheVariable(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "jaeger")
-	dbURL := testdb.NewURL(t)
-	require.ErrorContains(t, run(t, "run", "--database-url", dbURL, "--nats-url", "nats://127.0.0.1:1", "--metrics-addr", "", "--admin-addr", ""), "OTEL_TRACES_EXPORTER")
+	require.ErrorContains(t, run(t, "run", "--database-url", "postgres://127.0.0.1:1/none"), "OTEL_TRACES_EXPORTER")
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+	require.ErrorContains(t, run(t, "run", "--database-url", "postgres://127.0.0.1:1/none"), "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 }
