@@ -87,7 +87,7 @@ bench-quick:
 ## demo: build the binaries and run the end-to-end demo with crashes, duplicates
 ## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
 ## unless NATS_URL is set). BROKER=rabbitmq runs it on RabbitMQ (AMQP_URL,
-## default the local server).
+## default the local server); BROKER=postgres with PostgreSQL as the broker.
 demo: build
 	./bin/demo $(if $(BROKER),--broker $(BROKER))
 
@@ -98,9 +98,9 @@ demo-short: build
 .PHONY: chaos fuzz
 ## chaos: the fault suite with its exactly-once checker (real relay and
 ## consumer processes, a private PostgreSQL cluster, a broker, toxiproxy
-## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ: one
-## shorter run; about four minutes); `make chaos DURATION=20m` runs one long
-## run, SEED=n replays one, BROKER=nats|rabbitmq picks the broker of every run
+## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ and
+## PostgreSQL as the broker: one shorter run each; about five minutes); `make chaos DURATION=20m` runs one long
+## run, SEED=n replays one, BROKER=nats|rabbitmq|postgres picks the broker of every run
 ## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
 ## the local server).
 DURATION ?=

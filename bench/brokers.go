@@ -32,6 +32,7 @@ func relayTargets() map[string]func(ctx context.Context, b *bench) (relayTarget,
 		"nats":     newNATSTarget,
 		"rabbitmq": newRabbitMQTarget,
 		"kafka":    newKafkaTarget,
+		"postgres": newPostgresTarget,
 	}
 }
 

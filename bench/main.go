@@ -48,7 +48,7 @@ func mainErr() error {
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.EnvString("BENCH_DATABASE_URL", cli.EnvString("DATABASE_URL", os.Getenv("TEST_DATABASE_URL"))),
 		"PostgreSQL server (maintenance database) where the run creates and drops its databases (BENCH_DATABASE_URL, else DATABASE_URL, else TEST_DATABASE_URL)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS JetStream server (NATS_URL); empty starts one in-process")
-	fs.StringVar(&cfg.Broker, "broker", cli.EnvString(cli.BrokerEnv, "nats"), "broker the relay drains publish to (PGRELAY_BROKER): nats; rabbitmq (AMQP_URL, default the local server) or kafka (-kafka-brokers) with -only relay")
+	fs.StringVar(&cfg.Broker, "broker", cli.EnvString(cli.BrokerEnv, "nats"), "broker the relay drains publish to (PGRELAY_BROKER): nats; rabbitmq (AMQP_URL, default the local server) kafka (-kafka-brokers) or postgres (a fresh target database on the same server) with -only relay")
 	var kafkaBrokers string
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", os.Getenv("KAFKA_BROKERS"), "Kafka brokers host:port,... for -broker kafka (KAFKA_BROKERS); empty starts kfake, franz-go's in-process fake Kafka")
 	fs.StringVar(&cfg.OutDir, "out", "bench-results", "output directory")

@@ -2,12 +2,16 @@
 // Publisher interface the relay publishes through, the Subscriber interface
 // the consumer fetches from, the Delivery a subscriber returns, the
 // classification of publish failures (Terminal), the broker-neutral decoding
-// of received messages (Decode, EncodeHeaders) and the header names.
+// of received messages (Decode, EncodeHeaders), the header names, and the
+// CloudEvents binary-mode bindings an adapter publishes with under
+// WireCloudEvents (CloudEventsHeaders).
 //
 // The adapters live in sub-packages, each with the same shape
 // (NewPublisher(ctx, Config), NewSubscriber(ctx, Config), a Config holding its
 // own limits): broker/nats (NATS JetStream), broker/kafka and
-// broker/rabbitmq; a program imports only the one it uses. broker/brokertest
+// broker/rabbitmq; a program imports only the one it uses. broker/postgres
+// has a Publisher only: it stores into a target database's inbox, and that
+// database's consumer runs without a subscriber. broker/brokertest
 // is the conformance suite every adapter passes; a third-party adapter proves
 // itself with it.
 package broker
@@ -53,6 +57,26 @@ type Subscriber interface {
 	// Close stops fetching and releases connections. Unacknowledged
 	// deliveries are redelivered later.
 	Close() error
+}
+
+// Retention is what a broker keeps of the messages a subscriber reads, as
+// the adapter reads it from the broker.
+type Retention struct {
+	// Kind names what is described ("NATS JetStream stream").
+	Kind string
+	// Name is the stream's (topic's, queue's) name.
+	Name string
+	// MaxAge is how long the broker keeps a message; 0 means without limit.
+	MaxAge time.Duration
+	// DuplicateWindow is the broker's own duplicate window (0: none).
+	DuplicateWindow time.Duration
+}
+
+// RetentionReporter is implemented by the subscribers that can read their
+// broker's retention (broker/nats): the web console shows it against the
+// inbox's dedup window. Optional for an adapter.
+type RetentionReporter interface {
+	Retention(ctx context.Context) (Retention, error)
 }
 
 // Subscribe returns a function creating a subscriber with newSubscriber and

@@ -117,8 +117,17 @@ func EncodeHeaders(m Message) map[string]string {
 // other payload is opaque bytes (protobuf, Avro), stored as received. It does
 // not look inside the payload: the handler owns the payload's schema and
 // reports a bad shape or an unknown event type as a permanent failure.
+//
+// A message in CloudEvents binary mode (a specversion header under "ce-",
+// "ce_", "cloudEvents_" or "cloudEvents:") is read from its attributes
+// first (see CloudEventsHeaders for the mapping; a specversion other than
+// 1.0, or no id, source or type, adds a reason), so every adapter reads both
+// wire formats.
 func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	d := &decoder{r: r, m: event.Message{Payload: r.Payload, Headers: map[string]string{}}}
+	if ce := detectCloudEvent(r.Headers); ce != nil {
+		d.fromCloudEvent(ce)
+	}
 	if err := d.eventID(); err != nil {
 		return Delivery{}, err
 	}
@@ -139,6 +148,9 @@ type decoder struct {
 	r       Received
 	m       event.Message
 	reasons []string
+	// ce is the CloudEvent the delivery carries in binary mode, nil for
+	// pgrelay's own format; dead reasons then name its attributes.
+	ce *cloudEvent
 }
 
 // fail adds a reason the message is stored dead.
@@ -179,7 +191,9 @@ func (d *decoder) eventID() error {
 	var fallback bool
 	switch err := event.ValidateEventID(rawID); {
 	case !ok || errors.Is(err, event.ErrMissingEventID):
-		if d.r.BrokerIDName != "" {
+		if d.ce != nil {
+			d.fail("%s: no %s attribute", ReasonMissingEventID, d.ce.attrName(ceID))
+		} else if d.r.BrokerIDName != "" {
 			d.fail("%s: no %s or %s header", ReasonMissingEventID, event.HeaderEventID, d.r.BrokerIDName)
 		} else {
 			d.fail("%s: no %s header", ReasonMissingEventID, event.HeaderEventID)
@@ -207,6 +221,8 @@ func (d *decoder) eventID() error {
 func (d *decoder) eventTypeAndTopic() {
 	if et, ok := d.header(event.HeaderEventType); ok && et != "" {
 		d.m.EventType = d.text(event.HeaderEventType, et)
+	} else if d.ce != nil {
+		d.fail("%s: no %s attribute", ReasonMissingEventType, d.ce.attrName(ceType))
 	} else {
 		d.fail("%s: no %s header", ReasonMissingEventType, event.HeaderEventType)
 	}

@@ -1,6 +1,7 @@
 // Package consumer runs pgrelay's consumer as a library: it fetches
 // deliveries from a broker subscriber (NATS JetStream, Kafka, RabbitMQ, or
-// any broker.Subscriber), stores them in the inbox, deduplicated, and runs a
+// any broker.Subscriber; none with Config.Direct, when the relay stores into
+// the inbox itself), stores them in the inbox, deduplicated, and runs a
 // pgrelay.InboxHandler over them exactly once per event, together with the
 // inbox's retention. Prometheus metrics, health checks and the admin API are
 // opt-in (Config.MetricsAddr, Config.AdminAddr).
@@ -19,6 +20,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +37,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -74,6 +77,16 @@ type Config struct {
 	// kafka.Config.Group, rabbitmq.Config.Queue), so that each handler receives
 	// every message; consumers of one handler share one. Required.
 	Subscribe func(ctx context.Context) (broker.Subscriber, error)
+	// Direct runs the consumer without a broker, for a relay that stores
+	// events straight into this database's inbox (relay --broker postgres,
+	// broker/postgres): Run registers the handlers (Targets, or
+	// Inbox.HandlerName with DedupKey) in pgrelay.inbox_subscriptions and
+	// runs the inbox workers only, woken by the relay's NOTIFY. Subscribe
+	// must then be nil. See docs/postgres-broker.md. Default false.
+	Direct bool
+	// DirectTopics, with Direct, are the topics the handlers take. Default
+	// (nil): every topic.
+	DirectTopics []string
 	// Inbox configures the inbox workers that run the handler in this
 	// process, as pgrelay.NewInboxWorker takes it: Inbox.Handler is
 	// required; Inbox.HandlerName names the handler the received messages
@@ -168,6 +181,37 @@ type Consumer struct {
 	running atomic.Bool
 	started chan struct{}
 	ops     *endpoints.Running
+	// sub is the subscriber Run created, for the console's broker page.
+	sub atomic.Pointer[broker.Subscriber]
+}
+
+// subscribe creates the subscriber with Config.Subscribe and keeps it.
+func (c *Consumer) subscribe(ctx context.Context) (broker.Subscriber, error) {
+	sub, err := c.cfg.Subscribe(ctx)
+	if err == nil {
+		c.sub.Store(&sub)
+	}
+	return sub, err
+}
+
+// retention reads the broker's retention for the web console, when the
+// subscriber can (broker.RetentionReporter).
+func (c *Consumer) retention(ctx context.Context) (*console.BrokerSettings, error) {
+	p := c.sub.Load()
+	if p == nil {
+		return nil, errors.New("not connected to the broker yet")
+	}
+	rr, ok := (*p).(broker.RetentionReporter)
+	if !ok {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := rr.Retention(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &console.BrokerSettings{Kind: r.Kind, Name: r.Name, MaxAge: r.MaxAge, DuplicateWindow: r.DuplicateWindow}, nil
 }
 
 // New checks cfg and builds a consumer; it does not connect to anything
@@ -186,8 +230,8 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.Inbox.HandlerName = pgrelay.DefaultHandlerName
 	}
 	var errs []error
-	if cfg.Subscribe == nil {
-		errs = append(errs, configError("Subscribe", "{} is required: broker.Subscribe(nats.NewSubscriber, nats.Config{...}) or another adapter's"))
+	if cfg.Subscribe == nil && !cfg.Direct {
+		errs = append(errs, configError("Subscribe", "{} is required: broker.Subscribe(nats.NewSubscriber, nats.Config{...}) or another adapter's (or set {Direct})"))
 	}
 	if cfg.StartupTimeout < 0 {
 		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", cfg.StartupTimeout))
@@ -221,9 +265,17 @@ func New(cfg Config) (*Consumer, error) {
 	} else {
 		inboxCfg.Retention.Observer = metrics.NewRetentionObserver(pc.reg)
 	}
+	// The subscriber is kept for the web console's retention read; a
+	// direct consumer (broker/postgres) has none.
+	var subscribe func(context.Context) (broker.Subscriber, error)
+	if cfg.Subscribe != nil {
+		subscribe = pc.subscribe
+	}
 	c, err := engine.New(engine.Config{
 		Pool:             cfg.Pool,
-		Subscribe:        cfg.Subscribe,
+		Subscribe:        subscribe,
+		Direct:           cfg.Direct,
+		DirectTopics:     cfg.DirectTopics,
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
 		StatsInterval:    cfg.StatsInterval,
@@ -324,7 +376,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: c.cfg.MetricsAddr, AdminAddr: c.cfg.AdminAddr,
-			AdminToken: c.cfg.AdminToken},
+			AdminToken: c.cfg.AdminToken, DedupWindow: cmp.Or(c.cfg.Inbox.Retention.Window, pgrelay.DefaultDedupWindow)},
 		Struct: "consumer.Config",
 		Pool:   c.cfg.Pool, Registry: c.reg, Inbox: true, Logger: c.log,
 		Checks: map[string]metrics.Check{
@@ -336,6 +388,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				return nil
 			},
 		},
+		Broker: c.retention,
 		Counters: func() (float64, float64, bool) {
 			st := c.c.Stats()
 			return float64(st.Fetched), float64(st.Duplicates), true

@@ -30,6 +30,7 @@ WHERE status = 'dead'
   AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
   AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
+  AND (sqlc.narg(key)::text IS NULL OR key = sqlc.narg(key)::text)
   AND (sqlc.narg(error_contains)::text IS NULL
        OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
   AND (sqlc.narg(dead_after)::timestamptz IS NULL OR finished_at >= sqlc.narg(dead_after)::timestamptz)
@@ -133,6 +134,7 @@ WHERE status = 'dead'
   AND (sqlc.narg(event_id)::text IS NULL OR event_id = sqlc.narg(event_id)::text)
   AND (sqlc.narg(topic)::text IS NULL OR topic = sqlc.narg(topic)::text)
   AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
+  AND (sqlc.narg(key)::text IS NULL OR key = sqlc.narg(key)::text)
   AND (sqlc.narg(error_contains)::text IS NULL
        OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
   AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(dead_at, created_at) >= sqlc.narg(dead_after)::timestamptz)

@@ -96,6 +96,7 @@ LIMIT @max_rows;
 -- oldest pending row).
 SELECT p.partition, coalesce(p.owner, '')::text AS owner, p.epoch,
        (p.lease_until > now())::boolean AS held,
+       (CASE WHEN isfinite(p.lease_until) THEN p.lease_until ELSE 'epoch' END)::timestamptz AS lease_until,
        coalesce(o.pending, 0)::bigint AS pending,
        coalesce(o.dead, 0)::bigint AS dead,
        coalesce(extract(epoch FROM now() - o.oldest_pending), 0)::float8 AS lag_seconds
@@ -119,3 +120,19 @@ SELECT n.node_id, n.last_seen,
        (SELECT count(*) FROM pgrelay.relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > now())::int AS partitions
 FROM pgrelay.relay_nodes n
 ORDER BY n.node_id;
+
+-- name: ConsoleThroughput :many
+-- ConsoleThroughput counts, per minute over the last @minutes minutes, the
+-- inbox events each handler processed and the outbox rows the relays
+-- published (handler '' for the outbox), from the partial indexes on
+-- finished_at and published_at. Minutes without any are absent.
+SELECT 'inbox'::text AS source, handler, date_trunc('minute', finished_at)::timestamptz AS minute, count(*)::bigint AS n
+FROM pgrelay.inbox
+WHERE status = 'processed' AND finished_at > now() - make_interval(mins => @minutes::int)
+GROUP BY handler, date_trunc('minute', finished_at)
+UNION ALL
+SELECT 'outbox'::text, ''::text, date_trunc('minute', published_at)::timestamptz, count(*)::bigint
+FROM pgrelay.outbox
+WHERE status = 'published' AND published_at > now() - make_interval(mins => @minutes::int)
+GROUP BY date_trunc('minute', published_at)
+ORDER BY 1, 2, 3;

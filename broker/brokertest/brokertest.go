@@ -27,8 +27,8 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 )
 
-// Harness gives the suite an adapter. NewPublisher and NewSubscriber are
-// required; every other field is a capability the suite uses when it is set
+// Harness gives the suite an adapter. NewPublisher and NewSubscriber (or
+// Stored) are required; every other field is a capability the suite uses when it is set
 // and skips the sub-tests that need it (naming why) when it is not.
 type Harness struct {
 	// NewPublisher returns a publisher whose messages land in namespace ns
@@ -42,7 +42,18 @@ type Harness struct {
 	// after another was closed receives what that one left unacknowledged.
 	// Its redelivery delay (ack wait) should be short, a few seconds at most.
 	// The suite closes it.
+	// Either NewSubscriber or Stored is required.
 	NewSubscriber func(t *testing.T, ns, consumer string) broker.Subscriber
+	// Stored, set instead of NewSubscriber, is for an adapter without a
+	// subscriber, whose Publish stores each batch straight into the
+	// consumer's inbox in one transaction (broker/postgres): it returns
+	// what namespace ns holds so far, one delivery per stored row, each
+	// with a Ref naming its row. The suite reads what was stored instead of
+	// fetching; storing is the acknowledgement (Publish returns once the
+	// transaction committed), so the sub-tests of acknowledgement and
+	// redelivery (UnackedRedelivered, AckOnlyWhenTold, StandInIDStable)
+	// are skipped.
+	Stored func(t *testing.T, ns string) []broker.Delivery
 
 	// Proxied, when set, returns a harness whose publishers and subscribers
 	// reach the broker through the returned in-process toxiproxy proxy (see
@@ -102,8 +113,8 @@ func StartProxy(t *testing.T, upstream string) *toxiproxy.Proxy {
 
 // Run runs the conformance suite against h.
 func Run(t *testing.T, h Harness) {
-	if h.NewPublisher == nil || h.NewSubscriber == nil {
-		t.Fatal("brokertest: Harness.NewPublisher and Harness.NewSubscriber are required")
+	if h.NewPublisher == nil || (h.NewSubscriber == nil) == (h.Stored == nil) {
+		t.Fatal("brokertest: Harness.NewPublisher and one of Harness.NewSubscriber and Harness.Stored are required")
 	}
 	if h.RedeliveryTimeout == 0 {
 		h.RedeliveryTimeout = 30 * time.Second
@@ -125,3 +136,45 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// subscriber returns h's subscriber for consumer of ns, or, for a harness
+// with Stored, a reader of what ns holds.
+func (h Harness) subscriber(t *testing.T, ns, consumer string) broker.Subscriber {
+	if h.NewSubscriber != nil {
+		return h.NewSubscriber(t, ns, consumer)
+	}
+	return &storedReader{t: t, ns: ns, stored: h.Stored, seen: map[string]bool{}}
+}
+
+// storedReader fetches the rows Harness.Stored lists, each once.
+type storedReader struct {
+	t      *testing.T
+	ns     string
+	stored func(t *testing.T, ns string) []broker.Delivery
+	seen   map[string]bool
+}
+
+func (r *storedReader) Fetch(ctx context.Context, max int, maxWait time.Duration) ([]broker.Delivery, error) {
+	end := time.Now().Add(maxWait)
+	for {
+		var out []broker.Delivery
+		for _, d := range r.stored(r.t, r.ns) {
+			if len(out) < max && !r.seen[d.Ref] {
+				r.seen[d.Ref] = true
+				d.Ack = func(context.Context) error { return nil }
+				d.InProgress = d.Ack
+				out = append(out, d)
+			}
+		}
+		if len(out) > 0 || time.Now().After(end) {
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (r *storedReader) Close() error { return nil }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -87,6 +88,17 @@ type Config struct {
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Logger receives connection and group events. Default: none.
 	Logger *slog.Logger
+	// WireFormat is how the publisher lays records out:
+	// broker.WirePgrelay (Pgrelay-* headers) or broker.WireCloudEvents
+	// (CloudEvents binary mode, "ce_" headers, datacontenttype as the
+	// content-type header, see broker.CloudEventsHeaders). The record key is
+	// the event key in both. Default broker.WirePgrelay. Publisher only: the
+	// subscriber reads both.
+	WireFormat broker.WireFormat
+	// CloudEventsSource is the source attribute of the CloudEvents the
+	// publisher sends in broker.WireCloudEvents: a URI-reference. Default
+	// broker.DefaultCloudEventsSource ("pgrelay").
+	CloudEventsSource string
 }
 
 // WithDefaults returns the config with every zero field set to its default.
@@ -182,6 +194,9 @@ func (c Config) Validate() error {
 		bad("MaxPayloadBytes", "{} must not be negative, got %d", c.MaxPayloadBytes)
 	case c.SessionTimeout < time.Second:
 		bad("SessionTimeout", "{} must be at least 1s, got %s", c.SessionTimeout)
+	}
+	if field, err := broker.CheckWire(c.WireFormat, c.CloudEventsSource); err != nil {
+		bad(field, "{}: %v", err)
 	}
 	return errors.Join(errs...)
 }

@@ -38,6 +38,8 @@ const testMaxMessageBytes = 64 << 10
 type cluster struct {
 	brokers []string
 	fake    *kfake.Cluster
+	// wire is the publishers' wire format (zero: pgrelay's).
+	wire broker.WireFormat
 }
 
 // realBrokers returns KAFKA_BROKERS split, or nil.
@@ -113,6 +115,7 @@ func (c *cluster) config(t *testing.T, ns string) Config {
 		MetadataMaxAge:  time.Second,
 		DeliveryTimeout: 10 * time.Second,
 		Logger:          logbridge.Slog(zaptest.NewLogger(t)),
+		WireFormat:      c.wire,
 	}
 }
 

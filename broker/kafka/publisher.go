@@ -159,8 +159,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
 	done := make(chan error, 1)
 	for n, i := range idx {
-		rec := toRecord(p.cfg.TopicPrefix, msgs[i])
-		err := p.check(rec)
+		rec, err := p.wireRecord(msgs[i])
+		if err == nil {
+			err = p.check(rec)
+		}
 		if err == nil {
 			p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
 			select {

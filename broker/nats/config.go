@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
@@ -91,12 +92,25 @@ type Config struct {
 	// MaxPayloadBytes is the largest payload a subscriber accepts; a larger
 	// message is delivered dead with its reason. Default 0: no limit.
 	MaxPayloadBytes int
+
+	// Wire format (publisher side; a subscriber reads both formats).
+
+	// WireFormat is how a publisher lays events out: broker.WirePgrelay
+	// (Pgrelay-* headers) or broker.WireCloudEvents (CloudEvents binary
+	// mode, "ce-" headers, see broker.CloudEventsHeaders). Default
+	// broker.WirePgrelay.
+	WireFormat broker.WireFormat
+	// CloudEventsSource is the source attribute of the CloudEvents a
+	// publisher sends in broker.WireCloudEvents: a URI-reference. Default
+	// broker.DefaultCloudEventsSource ("pgrelay").
+	CloudEventsSource string
 }
 
 func (c Config) publisher() pubConfig {
 	return pubConfig{URL: c.URL, SubjectPrefix: c.SubjectPrefix, Stream: c.Stream, CreateStream: c.CreateStream,
 		DuplicateWindow: c.DuplicateWindow, StreamMaxAge: c.StreamMaxAge, StreamReplicas: c.StreamReplicas, AckTimeout: c.AckTimeout,
-		ReconnectWait: c.ReconnectWait, Logger: logbridge.Zap(c.Logger)}
+		ReconnectWait: c.ReconnectWait, Logger: logbridge.Zap(c.Logger),
+		WireFormat: c.WireFormat, CloudEventsSource: c.CloudEventsSource}
 }
 
 func (c Config) subscriber() subConfig {

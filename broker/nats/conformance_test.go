@@ -173,3 +173,29 @@ func TestNATSSubscriberReattachesAfterDurableDeletedWhileIdle(t *testing.T) {
 	}
 	t.Fatal("the message published after the durable was deleted never arrived")
 }
+
+// TestNATSSubscriberReportsRetention: the subscriber reads its stream's
+// MaxAge and duplicate window (broker.RetentionReporter), as the web console
+// shows them.
+func TestNATSSubscriberReportsRetention(t *testing.T) {
+	t.Parallel()
+	url := testnats.URL(t)
+	stream, prefix := testnats.Stream(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := pgnats.NewSubscriber(ctx, pgnats.Config{URL: url, Stream: stream, SubjectPrefix: prefix, Durable: "ret",
+		DedupWindow: 48 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	var rr broker.RetentionReporter = s
+	r, err := rr.Retention(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := broker.Retention{Kind: "NATS JetStream stream", Name: stream, MaxAge: 24 * time.Hour, DuplicateWindow: 2 * time.Minute}
+	if r != want {
+		t.Fatalf("Retention() = %+v, want %+v (testnats.Stream's settings)", r, want)
+	}
+}

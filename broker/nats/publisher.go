@@ -49,6 +49,9 @@ type pubConfig struct {
 	ReconnectWait time.Duration
 	// Logger receives connection events. Default: a no-op logger.
 	Logger *zap.Logger
+	// WireFormat and CloudEventsSource: see Config.
+	WireFormat        broker.WireFormat
+	CloudEventsSource string
 }
 
 // WithDefaults returns the config with every zero field set to its default.
@@ -93,6 +96,9 @@ func (c pubConfig) Validate() error {
 		return bad("DuplicateWindow", "{} must not be negative")
 	case c.StreamReplicas < 0 || c.StreamReplicas > 5:
 		return bad("StreamReplicas", "{} must be 1 to 5 (0: 1), got %d", c.StreamReplicas)
+	}
+	if field, err := broker.CheckWire(c.WireFormat, c.CloudEventsSource); err != nil {
+		return bad(field, "{}: %v", err)
 	}
 	return nil
 }
@@ -201,7 +207,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 // their outcomes into results.
 func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
 	for n, i := range idx {
-		nm := p.toNATS(msgs[i])
+		nm, err := p.wireMessage(msgs[i])
+		if err != nil {
+			results[i].Err = err // permanent: dead-lettered, the key goes on
+			continue
+		}
 		f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].EventID))
 		if err == nil {
 			select {

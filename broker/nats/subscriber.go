@@ -218,6 +218,21 @@ func newSubscriber(ctx context.Context, cfg subConfig) (*Subscriber, error) {
 // Conn returns the underlying NATS connection.
 func (s *Subscriber) Conn() *nats.Conn { return s.nc }
 
+// Retention reads the stream's MaxAge and duplicate window
+// (broker.RetentionReporter).
+func (s *Subscriber) Retention(ctx context.Context) (broker.Retention, error) {
+	st, err := s.js.Stream(ctx, s.cfg.Stream)
+	if err != nil {
+		return broker.Retention{}, fmt.Errorf("nats: stream %q: %w", s.cfg.Stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return broker.Retention{}, fmt.Errorf("nats: stream %q: %w", s.cfg.Stream, err)
+	}
+	return broker.Retention{Kind: "NATS JetStream stream", Name: info.Config.Name, MaxAge: info.Config.MaxAge,
+		DuplicateWindow: info.Config.Duplicates}, nil
+}
+
 // Close flushes the acknowledgements sent so far and closes the connection.
 // Unacknowledged messages are redelivered after AckWait.
 func (s *Subscriber) Close() error {

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -92,6 +93,17 @@ type Config struct {
 	MaxPayloadBytes int
 	// Logger receives connection events. Default: none.
 	Logger *slog.Logger
+	// WireFormat is how the publisher lays messages out:
+	// broker.WirePgrelay (Pgrelay-* headers) or broker.WireCloudEvents
+	// (CloudEvents binary mode: "cloudEvents_" headers, datacontenttype as
+	// the content-type property, see broker.CloudEventsHeaders). The
+	// message-id property is the event id in both. Default
+	// broker.WirePgrelay. Publisher only: the subscriber reads both.
+	WireFormat broker.WireFormat
+	// CloudEventsSource is the source attribute of the CloudEvents the
+	// publisher sends in broker.WireCloudEvents: a URI-reference. Default
+	// broker.DefaultCloudEventsSource ("pgrelay").
+	CloudEventsSource string
 }
 
 // WithDefaults returns the config with every zero field set to its default.
@@ -190,6 +202,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReconnectMaxWait < c.ReconnectWait {
 		bad("ReconnectMaxWait", "{} %s is shorter than {ReconnectWait} %s", c.ReconnectMaxWait, c.ReconnectWait)
+	}
+	if field, err := broker.CheckWire(c.WireFormat, c.CloudEventsSource); err != nil {
+		bad(field, "{}: %v", err)
 	}
 	return errors.Join(errs...)
 }

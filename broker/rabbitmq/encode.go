@@ -38,6 +38,12 @@ func Headers(m event.Message) amqp.Table {
 // permanent: no retry changes the message. frameMax is the connection's
 // negotiated frame size (0: unknown), maxBytes the largest body accepted.
 func encode(m event.Message, frameMax, maxBytes int) (amqp.Publishing, string, error) {
+	return encodeTable(m, Headers(m), frameMax, maxBytes)
+}
+
+// encodeTable is encode with the headers table h (Headers(m), or its
+// CloudEvents form).
+func encodeTable(m event.Message, h amqp.Table, frameMax, maxBytes int) (amqp.Publishing, string, error) {
 	if len(m.Payload) > maxBytes {
 		return amqp.Publishing{}, "", broker.Terminalf("message too large for RabbitMQ: payload of %d bytes, the limit is %d (Config.MaxMessageBytes or the server's max_message_size)", len(m.Payload), maxBytes)
 	}
@@ -47,7 +53,6 @@ func encode(m event.Message, frameMax, maxBytes int) (amqp.Publishing, string, e
 	if len(m.EventID) > maxShortstr {
 		return amqp.Publishing{}, "", broker.Terminalf("event id of %d bytes is too long for the AMQP message-id (at most %d)", len(m.EventID), maxShortstr)
 	}
-	h := Headers(m)
 	size := headerFrameOverhead + len(m.EventID) + len(appID)
 	for k, v := range h {
 		if len(k) > maxShortstr {

@@ -274,7 +274,7 @@ func (p *Publisher) publishOne(ctx context.Context, m broker.Message) error {
 	if err != nil {
 		return err
 	}
-	pub, rk, err := encode(m, s.frameMax, int(p.maxBytes.Load()))
+	pub, rk, err := p.wireEncode(m, s.frameMax, int(p.maxBytes.Load()))
 	if err != nil {
 		return err
 	}

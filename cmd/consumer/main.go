@@ -319,6 +319,10 @@ func runConsumer(parent context.Context, s settings) error {
 		AdminToken:       s.ops.AdminToken,
 		Logger:           logbridge.Slog(log),
 	}
+	if d, ok := side.(cli.DirectSide); ok {
+		// The relay stores into this database's inbox: no subscriber.
+		cfg.Subscribe, cfg.Direct, cfg.DirectTopics = nil, true, d.DirectTopics()
+	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
 	if _, err := consumer.New(cfg); err != nil {

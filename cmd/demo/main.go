@@ -53,7 +53,7 @@ failed.`,
 	f.StringVar(&cfg.Database, "database", cli.EnvString("DEMO_DATABASE", "pgrelay_demo"), "the demo's database, dropped and recreated on each run (DEMO_DATABASE)")
 	f.BoolVar(&cfg.DropDatabase, "drop-database", false, "drop the demo's database at the end instead of keeping it for inspection")
 	f.StringVar(&cfg.NATSURL, "nats-url", cli.EnvString("NATS_URL", ""), "NATS JetStream server; empty starts an embedded one (NATS_URL)")
-	f.StringVar(&cfg.Broker, "broker", cli.EnvString("PGRELAY_BROKER", "nats"), "broker of the run: nats or rabbitmq (PGRELAY_BROKER)")
+	f.StringVar(&cfg.Broker, "broker", cli.EnvString("PGRELAY_BROKER", "nats"), "broker of the run: nats, rabbitmq or postgres (PGRELAY_BROKER)")
 	f.StringVar(&cfg.AMQPURL, "amqp-url", cli.EnvString("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ server of a --broker rabbitmq run; the demo uses exchange and queues of its own (AMQP_URL)")
 	f.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding the relay and consumer binaries (default: next to this binary, then PATH)")
 	f.StringVar(&cfg.WorkDir, "work-dir", "", "directory for the services' logs and embedded NATS data (default: a new temporary directory)")

@@ -27,6 +27,7 @@ type settings struct {
 	databaseURL  string
 	broker       string
 	brokers      map[string]cli.RelaySide
+	wire         cli.Wire
 	nodeID       string
 	batchSize    int
 	lease        time.Duration
@@ -136,6 +137,7 @@ needs only PostgreSQL.`,
 	brokers := cli.Brokers()
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindRelaySides(f, brokers)
+	cli.BindWireFlags(f, &s.wire)
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", relay.DefaultBatchSize), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
 	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", relay.DefaultLease), "partition lease duration: a crashed relay's partitions move after it (env RELAY_LEASE)")
@@ -177,6 +179,12 @@ func runRelay(parent context.Context, s settings) error {
 	side, err := cli.SelectBroker(s.broker, s.brokers)
 	if err != nil {
 		return err
+	}
+	if err := cli.ApplyWire(side, s.broker, s.wire); err != nil {
+		return err
+	}
+	if d, ok := side.(cli.DatabaseDefault); ok {
+		d.DefaultDatabase(s.databaseURL)
 	}
 	if err := side.Check(); err != nil {
 		return err

@@ -124,8 +124,8 @@ func (c Config) validate() error {
 	if c.OrdersPerSecond < 1 || c.OrdersPerSecond > 1000 {
 		errs = append(errs, fmt.Errorf("chaos: OrdersPerSecond must be 1-1000, got %d", c.OrdersPerSecond))
 	}
-	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerNATSCluster {
-		errs = append(errs, fmt.Errorf("chaos: Broker must be %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerNATSCluster, c.Broker))
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerNATSCluster && c.Broker != BrokerPostgres {
+		errs = append(errs, fmt.Errorf("chaos: Broker must be %q, %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerNATSCluster, BrokerPostgres, c.Broker))
 	}
 	if c.RelayLease < time.Second || c.ConsumerLease < time.Second {
 		errs = append(errs, fmt.Errorf("chaos: RelayLease and ConsumerLease must be at least 1s, got %s and %s", c.RelayLease, c.ConsumerLease))
@@ -222,6 +222,8 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		r.broker, err = startRabbitEnv(bctx, r.cfg.AMQPURL)
 	case BrokerNATSCluster:
 		r.broker, err = startNATSClusterEnv(bctx, r.work)
+	case BrokerPostgres:
+		r.broker, err = startPostgresEnv(bctx, r.pg.addr())
 	default:
 		r.broker, err = startNATSEnv(bctx, r.work)
 	}

@@ -15,7 +15,7 @@ var (
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the run; 0 picks a random one (printed)")
 	flagWorkDir  = flag.String("chaos.workdir", "", "directory kept with the services' logs; default a temporary one, removed when the run passes")
 	flagOrdered  = flag.Bool("chaos.ordered", false, "run the consumers with --ordered and check each key's apply order (the short CI mode's random-seed run always does)")
-	flagBroker   = flag.String("chaos.broker", "", "broker of the runs: nats or rabbitmq (RabbitMQ at AMQP_URL, default the local one, restarted with rabbitmqctl); empty: the short CI mode's NATS runs and a short RabbitMQ run")
+	flagBroker   = flag.String("chaos.broker", "", "broker of the runs: nats, rabbitmq or postgres (RabbitMQ at AMQP_URL, default the local one, restarted with rabbitmqctl); empty: the short CI mode's NATS runs and a short RabbitMQ and PostgreSQL run each")
 )
 
 // TestChaos runs the chaos suite against a private PostgreSQL cluster and a
@@ -62,7 +62,8 @@ func TestChaos(t *testing.T) {
 	default:
 		runs = []runSpec{{"fixed-seed", 1, 60 * time.Second, BrokerNATS, *flagOrdered},
 			{"random-seed", rand.Uint64N(1<<31) + 2, 25 * time.Second, BrokerNATS, true},
-			{"rabbitmq", rand.Uint64N(1<<31) + 2, 20 * time.Second, BrokerRabbitMQ, *flagOrdered}}
+			{"rabbitmq", rand.Uint64N(1<<31) + 2, 20 * time.Second, BrokerRabbitMQ, *flagOrdered},
+			{"postgres", rand.Uint64N(1<<31) + 2, 20 * time.Second, BrokerPostgres, true}}
 	}
 	amqpURL := os.Getenv("AMQP_URL")
 	binDir := binaries(t)

@@ -123,6 +123,9 @@ type Filter struct {
 	Topic string `json:"topic,omitempty"`
 	// EventType matches the event type exactly.
 	EventType string `json:"event_type,omitempty"`
+	// Key matches the event's key (the broker's partition or ordering key)
+	// exactly.
+	Key string `json:"key,omitempty"`
 	// ErrorContains matches a substring of the recorded error, ignoring case.
 	ErrorContains string `json:"error_contains,omitempty"`
 	// DeadAfter matches events that went dead at or after this time.
@@ -136,7 +139,7 @@ type Filter struct {
 
 // IsEmpty reports whether f selects every dead letter.
 func (f Filter) IsEmpty() bool {
-	return f.Handler == "" && f.EventID == "" && f.Topic == "" && f.EventType == "" && f.ErrorContains == "" &&
+	return f.Handler == "" && f.EventID == "" && f.Topic == "" && f.EventType == "" && f.Key == "" && f.ErrorContains == "" &&
 		f.DeadAfter == nil && f.DeadBefore == nil
 }
 
@@ -252,7 +255,7 @@ func (s *Service) listDead(ctx context.Context, q db.DBTX, src Source, f Filter)
 		return s.listOutboxDead(ctx, q, f)
 	}
 	rows, err := s.q.AdminListInboxDead(ctx, q, db.AdminListInboxDeadParams{
-		Handler: narg(f.Handler), EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
+		Handler: narg(f.Handler), EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType), Key: narg(f.Key),
 		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 		MaxRows: s.limit(f),
 	})

@@ -1,8 +1,10 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -167,13 +169,16 @@ func (s *Service) InboxKeys(ctx context.Context, search string, limit int) ([]In
 
 // Partition is one relay partition with its lease and backlog.
 type Partition struct {
-	Partition  int32   `json:"partition"`
-	Owner      string  `json:"owner"`
-	Epoch      int64   `json:"epoch"`
-	Held       bool    `json:"held"`
-	Pending    int64   `json:"pending"`
-	Dead       int64   `json:"dead"`
-	LagSeconds float64 `json:"lag_seconds"`
+	Partition int32  `json:"partition"`
+	Owner     string `json:"owner"`
+	Epoch     int64  `json:"epoch"`
+	Held      bool   `json:"held"`
+	// LeaseUntil is when the owner's lease expires (in the past when the
+	// partition is free); nil when it was never held.
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	Pending    int64      `json:"pending"`
+	Dead       int64      `json:"dead"`
+	LagSeconds float64    `json:"lag_seconds"`
 }
 
 // RelayNode is one relay known by its heartbeat.
@@ -209,10 +214,86 @@ func (s *Service) Outbox(ctx context.Context) (*OutboxOverview, error) {
 	}
 	ov := &OutboxOverview{Partitions: make([]Partition, 0, len(parts)), Relays: make([]RelayNode, 0, len(nodes))}
 	for _, p := range parts {
-		ov.Partitions = append(ov.Partitions, Partition(p))
+		part := Partition{Partition: p.Partition, Owner: p.Owner, Epoch: p.Epoch, Held: p.Held,
+			Pending: p.Pending, Dead: p.Dead, LagSeconds: p.LagSeconds}
+		if p.LeaseUntil.Unix() != 0 { // the query's stand-in for -infinity
+			part.LeaseUntil = &p.LeaseUntil
+		}
+		ov.Partitions = append(ov.Partitions, part)
 	}
 	for _, n := range nodes {
 		ov.Relays = append(ov.Relays, RelayNode(n))
 	}
 	return ov, nil
+}
+
+// ThroughputMinute is one minute's count of one series.
+type ThroughputMinute struct {
+	Minute time.Time `json:"minute"`
+	Count  int64     `json:"count"`
+}
+
+// ThroughputSeries is one series of Throughput: the inbox events a handler
+// processed, or (Source outbox) the outbox rows the relays published, one
+// entry per minute, oldest first, the last one the current minute.
+type ThroughputSeries struct {
+	Source  Source             `json:"source"`
+	Handler string             `json:"handler,omitempty"`
+	Total   int64              `json:"total"`
+	Minutes []ThroughputMinute `json:"minutes"`
+}
+
+// Throughput returns, per minute over the last minutes minutes (0 means 60;
+// at most 1440), what each inbox handler processed and what the relays
+// published, from the rows' finished_at and published_at (so only rows still
+// kept count: retention may have removed older processed or published rows).
+// The outbox series comes first, then the handlers by name; a source with no
+// row in the window has no series.
+func (s *Service) Throughput(ctx context.Context, minutes int) ([]ThroughputSeries, error) {
+	if minutes < 0 || minutes > 1440 {
+		return nil, fmt.Errorf("%w: minutes must be between 0 and 1440, got %d", ErrInvalid, minutes)
+	}
+	if minutes == 0 {
+		minutes = 60
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := s.q.ConsoleThroughput(ctx, s.cfg.Pool, int32(minutes))
+	if err != nil {
+		return nil, fmt.Errorf("admin: throughput: %w", err)
+	}
+	now, err := s.q.AdminNow(ctx, s.cfg.Pool)
+	if err != nil {
+		return nil, fmt.Errorf("admin: throughput: %w", err)
+	}
+	current := now.Truncate(time.Minute)
+	first := current.Add(-time.Duration(minutes-1) * time.Minute)
+	var out []ThroughputSeries
+	index := map[string]int{}
+	for _, r := range rows {
+		id := r.Source + "\x00" + r.Handler
+		i, ok := index[id]
+		if !ok {
+			ser := ThroughputSeries{Source: Source(r.Source), Handler: r.Handler, Minutes: make([]ThroughputMinute, minutes)}
+			for m := range ser.Minutes {
+				ser.Minutes[m].Minute = first.Add(time.Duration(m) * time.Minute)
+			}
+			i = len(out)
+			index[id] = i
+			out = append(out, ser)
+		}
+		m := int(r.Minute.Sub(first) / time.Minute)
+		if m < 0 || m >= minutes {
+			continue // the oldest partial minute
+		}
+		out[i].Minutes[m].Count += r.N
+		out[i].Total += r.N
+	}
+	slices.SortStableFunc(out, func(a, b ThroughputSeries) int {
+		if a.Source != b.Source {
+			return cmp.Compare(b.Source, a.Source) // outbox first
+		}
+		return cmp.Compare(a.Handler, b.Handler)
+	})
+	return out, nil
 }

@@ -12,7 +12,7 @@ import (
 
 func (s *Service) listOutboxDead(ctx context.Context, q db.DBTX, f Filter) ([]DeadLetter, error) {
 	rows, err := s.q.AdminListOutboxDead(ctx, q, db.AdminListOutboxDeadParams{
-		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType),
+		EventID: narg(f.EventID), Topic: narg(f.Topic), EventType: narg(f.EventType), Key: narg(f.Key),
 		ErrorContains: narg(f.ErrorContains), DeadAfter: f.DeadAfter, DeadBefore: f.DeadBefore,
 		MaxRows: s.limit(f),
 	})

@@ -37,7 +37,7 @@ type Broker struct {
 // Brokers lists the brokers the commands offer. An adapter adds itself
 // here.
 func Brokers() []Broker {
-	return []Broker{NATSBroker(), RabbitMQBroker(), KafkaBroker()}
+	return []Broker{NATSBroker(), RabbitMQBroker(), KafkaBroker(), PostgresBroker()}
 }
 
 // RelaySide builds the relay's publisher from a broker's settings.

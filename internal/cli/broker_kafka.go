@@ -40,6 +40,13 @@ type kafkaSettings struct {
 	deliveryTimeout time.Duration
 	sessionTimeout  time.Duration
 	allowReplay     bool
+	wireFormat      broker.WireFormat
+	ceSource        string
+}
+
+// SetWire implements WireSide.
+func (s *kafkaSettings) SetWire(f broker.WireFormat, source string) {
+	s.wireFormat, s.ceSource = f, source
 }
 
 func bindKafkaCommon(f *pflag.FlagSet, s *kafkaSettings) {
@@ -83,6 +90,7 @@ func (s *kafkaSettings) config(log *zap.Logger) kafka.Config {
 		Brokers: splitList(s.brokers), TopicPrefix: s.topicPrefix, Group: s.group, Topics: splitList(s.topics),
 		MaxInFlight: s.maxInFlight, MaxMessageBytes: s.maxMessageBytes, DeliveryTimeout: s.deliveryTimeout,
 		SessionTimeout: s.sessionTimeout, AllowReplayBeyondDedupWindow: s.allowReplay, Logger: logbridge.Slog(log),
+		WireFormat: s.wireFormat, CloudEventsSource: s.ceSource,
 	}
 }
 

@@ -35,7 +35,12 @@ type natsRelay struct {
 	streamMaxAge   time.Duration
 	streamReplicas int
 	ackTimeout     time.Duration
+	wireFormat     broker.WireFormat
+	ceSource       string
 }
+
+// SetWire implements WireSide.
+func (s *natsRelay) SetWire(f broker.WireFormat, source string) { s.wireFormat, s.ceSource = f, source }
 
 var natsRelayEnvKinds = map[string]string{
 	"RELAY_CREATE_STREAM":   "bool",
@@ -75,7 +80,8 @@ func bindNATSRelay(f *pflag.FlagSet) RelaySide {
 
 func (s *natsRelay) config(url string, createStream bool, log *zap.Logger) nats.Config {
 	return nats.Config{URL: url, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		StreamMaxAge: s.streamMaxAge, StreamReplicas: s.streamReplicas, AckTimeout: s.ackTimeout, Logger: logbridge.Slog(log)}
+		StreamMaxAge: s.streamMaxAge, StreamReplicas: s.streamReplicas, AckTimeout: s.ackTimeout, Logger: logbridge.Slog(log),
+		WireFormat: s.wireFormat, CloudEventsSource: s.ceSource}
 }
 
 func (s *natsRelay) Check() error {
@@ -241,6 +247,16 @@ func (s *namedSubscriber) Fetch(ctx context.Context, max int, maxWait time.Durat
 		}
 	}
 	return ds, err
+}
+
+// Retention forwards to the subscriber's (broker.RetentionReporter), for the
+// web console.
+func (s *namedSubscriber) Retention(ctx context.Context) (broker.Retention, error) {
+	rr, ok := s.Subscriber.(broker.RetentionReporter)
+	if !ok {
+		return broker.Retention{}, errors.New("the subscriber does not report its broker's retention")
+	}
+	return rr.Retention(ctx)
 }
 
 // handlerNamed reports whether the consumer runs a named handler (not the

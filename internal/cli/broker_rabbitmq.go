@@ -65,6 +65,11 @@ func bindRabbitMQCommon(f *pflag.FlagSet, c *rabbitmq.Config) {
 // rabbitMQRelay is the relay's RabbitMQ settings.
 type rabbitMQRelay struct{ cfg rabbitmq.Config }
 
+// SetWire implements WireSide.
+func (s *rabbitMQRelay) SetWire(f broker.WireFormat, source string) {
+	s.cfg.WireFormat, s.cfg.CloudEventsSource = f, source
+}
+
 func bindRabbitMQRelay(f *pflag.FlagSet) RelaySide {
 	s := &rabbitMQRelay{}
 	bindRabbitMQCommon(f, &s.cfg)

@@ -81,6 +81,15 @@ type Config struct {
 	// for deployments that run the inbox workers, and with them the inbox's
 	// upkeep (inbox.Config.Retention), elsewhere. Default false.
 	DisableWorkers bool
+	// Direct runs the consumer without a subscriber, for a relay that stores
+	// events straight into this database's inbox (broker/postgres): Run
+	// registers Targets in pgrelay.inbox_subscriptions (postgres.Register),
+	// for DirectTopics, and runs the inbox workers only, woken by the
+	// relay's NOTIFY. Subscribe must be nil. Default false.
+	Direct bool
+	// DirectTopics are the topics a Direct consumer's targets take. Default
+	// (nil): every topic.
+	DirectTopics []string
 	// NoApplyOnReceive turns off applying on receive: by default, when the
 	// inbox workers of this process are idle and a fetch did not fill a
 	// batch (the consumer keeps up), the batch's events are stored and
@@ -155,8 +164,15 @@ func (c Config) validate() error {
 	if c.Pool == nil {
 		bad("Pool", "{} is required")
 	}
-	if c.Subscribe == nil {
-		bad("Subscribe", "{} is required")
+	switch {
+	case c.Direct && c.Subscribe != nil:
+		bad("Subscribe", "{} must be nil with {Direct}: the relay stores into the inbox itself")
+	case c.Direct && c.DisableWorkers:
+		bad("Direct", "{} with {DisableWorkers} would run nothing: a direct consumer runs the inbox workers only")
+	case !c.Direct && c.Subscribe == nil:
+		bad("Subscribe", "{} is required (or set {Direct})")
+	case !c.Direct && c.DirectTopics != nil:
+		bad("DirectTopics", "{} is set without {Direct}")
 	}
 	if !(c.DupRateWarn >= 0 && c.DupRateWarn <= 1) { // NaN fails too
 		bad("DupRateWarn", "{} %g must be between 0 and 1 (0 disables)", c.DupRateWarn)

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -174,6 +175,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // ingest subscribes and moves batches into the inbox until ctx ends.
 func (c *Consumer) ingest(ctx context.Context) error {
+	if c.cfg.Direct {
+		return c.direct(ctx)
+	}
 	sub, err := c.cfg.Subscribe(ctx)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -555,4 +559,42 @@ func (c *Consumer) statsFields() []zap.Field {
 		zap.Int64("fetch_errors", s.FetchErrors), zap.Int64("applied_on_receive", s.AppliedOnReceive),
 		zap.Int64("unacked", s.Unacked),
 	}
+}
+
+// direct registers the targets for the relay that stores into this
+// database's inbox (Config.Direct), retrying while the database is down,
+// then waits for ctx to end: the workers do the rest.
+func (c *Consumer) direct(ctx context.Context) error {
+	subs := make([]postgres.Subscription, len(c.cfg.Targets))
+	for i, t := range c.cfg.Targets {
+		subs[i] = postgres.Subscription{Handler: t.Handler, DedupKey: t.Strategy.String(), Topics: c.cfg.DirectTopics}
+		for topic, s := range t.ByTopic {
+			if subs[i].DedupKeyByTopic == nil {
+				subs[i].DedupKeyByTopic = map[string]string{}
+			}
+			subs[i].DedupKeyByTopic[topic] = s.String()
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+		err := postgres.Register(rctx, c.cfg.Pool, subs...)
+		cancel()
+		if err == nil {
+			break
+		}
+		c.log.Warn("registering the handlers in pgrelay.inbox_subscriptions failed; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
+		if !c.sleep(ctx, attempt) {
+			return nil
+		}
+	}
+	handlers := make([]string, len(subs))
+	for i, s := range subs {
+		handlers[i] = s.Handler
+	}
+	c.log.Info("direct: the relay stores into this inbox; running the workers only", zap.Strings("handlers", handlers),
+		zap.Strings("topics", c.cfg.DirectTopics))
+	c.ready.Store(true)
+	defer c.ready.Store(false)
+	<-ctx.Done()
+	return nil
 }

@@ -254,6 +254,17 @@ func TestConfigValidation(t *testing.T) {
 	}
 	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, DupRateWarn: 1})
 	require.NoError(t, err)
+
+	// Direct: no subscriber, and workers to run.
+	handler := inbox.HandlerFunc(func(context.Context, pgx.Tx, *inbox.Event) error { return nil })
+	_, err = New(Config{Pool: pool, Direct: true, Subscribe: sub, Inbox: inbox.Config{Handler: handler}})
+	require.ErrorContains(t, err, "Config.Subscribe must be nil with Config.Direct")
+	_, err = New(Config{Pool: pool, Direct: true, DisableWorkers: true})
+	require.ErrorContains(t, err, "Config.Direct with Config.DisableWorkers would run nothing")
+	_, err = New(Config{Pool: pool, Subscribe: sub, DirectTopics: []string{"orders"}, Inbox: inbox.Config{Handler: handler}})
+	require.ErrorContains(t, err, "Config.DirectTopics is set without Config.Direct")
+	_, err = New(Config{Pool: pool, Direct: true, DirectTopics: []string{"orders"}, Inbox: inbox.Config{Handler: handler}})
+	require.NoError(t, err)
 }
 
 // TestReconnects restarts the NATS server (same port and store) and drops

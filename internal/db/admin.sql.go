@@ -246,12 +246,13 @@ WHERE status = 'dead'
   AND ($2::text IS NULL OR event_id = $2::text)
   AND ($3::text IS NULL OR topic = $3::text)
   AND ($4::text IS NULL OR event_type = $4::text)
-  AND ($5::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower($5::text)) > 0)
-  AND ($6::timestamptz IS NULL OR finished_at >= $6::timestamptz)
-  AND ($7::timestamptz IS NULL OR finished_at < $7::timestamptz)
+  AND ($5::text IS NULL OR key = $5::text)
+  AND ($6::text IS NULL
+       OR strpos(lower(coalesce(last_error, '')), lower($6::text)) > 0)
+  AND ($7::timestamptz IS NULL OR finished_at >= $7::timestamptz)
+  AND ($8::timestamptz IS NULL OR finished_at < $8::timestamptz)
 ORDER BY finished_at, event_id, handler
-LIMIT $8
+LIMIT $9
 `
 
 type AdminListInboxDeadParams struct {
@@ -259,6 +260,7 @@ type AdminListInboxDeadParams struct {
 	EventID       *string
 	Topic         *string
 	EventType     *string
+	Key           *string
 	ErrorContains *string
 	DeadAfter     *time.Time
 	DeadBefore    *time.Time
@@ -284,6 +286,7 @@ func (q *Queries) AdminListInboxDead(ctx context.Context, db DBTX, arg AdminList
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
+		arg.Key,
 		arg.ErrorContains,
 		arg.DeadAfter,
 		arg.DeadBefore,
@@ -326,18 +329,20 @@ WHERE status = 'dead'
   AND ($1::text IS NULL OR event_id = $1::text)
   AND ($2::text IS NULL OR topic = $2::text)
   AND ($3::text IS NULL OR event_type = $3::text)
-  AND ($4::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower($4::text)) > 0)
-  AND ($5::timestamptz IS NULL OR coalesce(dead_at, created_at) >= $5::timestamptz)
-  AND ($6::timestamptz IS NULL OR coalesce(dead_at, created_at) < $6::timestamptz)
+  AND ($4::text IS NULL OR key = $4::text)
+  AND ($5::text IS NULL
+       OR strpos(lower(coalesce(last_error, '')), lower($5::text)) > 0)
+  AND ($6::timestamptz IS NULL OR coalesce(dead_at, created_at) >= $6::timestamptz)
+  AND ($7::timestamptz IS NULL OR coalesce(dead_at, created_at) < $7::timestamptz)
 ORDER BY coalesce(dead_at, created_at), id
-LIMIT $7
+LIMIT $8
 `
 
 type AdminListOutboxDeadParams struct {
 	EventID       *string
 	Topic         *string
 	EventType     *string
+	Key           *string
 	ErrorContains *string
 	DeadAfter     *time.Time
 	DeadBefore    *time.Time
@@ -362,6 +367,7 @@ func (q *Queries) AdminListOutboxDead(ctx context.Context, db DBTX, arg AdminLis
 		arg.EventID,
 		arg.Topic,
 		arg.EventType,
+		arg.Key,
 		arg.ErrorContains,
 		arg.DeadAfter,
 		arg.DeadBefore,

@@ -147,6 +147,7 @@ func (q *Queries) ConsoleInboxKeys(ctx context.Context, db DBTX, arg ConsoleInbo
 const consolePartitions = `-- name: ConsolePartitions :many
 SELECT p.partition, coalesce(p.owner, '')::text AS owner, p.epoch,
        (p.lease_until > now())::boolean AS held,
+       (CASE WHEN isfinite(p.lease_until) THEN p.lease_until ELSE 'epoch' END)::timestamptz AS lease_until,
        coalesce(o.pending, 0)::bigint AS pending,
        coalesce(o.dead, 0)::bigint AS dead,
        coalesce(extract(epoch FROM now() - o.oldest_pending), 0)::float8 AS lag_seconds
@@ -168,6 +169,7 @@ type ConsolePartitionsRow struct {
 	Owner      string
 	Epoch      int64
 	Held       bool
+	LeaseUntil time.Time
 	Pending    int64
 	Dead       int64
 	LagSeconds float64
@@ -190,6 +192,7 @@ func (q *Queries) ConsolePartitions(ctx context.Context, db DBTX) ([]ConsolePart
 			&i.Owner,
 			&i.Epoch,
 			&i.Held,
+			&i.LeaseUntil,
 			&i.Pending,
 			&i.Dead,
 			&i.LagSeconds,
@@ -360,4 +363,53 @@ func (q *Queries) ConsoleResetDedupStats(ctx context.Context, db DBTX, arg Conso
 	var i ConsoleResetDedupStatsRow
 	err := row.Scan(&i.ID, &i.At)
 	return i, err
+}
+
+const consoleThroughput = `-- name: ConsoleThroughput :many
+SELECT 'inbox'::text AS source, handler, date_trunc('minute', finished_at)::timestamptz AS minute, count(*)::bigint AS n
+FROM pgrelay.inbox
+WHERE status = 'processed' AND finished_at > now() - make_interval(mins => $1::int)
+GROUP BY handler, date_trunc('minute', finished_at)
+UNION ALL
+SELECT 'outbox'::text, ''::text, date_trunc('minute', published_at)::timestamptz, count(*)::bigint
+FROM pgrelay.outbox
+WHERE status = 'published' AND published_at > now() - make_interval(mins => $1::int)
+GROUP BY date_trunc('minute', published_at)
+ORDER BY 1, 2, 3
+`
+
+type ConsoleThroughputRow struct {
+	Source  string
+	Handler string
+	Minute  time.Time
+	N       int64
+}
+
+// ConsoleThroughput counts, per minute over the last @minutes minutes, the
+// inbox events each handler processed and the outbox rows the relays
+// published (handler ” for the outbox), from the partial indexes on
+// finished_at and published_at. Minutes without any are absent.
+func (q *Queries) ConsoleThroughput(ctx context.Context, db DBTX, minutes int32) ([]ConsoleThroughputRow, error) {
+	rows, err := db.Query(ctx, consoleThroughput, minutes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ConsoleThroughputRow{}
+	for rows.Next() {
+		var i ConsoleThroughputRow
+		if err := rows.Scan(
+			&i.Source,
+			&i.Handler,
+			&i.Minute,
+			&i.N,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

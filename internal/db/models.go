@@ -107,6 +107,14 @@ type InboxRelease struct {
 	ReleasedAt time.Time
 }
 
+type InboxSubscription struct {
+	Handler         string
+	DedupKey        string
+	DedupKeyByTopic json.RawMessage
+	Topics          []string
+	UpdatedAt       time.Time
+}
+
 type LedgerEntry struct {
 	ID          int64
 	EventID     string

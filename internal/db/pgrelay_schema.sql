@@ -18,3 +18,4 @@ ALTER TABLE relay_wakeups SET SCHEMA pgrelay;
 ALTER TABLE replay_audit SET SCHEMA pgrelay;
 ALTER TABLE http_idempotency_keys SET SCHEMA pgrelay;
 ALTER TABLE guard_keys SET SCHEMA pgrelay;
+ALTER TABLE inbox_subscriptions SET SCHEMA pgrelay;

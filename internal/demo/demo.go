@@ -116,8 +116,8 @@ func (c Config) validate() error {
 			break
 		}
 	}
-	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ {
-		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, c.Broker))
+	if c.Broker != BrokerNATS && c.Broker != BrokerRabbitMQ && c.Broker != BrokerPostgres {
+		errs = append(errs, fmt.Errorf("demo: Broker (--broker) must be %q, %q or %q, got %q", BrokerNATS, BrokerRabbitMQ, BrokerPostgres, c.Broker))
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("demo: Timeout (--timeout) must be positive, got %s", c.Timeout))
@@ -253,6 +253,8 @@ func (r *run) run(ctx context.Context) error {
 	switch r.cfg.Broker {
 	case BrokerRabbitMQ:
 		r.broker, err = startRabbitBroker(bctx, r.cfg, r.say)
+	case BrokerPostgres:
+		r.broker, err = startPostgresBroker(bctx, r.pool, r.say)
 	default:
 		r.broker, err = startNATSBroker(bctx, r.cfg, work, r.say)
 	}

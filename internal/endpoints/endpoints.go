@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/console"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -55,6 +56,9 @@ type Config struct {
 	Outbox bool
 	// Counters feeds the admin API's dedup hit rate. Default: nil.
 	Counters func() (received, duplicates float64, ok bool)
+	// Broker reads the broker's retention settings for the web console's
+	// relay page. Default: nil, not shown.
+	Broker func(ctx context.Context) (*console.BrokerSettings, error)
 	// Logger receives the servers' logs. Default: a no-op logger.
 	Logger *zap.Logger
 	// Struct, when set, is the configuration struct whose fields MetricsAddr
@@ -138,7 +142,18 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 			closeAll()
 			return nil, err
 		}
-		srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: svc, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken, Logger: cfg.Logger})
+		program := "relay"
+		if cfg.Inbox {
+			program = "consumer"
+		}
+		con, err := console.New(console.Config{Service: svc, Program: program, Token: cfg.Flags.AdminToken,
+			Gatherer: cfg.Registry, DedupWindow: cfg.Flags.DedupWindow, Broker: cfg.Broker, Logger: cfg.Logger})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: svc, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken,
+			Logger: cfg.Logger, Console: con.Handler()})
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -150,7 +165,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		}
 		listeners = append(listeners, ln)
 		o.adminAddr = ln.Addr()
-		runners = append(runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+		runners = append(runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) }, con.Run)
 	}
 	for _, run := range runners {
 		o.wg.Go(func() {

@@ -52,6 +52,10 @@ func TestOpsServeAndStop(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats")
 	require.Equal(t, http.StatusOK, code, body)
+	// The web console is served on the same address (/ leads to it).
+	code, body = get(t, "http://"+ops.AdminAddr().String()+"/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "<h1>Overview</h1>")
 
 	cancel()
 	done := make(chan error, 1)

@@ -679,3 +679,9 @@ func validText(s string) error {
 	}
 	return nil
 }
+
+// ValidateIncoming returns why m cannot be stored at all (an invalid event id
+// or key sequence, NUL bytes or invalid UTF-8 in a text field), or nil:
+// ReceiveWith fails a whole batch holding such a message, so a caller that
+// must store the others checks each message first.
+func ValidateIncoming(m Incoming) error { return validateIncoming(m) }

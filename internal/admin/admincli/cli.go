@@ -180,14 +180,15 @@ func humanBytes(n int64) string {
 
 // filterFlags binds the dead-letter filter flags.
 type filterFlags struct {
-	handler, topic, eventType, errorContains, since, until string
-	limit                                                  int
+	handler, topic, eventType, key, errorContains, since, until string
+	limit                                                       int
 }
 
 func (ff *filterFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&ff.handler, "handler", "", "only rows of this named handler (inbox; each handler keeps its own dead letters)")
 	cmd.Flags().StringVar(&ff.topic, "topic", "", "only events of this topic")
 	cmd.Flags().StringVar(&ff.eventType, "type", "", "only events of this event type")
+	cmd.Flags().StringVar(&ff.key, "key", "", "only events with this key")
 	cmd.Flags().StringVar(&ff.errorContains, "error", "", "only events whose error contains this text (case-insensitive)")
 	cmd.Flags().StringVar(&ff.since, "since", "", "only events that went dead at or after this time (RFC 3339, or a duration ago such as 24h)")
 	cmd.Flags().StringVar(&ff.until, "until", "", "only events that went dead before this time (RFC 3339, or a duration ago)")
@@ -195,7 +196,7 @@ func (ff *filterFlags) bind(cmd *cobra.Command) {
 }
 
 func (ff *filterFlags) filter(now time.Time) (admin.Filter, error) {
-	f := admin.Filter{Handler: ff.handler, Topic: ff.topic, EventType: ff.eventType, ErrorContains: ff.errorContains, Limit: ff.limit}
+	f := admin.Filter{Handler: ff.handler, Topic: ff.topic, EventType: ff.eventType, Key: ff.key, ErrorContains: ff.errorContains, Limit: ff.limit}
 	for _, p := range []struct {
 		flag, v string
 		dst     **time.Time

@@ -54,6 +54,11 @@ func TestCLI(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
 	require.Equal(t, []string{"d-orders-2"}, admintest.IDs(list))
 
+	out, err = runCLI(t, url, "dead", "list", "--key", "d-users-1", "--json") // the fixtures' key is the event id
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+	require.Equal(t, []string{"d-users-1"}, admintest.IDs(list))
+
 	out, err = runCLI(t, url, "dead", "list", "--since", "50h")
 	require.NoError(t, err)
 	require.Contains(t, out, "d-orders-1")

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,10 @@ type ServerConfig struct {
 	Logger *zap.Logger
 	// ShutdownTimeout bounds the graceful shutdown. Default: 10s.
 	ShutdownTimeout time.Duration
+	// Console, when set, is served under /console/ (and / redirects to
+	// it). It applies the same token rules itself (internal/console), with
+	// a sign-in for browsers. Default: nil, no console.
+	Console http.Handler
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -156,7 +161,56 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/inbox/gaps", s.handleGaps)
 	mux.HandleFunc("POST /v1/inbox/gaps/skip", s.handleGapSkip)
 	mux.HandleFunc("POST /v1/inbox/dead/skip", s.handleDeadSkip)
-	return s.recoverer(s.authenticate(mux))
+	api := s.recoverer(s.browserGuard(s.authenticate(mux)))
+	if s.cfg.Console == nil {
+		return api
+	}
+	root := http.NewServeMux()
+	root.Handle("/", api)
+	root.Handle("/console/", s.cfg.Console)
+	root.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusSeeOther))
+	return root
+}
+
+// browserGuard refuses what only a browser tricked by another site sends:
+// without a token (loopback), a Host header that names no loopback address
+// (a page that rebound its domain name to 127.0.0.1, 421); and a POST from
+// another origin (Origin, Sec-Fetch-Site), which could otherwise reach a
+// token-less API as a "simple" cross-site request (403). Clients other than
+// browsers send neither header and are not affected.
+func (s *Server) browserGuard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Token == "" && !loopbackHost(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, "without a token the admin API answers only to a loopback host name (127.0.0.1, ::1 or localhost)")
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+				writeError(w, http.StatusForbidden, "cross-site request refused (Sec-Fetch-Site: "+site+")")
+				return
+			}
+			if o := r.Header.Get("Origin"); o != "" {
+				if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+					writeError(w, http.StatusForbidden, "request from another origin refused (Origin: "+o+")")
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header names a loopback address.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
@@ -233,11 +287,11 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
 }
 
 // filterFromQuery reads a Filter from URL parameters: handler, event_id,
-// topic, type, error, since, until (RFC 3339) and limit.
+// topic, type, key, error, since, until (RFC 3339) and limit.
 func filterFromQuery(r *http.Request) (admin.Filter, error) {
 	q := r.URL.Query()
 	f := admin.Filter{Handler: q.Get("handler"), EventID: q.Get("event_id"), Topic: q.Get("topic"), EventType: q.Get("type"),
-		ErrorContains: q.Get("error")}
+		Key: q.Get("key"), ErrorContains: q.Get("error")}
 	for name, dst := range map[string]**time.Time{"since": &f.DeadAfter, "until": &f.DeadBefore} {
 		if v := q.Get(name); v != "" {
 			t, err := time.Parse(time.RFC3339Nano, v)

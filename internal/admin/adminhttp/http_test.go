@@ -223,3 +223,68 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	require.Equal(t, "processed", st)
 	require.Equal(t, 1, attempts, "attempts were reset by the requeue")
 }
+
+// TestConsoleMountKeepsTheAPIsAuth: with a console mounted, /console/ goes
+// to it (which applies the token rules itself), / leads to it, and every
+// other path still needs the bearer token.
+func TestConsoleMountKeepsTheAPIsAuth(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	con := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("console " + r.URL.Path)) })
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc, Addr: "0.0.0.0:0", Token: admintest.Token, Console: con})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	code, body := admintest.Do(t, "GET", hs.URL+"/console/dead", "", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "console /console/dead", string(body))
+	for _, p := range []string{"/v1/stats", "/elsewhere", "/v1/inbox/dead"} {
+		code, _ = admintest.Do(t, "GET", hs.URL+p, "", nil)
+		require.Equal(t, http.StatusUnauthorized, code, p)
+	}
+	code, _ = admintest.Do(t, "GET", hs.URL+"/v1/stats", admintest.Token, nil)
+	require.Equal(t, http.StatusOK, code)
+	req, err := http.NewRequest(http.MethodGet, hs.URL+"/", nil)
+	require.NoError(t, err)
+	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Equal(t, "/console/", resp.Header.Get("Location"))
+}
+
+// TestAPIRefusesBrowserCrossSite: a POST from another origin (a "simple"
+// cross-site request a page can send without a preflight) is refused, and
+// without a token a Host that is not loopback (DNS rebinding) is refused;
+// the same request from a non-browser client passes.
+func TestAPIRefusesBrowserCrossSite(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	before := admintest.Snapshot(t, b.Pool)
+	post := func(hdr map[string]string, host string) int {
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/v1/inbox/dead/purge",
+			strings.NewReader(`{"filter":{},"older_than":"0s","actor":"evil"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "text/plain")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusForbidden, post(map[string]string{"Origin": "http://evil.example"}, ""))
+	require.Equal(t, http.StatusForbidden, post(map[string]string{"Sec-Fetch-Site": "cross-site"}, ""))
+	require.Equal(t, http.StatusMisdirectedRequest, post(map[string]string{"Origin": "http://rebound.example:80"}, "rebound.example:80"))
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "nothing was purged")
+	require.Equal(t, http.StatusOK, post(nil, ""), "a client that is not a browser")
+}

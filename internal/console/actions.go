@@ -1,0 +1,263 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+// The actions. Each is reviewed first (requeue and purge as a dry run, the
+// skips by showing their target), and runs only with the confirmation token
+// the review issued for exactly that request.
+const (
+	opRequeue  = "requeue"
+	opPurge    = "purge"
+	opSkipDead = "skip-dead"
+	opSkipGap  = "skip-gap"
+)
+
+const actorCookie = "pgrelay_console_actor"
+
+// actRequest is an action as the form posts it.
+type actRequest struct {
+	Op        string
+	Filter    filterForm
+	All       bool
+	OlderThan string
+	// GapKey is the ordered key of skip-gap.
+	GapKey string
+	Actor  string
+	Reason string
+}
+
+func readAct(v url.Values) actRequest {
+	return actRequest{Op: v.Get("op"), Filter: readFilter(v), All: v.Get("all") == "1", OlderThan: v.Get("older_than"),
+		GapKey: v.Get("gap_key"), Actor: strings.TrimSpace(v.Get("actor")), Reason: strings.TrimSpace(v.Get("reason"))}
+}
+
+// Fields are the request's hidden inputs on the confirmation page.
+func (a actRequest) Fields() [][2]string {
+	out := [][2]string{{"op", a.Op}}
+	out = append(out, a.Filter.Fields()...)
+	if a.All {
+		out = append(out, [2]string{"all", "1"})
+	}
+	for _, kv := range [][2]string{{"older_than", a.OlderThan}, {"gap_key", a.GapKey}, {"actor", a.Actor}, {"reason", a.Reason}} {
+		if kv[1] != "" {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// token binds a confirmation to exactly this request.
+func (c *Console) token(a actRequest) string {
+	parts := []string{"act"}
+	for _, f := range a.Fields() {
+		parts = append(parts, f[0], f[1])
+	}
+	return c.mac(parts...)
+}
+
+type confirmData struct {
+	Req     actRequest
+	Verb    string
+	What    string
+	Result  *admin.Result
+	Event   *admin.DeadLetter
+	Key     *inbox.WaitingKey
+	Confirm string
+	Back    string
+}
+
+type doneData struct {
+	Req    actRequest
+	Verb   string
+	Result *admin.Result
+	Skip   *inbox.SkipResult
+	Back   string
+	Audit  string
+}
+
+func verb(op string) string {
+	switch op {
+	case opRequeue:
+		return "requeue"
+	case opPurge:
+		return "purge"
+	default:
+		return "skip"
+	}
+}
+
+// back is where the action's pages link back to.
+func (a actRequest) back() string {
+	f := a.Filter
+	switch a.Op {
+	case opSkipGap:
+		return Prefix + "ordered?handler=" + url.QueryEscape(f.Handler)
+	case opSkipDead:
+		return Prefix + "dead/inbox/" + url.PathEscape(f.EventID) + "?handler=" + url.QueryEscape(f.Handler)
+	}
+	if f.EventID != "" && f.Q == "" && f.Topic == "" && f.Type == "" && f.Key == "" && f.Error == "" {
+		u := Prefix + "dead/" + url.PathEscape(f.Source) + "/" + url.PathEscape(f.EventID)
+		if f.Handler != "" {
+			u += "?handler=" + url.QueryEscape(f.Handler)
+		}
+		return u
+	}
+	return Prefix + "dead?" + f.Query()
+}
+
+func (c *Console) act(w http.ResponseWriter, r *http.Request) {
+	a := readAct(r.PostForm)
+	switch r.PostForm.Get("step") {
+	case "review":
+		c.review(w, r, a)
+	case "run":
+		if r.PostForm.Get("confirm") != c.token(a) {
+			c.refuse(w, r, http.StatusForbidden, "refused: this action was not reviewed as it stands (review it first; the confirmation is bound to the exact filter, actor and reason)")
+			return
+		}
+		c.run(w, r, a)
+	default:
+		c.fail(w, r, fmt.Errorf("%w: step must be review or run", admin.ErrInvalid))
+	}
+}
+
+// filter returns the action's one admin filter (q is a search of two: an
+// action must name the event id or the key).
+func (a actRequest) filter(now time.Time) (admin.Filter, error) {
+	if a.Filter.Q != "" {
+		return admin.Filter{}, fmt.Errorf("%w: a search (q) matches an event id or a key: act on it by event id or key (event_id=, key=)", admin.ErrInvalid)
+	}
+	fs, err := a.Filter.filters(now)
+	if err != nil {
+		return admin.Filter{}, err
+	}
+	return fs[0], nil
+}
+
+func (a actRequest) olderThan() (*time.Duration, error) {
+	v := a.OlderThan
+	if v == "" {
+		v = "0s"
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: older_than=%q: want a duration such as 720h (0s: every match)", admin.ErrInvalid, a.OlderThan)
+	}
+	return &d, nil
+}
+
+// exec runs the action, as a dry run or for real.
+func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.Result, *inbox.SkipResult, error) {
+	src := admin.Source(a.Filter.Source)
+	switch a.Op {
+	case opRequeue, opPurge:
+		f, err := a.filter(c.cfg.Now())
+		if err != nil {
+			return nil, nil, err
+		}
+		if a.Op == opRequeue {
+			res, err := c.cfg.Service.Requeue(ctx, src, admin.RequeueRequest{Filter: f, All: a.All, Actor: a.Actor, Reason: a.Reason, DryRun: dryRun})
+			return res, nil, err
+		}
+		older, err := a.olderThan()
+		if err != nil {
+			return nil, nil, err
+		}
+		res, err := c.cfg.Service.Purge(ctx, src, admin.PurgeRequest{Filter: f, OlderThan: older, Actor: a.Actor, Reason: a.Reason, DryRun: dryRun})
+		return res, nil, err
+	case opSkipDead, opSkipGap:
+		if dryRun {
+			return nil, nil, nil
+		}
+		req := admin.SkipRequest{Handler: a.Filter.Handler, Actor: a.Actor, Reason: a.Reason}
+		var res inbox.SkipResult
+		var err error
+		if a.Op == opSkipDead {
+			req.EventID = a.Filter.EventID
+			res, err = c.cfg.Service.SkipDead(ctx, req)
+		} else {
+			req.Key = a.GapKey
+			res, err = c.cfg.Service.SkipGap(ctx, req)
+		}
+		return nil, &res, err
+	}
+	return nil, nil, fmt.Errorf("%w: unknown action %q: want requeue, purge, skip-dead or skip-gap", admin.ErrInvalid, a.Op)
+}
+
+func (c *Console) review(w http.ResponseWriter, r *http.Request, a actRequest) {
+	if a.Actor == "" || a.Reason == "" && a.Op != opPurge {
+		c.fail(w, r, fmt.Errorf("%w: who you are (actor) and why (reason) are required: both are written to the audit table", admin.ErrInvalid))
+		return
+	}
+	d := confirmData{Req: a, Verb: verb(a.Op), Back: a.back()}
+	res, _, err := c.exec(r.Context(), a, true)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	d.Result = res
+	switch a.Op {
+	case opSkipDead:
+		ev, err := c.cfg.Service.Show(r.Context(), admin.SourceInbox, a.Filter.EventID, a.Filter.Handler)
+		if err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		d.Event = ev
+	case opSkipGap:
+		keys, err := c.cfg.Service.Waiting(r.Context(), a.Filter.Handler, 0)
+		if err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		for i := range keys {
+			if keys[i].Key == a.GapKey && keys[i].State == "gap" {
+				d.Key = &keys[i]
+			}
+		}
+		if d.Key == nil {
+			c.fail(w, r, fmt.Errorf("%w: key %q of handler %q has no gap (any more)", admin.ErrInvalid, a.GapKey, a.Filter.Handler))
+			return
+		}
+	}
+	if res == nil || res.Count > 0 {
+		d.Confirm = c.token(a)
+	}
+	c.render(w, r, http.StatusOK, "confirm", "Confirm "+d.Verb, d)
+}
+
+func (c *Console) run(w http.ResponseWriter, r *http.Request, a actRequest) {
+	res, skip, err := c.exec(r.Context(), a, false)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: actorCookie, Value: url.QueryEscape(a.Actor), Path: Prefix, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: 90 * 24 * 3600})
+	d := doneData{Req: a, Verb: verb(a.Op), Result: res, Skip: skip, Back: a.back()}
+	d.Audit = Prefix + "audit"
+	if a.Filter.EventID != "" {
+		d.Audit += "?event_id=" + url.QueryEscape(a.Filter.EventID)
+	}
+	c.render(w, r, http.StatusOK, "done", "Done", d)
+}
+
+// actor returns the actor remembered from the last action.
+func actor(r *http.Request) string {
+	if ck, err := r.Cookie(actorCookie); err == nil {
+		if v, err := url.QueryUnescape(ck.Value); err == nil {
+			return v
+		}
+	}
+	return ""
+}

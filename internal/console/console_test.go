@@ -1,0 +1,345 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/admin/admintest"
+	"github.com/pgrelay/pgrelay/internal/console"
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+)
+
+type client struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+	// header is added to every request.
+	header http.Header
+}
+
+func newClient(t *testing.T, base string) *client {
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	return &client{t: t, base: base, header: http.Header{}, hc: &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+func (c *client) do(method, path string, form url.Values) (int, string, http.Header) {
+	c.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	require.NoError(c.t, err)
+	for k, v := range c.header {
+		req.Header[k] = v
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	resp, err := c.hc.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+func (c *client) get(path string) (int, string) {
+	code, body, _ := c.do(http.MethodGet, path, nil)
+	return code, body
+}
+
+var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+var confirmRe = regexp.MustCompile(`name="confirm" value="([^"]+)"`)
+
+func find(t *testing.T, re *regexp.Regexp, body string) string {
+	t.Helper()
+	m := re.FindStringSubmatch(body)
+	require.NotNil(t, m, "%s not in page:\n%s", re, body)
+	return m[1]
+}
+
+func start(t *testing.T, token string) (*admintest.Bundle, *httptest.Server) {
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	reg := prometheus.NewRegistry()
+	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_processed_total", ConstLabels: prometheus.Labels{"handler": "default"}})
+	reg.MustRegister(processed)
+	con, err := console.New(console.Config{Service: b.Svc, Program: "consumer", Token: token, Gatherer: reg,
+		SampleEvery: 50 * time.Millisecond, DedupWindow: 12 * time.Hour,
+		Broker: func(context.Context) (*console.BrokerSettings, error) {
+			return &console.BrokerSettings{Kind: "NATS JetStream stream", Name: "PGRELAY", MaxAge: 24 * time.Hour}, nil
+		}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = con.Run(ctx) }()
+	processed.Add(3)
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(srv.Close)
+	return b, srv
+}
+
+// TestPages: every page renders from the live database on loopback without
+// a token, with stable filter links.
+func TestPages(t *testing.T) {
+	t.Parallel()
+	_, srv := start(t, "")
+	c := newClient(t, srv.URL)
+	for path, want := range map[string][]string{
+		"/console/":                              {"Inbox", "Outbox", "Dedup", "Per handler", "<svg class=\"chart", `http-equiv="refresh" content="30"`},
+		"/console/dead":                          {"d-orders-1", "d-orders-2", "d-users-1", "Dry run"},
+		"/console/dead?source=inbox&topic=users": {"d-users-1"},
+		"/console/dead?q=d-orders-2":             {"d-orders-2", "link to this filter"},
+		"/console/dead?error=timeout&since=60h":  {"d-orders-1"},
+		"/console/dead/inbox/d-orders-1":         {"Timeout talking to ledger", "&#34;n&#34;: 1", "History"},
+		"/console/ordered":                       {"no key waits"},
+		"/console/conflicts":                     {"No key conflicts"},
+		"/console/relay":                         {"Partitions", "12h00m", "PGRELAY", "shorter than the NATS JetStream stream"},
+		"/console/audit":                         {"nothing recorded"},
+		"/console/static/console.css":            {".chart"},
+	} {
+		code, body := c.get(path)
+		require.Equal(t, http.StatusOK, code, "%s: %s", path, body)
+		for _, w := range want {
+			require.Contains(t, body, w, path)
+		}
+	}
+	// The process's counters are sampled: the overview shows what they cover.
+	require.Eventually(t, func() bool {
+		_, body := c.get("/console/")
+		return strings.Contains(body, "this process's counters over")
+	}, 10*time.Second, 50*time.Millisecond)
+	_, body := c.get("/console/dead?source=inbox&topic=users")
+	require.NotContains(t, body, "d-orders-1", "the filter applies")
+	code, body := c.get("/console/dead?since=yesterday")
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body, "since=")
+	code, _ = c.get("/console/dead/inbox/nope")
+	require.Equal(t, http.StatusNotFound, code)
+}
+
+// TestActionNeedsReviewAndCSRF: a requeue runs only with the CSRF token and
+// the confirmation its dry run issued for exactly that request; the dry run
+// changes nothing; the run writes the audit row the CLI writes.
+func TestActionNeedsReviewAndCSRF(t *testing.T) {
+	t.Parallel()
+	b, srv := start(t, "")
+	c := newClient(t, srv.URL)
+	_, page := c.get("/console/dead/inbox/d-orders-2")
+	csrf := find(t, csrfRe, page)
+	form := url.Values{"op": {"requeue"}, "source": {"inbox"}, "event_id": {"d-orders-2"}, "handler": {"default"},
+		"actor": {"alice"}, "reason": {"fixed the parser"}, "step": {"review"}}
+	before := admintest.Snapshot(t, b.Pool)
+
+	code, body, _ := c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusForbidden, code, "no CSRF token: %s", body)
+	form.Set("csrf", "forged")
+	code, _, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusForbidden, code, "a wrong CSRF token")
+	form.Set("csrf", csrf)
+	c.header.Set("Origin", "http://evil.example")
+	code, _, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusForbidden, code, "another origin")
+	c.header.Del("Origin")
+	c.header.Set("Sec-Fetch-Site", "cross-site")
+	code, _, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusForbidden, code, "cross-site")
+	c.header.Del("Sec-Fetch-Site")
+
+	run := url.Values{}
+	for k, v := range form {
+		run[k] = v
+	}
+	run.Set("step", "run")
+	code, _, _ = c.do(http.MethodPost, "/console/act", run)
+	require.Equal(t, http.StatusForbidden, code, "a run without a review")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
+
+	c.header.Set("Origin", srv.URL)
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Dry run: 1 event(s) would be requeued")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "the dry run changed nothing")
+	run.Set("confirm", find(t, confirmRe, body))
+
+	tampered := url.Values{}
+	for k, v := range run {
+		tampered[k] = v
+	}
+	tampered.Set("reason", "something else")
+	code, _, _ = c.do(http.MethodPost, "/console/act", tampered)
+	require.Equal(t, http.StatusForbidden, code, "the confirmation is bound to the reviewed request")
+	tampered = url.Values{}
+	for k, v := range run {
+		tampered[k] = v
+	}
+	tampered.Del("event_id")
+	tampered.Set("all", "1")
+	code, _, _ = c.do(http.MethodPost, "/console/act", tampered)
+	require.Equal(t, http.StatusForbidden, code, "nor to a wider filter")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
+
+	code, body, _ = c.do(http.MethodPost, "/console/act", run)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "1 event(s) requeued")
+	st, attempts, _ := admintest.StatusOf(t, b.Pool, "d-orders-2")
+	require.Equal(t, "pending", st)
+	require.Zero(t, attempts)
+	entries, err := b.Svc.Audit(context.Background(), "d-orders-2", "inbox", 10)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	e := entries[0]
+	require.Equal(t, []string{"requeue", "inbox", "default", "alice", "fixed the parser", "bad payload: unexpected EOF"},
+		[]string{e.Action, e.Source, e.Handler, e.Actor, e.Reason, e.PreviousError})
+	require.Equal(t, int32(5), e.PreviousAttempts)
+	_, body = c.get("/console/audit?event_id=d-orders-2")
+	require.Contains(t, body, "fixed the parser")
+}
+
+// TestBulkPurgeOnFilter: a purge of a filter shows its dry run first and
+// then purges exactly what it showed.
+func TestBulkPurgeOnFilter(t *testing.T) {
+	t.Parallel()
+	b, srv := start(t, "")
+	c := newClient(t, srv.URL)
+	_, page := c.get("/console/dead?source=inbox&topic=orders")
+	form := url.Values{"csrf": {find(t, csrfRe, page)}, "op": {"purge"}, "source": {"inbox"}, "topic": {"orders"},
+		"older_than": {"24h"}, "actor": {"bob"}, "reason": {"old junk"}, "step": {"review"}}
+	code, body, _ := c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Dry run: 1 event(s) would be purged")
+	require.Contains(t, body, "d-orders-1")
+	require.NotContains(t, body, "d-orders-2", "dead for only 2h")
+	form.Set("step", "run")
+	form.Set("confirm", find(t, confirmRe, body))
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "1 event(s) purged")
+	st, _, _ := admintest.StatusOf(t, b.Pool, "d-orders-1")
+	require.Equal(t, "absent", st)
+	st, _, _ = admintest.StatusOf(t, b.Pool, "d-orders-2")
+	require.Equal(t, "dead", st)
+}
+
+// TestTokenRules: with a token, pages ask to sign in, actions are refused
+// without it, and a sign-in with it (or the bearer header) lets them
+// through.
+func TestTokenRules(t *testing.T) {
+	t.Parallel()
+	b, srv := start(t, admintest.Token)
+	c := newClient(t, srv.URL)
+	code, _, hdr := c.do(http.MethodGet, "/console/dead", nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/console/login?next=%2Fconsole%2Fdead", hdr.Get("Location"))
+	before := admintest.Snapshot(t, b.Pool)
+	form := url.Values{"op": {"requeue"}, "source": {"inbox"}, "event_id": {"d-orders-2"}, "handler": {"default"},
+		"actor": {"mallory"}, "reason": {"x"}, "step": {"review"}}
+	code, body, _ := c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusUnauthorized, code, body)
+	require.Contains(t, body, "the admin token is required")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
+
+	code, body, _ = c.do(http.MethodPost, "/console/login", url.Values{"token": {"wrong-token-0123456789"}})
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Contains(t, body, "wrong token")
+	code, _, hdr = c.do(http.MethodPost, "/console/login", url.Values{"token": {admintest.Token}, "next": {"/console/dead"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/console/dead", hdr.Get("Location"))
+	code, page := c.get("/console/dead")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, "Sign out")
+	form.Set("csrf", find(t, csrfRe, page))
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Dry run: 1 event")
+
+	bearer := newClient(t, srv.URL)
+	bearer.header.Set("Authorization", "Bearer "+admintest.Token)
+	code, _ = bearer.get("/console/relay")
+	require.Equal(t, http.StatusOK, code)
+	code, _, hdr = c.do(http.MethodPost, "/console/login", url.Values{"token": {admintest.Token}, "next": {"//evil.example/"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/console/", hdr.Get("Location"), "no open redirect")
+}
+
+// TestHostCheckWithoutToken: without a token the console answers only to a
+// loopback host name (a DNS-rebound page names its own).
+func TestHostCheckWithoutToken(t *testing.T) {
+	t.Parallel()
+	_, srv := start(t, "")
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/console/", nil)
+	require.NoError(t, err)
+	req.Host = "rebind.example:80"
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusMisdirectedRequest, resp.StatusCode)
+	req.Host = "localhost"
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestOrderedSkipsInTheConsole: the ordered page lists a gap and a parked
+// key; skipping the gap and the dead event that parks the other key each
+// go through a review and write their audit row.
+func TestOrderedSkipsInTheConsole(t *testing.T) {
+	t.Parallel()
+	b, srv := start(t, "")
+	ctx := context.Background()
+	msg := func(id, key string, seq int64) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	}
+	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
+	require.NoError(t, err)
+	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.inbox SET status = 'dead', last_error = 'poison', finished_at = now() WHERE event_id = 'p-1'`)
+	require.NoError(t, err)
+
+	c := newClient(t, srv.URL)
+	code, page := c.get("/console/ordered")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, `class="k-gap">gap<`)
+	require.Contains(t, page, `class="k-parked">parked<`)
+	require.Contains(t, page, `href="/console/dead?source=inbox&amp;handler=default&amp;key=p"`, "a parked key links to its dead event")
+	_, list := c.get("/console/dead?source=inbox&handler=default&key=p")
+	require.Contains(t, list, "p-1")
+	csrf := find(t, csrfRe, page)
+
+	act := func(form url.Values, want string) {
+		t.Helper()
+		form.Set("csrf", csrf)
+		form.Set("step", "review")
+		code, body, _ := c.do(http.MethodPost, "/console/act", form)
+		require.Equal(t, http.StatusOK, code, body)
+		form.Set("step", "run")
+		form.Set("confirm", find(t, confirmRe, body))
+		code, body, _ = c.do(http.MethodPost, "/console/act", form)
+		require.Equal(t, http.StatusOK, code, body)
+		require.Contains(t, body, want)
+	}
+	act(url.Values{"op": {"skip-gap"}, "source": {"inbox"}, "handler": {"default"}, "gap_key": {"g"}, "actor": {"ops"}, "reason": {"lost upstream"}},
+		"Skipped key g: sequences 1–1")
+	act(url.Values{"op": {"skip-dead"}, "source": {"inbox"}, "handler": {"default"}, "event_id": {"p-1"}, "actor": {"ops"}, "reason": {"known bad"}},
+		"Skipped key p: sequences 1–1")
+	var n int
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.replay_audit WHERE action IN ('skip_dead', 'skip_gap') AND actor = 'ops'`).Scan(&n))
+	require.Equal(t, 2, n)
+	_, page = c.get("/console/ordered")
+	require.Contains(t, page, "no key waits")
+}
