@@ -27,6 +27,7 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/kafka"
 	"github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
@@ -41,10 +42,10 @@ import (
 type env struct {
 	system    string
 	pub       broker.Publisher
-	subscribe func(context.Context) (broker.Subscriber, error)
+	subscribe func(context.Context) (broker.Subscriber, error) // nil: a direct consumer (PostgreSQL as the broker)
 }
 
-func natsEnv(t *testing.T, ctx context.Context) env {
+func natsEnv(t *testing.T, ctx context.Context, _ *pgxpool.Pool) env {
 	u := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, u)
 	pub, err := nats.NewPublisher(ctx, nats.Config{URL: u, SubjectPrefix: prefix, Stream: stream})
@@ -54,7 +55,7 @@ func natsEnv(t *testing.T, ctx context.Context) env {
 		subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: u, Stream: stream, SubjectPrefix: prefix})}
 }
 
-func kafkaEnv(t *testing.T, ctx context.Context) env {
+func kafkaEnv(t *testing.T, ctx context.Context, _ *pgxpool.Pool) env {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "shop.orders"))
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
@@ -65,7 +66,7 @@ func kafkaEnv(t *testing.T, ctx context.Context) env {
 		subscribe: broker.Subscribe(kafka.NewSubscriber, kafka.Config{Brokers: c.ListenAddrs(), TopicPrefix: "shop", Group: "billing"})}
 }
 
-func rabbitEnv(t *testing.T, ctx context.Context) env {
+func rabbitEnv(t *testing.T, ctx context.Context, _ *pgxpool.Pool) env {
 	u := testamqp.URL(t)
 	exchange, queue := testamqp.Names(t, u)
 	cfg := rabbitmq.Config{URL: u, Exchange: exchange, Queue: queue}
@@ -77,6 +78,15 @@ func rabbitEnv(t *testing.T, ctx context.Context) env {
 		err = testamqp.Retry(time.Minute, func() error { sub, err = subscribe(ctx); return err })
 		return sub, err
 	}}
+}
+
+// postgresEnv: the relay stores into the inbox of the database it reads
+// (broker/postgres), the consumer runs its workers only.
+func postgresEnv(t *testing.T, ctx context.Context, pool *pgxpool.Pool) env {
+	pub, err := postgres.NewPublisher(ctx, postgres.Config{URL: pool.Config().ConnString()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return env{system: "postgresql", pub: pub}
 }
 
 // handled is one run of the handler: the span context its ctx held and the
@@ -111,7 +121,7 @@ func pipeline(t *testing.T, ctx context.Context, pool *pgxpool.Pool, e env, opts
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: log})
 	require.NoError(t, err)
-	c, err := consumer.New(consumer.Config{Pool: pool, MaxWait: 50 * time.Millisecond, Logger: log, Subscribe: e.subscribe,
+	c, err := consumer.New(consumer.Config{Pool: pool, MaxWait: 50 * time.Millisecond, Logger: log, Subscribe: e.subscribe, Direct: e.subscribe == nil,
 		Inbox: pgrelay.InboxConfig{Handler: h, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond}})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
@@ -168,8 +178,8 @@ func produce(t *testing.T, ctx context.Context, pool *pgxpool.Pool, tp trace.Tra
 // trace id; the send span is the request's child and links to it, each
 // process span is its child, and the handler's ctx is the process span's.
 func TestTraceFromRequestToHandler(t *testing.T) {
-	for name, newEnv := range map[string]func(*testing.T, context.Context) env{
-		"nats": natsEnv, "kafka": kafkaEnv, "rabbitmq": rabbitEnv,
+	for name, newEnv := range map[string]func(*testing.T, context.Context, *pgxpool.Pool) env{
+		"nats": natsEnv, "kafka": kafkaEnv, "rabbitmq": rabbitEnv, "postgres": postgresEnv,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -178,7 +188,7 @@ func TestTraceFromRequestToHandler(t *testing.T) {
 			pool := testdb.New(t)
 			exp := tracetest.NewInMemoryExporter()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-			e := newEnv(t, ctx)
+			e := newEnv(t, ctx, pool)
 			runs := pipeline(t, ctx, pool, e, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(e.system))
 
 			eventID := "ev-" + name

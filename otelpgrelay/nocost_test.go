@@ -30,7 +30,7 @@ func TestNoProviderCostsOnlyTheHeader(t *testing.T) {
 	pool := testdb.New(t)
 	exp := tracetest.NewInMemoryExporter()
 	producerTP := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	e := natsEnv(t, ctx)
+	e := natsEnv(t, ctx, pool)
 	runs := pipeline(t, ctx, pool, e, otelpgrelay.WithTracerProvider(noop.NewTracerProvider()), otelpgrelay.WithSystem(e.system))
 
 	server := produce(t, ctx, pool, producerTP, "traced")

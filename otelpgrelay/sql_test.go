@@ -26,7 +26,7 @@ func TestPlainSQLProducerTraceContext(t *testing.T) {
 	pool := testdb.New(t)
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	e := natsEnv(t, ctx)
+	e := natsEnv(t, ctx, pool)
 	runs := pipeline(t, ctx, pool, e, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(e.system))
 
 	const tp1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
