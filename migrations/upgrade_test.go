@@ -177,7 +177,7 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 	// keeps the data in pgrelay.
 	p, err := migrations.NewProvider(sqlDB)
 	require.NoError(t, err)
-	_, err = p.DownTo(ctx, 99)
+	_, err = p.DownTo(ctx, 99) // version 100 and every later one
 	require.NoError(t, err)
 	var views int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_views WHERE schemaname = 'public'`).Scan(&views))

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -127,6 +128,21 @@ type Config struct {
 	// negative: never.
 	StatisticsInterval time.Duration
 
+	// Capture is where events are read from: "table" (the default), the
+	// outbox table, or "wal", the events producers write with pgrelay.Emit
+	// (or the SQL function pgrelay.emit), read from a logical replication
+	// slot; the server needs wal_level = logical (docs/wal.md).
+	Capture string
+	// WALSlot names the replication slot of Capture "wal". Default
+	// "pgrelay". One relay streams it at a time; the others wait as
+	// standbys and take over when it stops or is cut off.
+	WALSlot string
+	// WALAllowUnboundedSlot lets the relay create its slot while the
+	// server's max_slot_wal_keep_size is -1 (unlimited). Default false: it
+	// refuses, because a relay stopped for long would keep WAL until the
+	// disk fills.
+	WALAllowUnboundedSlot bool
+
 	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9090".
 	// Default "": not served.
 	MetricsAddr string
@@ -154,7 +170,12 @@ func publicError(err error) error {
 		if fe.Struct != "Config" { // not the engine's: a subscriber's, a publisher's, already ours
 			return fe
 		}
-		return fe.Renamed("relay.Config", func(f string) string { return f })
+		return fe.Renamed("relay.Config", func(f string) string {
+			if rest, ok := strings.CutPrefix(f, "WAL."); ok {
+				return "WAL" + rest // engine.Config.WAL.Slot is relay.Config.WALSlot
+			}
+			return f
+		})
 	})
 }
 
@@ -179,6 +200,8 @@ func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config 
 		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, Retention: c.Retention,
 		RetentionInterval: c.RetentionInterval, RetentionBatchSize: c.RetentionBatchSize,
 		StatisticsInterval: c.StatisticsInterval,
+		Capture:            c.Capture,
+		WAL:                engine.WALConfig{Slot: c.WALSlot, AllowUnboundedSlot: c.WALAllowUnboundedSlot},
 	}
 }
 
@@ -233,7 +256,9 @@ func New(cfg Config) (*Relay, error) {
 	}
 	log := logbridge.Zap(cfg.Logger)
 	reg := metrics.NewRegistry()
-	r, err := engine.New(cfg.engine(log, metrics.NewRelayObserver(reg)))
+	ecfg := cfg.engine(log, metrics.NewRelayObserver(reg))
+	ecfg.WAL.Observer = metrics.NewWALObserver(reg)
+	r, err := engine.New(ecfg)
 	if err != nil {
 		return nil, publicError(err)
 	}
@@ -299,6 +324,11 @@ func (r *Relay) checkDatabase(ctx context.Context) error {
 	}
 	return nil
 }
+
+// WALStatus returns the replication slot's status (lag, wal_status, whether
+// this relay streams it) as of the last heartbeat, and false when Capture is
+// not "wal" or the relay has not looked yet.
+func (r *Relay) WALStatus() (engine.WALSlotStatus, bool) { return r.r.WALStatus() }
 
 // MetricsAddr returns the address the metrics server listens on once Run has
 // started it (useful with port 0), or nil.

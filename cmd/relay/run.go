@@ -39,6 +39,9 @@ type settings struct {
 	retention          time.Duration
 	retentionInterval  time.Duration
 	retentionBatchSize int
+	capture            string
+	walSlot            string
+	walUnbounded       bool
 	migrate            bool
 	logLevel           string
 	logFormat          string
@@ -54,31 +57,35 @@ const (
 
 // envKinds lists the typed environment variables, checked at start-up.
 var envKinds = map[string]string{
-	"RELAY_BATCH_SIZE":         "int",
-	"RELAY_LEASE":              "duration",
-	"RELAY_HEARTBEAT":          "duration",
-	"RELAY_POLL_INTERVAL":      "duration",
-	"RELAY_PUBLISH_TIMEOUT":    "duration",
-	"RELAY_RETENTION":          "duration",
-	"RELAY_RETENTION_INTERVAL": "duration",
-	"RELAY_RETENTION_BATCH":    "int",
-	"RELAY_MIGRATE":            "bool",
+	"RELAY_BATCH_SIZE":               "int",
+	"RELAY_LEASE":                    "duration",
+	"RELAY_HEARTBEAT":                "duration",
+	"RELAY_POLL_INTERVAL":            "duration",
+	"RELAY_PUBLISH_TIMEOUT":          "duration",
+	"RELAY_RETENTION":                "duration",
+	"RELAY_RETENTION_INTERVAL":       "duration",
+	"RELAY_RETENTION_BATCH":          "int",
+	"RELAY_MIGRATE":                  "bool",
+	"RELAY_WAL_ALLOW_UNBOUNDED_SLOT": "bool",
 }
 
 // flagOf names the flag and environment variable that fill each relay.Config
 // field, so that validation errors name what the user sets.
 var flagOf = map[string]string{
-	"BatchSize":          "--batch-size (RELAY_BATCH_SIZE)",
-	"Lease":              "--lease (RELAY_LEASE)",
-	"HeartbeatInterval":  "--heartbeat (RELAY_HEARTBEAT)",
-	"PollInterval":       "--poll-interval (RELAY_POLL_INTERVAL)",
-	"PublishTimeout":     "--publish-timeout (RELAY_PUBLISH_TIMEOUT)",
-	"RetentionInterval":  "--retention-interval (RELAY_RETENTION_INTERVAL)",
-	"RetentionBatchSize": "--retention-batch (RELAY_RETENTION_BATCH)",
-	"MetricsAddr":        "--metrics-addr (METRICS_ADDR)",
-	"AdminAddr":          "--admin-addr (ADMIN_ADDR)",
-	"AdminToken":         "--admin-token (ADMIN_TOKEN)",
-	"Pool":               "--database-url (DATABASE_URL)",
+	"BatchSize":             "--batch-size (RELAY_BATCH_SIZE)",
+	"Lease":                 "--lease (RELAY_LEASE)",
+	"HeartbeatInterval":     "--heartbeat (RELAY_HEARTBEAT)",
+	"PollInterval":          "--poll-interval (RELAY_POLL_INTERVAL)",
+	"PublishTimeout":        "--publish-timeout (RELAY_PUBLISH_TIMEOUT)",
+	"RetentionInterval":     "--retention-interval (RELAY_RETENTION_INTERVAL)",
+	"RetentionBatchSize":    "--retention-batch (RELAY_RETENTION_BATCH)",
+	"MetricsAddr":           "--metrics-addr (METRICS_ADDR)",
+	"AdminAddr":             "--admin-addr (ADMIN_ADDR)",
+	"AdminToken":            "--admin-token (ADMIN_TOKEN)",
+	"Pool":                  "--database-url (DATABASE_URL)",
+	"Capture":               "--capture (RELAY_CAPTURE)",
+	"WALSlot":               "--wal-slot (RELAY_WAL_SLOT)",
+	"WALAllowUnboundedSlot": "--wal-allow-unbounded-slot (RELAY_WAL_ALLOW_UNBOUNDED_SLOT)",
 }
 
 // nameSettings spells the relay.Config fields of err's *setting.FieldErrors
@@ -147,6 +154,9 @@ needs only PostgreSQL.`,
 	f.DurationVar(&s.retention, "retention", cli.EnvDuration("RELAY_RETENTION", relay.DefaultRetention), "how long published rows are kept; negative keeps them forever; dead rows are always kept (env RELAY_RETENTION)")
 	f.DurationVar(&s.retentionInterval, "retention-interval", cli.EnvDuration("RELAY_RETENTION_INTERVAL", relay.DefaultRetentionInterval), "how often expired published rows are deleted (env RELAY_RETENTION_INTERVAL)")
 	f.IntVar(&s.retentionBatchSize, "retention-batch", cli.EnvInt("RELAY_RETENTION_BATCH", relay.DefaultRetentionBatchSize), "rows deleted per retention statement (env RELAY_RETENTION_BATCH)")
+	f.StringVar(&s.capture, "capture", cli.EnvString("RELAY_CAPTURE", "table"), "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md) (env RELAY_CAPTURE)")
+	f.StringVar(&s.walSlot, "wal-slot", cli.EnvString("RELAY_WAL_SLOT", "pgrelay"), "replication slot of --capture wal; one relay streams it, the others wait as standbys (env RELAY_WAL_SLOT)")
+	f.BoolVar(&s.walUnbounded, "wal-allow-unbounded-slot", cli.EnvBool("RELAY_WAL_ALLOW_UNBOUNDED_SLOT", false), "create the slot even while max_slot_wal_keep_size is -1 (unlimited) (env RELAY_WAL_ALLOW_UNBOUNDED_SLOT)")
 	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
@@ -208,6 +218,7 @@ func runRelay(parent context.Context, s settings) error {
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
 		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
+		Capture: s.capture, WALSlot: s.walSlot, WALAllowUnboundedSlot: s.walUnbounded,
 	}
 	if err := rcfg.Validate(); err != nil {
 		return nameSettings(err)

@@ -79,6 +79,12 @@ type Config struct {
 	// checks each key's apply order: sequences applied one after the other,
 	// none while an earlier one was unapplied, none missing. Default false.
 	Ordered bool
+	// Capture is the relays' --capture: "table" (the default) or "wal", in
+	// which the producer writes its events with pgrelay.Emit, the cluster
+	// runs with wal_level = logical and a 3s wal_sender_timeout, and the
+	// checker takes the produced events from the producer's commits instead
+	// of the outbox table (docs/wal.md).
+	Capture string
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.
@@ -110,6 +116,9 @@ func (c Config) WithDefaults() Config {
 	if c.AMQPURL == "" {
 		c.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
 	}
+	if c.Capture == "" {
+		c.Capture = "table"
+	}
 	return c
 }
 
@@ -130,8 +139,17 @@ func (c Config) validate() error {
 	if c.RelayLease < time.Second || c.ConsumerLease < time.Second {
 		errs = append(errs, fmt.Errorf("chaos: RelayLease and ConsumerLease must be at least 1s, got %s and %s", c.RelayLease, c.ConsumerLease))
 	}
+	if c.Capture != "table" && c.Capture != "wal" {
+		errs = append(errs, fmt.Errorf("chaos: Capture must be table or wal, got %q", c.Capture))
+	}
+	if c.Capture == "wal" && c.Ordered {
+		errs = append(errs, errors.New("chaos: a WAL capture run cannot check ordered apply: its events carry no per-key sequence"))
+	}
 	return errors.Join(errs...)
 }
+
+// walConf is the cluster's configuration of a WAL capture run.
+const walConf = "wal_level = logical\nmax_slot_wal_keep_size = '1GB'\nwal_sender_timeout = '3s'\n"
 
 // run is one chaos run's state.
 type run struct {
@@ -211,7 +229,11 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		}
 	}
 
-	if r.pg, err = startPostgres(ctx, filepath.Join(r.work, "pg")); err != nil {
+	extraConf := ""
+	if r.cfg.Capture == "wal" {
+		extraConf = walConf
+	}
+	if r.pg, err = startPostgres(ctx, filepath.Join(r.work, "pg"), extraConf); err != nil {
 		return nil, err
 	}
 	defer r.pg.stop()
@@ -274,6 +296,14 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 
 	// The fault phase: the producer writes while faults strike.
 	r.prod = newProducer(r.pool, r.cfg.Seed, r.cfg.OrdersPerSecond, r.say)
+	if r.cfg.Capture == "wal" {
+		// Logical decoding starts at the slot: emit only once a relay
+		// created it.
+		if err := r.waitForSlot(ctx); err != nil {
+			return nil, err
+		}
+		r.prod.emit = true
+	}
 	prodCtx, stopProd := context.WithCancel(ctx)
 	var prodWG sync.WaitGroup
 	prodWG.Go(func() { r.prod.run(prodCtx) })
@@ -306,6 +336,7 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	rep, err := check(cctx, checkInput{
 		pool: r.pool, readLog: r.broker.readLog,
 		injected: r.injected.snapshot(), acknowledged: r.prod.acknowledged(), ordered: r.cfg.Ordered,
+		emitted: r.prod.emittedEvents(),
 	})
 	if err != nil {
 		return nil, err
@@ -347,6 +378,7 @@ func (r *run) startServices(binDir, dbURL, brokerAddr string) error {
 			"RELAY_NODE_ID="+name,
 			"RELAY_LEASE="+r.cfg.RelayLease.String(), "RELAY_HEARTBEAT="+(r.cfg.RelayLease/3).String(),
 			"RELAY_PUBLISH_TIMEOUT=10s", "RELAY_BATCH_SIZE=100", "RELAY_POLL_INTERVAL=500ms",
+			"RELAY_CAPTURE="+r.cfg.Capture,
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
 		s := &service{name: name, metricsAddr: fmt.Sprintf("127.0.0.1:%d", addr),
 			proc: proc.New(name, filepath.Join(binDir, "relay"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
@@ -410,6 +442,9 @@ func (r *run) drain(ctx context.Context) bool {
 		}
 		cancel()
 		if err == nil {
+			if r.cfg.Capture == "wal" { // no outbox rows: what committed is the producer's count
+				p.OutboxTotal = int64(len(r.prod.acknowledged()))
+			}
 			done := p.OutboxPending == 0 && p.InboxOpen == 0 && p.InboxTotal >= p.OutboxTotal+wantInbox && pending == 0 && ackPending <= 0
 			if time.Since(lastLog) > 5*time.Second || done {
 				lastLog = time.Now()
@@ -473,4 +508,25 @@ func moduleRoot(ctx context.Context) (string, error) {
 // the fault schedule does not shift when the producer makes more choices.
 func newRand(seed uint64, stream uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, stream))
+}
+
+// waitForSlot waits until a relay created the WAL capture's slot.
+func (r *run) waitForSlot(ctx context.Context) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		var n int
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.pool.QueryRow(qctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgrelay'`).Scan(&n)
+		cancel()
+		if err == nil && n == 1 {
+			r.say("the relays created the replication slot")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return errors.New("chaos: no relay created the replication slot within a minute")
 }

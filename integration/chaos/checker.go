@@ -27,6 +27,9 @@ type checkInput struct {
 	injected     map[string]expectation
 	acknowledged []string
 	ordered      bool // the consumers ran with --ordered: check each key's apply order
+	// emitted, in a WAL capture run, are the events the producer emitted
+	// and saw committed, in commit order: they stand for the outbox rows.
+	emitted []emittedEvent
 }
 
 // Report is a chaos run's outcome.
@@ -77,6 +80,16 @@ func check(ctx context.Context, in checkInput) (*Report, error) {
 	outbox, err := q.ChaosOutboxEvents(ctx, in.pool)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: read outbox: %w", err)
+	}
+	if in.emitted != nil {
+		if len(outbox) > 0 {
+			return nil, fmt.Errorf("chaos: a WAL capture run wrote %d outbox rows", len(outbox))
+		}
+		// The emitted events, in commit order, play the published outbox
+		// rows: each must be in the stream, each key's in this order.
+		for i, e := range in.emitted {
+			outbox = append(outbox, db.ChaosOutboxEventsRow{ID: int64(i + 1), EventID: e.id, Key: e.key, EventType: e.eventType, Status: "published"})
+		}
 	}
 	inbox, err := q.ChaosInboxEvents(ctx, in.pool)
 	if err != nil {

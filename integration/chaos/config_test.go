@@ -54,6 +54,8 @@ func TestInvalidSettingsFailAtStartup(t *testing.T) {
 		{"relay", []string{"--log-level", "loud"}, nil, "loud"},
 		{"relay", []string{"--log-format", "xml"}, nil, "xml"},
 		{"relay", []string{"--batch-size", "lots"}, nil, "--batch-size"},
+		{"relay", []string{"--capture", "trigger"}, nil, "--capture (RELAY_CAPTURE)"},
+		{"relay", []string{"--capture", "wal", "--wal-slot", "Bad-Slot"}, nil, "--wal-slot (RELAY_WAL_SLOT)"},
 		{"relay", nil, []string{"RELAY_BATCH_SIZE=lots"}, "RELAY_BATCH_SIZE"},
 		{"relay", nil, []string{"RELAY_LEASE=soon"}, "RELAY_LEASE"},
 		{"relay", nil, []string{"RELAY_CREATE_STREAM=maybe"}, "RELAY_CREATE_STREAM"},

@@ -40,7 +40,7 @@ type postgresCluster struct {
 // operating system keeps what it wrote), but synchronous_commit stays on: an
 // immediate shutdown would otherwise lose commits already reported, and the
 // checker would rightly call that a lost event.
-func startPostgres(ctx context.Context, dir string) (*postgresCluster, error) {
+func startPostgres(ctx context.Context, dir, extraConf string) (*postgresCluster, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -80,7 +80,7 @@ func startPostgres(ctx context.Context, dir string) (*postgresCluster, error) {
 	if out, err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
 		return nil, fmt.Errorf("chaos: initdb: %w\n%s", err, out)
 	}
-	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\nfsync = off\nfull_page_writes = off\nmax_connections = 200\n", port)
+	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\nfsync = off\nfull_page_writes = off\nmax_connections = 200\n", port) + extraConf
 	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return nil, err

@@ -28,11 +28,44 @@ type producer struct {
 	rate int
 	say  func(string, ...any)
 
+	// emit writes the events with pgrelay.Emit (a WAL capture run), under
+	// ids derived from the order, so that a retry after an ambiguous commit
+	// that did commit is known to have produced its event.
+	emit bool
+
 	mu      sync.Mutex
-	acked   []string // event ids whose transaction committed
+	acked   []string       // event ids whose transaction committed
+	emitted []emittedEvent // with emit: the committed events, in commit order
 	nOrders int
 	nFailed int
 	unpaid  []order
+}
+
+// emittedEvent is an event the producer emitted and saw committed.
+type emittedEvent struct{ id, key, eventType string }
+
+// write writes m with Enqueue, or Emit in a WAL capture run.
+func (p *producer) write(ctx context.Context, tx pgx.Tx, m pgrelay.Message) error {
+	if p.emit {
+		return pgrelay.Emit(ctx, tx, m)
+	}
+	return pgrelay.Enqueue(ctx, tx, m)
+}
+
+// committed records the event id of a committed transaction.
+func (p *producer) committed(id, key, eventType string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.acked = append(p.acked, id)
+	if p.emit {
+		p.emitted = append(p.emitted, emittedEvent{id, key, eventType})
+	}
+}
+
+func (p *producer) emittedEvents() []emittedEvent {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]emittedEvent(nil), p.emitted...)
 }
 
 type order struct {
@@ -106,28 +139,36 @@ func (p *producer) retry(ctx context.Context, f func() error) bool {
 // (unique violation) and writes nothing more.
 func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
 	id := newEventID()
+	if p.emit {
+		id = "created-" + o.id
+	}
 	err := p.tx(ctx, func(tx pgx.Tx) error {
 		err := db.New().CreateShopOrder(ctx, tx, db.CreateShopOrderParams{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"})
 		if err != nil || !withEvent {
 			return err
 		}
-		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
+		return p.write(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
 		})
 	})
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return nil // an earlier, ambiguous attempt committed
+		// An earlier, ambiguous attempt committed. With Emit its event,
+		// under the same id, is in the WAL and not in any table: record it.
+		if p.emit && withEvent && !p.seen(id) {
+			p.committed(id, o.id, ledger.EventOrderCreated)
+		}
+		return nil
 	}
 	if err != nil {
 		return err
 	}
 	p.mu.Lock()
 	p.nOrders++
-	if withEvent {
-		p.acked = append(p.acked, id)
-	}
 	p.mu.Unlock()
+	if withEvent {
+		p.committed(id, o.id, ledger.EventOrderCreated)
+	}
 	return nil
 }
 
@@ -135,22 +176,28 @@ func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
 // order already paid (an earlier ambiguous commit) enqueues nothing.
 func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
 	id := newEventID()
+	if p.emit {
+		id = "paid-" + o.id
+	}
 	enqueued := false
 	err := p.tx(ctx, func(tx pgx.Tx) error {
 		n, err := db.New().MarkShopOrderPaid(ctx, tx, o.id)
+		if err == nil && n == 0 && p.emit && withEvent && !p.seen(id) {
+			// An earlier, ambiguous attempt committed, its event with it.
+			enqueued = true
+			return nil
+		}
 		if err != nil || n == 0 || !withEvent {
 			return err
 		}
 		enqueued = true
-		return pgrelay.Enqueue(ctx, tx, pgrelay.Message{
+		return p.write(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 		})
 	})
 	if err == nil && enqueued {
-		p.mu.Lock()
-		p.acked = append(p.acked, id)
-		p.mu.Unlock()
+		p.committed(id, o.id, ledger.EventOrderPaid)
 	}
 	return err
 }
@@ -159,6 +206,18 @@ func (p *producer) tx(ctx context.Context, f func(pgx.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return pgx.BeginFunc(ctx, p.pool, f)
+}
+
+// seen reports whether id was recorded as committed.
+func (p *producer) seen(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.acked {
+		if a == id {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *producer) acknowledged() []string {

@@ -21,6 +21,9 @@ type Stats struct {
 	AuditTableBytes int64 `json:"audit_table_bytes"`
 	// Ordered describes the waiting keys of ordered handlers.
 	Ordered OrderedStats `json:"ordered"`
+	// WALSlots lists the database's pgoutput replication slots (a
+	// WAL-capture relay's, docs/wal.md); empty without one.
+	WALSlots []WALSlotStats `json:"wal_slots"`
 }
 
 // InboxStats describes the inbox table.
@@ -136,6 +139,9 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 		return nil, fmt.Errorf("admin: stats: audit table size: %w", err)
 	}
 	st.AuditTableBytes = audit
+	if st.WALSlots, err = s.walSlots(ctx); err != nil {
+		return nil, err
+	}
 	if st.Ordered, err = s.orderedStats(ctx); err != nil {
 		return nil, err
 	}

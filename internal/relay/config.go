@@ -76,6 +76,14 @@ type Config struct {
 	// deletion never holds long locks. Default: 1,000.
 	RetentionBatchSize int
 
+	// Capture is where the relay reads events from: CaptureTable (the
+	// default), the outbox table, or CaptureWAL, the events producers write
+	// to the WAL with pgrelay.Emit, read from a logical replication slot
+	// (docs/wal.md).
+	Capture string
+	// WAL configures CaptureWAL.
+	WAL WALConfig
+
 	hooks hooks
 }
 
@@ -87,6 +95,9 @@ type hooks struct {
 	afterArm        func(partition int32)
 	armWait         func(partition int32)
 	afterRead       func(partition int32, rows int)
+	// The WAL capture's: before each status update, before each publish.
+	walBeforeStatus  func()
+	walBeforePublish func(events int)
 }
 
 // Defaults for Config; the relay command's flags default to them too.
@@ -150,7 +161,7 @@ func (c Config) WithDefaults() Config {
 	if c.RetentionBatchSize == 0 {
 		c.RetentionBatchSize = DefaultRetentionBatchSize
 	}
-	return c
+	return c.captureDefaults()
 }
 
 func (c Config) validate() error {
@@ -193,5 +204,5 @@ func (c Config) Validate() error {
 	case c.RetentionBatchSize < 1:
 		return bad("RetentionBatchSize", "{} must be positive, got %d", c.RetentionBatchSize)
 	}
-	return nil
+	return c.validateCapture()
 }

@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(walChildEnv) == "1" {
+		os.Exit(runWALChild())
+	}
 	os.Exit(m.Run())
 }
 

@@ -48,6 +48,10 @@ type Relay struct {
 	// poolWarnedShare is the share last warned about as too large for the
 	// pool (0: none); touched by Run's goroutine only.
 	poolWarnedShare int
+
+	// wal is the WAL capture (Config.Capture CaptureWAL), once Run started it.
+	walMu sync.Mutex
+	wal   *walSource
 }
 
 // PoolConns is how many connections a relay owning partitions uses at most
@@ -74,7 +78,7 @@ func New(cfg Config) (*Relay, error) {
 		kick:    make(chan struct{}, 1),
 		busy:    make(chan struct{}, 1),
 	}
-	if cfg.NoListen {
+	if cfg.NoListen || cfg.Capture == CaptureWAL {
 		r.cleaner = newOutboxCleaner(cfg, r.log)
 		return r, nil
 	}
@@ -104,6 +108,9 @@ func (r *Relay) NodeID() string { return r.cfg.NodeID }
 // releases its leases and returns nil. Database and broker failures are
 // retried with backoff; they never end Run.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.cfg.Capture == CaptureWAL {
+		return r.runWAL(ctx)
+	}
 	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)

@@ -156,6 +156,13 @@ func writeStats(w io.Writer, st *admin.Stats) error {
 	}
 	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Outbox.TableBytes))
 	fmt.Fprintf(tw, "lag (oldest pending)\t%s\n", secs(st.Outbox.OldestPendingSeconds))
+	for _, w := range st.WALSlots {
+		safe := "unlimited"
+		if w.SafeWALSizeBytes != nil {
+			safe = humanBytes(*w.SafeWALSizeBytes)
+		}
+		fmt.Fprintf(tw, "WAL slot %s\t%s, active %t, lag %s, %s before lost\n", w.Slot, w.WALStatus, w.Active, humanBytes(w.LagBytes), safe)
+	}
 	fmt.Fprintln(tw, "\t")
 	fmt.Fprintf(tw, "audit table size\t%s\n", humanBytes(st.AuditTableBytes))
 	return tw.Flush()

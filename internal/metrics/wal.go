@@ -1,0 +1,71 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgrelay/pgrelay/internal/relay"
+)
+
+// walStatuses are pg_replication_slots.wal_status's values, each a series of
+// relay_wal_slot_status (1 for the current one).
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// WALObserver implements relay.WALObserver with Prometheus gauges: the slot
+// lag in bytes and seconds, its wal_status, and whether this relay streams
+// it.
+type WALObserver struct {
+	lagBytes, lagSeconds, reading, capture prometheus.Gauge
+	status                                 *prometheus.GaugeVec
+}
+
+// NewWALObserver registers the WAL capture's metrics on reg. A relay
+// registers them whatever its capture, so that dashboards and alert rules
+// find them; they stay 0 on a table relay.
+func NewWALObserver(reg prometheus.Registerer) *WALObserver {
+	o := &WALObserver{
+		lagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_wal_slot_lag_bytes",
+			Help: "WAL the replication slot holds back: the server's current position less the slot's confirmed position.",
+		}),
+		lagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_wal_slot_lag_seconds",
+			Help: "Age of the oldest committed event this relay read from the slot and has not confirmed yet (0 when none, or on a standby).",
+		}),
+		capture: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_wal_capture",
+			Help: "1 when this relay captures from the WAL (--capture wal; it holds no outbox partition), 0 for a table relay.",
+		}),
+		reading: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_wal_slot_reading",
+			Help: "1 when this relay streams the replication slot, 0 when it waits as a standby.",
+		}),
+		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "relay_wal_slot_status",
+			Help: "The replication slot's wal_status: 1 for the current one (reserved, extended, unreserved, lost).",
+		}, []string{"wal_status"}),
+	}
+	for _, st := range walStatuses {
+		o.status.WithLabelValues(st) // every series exported, at 0, from the start
+	}
+	reg.MustRegister(o.lagBytes, o.lagSeconds, o.reading, o.capture, o.status)
+	return o
+}
+
+// WALSlot implements relay.WALObserver.
+func (o *WALObserver) WALSlot(s relay.WALSlotStatus) {
+	o.capture.Set(1)
+	o.lagBytes.Set(float64(s.LagBytes))
+	o.lagSeconds.Set(s.LagSeconds)
+	if s.Reading {
+		o.reading.Set(1)
+	} else {
+		o.reading.Set(0)
+	}
+	for _, st := range walStatuses {
+		v := 0.0
+		if st == s.WALStatus {
+			v = 1
+		}
+		o.status.WithLabelValues(st).Set(v)
+	}
+}

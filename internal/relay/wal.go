@@ -1,0 +1,707 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/wait"
+	"github.com/pgrelay/pgrelay/internal/walmsg"
+)
+
+// The WAL capture (Config.Capture CaptureWAL) is a capture source beside the
+// partition workers: it reads the events producers wrote with
+// pg_logical_emit_message from a logical replication slot, publishes them in
+// commit order through the same Publisher path (Relay.publish), and confirms
+// a position to the slot only once the broker acknowledged every event of
+// every transaction that ended at or before it. After a crash the next
+// reader starts at the confirmed position: the events after it are published
+// again, and the broker's duplicate window and the inbox absorb the repeats.
+//
+// The server lets one connection stream a slot: a second relay's
+// START_REPLICATION fails with SQLSTATE 55006 and it retries every
+// WAL.StandbyPoll, taking over once the reader's connection is gone (a
+// crash, a graceful stop, or the server's wal_sender_timeout cutting a
+// paused or partitioned reader). A reader that finds it went silent longer
+// than half of wal_sender_timeout (a pause) drops its session without
+// publishing or confirming anything it read before.
+
+// walPartition is the partition number the WAL capture reports metrics
+// under.
+const walPartition = -1
+
+// errSlotLost: the slot was invalidated; nothing more can be read from it.
+var errSlotLost = errors.New("replication slot lost")
+
+// errStale: this relay went silent long enough for the server to have
+// handed the slot to another reader.
+var errStale = errors.New("the session went silent past half of wal_sender_timeout; dropped")
+
+// walTx is one committed transaction's events.
+type walTx struct {
+	msgs   []broker.Message
+	dead   int // pgrelay messages that could not be decoded
+	end    pglogrepl.LSN
+	commit time.Time
+}
+
+// walSource is the WAL capture of one relay.
+type walSource struct {
+	r       *Relay
+	log     *zap.Logger
+	connCfg *pgconn.Config
+	// senderTimeout is the server's wal_sender_timeout (0: none).
+	senderTimeout time.Duration
+
+	mu     sync.Mutex
+	status WALSlotStatus
+	cur    *walSession // the streaming session, nil while a standby
+}
+
+// runWAL runs the WAL capture until ctx ends (nil) or the slot is lost or
+// misconfigured (an error).
+func (r *Relay) runWAL(ctx context.Context) error {
+	cfg := r.cfg.WAL.ConnConfig
+	if cfg == nil && r.cfg.ListenConnConfig != nil {
+		cfg = &r.cfg.ListenConnConfig.Config
+	}
+	if cfg == nil {
+		cfg = &r.cfg.Pool.Config().ConnConfig.Config
+	}
+	cfg = cfg.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	// The reader waits for the stream with a deadline every status
+	// interval: a deadline must end the wait, never send a cancel request.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	w := &walSource{r: r, log: r.log.With(zap.String("capture", "wal"), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
+	r.walMu.Lock()
+	r.wal = w
+	r.walMu.Unlock()
+	w.log.Info("relay starting", zap.String("capture", CaptureWAL), zap.Int("batch_size", r.cfg.BatchSize))
+	if err := w.setup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() { defer bg.Done(); w.monitor(runCtx, cancel) }()
+	err := w.loop(runCtx)
+	cancel(nil)
+	bg.Wait()
+	if cause := context.Cause(runCtx); errors.Is(cause, errSlotLost) {
+		err = cause
+	}
+	if err == nil && ctx.Err() == nil {
+		err = context.Cause(runCtx)
+	}
+	w.log.Info("relay stopped")
+	return err
+}
+
+// slotLostError is the loud failure of a lost slot, with the recovery.
+func (w *walSource) slotLostError(detail string) error {
+	return fmt.Errorf("relay: %w: slot %q is invalidated (wal_status lost%s): the WAL it needed was removed and cannot be read; "+
+		"recover as docs/wal.md#a-lost-slot says: stop the producers' Emit, drop the slot, let the relay create a new one, "+
+		"and republish the window from the producers' own records", errSlotLost, w.r.cfg.WAL.Slot, detail)
+}
+
+// setup checks the server's settings and creates the publication and the
+// slot when missing. Connection failures are retried; a setting that makes
+// the capture unsafe or impossible is returned.
+func (w *walSource) setup(ctx context.Context) error {
+	bo := wait.New(w.r.backoffPolicy())
+	for {
+		err := w.setupOnce(ctx)
+		var fatal *setupError
+		if err == nil || errors.As(err, &fatal) || errors.Is(err, errSlotLost) {
+			return err
+		}
+		w.log.Warn("WAL capture set-up failed; retrying", zap.Error(err))
+		if !wait.Sleep(ctx, bo.Next()) {
+			return ctx.Err()
+		}
+	}
+}
+
+// setupError is a set-up failure no retry fixes.
+type setupError struct{ err error }
+
+func (e *setupError) Error() string { return e.err.Error() }
+func (e *setupError) Unwrap() error { return e.err }
+
+func (w *walSource) setupOnce(ctx context.Context) error {
+	cfg := w.r.cfg
+	qctx, cancel := context.WithTimeout(ctx, cfg.QueryTimeout)
+	defer cancel()
+	// sqlc's catalog has no system views: these statements stay here.
+	var walLevel, keep, database string
+	var timeoutMS int64
+	err := cfg.Pool.QueryRow(qctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+		(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'), current_database()`).Scan(&walLevel, &keep, &timeoutMS, &database)
+	if err != nil {
+		return fmt.Errorf("read server settings: %w", err)
+	}
+	w.senderTimeout = time.Duration(timeoutMS) * time.Millisecond
+	if walLevel != "logical" {
+		return &setupError{bad("Capture", "{} %q needs the server's wal_level = logical (it is %s): set it in postgresql.conf and restart PostgreSQL", CaptureWAL, walLevel)}
+	}
+	if _, err := cfg.Pool.Exec(qctx, "CREATE PUBLICATION "+pgx.Identifier{cfg.WAL.Publication}.Sanitize()); err != nil && !isCode(err, "42710") {
+		return fmt.Errorf("create publication %s: %w", cfg.WAL.Publication, err)
+	}
+	st, err := w.slotStatus(qctx)
+	if err != nil {
+		return err
+	}
+	if st.exists {
+		switch {
+		case st.plugin != "pgoutput":
+			return &setupError{bad("WAL.Slot", "{}: slot %q uses the plugin %q, not pgoutput: name another slot", cfg.WAL.Slot, st.plugin)}
+		case st.database != database:
+			return &setupError{bad("WAL.Slot", "{}: slot %q belongs to the database %q, not %q: name another slot", cfg.WAL.Slot, st.database, database)}
+		case st.walStatus == "lost":
+			return w.slotLostError("")
+		}
+		return nil
+	}
+	if keep == "-1" && !cfg.WAL.AllowUnboundedSlot {
+		return &setupError{bad("WAL.AllowUnboundedSlot", "the server's max_slot_wal_keep_size is -1 (unlimited): a relay stopped for long would make "+
+			"the slot keep WAL until the disk fills; set max_slot_wal_keep_size (docs/wal.md), or set {} to create the slot anyway")}
+	}
+	if err := w.r.q.CreateWALSlot(qctx, cfg.Pool, cfg.WAL.Slot); err != nil && !isCode(err, "42710") {
+		return fmt.Errorf("create replication slot %s: %w", cfg.WAL.Slot, err)
+	}
+	w.log.Info("created the replication slot", zap.String("max_slot_wal_keep_size", keep))
+	return nil
+}
+
+type slotRow struct {
+	exists                      bool
+	plugin, database, walStatus string
+	active                      bool
+	lagBytes                    int64
+}
+
+// slotStatus reads the slot's row in pg_replication_slots.
+func (w *walSource) slotStatus(ctx context.Context) (slotRow, error) {
+	var s slotRow
+	err := w.r.cfg.Pool.QueryRow(ctx, `SELECT plugin::text, database::text, coalesce(wal_status, ''), active,
+		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1`, w.r.cfg.WAL.Slot).Scan(&s.plugin, &s.database, &s.walStatus, &s.active, &s.lagBytes)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("read replication slot %s: %w", w.r.cfg.WAL.Slot, err)
+	}
+	s.exists = true
+	return s, nil
+}
+
+// isCode reports whether err is a PostgreSQL error with SQLSTATE code.
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// loop streams the slot, or waits as a standby, until ctx ends.
+func (w *walSource) loop(ctx context.Context) error {
+	bo := wait.New(w.r.backoffPolicy())
+	standby := false
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := w.session(ctx)
+		if time.Since(began) > w.r.cfg.BackoffMax {
+			bo.Reset() // it streamed: a new failure, not a repeated one
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case errors.Is(err, errSlotLost):
+			return err
+		case isCode(err, "55006"): // replication slot is active for another PID
+			if !standby {
+				w.log.Info("standby: another relay streams the slot; waiting to take over")
+				standby = true
+			}
+			if !wait.Sleep(ctx, wait.Jitter(w.r.cfg.WAL.StandbyPoll, jitterSpread)) {
+				return nil
+			}
+			continue
+		case err != nil:
+			w.log.Warn("WAL capture session ended; reconnecting", zap.Error(err))
+		}
+		standby = false
+		if !wait.Sleep(ctx, bo.Next()) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// session streams the slot once: until ctx ends or the connection fails.
+func (w *walSource) session(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
+	conn, err := pgconn.ConnectConfig(cctx, w.connCfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect for replication: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	cctx, cancel = context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
+	err = pglogrepl.StartReplication(cctx, conn, w.r.cfg.WAL.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+		"proto_version '1'",
+		"publication_names '" + w.r.cfg.WAL.Publication + "'", // validated: [a-z0-9_]
+		"messages 'true'",
+	}})
+	cancel()
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.Contains(pgErr.Message, "can no longer get changes") {
+			return w.slotLostError(": " + pgErr.Message)
+		}
+		return fmt.Errorf("start replication: %w", err)
+	}
+	s := w.newSession(conn)
+	w.mu.Lock()
+	w.cur = s
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.cur = nil
+		w.mu.Unlock()
+	}()
+	w.log.Info("streaming the slot", zap.Duration("wal_sender_timeout", w.senderTimeout))
+
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	pubErr := make(chan error, 1)
+	go func() {
+		defer stop()
+		pubErr <- s.publishLoop(sctx)
+	}()
+	readErr := s.read(sctx)
+	stop()
+	perr := <-pubErr
+	if ctx.Err() != nil && readErr == nil && perr == nil && !s.stale.Load() {
+		// A graceful stop: confirm what the last batch acknowledged.
+		if err := s.sendStatus(true); err != nil {
+			w.log.Debug("final standby status", zap.Error(err))
+		}
+	}
+	if readErr != nil {
+		return readErr
+	}
+	return perr
+}
+
+// walSession is one replication connection's streaming: the reader (the
+// connection's only user) and the publisher, joined by txs.
+type walSession struct {
+	w    *walSource
+	conn *pgconn.PgConn
+	txs  chan *walTx
+
+	// interval is how often the reader sends a standby status update;
+	// staleAfter how long a silence makes the session stale (0: never).
+	interval, staleAfter time.Duration
+
+	handed    atomic.Uint64 // end of the last transaction handed to the publisher
+	confirmed atomic.Uint64 // end of the last transaction acknowledged in full
+	lastSent  atomic.Int64  // when the last status update was sent (UnixNano)
+	oldest    atomic.Int64  // commit time of the oldest transaction not acknowledged (UnixNano; 0: none)
+	stale     atomic.Bool
+
+	// sent is the last position confirmed to the server; idle the position
+	// the server reported having decoded while nothing was pending (reader
+	// only).
+	sent, idle pglogrepl.LSN
+}
+
+func (w *walSource) newSession(conn *pgconn.PgConn) *walSession {
+	s := &walSession{w: w, conn: conn, txs: make(chan *walTx, 256), interval: time.Second}
+	if t := w.senderTimeout; t > 0 {
+		s.staleAfter = t / 2
+		if t/4 < s.interval {
+			s.interval = t / 4
+		}
+	}
+	s.lastSent.Store(time.Now().UnixNano())
+	return s
+}
+
+// checkFresh marks the session stale when it went silent past staleAfter: a
+// process pause (SIGSTOP, a suspended VM) long enough for the server to have
+// cut the connection and another relay to have taken the slot.
+func (s *walSession) checkFresh() error {
+	if s.stale.Load() {
+		return errStale
+	}
+	if s.staleAfter > 0 && time.Since(time.Unix(0, s.lastSent.Load())) > s.staleAfter {
+		s.stale.Store(true)
+		s.w.log.Warn("this relay went silent past half of wal_sender_timeout (paused?): dropping the session without publishing or confirming what it read",
+			zap.Duration("wal_sender_timeout", s.w.senderTimeout))
+		return errStale
+	}
+	return nil
+}
+
+// sendStatus confirms to the server the position every event before which
+// the broker acknowledged. idle says the reader holds no partial
+// transaction, so that the server's decoded position may be confirmed when
+// everything handed over is acknowledged.
+func (s *walSession) sendStatus(idle bool) error {
+	if h := s.w.r.cfg.hooks.walBeforeStatus; h != nil {
+		h()
+	}
+	if err := s.checkFresh(); err != nil {
+		return err
+	}
+	pos := pglogrepl.LSN(s.confirmed.Load())
+	if idle && s.handed.Load() == s.confirmed.Load() && s.idle > pos {
+		pos = s.idle
+	}
+	if pos < s.sent {
+		pos = s.sent
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos})
+	if err != nil {
+		return fmt.Errorf("standby status update: %w", err)
+	}
+	s.sent = pos
+	s.lastSent.Store(time.Now().UnixNano())
+	return nil
+}
+
+// read receives the stream, hands each committed transaction to the
+// publisher in commit order, and keeps the server informed.
+func (s *walSession) read(ctx context.Context) error {
+	var cur *walTx
+	next := time.Now().Add(s.interval)
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !time.Now().Before(next) {
+			if err := s.sendStatus(cur == nil); err != nil {
+				return err
+			}
+			next = time.Now().Add(s.interval)
+		}
+		rctx, cancel := context.WithDeadline(ctx, next)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		if err := s.checkFresh(); err != nil {
+			return err
+		}
+		var data []byte
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			data = m.Data
+		default:
+			continue
+		}
+		if len(data) == 0 {
+			continue
+		}
+		switch data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
+			}
+			// A keepalive's position is the server's decoded position:
+			// every transaction that ended before it was sent already.
+			if cur == nil && pkm.ServerWALEnd > s.idle {
+				s.idle = pkm.ServerWALEnd
+			}
+			if pkm.ReplyRequested {
+				next = time.Now()
+			}
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(data[1:])
+			if err != nil {
+				return fmt.Errorf("parse XLogData: %w", err)
+			}
+			lm, err := pglogrepl.Parse(xld.WALData)
+			if err != nil {
+				return fmt.Errorf("parse pgoutput message: %w", err)
+			}
+			switch lm := lm.(type) {
+			case *pglogrepl.BeginMessage:
+				cur = &walTx{}
+			case *pglogrepl.LogicalDecodingMessage:
+				if !lm.Transactional {
+					// The heartbeat (or another non-transactional message):
+					// decoded in order, so what ended before it was sent.
+					if cur == nil && lm.LSN > s.idle {
+						s.idle = lm.LSN
+					}
+					continue
+				}
+				if lm.Prefix != walmsg.Prefix || cur == nil {
+					continue
+				}
+				m, err := walmsg.Decode(lm.Content)
+				if err != nil {
+					s.w.log.Error("a pgrelay message in the WAL cannot be decoded; it is skipped (written with pg_logical_emit_message by hand?)",
+						zap.String("lsn", lm.LSN.String()), zap.Error(err))
+					cur.dead++
+					continue
+				}
+				cur.msgs = append(cur.msgs, m)
+			case *pglogrepl.CommitMessage:
+				if cur == nil {
+					continue
+				}
+				cur.end, cur.commit = lm.TransactionEndLSN, lm.CommitTime
+				s.w.log.Debug("transaction read", zap.Int("events", len(cur.msgs)), zap.Stringer("end", cur.end))
+				if err := s.hand(ctx, cur, &next); err != nil {
+					return err
+				}
+				cur = nil
+			}
+		}
+	}
+}
+
+// hand gives tx to the publisher, keeping the status updates going while the
+// publisher is busy.
+func (s *walSession) hand(ctx context.Context, tx *walTx, next *time.Time) error {
+	for {
+		t := time.NewTimer(time.Until(*next))
+		select {
+		case s.txs <- tx:
+			t.Stop()
+			s.handed.Store(uint64(tx.end))
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+			if err := s.sendStatus(false); err != nil {
+				return err
+			}
+			*next = time.Now().Add(s.interval)
+		}
+	}
+}
+
+// publishLoop publishes the handed transactions in batches of up to
+// BatchSize events, in commit order, and records each batch's end as
+// confirmed once the broker acknowledged all of it.
+func (s *walSession) publishLoop(ctx context.Context) error {
+	r := s.w.r
+	for {
+		var batch []*walTx
+		select {
+		case tx := <-s.txs:
+			batch = append(batch, tx)
+		case <-ctx.Done():
+			return nil
+		}
+		n := len(batch[0].msgs)
+	fill:
+		for n < r.cfg.BatchSize {
+			select {
+			case tx := <-s.txs:
+				batch = append(batch, tx)
+				n += len(tx.msgs)
+			default:
+				break fill
+			}
+		}
+		s.oldest.Store(batch[0].commit.UnixNano())
+		if err := s.publishTxs(ctx, batch); err != nil {
+			if ctx.Err() != nil && !errors.Is(err, errStale) {
+				return nil // stopping: the batch is not confirmed
+			}
+			return err
+		}
+		last := batch[len(batch)-1]
+		s.w.log.Debug("batch acknowledged", zap.Int("transactions", len(batch)), zap.Stringer("end", last.end))
+		s.confirmed.Store(uint64(last.end))
+		if s.confirmed.Load() == s.handed.Load() {
+			s.oldest.Store(0)
+		}
+	}
+}
+
+// publishTxs publishes the events of batch until the broker acknowledged
+// every one (or refused it for good), retrying transient failures with
+// backoff. It returns early only when ctx ends or the session went stale:
+// then nothing of the batch is confirmed.
+func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
+	r := s.w.r
+	log := s.w.log
+	var msgs []broker.Message
+	dead := 0
+	for _, tx := range batch {
+		msgs = append(msgs, tx.msgs...)
+		dead += tx.dead
+	}
+	if dead > 0 {
+		r.cfg.Observer.MarkedDead(walPartition, dead)
+	}
+	bo := r.newBackoff()
+	for start := 0; start < len(msgs); {
+		end := min(start+r.cfg.BatchSize, len(msgs))
+		chunk := msgs[start:end]
+		if h := r.cfg.hooks.walBeforePublish; h != nil {
+			h(len(chunk))
+		}
+		if err := s.checkFresh(); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
+		r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
+		var transient error
+		published, dups, terminal := 0, 0, 0
+		for i, res := range results {
+			switch {
+			case res.Err != nil && !broker.IsTerminal(res.Err):
+				if transient == nil {
+					transient = res.Err
+				}
+			case res.Err != nil:
+				terminal++
+				log.Error("event rejected permanently by the broker; skipped", zap.String("event_id", chunk[i].EventID), zap.Error(res.Err))
+			default:
+				published++
+				if res.Duplicate {
+					dups++
+				}
+			}
+		}
+		if transient != nil {
+			// Republish the whole chunk after a pause: in order, and the
+			// events acknowledged already are absorbed as duplicates.
+			r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
+			log.Warn("publish failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(transient))
+			if !wait.Sleep(ctx, bo.Next()) {
+				return ctx.Err()
+			}
+			continue
+		}
+		if terminal > 0 {
+			r.cfg.Observer.MarkedDead(walPartition, terminal)
+		}
+		if published > 0 {
+			r.cfg.Observer.Published(walPartition, published, dups, time.Since(batch[0].commit))
+		}
+		start = end
+	}
+	return nil
+}
+
+// monitor reads the slot's status every HeartbeatInterval, reports it, and
+// writes a heartbeat message while this relay streams, so that a quiet
+// database does not pin WAL. It ends the capture (cancel) when the slot is
+// lost.
+func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, qcancel := context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
+		w.mu.Lock()
+		s := w.cur
+		w.mu.Unlock()
+		if s != nil {
+			if err := w.r.q.WALHeartbeat(qctx, w.r.cfg.Pool); err != nil && ctx.Err() == nil {
+				w.log.Warn("WAL heartbeat", zap.Error(err))
+			}
+		}
+		row, err := w.slotStatus(qctx)
+		qcancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("read the slot's status", zap.Error(err))
+			}
+		} else {
+			st := WALSlotStatus{Slot: w.r.cfg.WAL.Slot, Exists: row.exists, Active: row.active, WALStatus: row.walStatus, LagBytes: row.lagBytes, At: time.Now()}
+			if s != nil {
+				st.Reading = true
+				st.ConfirmedLSN = pglogrepl.LSN(s.confirmed.Load()).String()
+				if o := s.oldest.Load(); o != 0 {
+					st.LagSeconds = time.Since(time.Unix(0, o)).Seconds()
+				}
+			}
+			w.mu.Lock()
+			w.status = st
+			w.mu.Unlock()
+			if o := w.r.cfg.WAL.Observer; o != nil {
+				o.WALSlot(st)
+			}
+			switch {
+			case row.walStatus == "lost":
+				err := w.slotLostError("")
+				w.log.Error("the replication slot is lost; the relay stops", zap.Error(err))
+				cancel(err)
+				return
+			case !row.exists:
+				err := fmt.Errorf("relay: %w: slot %q was dropped while the relay ran; restart the relay to create it (docs/wal.md#a-lost-slot)", errSlotLost, w.r.cfg.WAL.Slot)
+				w.log.Error("the replication slot is gone; the relay stops", zap.Error(err))
+				cancel(err)
+				return
+			}
+		}
+		t.Reset(wait.Jitter(w.r.cfg.HeartbeatInterval, jitterSpread))
+	}
+}
+
+// WALStatus returns the replication slot's status as of the last heartbeat,
+// and false when the relay does not capture from the WAL (or has not looked
+// yet).
+func (r *Relay) WALStatus() (WALSlotStatus, bool) {
+	r.walMu.Lock()
+	w := r.wal
+	r.walMu.Unlock()
+	if w == nil {
+		return WALSlotStatus{}, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status, !w.status.At.IsZero()
+}

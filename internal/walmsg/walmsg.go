@@ -1,0 +1,89 @@
+// Package walmsg is the encoding of an event written to the write-ahead log
+// with pg_logical_emit_message (pgrelay.Emit, the SQL function pgrelay.emit)
+// and read back by the relay's WAL capture. The content is a JSON object, so
+// that plain SQL can build it (jsonb_build_object) as well as Go:
+//
+//	{"v":1,"id":"…","topic":"…","key":"…","type":"…","ct":"…",
+//	 "headers":{"…":"…"},"at":"2026-01-02T03:04:05.123456Z","payload":"<base64>"}
+//
+// v is the format's version: a reader refuses a version it does not know
+// rather than guess. key, type, ct and headers may be absent; payload is the
+// payload's bytes in standard base64 (line breaks, as PostgreSQL's encode
+// writes them, are ignored).
+package walmsg
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// Prefix is the logical decoding message prefix of pgrelay's events.
+const Prefix = "pgrelay"
+
+// HeartbeatPrefix is the prefix of the relay's non-transactional heartbeat
+// messages, which advance a quiet database's WAL so that the slot's confirmed
+// position can move on.
+const HeartbeatPrefix = "pgrelay-heartbeat"
+
+// Version is the format version Encode writes.
+const Version = 1
+
+type wire struct {
+	V       int               `json:"v"`
+	ID      string            `json:"id"`
+	Topic   string            `json:"topic"`
+	Key     string            `json:"key,omitempty"`
+	Type    string            `json:"type,omitempty"`
+	CT      string            `json:"ct,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	At      time.Time         `json:"at"`
+	Payload []byte            `json:"payload"`
+}
+
+// Encode returns m's content for pg_logical_emit_message. m must be
+// validated and complete (event id, key, occurred at set).
+func Encode(m event.Message) ([]byte, error) {
+	return json.Marshal(wire{
+		V: Version, ID: m.EventID, Topic: m.Topic, Key: m.Key, Type: m.EventType, CT: m.ContentType,
+		Headers: m.Headers, At: m.OccurredAt.UTC(), Payload: m.Payload,
+	})
+}
+
+// ErrVersion is returned by Decode for a format version it does not know.
+var ErrVersion = errors.New("walmsg: unknown format version")
+
+// Decode parses a message written by Encode or pgrelay.emit. A message
+// without an event id or a topic is refused.
+func Decode(b []byte) (event.Message, error) {
+	var w wire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return event.Message{}, fmt.Errorf("walmsg: %w", err)
+	}
+	if w.V != Version {
+		return event.Message{}, fmt.Errorf("%w: %d", ErrVersion, w.V)
+	}
+	if err := event.ValidateEventID(w.ID); err != nil {
+		return event.Message{}, fmt.Errorf("walmsg: %w", err)
+	}
+	if w.Topic == "" {
+		return event.Message{}, errors.New("walmsg: topic is missing")
+	}
+	m := event.Message{
+		EventID: w.ID, Topic: w.Topic, Key: w.Key, EventType: w.Type, ContentType: w.CT,
+		Headers: w.Headers, OccurredAt: w.At.UTC(), Payload: w.Payload,
+	}
+	if m.Key == "" {
+		m.Key = m.EventID
+	}
+	if m.Payload == nil {
+		m.Payload = []byte{}
+	}
+	// A producer writing plain SQL may put the content type among the
+	// headers, as the outbox stores it.
+	m.LiftContentType()
+	return m, nil
+}

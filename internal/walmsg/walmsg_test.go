@@ -1,0 +1,61 @@
+package walmsg
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+func TestRoundTrip(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC)
+	m := event.Message{EventID: "e1", Topic: "orders", Key: "k", EventType: "Created", ContentType: "application/json",
+		Headers: map[string]string{"X-A": "1"}, OccurredAt: at, Payload: []byte(`{"a":1}`)}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.EventID != "e1" || got.Topic != "orders" || got.Key != "k" || got.EventType != "Created" || got.ContentType != "application/json" ||
+		got.Headers["X-A"] != "1" || !got.OccurredAt.Equal(at) || !bytes.Equal(got.Payload, m.Payload) {
+		t.Fatalf("round trip: %+v", got)
+	}
+}
+
+// TestDecodeSQLForm: what pgrelay.emit writes: base64 with PostgreSQL's line
+// breaks, the content type among the headers, no key (the event id).
+func TestDecodeSQLForm(t *testing.T) {
+	payload := bytes.Repeat([]byte("x"), 100)
+	b64 := base64.StdEncoding.EncodeToString(payload)
+	b64 = b64[:76] + `\n` + b64[76:] // PostgreSQL's encode(..., 'base64') breaks lines at 76
+	sql := `{"v":1,"id":"e2","topic":"t","at":"2026-01-02T03:04:05.000001Z","headers":{"Pgrelay-Content-Type":"text/plain"},` +
+		`"payload":"` + b64 + `"}`
+	got, err := Decode([]byte(sql))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Key != "e2" || got.ContentType != "text/plain" || len(got.Headers) != 0 || !bytes.Equal(got.Payload, payload) {
+		t.Fatalf("decoded %+v", got)
+	}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	for name, in := range map[string]string{
+		"version":  `{"v":2,"id":"e","topic":"t","payload":""}`,
+		"no id":    `{"v":1,"topic":"t","payload":""}`,
+		"no topic": `{"v":1,"id":"e","payload":""}`,
+		"not json": `nope`,
+	} {
+		if _, err := Decode([]byte(in)); err == nil {
+			t.Errorf("%s: decoded", name)
+		} else if name == "version" && !errors.Is(err, ErrVersion) {
+			t.Errorf("version: %v", err)
+		}
+	}
+}
