@@ -31,6 +31,7 @@ import (
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
+	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
@@ -101,7 +102,17 @@ type handled struct {
 // e.subscribe, the publisher and the handler wrapped with tp's tracing (tp
 // nil: not wrapped). The handler fails its first attempt of every event
 // (the retry runs from the inbox row) and reports each run on the channel.
-func pipeline(t *testing.T, ctx context.Context, pool *pgxpool.Pool, e env, opts ...otelpgrelay.Option) <-chan handled {
+func pipeline(t *testing.T, ctx context.Context, pool *pgxpool.Pool, e env, opts ...any) <-chan handled {
+	var tracing []otelpgrelay.Option
+	var tweaks []func(*relay.Config)
+	for _, o := range opts {
+		switch o := o.(type) {
+		case otelpgrelay.Option:
+			tracing = append(tracing, o)
+		case func(*relay.Config):
+			tweaks = append(tweaks, o)
+		}
+	}
 	runs := make(chan handled, 16)
 	var attempts sync.Map
 	var h pgrelay.InboxHandler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
@@ -114,12 +125,16 @@ func pipeline(t *testing.T, ctx context.Context, pool *pgxpool.Pool, e env, opts
 		return nil
 	})
 	pub := e.pub
-	if opts != nil {
-		pub = otelpgrelay.NewPublisher(pub, opts...)
-		h = otelpgrelay.NewHandler(h, opts...)
+	if tracing != nil {
+		pub = otelpgrelay.NewPublisher(pub, tracing...)
+		h = otelpgrelay.NewHandler(h, tracing...)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: log})
+	rcfg := relay.Config{Pool: pool, Publisher: pub, PollInterval: 50 * time.Millisecond, Logger: log}
+	for _, tweak := range tweaks {
+		tweak(&rcfg)
+	}
+	r, err := relay.New(rcfg)
 	require.NoError(t, err)
 	c, err := consumer.New(consumer.Config{Pool: pool, MaxWait: 50 * time.Millisecond, Logger: log, Subscribe: e.subscribe, Direct: e.subscribe == nil,
 		Inbox: pgrelay.InboxConfig{Handler: h, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond}})
@@ -233,6 +248,40 @@ func TestTraceFromRequestToHandler(t *testing.T) {
 			}
 			require.Equal(t, server.TraceID().String(), second.ev.TraceParent[3:35], "the handler sees the trace context")
 		})
+	}
+}
+
+// TestTraceThroughWALCapture: an event emitted to the write-ahead log
+// (otelpgrelay.Emit) under the producer's span reaches the handler's process
+// span in the same trace, through a relay capturing from the WAL.
+func TestTraceThroughWALCapture(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, "wal_level = logical\nmax_slot_wal_keep_size = '64MB'\nmax_replication_slots = 10\nmax_wal_senders = 10")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, c.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	e := natsEnv(t, ctx, pool)
+	runs := pipeline(t, ctx, pool, e, func(cfg *relay.Config) { cfg.Capture = "wal" },
+		otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(e.system))
+
+	// Events emitted before the relay made its slot are not captured.
+	require.Eventually(t, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE active`).Scan(&n)
+		return n > 0
+	}, time.Minute, 20*time.Millisecond)
+	ctx2, span := tp.Tracer("producer").Start(ctx, "request")
+	require.NoError(t, pgx.BeginFunc(ctx2, pool, func(tx pgx.Tx) error {
+		return otelpgrelay.Emit(ctx2, tx, pgrelay.Message{EventID: "wal-1", Topic: "orders", EventType: "OrderPlaced", Payload: []byte(`{}`)})
+	}))
+	span.End()
+	for range 2 {
+		run := nextRun(t, runs)
+		require.Equal(t, span.SpanContext().TraceID(), run.sc.TraceID(), "the handler runs in the producer's trace")
 	}
 }
 

@@ -123,6 +123,13 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...pgrelay.Message) error {
 	return pgrelay.Enqueue(ctx, tx, Inject(ctx, msgs...)...)
 }
 
+// Emit is pgrelay.Emit (events written to the write-ahead log, for a relay
+// capturing from the WAL) with the trace context of the span in ctx carried
+// by every message (see Inject).
+func Emit(ctx context.Context, tx pgx.Tx, msgs ...pgrelay.Message) error {
+	return pgrelay.Emit(ctx, tx, Inject(ctx, msgs...)...)
+}
+
 // SpanContext returns the producer's span context m carries, marked remote;
 // it is not valid when m has no trace context or an unreadable one.
 func SpanContext(m pgrelay.Message) trace.SpanContext {

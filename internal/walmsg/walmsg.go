@@ -4,10 +4,12 @@
 // that plain SQL can build it (jsonb_build_object) as well as Go:
 //
 //	{"v":1,"id":"…","topic":"…","key":"…","type":"…","ct":"…",
-//	 "headers":{"…":"…"},"at":"2026-01-02T03:04:05.123456Z","payload":"<base64>"}
+//	 "headers":{"…":"…"},"at":"2026-01-02T03:04:05.123456Z","payload":"<base64>",
+//	 "traceparent":"00-…-…-01","tracestate":"…"}
 //
 // v is the format's version: a reader refuses a version it does not know
-// rather than guess. key, type, ct and headers may be absent; payload is the
+// rather than guess. key, type, ct, headers, traceparent and tracestate (the W3C trace
+// context, docs/tracing.md; an unusable one is ignored) may be absent; payload is the
 // payload's bytes in standard base64 (line breaks, as PostgreSQL's encode
 // writes them, are ignored).
 package walmsg
@@ -42,6 +44,10 @@ type wire struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	At      time.Time         `json:"at"`
 	Payload []byte            `json:"payload"`
+	// The producer's W3C trace context (Message.TraceParent, TraceState);
+	// absent when none.
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
 }
 
 // Encode returns m's content for pg_logical_emit_message. m must be
@@ -50,6 +56,7 @@ func Encode(m event.Message) ([]byte, error) {
 	return json.Marshal(wire{
 		V: Version, ID: m.EventID, Topic: m.Topic, Key: m.Key, Type: m.EventType, CT: m.ContentType,
 		Headers: m.Headers, At: m.OccurredAt.UTC(), Payload: m.Payload,
+		TraceParent: m.TraceParent, TraceState: m.TraceState,
 	})
 }
 
@@ -85,5 +92,8 @@ func Decode(b []byte) (event.Message, error) {
 	// A producer writing plain SQL may put the content type among the
 	// headers, as the outbox stores it.
 	m.LiftContentType()
+	if w.TraceParent != "" && event.ValidTraceContext(w.TraceParent, w.TraceState) == "" {
+		m.TraceParent, m.TraceState = w.TraceParent, w.TraceState
+	}
 	return m, nil
 }
