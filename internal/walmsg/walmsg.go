@@ -92,8 +92,12 @@ func Decode(b []byte) (event.Message, error) {
 	// A producer writing plain SQL may put the content type among the
 	// headers, as the outbox stores it.
 	m.LiftContentType()
-	if w.TraceParent != "" && event.ValidTraceContext(w.TraceParent, w.TraceState) == "" {
-		m.TraceParent, m.TraceState = w.TraceParent, w.TraceState
+	// The trace context: its own fields, or (pgrelay.emit, which has no
+	// parameter for it) the traceparent and tracestate headers.
+	m.TraceParent, m.TraceState = w.TraceParent, w.TraceState
+	m.LiftTrace()
+	if m.TraceParent == "" || event.ValidTraceContext(m.TraceParent, m.TraceState) != "" {
+		m.TraceParent, m.TraceState = "", ""
 	}
 	return m, nil
 }

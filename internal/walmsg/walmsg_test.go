@@ -84,6 +84,10 @@ func TestTraceContextRoundTrip(t *testing.T) {
 	if got.TraceParent != "" {
 		t.Fatalf("an unusable trace context was kept: %q", got.TraceParent)
 	}
+	got, err = Decode([]byte(`{"v":1,"id":"e4","topic":"orders","at":"2026-01-02T03:04:05Z","payload":"","headers":{"traceparent":"` + tp + `","x":"1"}}`))
+	if err != nil || got.TraceParent != tp || len(got.Headers) != 1 {
+		t.Fatalf("pgrelay.emit's headers: %+v %v", got, err)
+	}
 	got, err = Decode([]byte(`{"v":1,"id":"e3","topic":"orders","at":"2026-01-02T03:04:05Z","payload":""}`))
 	if err != nil || got.TraceParent != "" || got.TraceState != "" {
 		t.Fatalf("%+v %v", got, err)
