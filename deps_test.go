@@ -27,6 +27,7 @@ var heavy = []string{
 	"github.com/spf13/cobra",
 	"github.com/charmbracelet/bubbletea",
 	"github.com/prometheus/client_golang",
+	"go.opentelemetry.io", // tracing is opt-in: package otelpgrelay
 }
 
 // goListDeps returns the packages pkg depends on (go list -deps).

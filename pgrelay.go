@@ -88,7 +88,26 @@ type Message struct {
 	// reason "expired"). It travels as the Pgrelay-Expires-At broker
 	// header. Zero: never.
 	ExpiresAt time.Time
+	// TraceParent and TraceState are the producer's W3C trace context
+	// (the traceparent and tracestate of https://www.w3.org/TR/trace-context/),
+	// captured when the event is enqueued. Optional: empty means none. The
+	// outbox stores them in its traceparent and tracestate columns, the
+	// relay publishes them as broker headers of those names, and the inbox
+	// hands them to the handler, so that one trace runs from the producer to
+	// the handler. This package does not depend on OpenTelemetry: the
+	// package otelpgrelay fills them from a span (otelpgrelay.Enqueue), and
+	// a producer using another tracing library sets them itself. At most
+	// MaxTraceParentLen and MaxTraceStateLen bytes of text without line
+	// breaks. See docs/tracing.md.
+	TraceParent, TraceState string
 }
+
+// The longest TraceParent and TraceState Enqueue accepts, in bytes (the
+// outbox table's outbox_trace_context_length constraint).
+const (
+	MaxTraceParentLen = event.MaxTraceParentLen
+	MaxTraceStateLen  = event.MaxTraceStateLen
+)
 
 // CausationID returns the event id of the event whose handling produced m
 // (its HeaderCausationID header), or "" when m has no recorded cause.

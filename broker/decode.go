@@ -105,6 +105,7 @@ func EncodeHeaders(m Message) map[string]string {
 	if m.ContentType != "" {
 		h[event.HeaderContentType] = m.ContentType
 	}
+	encodeTraceHeaders(h, m)
 	return h
 }
 
@@ -140,6 +141,7 @@ func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 	d.occurredAt()
 	d.expiresAt()
 	d.ownHeaders()
+	d.traceContext()
 	d.payload(opts)
 	return Delivery{Message: d.m, DeadReason: strings.Join(d.reasons, "; ")}, nil
 }

@@ -3,18 +3,19 @@
 -- order) and skips, instead of failing on, an event id that is already stored
 -- (or repeated in the batch): a unique violation would abort the caller's
 -- transaction. It returns the event ids it inserted; the caller compares the
--- others with the stored rows.
+-- others with the stored rows. An empty trace context is stored as NULL.
 -- not_before is the later of the message's NotBefore and, for a Delay (in
 -- microseconds, 0 for none), the database's clock plus the delay. A zero Go
 -- time (0001-01-01, never a valid one here) stands for NULL in
 -- @not_befores and @expires_ats.
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, not_before, expires_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, not_before, expires_at, traceparent, tracestate)
 SELECT unnest(@event_ids::text[]), unnest(@topics::text[]), unnest(@keys::text[]),
        unnest(@event_types::text[]), unnest(@payloads::bytea[]), unnest(@headers::jsonb[]),
        unnest(@occurred_ats::timestamptz[]),
        greatest(nullif(unnest(@not_befores::timestamptz[]), '0001-01-01 00:00:00+00'),
                 statement_timestamp() + nullif(unnest(@delays_us::bigint[]), 0) * interval '1 microsecond'),
-       nullif(unnest(@expires_ats::timestamptz[]), '0001-01-01 00:00:00+00')
+       nullif(unnest(@expires_ats::timestamptz[]), '0001-01-01 00:00:00+00'),
+       NULLIF(unnest(@traceparents::text[]), ''), NULLIF(unnest(@tracestates::text[]), '')
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id;
 

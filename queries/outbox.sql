@@ -8,11 +8,12 @@ ORDER BY s.h;
 
 -- name: EnqueueOutbox :exec
 -- EnqueueOutbox inserts a batch in one statement; rows get their ids in array
--- order.
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+-- order. An empty trace context is stored as NULL.
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, traceparent, tracestate)
 SELECT unnest(@event_ids::text[]), unnest(@topics::text[]), unnest(@keys::text[]),
        unnest(@event_types::text[]), unnest(@payloads::bytea[]), unnest(@headers::jsonb[]),
-       unnest(@occurred_ats::timestamptz[]);
+       unnest(@occurred_ats::timestamptz[]),
+       NULLIF(unnest(@traceparents::text[]), ''), NULLIF(unnest(@tracestates::text[]), '');
 
 -- name: OutboxStatusCounts :many
 SELECT status, count(*)::bigint AS n FROM pgrelay.outbox GROUP BY status ORDER BY status;

@@ -32,9 +32,9 @@
 -- before a row's expires_at against it, and marks the row dead with the
 -- reason 'expired' instead of publishing it once that time has passed.
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, now()::timestamptz AS db_now
+       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
 FROM (
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id <> ALL(@exclude::bigint[])
@@ -47,7 +47,7 @@ FROM (
      ORDER BY o.partition, o.not_before, o.id
      LIMIT @batch_size)
     UNION ALL
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before <= now() AND o.id <> ALL(@exclude::bigint[])

@@ -162,6 +162,8 @@ func sameMessage(t *testing.T, want, got event.Message) {
 		t.Fatalf("%s: content type %q, want %q", want.EventID, got.ContentType, want.ContentType)
 	case !got.OccurredAt.Equal(wantAt(want.OccurredAt)):
 		t.Fatalf("%s: occurred at %s, want %s", want.EventID, got.OccurredAt, wantAt(want.OccurredAt))
+	case got.TraceParent != want.TraceParent || got.TraceState != want.TraceState:
+		t.Fatalf("%s: trace context %q/%q, want %q/%q", want.EventID, got.TraceParent, got.TraceState, want.TraceParent, want.TraceState)
 	case !maps.Equal(got.Headers, want.Headers) && !(len(got.Headers) == 0 && len(want.Headers) == 0):
 		t.Fatalf("%s: headers %v, want %v", want.EventID, got.Headers, want.Headers)
 	}
@@ -213,7 +215,10 @@ func testRoundTrip(t *testing.T, h Harness) {
 			ContentType: "application/octet-stream", OccurredAt: time.Unix(0, 1000).UTC()},
 		{EventID: ns + "-unicode-éü", Topic: "orders", Key: "clé ключ", EventType: "Événement", Payload: []byte(`"ß"`),
 			Headers:    map[string]string{"Mixed-Case": "välue", event.HeaderCausationID: "cause-1", event.HeaderCorrelationID: "corr-1"},
-			OccurredAt: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
+			OccurredAt: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC),
+			// The W3C trace context travels as the traceparent and
+			// tracestate headers.
+			TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", TraceState: "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"},
 		{EventID: ns + "-empty", Topic: "orders", Key: "k", EventType: "Empty", Payload: nil,
 			OccurredAt: time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)},
 	}

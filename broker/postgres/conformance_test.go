@@ -87,6 +87,7 @@ func stored(t *testing.T, pool *pgxpool.Pool) []broker.Delivery {
 			t.Fatal(err)
 		}
 		m.LiftContentType()
+		m.LiftTrace() // as the inbox reads its rows: the trace context is kept with the headers
 		m.OccurredAt = m.OccurredAt.UTC()
 		d.Ref = fmt.Sprintf("inbox %s/%s", handler, key)
 		out = append(out, d)

@@ -36,9 +36,11 @@ import (
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/otelenv"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/otelpgrelay"
 )
 
 func main() {
@@ -236,6 +238,15 @@ func runConsumer(parent context.Context, s settings) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck
+	// OTEL_* environment variables; none set: no tracing (docs/tracing.md).
+	tp, err := otelenv.New(parent, "pgrelay-consumer")
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		// Flushed at exit, after the last handler returned.
+		defer shutdownTracing(tp, log)
+	}
 
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
@@ -333,6 +344,9 @@ func runConsumer(parent context.Context, s settings) error {
 	}
 	if cfg.Inbox.Handler, err = newHandler(ctx, s, pool, log); err != nil {
 		return err
+	}
+	if tp != nil {
+		cfg.Inbox.Handler = otelpgrelay.NewHandler(cfg.Inbox.Handler, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(s.broker))
 	}
 	c, err := consumer.New(cfg)
 	if err != nil {
@@ -464,4 +478,13 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, dbs cli.DBSettings, 
 		return nil
 	}
 	return checkExampleSchema(ctx, pool)
+}
+
+// shutdownTracing flushes the spans still buffered, waiting 5s at most.
+func shutdownTracing(tp *otelenv.Provider, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tp.Shutdown(ctx); err != nil {
+		log.Warn("flush traces", zap.Error(err))
+	}
 }

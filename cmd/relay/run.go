@@ -8,14 +8,17 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/otelenv"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/otelpgrelay"
 	"github.com/pgrelay/pgrelay/relay"
 )
 
@@ -203,6 +206,15 @@ func runRelay(parent context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
+	// OTEL_* environment variables; none set: no tracing (docs/tracing.md).
+	tp, err := otelenv.New(parent, "pgrelay-relay")
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		// Flushed at exit, after the relay stopped publishing.
+		defer shutdownTracing(tp, log)
+	}
 	rcfg := relay.Config{
 		Logger: logbridge.Slog(log), NodeID: s.nodeID,
 		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
@@ -267,6 +279,9 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	defer bc.Close()
 	pub := bc.Publisher
+	if tp != nil {
+		pub = otelpgrelay.NewPublisher(pub, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(s.broker))
+	}
 
 	rcfg.Pool, rcfg.Publisher, rcfg.BrokerCheck = pool, pub, bc.Healthy
 	r, err := relay.New(rcfg)
@@ -275,4 +290,13 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	cancel()
 	return nameSettings(r.Run(ctx))
+}
+
+// shutdownTracing flushes the spans still buffered, waiting 5s at most.
+func shutdownTracing(tp *otelenv.Provider, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tp.Shutdown(ctx); err != nil {
+		log.Warn("flush traces", zap.Error(err))
+	}
 }

@@ -12,35 +12,38 @@ import (
 )
 
 const enqueueOutboxIdempotent = `-- name: EnqueueOutboxIdempotent :many
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, not_before, expires_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, not_before, expires_at, traceparent, tracestate)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
        unnest($7::timestamptz[]),
        greatest(nullif(unnest($8::timestamptz[]), '0001-01-01 00:00:00+00'),
                 statement_timestamp() + nullif(unnest($9::bigint[]), 0) * interval '1 microsecond'),
-       nullif(unnest($10::timestamptz[]), '0001-01-01 00:00:00+00')
+       nullif(unnest($10::timestamptz[]), '0001-01-01 00:00:00+00'),
+       NULLIF(unnest($11::text[]), ''), NULLIF(unnest($12::text[]), '')
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 `
 
 type EnqueueOutboxIdempotentParams struct {
-	EventIds    []string
-	Topics      []string
-	Keys        []string
-	EventTypes  []string
-	Payloads    [][]byte
-	Headers     []json.RawMessage
-	OccurredAts []time.Time
-	NotBefores  []time.Time
-	DelaysUs    []int64
-	ExpiresAts  []time.Time
+	EventIds     []string
+	Topics       []string
+	Keys         []string
+	EventTypes   []string
+	Payloads     [][]byte
+	Headers      []json.RawMessage
+	OccurredAts  []time.Time
+	NotBefores   []time.Time
+	DelaysUs     []int64
+	ExpiresAts   []time.Time
+	Traceparents []string
+	Tracestates  []string
 }
 
 // EnqueueOutboxIdempotent inserts a batch in one statement (ids in array
 // order) and skips, instead of failing on, an event id that is already stored
 // (or repeated in the batch): a unique violation would abort the caller's
 // transaction. It returns the event ids it inserted; the caller compares the
-// others with the stored rows.
+// others with the stored rows. An empty trace context is stored as NULL.
 // not_before is the later of the message's NotBefore and, for a Delay (in
 // microseconds, 0 for none), the database's clock plus the delay. A zero Go
 // time (0001-01-01, never a valid one here) stands for NULL in
@@ -57,6 +60,8 @@ func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg Enqu
 		arg.NotBefores,
 		arg.DelaysUs,
 		arg.ExpiresAts,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	if err != nil {
 		return nil, err

@@ -152,6 +152,8 @@ type Outbox struct {
 	Partition     int32
 	DeadAt        *time.Time
 	KeySeq        *int64
+	Traceparent   *string
+	Tracestate    *string
 	NotBefore     *time.Time
 	ExpiresAt     *time.Time
 }

@@ -12,24 +12,27 @@ import (
 )
 
 const enqueueOutbox = `-- name: EnqueueOutbox :exec
-INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at)
+INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, traceparent, tracestate)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
-       unnest($7::timestamptz[])
+       unnest($7::timestamptz[]),
+       NULLIF(unnest($8::text[]), ''), NULLIF(unnest($9::text[]), '')
 `
 
 type EnqueueOutboxParams struct {
-	EventIds    []string
-	Topics      []string
-	Keys        []string
-	EventTypes  []string
-	Payloads    [][]byte
-	Headers     []json.RawMessage
-	OccurredAts []time.Time
+	EventIds     []string
+	Topics       []string
+	Keys         []string
+	EventTypes   []string
+	Payloads     [][]byte
+	Headers      []json.RawMessage
+	OccurredAts  []time.Time
+	Traceparents []string
+	Tracestates  []string
 }
 
 // EnqueueOutbox inserts a batch in one statement; rows get their ids in array
-// order.
+// order. An empty trace context is stored as NULL.
 func (q *Queries) EnqueueOutbox(ctx context.Context, db DBTX, arg EnqueueOutboxParams) error {
 	_, err := db.Exec(ctx, enqueueOutbox,
 		arg.EventIds,
@@ -39,6 +42,8 @@ func (q *Queries) EnqueueOutbox(ctx context.Context, db DBTX, arg EnqueueOutboxP
 		arg.Payloads,
 		arg.Headers,
 		arg.OccurredAts,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	return err
 }

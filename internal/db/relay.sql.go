@@ -274,9 +274,9 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 
 const pendingBatch = `-- name: PendingBatch :many
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, now()::timestamptz AS db_now
+       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
 FROM (
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id <> ALL($2::bigint[])
@@ -289,7 +289,7 @@ FROM (
      ORDER BY o.partition, o.not_before, o.id
      LIMIT $3)
     UNION ALL
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
        AND o.not_before <= now() AND o.id <> ALL($2::bigint[])
@@ -311,18 +311,20 @@ type PendingBatchParams struct {
 }
 
 type PendingBatchRow struct {
-	ID         int64
-	EventID    string
-	Topic      string
-	Key        string
-	EventType  string
-	Payload    []byte
-	Headers    json.RawMessage
-	OccurredAt time.Time
-	CreatedAt  time.Time
-	KeySeq     *int64
-	ExpiresAt  *time.Time
-	DbNow      time.Time
+	ID          int64
+	EventID     string
+	Topic       string
+	Key         string
+	EventType   string
+	Payload     []byte
+	Headers     json.RawMessage
+	OccurredAt  time.Time
+	CreatedAt   time.Time
+	KeySeq      *int64
+	ExpiresAt   *time.Time
+	Traceparent *string
+	Tracestate  *string
+	DbNow       time.Time
 }
 
 // PendingBatch reads the oldest due pending rows of one partition, in id
@@ -378,6 +380,8 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 			&i.CreatedAt,
 			&i.KeySeq,
 			&i.ExpiresAt,
+			&i.Traceparent,
+			&i.Tracestate,
 			&i.DbNow,
 		); err != nil {
 			return nil, err

@@ -62,6 +62,11 @@ type Message struct {
 	// "expired"). It travels as the HeaderExpiresAt broker header. Zero:
 	// never.
 	ExpiresAt time.Time
+	// TraceParent and TraceState are the producer's W3C trace context
+	// (https://www.w3.org/TR/trace-context/), captured at enqueue, stored in
+	// the outbox's traceparent and tracestate columns and carried as the
+	// broker headers of those names. Empty means none. See trace.go.
+	TraceParent, TraceState string
 }
 
 // MaxEventIDLen is the longest accepted event id, in bytes.

@@ -125,6 +125,7 @@ func newEvent(id, topic, key, typ string, payload []byte, headers json.RawMessag
 		_ = json.Unmarshal(headers, &ev.Headers)
 		ev.LiftContentType()
 		ev.LiftExpiresAt()
+		ev.LiftTrace()
 	}
 	if lastErr != nil {
 		ev.LastError = *lastErr

@@ -320,7 +320,9 @@ func storedFields(m Incoming, now time.Time) (json.RawMessage, time.Time, []byte
 		return nil, time.Time{}, nil, err
 	}
 	headers := json.RawMessage("{}")
-	stored := m.StoredHeaders()
+	// The trace context, which the outbox keeps in columns of its own, is
+	// kept with the headers: the handler runs under it (docs/tracing.md).
+	stored := m.WithTraceHeaders(m.StoredHeaders())
 	if !m.ExpiresAt.IsZero() {
 		// Kept in the headers column under its broker header's name, and
 		// lifted back into ExpiresAt when the event is claimed.

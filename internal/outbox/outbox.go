@@ -148,6 +148,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...event.Message) 
 		DelaysUs:    make([]int64, n),
 		ExpiresAts:  make([]time.Time, n), // zero: none
 	}
+	p.Traceparents, p.Tracestates = traceColumns(msgs)
 	now := time.Now().Round(time.Microsecond)
 	var keys []string // the explicit keys, whose locks the insert takes
 	for i, m := range msgs {
@@ -270,6 +271,16 @@ func (o *Outbox) duplicates(ctx context.Context, tx pgx.Tx, p db.EnqueueOutboxId
 	return errors.Join(dups...)
 }
 
+// traceColumns returns the messages' trace contexts, one per message ("" for
+// none, stored as NULL).
+func traceColumns(msgs []event.Message) (parents, states []string) {
+	parents, states = make([]string, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		parents[i], states[i] = m.TraceParent, m.TraceState
+	}
+	return parents, states
+}
+
 // sameHeaders compares two header objects as maps of strings, so that key
 // order and JSON spacing do not matter.
 func sameHeaders(a, b json.RawMessage) bool {
@@ -326,6 +337,9 @@ func (o *Outbox) validate(m event.Message) error {
 	}
 	if len(m.Payload) > o.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrPayloadTooLarge, len(m.Payload), o.cfg.MaxPayloadBytes)
+	}
+	if reason := event.ValidTraceContext(m.TraceParent, m.TraceState); reason != "" {
+		return errors.New(reason)
 	}
 	if err := textField("content type", m.ContentType); err != nil {
 		return err

@@ -87,6 +87,12 @@ func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker
 		if row.ExpiresAt != nil {
 			m.ExpiresAt = *row.ExpiresAt
 		}
+		if row.Traceparent != nil {
+			m.TraceParent = *row.Traceparent
+		}
+		if row.Tracestate != nil {
+			m.TraceState = *row.Tracestate
+		}
 		if len(row.Headers) > 0 && string(row.Headers) != "{}" {
 			if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
 				results[i].Err = broker.Terminalf("headers must be a JSON object of strings: %v", err)

@@ -5,11 +5,12 @@
 //
 //	{"v":1,"id":"…","topic":"…","key":"…","type":"…","ct":"…",
 //	 "headers":{"…":"…"},"at":"2026-01-02T03:04:05.123456Z","payload":"<base64>",
-//	 "exp":"2026-01-02T04:00:00Z"}
+//	 "exp":"2026-01-02T04:00:00Z","traceparent":"00-…-…-01","tracestate":"…"}
 //
 // v is the format's version: a reader refuses a version it does not know
-// rather than guess. key, type, ct, headers and exp (the expiry) may be
-// absent; payload is the
+// rather than guess. key, type, ct, headers, exp (the expiry), traceparent
+// and tracestate (the W3C trace context, docs/tracing.md; an unusable one is
+// ignored) may be absent; payload is the
 // payload's bytes in standard base64 (line breaks, as PostgreSQL's encode
 // writes them, are ignored).
 package walmsg
@@ -47,6 +48,10 @@ type wire struct {
 	// Exp is the event's expiry (Message.ExpiresAt); absent for none. A
 	// reader that predates it ignores it.
 	Exp *time.Time `json:"exp,omitempty"`
+	// The producer's W3C trace context (Message.TraceParent, TraceState);
+	// absent when none.
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
 }
 
 // Encode returns m's content for pg_logical_emit_message. m must be
@@ -55,6 +60,7 @@ func Encode(m event.Message) ([]byte, error) {
 	w := wire{
 		V: Version, ID: m.EventID, Topic: m.Topic, Key: m.Key, Type: m.EventType, CT: m.ContentType,
 		Headers: m.Headers, At: m.OccurredAt.UTC(), Payload: m.Payload,
+		TraceParent: m.TraceParent, TraceState: m.TraceState,
 	}
 	if !m.ExpiresAt.IsZero() {
 		exp := m.ExpiresAt.UTC()
@@ -98,5 +104,12 @@ func Decode(b []byte) (event.Message, error) {
 	// A producer writing plain SQL may put the content type among the
 	// headers, as the outbox stores it.
 	m.LiftContentType()
+	// The trace context: its own fields, or (pgrelay.emit, which has no
+	// parameter for it) the traceparent and tracestate headers.
+	m.TraceParent, m.TraceState = w.TraceParent, w.TraceState
+	m.LiftTrace()
+	if m.TraceParent == "" || event.ValidTraceContext(m.TraceParent, m.TraceState) != "" {
+		m.TraceParent, m.TraceState = "", ""
+	}
 	return m, nil
 }

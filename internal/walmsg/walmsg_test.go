@@ -83,3 +83,37 @@ func TestExpiryRoundTrip(t *testing.T) {
 		t.Fatalf("ExpiresAt %s, %v; want none", got.ExpiresAt, err)
 	}
 }
+
+// TestTraceContextRoundTrip: the producer's trace context travels in the WAL
+// message; an unusable one is ignored, never refusing the event; a message
+// without one (older producers, pgrelay.emit) has none.
+func TestTraceContextRoundTrip(t *testing.T) {
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	m := event.Message{EventID: "e1", Topic: "orders", Key: "k", OccurredAt: time.Unix(1, 0).UTC(), TraceParent: tp, TraceState: "a=1"}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.TraceParent != tp || got.TraceState != "a=1" {
+		t.Fatalf("trace context %q/%q", got.TraceParent, got.TraceState)
+	}
+	got, err = Decode([]byte(`{"v":1,"id":"e2","topic":"orders","at":"2026-01-02T03:04:05Z","payload":"","traceparent":"00-x\n"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.TraceParent != "" {
+		t.Fatalf("an unusable trace context was kept: %q", got.TraceParent)
+	}
+	got, err = Decode([]byte(`{"v":1,"id":"e4","topic":"orders","at":"2026-01-02T03:04:05Z","payload":"","headers":{"traceparent":"` + tp + `","x":"1"}}`))
+	if err != nil || got.TraceParent != tp || len(got.Headers) != 1 {
+		t.Fatalf("pgrelay.emit's headers: %+v %v", got, err)
+	}
+	got, err = Decode([]byte(`{"v":1,"id":"e3","topic":"orders","at":"2026-01-02T03:04:05Z","payload":""}`))
+	if err != nil || got.TraceParent != "" || got.TraceState != "" {
+		t.Fatalf("%+v %v", got, err)
+	}
+}
