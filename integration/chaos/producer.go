@@ -152,7 +152,7 @@ func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
 			// One order in eight is created delayed: its OrderCreated
 			// holds the order's OrderPaid behind it.
-			Delay: delayOf(o),
+			Delay: p.delayOf(o),
 		})
 	})
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -197,7 +197,7 @@ func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
 		return p.write(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload:   mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
-			ExpiresAt: expiryOf(o),
+			ExpiresAt: p.expiryOf(o),
 		})
 	})
 	if err == nil && enqueued {
@@ -252,21 +252,23 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// delayOf is the delay of an order's OrderCreated: 0.2 to 1.5 s for one
+// delayOf is the delay of an order's OrderCreated (none with Emit, which
+// cannot delay: docs/wal.md): 0.2 to 1.5 s for one
 // order in eight (by its amount), none for the others.
-func delayOf(o order) time.Duration {
-	if o.amount%8 != 3 {
+func (p *producer) delayOf(o order) time.Duration {
+	if p.emit || o.amount%8 != 3 {
 		return 0
 	}
 	return 200*time.Millisecond + time.Duration(o.amount%1300)*time.Millisecond
 }
 
-// expiryOf is the expiry of an order's OrderPaid: 0.1 to 2 s from now for one
+// expiryOf is the expiry of an order's OrderPaid (none with Emit, whose
+// relay does not check expiry before publishing): 0.1 to 2 s from now for one
 // order in ten (by its amount), so that faults make some of them expire
 // before the relay publishes them or a consumer applies them; none for the
 // others.
-func expiryOf(o order) time.Time {
-	if o.amount%10 != 7 {
+func (p *producer) expiryOf(o order) time.Time {
+	if p.emit || o.amount%10 != 7 {
 		return time.Time{}
 	}
 	return time.Now().Add(100*time.Millisecond + time.Duration(o.amount%1900)*time.Millisecond)
