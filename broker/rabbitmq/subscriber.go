@@ -238,8 +238,23 @@ func (s *Subscriber) Close() error {
 func Received(d amqp.Delivery, queue string) broker.Received {
 	h := make(map[string][]string, len(d.Headers)+2)
 	for k, v := range d.Headers {
+		if strings.HasPrefix(k, amqp10Prefix) {
+			continue // AMQP 1.0 sections, below
+		}
 		if s, ok := headerString(v); ok {
 			h[k] = []string{s}
+		}
+	}
+	// An AMQP 1.0 client's application-properties (RabbitMQ 3.x's AMQP 1.0
+	// plugin keeps them encoded in one header): headers like the others,
+	// a 0-9-1 header of the same name first. Undecodable ones are left out.
+	if s, ok := headerString(d.Headers[AppPropertiesHeader]); ok {
+		if props, err := decodeAppProperties([]byte(s)); err == nil {
+			for k, v := range props {
+				if _, dup := h[k]; !dup {
+					h[k] = []string{v}
+				}
+			}
 		}
 	}
 	if _, ok := h[event.HeaderContentType]; !ok && d.ContentType != "" {
