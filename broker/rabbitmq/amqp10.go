@@ -51,6 +51,10 @@ const (
 	a10ULong      = 0x80
 	a10Long       = 0x81
 	a10Timestamp  = 0x83
+	a10Float      = 0x72
+	a10Char       = 0x73
+	a10Double     = 0x82
+	a10UUID       = 0x98
 	a10Vbin8      = 0xa0
 	a10Str8       = 0xa1
 	a10Sym8       = 0xa3
@@ -97,8 +101,10 @@ var errTruncated = errors.New("truncated")
 // (as the AMQP 1.0 plugin stores it in AppPropertiesHeader) into strings:
 // strings and symbols as they are, integers in decimal, booleans as
 // "true"/"false", timestamps in RFC 3339 (UTC, milliseconds as AMQP keeps
-// them), binary in base64 (the CloudEvents canonical string forms). Null
-// values are left out.
+// them), binary in base64 (the CloudEvents canonical string forms), floats
+// in Go's shortest form, chars as text, UUIDs in their hyphenated form.
+// Null values are left out. A value of another type (decimal, a list, a
+// map, an array: none of them a CloudEvents type) fails the whole section.
 func decodeAppProperties(b []byte) (map[string]string, error) {
 	if len(b) < 3 || b[0] != a10Described || b[1] != a10SmallULong || b[2] != a10AppProps {
 		return nil, fmt.Errorf("not an application-properties section")
@@ -228,6 +234,22 @@ func decodeValue(b []byte) (s string, ok bool, rest []byte, err error) {
 				return "", false, nil, fmt.Errorf("timestamp %d out of range", ms)
 			}
 			s = time.UnixMilli(ms).UTC().Format(time.RFC3339Nano)
+		}
+	case a10Float:
+		if v, err = fixed(4); err == nil {
+			s = strconv.FormatFloat(float64(math.Float32frombits(binary.BigEndian.Uint32(v))), 'g', -1, 32)
+		}
+	case a10Double:
+		if v, err = fixed(8); err == nil {
+			s = strconv.FormatFloat(math.Float64frombits(binary.BigEndian.Uint64(v)), 'g', -1, 64)
+		}
+	case a10Char:
+		if v, err = fixed(4); err == nil {
+			s = string(rune(binary.BigEndian.Uint32(v)))
+		}
+	case a10UUID:
+		if v, err = fixed(16); err == nil {
+			s = fmt.Sprintf("%x-%x-%x-%x-%x", v[0:4], v[4:6], v[6:8], v[8:10], v[10:16])
 		}
 	case a10Str8, a10Sym8:
 		s, err = variable(1)

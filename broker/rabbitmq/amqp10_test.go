@@ -26,11 +26,14 @@ func TestCloudEventsAppPropertiesCodec(t *testing.T) {
 	require.Equal(t, map[string]string{"cloudEvents:id": "sdk-1", "cloudEvents:source": "urn:x", "cloudEvents:specversion": "1.0",
 		"cloudEvents:type": "T", "cloudEvents:time": "2026-11-25T21:19:00.115Z", "cloudEvents:partitionkey": "k1"}, got)
 
-	scalars := []byte("\x00St\xc1\x00\x10" + "\xa1\x01a\x54\xf9" + "\xa1\x01b\x41" + "\xa1\x01c\x71\x00\x00\x01\x00" + "\xa1\x01d\xa0\x02\x00\xff" +
-		"\xa1\x01e\x40" + "\xa1\x01f\x56\x00" + "\xa3\x01g\x81\xff\xff\xff\xff\xff\xff\xff\xfe" + "\xa1\x01h\x43")
+	scalars := []byte("\x00St\xc1\x00\x16" + "\xa1\x01a\x54\xf9" + "\xa1\x01b\x41" + "\xa1\x01c\x71\x00\x00\x01\x00" + "\xa1\x01d\xa0\x02\x00\xff" +
+		"\xa1\x01e\x40" + "\xa1\x01f\x56\x00" + "\xa3\x01g\x81\xff\xff\xff\xff\xff\xff\xff\xfe" + "\xa1\x01h\x43" +
+		"\xa1\x01i\x82\x3f\xf8\x00\x00\x00\x00\x00\x00" + "\xa1\x01j\x73\x00\x00\x00\xe9" +
+		"\xa1\x01k\x98\x12\x34\x56\x78\x9a\xbc\xde\xf0\x12\x34\x56\x78\x9a\xbc\xde\xf0")
 	got, err = decodeAppProperties(scalars)
 	require.NoError(t, err)
-	require.Equal(t, map[string]string{"a": "-7", "b": "true", "c": "256", "d": "AP8=", "f": "false", "g": "-2", "h": "0"}, got)
+	require.Equal(t, map[string]string{"a": "-7", "b": "true", "c": "256", "d": "AP8=", "f": "false", "g": "-2", "h": "0",
+		"i": "1.5", "j": "é", "k": "12345678-9abc-def0-1234-56789abcdef0"}, got)
 
 	for _, whole := range [][]byte{enc, fromPlugin, scalars} {
 		for n := range len(whole) {
