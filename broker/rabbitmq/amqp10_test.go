@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"testing"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,4 +46,18 @@ func TestCloudEventsAppPropertiesCodec(t *testing.T) {
 	require.ErrorContains(t, err, "map of 1 elements")
 	_, err = decodeAppProperties([]byte("\x00St\xc1\x04\x02\xa1\x00\xe0"))
 	require.ErrorContains(t, err, "unsupported AMQP 1.0 type 0xe0")
+}
+
+// TestCloudEventsAMQP10StandInID: two messages from AMQP 1.0 senders that
+// differ only in their application-properties (in the plugin's
+// x-amqp-1.0-app-properties header) get different stand-in ids; a header
+// the server adds on redelivery still changes nothing.
+func TestCloudEventsAMQP10StandInID(t *testing.T) {
+	d := func(props map[string]string, count int) amqp.Delivery {
+		return amqp.Delivery{Exchange: "x", RoutingKey: "orders", Body: []byte("{}"),
+			Headers: amqp.Table{AppPropertiesHeader: string(encodeAppProperties(props)), "x-delivery-count": count}}
+	}
+	a := StandInID(d(map[string]string{"cloudEvents:type": "A"}, 0), "q")
+	require.Equal(t, a, StandInID(d(map[string]string{"cloudEvents:type": "A"}, 3), "q"))
+	require.NotEqual(t, a, StandInID(d(map[string]string{"cloudEvents:type": "B"}, 0), "q"))
 }

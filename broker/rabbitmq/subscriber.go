@@ -296,7 +296,8 @@ func headerString(v any) (string, bool) {
 // "amqp:<queue>:<hash>", the hash (SHA-256, 128 bits shown) of what RabbitMQ
 // keeps unchanged across redeliveries: the exchange and routing key it was
 // published with, its properties, its headers except the x-* ones the server
-// adds (x-delivery-count, x-death), and its body. RabbitMQ has no stable
+// adds (x-delivery-count, x-death; the AMQP 1.0 plugin's x-amqp-1.0-* ones,
+// an AMQP 1.0 sender's sections, count), and its body. RabbitMQ has no stable
 // message position (no stream sequence; delivery tags are per channel), so
 // the id is derived from content: every redelivery of the message gets the
 // same id and the inbox deduplicates it, but two byte-identical messages
@@ -319,7 +320,9 @@ func StandInID(d amqp.Delivery, queue string) string {
 	field(fmt.Sprint(d.DeliveryMode, d.Priority, d.Timestamp.Unix()))
 	names := make([]string, 0, len(d.Headers))
 	for k := range d.Headers {
-		if !strings.HasPrefix(k, "x-") {
+		// The AMQP 1.0 plugin's x-amqp-1.0-* headers are the message's own
+		// sections (an AMQP 1.0 sender's application-properties): kept.
+		if !strings.HasPrefix(k, "x-") || strings.HasPrefix(k, amqp10Prefix) {
 			names = append(names, k)
 		}
 	}
