@@ -3,6 +3,7 @@ module github.com/pgrelay/pgrelay
 go 1.26.0
 
 require (
+	github.com/Azure/go-amqp v0.17.0
 	github.com/IBM/sarama v1.45.2
 	github.com/Shopify/toxiproxy/v2 v2.12.0
 	github.com/charmbracelet/bubbles v0.21.1
@@ -10,6 +11,7 @@ require (
 	github.com/charmbracelet/lipgloss v1.1.0
 	github.com/charmbracelet/x/ansi v0.11.5
 	github.com/chromedp/chromedp v0.23.0
+	github.com/cloudevents/sdk-go/protocol/amqp/v2 v2.15.2
 	github.com/cloudevents/sdk-go/protocol/kafka_sarama/v2 v2.16.2
 	github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2 v2.16.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2

@@ -25,11 +25,11 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
-// The CloudEvents Go SDK's AMQP binding (protocol/amqp/v2) speaks AMQP 1.0,
-// which this RabbitMQ (3.x, without the rabbitmq_amqp1_0 plugin) does not;
-// it also reads only the "cloudEvents:" prefix, not the "cloudEvents_" one
-// the AMQP binding prefers and pgrelay writes. So these tests read and
-// write AMQP 0-9-1 messages through the SDK's binding machinery instead: the
+// The CloudEvents Go SDK's AMQP binding (protocol/amqp/v2) speaks AMQP 1.0
+// (cloudevents_amqp10_test.go drives it through RabbitMQ's AMQP 1.0 plugin)
+// and reads only the "cloudEvents:" prefix, not the "cloudEvents_" one the
+// AMQP binding prefers and pgrelay writes by default. So these tests read and
+// write AMQP 0-9-1 messages through the SDK's binding machinery as well: the
 // SDK's spec package (attribute names and versions under the prefix),
 // binding.ToEvent and binding.Write (the conversions and validation every
 // SDK protocol binding uses), over the two small adapters below.

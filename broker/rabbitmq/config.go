@@ -104,7 +104,21 @@ type Config struct {
 	// publisher sends in broker.WireCloudEvents: a URI-reference. Default
 	// broker.DefaultCloudEventsSource ("pgrelay").
 	CloudEventsSource string
+	// CloudEventsPrefix is the prefix of the CloudEvents attribute headers
+	// the publisher writes in broker.WireCloudEvents:
+	// CloudEventsPrefixUnderscore ("cloudEvents_", the AMQP binding's
+	// current prefix, which JMS clients can read) or CloudEventsPrefixColon
+	// ("cloudEvents:", the one the CloudEvents Go SDK's AMQP binding,
+	// protocol/amqp/v2, reads and writes). The subscriber reads both
+	// whatever the setting. Default CloudEventsPrefixUnderscore.
+	CloudEventsPrefix string
 }
+
+// The values of Config.CloudEventsPrefix.
+const (
+	CloudEventsPrefixUnderscore = "cloudEvents_"
+	CloudEventsPrefixColon      = "cloudEvents:"
+)
 
 // WithDefaults returns the config with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -143,6 +157,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ReconnectMaxWait == 0 {
 		c.ReconnectMaxWait = 10 * time.Second
+	}
+	if c.CloudEventsPrefix == "" {
+		c.CloudEventsPrefix = CloudEventsPrefixUnderscore
 	}
 	return c
 }
@@ -205,6 +222,11 @@ func (c Config) Validate() error {
 	}
 	if field, err := broker.CheckWire(c.WireFormat, c.CloudEventsSource); err != nil {
 		bad(field, "{}: %v", err)
+	}
+	switch c.CloudEventsPrefix {
+	case "", CloudEventsPrefixUnderscore, CloudEventsPrefixColon:
+	default:
+		bad("CloudEventsPrefix", "{} %q: want %q or %q", c.CloudEventsPrefix, CloudEventsPrefixUnderscore, CloudEventsPrefixColon)
 	}
 	return errors.Join(errs...)
 }

@@ -238,8 +238,23 @@ func (s *Subscriber) Close() error {
 func Received(d amqp.Delivery, queue string) broker.Received {
 	h := make(map[string][]string, len(d.Headers)+2)
 	for k, v := range d.Headers {
+		if strings.HasPrefix(k, amqp10Prefix) {
+			continue // AMQP 1.0 sections, below
+		}
 		if s, ok := headerString(v); ok {
 			h[k] = []string{s}
+		}
+	}
+	// An AMQP 1.0 client's application-properties (RabbitMQ 3.x's AMQP 1.0
+	// plugin keeps them encoded in one header): headers like the others,
+	// a 0-9-1 header of the same name first. Undecodable ones are left out.
+	if s, ok := headerString(d.Headers[AppPropertiesHeader]); ok {
+		if props, err := decodeAppProperties([]byte(s)); err == nil {
+			for k, v := range props {
+				if _, dup := h[k]; !dup {
+					h[k] = []string{v}
+				}
+			}
 		}
 	}
 	if _, ok := h[event.HeaderContentType]; !ok && d.ContentType != "" {
@@ -281,7 +296,8 @@ func headerString(v any) (string, bool) {
 // "amqp:<queue>:<hash>", the hash (SHA-256, 128 bits shown) of what RabbitMQ
 // keeps unchanged across redeliveries: the exchange and routing key it was
 // published with, its properties, its headers except the x-* ones the server
-// adds (x-delivery-count, x-death), and its body. RabbitMQ has no stable
+// adds (x-delivery-count, x-death; the AMQP 1.0 plugin's x-amqp-1.0-* ones,
+// an AMQP 1.0 sender's sections, count), and its body. RabbitMQ has no stable
 // message position (no stream sequence; delivery tags are per channel), so
 // the id is derived from content: every redelivery of the message gets the
 // same id and the inbox deduplicates it, but two byte-identical messages
@@ -304,7 +320,9 @@ func StandInID(d amqp.Delivery, queue string) string {
 	field(fmt.Sprint(d.DeliveryMode, d.Priority, d.Timestamp.Unix()))
 	names := make([]string, 0, len(d.Headers))
 	for k := range d.Headers {
-		if !strings.HasPrefix(k, "x-") {
+		// The AMQP 1.0 plugin's x-amqp-1.0-* headers are the message's own
+		// sections (an AMQP 1.0 sender's application-properties): kept.
+		if !strings.HasPrefix(k, "x-") || strings.HasPrefix(k, amqp10Prefix) {
 			names = append(names, k)
 		}
 	}

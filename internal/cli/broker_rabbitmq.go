@@ -25,16 +25,17 @@ func RabbitMQBroker() Broker {
 
 // rabbitMQFlags names the flags that set rabbitmq.Config's fields.
 var rabbitMQFlags = map[string]string{
-	"URL":             "--amqp-url (AMQP_URL)",
-	"Exchange":        "--amqp-exchange (AMQP_EXCHANGE)",
-	"QueueType":       "--amqp-queue-type (AMQP_QUEUE_TYPE)",
-	"Queue":           "--amqp-queue (AMQP_QUEUE)",
-	"BindingKey":      "--amqp-binding-key (AMQP_BINDING_KEY)",
-	"SkipDeclare":     "--amqp-skip-declare (AMQP_SKIP_DECLARE)",
-	"Prefetch":        "--amqp-prefetch (AMQP_PREFETCH)",
-	"MaxInFlight":     "--amqp-max-in-flight (AMQP_MAX_IN_FLIGHT)",
-	"ConfirmTimeout":  "--amqp-confirm-timeout (AMQP_CONFIRM_TIMEOUT)",
-	"MaxMessageBytes": "--amqp-max-message-bytes (AMQP_MAX_MESSAGE_BYTES)",
+	"URL":               "--amqp-url (AMQP_URL)",
+	"Exchange":          "--amqp-exchange (AMQP_EXCHANGE)",
+	"QueueType":         "--amqp-queue-type (AMQP_QUEUE_TYPE)",
+	"Queue":             "--amqp-queue (AMQP_QUEUE)",
+	"BindingKey":        "--amqp-binding-key (AMQP_BINDING_KEY)",
+	"SkipDeclare":       "--amqp-skip-declare (AMQP_SKIP_DECLARE)",
+	"Prefetch":          "--amqp-prefetch (AMQP_PREFETCH)",
+	"MaxInFlight":       "--amqp-max-in-flight (AMQP_MAX_IN_FLIGHT)",
+	"ConfirmTimeout":    "--amqp-confirm-timeout (AMQP_CONFIRM_TIMEOUT)",
+	"MaxMessageBytes":   "--amqp-max-message-bytes (AMQP_MAX_MESSAGE_BYTES)",
+	"CloudEventsPrefix": CEAMQPPrefixFlag,
 }
 
 // rabbitMQNames spells the rabbitmq.Config fields of err's
@@ -75,6 +76,7 @@ func bindRabbitMQRelay(f *pflag.FlagSet) RelaySide {
 	bindRabbitMQCommon(f, &s.cfg)
 	f.IntVar(&s.cfg.MaxInFlight, "amqp-max-in-flight", EnvInt("AMQP_MAX_IN_FLIGHT", 1024), "--broker rabbitmq: messages awaiting a publisher confirm, across keys (env AMQP_MAX_IN_FLIGHT)")
 	f.DurationVar(&s.cfg.ConfirmTimeout, "amqp-confirm-timeout", EnvDuration("AMQP_CONFIRM_TIMEOUT", 5*time.Second), "--broker rabbitmq: longest wait for one publisher confirm (env AMQP_CONFIRM_TIMEOUT)")
+	bindCEAMQPPrefix(f, &s.cfg.CloudEventsPrefix)
 	f.IntVar(&s.cfg.MaxMessageBytes, "amqp-max-message-bytes", EnvInt("AMQP_MAX_MESSAGE_BYTES", rabbitmq.DefaultMaxMessageBytes), "--broker rabbitmq: largest payload published, at most the server's max_message_size; larger ones are dead-lettered (env AMQP_MAX_MESSAGE_BYTES)")
 	return s
 }

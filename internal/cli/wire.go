@@ -6,12 +6,15 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 )
 
 // The flags (and environment variables) of the relay's wire format.
 const (
 	WireFormatFlag = "--wire-format (RELAY_WIRE_FORMAT)"
 	CESourceFlag   = "--ce-source (RELAY_CE_SOURCE)"
+	// CEAMQPPrefixFlag is --broker rabbitmq's CloudEvents attribute prefix.
+	CEAMQPPrefixFlag = "--ce-amqp-prefix (RELAY_CE_AMQP_PREFIX)"
 )
 
 // Wire is the relay's wire format settings, whatever the broker.
@@ -29,6 +32,14 @@ func BindWireFlags(f *pflag.FlagSet, w *Wire) {
 		"how events are laid out on the broker: pgrelay (Pgrelay-* headers) or cloudevents (CloudEvents 1.0 binary mode of the broker's binding: NATS ce-, Kafka ce_, AMQP cloudEvents_ headers); consumers read both (env RELAY_WIRE_FORMAT)")
 	f.StringVar(&w.Source, "ce-source", EnvString("RELAY_CE_SOURCE", broker.DefaultCloudEventsSource),
 		"--wire-format cloudevents: the CloudEvents source attribute of every event, a URI-reference such as /billing or urn:example:orders (env RELAY_CE_SOURCE)")
+}
+
+// bindCEAMQPPrefix adds --ce-amqp-prefix (RELAY_CE_AMQP_PREFIX), the
+// RabbitMQ relay's CloudEvents attribute prefix, to f; its Config.Validate
+// checks it at start-up.
+func bindCEAMQPPrefix(f *pflag.FlagSet, prefix *string) {
+	f.StringVar(prefix, "ce-amqp-prefix", EnvString("RELAY_CE_AMQP_PREFIX", rabbitmq.CloudEventsPrefixUnderscore),
+		"--broker rabbitmq --wire-format cloudevents: prefix of the CloudEvents attribute headers, cloudEvents_ (the AMQP binding's) or cloudEvents: (the one the CloudEvents Go SDK's AMQP binding reads); consumers read both (env RELAY_CE_AMQP_PREFIX)")
 }
 
 // WireSide is a RelaySide whose publisher can lay events out in another

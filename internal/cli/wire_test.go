@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 )
 
 // plainSide is a relay side that cannot publish CloudEvents.
@@ -41,4 +42,28 @@ func TestApplyWire(t *testing.T) {
 	require.NoError(t, ApplyWire(plainSide{}, "carrier-pigeon", Wire{Format: "pgrelay"}))
 	require.EqualError(t, ApplyWire(plainSide{}, "carrier-pigeon", w),
 		"--wire-format (RELAY_WIRE_FORMAT) cloudevents: --broker carrier-pigeon cannot publish CloudEvents")
+}
+
+// TestCloudEventsAMQPPrefixFlag: --ce-amqp-prefix (RELAY_CE_AMQP_PREFIX)
+// reaches the RabbitMQ publisher's config ("cloudEvents_" by default, or
+// "cloudEvents:" for the CloudEvents Go SDK's AMQP binding); any other value
+// fails at start-up, naming the flag.
+func TestCloudEventsAMQPPrefixFlag(t *testing.T) {
+	relay := func(args ...string) *rabbitMQRelay {
+		f := pflag.NewFlagSet("relay", pflag.ContinueOnError)
+		side := RabbitMQBroker().BindRelay(f)
+		require.NoError(t, f.Parse(append([]string{"--amqp-url", "amqp://h/"}, args...)))
+		require.NoError(t, ApplyWire(side, "rabbitmq", Wire{Format: "cloudevents", Source: "pgrelay"}))
+		return side.(*rabbitMQRelay)
+	}
+	require.NoError(t, relay().Check())
+	require.Equal(t, rabbitmq.CloudEventsPrefixUnderscore, relay().config(nil).CloudEventsPrefix)
+	require.NoError(t, relay("--ce-amqp-prefix", "cloudEvents:").Check())
+	require.Equal(t, rabbitmq.CloudEventsPrefixColon, relay("--ce-amqp-prefix", "cloudEvents:").config(nil).CloudEventsPrefix)
+	require.ErrorContains(t, relay("--ce-amqp-prefix", "ce-").Check(), `--ce-amqp-prefix (RELAY_CE_AMQP_PREFIX) "ce-": want "cloudEvents_" or "cloudEvents:"`)
+
+	t.Setenv("RELAY_CE_AMQP_PREFIX", "cloudEvents:")
+	require.Equal(t, rabbitmq.CloudEventsPrefixColon, relay().config(nil).CloudEventsPrefix)
+	t.Setenv("RELAY_CE_AMQP_PREFIX", "cloudevents:")
+	require.ErrorContains(t, relay().Check(), "--ce-amqp-prefix (RELAY_CE_AMQP_PREFIX)")
 }
