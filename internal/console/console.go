@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -192,7 +191,7 @@ func (c *Console) guard(next http.Handler) http.Handler {
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'")
 		w.Header().Set("Referrer-Policy", "same-origin")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if c.cfg.Token == "" && !loopbackHost(r.Host) {
+		if c.cfg.Token == "" && !admin.LoopbackHost(r.Host) {
 			// Only a loopback address serves without a token; a browser that
 			// names another host here reached it by DNS rebinding.
 			c.refuse(w, r, http.StatusMisdirectedRequest, "this console answers only to a loopback host name (127.0.0.1, ::1 or localhost)")
@@ -216,19 +215,6 @@ func (c *Console) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// loopbackHost reports whether a Host header names a loopback address.
-func loopbackHost(host string) bool {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.Trim(host, "[]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 const sessionCookie = "pgrelay_console"

@@ -22,7 +22,7 @@ var funcs = template.FuncMap{
 	"ago":    ago,
 	"dur":    fmtDur,
 	"secs":   func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) },
-	"bytes":  humanBytes,
+	"bytes":  admin.HumanBytes,
 	"pct":    func(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + "%" },
 	"stamp":  stamp,
 	"pretty": prettyPayload,
@@ -593,17 +593,4 @@ func fmtDur(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 	}
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

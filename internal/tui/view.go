@@ -278,7 +278,7 @@ func (m Model) dedupLines(w int, withCounts bool) []string {
 	}
 	lines = append(lines,
 		fmt.Sprintf("24h |%s| peak %d/h", sparkline(dups), peak),
-		fmt.Sprintf("record %d rows · %s · cap %d", d.RecordRows, humanBytes(d.RecordBytes), m.cfg.DedupRecordMax),
+		fmt.Sprintf("record %d rows · %s · cap %d", d.RecordRows, admin.HumanBytes(d.RecordBytes), m.cfg.DedupRecordMax),
 		"window "+fmtDur(m.cfg.DedupWindow),
 	)
 	if st := m.snap.Stats; st != nil {
@@ -286,7 +286,7 @@ func (m Model) dedupLines(w int, withCounts bool) []string {
 		for _, n := range st.Inbox.ByStatus {
 			rows += n
 		}
-		lines = append(lines, fmt.Sprintf("inbox table %d rows · %s", rows, humanBytes(st.Inbox.TableBytes)))
+		lines = append(lines, fmt.Sprintf("inbox table %d rows · %s", rows, admin.HumanBytes(st.Inbox.TableBytes)))
 	}
 	if withCounts && m.snap.Stats != nil {
 		st := m.snap.Stats
@@ -492,17 +492,4 @@ func fmtDur(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 	}
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for v := n / unit; v >= unit; v /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

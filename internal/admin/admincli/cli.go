@@ -140,7 +140,7 @@ func writeStats(w io.Writer, st *admin.Stats) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Inbox.TableBytes))
+	fmt.Fprintf(tw, "table size\t%s\n", admin.HumanBytes(st.Inbox.TableBytes))
 	fmt.Fprintf(tw, "oldest pending\t%s\n", secs(st.Inbox.OldestPendingSeconds))
 	fmt.Fprintf(tw, "lag (oldest claimable)\t%s\n", secs(st.Inbox.OldestClaimableSeconds))
 	if st.Dedup != nil {
@@ -154,35 +154,22 @@ func writeStats(w io.Writer, st *admin.Stats) error {
 	for _, status := range admin.OutboxStatuses {
 		fmt.Fprintf(tw, "%s\t%d\n", status, st.Outbox.ByStatus[status])
 	}
-	fmt.Fprintf(tw, "table size\t%s\n", humanBytes(st.Outbox.TableBytes))
+	fmt.Fprintf(tw, "table size\t%s\n", admin.HumanBytes(st.Outbox.TableBytes))
 	fmt.Fprintf(tw, "lag (oldest pending)\t%s\n", secs(st.Outbox.OldestPendingSeconds))
 	for _, w := range st.WALSlots {
 		safe := "unlimited"
 		if w.SafeWALSizeBytes != nil {
-			safe = humanBytes(*w.SafeWALSizeBytes)
+			safe = admin.HumanBytes(*w.SafeWALSizeBytes)
 		}
-		fmt.Fprintf(tw, "WAL slot %s\t%s, active %t, lag %s, %s before lost\n", w.Slot, w.WALStatus, w.Active, humanBytes(w.LagBytes), safe)
+		fmt.Fprintf(tw, "WAL slot %s\t%s, active %t, lag %s, %s before lost\n", w.Slot, w.WALStatus, w.Active, admin.HumanBytes(w.LagBytes), safe)
 	}
 	fmt.Fprintln(tw, "\t")
-	fmt.Fprintf(tw, "audit table size\t%s\n", humanBytes(st.AuditTableBytes))
+	fmt.Fprintf(tw, "audit table size\t%s\n", admin.HumanBytes(st.AuditTableBytes))
 	return tw.Flush()
 }
 
 func secs(s float64) string {
 	return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // filterFlags binds the dead-letter filter flags.

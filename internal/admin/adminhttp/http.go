@@ -180,7 +180,7 @@ func (s *Server) routes() http.Handler {
 // browsers send neither header and are not affected.
 func (s *Server) browserGuard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Token == "" && !loopbackHost(r.Host) {
+		if s.cfg.Token == "" && !admin.LoopbackHost(r.Host) {
 			writeError(w, http.StatusMisdirectedRequest, "without a token the admin API answers only to a loopback host name (127.0.0.1, ::1 or localhost)")
 			return
 		}
@@ -198,19 +198,6 @@ func (s *Server) browserGuard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// loopbackHost reports whether a Host header names a loopback address.
-func loopbackHost(host string) bool {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.Trim(host, "[]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
