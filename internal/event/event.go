@@ -269,6 +269,34 @@ func (m Message) StoredHeaders() map[string]string {
 	return h
 }
 
+// InboxHeaders returns the headers the inbox stores for m: StoredHeaders',
+// plus the trace context (HeaderTraceParent, HeaderTraceState) and the expiry
+// (HeaderExpiresAt), which the outbox keeps in columns of its own and the
+// inbox keeps with the headers (LiftTrace and LiftExpiresAt undo it). It
+// returns m.Headers itself when there is nothing to add, one copy otherwise.
+func (m Message) InboxHeaders() map[string]string {
+	if m.ContentType == "" && m.TraceParent == "" && m.TraceState == "" && m.ExpiresAt.IsZero() {
+		return m.Headers
+	}
+	h := make(map[string]string, len(m.Headers)+4)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	if m.ContentType != "" {
+		h[HeaderContentType] = m.ContentType
+	}
+	if m.TraceParent != "" {
+		h[HeaderTraceParent] = m.TraceParent
+	}
+	if m.TraceState != "" {
+		h[HeaderTraceState] = m.TraceState
+	}
+	if !m.ExpiresAt.IsZero() {
+		h[HeaderExpiresAt] = m.ExpiresAt.UTC().Format(time.RFC3339Nano)
+	}
+	return h
+}
+
 // Expired reports whether m has an expiry and now is at or past it.
 func (m Message) Expired(now time.Time) bool {
 	return !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt)

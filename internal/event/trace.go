@@ -22,29 +22,9 @@ const (
 	MaxTraceStateLen  = 4096
 )
 
-// WithTraceHeaders returns h plus m's trace context under HeaderTraceParent
-// and HeaderTraceState, for a store that keeps it with the headers (the
-// inbox). It returns h itself when m has no trace context, a copy otherwise.
-func (m Message) WithTraceHeaders(h map[string]string) map[string]string {
-	if m.TraceParent == "" && m.TraceState == "" {
-		return h
-	}
-	out := make(map[string]string, len(h)+2)
-	for k, v := range h {
-		out[k] = v
-	}
-	if m.TraceParent != "" {
-		out[HeaderTraceParent] = m.TraceParent
-	}
-	if m.TraceState != "" {
-		out[HeaderTraceState] = m.TraceState
-	}
-	return out
-}
-
 // LiftTrace moves a trace context kept under HeaderTraceParent and
 // HeaderTraceState in m.Headers into m.TraceParent and m.TraceState
-// (WithTraceHeaders' inverse), unless they are set already.
+// (InboxHeaders' inverse for them), unless they are set already.
 func (m *Message) LiftTrace() {
 	if tp, ok := m.Headers[HeaderTraceParent]; ok {
 		if m.TraceParent == "" {

@@ -320,19 +320,10 @@ func storedFields(m Incoming, now time.Time) (json.RawMessage, time.Time, []byte
 		return nil, time.Time{}, nil, err
 	}
 	headers := json.RawMessage("{}")
-	// The trace context, which the outbox keeps in columns of its own, is
-	// kept with the headers: the handler runs under it (docs/tracing.md).
-	stored := m.WithTraceHeaders(m.StoredHeaders())
-	if !m.ExpiresAt.IsZero() {
-		// Kept in the headers column under its broker header's name, and
-		// lifted back into ExpiresAt when the event is claimed.
-		h := make(map[string]string, len(stored)+1)
-		for k, v := range stored {
-			h[k] = v
-		}
-		h[event.HeaderExpiresAt] = m.ExpiresAt.UTC().Format(time.RFC3339Nano)
-		stored = h
-	}
+	// The trace context and the expiry, which the outbox keeps in columns of
+	// its own, are kept with the headers and lifted back when the event is
+	// claimed (docs/tracing.md, docs/delayed.md).
+	stored := m.InboxHeaders()
 	if len(stored) > 0 {
 		b, err := json.Marshal(stored)
 		if err != nil {
