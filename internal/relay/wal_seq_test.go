@@ -120,19 +120,26 @@ func TestWALNumberingFencedAfterTakeover(t *testing.T) {
 	ch := b.subscribe(t)
 	obsA := &countingObserver{}
 	var paused atomic.Bool
-	release := make(chan struct{})
-	var once sync.Once
-	defer once.Do(func() { close(release) })
-	pause := func() {
+	releaseReader, releasePublisher := make(chan struct{}), make(chan struct{})
+	var onceR, onceP sync.Once
+	wake := func(once *sync.Once, ch chan struct{}) { once.Do(func() { close(ch) }) }
+	defer wake(&onceR, releaseReader)
+	defer wake(&onceP, releasePublisher)
+	// As SIGSTOP would: the reader stops too (no status updates), and the
+	// publisher right before numbering. The publisher wakes first, so that
+	// its numbering runs before the reader notices the silence and ends
+	// the session.
+	cfgA := b.walConfig(t, b.publisher(t), obsA)
+	cfgA.hooks.walBeforeStatus = func() {
 		if paused.Load() {
-			<-release
+			<-releaseReader
 		}
 	}
-	// As SIGSTOP would: the reader stops too (no status updates), and the
-	// publisher right before numbering.
-	cfgA := b.walConfig(t, b.publisher(t), obsA)
-	cfgA.hooks.walBeforeStatus = pause
-	cfgA.hooks.walBeforeNumber = pause
+	cfgA.hooks.walBeforeNumber = func() {
+		if paused.Load() {
+			<-releasePublisher
+		}
+	}
 	ra, _ := start(t, cfgA)
 	waitReading(t, ra)
 	_, _ = start(t, b.walConfig(t, b.publisher(t), nil))
@@ -148,8 +155,10 @@ func TestWALNumberingFencedAfterTakeover(t *testing.T) {
 		return len(b.recorded(t)) == 0
 	}, 30*time.Second, 300*time.Millisecond, "the records behind the slot's restart_lsn are pruned")
 
-	once.Do(func() { close(release) })
+	wake(&onceP, releasePublisher)
 	time.Sleep(time.Second)
+	wake(&onceR, releaseReader)
+	time.Sleep(500 * time.Millisecond)
 	require.Zero(t, obsA.published.Load(), "the paused relay published what it read before the pause")
 	b.emit(t, msgs(5, "k", "b")...)
 	got = readAll(t, ch, 5, 20*time.Second)
