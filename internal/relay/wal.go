@@ -38,6 +38,10 @@ import (
 // paused or partitioned reader). A reader that finds it went silent longer
 // than half of wal_sender_timeout (a pause) drops its session without
 // publishing or confirming anything it read before.
+//
+// Before publishing a batch the reader drops the events that expired and
+// numbers the keyed ones (wal_seq.go): per-key sequences in commit order,
+// recorded so that a re-read publishes the same numbers.
 
 // walPartition is the partition number the WAL capture reports metrics
 // under.
