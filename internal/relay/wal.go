@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,10 @@ import (
 // paused or partitioned reader). A reader that finds it went silent longer
 // than half of wal_sender_timeout (a pause) drops its session without
 // publishing or confirming anything it read before.
+//
+// Before publishing a batch the reader drops the events that expired and
+// numbers the keyed ones (wal_seq.go): per-key sequences in commit order,
+// recorded so that a re-read publishes the same numbers.
 
 // walPartition is the partition number the WAL capture reports metrics
 // under.
@@ -565,68 +570,101 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 
 // publishTxs publishes the events of batch until the broker acknowledged
 // every one (or refused it for good), retrying transient failures with
-// backoff. It returns early only when ctx ends or the session went stale:
-// then nothing of the batch is confirmed.
+// backoff. Before each publish it drops the events that expired and numbers
+// the keyed ones (numberKeySeqs). It returns early only when ctx ends or the
+// session went stale or lost the slot: then nothing of the batch is
+// confirmed.
 func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 	r := s.w.r
 	log := s.w.log
 	var msgs []broker.Message
+	var ends []pglogrepl.LSN
 	dead := 0
 	for _, tx := range batch {
 		msgs = append(msgs, tx.msgs...)
+		for range tx.msgs {
+			ends = append(ends, tx.end)
+		}
 		dead += tx.dead
 	}
 	if dead > 0 {
 		r.cfg.Observer.MarkedDead(walPartition, dead)
 	}
 	bo := r.newBackoff()
-	for start := 0; start < len(msgs); {
+	for start := 0; start < len(msgs); start += r.cfg.BatchSize {
 		end := min(start+r.cfg.BatchSize, len(msgs))
-		chunk := msgs[start:end]
-		if h := r.cfg.hooks.walBeforePublish; h != nil {
-			h(len(chunk))
-		}
-		if err := s.checkFresh(); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
-		r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
-		var transient error
-		published, dups, terminal := 0, 0, 0
-		for i, res := range results {
-			switch {
-			case res.Err != nil && !broker.IsTerminal(res.Err):
-				if transient == nil {
-					transient = res.Err
+		// The chunk's own copy: expired events leave it for good, and a
+		// retry publishes the rest again, in order.
+		chunk, chunkEnds := slices.Clone(msgs[start:end]), slices.Clone(ends[start:end])
+		for {
+			if h := r.cfg.hooks.walBeforePublish; h != nil {
+				h(len(chunk))
+			}
+			if err := s.checkFresh(); err != nil {
+				return err
+			}
+			// Expired events take no sequence: drop them before numbering.
+			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
+				break
+			}
+			if err := s.numberKeySeqs(ctx, chunk, chunkEnds); err != nil {
+				if errors.Is(err, errNotHolder) {
+					return err
 				}
-			case res.Err != nil:
-				terminal++
-				log.Error("event rejected permanently by the broker; skipped", zap.String("event_id", chunk[i].EventID), zap.Error(res.Err))
-			default:
-				published++
-				if res.Duplicate {
-					dups++
+				log.Warn("numbering key sequences failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(err))
+				if !wait.Sleep(ctx, bo.Next()) {
+					return ctx.Err()
+				}
+				continue
+			}
+			// One that expired during the numbering's round trip is not
+			// published either (its number is then a gap, as an expired
+			// outbox row's is).
+			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
+				break
+			}
+			if err := s.checkFresh(); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
+			r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
+			var transient error
+			published, dups, terminal := 0, 0, 0
+			for i, res := range results {
+				switch {
+				case res.Err != nil && !broker.IsTerminal(res.Err):
+					if transient == nil {
+						transient = res.Err
+					}
+				case res.Err != nil:
+					terminal++
+					log.Error("event rejected permanently by the broker; skipped", zap.String("event_id", chunk[i].EventID), zap.Error(res.Err))
+				default:
+					published++
+					if res.Duplicate {
+						dups++
+					}
 				}
 			}
-		}
-		if transient != nil {
-			// Republish the whole chunk after a pause: in order, and the
-			// events acknowledged already are absorbed as duplicates.
-			r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
-			log.Warn("publish failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(transient))
-			if !wait.Sleep(ctx, bo.Next()) {
-				return ctx.Err()
+			if transient != nil {
+				// Republish the whole chunk after a pause: in order, and the
+				// events acknowledged already are absorbed as duplicates.
+				r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
+				log.Warn("publish failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(transient))
+				if !wait.Sleep(ctx, bo.Next()) {
+					return ctx.Err()
+				}
+				continue
 			}
-			continue
+			if terminal > 0 {
+				r.cfg.Observer.MarkedDead(walPartition, terminal)
+			}
+			if published > 0 {
+				r.cfg.Observer.Published(walPartition, published, dups, time.Since(batch[0].commit))
+			}
+			break
 		}
-		if terminal > 0 {
-			r.cfg.Observer.MarkedDead(walPartition, terminal)
-		}
-		if published > 0 {
-			r.cfg.Observer.Published(walPartition, published, dups, time.Since(batch[0].commit))
-		}
-		start = end
 	}
 	return nil
 }
@@ -652,6 +690,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 			if err := w.r.q.WALHeartbeat(qctx, w.r.cfg.Pool); err != nil && ctx.Err() == nil {
 				w.log.Warn("WAL heartbeat", zap.Error(err))
 			}
+			w.pruneKeySeqs(qctx)
 		}
 		row, err := w.slotStatus(qctx)
 		qcancel()
