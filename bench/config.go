@@ -63,7 +63,7 @@ type Config struct {
 	// 1, 2 and 4 (quick mode: 1 and 2).
 	RelayInstances []int
 	// Only, when not empty, restricts the run to these groups: floor, relay,
-	// inbox, e2e, scale, cost.
+	// inbox, e2e, scale, cost, wal.
 	Only []string
 	// Timeout bounds each single measurement; a measurement that does not
 	// finish in time is reported as failed and the run goes on. Default 5m
@@ -83,7 +83,7 @@ type Config struct {
 }
 
 // Groups the benchmark knows, in the order it runs them.
-var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost"}
+var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost", "wal"}
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {

@@ -67,6 +67,8 @@ type pipeline struct {
 	maxWait time.Duration
 	// traces count the in-process services' statements (-sql-trace).
 	traces []*sqlTrace
+	// emit makes the producers write with pgrelay.Emit (WAL capture).
+	emit bool
 }
 
 // traced prints and resets the statement counts of the run just finished
@@ -349,7 +351,12 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 				msgs = append(msgs, pgrelay.Message{EventID: e.id, Topic: topic, Key: e.key, EventType: eventType, Payload: e.payload})
 			}
 			tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := pgx.BeginFunc(tctx, p.pool, func(tx pgx.Tx) error { return pgrelay.Enqueue(tctx, tx, msgs...) })
+			err := pgx.BeginFunc(tctx, p.pool, func(tx pgx.Tx) error {
+				if p.emit {
+					return pgrelay.Emit(tctx, tx, msgs...)
+				}
+				return pgrelay.Enqueue(tctx, tx, msgs...)
+			})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("produce: %w", err)
