@@ -3,6 +3,10 @@ package relay
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +16,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay/internal/testcluster"
 )
 
 // lostConf makes a slot easy to lose: it may keep 1MB of WAL, and the
@@ -156,4 +161,88 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 	var n int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// TestWALLostSlotRecoveryFromArchive: the recovery of docs/wal.md, on a
+// cluster that archives its WAL. The slot is lost while events of a stalled
+// window wait for the broker and producers go on emitting after the loss;
+// the relay stops. Then, as the page says: note the lost slot's
+// confirmed_flush_lsn, drop the slot, start a relay (a new slot), archive
+// the current segment, and run deploy/wal-rescan.sh over the archive from
+// the old confirmed position to the new slot's: its SQL re-emits the
+// window's committed events with their ids, and the new relay publishes
+// them. Every committed event is in the stream once; the rolled-back one is
+// not.
+func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
+	archive, err := os.MkdirTemp("", "pgrelay-archive-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(archive) })
+	require.NoError(t, os.Chmod(archive, 0o777)) // the server may run as another user
+	b, _ := walSetup(t, lostConf+"\narchive_mode = on\narchive_command = 'cp %p "+archive+"/%f'")
+	ch := b.subscribe(t)
+	flaky := &flakyPublisher{Publisher: b.publisher(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r, err := New(b.walConfig(t, flaky, nil))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitReading(t, r)
+	b.emit(t, msgs(5, "k", "a")...)
+	readAll(t, ch, 5, 20*time.Second)
+
+	flaky.failing.Store(true)
+	calls := flaky.calls.Load()
+	b.emit(t, msgs(5, "k", "b")...)
+	o, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, o.Emit(ctx, tx, event.Message{EventID: "rolled-back", Topic: "orders", Key: "k", Payload: []byte("x")}))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Eventually(t, func() bool { return flaky.calls.Load() > calls+1 }, 20*time.Second, 10*time.Millisecond)
+	b.loseSlot(t, ctx)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, errSlotLost)
+	case <-time.After(time.Minute):
+		t.Fatal("the relay kept running on a lost slot")
+	}
+	// The producers did not stop: these are in no slot.
+	b.emit(t, msgs(3, "k2", "c")...)
+
+	// The recovery.
+	var from string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, DefaultWALSlot).Scan(&from))
+	_, err = b.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, DefaultWALSlot)
+	require.NoError(t, err)
+	r2, _ := start(t, b.walConfig(t, b.publisher(t), nil))
+	waitReading(t, r2)
+	var to, segment string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, pg_walfile_name(confirmed_flush_lsn) FROM pg_replication_slots WHERE slot_name = $1`,
+		DefaultWALSlot).Scan(&to, &segment))
+	_, err = b.pool.Exec(ctx, `SELECT pg_switch_wal()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, err := os.Stat(filepath.Join(archive, segment)); return err == nil }, 30*time.Second, 50*time.Millisecond,
+		"segment %s not archived", segment)
+
+	script, err := filepath.Abs("../../deploy/wal-rescan.sh")
+	require.NoError(t, err)
+	cmd := exec.CommandContext(ctx, "sh", script, archive, from, to)
+	cmd.Env = append(os.Environ(), "PG_WALDUMP="+filepath.Join(testcluster.BinDir(), "pg_waldump"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	sql, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	t.Logf("wal-rescan.sh %s %s:\n%s", from, to, sql)
+	require.Contains(t, string(sql), "2 committed transaction(s) re-emitted")
+	_, err = b.pool.Exec(ctx, string(sql))
+	require.NoError(t, err)
+
+	got := readAll(t, ch, 8, 30*time.Second)
+	var ids []string
+	for _, m := range got {
+		ids = append(ids, m.eventID)
+	}
+	require.Equal(t, []string{"b-0", "b-1", "b-2", "b-3", "b-4", "c-0", "c-1", "c-2"}, ids)
 }
