@@ -266,7 +266,7 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 	}
 	cleanups = append(cleanups, func() { _ = pub.Close() })
 	clock := newAckClock(pub)
-	r, err := relay.New(relay.Config{Pool: rpool, Publisher: clock, Logger: b.log.Named("relay"), Capture: capture})
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: clock, Logger: b.log.Named("relay"), Capture: capture, WAL: relay.WALConfig{Slot: walSlot(url)}})
 	if err != nil {
 		return fail(err)
 	}
@@ -315,11 +315,33 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 
 // dropSlot drops the WAL relay's slot (after its relay stopped), so that it
 // pins no WAL for the measurements that follow and its database can be
-// dropped.
+// dropped. The relay's wal sender may take a moment to exit (55006).
 func dropSlot(pool *pgxpool.Pool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _ = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
+	for ctx.Err() == nil {
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// walSlot is a slot name of the database's own (slots are server-wide).
+func walSlot(url string) string {
+	name := url[strings.LastIndex(url, "/")+1:]
+	if i := strings.IndexByte(name, '?'); i >= 0 {
+		name = name[:i]
+	}
+	return min63("slot_" + name)
+}
+
+func min63(s string) string {
+	if len(s) > 63 {
+		return s[:63]
+	}
+	return s
 }
 
 // walLatency runs walLoad events/s for LoadDuration through a pipeline with
@@ -387,7 +409,7 @@ func (b *bench) walDrain(ctx context.Context, dbs *databases, n int) (time.Durat
 	var acked atomic.Int64
 	counter := &countingPublisher{Publisher: pub, acked: &acked}
 	r, err := relay.New(relay.Config{Pool: rpool, Publisher: counter, Logger: b.log.Named("relay"), BatchSize: b.cfg.BatchSize,
-		Capture: relay.CaptureWAL, NodeID: "bench-wal-relay"})
+		Capture: relay.CaptureWAL, NodeID: "bench-wal-relay", WAL: relay.WALConfig{Slot: walSlot(url)}})
 	if err != nil {
 		return 0, err
 	}

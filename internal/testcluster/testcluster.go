@@ -55,7 +55,7 @@ func Start(tb testing.TB, conf string) *Cluster {
 		tb.Cleanup(func() {
 			c.Stop()
 			if !tb.Failed() {
-				_ = os.RemoveAll(c.root)
+				c.removeFiles()
 			} else {
 				tb.Logf("cluster kept in %s", c.root)
 			}
@@ -131,7 +131,18 @@ func New(ctx context.Context, conf string) (*Cluster, error) {
 // Remove stops the server and deletes the cluster's files.
 func (c *Cluster) Remove() {
 	c.Stop()
-	_ = os.RemoveAll(c.root)
+	c.removeFiles()
+}
+
+// removeFiles deletes the cluster's files, retrying for a moment: a server
+// process that outlives pg_ctl stop (the archiver) may still write one.
+func (c *Cluster) removeFiles() {
+	for range 20 {
+		if err := os.RemoveAll(c.root); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Dir is the directory holding the cluster's data directory and log.
