@@ -687,7 +687,7 @@ func (r *run) verify(ctx context.Context) error {
 	rep.Orders, rep.PaidOrders, rep.ExpectedCents = shop.Orders, shop.PaidOrders, shop.PaidCents
 	rep.Produced, rep.Published = ob.Total, ob.Published
 	if r.wal != nil {
-		if err := r.verifyWAL(ctx, ob); err != nil {
+		if err := r.verifyWAL(ctx); err != nil {
 			return err
 		}
 	}
