@@ -127,8 +127,22 @@ func (r *Relay) runWAL(ctx context.Context) error {
 // slotLostError is the loud failure of a lost slot, with the recovery.
 func (w *walSource) slotLostError(detail string) error {
 	return fmt.Errorf("relay: %w: slot %q is invalidated (wal_status lost%s): the WAL it needed was removed and cannot be read; "+
-		"recover as docs/wal.md#a-lost-slot says: stop the producers' Emit, drop the slot, let the relay create a new one, "+
-		"and republish the window from the producers' own records", errSlotLost, w.r.cfg.WAL.Slot, detail)
+		"keep the relays stopped and recover as docs/wal.md#a-lost-slot says: note the slot's confirmed_flush_lsn, drop the slot, "+
+		"start one relay (it creates a new slot) and re-emit the window's events from the WAL archive (or the producers' own records)", errSlotLost, w.r.cfg.WAL.Slot, detail)
+}
+
+// reportLost records and reports the slot as lost when the replication
+// protocol said so before the monitor saw it in pg_replication_slots, so that
+// WALStatus and the metrics show it whichever noticed first.
+func (w *walSource) reportLost() {
+	w.mu.Lock()
+	st := w.status
+	st.Slot, st.Exists, st.Reading, st.WALStatus, st.At = w.r.cfg.WAL.Slot, true, false, "lost", time.Now()
+	w.status = st
+	w.mu.Unlock()
+	if o := w.r.cfg.WAL.Observer; o != nil {
+		o.WALSlot(st)
+	}
 }
 
 // setup checks the server's settings and creates the publication and the
@@ -185,6 +199,7 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 		case st.database != database:
 			return &setupError{bad("WAL.Slot", "{}: slot %q belongs to the database %q, not %q: name another slot", cfg.WAL.Slot, st.database, database)}
 		case st.walStatus == "lost":
+			w.reportLost()
 			return w.slotLostError("")
 		}
 		return nil
@@ -287,7 +302,8 @@ func (w *walSource) session(ctx context.Context) error {
 	cancel()
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.Contains(pgErr.Message, "can no longer get changes") {
+		if errors.As(err, &pgErr) && pgErr.Code == "55000" && w.lostAtStart(ctx, pgErr) {
+			w.reportLost()
 			return w.slotLostError(": " + pgErr.Message)
 		}
 		return fmt.Errorf("start replication: %w", err)
@@ -323,6 +339,21 @@ func (w *walSource) session(ctx context.Context) error {
 		return readErr
 	}
 	return perr
+}
+
+// lostAtStart reports whether START_REPLICATION's object-state error
+// (SQLSTATE 55000) means the slot was invalidated: PostgreSQL 15 says
+// "cannot read from logical replication slot" (detail: "This slot has been
+// invalidated ..."), later versions "can no longer get changes from
+// replication slot"; failing those, the slot's wal_status says so.
+func (w *walSource) lostAtStart(ctx context.Context, pgErr *pgconn.PgError) bool {
+	if strings.Contains(pgErr.Message, "can no longer get changes") || strings.Contains(pgErr.Detail, "invalidated") {
+		return true
+	}
+	qctx, cancel := context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
+	defer cancel()
+	row, err := w.slotStatus(qctx)
+	return err == nil && row.walStatus == "lost"
 }
 
 // walSession is one replication connection's streaming: the reader (the
