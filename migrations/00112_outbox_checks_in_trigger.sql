@@ -6,11 +6,13 @@ SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases')
 -- UPDATE statement: each one's stored expression is read back from its text
 -- form, planned and compiled before the first row. With seven of them on the
 -- outbox that was about a tenth of a one-row producer transaction's backend
--- time (perf, docs/benchmarks.md "The producer's commit path"), more than
--- the row's heap insert. The insert trigger's expressions are planned once
--- per session. The rules are unchanged, checked on the row as stored (after
--- the trigger has defaulted the key), in the order PostgreSQL checked them
--- (by constraint name), and a refused insert fails as before: SQLSTATE 23514
+-- time (perf, docs/benchmarks.md "The producer's keyed insert, broken
+-- down"), more than the row's heap insert. The insert trigger tests all the
+-- rules in one expression, planned once per session, and only when it fails
+-- calls outbox_refuse to name the rule. The rules are unchanged, checked on
+-- the row as stored (after the trigger has defaulted the key), named in the
+-- order PostgreSQL checked them (by constraint name), and a refused insert
+-- fails as before: SQLSTATE 23514
 -- (check_violation), the constraint's name in the error's constraint field
 -- and message, the transaction aborted.
 --
