@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
@@ -21,18 +22,20 @@ func TestRequeueOfAnInvalidTopicSaysPurgeIt(t *testing.T) {
 	b := admintest.Setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// A row from before the constraint: drop it, store the row, add it back
-	// as the migration does (NOT VALID).
-	var def string
-	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_topic_valid'`).Scan(&def))
-	_, err := b.Pool.Exec(ctx, `ALTER TABLE pgrelay.outbox DROP CONSTRAINT outbox_topic_valid`)
-	require.NoError(t, err)
-	admintest.OutboxRow(t, b.Pool, "o-space", "orders x", "OrderPaid", true, time.Hour, `nats: invalid subject "pgrelay.orders x"`)
+	// A row from before the rule: stored with a valid topic, then given the
+	// old one with the outbox's triggers off (they enforce the rule since
+	// migration 00112).
+	admintest.OutboxRow(t, b.Pool, "o-space", "orders-x", "OrderPaid", true, time.Hour, `nats: invalid subject "pgrelay.orders x"`)
 	admintest.OutboxRow(t, b.Pool, "o-ok", "orders", "OrderPaid", true, time.Hour, "nats: no stream matches subject")
-	_, err = b.Pool.Exec(ctx, `ALTER TABLE pgrelay.outbox ADD CONSTRAINT outbox_topic_valid `+def)
-	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, b.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE pgrelay.outbox SET topic = 'orders x' WHERE event_id = 'o-space'`)
+		return err
+	}))
 
-	_, err = b.Svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{All: true, Actor: "ops", Reason: "retry"})
+	_, err := b.Svc.Requeue(ctx, admin.SourceOutbox, admin.RequeueRequest{All: true, Actor: "ops", Reason: "retry"})
 	require.ErrorIs(t, err, admin.ErrInvalid)
 	require.ErrorContains(t, err, `"orders x"`)
 	require.ErrorContains(t, err, "purge")
