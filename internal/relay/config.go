@@ -106,7 +106,10 @@ type hooks struct {
 	// The WAL capture's: before each status update, before each publish.
 	walBeforeStatus  func()
 	walBeforePublish func(events int)
-	beforeMark       func(partition int32, ids []int64)
+	// walBeforeTruncate runs in the transaction that empties
+	// pgrelay.outbox_wal, before its TRUNCATE.
+	walBeforeTruncate func()
+	beforeMark        func(partition int32, ids []int64)
 }
 
 // Defaults for Config; the relay command's flags default to them too.
