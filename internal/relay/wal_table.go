@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/walmsg"
 )
 
@@ -268,5 +269,19 @@ func decodeWALRow(tm *pgtype.Map, rel *pglogrepl.RelationMessage, tuple *pglogre
 			return event.Message{}, fmt.Errorf("column %s: %w", rc.Name, err)
 		}
 	}
-	return walmsg.FromRow(r)
+	m, err := walmsg.FromRow(r)
+	if err != nil {
+		return m, err
+	}
+	// What the table has no CHECK for: the rules Enqueue applies.
+	if !outbox.ValidTopic(m.Topic) {
+		return m, fmt.Errorf("event %s: topic %q is invalid: letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.EventID, m.Topic)
+	}
+	if err := event.ValidateKey(m.Key); err != nil {
+		return m, fmt.Errorf("event %s: %w", m.EventID, err)
+	}
+	if _, err := event.NormalizeOccurredAt(m.OccurredAt); err != nil {
+		return m, fmt.Errorf("event %s: %w", m.EventID, err)
+	}
+	return m, nil
 }

@@ -46,7 +46,8 @@ func (b *bundle) walRows(t testing.TB) int {
 func TestWALTablePublishesCommittedInserts(t *testing.T) {
 	b, _ := walSetup(t, walConf)
 	ch := b.subscribe(t)
-	cfg := b.walConfig(t, b.publisher(t), nil)
+	obs := &countingObserver{}
+	cfg := b.walConfig(t, b.publisher(t), obs)
 	cfg.WAL.TruncateInterval = 200 * time.Millisecond
 	r, _ := start(t, cfg)
 	waitReading(t, r)
@@ -70,6 +71,11 @@ func TestWALTablePublishesCommittedInserts(t *testing.T) {
 		_, err = tx.Exec(ctx, `INSERT INTO pgrelay.outbox_wal (event_id, topic, key, payload) VALUES ('e4', 'orders', 'k', '\x34')`)
 		return err
 	}))
+	// No CHECK on the table: the relay skips a row Enqueue would refuse.
+	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox_wal (event_id, topic, payload) VALUES ('bad-topic', 'orders.*', '\x78')`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox_wal (event_id, topic, payload, headers) VALUES ('bad-headers', 'orders', '\x78', '{"n":1}')`)
+	require.NoError(t, err)
 	// Rolled back: never published.
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -111,6 +117,7 @@ func TestWALTablePublishesCommittedInserts(t *testing.T) {
 	require.Equal(t, "v=1", hdr(got[0], event.HeaderTraceState))
 	require.Equal(t, "2999-01-01T00:00:00Z", hdr(got[0], event.HeaderExpiresAt))
 	require.Equal(t, "2026-01-02T03:04:05.123456Z", hdr(got[0], event.HeaderOccurredAt))
+	require.Equal(t, int64(2), obs.dead.Load(), "the rows with a bad topic and bad headers are skipped as dead")
 
 	// Emptied, and the stream goes on after the TRUNCATE.
 	require.Eventually(t, func() bool { return b.walRows(t) == 0 }, 10*time.Second, 50*time.Millisecond, "the table was not emptied")
