@@ -88,9 +88,11 @@ bench-quick:
 ## and poison, then verify the ledger (needs only PostgreSQL; NATS is embedded
 ## unless NATS_URL is set). BROKER=rabbitmq runs it on RabbitMQ (AMQP_URL,
 ## default the local server); BROKER=postgres with PostgreSQL as the broker;
-## BROKER=kafka on kfake, an in-memory Kafka the demo starts.
+## BROKER=kafka on kfake, an in-memory Kafka the demo starts. CAPTURE=wal runs
+## the relay in WAL capture (producers Emit; wal_level = logical, or a private
+## cluster the demo starts).
 demo: build
-	./bin/demo $(if $(BROKER),--broker $(BROKER))
+	./bin/demo $(if $(BROKER),--broker $(BROKER)) $(if $(CAPTURE),--capture $(CAPTURE))
 
 ## demo-short: the quick demo CI runs.
 demo-short: build

@@ -15,10 +15,13 @@ import (
 // them (EventID a new UUIDv7, Key the EventID, OccurredAt now), every one
 // before any is written. Events sharing a Key are published in commit order.
 //
-// Unlike Enqueue, Emit neither refuses an event id used before nor assigns
-// per-key sequences (Message.KeySeq stays 0): the broker's duplicate window
-// and the inbox deduplicate, and an ordered inbox applies these events as
-// unsequenced. A table relay (the default) never sees emitted events.
+// Unlike Enqueue, Emit does not refuse an event id used before: the broker's
+// duplicate window and the inbox deduplicate. Per-key sequences
+// (Message.KeySeq) are assigned by the relay as it publishes, in commit
+// order, and kept across re-reads (docs/wal.md#per-key-sequences). Emit
+// refuses NotBefore and Delay (the WAL relay cannot hold an event back);
+// ExpiresAt is honoured. A table relay (the default) never sees emitted
+// events.
 func Emit(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return defaultOutbox.Emit(ctx, tx, toEvents(msgs)...)
 }

@@ -47,10 +47,11 @@ type Message struct {
 	Key string
 	// KeySeq is the event's per-key sequence: 1, 2, 3, ... for the events of
 	// one explicit Key, contiguous and in commit order, assigned by the
-	// outbox when the event is stored and carried as the HeaderKeySeq broker
-	// header. Zero means none: an event without an explicit key, or one
-	// that never went through pgrelay's outbox. The outbox ignores a value
-	// set by the producer. An ordered inbox handler (InboxConfig.Ordered)
+	// outbox when the event is stored (by the relay as it publishes, for an
+	// event written with Emit and captured from the WAL) and carried as the
+	// HeaderKeySeq broker header. Zero means none: an event without an
+	// explicit key, or one that never went through pgrelay's outbox. The
+	// outbox ignores a value set by the producer. An ordered inbox handler (InboxConfig.Ordered)
 	// applies a key's events strictly in this order.
 	KeySeq int64
 	// EventType names the event's schema (for example "OrderPaid").

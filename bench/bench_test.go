@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -57,4 +59,29 @@ func TestQuick(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(out, "results.json"))
 	require.NoError(t, json.Unmarshal(b, &decoded))
 	require.Len(t, decoded.Figures, len(res.Figures))
+}
+
+// TestQuickWAL runs the wal group's quick mode (a private wal_level =
+// logical cluster) and checks that it measured every figure.
+func TestQuickWAL(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(filepath.Join(testcluster.BinDir(), "initdb")); err != nil {
+		t.Skipf("no PostgreSQL server binaries for a private cluster: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Config{
+		DatabaseURL: testdb.ServerURL(t), NATSURL: os.Getenv("NATS_URL"), OutDir: t.TempDir(),
+		Quick: true, Events: 500, LoadDuration: time.Second, Only: []string{"wal"}, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	})
+	require.NoError(t, err)
+	var ids []string
+	for _, f := range res.Figures {
+		require.Empty(t, f.Error, "figure %s", f.ID)
+		require.Greater(t, f.Median, 0.0, "figure %s", f.ID)
+		ids = append(ids, f.ID)
+	}
+	require.Contains(t, ids, "wal_producer_emit")
+	require.Contains(t, ids, "wal_pub_wal_p50")
+	require.Contains(t, ids, "wal_relay_wal")
 }

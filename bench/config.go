@@ -63,7 +63,8 @@ type Config struct {
 	// 1, 2 and 4 (quick mode: 1 and 2).
 	RelayInstances []int
 	// Only, when not empty, restricts the run to these groups: floor, relay,
-	// inbox, e2e, scale, cost.
+	// inbox, e2e, scale, cost, wal. The wal group (a private wal_level =
+	// logical cluster) runs only when named.
 	Only []string
 	// Timeout bounds each single measurement; a measurement that does not
 	// finish in time is reported as failed and the run goes on. Default 5m
@@ -83,7 +84,7 @@ type Config struct {
 }
 
 // Groups the benchmark knows, in the order it runs them.
-var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost"}
+var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost", "wal"}
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -179,6 +180,9 @@ func (c Config) validate() error {
 
 // runs reports whether the group is part of this run.
 func (c Config) runs(group string) bool {
+	if group == "wal" { // it starts a private cluster (initdb): only when named
+		return contains(c.Only, group)
+	}
 	return len(c.Only) == 0 || contains(c.Only, group)
 }
 

@@ -67,6 +67,8 @@ type pipeline struct {
 	maxWait time.Duration
 	// traces count the in-process services' statements (-sql-trace).
 	traces []*sqlTrace
+	// emit makes the producers write with pgrelay.Emit (WAL capture).
+	emit bool
 }
 
 // traced prints and resets the statement counts of the run just finished
@@ -298,14 +300,22 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	if offered == 0 {
 		poll = throughputPoll
 	}
+	// The producers start once the observer took its starting point: a
+	// credit inserted before it would never be seen.
+	ready := make(chan struct{})
 	go func() {
-		lat, err := p.observe(obsCtx, gen, n, poll, &target, commitAt, seenAt, &lastSeen)
+		lat, err := p.observe(obsCtx, gen, n, poll, &target, commitAt, seenAt, &lastSeen, ready)
 		if err != nil {
 			obsErr <- err
 			return
 		}
 		seen <- lat
 	}()
+	select {
+	case <-ready:
+	case err := <-obsErr:
+		return res, err
+	}
 
 	// Tickets hand out the transactions: one per perTx events, released on
 	// schedule when a rate is offered, all at once otherwise.
@@ -349,7 +359,12 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 				msgs = append(msgs, pgrelay.Message{EventID: e.id, Topic: topic, Key: e.key, EventType: eventType, Payload: e.payload})
 			}
 			tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := pgx.BeginFunc(tctx, p.pool, func(tx pgx.Tx) error { return pgrelay.Enqueue(tctx, tx, msgs...) })
+			err := pgx.BeginFunc(tctx, p.pool, func(tx pgx.Tx) error {
+				if p.emit {
+					return pgrelay.Emit(tctx, tx, msgs...)
+				}
+				return pgrelay.Enqueue(tctx, tx, msgs...)
+			})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("produce: %w", err)
@@ -400,7 +415,7 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 // still read on every poll (ledgerHoles), for an insert that was only slow:
 // with concurrent inbox transactions under a heavy load one committed after
 // such a jump, and the run waited for its credit for ever.
-func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, seenAt []int64, lastSeen *atomic.Int64) ([]time.Duration, error) {
+func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.Duration, target *atomic.Int64, commitAt []atomic.Int64, seenAt []int64, lastSeen *atomic.Int64, ready chan<- struct{}) ([]time.Duration, error) {
 	const gapTimeout = 10 * time.Second
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
@@ -411,6 +426,7 @@ func (p *pipeline) observe(ctx context.Context, gen generator, n int, poll time.
 	if err := conn.QueryRow(ctx, "SELECT coalesce(max(id), 0) + 1 FROM ledger_entries").Scan(&low); err != nil {
 		return nil, err
 	}
+	close(ready)
 	seen := map[int64]bool{}
 	stalledSince := time.Now()
 	// holes are the ranges [holeLo[k], holeHi[k]) passed over; holeSeen the

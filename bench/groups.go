@@ -114,6 +114,8 @@ func (b *bench) declareFigures() {
 		add("scale_relays_"+strconv.Itoa(n), "scale", "relay drain, "+strconv.Itoa(n)+" relay instance(s)", unitRate, "in-process", "relay_drain", nil, "")
 	}
 
+	b.declareWALFigures(add)
+
 	add("rss_relay", "cost", "relay peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
 	add("rss_consumer", "cost", "consumer peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
 	add("cpu_relay", "cost", "relay CPU per 10k events", unitCPU, "process", "", nil, "")
@@ -145,6 +147,8 @@ func (b *bench) runGroup(ctx context.Context, group string) {
 				return nil
 			})
 		}
+	case "wal":
+		b.runWALGroup(ctx)
 	default:
 		b.runPipelineGroup(ctx, group)
 	}

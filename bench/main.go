@@ -62,7 +62,7 @@ func mainErr() error {
 	fs.DurationVar(&cfg.TunedMaxWait, "tuned-max-wait", 0, "consumer fetch wait of the extra latency run at the first load (default 10ms, quick: skipped; a negative duration such as -1s skips it)")
 	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,5000; quick 200)")
 	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
-	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, relay, inbox, e2e, scale, cost (default all)")
+	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, relay, inbox, e2e, scale, cost (default all), and wal (only when named: a private wal_level=logical cluster)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
 	fs.StringVar(&cfg.BinDir, "bin", "", "directory with prebuilt relay and consumer binaries (default: go build them)")
 	fs.StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and the in-process services")

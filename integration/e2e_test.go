@@ -21,6 +21,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
+	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -145,7 +146,20 @@ func TestDemoOnKafka(t *testing.T) {
 	runDemo(t, "--broker", "kafka")
 }
 
-func runDemo(t *testing.T, args ...string) {
+// TestDemoWAL runs the short demo with the relay in WAL capture (make demo
+// CAPTURE=wal): the producers emit to the WAL, and as the shared server keeps
+// wal_level = replica the demo starts a private wal_level = logical cluster.
+func TestDemoWAL(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(filepath.Join(testcluster.BinDir(), "initdb")); err != nil {
+		t.Skipf("no PostgreSQL server binaries for a private cluster: %v", err)
+	}
+	out := runDemo(t, "--capture", "wal")
+	require.Contains(t, out, "[PASS] no outbox row (WAL capture)")
+	require.Contains(t, out, "[PASS] every emitted event applied")
+}
+
+func runDemo(t *testing.T, args ...string) string {
 	dir := bins(t)
 	testdb.NewURL(t) // resolves the server (or skips/fails like every other test)
 	name := fmt.Sprintf("pgrelay_demo_it_%d", time.Now().UnixNano())
@@ -160,4 +174,5 @@ func runDemo(t *testing.T, args ...string) {
 	}
 	require.Contains(t, string(out), "[PASS] total credited == total paid")
 	require.NotContains(t, string(out), "[FAIL]")
+	return string(out)
 }

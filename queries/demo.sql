@@ -48,3 +48,10 @@ SELECT count(*)::bigint AS entries,
        count(DISTINCT order_id)::bigint AS credited_orders,
        coalesce(sum(amount_cents), 0)::bigint AS total_cents
 FROM ledger_entries;
+
+-- name: DemoInboxEvents :many
+-- DemoInboxEvents returns relayed events the inbox processed, to replay as
+-- duplicates when the producers emit to the WAL (no outbox rows).
+SELECT event_id, topic, key, event_type, payload
+FROM pgrelay.inbox WHERE status = 'processed' AND event_type IN ('OrderCreated', 'OrderPaid')
+ORDER BY received_at, event_id LIMIT @max_rows;

@@ -224,7 +224,10 @@ func (p *Publisher) classify(r *kgo.Record, err error) error {
 		return broker.Terminalf("record refused by the broker: %w", err)
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
 		if recordSize(r)+tooLargeSlack > p.cfg.MaxMessageBytes {
-			return broker.Terminalf("record too large for topic %q: %w", r.Topic, err)
+			// The broker's answer names no value: give the record's size
+			// and the limit this side knows.
+			return broker.Terminalf("record too large for topic %q: record of %d bytes (key, payload and headers) is above the broker's limit "+
+				"(the topic's max.message.bytes); kafka.Config.MaxMessageBytes is %d: %w", r.Topic, recordSize(r), p.cfg.MaxMessageBytes, err)
 		}
 		// A smaller record fails with the batch it was in: the topic's
 		// max.message.bytes is below Config.MaxMessageBytes.

@@ -57,6 +57,7 @@ failed.`,
 	f.StringVar(&cfg.AMQPURL, "amqp-url", cli.EnvString("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ server of a --broker rabbitmq run; the demo uses exchange and queues of its own (AMQP_URL)")
 	f.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding the relay and consumer binaries (default: next to this binary, then PATH)")
 	f.StringVar(&cfg.WorkDir, "work-dir", "", "directory for the services' logs and embedded NATS data (default: a new temporary directory)")
+	f.StringVar(&cfg.Capture, "capture", cli.EnvString("DEMO_CAPTURE", "table"), "the relay's capture: table (producers Enqueue into the outbox) or wal (producers Emit to the WAL; needs wal_level = logical, else the demo starts a private cluster when PostgreSQL's server binaries are installed; docs/wal.md) (DEMO_CAPTURE)")
 	f.BoolVar(&cfg.Short, "short", false, "a smaller, faster run (for CI)")
 	f.IntVar(&cfg.Orders, "orders", cli.EnvInt("DEMO_ORDERS", 0), "orders to produce (default 2000, or 300 with --short) (DEMO_ORDERS)")
 	f.DurationVar(&cfg.Timeout, "timeout", cli.EnvDuration("DEMO_TIMEOUT", 90*time.Second), "longest wait for the pipeline to drain (DEMO_TIMEOUT)")

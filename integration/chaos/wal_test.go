@@ -13,7 +13,9 @@ import (
 // faults (relays SIGKILLed and SIGSTOPped, PostgreSQL and NATS restarted,
 // latency, resets and partitions on both links, injected duplicates and
 // poison) and the same checker, which takes the produced events from the
-// producer's commits. A short run with a random seed (printed).
+// producer's commits. A short run with a random seed (printed);
+// -chaos.ordered runs the consumers ordered and checks each key's apply
+// order with the sequences the WAL relays assign.
 func TestChaosWAL(t *testing.T) {
 	if _, err := os.Stat(pgBinDir + "/initdb"); err != nil {
 		if os.Getenv("CI") != "" {
@@ -34,12 +36,12 @@ func TestChaosWAL(t *testing.T) {
 	t.Logf("chaos WAL seed %d (rerun: go test ./integration/chaos -run TestChaosWAL -chaos.seed=%d)", seed, seed)
 	rep, err := Run(ctx, Config{
 		Seed: seed, Duration: duration, BinDir: binaries(t), WorkDir: *flagWorkDir, Out: testWriter{t},
-		Broker: BrokerNATS, BrokerRestart: true, Capture: "wal",
+		Broker: BrokerNATS, BrokerRestart: true, Capture: "wal", Ordered: *flagOrdered,
 	})
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
-	if rep.Produced == 0 || rep.Credits == 0 || len(rep.Faults) == 0 {
+	if rep.Produced == 0 || rep.Credits == 0 || len(rep.Faults) == 0 || *flagOrdered && rep.OrderedKeys == 0 {
 		t.Fatalf("seed %d: the run proved nothing: %d events, %d credits, %d fault kinds", seed, rep.Produced, rep.Credits, len(rep.Faults))
 	}
 }

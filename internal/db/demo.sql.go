@@ -105,6 +105,48 @@ func (q *Queries) DemoInboxCounts(ctx context.Context, db DBTX) (DemoInboxCounts
 	return i, err
 }
 
+const demoInboxEvents = `-- name: DemoInboxEvents :many
+SELECT event_id, topic, key, event_type, payload
+FROM pgrelay.inbox WHERE status = 'processed' AND event_type IN ('OrderCreated', 'OrderPaid')
+ORDER BY received_at, event_id LIMIT $1
+`
+
+type DemoInboxEventsRow struct {
+	EventID   string
+	Topic     string
+	Key       string
+	EventType string
+	Payload   []byte
+}
+
+// DemoInboxEvents returns relayed events the inbox processed, to replay as
+// duplicates when the producers emit to the WAL (no outbox rows).
+func (q *Queries) DemoInboxEvents(ctx context.Context, db DBTX, maxRows int32) ([]DemoInboxEventsRow, error) {
+	rows, err := db.Query(ctx, demoInboxEvents, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []DemoInboxEventsRow{}
+	for rows.Next() {
+		var i DemoInboxEventsRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.Topic,
+			&i.Key,
+			&i.EventType,
+			&i.Payload,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const demoLedgerCheck = `-- name: DemoLedgerCheck :one
 SELECT count(*)::bigint AS entries,
        count(DISTINCT order_id)::bigint AS credited_orders,

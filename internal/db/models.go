@@ -216,3 +216,10 @@ type ShopOrder struct {
 	CreatedAt   time.Time
 	PaidAt      *time.Time
 }
+
+type WalSeqAssignment struct {
+	EventID string
+	Key     string
+	Seq     int64
+	Lsn     int64
+}

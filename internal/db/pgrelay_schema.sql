@@ -20,3 +20,4 @@ ALTER TABLE replay_audit SET SCHEMA pgrelay;
 ALTER TABLE http_idempotency_keys SET SCHEMA pgrelay;
 ALTER TABLE guard_keys SET SCHEMA pgrelay;
 ALTER TABLE inbox_subscriptions SET SCHEMA pgrelay;
+ALTER TABLE wal_seq_assignments SET SCHEMA pgrelay;

@@ -9,6 +9,101 @@ import (
 	"context"
 )
 
+const assignWALKeySeqs = `-- name: AssignWALKeySeqs :many
+WITH holder AS (
+    SELECT 1 AS ok FROM pg_catalog.pg_replication_slots
+    WHERE slot_name = $1::text AND active_pid = $2::int
+),
+input AS (
+    SELECT DISTINCT ON (i.event_id) i.event_id, i.key, i.lsn, i.ord
+    -- Set-returning functions in a select list advance in step: ord is
+    -- each element's position.
+    FROM (SELECT unnest($3::text[]) AS event_id, unnest($4::text[]) AS key, unnest($5::bigint[]) AS lsn,
+                 generate_series(1, cardinality($3::text[])) AS ord) i
+    WHERE EXISTS (SELECT 1 FROM holder)
+    ORDER BY i.event_id, i.ord
+),
+known AS (
+    SELECT a.event_id, a.key, a.seq FROM input i JOIN pgrelay.wal_seq_assignments a ON a.event_id = i.event_id
+),
+fresh AS (
+    SELECT i.event_id, i.key, i.lsn, row_number() OVER (PARTITION BY i.key ORDER BY i.ord) AS n
+    FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.event_id = i.event_id)
+),
+base AS (
+    SELECT f.key, greatest(
+        coalesce((SELECT s.seq FROM pgrelay.outbox_key_seqs s WHERE s.key = f.key), 0),
+        coalesce((SELECT max(o.key_seq) FROM pgrelay.outbox o WHERE o.key = f.key AND o.key_seq IS NOT NULL), 0)) AS last
+    FROM (SELECT DISTINCT fresh.key FROM fresh) f
+),
+numbered AS (
+    SELECT f.event_id, f.key, b.last + f.n AS seq, f.lsn FROM fresh f JOIN base b ON b.key = f.key
+),
+assigned AS (
+    INSERT INTO pgrelay.wal_seq_assignments (event_id, key, seq, lsn)
+    SELECT nb.event_id, nb.key, nb.seq, nb.lsn FROM numbered nb ORDER BY nb.key, nb.seq
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id, key, seq
+),
+counters AS (
+    INSERT INTO pgrelay.outbox_key_seqs AS s (key, seq)
+    SELECT nb.key, max(nb.seq) FROM numbered nb GROUP BY nb.key ORDER BY nb.key
+    ON CONFLICT (key) DO UPDATE SET seq = greatest(s.seq, excluded.seq)
+)
+SELECT known.event_id, known.key, known.seq FROM known
+UNION ALL
+SELECT assigned.event_id, assigned.key, assigned.seq FROM assigned
+`
+
+type AssignWALKeySeqsParams struct {
+	SlotName string
+	Pid      int32
+	EventIds []string
+	Keys     []string
+	Lsns     []int64
+}
+
+type AssignWALKeySeqsRow struct {
+	EventID string
+	Key     string
+	Seq     int64
+}
+
+// Numbers the keyed events of one publish batch of the WAL capture, in the
+// order given (commit order), and returns each event's number: the one it
+// was given before when it has one (a re-read), else the key's next. Only
+// the slot's streaming connection (@pid, its walsender) may number: a relay
+// whose connection the server cut (paused, partitioned) numbers nothing and
+// gets no rows. An event id given twice is numbered once. A key's counter is
+// outbox_key_seqs, raised to the key's highest number; the first number of
+// a key also follows the key's highest outbox.key_seq (the table capture's
+// counter row can trail it).
+func (q *Queries) AssignWALKeySeqs(ctx context.Context, db DBTX, arg AssignWALKeySeqsParams) ([]AssignWALKeySeqsRow, error) {
+	rows, err := db.Query(ctx, assignWALKeySeqs,
+		arg.SlotName,
+		arg.Pid,
+		arg.EventIds,
+		arg.Keys,
+		arg.Lsns,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AssignWALKeySeqsRow{}
+	for rows.Next() {
+		var i AssignWALKeySeqsRow
+		if err := rows.Scan(&i.EventID, &i.Key, &i.Seq); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const createWALSlot = `-- name: CreateWALSlot :exec
 SELECT pg_create_logical_replication_slot($1::text, 'pgoutput')
 `
@@ -27,6 +122,23 @@ SELECT pg_logical_emit_message(true, 'pgrelay', m) FROM unnest($1::bytea[]) AS m
 func (q *Queries) EmitWAL(ctx context.Context, db DBTX, contents [][]byte) error {
 	_, err := db.Exec(ctx, emitWAL, contents)
 	return err
+}
+
+const pruneWALKeySeqs = `-- name: PruneWALKeySeqs :execrows
+DELETE FROM pgrelay.wal_seq_assignments a
+WHERE a.lsn < (SELECT pg_catalog.pg_wal_lsn_diff(s.restart_lsn, '0/0')::bigint
+               FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1::text)
+`
+
+// Deletes the numbers of events the slot can no longer hand out: those whose
+// transaction ended before the slot's restart_lsn (kept on disk, never moved
+// back, unlike the confirmed position after a PostgreSQL crash).
+func (q *Queries) PruneWALKeySeqs(ctx context.Context, db DBTX, slotName string) (int64, error) {
+	result, err := db.Exec(ctx, pruneWALKeySeqs, slotName)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const wALHeartbeat = `-- name: WALHeartbeat :exec

@@ -73,9 +73,22 @@ type Config struct {
 	// Timeout bounds the wait for everything to settle after production.
 	// Default 90s.
 	Timeout time.Duration
+	// Capture is the relay's capture: CaptureTable (producers Enqueue into
+	// the outbox table) or CaptureWAL (producers Emit to the WAL, the relay
+	// streams a logical replication slot; docs/wal.md). CaptureWAL needs
+	// wal_level = logical: on a server without it the demo starts a private
+	// cluster (initdb, in a temporary directory) when PostgreSQL's server
+	// binaries are at hand, and refuses otherwise. Default CaptureTable.
+	Capture string
 	// Out receives the progress and the verification. Default os.Stdout.
 	Out io.Writer
 }
+
+// Captures of Config.Capture.
+const (
+	CaptureTable = "table"
+	CaptureWAL   = "wal"
+)
 
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c Config) WithDefaults() Config {
@@ -100,6 +113,9 @@ func (c Config) WithDefaults() Config {
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
+	if c.Capture == "" {
+		c.Capture = CaptureTable
+	}
 	return c
 }
 
@@ -122,6 +138,9 @@ func (c Config) validate() error {
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("demo: Timeout (--timeout) must be positive, got %s", c.Timeout))
+	}
+	if c.Capture != CaptureTable && c.Capture != CaptureWAL {
+		errs = append(errs, fmt.Errorf("demo: Capture (--capture) must be %q or %q, got %q", CaptureTable, CaptureWAL, c.Capture))
 	}
 	return errors.Join(errs...)
 }
@@ -182,6 +201,8 @@ type run struct {
 	consumer *proc.Process
 	report   Report
 	started  time.Time
+	// wal is the WAL capture's state (Capture CaptureWAL), else nil.
+	wal *walRun
 }
 
 // Run runs the demo and returns its report. The error is non-nil when the
@@ -227,6 +248,13 @@ func (r *run) run(ctx context.Context) error {
 	}
 	r.report.LogsDir = work
 
+	if r.cfg.Capture == CaptureWAL {
+		stop, err := r.walServer(ctx)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	// A fresh database.
 	dbURL, cleanup, err := r.freshDatabase(ctx)
 	if err != nil {
@@ -266,6 +294,9 @@ func (r *run) run(ctx context.Context) error {
 	}
 	defer r.broker.close()
 	relayEnv, consumerEnv := r.broker.serviceEnv()
+	if r.wal != nil {
+		relayEnv = append(relayEnv, r.wal.relayEnv()...)
+	}
 
 	// The services, as real processes.
 	r.relay = proc.New("relay", relayBin, []string{"run"},
@@ -283,6 +314,11 @@ func (r *run) run(ctx context.Context) error {
 		defer func() { _ = p.Stop(20 * time.Second) }()
 	}
 	r.say("relay and consumer started (logs in %s)", work)
+	if r.wal != nil {
+		if err := r.waitSlot(ctx); err != nil {
+			return err
+		}
+	}
 
 	if err := r.produce(ctx); err != nil {
 		return err
@@ -297,6 +333,9 @@ func (r *run) run(ctx context.Context) error {
 		}
 	}
 	r.say("relay and consumer stopped with SIGTERM")
+	if r.wal != nil {
+		defer r.dropSlot()
+	}
 	if err := r.verify(ctx); err != nil {
 		return err
 	}
@@ -313,6 +352,10 @@ func (r *run) freshDatabase(ctx context.Context) (string, func(), error) {
 	}
 	defer admin.Close(context.Background())
 	name := pgx.Identifier{r.cfg.Database}.Sanitize()
+	// A previous WAL run's slot (its relay gone) would keep the database.
+	if _, err := admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, r.cfg.Database); err != nil {
+		return "", nil, fmt.Errorf("demo: drop the replication slots of %s: %w", name, err)
+	}
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 		return "", nil, fmt.Errorf("demo: drop database %s: %w", name, err)
 	}
@@ -432,13 +475,13 @@ func lateOrder(i int64) orderSpec {
 // order creates an order and its OrderCreated event in one transaction, then,
 // when pay is set, pays it with its OrderPaid event in another.
 func (r *run) order(ctx context.Context, o orderSpec, pay bool) error {
-	err := r.tx(ctx, func(tx pgx.Tx) error {
+	err := r.producerTx(ctx, func(tx pgx.Tx) error {
 		if err := db.New().CreateShopOrder(ctx, tx, db.CreateShopOrderParams{
 			OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR",
 		}); err != nil {
 			return err
 		}
-		return r.ob.Enqueue(ctx, tx, event.Message{
+		return r.put(ctx, tx, event.Message{
 			Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
 		})
@@ -446,11 +489,11 @@ func (r *run) order(ctx context.Context, o orderSpec, pay bool) error {
 	if err != nil || !pay {
 		return err
 	}
-	return r.tx(ctx, func(tx pgx.Tx) error {
+	return r.producerTx(ctx, func(tx pgx.Tx) error {
 		if _, err := db.New().MarkShopOrderPaid(ctx, tx, o.id); err != nil {
 			return err
 		}
-		return r.ob.Enqueue(ctx, tx, event.Message{
+		return r.put(ctx, tx, event.Message{
 			Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 		})
@@ -517,11 +560,9 @@ func (r *run) injectPoison(ctx context.Context) error {
 // RabbitMQ, without dedup, keeps it) and twice under new ones (they reach the
 // consumer, and the inbox must absorb them).
 func (r *run) injectDuplicates(ctx context.Context, max int32) error {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	rows, err := db.New().DemoOutboxEvents(qctx, r.pool, max)
+	rows, err := r.publishedEvents(ctx, max)
 	if err != nil {
-		return fmt.Errorf("demo: read published events: %w", err)
+		return err
 	}
 	for _, row := range rows {
 		dropped, err := r.publish(ctx, row.EventID, row.EventID, row.EventType, row.Payload, row.Key)
@@ -597,7 +638,13 @@ func (r *run) state(ctx context.Context) (bool, string) {
 	}
 	line := fmt.Sprintf("outbox %d published/%d | inbox %d received, %d processed, %d dead, %d open | ledger %d credits",
 		ob.Published, ob.Total, in.Total, in.Processed, in.Dead, in.Open, lg.Entries)
-	expectedInbox := ob.Total + r.report.OutOfOrders + r.report.ExpectedDead
+	produced := ob.Total
+	if r.wal != nil {
+		produced = r.wal.emitted()
+		line = fmt.Sprintf("emitted %d (WAL) | inbox %d received, %d processed, %d dead, %d open | ledger %d credits",
+			produced, in.Total, in.Processed, in.Dead, in.Open, lg.Entries)
+	}
+	expectedInbox := produced + r.report.OutOfOrders + r.report.ExpectedDead
 	done := ob.Published+ob.Dead == ob.Total && in.Total >= expectedInbox && in.Open == 0 && lg.Entries >= shop.PaidOrders
 	return done, line
 }
@@ -639,6 +686,11 @@ func (r *run) verify(ctx context.Context) error {
 	rep := &r.report
 	rep.Orders, rep.PaidOrders, rep.ExpectedCents = shop.Orders, shop.PaidOrders, shop.PaidCents
 	rep.Produced, rep.Published = ob.Total, ob.Published
+	if r.wal != nil {
+		if err := r.verifyWAL(ctx); err != nil {
+			return err
+		}
+	}
 	rep.StreamMessages = stored
 	rep.Received, rep.Processed, rep.Dead = in.Total, in.Processed, in.Dead
 	rep.Retries, rep.Deferrals = in.Retries, in.Deferrals
@@ -655,11 +707,15 @@ func (r *run) verify(ctx context.Context) error {
 	check := func(name string, ok bool, format string, args ...any) {
 		rep.Checks = append(rep.Checks, Check{Name: name, OK: ok, Got: fmt.Sprintf(format, args...)})
 	}
-	check("every outbox event published", ob.Published == ob.Total && ob.Dead == 0,
-		"%d of %d published, %d dead", ob.Published, ob.Total, ob.Dead)
-	wantRows := ob.Total + rep.OutOfOrders + rep.ExpectedDead
+	if r.wal == nil {
+		check("every outbox event published", ob.Published == ob.Total && ob.Dead == 0,
+			"%d of %d published, %d dead", ob.Published, ob.Total, ob.Dead)
+	} else {
+		r.wal.checks(check, ob, rep)
+	}
+	wantRows := rep.Produced + rep.OutOfOrders + rep.ExpectedDead
 	check("every event received exactly once", in.Total == wantRows,
-		"%d inbox rows, want %d (%d relayed + %d out-of-order + %d poison)", in.Total, wantRows, ob.Total, rep.OutOfOrders, rep.ExpectedDead)
+		"%d inbox rows, want %d (%d relayed + %d out-of-order + %d poison)", in.Total, wantRows, rep.Produced, rep.OutOfOrders, rep.ExpectedDead)
 	check("duplicates absorbed by the inbox", rep.DuplicatesAbsorbed >= rep.InjectedDuplicates,
 		"%d stream messages for %d events: %d absorbed, %d injected", rep.StreamMessages, in.Total, rep.DuplicatesAbsorbed, rep.InjectedDuplicates)
 	check("nothing left pending", in.Open == 0, "%d pending or processing", in.Open)
@@ -683,7 +739,11 @@ func (r *run) print() {
 	w := r.out
 	fmt.Fprintf(w, "\n==================== pgrelay demo: verification ====================\n")
 	fmt.Fprintf(w, "  shop orders                    %8d (%d paid, %s)\n", rep.Orders, rep.PaidOrders, cents(rep.ExpectedCents))
-	fmt.Fprintf(w, "  events produced (outbox)       %8d\n", rep.Produced)
+	if r.wal != nil {
+		fmt.Fprintf(w, "  events emitted (WAL capture)   %8d\n", rep.Produced)
+	} else {
+		fmt.Fprintf(w, "  events produced (outbox)       %8d\n", rep.Produced)
+	}
 	fmt.Fprintf(w, "  events published by the relay  %8d\n", rep.Published)
 	fmt.Fprintf(w, "  injected out of order          %8d (OrderPaid before OrderCreated)\n", rep.OutOfOrders)
 	fmt.Fprintf(w, "  injected duplicates            %8d (+%d dropped by the broker's dedup)\n", rep.InjectedDuplicates, rep.BrokerDeduplicated)

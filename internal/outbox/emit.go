@@ -19,10 +19,10 @@ import (
 // as Enqueue does (EventID a new UUIDv7, Key the EventID, OccurredAt now),
 // every message before writing any. A message with NotBefore or Delay is
 // refused (ErrInvalidSchedule): the WAL cannot hold an event back. ExpiresAt
-// travels with the event, and the consumer does not apply it after that
-// time. Emit does not deduplicate event ids and
-// assigns no per-key sequence (KeySeq stays 0): the broker's duplicate
-// window and the inbox deduplicate.
+// travels with the event: the relay does not publish it after that time, nor
+// the consumer apply it. Emit does not deduplicate event ids (the broker's
+// duplicate window and the inbox do) and writes no per-key sequence: the
+// relay numbers keyed events as it publishes them.
 func (o *Outbox) Emit(ctx context.Context, tx pgx.Tx, msgs ...event.Message) error {
 	if len(msgs) == 0 {
 		return nil

@@ -103,9 +103,11 @@ type hooks struct {
 	afterArm        func(partition int32)
 	armWait         func(partition int32)
 	afterRead       func(partition int32, rows int)
-	// The WAL capture's: before each status update, before each publish.
+	// The WAL capture's: before each status update, before each publish,
+	// right before numbering a batch's keyed events (its freshness checked).
 	walBeforeStatus  func()
 	walBeforePublish func(events int)
+	walBeforeNumber  func()
 	// walBeforeTruncate runs in the transaction that empties
 	// pgrelay.outbox_wal, before its TRUNCATE.
 	walBeforeTruncate func()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,10 @@ import (
 // paused or partitioned reader). A reader that finds it went silent longer
 // than half of wal_sender_timeout (a pause) drops its session without
 // publishing or confirming anything it read before.
+//
+// Before publishing a batch the reader drops the events that expired and
+// numbers the keyed ones (wal_seq.go): per-key sequences in commit order,
+// recorded so that a re-read publishes the same numbers.
 
 // walPartition is the partition number the WAL capture reports metrics
 // under.
@@ -124,8 +129,22 @@ func (r *Relay) runWAL(ctx context.Context) error {
 // slotLostError is the loud failure of a lost slot, with the recovery.
 func (w *walSource) slotLostError(detail string) error {
 	return fmt.Errorf("relay: %w: slot %q is invalidated (wal_status lost%s): the WAL it needed was removed and cannot be read; "+
-		"recover as docs/wal.md#a-lost-slot says: stop the producers' Emit, drop the slot, let the relay create a new one, "+
-		"and republish the window from the producers' own records", errSlotLost, w.r.cfg.WAL.Slot, detail)
+		"keep the relays stopped and recover as docs/wal.md#a-lost-slot says: note the slot's confirmed_flush_lsn, drop the slot, "+
+		"start one relay (it creates a new slot) and re-emit the window's events from the WAL archive (or the producers' own records)", errSlotLost, w.r.cfg.WAL.Slot, detail)
+}
+
+// reportLost records and reports the slot as lost when the replication
+// protocol said so before the monitor saw it in pg_replication_slots, so that
+// WALStatus and the metrics show it whichever noticed first.
+func (w *walSource) reportLost() {
+	w.mu.Lock()
+	st := w.status
+	st.Slot, st.Exists, st.Reading, st.WALStatus, st.At = w.r.cfg.WAL.Slot, true, false, "lost", time.Now()
+	w.status = st
+	w.mu.Unlock()
+	if o := w.r.cfg.WAL.Observer; o != nil {
+		o.WALSlot(st)
+	}
 }
 
 // setup checks the server's settings and creates the publication and the
@@ -184,6 +203,7 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 		case st.database != database:
 			return &setupError{bad("WAL.Slot", "{}: slot %q belongs to the database %q, not %q: name another slot", cfg.WAL.Slot, st.database, database)}
 		case st.walStatus == "lost":
+			w.reportLost()
 			return w.slotLostError("")
 		}
 		return w.setupTable(qctx)
@@ -293,7 +313,8 @@ func (w *walSource) session(ctx context.Context) error {
 	cancel()
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.Contains(pgErr.Message, "can no longer get changes") {
+		if errors.As(err, &pgErr) && pgErr.Code == "55000" && w.lostAtStart(ctx, pgErr) {
+			w.reportLost()
 			return w.slotLostError(": " + pgErr.Message)
 		}
 		return fmt.Errorf("start replication: %w", err)
@@ -329,6 +350,21 @@ func (w *walSource) session(ctx context.Context) error {
 		return readErr
 	}
 	return perr
+}
+
+// lostAtStart reports whether START_REPLICATION's object-state error
+// (SQLSTATE 55000) means the slot was invalidated: PostgreSQL 15 says
+// "cannot read from logical replication slot" (detail: "This slot has been
+// invalidated ..."), later versions "can no longer get changes from
+// replication slot"; failing those, the slot's wal_status says so.
+func (w *walSource) lostAtStart(ctx context.Context, pgErr *pgconn.PgError) bool {
+	if strings.Contains(pgErr.Message, "can no longer get changes") || strings.Contains(pgErr.Detail, "invalidated") {
+		return true
+	}
+	qctx, cancel := context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
+	defer cancel()
+	row, err := w.slotStatus(qctx)
+	return err == nil && row.walStatus == "lost"
 }
 
 // walSession is one replication connection's streaming: the reader (the
@@ -595,68 +631,101 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 
 // publishTxs publishes the events of batch until the broker acknowledged
 // every one (or refused it for good), retrying transient failures with
-// backoff. It returns early only when ctx ends or the session went stale:
-// then nothing of the batch is confirmed.
+// backoff. Before each publish it drops the events that expired and numbers
+// the keyed ones (numberKeySeqs). It returns early only when ctx ends or the
+// session went stale or lost the slot: then nothing of the batch is
+// confirmed.
 func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 	r := s.w.r
 	log := s.w.log
 	var msgs []broker.Message
+	var ends []pglogrepl.LSN
 	dead := 0
 	for _, tx := range batch {
 		msgs = append(msgs, tx.msgs...)
+		for range tx.msgs {
+			ends = append(ends, tx.end)
+		}
 		dead += tx.dead
 	}
 	if dead > 0 {
 		r.cfg.Observer.MarkedDead(walPartition, dead)
 	}
 	bo := r.newBackoff()
-	for start := 0; start < len(msgs); {
+	for start := 0; start < len(msgs); start += r.cfg.BatchSize {
 		end := min(start+r.cfg.BatchSize, len(msgs))
-		chunk := msgs[start:end]
-		if h := r.cfg.hooks.walBeforePublish; h != nil {
-			h(len(chunk))
-		}
-		if err := s.checkFresh(); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
-		r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
-		var transient error
-		published, dups, terminal := 0, 0, 0
-		for i, res := range results {
-			switch {
-			case res.Err != nil && !broker.IsTerminal(res.Err):
-				if transient == nil {
-					transient = res.Err
+		// The chunk's own copy: expired events leave it for good, and a
+		// retry publishes the rest again, in order.
+		chunk, chunkEnds := slices.Clone(msgs[start:end]), slices.Clone(ends[start:end])
+		for {
+			if h := r.cfg.hooks.walBeforePublish; h != nil {
+				h(len(chunk))
+			}
+			if err := s.checkFresh(); err != nil {
+				return err
+			}
+			// Expired events take no sequence: drop them before numbering.
+			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
+				break
+			}
+			if err := s.numberKeySeqs(ctx, chunk, chunkEnds); err != nil {
+				if errors.Is(err, errNotHolder) {
+					return err
 				}
-			case res.Err != nil:
-				terminal++
-				log.Error("event rejected permanently by the broker; skipped", zap.String("event_id", chunk[i].EventID), zap.Error(res.Err))
-			default:
-				published++
-				if res.Duplicate {
-					dups++
+				log.Warn("numbering key sequences failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(err))
+				if !wait.Sleep(ctx, bo.Next()) {
+					return ctx.Err()
+				}
+				continue
+			}
+			// One that expired during the numbering's round trip is not
+			// published either (its number is then a gap, as an expired
+			// outbox row's is).
+			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
+				break
+			}
+			if err := s.checkFresh(); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
+			r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
+			var transient error
+			published, dups, terminal := 0, 0, 0
+			for i, res := range results {
+				switch {
+				case res.Err != nil && !broker.IsTerminal(res.Err):
+					if transient == nil {
+						transient = res.Err
+					}
+				case res.Err != nil:
+					terminal++
+					log.Error("event rejected permanently by the broker; skipped", zap.String("event_id", chunk[i].EventID), zap.Error(res.Err))
+				default:
+					published++
+					if res.Duplicate {
+						dups++
+					}
 				}
 			}
-		}
-		if transient != nil {
-			// Republish the whole chunk after a pause: in order, and the
-			// events acknowledged already are absorbed as duplicates.
-			r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
-			log.Warn("publish failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(transient))
-			if !wait.Sleep(ctx, bo.Next()) {
-				return ctx.Err()
+			if transient != nil {
+				// Republish the whole chunk after a pause: in order, and the
+				// events acknowledged already are absorbed as duplicates.
+				r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
+				log.Warn("publish failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(transient))
+				if !wait.Sleep(ctx, bo.Next()) {
+					return ctx.Err()
+				}
+				continue
 			}
-			continue
+			if terminal > 0 {
+				r.cfg.Observer.MarkedDead(walPartition, terminal)
+			}
+			if published > 0 {
+				r.cfg.Observer.Published(walPartition, published, dups, time.Since(batch[0].commit))
+			}
+			break
 		}
-		if terminal > 0 {
-			r.cfg.Observer.MarkedDead(walPartition, terminal)
-		}
-		if published > 0 {
-			r.cfg.Observer.Published(walPartition, published, dups, time.Since(batch[0].commit))
-		}
-		start = end
 	}
 	return nil
 }
@@ -682,6 +751,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 			if err := w.r.q.WALHeartbeat(qctx, w.r.cfg.Pool); err != nil && ctx.Err() == nil {
 				w.log.Warn("WAL heartbeat", zap.Error(err))
 			}
+			w.pruneKeySeqs(qctx)
 		}
 		row, err := w.slotStatus(qctx)
 		qcancel()

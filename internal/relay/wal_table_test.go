@@ -40,7 +40,7 @@ func (b *bundle) walRows(t testing.TB) int {
 // TestWALTablePublishesCommittedInserts: rows inserted into
 // pgrelay.outbox_wal with plain SQL are published once each, in commit order
 // (not insert order), interleaved with emitted events in the order of the
-// stream, with the fields of the outbox's plain-SQL contract; a rolled-back
+// stream and numbered per key with them, with the fields of the outbox's plain-SQL contract; a rolled-back
 // insert is not; the relay empties the table (its TRUNCATE is not read as
 // anything) and goes on publishing.
 func TestWALTablePublishesCommittedInserts(t *testing.T) {
@@ -106,7 +106,7 @@ func TestWALTablePublishesCommittedInserts(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("e%d", i+1), m.eventID)
 		require.Equal(t, "k", m.key)
 		require.Equal(t, strconv.Itoa(i+1), string(m.data))
-		require.Empty(t, hdr(m, event.HeaderKeySeq), "no per-key sequence in WAL mode")
+		require.Equal(t, strconv.Itoa(i+1), hdr(m, event.HeaderKeySeq), "numbered per key in commit order, emitted or inserted")
 	}
 	require.Equal(t, defID, got[6].eventID)
 	require.Equal(t, defID, got[6].key)

@@ -120,7 +120,7 @@ func TestWALCapturePublishesCommittedEmits(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("e%d", i+1), m.eventID)
 		require.Equal(t, "k", m.key)
 		require.Equal(t, fmt.Sprint(i+1), string(m.data))
-		require.Empty(t, hdr(m, event.HeaderKeySeq), "no per-key sequence in WAL mode")
+		require.Equal(t, fmt.Sprint(i+1), hdr(m, event.HeaderKeySeq), "numbered by the relay in commit order")
 	}
 	require.Equal(t, "t1", hdr(got[0], event.HeaderPrefix+"X-Trace"))
 	require.Equal(t, "text/plain", hdr(got[0], event.HeaderContentType))

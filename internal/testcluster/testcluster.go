@@ -35,9 +35,9 @@ func BinDir() string {
 
 // Cluster is a running private cluster.
 type Cluster struct {
-	dir, logFile string
-	Port         int
-	asUser       string
+	root, dir, logFile string
+	Port               int
+	asUser             string
 }
 
 // Start creates and starts a cluster with conf appended to its
@@ -50,66 +50,106 @@ func Start(tb testing.TB, conf string) *Cluster {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "pgrelay-cluster-")
+	c, err := New(ctx, conf)
+	if c != nil {
+		tb.Cleanup(func() {
+			c.Stop()
+			if !tb.Failed() {
+				c.removeFiles()
+			} else {
+				tb.Logf("cluster kept in %s", c.root)
+			}
+		})
+	}
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return c
+}
+
+// New creates and starts a cluster, as Start does, for a program (the demo,
+// the benchmark): the caller stops it and removes its files with Remove.
+// When it returns a cluster with an error, Remove still applies.
+func New(ctx context.Context, conf string) (*Cluster, error) {
+	if _, err := os.Stat(filepath.Join(BinDir(), "initdb")); err != nil {
+		return nil, fmt.Errorf("no PostgreSQL server binaries in %s (set PGRELAY_PG_BIN): %w", BinDir(), err)
+	}
+	dir, err := os.MkdirTemp("", "pgrelay-cluster-")
+	if err != nil {
+		return nil, err
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatal(err)
+		_ = os.RemoveAll(dir)
+		return nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	c := &Cluster{dir: filepath.Join(dir, "pgdata"), logFile: filepath.Join(dir, "postgres.log"), Port: port}
-	tb.Cleanup(func() {
-		c.Stop()
-		if !tb.Failed() {
-			_ = os.RemoveAll(dir)
-		} else {
-			tb.Logf("cluster kept in %s", dir)
-		}
-	})
+	c := &Cluster{root: dir, dir: filepath.Join(dir, "pgdata"), logFile: filepath.Join(dir, "postgres.log"), Port: port}
 	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
 		c.asUser = "postgres"
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			tb.Fatalf("running as root needs a postgres user to own the cluster: %v", err)
+			return c, fmt.Errorf("running as root needs a postgres user to own the cluster: %w", err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
 		for _, err := range []error{os.Chmod(dir, 0o755), os.MkdirAll(c.dir, 0o700), os.WriteFile(c.logFile, nil, 0o644),
 			os.Chown(c.dir, uid, gid), os.Chown(c.logFile, uid, gid)} {
 			if err != nil {
-				tb.Fatal(err)
+				return c, err
 			}
 		}
 	}
 	if out, err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
-		tb.Fatalf("initdb: %v\n%s", err, out)
+		return c, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
 	base := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\nfsync = off\nfull_page_writes = off\nmax_connections = 100\n", port)
 	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
-		tb.Fatal(err)
+		return c, err
 	}
 	_, err = f.WriteString(base + conf + "\n")
 	f.Close()
 	if err != nil {
-		tb.Fatal(err)
+		return c, err
 	}
 	if err := c.Start(ctx); err != nil {
-		tb.Fatal(err)
+		return c, err
 	}
 	db, err := sqlOpen(c.URL())
 	if err != nil {
-		tb.Fatal(err)
+		return c, err
 	}
 	defer db.Close()
 	if err := migrations.Up(ctx, db); err != nil {
-		tb.Fatalf("migrate the cluster: %v", err)
+		return c, fmt.Errorf("migrate the cluster: %w", err)
 	}
-	return c
+	return c, nil
 }
+
+// Remove stops the server and deletes the cluster's files.
+func (c *Cluster) Remove() {
+	c.Stop()
+	c.removeFiles()
+}
+
+// removeFiles deletes the cluster's files, retrying for a moment: a server
+// process that outlives pg_ctl stop (the archiver) may still write one.
+func (c *Cluster) removeFiles() {
+	for range 20 {
+		if err := os.RemoveAll(c.root); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Dir is the directory holding the cluster's data directory and log.
+func (c *Cluster) Dir() string { return c.root }
+
+// AsUser is the system user the server runs as ("" for the current one).
+func (c *Cluster) AsUser() string { return c.asUser }
 
 // URL is the cluster's postgres database.
 func (c *Cluster) URL() string {
