@@ -149,6 +149,10 @@ type Config struct {
 	// refuses, because a relay stopped for long would keep WAL until the
 	// disk fills.
 	WALAllowUnboundedSlot bool
+	// WALTruncateInterval is how often the streaming relay of Capture "wal"
+	// empties pgrelay.outbox_wal with TRUNCATE (docs/wal.md). Default 1m;
+	// negative: never.
+	WALTruncateInterval time.Duration
 
 	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9090".
 	// Default "": not served.
@@ -208,7 +212,7 @@ func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config 
 		RetentionInterval: c.RetentionInterval, RetentionBatchSize: c.RetentionBatchSize,
 		StatisticsInterval: c.StatisticsInterval,
 		Capture:            c.Capture,
-		WAL:                engine.WALConfig{Slot: c.WALSlot, AllowUnboundedSlot: c.WALAllowUnboundedSlot},
+		WAL:                engine.WALConfig{Slot: c.WALSlot, AllowUnboundedSlot: c.WALAllowUnboundedSlot, TruncateInterval: c.WALTruncateInterval},
 		AsyncMarks:         c.AsyncMarks,
 	}
 }

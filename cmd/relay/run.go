@@ -42,6 +42,7 @@ type settings struct {
 	capture            string
 	walSlot            string
 	walUnbounded       bool
+	walTruncate        time.Duration
 	migrate            bool
 	asyncMarks         bool
 	logLevel           string
@@ -68,6 +69,7 @@ var envKinds = map[string]string{
 	"RELAY_RETENTION_BATCH":          "int",
 	"RELAY_MIGRATE":                  "bool",
 	"RELAY_WAL_ALLOW_UNBOUNDED_SLOT": "bool",
+	"RELAY_WAL_TRUNCATE_INTERVAL":    "duration",
 	"RELAY_ASYNC_MARKS":              "bool",
 }
 
@@ -88,6 +90,7 @@ var flagOf = map[string]string{
 	"Capture":               "--capture (RELAY_CAPTURE)",
 	"WALSlot":               "--wal-slot (RELAY_WAL_SLOT)",
 	"WALAllowUnboundedSlot": "--wal-allow-unbounded-slot (RELAY_WAL_ALLOW_UNBOUNDED_SLOT)",
+	"WALTruncateInterval":   "--wal-truncate-interval (RELAY_WAL_TRUNCATE_INTERVAL)",
 }
 
 // nameSettings spells the relay.Config fields of err's *setting.FieldErrors
@@ -159,6 +162,7 @@ needs only PostgreSQL.`,
 	f.StringVar(&s.capture, "capture", cli.EnvString("RELAY_CAPTURE", "table"), "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md) (env RELAY_CAPTURE)")
 	f.StringVar(&s.walSlot, "wal-slot", cli.EnvString("RELAY_WAL_SLOT", "pgrelay"), "replication slot of --capture wal; one relay streams it, the others wait as standbys (env RELAY_WAL_SLOT)")
 	f.BoolVar(&s.walUnbounded, "wal-allow-unbounded-slot", cli.EnvBool("RELAY_WAL_ALLOW_UNBOUNDED_SLOT", false), "create the slot even while max_slot_wal_keep_size is -1 (unlimited) (env RELAY_WAL_ALLOW_UNBOUNDED_SLOT)")
+	f.DurationVar(&s.walTruncate, "wal-truncate-interval", cli.EnvDuration("RELAY_WAL_TRUNCATE_INTERVAL", 0), "how often the streaming relay of --capture wal empties pgrelay.outbox_wal with TRUNCATE; negative: never (env RELAY_WAL_TRUNCATE_INTERVAL); default 1m")
 	f.BoolVar(&s.asyncMarks, "async-marks", cli.EnvBool("RELAY_ASYNC_MARKS", false), "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated (env RELAY_ASYNC_MARKS)")
 	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
@@ -223,6 +227,7 @@ func runRelay(parent context.Context, s settings) error {
 		AsyncMarks:  s.asyncMarks,
 		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
 		Capture: s.capture, WALSlot: s.walSlot, WALAllowUnboundedSlot: s.walUnbounded,
+		WALTruncateInterval: s.walTruncate,
 	}
 	if err := rcfg.Validate(); err != nil {
 		return nameSettings(err)

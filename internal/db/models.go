@@ -163,6 +163,19 @@ type OutboxKeySeq struct {
 	Seq int64
 }
 
+type OutboxWal struct {
+	EventID     string
+	Topic       string
+	Key         string
+	EventType   string
+	Payload     []byte
+	Headers     json.RawMessage
+	OccurredAt  time.Time
+	ExpiresAt   *time.Time
+	Traceparent *string
+	Tracestate  *string
+}
+
 type RelayNode struct {
 	NodeID   string
 	LastSeen time.Time

@@ -12,6 +12,7 @@ ALTER TABLE inbox_receive_counts SET SCHEMA pgrelay;
 ALTER TABLE inbox_key_state SET SCHEMA pgrelay;
 ALTER TABLE outbox SET SCHEMA pgrelay;
 ALTER TABLE outbox_key_seqs SET SCHEMA pgrelay;
+ALTER TABLE outbox_wal SET SCHEMA pgrelay;
 ALTER TABLE relay_partitions SET SCHEMA pgrelay;
 ALTER TABLE relay_nodes SET SCHEMA pgrelay;
 ALTER TABLE relay_wakeups SET SCHEMA pgrelay;

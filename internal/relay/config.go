@@ -108,7 +108,10 @@ type hooks struct {
 	walBeforeStatus  func()
 	walBeforePublish func(events int)
 	walBeforeNumber  func()
-	beforeMark       func(partition int32, ids []int64)
+	// walBeforeTruncate runs in the transaction that empties
+	// pgrelay.outbox_wal, before its TRUNCATE.
+	walBeforeTruncate func()
+	beforeMark        func(partition int32, ids []int64)
 }
 
 // Defaults for Config; the relay command's flags default to them too.

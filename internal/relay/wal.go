@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
@@ -109,8 +110,9 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var bg sync.WaitGroup
-	bg.Add(1)
+	bg.Add(2)
 	go func() { defer bg.Done(); w.monitor(runCtx, cancel) }()
+	go func() { defer bg.Done(); w.truncateLoop(runCtx) }()
 	err := w.loop(runCtx)
 	cancel(nil)
 	bg.Wait()
@@ -185,7 +187,9 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	if walLevel != "logical" {
 		return &setupError{bad("Capture", "{} %q needs the server's wal_level = logical (it is %s): set it in postgresql.conf and restart PostgreSQL", CaptureWAL, walLevel)}
 	}
-	if _, err := cfg.Pool.Exec(qctx, "CREATE PUBLICATION "+pgx.Identifier{cfg.WAL.Publication}.Sanitize()); err != nil && !isCode(err, "42710") {
+	// The publication publishes inserts only: pgrelay.outbox_wal's, added
+	// by setupTable; its TRUNCATE is not sent.
+	if _, err := cfg.Pool.Exec(qctx, "CREATE PUBLICATION "+pgx.Identifier{cfg.WAL.Publication}.Sanitize()+" WITH (publish = 'insert')"); err != nil && !isCode(err, "42710") {
 		return fmt.Errorf("create publication %s: %w", cfg.WAL.Publication, err)
 	}
 	st, err := w.slotStatus(qctx)
@@ -202,17 +206,23 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 			w.reportLost()
 			return w.slotLostError("")
 		}
-		return nil
+		return w.setupTable(qctx)
 	}
 	if keep == "-1" && !cfg.WAL.AllowUnboundedSlot {
 		return &setupError{bad("WAL.AllowUnboundedSlot", "the server's max_slot_wal_keep_size is -1 (unlimited): a relay stopped for long would make "+
 			"the slot keep WAL until the disk fills; set max_slot_wal_keep_size (docs/wal.md), or set {} to create the slot anyway")}
 	}
+	// A new slot lacks the rows committed before it: out of the
+	// publication until setupTable re-inserts them, so that nothing
+	// truncates them meanwhile, even after a crash here.
+	if err := w.leavePublication(qctx); err != nil {
+		return err
+	}
 	if err := w.r.q.CreateWALSlot(qctx, cfg.Pool, cfg.WAL.Slot); err != nil && !isCode(err, "42710") {
 		return fmt.Errorf("create replication slot %s: %w", cfg.WAL.Slot, err)
 	}
 	w.log.Info("created the replication slot", zap.String("max_slot_wal_keep_size", keep))
-	return nil
+	return w.setupTable(qctx)
 }
 
 type slotRow struct {
@@ -298,6 +308,7 @@ func (w *walSource) session(ctx context.Context) error {
 		"proto_version '1'",
 		"publication_names '" + w.r.cfg.WAL.Publication + "'", // validated: [a-z0-9_]
 		"messages 'true'",
+		"binary 'true'", // pgrelay.outbox_wal's rows: no DateStyle or bytea_output to follow
 	}})
 	cancel()
 	if err != nil {
@@ -377,10 +388,15 @@ type walSession struct {
 	// the server reported having decoded while nothing was pending (reader
 	// only).
 	sent, idle pglogrepl.LSN
+	// rels are the relations pgoutput described, by id, and types decodes
+	// their columns (reader only).
+	rels  map[uint32]*pglogrepl.RelationMessage
+	types *pgtype.Map
 }
 
 func (w *walSource) newSession(conn *pgconn.PgConn) *walSession {
-	s := &walSession{w: w, conn: conn, txs: make(chan *walTx, 256), interval: time.Second}
+	s := &walSession{w: w, conn: conn, txs: make(chan *walTx, 256), interval: time.Second,
+		rels: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
 	if t := w.senderTimeout; t > 0 {
 		s.staleAfter = t / 2
 		if t/4 < s.interval {
@@ -518,6 +534,20 @@ func (s *walSession) read(ctx context.Context) error {
 				if err != nil {
 					s.w.log.Error("a pgrelay message in the WAL cannot be decoded; it is skipped (written with pg_logical_emit_message by hand?)",
 						zap.String("lsn", lm.LSN.String()), zap.Error(err))
+					cur.dead++
+					continue
+				}
+				cur.msgs = append(cur.msgs, m)
+			case *pglogrepl.RelationMessage:
+				s.rels[lm.RelationID] = lm
+			case *pglogrepl.InsertMessage:
+				rel := s.rels[lm.RelationID]
+				if cur == nil || rel == nil || !isWALTable(rel) {
+					continue
+				}
+				m, err := decodeWALRow(s.types, rel, lm.Tuple)
+				if err != nil {
+					s.w.log.Error("a row inserted into "+walTable+" cannot be read as an event; it is skipped", zap.Error(err))
 					cur.dead++
 					continue
 				}

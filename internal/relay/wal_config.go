@@ -21,6 +21,12 @@ const (
 	DefaultWALSlot        = "pgrelay"
 	DefaultWALPublication = "pgrelay_wal"
 	DefaultWALStandbyPoll = time.Second
+	// DefaultWALTruncateInterval is how often the streaming relay empties
+	// pgrelay.outbox_wal.
+	DefaultWALTruncateInterval = time.Minute
+	// DefaultWALLockTimeout bounds the relay's wait for pgrelay.outbox_wal's
+	// lock.
+	DefaultWALLockTimeout = 100 * time.Millisecond
 )
 
 // WALConfig configures the WAL capture (Config.Capture CaptureWAL).
@@ -29,8 +35,9 @@ type WALConfig struct {
 	// the pgoutput plugin when missing). One relay streams it at a time; the
 	// others wait as standbys. Default DefaultWALSlot ("pgrelay").
 	Slot string
-	// Publication names the publication pgoutput is given (created empty
-	// when missing: the relay reads no table changes, only the messages).
+	// Publication names the publication pgoutput is given (created when
+	// missing, publishing the inserts into pgrelay.outbox_wal and nothing
+	// else: the relay reads the emitted messages and those inserts).
 	// Default DefaultWALPublication ("pgrelay_wal").
 	Publication string
 	// AllowUnboundedSlot lets the relay create its slot while the server's
@@ -48,6 +55,16 @@ type WALConfig struct {
 	// Observer receives the slot's status (lag, wal_status) after each
 	// heartbeat. Default: none.
 	Observer WALObserver
+	// TruncateInterval is how often the streaming relay empties
+	// pgrelay.outbox_wal with TRUNCATE: the events are in the WAL once
+	// committed, the rows are only their vehicle (docs/wal.md). Default
+	// DefaultWALTruncateInterval (1m); negative: never.
+	TruncateInterval time.Duration
+	// LockTimeout bounds how long the relay waits for pgrelay.outbox_wal's
+	// lock to empty the table or to add it to the publication; producers
+	// inserting meanwhile queue behind it at most this long. A timed-out
+	// attempt is retried later. Default DefaultWALLockTimeout (100ms).
+	LockTimeout time.Duration
 }
 
 // WALObserver receives the WAL capture's slot status.
@@ -98,6 +115,12 @@ func (c Config) captureDefaults() Config {
 	if c.WAL.StandbyPoll == 0 {
 		c.WAL.StandbyPoll = DefaultWALStandbyPoll
 	}
+	if c.WAL.TruncateInterval == 0 {
+		c.WAL.TruncateInterval = DefaultWALTruncateInterval
+	}
+	if c.WAL.LockTimeout == 0 {
+		c.WAL.LockTimeout = DefaultWALLockTimeout
+	}
 	return c
 }
 
@@ -113,6 +136,8 @@ func (c Config) validateCapture() error {
 		return bad("WAL.Publication", "{} must be 1 to 63 lower-case letters, digits and underscores, got %q", c.WAL.Publication)
 	case c.WAL.StandbyPoll <= 0:
 		return bad("WAL.StandbyPoll", "{} must be positive, got %s", c.WAL.StandbyPoll)
+	case c.WAL.LockTimeout < time.Millisecond:
+		return bad("WAL.LockTimeout", "{} must be at least 1ms, got %s", c.WAL.LockTimeout)
 	}
 	return nil
 }

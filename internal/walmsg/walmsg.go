@@ -91,10 +91,55 @@ func Decode(b []byte) (event.Message, error) {
 	m := event.Message{
 		EventID: w.ID, Topic: w.Topic, Key: w.Key, EventType: w.Type, ContentType: w.CT,
 		Headers: w.Headers, OccurredAt: w.At.UTC(), Payload: w.Payload,
+		TraceParent: w.TraceParent, TraceState: w.TraceState,
 	}
 	if w.Exp != nil {
 		m.ExpiresAt = w.Exp.UTC()
 	}
+	return complete(m), nil
+}
+
+// Row is an event inserted into pgrelay.outbox_wal, as the relay decodes
+// it from the insert's new tuple: the columns of the outbox's plain-SQL
+// contract (docs/wal.md). Headers is the jsonb column's text.
+type Row struct {
+	EventID, Topic, Key, EventType string
+	Payload                        []byte
+	Headers                        []byte
+	OccurredAt                     time.Time
+	ExpiresAt                      time.Time // zero: none
+	TraceParent, TraceState        string
+}
+
+// FromRow returns the event r carries, completed as Decode completes an
+// emitted one (key the event id when empty, the content type and the trace
+// context lifted from the headers), so that both reach the publisher alike.
+// An event without an event id or a topic, or with headers that are not a
+// JSON object of strings, is refused.
+func FromRow(r Row) (event.Message, error) {
+	if err := event.ValidateEventID(r.EventID); err != nil {
+		return event.Message{}, fmt.Errorf("walmsg: %w", err)
+	}
+	if r.Topic == "" {
+		return event.Message{}, errors.New("walmsg: topic is missing")
+	}
+	m := event.Message{
+		EventID: r.EventID, Topic: r.Topic, Key: r.Key, EventType: r.EventType, Payload: r.Payload,
+		OccurredAt: r.OccurredAt.UTC(), TraceParent: r.TraceParent, TraceState: r.TraceState,
+	}
+	if !r.ExpiresAt.IsZero() {
+		m.ExpiresAt = r.ExpiresAt.UTC()
+	}
+	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
+		if err := json.Unmarshal(r.Headers, &m.Headers); err != nil {
+			return event.Message{}, fmt.Errorf("walmsg: headers must be a JSON object of strings: %w", err)
+		}
+	}
+	return complete(m), nil
+}
+
+// complete fills in what a producer may leave out, as the outbox does.
+func complete(m event.Message) event.Message {
 	if m.Key == "" {
 		m.Key = m.EventID
 	}
@@ -106,10 +151,9 @@ func Decode(b []byte) (event.Message, error) {
 	m.LiftContentType()
 	// The trace context: its own fields, or (pgrelay.emit, which has no
 	// parameter for it) the traceparent and tracestate headers.
-	m.TraceParent, m.TraceState = w.TraceParent, w.TraceState
 	m.LiftTrace()
 	if m.TraceParent == "" || event.ValidTraceContext(m.TraceParent, m.TraceState) != "" {
 		m.TraceParent, m.TraceState = "", ""
 	}
-	return m, nil
+	return m
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
@@ -115,5 +117,30 @@ func TestTraceContextRoundTrip(t *testing.T) {
 	got, err = Decode([]byte(`{"v":1,"id":"e3","topic":"orders","at":"2026-01-02T03:04:05Z","payload":""}`))
 	if err != nil || got.TraceParent != "" || got.TraceState != "" {
 		t.Fatalf("%+v %v", got, err)
+	}
+}
+
+// TestFromRow: a row of pgrelay.outbox_wal becomes the event an emitted
+// message with the same fields becomes; headers that are not an object of
+// strings, a missing topic or event id are refused.
+func TestFromRow(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC)
+	m, err := FromRow(Row{EventID: "e1", Topic: "orders", Payload: []byte("x"), OccurredAt: at,
+		Headers: []byte(`{"Pgrelay-Content-Type":"application/json","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","X":"y"}`)})
+	require.NoError(t, err)
+	require.Equal(t, "e1", m.Key, "the key defaults to the event id")
+	require.Equal(t, "application/json", m.ContentType)
+	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", m.TraceParent)
+	require.Equal(t, map[string]string{"X": "y"}, m.Headers)
+	require.Equal(t, at, m.OccurredAt)
+
+	for _, r := range []Row{
+		{EventID: "e1", Topic: "orders", Headers: []byte(`{"n":1}`)},
+		{EventID: "e1", Topic: "orders", Headers: []byte(`[]`)},
+		{EventID: "e1"},
+		{Topic: "orders"},
+	} {
+		_, err := FromRow(r)
+		require.Error(t, err, "%+v", r)
 	}
 }
