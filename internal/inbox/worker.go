@@ -40,6 +40,95 @@ type Worker struct {
 	cleaner *Cleaner
 	// busy counts the goroutines processing a batch (see Idle).
 	busy atomic.Int32
+	// floor is where the claims start their scan (see claimFloor).
+	floor claimFloor
+}
+
+// claimFloor keeps the claims of a worker from walking the pending index's
+// entries of rows it has already claimed. A claim leaves a dead entry in
+// inbox_pending_idx, at the front of the index (and so does every event the
+// consumer applies on receive), and while any transaction holds the xmin
+// horizon nothing removes them: neither vacuum nor the index scans' own
+// cleanup. A claim that scans from the start walks every one of them, and
+// visits its heap tuple, so with a horizon held for minutes each claim took
+// longer than the last, the workers fell behind, the consumer stopped
+// applying on receive, and the claims carried everything.
+//
+// A claim takes the lowest next_attempt_at first. So once it returned rows up
+// to T, every due row below T that its snapshot saw was claimed (by it, or by
+// a claim holding the row locked); and once it returned less than a batch,
+// every due row its snapshot saw was. A row can only become pending below
+// that later by committing late: an insert or an update whose
+// next_attempt_at is its transaction's start (a store, a release, an
+// unclaim), or an update that locked the row and rolled back. The bound is
+// therefore the greatest of T and the drained claim's start, less a margin
+// that covers such transactions; the drained claim's start is kept on this
+// process's monotonic clock and sent as an age (now() - since), so no clock
+// is compared with the server's. A claim from the start (no bound) runs at
+// least every fullEvery, or every 20 times as long as the last one took, at
+// most every maxEvery, for the rare row later than the margin. Retries and
+// deferrals fall due in the future, above the bound.
+type claimFloor struct {
+	mu       sync.Mutex
+	at       time.Time // the greatest next_attempt_at claimed (server clock); zero: none
+	drained  time.Time // when the latest claim that returned less than a batch began (local clock); zero: none
+	lastFull time.Time // when the last claim from the start began; zero: none yet
+	every    time.Duration
+	// margin, fullEvery and maxEvery are the settings above (tests change
+	// them).
+	margin, fullEvery, maxEvery time.Duration
+}
+
+const (
+	floorMargin    = 500 * time.Millisecond
+	floorFullEvery = 5 * time.Second
+	floorMaxEvery  = time.Minute
+)
+
+// claimBound is where a claim starts: next_attempt_at at least notBefore
+// and at least now() - since (nil and not valid: from the start).
+type claimBound struct {
+	notBefore *time.Time
+	since     pgtype.Interval
+	full      bool
+}
+
+// bound returns where a claim beginning at now starts its scan.
+func (f *claimFloor) bound(now time.Time) claimBound {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.margin == 0 {
+		f.margin, f.fullEvery, f.maxEvery = floorMargin, floorFullEvery, floorMaxEvery
+	}
+	if f.lastFull.IsZero() || now.Sub(f.lastFull) >= max(f.every, f.fullEvery) {
+		f.lastFull = now
+		return claimBound{full: true}
+	}
+	var b claimBound
+	if !f.at.IsZero() {
+		at := f.at.Add(-f.margin)
+		b.notBefore = &at
+	}
+	if !f.drained.IsZero() {
+		b.since = interval(now.Sub(f.drained) + f.margin)
+	}
+	return b
+}
+
+// claimed records a claim that began at start and returned n of a batch of
+// size rows, the greatest next_attempt_at among them, and how long it took.
+func (f *claimFloor) claimed(b claimBound, start time.Time, n, size int, greatest time.Time, took time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b.full {
+		f.every = min(20*took, f.maxEvery)
+	}
+	if greatest.After(f.at) {
+		f.at = greatest
+	}
+	if n < size && start.After(f.drained) {
+		f.drained = start
+	}
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -206,17 +295,24 @@ func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
 		}
 		return w.claimedEvents(cs, false), nil
 	}
+	start := time.Now()
+	bound := w.floor.bound(start)
 	rows, err := w.q.ClaimInbox(qctx, w.cfg.Pool, db.ClaimInboxParams{
 		Handler: w.cfg.HandlerName, MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
-		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize),
+		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize), NotBefore: bound.notBefore, Since: bound.since,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim: %w", err)
 	}
 	cs := make([]claimed, len(rows))
+	var greatest time.Time
 	for i, r := range rows {
 		cs[i] = fromClaimRow(r)
+		if r.NextAttemptAt.After(greatest) {
+			greatest = r.NextAttemptAt
+		}
 	}
+	w.floor.claimed(bound, start, len(rows), w.cfg.BatchSize, greatest, time.Since(start))
 	return w.claimedEvents(cs, false), nil
 }
 
