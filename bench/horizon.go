@@ -33,18 +33,18 @@ import (
 
 // horizonSample is one row of the horizon table.
 type horizonSample struct {
-	at                           time.Duration // since the load started
-	phase                        string        // before, hold, after
-	produced, applied            int64
-	appliedRate                  float64 // events/s since the previous sample
-	outboxPending, inboxPending  int64
-	outboxOldest, inboxOldest    float64 // ms
-	outboxDead, inboxDead        int64
-	outboxTable, outboxIndexes   int64 // bytes
-	inboxTable, inboxIndexes     int64
-	inboxClaimMs, relayClaimMs   float64 // mean over the interval; NaN: no call
-	inboxClaims, relayClaims     int64
-	inboxInsertMs, inboxInserted float64
+	at                          time.Duration // since the load started
+	phase                       string        // before, hold, after
+	produced, applied           int64
+	appliedRate                 float64 // events/s since the previous sample
+	outboxPending, inboxPending int64
+	outboxOldest, inboxOldest   float64 // ms
+	outboxDead, inboxDead       int64
+	outboxTable, outboxIndexes  int64 // bytes
+	inboxTable, inboxIndexes    int64
+	inboxClaimMs, relayClaimMs  float64 // mean over the interval; NaN: no call
+	inboxClaims, relayClaims    int64
+	inboxInsertMs               float64
 }
 
 // horizonState reads, in one statement, everything a sample shows from the
