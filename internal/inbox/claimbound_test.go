@@ -118,3 +118,59 @@ func TestClaimFromStartFindsRowBelowBound(t *testing.T) {
 	}))
 	waitStatus(t, pool, "late", "processed", 5*time.Second)
 }
+
+// TestClaimBoundHeldByLongBatch: a batch that runs longer than the bound's
+// margin stamps its retry with its transaction's start, while the other
+// worker goroutine claims later events and raises the bound past that; the
+// batch holds the bound until a claim has seen its commit, so the retry is
+// still claimed when its backoff is over.
+func TestClaimBoundHeldByLongBatch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	createOrders(t, pool, "o1")
+	const backoff = 100 * time.Millisecond
+	var failedAt atomic.Int64
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		if err := (ledger.Handler{}).Handle(ctx, tx, ev); err != nil {
+			return err
+		}
+		switch {
+		case ev.EventID == "sleeper":
+			time.Sleep(600 * time.Millisecond)
+		case ev.EventID == "slow" && failedAt.Load() == 0:
+			failedAt.Store(time.Now().UnixNano())
+			return errors.New("downstream hiccup")
+		}
+		return nil
+	})
+	cfg := fastConfig(t, pool, h)
+	cfg.Workers, cfg.BatchSize = 2, 2
+	cfg.BackoffMin, cfg.BackoffMax = backoff, backoff
+	// One batch: the sleeper first (arrival order), then the event that
+	// fails, whose retry is stamped with the batch transaction's start.
+	receive(t, pool, orderPaid("sleeper", "o1", 1), orderPaid("slow", "o1", 1))
+	startBoundedWorker(t, cfg, 50*time.Millisecond, time.Hour)
+
+	ctx, stop := context.WithCancel(context.Background())
+	streamed := make(chan error, 1)
+	go func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			if _, err := inbox.Receive(ctx, pool, []inbox.Incoming{orderPaid("later-"+strconv.Itoa(i), "o1", 1)}); err != nil && ctx.Err() == nil {
+				streamed <- err
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		streamed <- nil
+	}()
+	r := waitStatus(t, pool, "slow", "processed", 10*time.Second)
+	stop()
+	require.NoError(t, <-streamed)
+	require.Equal(t, 2, r.Attempts)
+	retried := time.Since(time.Unix(0, failedAt.Load()))
+	t.Logf("retried %s after the failure", retried)
+	require.Less(t, retried, backoff+2*time.Second, "the retried row waited far past its backoff")
+}

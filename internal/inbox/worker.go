@@ -66,17 +66,36 @@ type Worker struct {
 // process's monotonic clock and sent as an age (now() - since), so no clock
 // is compared with the server's. A claim from the start (no bound) runs at
 // least every fullEvery, or every 20 times as long as the last one took, at
-// most every maxEvery, for the rare row later than the margin. Retries and
-// deferrals fall due in the future, above the bound.
+// most every maxEvery, for the rare row later than the margin. A batch in
+// flight holds the bound where it was when the batch began (hold), so its
+// retries, deferrals and hand-backs, stamped with its transaction's start,
+// are above the bound however long it runs; so does the consumer's store
+// (HoldClaimBound).
 type claimFloor struct {
 	mu       sync.Mutex
 	at       time.Time // the greatest next_attempt_at claimed (server clock); zero: none
 	drained  time.Time // when the latest claim that returned less than a batch began (local clock); zero: none
 	lastFull time.Time // when the last claim from the start began; zero: none yet
 	every    time.Duration
+	// holds are the batches in flight (see hold); nextHold numbers them.
+	holds    map[uint64]floorHold
+	nextHold uint64
 	// margin, fullEvery and maxEvery are the settings above (tests change
 	// them).
 	margin, fullEvery, maxEvery time.Duration
+}
+
+// floorHold keeps the bound at or below where it was when a batch of this
+// worker began: the batch's retries, deferrals and hand-backs get its
+// transaction's start as next_attempt_at (plus their delay), which the
+// bound must not pass before they commit, however long the batch takes.
+//
+// A hold outlives its release until a claim that began after the release has
+// returned: that claim saw what the batch committed, so the bound that
+// follows from it is below whatever of it is still pending.
+type floorHold struct {
+	at, start, until time.Time
+	released         time.Time // zero: not yet
 }
 
 const (
@@ -104,15 +123,49 @@ func (f *claimFloor) bound(now time.Time) claimBound {
 		f.lastFull = now
 		return claimBound{full: true}
 	}
+	at, drained := f.at, f.drained
+	for id, h := range f.holds {
+		if now.After(h.until) {
+			delete(f.holds, id) // never released (a rolled-back store): long over
+			continue
+		}
+		if h.at.Before(at) {
+			at = h.at
+		}
+		if h.start.Before(drained) {
+			drained = h.start
+		}
+	}
 	var b claimBound
-	if !f.at.IsZero() {
-		at := f.at.Add(-f.margin)
+	if !at.IsZero() {
+		at = at.Add(-f.margin)
 		b.notBefore = &at
 	}
-	if !f.drained.IsZero() {
-		b.since = interval(now.Sub(f.drained) + f.margin)
+	if !drained.IsZero() {
+		b.since = interval(now.Sub(drained) + f.margin)
 	}
 	return b
+}
+
+// hold keeps the bound where it is now until release is called, or at most
+// for d.
+func (f *claimFloor) hold(now time.Time, d time.Duration) (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holds == nil {
+		f.holds = make(map[uint64]floorHold)
+	}
+	f.nextHold++
+	id := f.nextHold
+	f.holds[id] = floorHold{at: f.at, start: now, until: now.Add(d)}
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if h, ok := f.holds[id]; ok {
+			h.released = time.Now()
+			f.holds[id] = h
+		}
+	}
 }
 
 // claimed records a claim that began at start and returned n of a batch of
@@ -123,12 +176,27 @@ func (f *claimFloor) claimed(b claimBound, start time.Time, n, size int, greates
 	if b.full {
 		f.every = min(20*took, f.maxEvery)
 	}
+	for id, h := range f.holds {
+		if !h.released.IsZero() && start.After(h.released) {
+			delete(f.holds, id)
+		}
+	}
 	if greatest.After(f.at) {
 		f.at = greatest
 	}
 	if n < size && start.After(f.drained) {
 		f.drained = start
 	}
+}
+
+// HoldClaimBound keeps the claims of this worker from starting their scan
+// past rows a transaction is storing now (their next_attempt_at is its
+// start) until release is called, after it ended: the consumer holds it
+// around each store. Without it, such a row committing more than half a
+// second after its transaction began waits for the next claim from the
+// start (a few seconds).
+func (w *Worker) HoldClaimBound() (release func()) {
+	return w.floor.hold(time.Now(), w.cfg.Lease)
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -256,7 +324,10 @@ func (w *Worker) runOnce(ctx context.Context, checkLost bool) (full, tookOver bo
 		}
 	}
 	if len(lost) > 0 {
-		if err := w.processBatch(ctx, lost); err != nil {
+		release := w.floor.hold(time.Now(), w.cfg.Lease)
+		err := w.processBatch(ctx, lost)
+		release()
+		if err != nil {
 			return false, true, err
 		}
 	}
@@ -267,6 +338,7 @@ func (w *Worker) runOnce(ctx context.Context, checkLost bool) (full, tookOver bo
 	if len(batch) == 0 {
 		return len(lost) > 0, len(lost) > 0, nil
 	}
+	defer w.floor.hold(time.Now(), w.cfg.Lease)()
 	return len(batch) == w.cfg.BatchSize || len(lost) > 0, len(lost) > 0, w.processBatch(ctx, batch)
 }
 
