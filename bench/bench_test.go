@@ -35,7 +35,7 @@ func TestQuick(t *testing.T) {
 		TunedMaxWait: -1,
 		LoadDuration: time.Second,
 		// A held horizon of a few seconds proves the group runs.
-		HorizonHold: 4 * time.Second, HorizonAfter: 4 * time.Second, HorizonSample: time.Second,
+		HorizonHold: 3 * time.Second, HorizonAfter: 3 * time.Second, HorizonSample: time.Second,
 		Logger: zaptest.NewLogger(t),
 	})
 	require.NoError(t, err)
