@@ -85,3 +85,30 @@ func TestQuickWAL(t *testing.T) {
 	require.Contains(t, ids, "wal_pub_wal_p50")
 	require.Contains(t, ids, "wal_relay_wal")
 }
+
+// TestQuickHorizon runs the horizon group with a held horizon of a few
+// seconds on a private cluster and checks that it measured every figure.
+func TestQuickHorizon(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(filepath.Join(testcluster.BinDir(), "initdb")); err != nil {
+		t.Skipf("no PostgreSQL server binaries for a private cluster: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Config{
+		DatabaseURL: testdb.ServerURL(t), NATSURL: os.Getenv("NATS_URL"), OutDir: t.TempDir(),
+		Quick: true, Events: 500, LoadDuration: time.Second, Only: []string{"horizon"},
+		HorizonHold: 3 * time.Second, HorizonAfter: 3 * time.Second, HorizonSample: time.Second,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Figures)
+	for _, f := range res.Figures {
+		require.Equal(t, "horizon", f.Group, "figure %s", f.ID)
+		require.Empty(t, f.Error, "figure %s", f.ID)
+		require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
+		// The backlog and the oldest pending rows are 0 when the pipeline
+		// keeps up.
+		require.GreaterOrEqual(t, f.Median, 0.0, "figure %s", f.ID)
+	}
+}

@@ -79,12 +79,24 @@ type Config struct {
 	// only applies when the services run in-process (-bin pointing nowhere
 	// usable). Default false.
 	SQLTrace bool
+	// HorizonRate is the steady load of the horizon group, in events/s.
+	// Default 1,000 (quick mode: 200).
+	HorizonRate int
+	// HorizonHold is how long the horizon group's REPEATABLE READ
+	// transaction holds the xmin horizon. Default 10m (quick mode: 20s).
+	HorizonHold time.Duration
+	// HorizonAfter is how long the horizon group's load goes on after the
+	// release. Default 2m (quick mode: 20s).
+	HorizonAfter time.Duration
+	// HorizonSample is the horizon group's sampling interval. Default 10s
+	// (quick mode: 2s).
+	HorizonSample time.Duration
 	// Logger receives progress messages. Default zap.NewNop().
 	Logger *zap.Logger
 }
 
 // Groups the benchmark knows, in the order it runs them.
-var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost", "wal"}
+var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale", "cost", "wal", "horizon"}
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -135,6 +147,18 @@ func (c Config) WithDefaults() Config {
 	if c.Timeout == 0 {
 		c.Timeout = time.Duration(pick(c.Quick, 1, 5)) * time.Minute
 	}
+	if c.HorizonRate == 0 {
+		c.HorizonRate = pick(c.Quick, 200, 1_000)
+	}
+	if c.HorizonHold == 0 {
+		c.HorizonHold = time.Duration(pick(c.Quick, 20, 600)) * time.Second
+	}
+	if c.HorizonAfter == 0 {
+		c.HorizonAfter = time.Duration(pick(c.Quick, 20, 120)) * time.Second
+	}
+	if c.HorizonSample == 0 {
+		c.HorizonSample = time.Duration(pick(c.Quick, 2, 10)) * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -157,6 +181,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: Prefill (-prefill) must not be negative, got %d", c.Prefill)
 	case c.LoadDuration < 100*time.Millisecond:
 		return fmt.Errorf("bench: LoadDuration (-load-duration) must be at least 100ms, got %s", c.LoadDuration)
+	case c.HorizonRate < 1 || c.HorizonRate > 100_000:
+		return fmt.Errorf("bench: HorizonRate (-horizon-rate) must be in 1..100000 events/s, got %d", c.HorizonRate)
+	case c.HorizonHold < time.Second || c.HorizonAfter < time.Second || c.HorizonSample < time.Second:
+		return fmt.Errorf("bench: -horizon-hold, -horizon-after and -horizon-sample must be at least 1s, got %s, %s, %s", c.HorizonHold, c.HorizonAfter, c.HorizonSample)
 	case c.Timeout < time.Second:
 		return fmt.Errorf("bench: Timeout (-timeout) must be at least 1s, got %s", c.Timeout)
 	}
@@ -180,7 +208,7 @@ func (c Config) validate() error {
 
 // runs reports whether the group is part of this run.
 func (c Config) runs(group string) bool {
-	if group == "wal" { // it starts a private cluster (initdb): only when named
+	if group == "wal" || group == "horizon" { // each starts a private cluster (initdb): only when named
 		return contains(c.Only, group)
 	}
 	return len(c.Only) == 0 || contains(c.Only, group)

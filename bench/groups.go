@@ -115,6 +115,19 @@ func (b *bench) declareFigures() {
 	}
 
 	b.declareWALFigures(add)
+	// A held horizon (bench/horizon.go): one run, its samples printed as a table.
+	hold := b.cfg.HorizonHold.String()
+	add("horizon_backlog_end", "horizon", "held horizon: events unapplied at the end of a "+hold+" hold", "events", "in-process", "", nil, "")
+	add("horizon_outbox_oldest_end", "horizon", "  oldest pending outbox row at the end of the hold", unitMs, "in-process", "", atMost(1000, "lag < 1 s"), "")
+	add("horizon_inbox_oldest_end", "horizon", "  oldest pending inbox row at the end of the hold", unitMs, "in-process", "", atMost(1000, "lag < 1 s"), "")
+	add("horizon_applied_hold", "horizon", "  applied rate, last third of the hold", unitRate, "in-process", "", nil, "")
+	add("horizon_inbox_claim_first", "horizon", "  inbox claim (ClaimInbox), mean, first sample of the hold", unitMs, "in-process", "", nil, "pg_stat_statements")
+	add("horizon_inbox_claim_last", "horizon", "  inbox claim, mean, last sample of the hold", unitMs, "in-process", "", nil, "")
+	add("horizon_relay_claim_first", "horizon", "  relay claim (PendingBatch), mean, first sample of the hold", unitMs, "in-process", "", nil, "pg_stat_statements")
+	add("horizon_relay_claim_last", "horizon", "  relay claim, mean, last sample of the hold", unitMs, "in-process", "", nil, "")
+	add("horizon_inbox_dead_end", "horizon", "  dead inbox tuples at the end of the hold", "tuples", "in-process", "", nil, "pg_stat_user_tables.n_dead_tup")
+	add("horizon_recovery", "horizon", "  recovery after the release", unitMs, "in-process", "", atMost(60_000, "≤ 1 min"), "")
+	add("horizon_drain_after", "horizon", "  applied rate, first sample after the release", unitRate, "in-process", "", nil, "")
 
 	add("rss_relay", "cost", "relay peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
 	add("rss_consumer", "cost", "consumer peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")

@@ -44,6 +44,8 @@ func (b *bench) runPipelineGroup(ctx context.Context, group string) {
 		b.runE2EGroup(ctx)
 	case "cost":
 		b.runCostGroup(ctx)
+	case "horizon":
+		b.runHorizonGroup(ctx)
 	}
 }
 

@@ -102,10 +102,19 @@ SELECT unnest(@handlers::text[]), unnest(@dedup_keys::text[]), unnest(@key_strat
 -- events are simply pending again, since the batch that processes them
 -- commits synchronously and its WAL flush carries the claim's record first.
 -- This halves the flushes per batch.
+-- not_before and since start the scan of inbox_pending_idx past the entries
+-- of rows the worker has already claimed: next_attempt_at at least
+-- not_before, and at least now() - since (both NULL: from the start). Every
+-- claim leaves a dead entry there, and while a transaction holds the xmin
+-- horizon nothing removes them: a scan from the start walks them all, and
+-- visits their heap tuples, on every claim. The worker keeps the bound
+-- (Worker.claimFloor) and scans from the start every few seconds for a row
+-- that became pending below it; next_attempt_at is returned for the bound.
 WITH due AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
     WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at <= now()
+      AND i.next_attempt_at >= greatest(sqlc.narg(not_before)::timestamptz, now() - sqlc.narg(since)::interval, '-infinity')
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
@@ -128,7 +137,7 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error, inbox.key_seq;
+          inbox.last_error, inbox.key_seq, inbox.next_attempt_at;
 
 -- name: ClaimInboxLost :many
 -- ClaimInboxLost takes over up to @batch_size events whose lease expired while

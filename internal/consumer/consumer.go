@@ -349,6 +349,11 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
 	defer cancel()
+	if c.worker != nil {
+		// The rows stored are stamped with the transaction's start: the
+		// workers' claims must not start their scan past them.
+		defer c.worker.HoldClaimBound()()
+	}
 	var res inbox.ReceiveResult
 	var applied *inbox.Applied
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {

@@ -18,9 +18,10 @@ WITH due AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
     WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= now()
+      AND i.next_attempt_at >= greatest($5::timestamptz, now() - $6::interval, '-infinity')
       AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
-    LIMIT $5
+    LIMIT $7
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.inbox
@@ -40,7 +41,7 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
           inbox.headers, inbox.occurred_at, inbox.received_at, inbox.status,
           inbox.attempts, inbox.deferrals, inbox.lock_version, inbox.waiting_for,
-          inbox.last_error, inbox.key_seq
+          inbox.last_error, inbox.key_seq, inbox.next_attempt_at
 `
 
 type ClaimInboxParams struct {
@@ -48,27 +49,30 @@ type ClaimInboxParams struct {
 	WorkerID    string
 	Lease       pgtype.Interval
 	Handler     string
+	NotBefore   *time.Time
+	Since       pgtype.Interval
 	BatchSize   int32
 }
 
 type ClaimInboxRow struct {
-	Handler     string
-	DedupKey    string
-	EventID     string
-	Topic       string
-	Key         string
-	EventType   string
-	Payload     []byte
-	Headers     json.RawMessage
-	OccurredAt  time.Time
-	ReceivedAt  time.Time
-	Status      string
-	Attempts    int32
-	Deferrals   int32
-	LockVersion int64
-	WaitingFor  *string
-	LastError   *string
-	KeySeq      *int64
+	Handler       string
+	DedupKey      string
+	EventID       string
+	Topic         string
+	Key           string
+	EventType     string
+	Payload       []byte
+	Headers       json.RawMessage
+	OccurredAt    time.Time
+	ReceivedAt    time.Time
+	Status        string
+	Attempts      int32
+	Deferrals     int32
+	LockVersion   int64
+	WaitingFor    *string
+	LastError     *string
+	KeySeq        *int64
+	NextAttemptAt time.Time
 }
 
 // ClaimInbox moves up to @batch_size due pending events to processing under a
@@ -82,12 +86,22 @@ type ClaimInboxRow struct {
 // events are simply pending again, since the batch that processes them
 // commits synchronously and its WAL flush carries the claim's record first.
 // This halves the flushes per batch.
+// not_before and since start the scan of inbox_pending_idx past the entries
+// of rows the worker has already claimed: next_attempt_at at least
+// not_before, and at least now() - since (both NULL: from the start). Every
+// claim leaves a dead entry there, and while a transaction holds the xmin
+// horizon nothing removes them: a scan from the start walks them all, and
+// visits their heap tuples, on every claim. The worker keeps the bound
+// (Worker.claimFloor) and scans from the start every few seconds for a row
+// that became pending below it; next_attempt_at is returned for the bound.
 func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams) ([]ClaimInboxRow, error) {
 	rows, err := db.Query(ctx, claimInbox,
 		arg.MaxAttempts,
 		arg.WorkerID,
 		arg.Lease,
 		arg.Handler,
+		arg.NotBefore,
+		arg.Since,
 		arg.BatchSize,
 	)
 	if err != nil {
@@ -115,6 +129,7 @@ func (q *Queries) ClaimInbox(ctx context.Context, db DBTX, arg ClaimInboxParams)
 			&i.WaitingFor,
 			&i.LastError,
 			&i.KeySeq,
+			&i.NextAttemptAt,
 		); err != nil {
 			return nil, err
 		}

@@ -40,6 +40,163 @@ type Worker struct {
 	cleaner *Cleaner
 	// busy counts the goroutines processing a batch (see Idle).
 	busy atomic.Int32
+	// floor is where the claims start their scan (see claimFloor).
+	floor claimFloor
+}
+
+// claimFloor keeps the claims of a worker from walking the pending index's
+// entries of rows it has already claimed. A claim leaves a dead entry in
+// inbox_pending_idx, at the front of the index (and so does every event the
+// consumer applies on receive), and while any transaction holds the xmin
+// horizon nothing removes them: neither vacuum nor the index scans' own
+// cleanup. A claim that scans from the start walks every one of them, and
+// visits its heap tuple, so with a horizon held for minutes each claim took
+// longer than the last, the workers fell behind, the consumer stopped
+// applying on receive, and the claims carried everything.
+//
+// A claim takes the lowest next_attempt_at first. So once it returned rows up
+// to T, every due row below T that its snapshot saw was claimed (by it, or by
+// a claim holding the row locked); and once it returned less than a batch,
+// every due row its snapshot saw was. A row can only become pending below
+// that later by committing late: an insert or an update whose
+// next_attempt_at is its transaction's start (a store, a release, an
+// unclaim), or an update that locked the row and rolled back. The bound is
+// therefore the greatest of T and the drained claim's start, less a margin
+// that covers such transactions; the drained claim's start is kept on this
+// process's monotonic clock and sent as an age (now() - since), so no clock
+// is compared with the server's. A claim from the start (no bound) runs at
+// least every fullEvery, or every 20 times as long as the last one took, at
+// most every maxEvery, for the rare row later than the margin. A batch in
+// flight holds the bound where it was when the batch began (hold), so its
+// retries, deferrals and hand-backs, stamped with its transaction's start,
+// are above the bound however long it runs; so does the consumer's store
+// (HoldClaimBound).
+type claimFloor struct {
+	mu       sync.Mutex
+	at       time.Time // the greatest next_attempt_at claimed (server clock); zero: none
+	drained  time.Time // when the latest claim that returned less than a batch began (local clock); zero: none
+	lastFull time.Time // when the last claim from the start began; zero: none yet
+	every    time.Duration
+	// holds are the batches in flight (see hold); nextHold numbers them.
+	holds    map[uint64]floorHold
+	nextHold uint64
+	// margin, fullEvery and maxEvery are the settings above (tests change
+	// them).
+	margin, fullEvery, maxEvery time.Duration
+}
+
+// floorHold keeps the bound at or below where it was when a batch of this
+// worker began: the batch's retries, deferrals and hand-backs get its
+// transaction's start as next_attempt_at (plus their delay), which the
+// bound must not pass before they commit, however long the batch takes.
+//
+// A hold outlives its release until a claim that began after the release has
+// returned: that claim saw what the batch committed, so the bound that
+// follows from it is below whatever of it is still pending.
+type floorHold struct {
+	at, start, until time.Time
+	released         time.Time // zero: not yet
+}
+
+const (
+	floorMargin    = 500 * time.Millisecond
+	floorFullEvery = 5 * time.Second
+	floorMaxEvery  = time.Minute
+)
+
+// claimBound is where a claim starts: next_attempt_at at least notBefore
+// and at least now() - since (nil and not valid: from the start).
+type claimBound struct {
+	notBefore *time.Time
+	since     pgtype.Interval
+	full      bool
+}
+
+// bound returns where a claim beginning at now starts its scan.
+func (f *claimFloor) bound(now time.Time) claimBound {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.margin == 0 {
+		f.margin, f.fullEvery, f.maxEvery = floorMargin, floorFullEvery, floorMaxEvery
+	}
+	if f.lastFull.IsZero() || now.Sub(f.lastFull) >= max(f.every, f.fullEvery) {
+		f.lastFull = now
+		return claimBound{full: true}
+	}
+	at, drained := f.at, f.drained
+	for id, h := range f.holds {
+		if now.After(h.until) {
+			delete(f.holds, id) // never released (a rolled-back store): long over
+			continue
+		}
+		if h.at.Before(at) {
+			at = h.at
+		}
+		if h.start.Before(drained) {
+			drained = h.start
+		}
+	}
+	var b claimBound
+	if !at.IsZero() {
+		at = at.Add(-f.margin)
+		b.notBefore = &at
+	}
+	if !drained.IsZero() {
+		b.since = interval(now.Sub(drained) + f.margin)
+	}
+	return b
+}
+
+// hold keeps the bound where it is now until release is called, or at most
+// for d.
+func (f *claimFloor) hold(now time.Time, d time.Duration) (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holds == nil {
+		f.holds = make(map[uint64]floorHold)
+	}
+	f.nextHold++
+	id := f.nextHold
+	f.holds[id] = floorHold{at: f.at, start: now, until: now.Add(d)}
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if h, ok := f.holds[id]; ok {
+			h.released = time.Now()
+			f.holds[id] = h
+		}
+	}
+}
+
+// claimed records a claim that began at start and returned n of a batch of
+// size rows, the greatest next_attempt_at among them, and how long it took.
+func (f *claimFloor) claimed(b claimBound, start time.Time, n, size int, greatest time.Time, took time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b.full {
+		f.every = min(20*took, f.maxEvery)
+	}
+	for id, h := range f.holds {
+		if !h.released.IsZero() && start.After(h.released) {
+			delete(f.holds, id)
+		}
+	}
+	if greatest.After(f.at) {
+		f.at = greatest
+	}
+	if n < size && start.After(f.drained) {
+		f.drained = start
+	}
+}
+
+// HoldClaimBound keeps the claims of this worker from starting their scan
+// past rows a transaction is storing now (their next_attempt_at is its
+// start) until release is called, after it ended: the consumer holds it
+// around each store. Without it, such a row committing more than half a
+// second after its transaction began waits for the next claim from the
+// start (a few seconds).
+func (w *Worker) HoldClaimBound() (release func()) {
+	return w.floor.hold(time.Now(), w.cfg.Lease)
 }
 
 // NewWorker checks cfg (after WithDefaults) and returns a worker.
@@ -167,7 +324,10 @@ func (w *Worker) runOnce(ctx context.Context, checkLost bool) (full, tookOver bo
 		}
 	}
 	if len(lost) > 0 {
-		if err := w.processBatch(ctx, lost); err != nil {
+		release := w.floor.hold(time.Now(), w.cfg.Lease)
+		err := w.processBatch(ctx, lost)
+		release()
+		if err != nil {
 			return false, true, err
 		}
 	}
@@ -178,6 +338,7 @@ func (w *Worker) runOnce(ctx context.Context, checkLost bool) (full, tookOver bo
 	if len(batch) == 0 {
 		return len(lost) > 0, len(lost) > 0, nil
 	}
+	defer w.floor.hold(time.Now(), w.cfg.Lease)()
 	return len(batch) == w.cfg.BatchSize || len(lost) > 0, len(lost) > 0, w.processBatch(ctx, batch)
 }
 
@@ -206,17 +367,24 @@ func (w *Worker) claim(ctx context.Context) ([]*Event, error) {
 		}
 		return w.claimedEvents(cs, false), nil
 	}
+	start := time.Now()
+	bound := w.floor.bound(start)
 	rows, err := w.q.ClaimInbox(qctx, w.cfg.Pool, db.ClaimInboxParams{
 		Handler: w.cfg.HandlerName, MaxAttempts: int32(w.cfg.MaxAttempts), WorkerID: w.cfg.WorkerID,
-		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize),
+		Lease: interval(w.cfg.Lease), BatchSize: int32(w.cfg.BatchSize), NotBefore: bound.notBefore, Since: bound.since,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim: %w", err)
 	}
 	cs := make([]claimed, len(rows))
+	var greatest time.Time
 	for i, r := range rows {
 		cs[i] = fromClaimRow(r)
+		if r.NextAttemptAt.After(greatest) {
+			greatest = r.NextAttemptAt
+		}
 	}
+	w.floor.claimed(bound, start, len(rows), w.cfg.BatchSize, greatest, time.Since(start))
 	return w.claimedEvents(cs, false), nil
 }
 
