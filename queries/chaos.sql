@@ -42,3 +42,10 @@ SELECT handler, key, key_seq::bigint AS key_seq, event_id, status, finished_at
 FROM pgrelay.inbox
 WHERE key_seq IS NOT NULL
 ORDER BY handler, key, key_seq, finished_at;
+
+-- name: ChaosInsertOutboxWAL :exec
+-- ChaosInsertOutboxWAL writes an event of the fault test's WAL capture run as a
+-- plain-SQL producer does: a row of pgrelay.outbox_wal, which the relay reads
+-- from its slot's inserts.
+INSERT INTO pgrelay.outbox_wal (event_id, topic, key, event_type, payload, headers, occurred_at)
+VALUES (sqlc.arg(event_id), sqlc.arg(topic), sqlc.arg(key), sqlc.arg(event_type), sqlc.arg(payload), sqlc.arg(headers), now());

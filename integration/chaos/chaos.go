@@ -313,6 +313,11 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 	}
 	r.say("fault phase over: %d faults; producer wrote %d orders (%d events acknowledged, %d transactions failed and were retried or abandoned)",
 		len(r.faults), r.prod.orders(), len(r.prod.acknowledged()), r.prod.failures())
+	if r.cfg.Capture == "wal" {
+		table, mixed := r.prod.waysUsed()
+		r.say("WAL capture: %d events inserted into pgrelay.outbox_wal, %d emitted; %d transactions did both",
+			table, len(r.prod.acknowledged())-table, mixed)
+	}
 
 	// The drain: no more faults, everything must settle.
 	r.heal()
@@ -359,6 +364,12 @@ func (r *run) run(ctx context.Context) (*Report, error) {
 		rep.Restarts += s.starts - 1
 	}
 	rep.InboxFencedLogLines, rep.RelayFenced, rep.RelayTakeovers = r.countLogLines()
+	if r.cfg.Capture == "wal" {
+		rep.WALTableEvents, rep.WALMixedTxs = r.prod.waysUsed()
+		if err := r.pool.QueryRow(cctx, `SELECT count(*) FROM pgrelay.outbox_wal`).Scan(&rep.WALTableLeft); err != nil {
+			return nil, fmt.Errorf("chaos: count pgrelay.outbox_wal: %w", err)
+		}
+	}
 	return rep, nil
 }
 
@@ -378,6 +389,11 @@ func (r *run) startServices(binDir, dbURL, brokerAddr string) error {
 			"RELAY_PUBLISH_TIMEOUT=10s", "RELAY_BATCH_SIZE=100", "RELAY_POLL_INTERVAL=500ms",
 			"RELAY_CAPTURE="+r.cfg.Capture,
 			fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", addr))
+		if r.cfg.Capture == "wal" {
+			// The producer also inserts into pgrelay.outbox_wal: empty
+			// it often, so that TRUNCATE runs under the faults.
+			env = append(env, "RELAY_WAL_TRUNCATE_INTERVAL=2s")
+		}
 		s := &service{name: name, metricsAddr: fmt.Sprintf("127.0.0.1:%d", addr),
 			proc: proc.New(name, filepath.Join(binDir, "relay"), []string{"run"}, env, filepath.Join(r.work, name+".log"))}
 		r.relay = append(r.relay, s)

@@ -28,7 +28,8 @@ type checkInput struct {
 	acknowledged []string
 	ordered      bool // the consumers ran with --ordered: check each key's apply order
 	// emitted, in a WAL capture run, are the events the producer emitted
-	// and saw committed, in commit order: they stand for the outbox rows.
+	// with pgrelay.Emit or inserted into pgrelay.outbox_wal and saw
+	// committed, in commit order: they stand for the outbox rows.
 	emitted []emittedEvent
 }
 
@@ -63,6 +64,11 @@ type Report struct {
 	Violations  []string
 
 	OrderedKeys int // keys whose apply order was checked (ordered runs)
+
+	// A WAL capture run's events that the producer inserted into
+	// pgrelay.outbox_wal (the others it emitted), its transactions that did
+	// both, and the rows the relays' TRUNCATEs left in the table at the end.
+	WALTableEvents, WALMixedTxs, WALTableLeft int
 
 	// Delayed and expiring events: how many the producer delayed, and how
 	// many expired before the relay published them or before a consumer
@@ -467,6 +473,10 @@ func (r *Report) print(w io.Writer) {
 	fmt.Fprintf(w, "  lease takeovers                %8d inbox claims, %d relay partitions logged (%d counted)\n", r.InboxTakeovers, r.RelayTakeovers, r.RelayTakeoversScraped)
 	fmt.Fprintf(w, "  service restarts               %8d\n", r.Restarts)
 	fmt.Fprintf(w, "  delayed events                 %8d (expired: %d before publishing, %d before applying)\n", r.Delayed, r.ExpiredOutbox, r.ExpiredInbox)
+	if r.WALTableEvents > 0 {
+		fmt.Fprintf(w, "  of which into outbox_wal       %8d (the others emitted; %d transactions did both; %d rows left after the relays' TRUNCATEs)\n",
+			r.WALTableEvents, r.WALMixedTxs, r.WALTableLeft)
+	}
 	if r.OrderedKeys > 0 {
 		fmt.Fprintf(w, "  ordered keys (apply order)     %8d checked\n", r.OrderedKeys)
 	}

@@ -246,7 +246,7 @@ func (r *run) injectOutOfOrder(ctx context.Context, rng *rand.Rand) (string, err
 			return "", err
 		}
 		r.injected.add(id, expectCredit)
-		if !r.prod.retry(ctx, func() error { return r.prod.create(ctx, o, true) }) {
+		if !r.prod.retry(ctx, func() error { return r.prod.create(ctx, o, true, r.prod.pickWay(false)) }) {
 			return "", fmt.Errorf("create late order %s", o.id)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
 
@@ -28,15 +30,20 @@ type producer struct {
 	rate int
 	say  func(string, ...any)
 
-	// emit writes the events with pgrelay.Emit (a WAL capture run), under
-	// ids derived from the order, so that a retry after an ambiguous commit
-	// that did commit is known to have produced its event.
+	// emit writes the events to the WAL (a WAL capture run), under ids
+	// derived from the order, so that a retry after an ambiguous commit
+	// that did commit is known to have produced its event: each
+	// transaction with pgrelay.Emit or with an insert into
+	// pgrelay.outbox_wal, as ways picks, and now and then both in one.
 	emit bool
+	ways *rand.Rand // under mu
 
 	mu      sync.Mutex
 	acked   []string       // event ids whose transaction committed
 	emitted []emittedEvent // with emit: the committed events, in commit order
 	nOrders int
+	nTable  int // committed events inserted into pgrelay.outbox_wal
+	nMixed  int // committed transactions that both emitted and inserted
 	nFailed int
 	unpaid  []order
 }
@@ -44,22 +51,73 @@ type producer struct {
 // emittedEvent is an event the producer emitted and saw committed.
 type emittedEvent struct{ id, key, eventType string }
 
-// write writes m with Enqueue, or Emit in a WAL capture run.
-func (p *producer) write(ctx context.Context, tx pgx.Tx, m pgrelay.Message) error {
-	if p.emit {
+// way is how a WAL capture run's transaction writes its events.
+type way struct {
+	// table inserts the event into pgrelay.outbox_wal instead of emitting
+	// it with pgrelay.Emit.
+	table bool
+	// mixed creates the order and pays it in one transaction, the
+	// OrderCreated written one way (table) and the OrderPaid the other.
+	mixed bool
+}
+
+// pickWay picks a transaction's way: half of them insert into
+// pgrelay.outbox_wal, half emit, and when mixedOK one in eight of them is a
+// mixed transaction. A table capture run always enqueues (the zero way).
+func (p *producer) pickWay(mixedOK bool) way {
+	if !p.emit {
+		return way{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return way{table: p.ways.IntN(2) == 0, mixed: mixedOK && p.ways.IntN(8) == 0}
+}
+
+// walHeaders are the headers of the events inserted into pgrelay.outbox_wal:
+// the content type as a plain-SQL producer states it, and one more.
+var walHeaders = []byte(`{"` + event.HeaderContentType + `": "application/json", "Chaos-Via": "outbox_wal"}`)
+
+// write writes m with Enqueue, or in a WAL capture run with Emit or, when
+// table, as a row of pgrelay.outbox_wal.
+func (p *producer) write(ctx context.Context, tx pgx.Tx, m pgrelay.Message, table bool) error {
+	switch {
+	case !p.emit:
+		return pgrelay.Enqueue(ctx, tx, m)
+	case table:
+		return db.New().ChaosInsertOutboxWAL(ctx, tx, db.ChaosInsertOutboxWALParams{
+			EventID: m.EventID, Topic: m.Topic, Key: m.Key, EventType: m.EventType, Payload: m.Payload, Headers: walHeaders,
+		})
+	default:
 		return pgrelay.Emit(ctx, tx, m)
 	}
-	return pgrelay.Enqueue(ctx, tx, m)
 }
 
 // committed records the event id of a committed transaction.
-func (p *producer) committed(id, key, eventType string) {
+// table says the event was a row of pgrelay.outbox_wal.
+func (p *producer) committed(id, key, eventType string, table bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.acked = append(p.acked, id)
+	if table {
+		p.nTable++
+	}
 	if p.emit {
 		p.emitted = append(p.emitted, emittedEvent{id, key, eventType})
 	}
+}
+
+func (p *producer) countMixed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nMixed++
+}
+
+// waysUsed reports how many committed events were inserted into
+// pgrelay.outbox_wal, and how many transactions both emitted and inserted.
+func (p *producer) waysUsed() (table, mixed int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nTable, p.nMixed
 }
 
 func (p *producer) emittedEvents() []emittedEvent {
@@ -74,7 +132,7 @@ type order struct {
 }
 
 func newProducer(pool *pgxpool.Pool, seed uint64, rate int, say func(string, ...any)) *producer {
-	return &producer{pool: pool, seed: seed, rate: rate, say: say}
+	return &producer{pool: pool, seed: seed, rate: rate, say: say, ways: newRand(seed, 3)}
 }
 
 func (p *producer) run(ctx context.Context) {
@@ -99,12 +157,14 @@ func (p *producer) run(ctx context.Context) {
 			o := p.unpaid[i]
 			p.unpaid = append(p.unpaid[:i], p.unpaid[i+1:]...)
 			p.mu.Unlock()
-			p.retry(ctx, func() error { return p.pay(ctx, o, true) })
+			w := p.pickWay(false)
+			p.retry(ctx, func() error { return p.pay(ctx, o, true, w) })
 			continue
 		}
 		o := order{id: fmt.Sprintf("o%d-%06d", p.seed, next), customer: fmt.Sprintf("c%03d", rng.IntN(200)), amount: 100 + rng.Int64N(100000)}
 		next++
-		if p.retry(ctx, func() error { return p.create(ctx, o, true) }) && rng.IntN(10) < 8 {
+		w := p.pickWay(true)
+		if p.retry(ctx, func() error { return p.create(ctx, o, true, w) }) && rng.IntN(10) < 8 && !w.mixed {
 			p.mu.Lock()
 			p.unpaid = append(p.unpaid, o)
 			p.mu.Unlock()
@@ -134,32 +194,49 @@ func (p *producer) retry(ctx context.Context, f func() error) bool {
 	}
 }
 
-// create writes the order and, when withEvent, its OrderCreated event. A
-// retry after an ambiguous commit that did commit finds the order there
-// (unique violation) and writes nothing more.
-func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
-	id := newEventID()
+// create writes the order and, when withEvent, its OrderCreated event (and,
+// with w.mixed, pays it in the same transaction, its OrderPaid written the
+// other way). A retry after an ambiguous commit that did commit finds the
+// order there (unique violation) and writes nothing more.
+func (p *producer) create(ctx context.Context, o order, withEvent bool, w way) error {
+	id, paidID := newEventID(), ""
 	if p.emit {
-		id = "created-" + o.id
+		id, paidID = "created-"+o.id, "paid-"+o.id
 	}
+	mixed := p.emit && withEvent && w.mixed
 	err := p.tx(ctx, func(tx pgx.Tx) error {
 		err := db.New().CreateShopOrder(ctx, tx, db.CreateShopOrderParams{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"})
 		if err != nil || !withEvent {
 			return err
 		}
-		return p.write(ctx, tx, pgrelay.Message{
+		err = p.write(ctx, tx, pgrelay.Message{
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
 			// One order in eight is created delayed: its OrderCreated
 			// holds the order's OrderPaid behind it.
 			Delay: p.delayOf(o),
-		})
+		}, w.table)
+		if err != nil || !mixed {
+			return err
+		}
+		if _, err := db.New().MarkShopOrderPaid(ctx, tx, o.id); err != nil {
+			return err
+		}
+		return p.write(ctx, tx, pgrelay.Message{
+			EventID: paidID, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
+			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
+		}, !w.table)
 	})
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		// An earlier, ambiguous attempt committed. With Emit its event,
-		// under the same id, is in the WAL and not in any table: record it.
+		// An earlier, ambiguous attempt committed. In a WAL capture run
+		// its events, under the same ids, are in the WAL and not in any
+		// table the checker reads: record them, in their order.
 		if p.emit && withEvent && !p.seen(id) {
-			p.committed(id, o.id, ledger.EventOrderCreated)
+			p.committed(id, o.id, ledger.EventOrderCreated, w.table)
+			if mixed {
+				p.committed(paidID, o.id, ledger.EventOrderPaid, !w.table)
+				p.countMixed()
+			}
 		}
 		return nil
 	}
@@ -170,14 +247,18 @@ func (p *producer) create(ctx context.Context, o order, withEvent bool) error {
 	p.nOrders++
 	p.mu.Unlock()
 	if withEvent {
-		p.committed(id, o.id, ledger.EventOrderCreated)
+		p.committed(id, o.id, ledger.EventOrderCreated, w.table)
+		if mixed {
+			p.committed(paidID, o.id, ledger.EventOrderPaid, !w.table)
+			p.countMixed()
+		}
 	}
 	return nil
 }
 
 // pay marks the order paid and, when withEvent, enqueues its OrderPaid. An
 // order already paid (an earlier ambiguous commit) enqueues nothing.
-func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
+func (p *producer) pay(ctx context.Context, o order, withEvent bool, w way) error {
 	id := newEventID()
 	if p.emit {
 		id = "paid-" + o.id
@@ -198,10 +279,10 @@ func (p *producer) pay(ctx context.Context, o order, withEvent bool) error {
 			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload:   mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 			ExpiresAt: p.expiryOf(o),
-		})
+		}, w.table)
 	})
 	if err == nil && enqueued {
-		p.committed(id, o.id, ledger.EventOrderPaid)
+		p.committed(id, o.id, ledger.EventOrderPaid, p.emit && w.table)
 	}
 	return err
 }

@@ -9,7 +9,10 @@ import (
 )
 
 // TestChaosWAL is the chaos run with the relays capturing from the WAL
-// (--capture wal) and the producer emitting with pgrelay.Emit: the same
+// (--capture wal, emptying pgrelay.outbox_wal every 2s) and the producer
+// writing each transaction's events with pgrelay.Emit or as rows of
+// pgrelay.outbox_wal (seeded, half each; one new order in eight is created
+// and paid in one transaction that does both): the same
 // faults (relays SIGKILLed and SIGSTOPped, PostgreSQL and NATS restarted,
 // latency, resets and partitions on both links, injected duplicates and
 // poison) and the same checker, which takes the produced events from the
@@ -43,5 +46,9 @@ func TestChaosWAL(t *testing.T) {
 	}
 	if rep.Produced == 0 || rep.Credits == 0 || len(rep.Faults) == 0 || *flagOrdered && rep.OrderedKeys == 0 {
 		t.Fatalf("seed %d: the run proved nothing: %d events, %d credits, %d fault kinds", seed, rep.Produced, rep.Credits, len(rep.Faults))
+	}
+	if rep.WALTableEvents == 0 || rep.WALTableEvents == rep.Produced || rep.WALMixedTxs == 0 || rep.WALTableLeft >= rep.WALTableEvents {
+		t.Fatalf("seed %d: the run did not mix the ways: %d of %d events inserted into pgrelay.outbox_wal, %d mixed transactions, %d rows never truncated",
+			seed, rep.WALTableEvents, rep.Produced, rep.WALMixedTxs, rep.WALTableLeft)
 	}
 }

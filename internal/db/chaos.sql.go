@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 )
 
@@ -104,6 +105,35 @@ func (q *Queries) ChaosInboxOrder(ctx context.Context, db DBTX) ([]ChaosInboxOrd
 		return nil, err
 	}
 	return items, nil
+}
+
+const chaosInsertOutboxWAL = `-- name: ChaosInsertOutboxWAL :exec
+INSERT INTO pgrelay.outbox_wal (event_id, topic, key, event_type, payload, headers, occurred_at)
+VALUES ($1, $2, $3, $4, $5, $6, now())
+`
+
+type ChaosInsertOutboxWALParams struct {
+	EventID   string
+	Topic     string
+	Key       string
+	EventType string
+	Payload   []byte
+	Headers   json.RawMessage
+}
+
+// ChaosInsertOutboxWAL writes an event of the fault test's WAL capture run as a
+// plain-SQL producer does: a row of pgrelay.outbox_wal, which the relay reads
+// from its slot's inserts.
+func (q *Queries) ChaosInsertOutboxWAL(ctx context.Context, db DBTX, arg ChaosInsertOutboxWALParams) error {
+	_, err := db.Exec(ctx, chaosInsertOutboxWAL,
+		arg.EventID,
+		arg.Topic,
+		arg.Key,
+		arg.EventType,
+		arg.Payload,
+		arg.Headers,
+	)
+	return err
 }
 
 const chaosLedgerEntries = `-- name: ChaosLedgerEntries :many
