@@ -172,31 +172,49 @@ RETURNING inbox.dedup_key;
 -- name: WakeInboxOrdered :execrows
 -- WakeInboxOrdered makes due the waiting events whose key has applied every
 -- earlier sequence: the safety net behind AdvanceInboxKeyState (a hold that
--- raced with the apply of the sequence it waited for).
+-- raced with the apply of the sequence it waited for). Like HoldInboxOrdered
+-- it skips rows another transaction holds, so that it never waits for a batch.
+WITH w AS (
+    SELECT i.handler, i.dedup_key
+    FROM pgrelay.inbox i
+    WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
+      AND i.key_seq IS NOT NULL
+      AND i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
+                                 WHERE s.handler = i.handler AND s.key = i.key), 0) + 1
+    FOR UPDATE OF i SKIP LOCKED
+)
 UPDATE pgrelay.inbox i
 SET next_attempt_at = now(), last_error = NULL
-WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
-  AND i.key_seq IS NOT NULL
-  AND i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
-                             WHERE s.handler = i.handler AND s.key = i.key), 0) + 1;
+FROM w
+WHERE i.handler = w.handler AND i.dedup_key = w.dedup_key
+  AND i.status = 'pending' AND i.next_attempt_at = 'infinity';
 
 -- name: HoldInboxOrdered :execrows
 -- HoldInboxOrdered makes due events that cannot run yet (an earlier sequence
 -- of their key is unapplied) wait: next_attempt_at 'infinity', so that claims
 -- no longer walk past them, and last_error naming the sequence they wait for.
 -- It returns how many events it touched (newly held, or their note updated).
+-- It skips rows another transaction holds (SKIP LOCKED): a batch updates its
+-- own rows and wakes others one by one in the order of its own statements, so
+-- a scan that waited for a row while holding others deadlocked with it
+-- (40P01, one rolled-back batch each); a skipped row is held by the next scan.
+WITH h AS (
+    SELECT i.handler, i.dedup_key, coalesce(s.last_applied, 0) + 1 AS waits_for
+    FROM pgrelay.inbox i
+    LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i.handler AND s.key = i.key
+    WHERE i.handler = @handler::text AND i.status = 'pending'
+      AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
+      -- due events, and waiting ones whose note names a sequence since applied
+      AND (i.next_attempt_at <= now()
+           OR (i.next_attempt_at = 'infinity'
+               AND i.last_error IS DISTINCT FROM 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)))
+    FOR UPDATE OF i SKIP LOCKED
+)
 UPDATE pgrelay.inbox i
 SET next_attempt_at = 'infinity',
-    last_error = 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)
-FROM pgrelay.inbox i2
-LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i2.handler AND s.key = i2.key
-WHERE i2.handler = i.handler AND i2.dedup_key = i.dedup_key
-  AND i.handler = @handler::text AND i.status = 'pending'
-  AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
-  -- due events, and waiting ones whose note names a sequence since applied
-  AND (i.next_attempt_at <= now()
-       OR (i.next_attempt_at = 'infinity'
-           AND i.last_error IS DISTINCT FROM 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)));
+    last_error = 'waiting for key sequence ' || h.waits_for
+FROM h
+WHERE i.handler = h.handler AND i.dedup_key = h.dedup_key AND i.status = 'pending';
 
 -- name: RecordInboxGaps :exec
 -- RecordInboxGaps notes, for every key of @handler with waiting events and no
@@ -216,6 +234,9 @@ WITH w AS (
 )
 INSERT INTO pgrelay.inbox_key_state AS s (handler, key, missing_seq, gap_since)
 SELECT @handler::text, g.key, g.missing, now() FROM g
+-- in the byte order of the keys, as LockInboxKeyState locks a batch's keys
+-- (sorted in Go), so that the two never wait for each other in a cycle
+ORDER BY g.key COLLATE "C"
 ON CONFLICT (handler, key) DO UPDATE
 SET missing_seq = excluded.missing_seq,
     gap_since = CASE WHEN s.missing_seq IS NOT DISTINCT FROM excluded.missing_seq
@@ -226,12 +247,20 @@ SET missing_seq = excluded.missing_seq,
 -- name: ReportInboxGaps :many
 -- ReportInboxGaps marks reported, and returns, the gaps of @handler open for
 -- longer than @timeout and not reported yet. A gap whose missing event has
--- arrived meanwhile is not reported.
+-- arrived meanwhile is not reported. A key state row a batch holds is
+-- skipped (reported by a later scan), so that the scan never waits for one.
+WITH r AS (
+    SELECT s.handler, s.key
+    FROM pgrelay.inbox_key_state s
+    WHERE s.handler = @handler::text AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
+      AND s.gap_since < now() - @timeout::interval
+      AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE pgrelay.inbox_key_state s
 SET gap_reported_at = now()
-WHERE s.handler = @handler::text AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
-  AND s.gap_since < now() - @timeout::interval
-  AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
+FROM r
+WHERE s.handler = r.handler AND s.key = r.key AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
 RETURNING s.key, s.last_applied, s.missing_seq::bigint AS missing_seq, s.gap_since::timestamptz AS gap_since;
 
 -- name: ListInboxOrderedKeys :many

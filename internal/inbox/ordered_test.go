@@ -142,6 +142,8 @@ func TestOrderedAppliesReversedDuplicatedAndGappedInSequence(t *testing.T) {
 	require.EqualValues(t, 4, k.WaitingFor)
 	require.EqualValues(t, 2, k.Held)
 	require.EqualValues(t, 5, k.FirstHeld)
+	// The scan counts the report just after the statement that marks it commits.
+	require.Eventually(t, func() bool { return obs.get(inbox.SeqGapReported) > 0 }, 5*time.Second, 10*time.Millisecond)
 	require.Equal(t, 1, obs.get(inbox.SeqGapReported))
 	require.Contains(t, inboxRow(t, pool, "k1-5").LastError, "waiting for key sequence 4")
 	require.Equal(t, "pending", inboxRow(t, pool, "k1-6").Status)
