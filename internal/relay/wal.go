@@ -55,6 +55,21 @@ var errSlotLost = errors.New("replication slot lost")
 // handed the slot to another reader.
 var errStale = errors.New("the session went silent past half of wal_sender_timeout; dropped")
 
+// errServerStopping ends a session whose server is shutting down. A WAL
+// sender stopping with its server waits until its client confirmed all it
+// sent, and this relay confirms only what the broker acknowledged (and
+// numbering keyed events needs the server): a session kept alive with
+// status updates would hold a fast shutdown until pg_ctl gives up. Dropped,
+// it lets the server stop; the next session reads again from the slot.
+var errServerStopping = errors.New("the server is shutting down; the session is dropped without confirming what is not acknowledged")
+
+// serverStopping reports whether err is the server refusing work because
+// it is shutting down: admin_shutdown (57P01), crash_shutdown (57P02),
+// cannot_connect_now (57P03).
+func serverStopping(err error) bool {
+	return isCode(err, "57P01") || isCode(err, "57P02") || isCode(err, "57P03")
+}
+
 // walTx is one committed transaction's events.
 type walTx struct {
 	msgs   []broker.Message
@@ -320,6 +335,9 @@ func (w *walSource) session(ctx context.Context) error {
 		return fmt.Errorf("start replication: %w", err)
 	}
 	s := w.newSession(conn)
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	s.end = stop
 	w.mu.Lock()
 	w.cur = s
 	w.mu.Unlock()
@@ -330,8 +348,6 @@ func (w *walSource) session(ctx context.Context) error {
 	}()
 	w.log.Info("streaming the slot", zap.Duration("wal_sender_timeout", w.senderTimeout))
 
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
 	pubErr := make(chan error, 1)
 	go func() {
 		defer stop()
@@ -383,6 +399,9 @@ type walSession struct {
 	lastSent  atomic.Int64  // when the last status update was sent (UnixNano)
 	oldest    atomic.Int64  // commit time of the oldest transaction not acknowledged (UnixNano; 0: none)
 	stale     atomic.Bool
+	// end ends the session (its reader and publisher); set before the
+	// session is published in walSource.cur.
+	end context.CancelFunc
 
 	// sent is the last position confirmed to the server; idle the position
 	// the server reported having decoded while nothing was pending (reader
@@ -672,6 +691,9 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				if errors.Is(err, errNotHolder) {
 					return err
 				}
+				if serverStopping(err) {
+					return fmt.Errorf("%w: %w", errServerStopping, err)
+				}
 				log.Warn("numbering key sequences failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(err))
 				if !wait.Sleep(ctx, bo.Next()) {
 					return ctx.Err()
@@ -758,6 +780,12 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("read the slot's status", zap.Error(err))
+			}
+			if s != nil && serverStopping(err) {
+				// The publisher may be retrying a broker that is down:
+				// the server's shutdown must not wait for it.
+				w.log.Warn("the server is shutting down: dropping the WAL capture session", zap.Error(err))
+				s.end()
 			}
 		} else {
 			st := WALSlotStatus{Slot: w.r.cfg.WAL.Slot, Exists: row.exists, Active: row.active, WALStatus: row.walStatus, LagBytes: row.lagBytes, At: time.Now()}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -344,4 +345,47 @@ func TestWALQuietDatabaseDoesNotPinWAL(t *testing.T) {
 		confirmed, current := b.slotConfirmed(t, DefaultWALSlot)
 		return current-confirmed < 1<<20
 	}, 20*time.Second, 100*time.Millisecond, "the slot holds back the other database's WAL")
+}
+
+// TestWALFastShutdownNotHeldByUnpublishedEvents: a fast shutdown of
+// PostgreSQL completes while the relay holds events it cannot publish. The
+// server's WAL sender waits for its client to confirm everything it sent
+// before it exits, and the relay confirms only what the broker acknowledged,
+// so a relay that kept its session alive held the shutdown until pg_ctl gave
+// up. Keyed events are numbered before publishing (which fails once the
+// server stops); events without a key are not, and only the heartbeat's
+// failed status read sees the server stopping.
+func TestWALFastShutdownNotHeldByUnpublishedEvents(t *testing.T) {
+	for _, key := range []string{"k", ""} {
+		t.Run(fmt.Sprintf("key=%q", key), func(t *testing.T) {
+			b, c := walSetup(t, walConf)
+			flaky := &flakyPublisher{Publisher: b.publisher(t)}
+			flaky.failing.Store(true)
+			cfg := b.walConfig(t, flaky, nil)
+			cfg.HeartbeatInterval = 500 * time.Millisecond
+			r, _ := start(t, cfg)
+			waitReading(t, r)
+			b.emit(t, msgs(5, key, "a")...)
+			require.Eventually(t, func() bool { return flaky.calls.Load() >= 2 }, 10*time.Second, 10*time.Millisecond)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			began := time.Now()
+			require.NoError(t, c.Restart(ctx, "fast"), "the relay held PostgreSQL's fast shutdown")
+			t.Logf("fast restart with unpublished events took %s", time.Since(began))
+
+			// Nothing is lost: once the broker is back the events are published.
+			ch := b.subscribe(t)
+			flaky.failing.Store(false)
+			got := readAll(t, ch, 5, 30*time.Second)
+			var payloads []string
+			for _, m := range got {
+				payloads = append(payloads, string(m.data))
+			}
+			if key == "" {
+				slices.Sort(payloads) // events without a key are ordered with no other
+			}
+			require.Equal(t, []string{"1", "2", "3", "4", "5"}, payloads)
+		})
+	}
 }
