@@ -144,9 +144,10 @@ func (e *postgresEnv) injectDuplicates(ctx context.Context, rng *mrand.Rand, _ u
 
 // readLog returns the inbox's events as the relay stored them: batch by
 // batch (a batch's rows share their transaction's received_at), and within a
-// batch in key sequence, the order the inbox applies a key in.
+// batch in key sequence, the order the inbox applies a key in, each with the
+// time it was stored.
 func (e *postgresEnv) readLog(ctx context.Context) ([]streamMsg, error) {
-	rows, err := e.pool.Query(ctx, `SELECT event_id, key FROM pgrelay.inbox
+	rows, err := e.pool.Query(ctx, `SELECT event_id, key, received_at FROM pgrelay.inbox
 		ORDER BY received_at, key, key_seq NULLS FIRST, event_id`)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: read the inbox: %w", err)
@@ -155,7 +156,9 @@ func (e *postgresEnv) readLog(ctx context.Context) ([]streamMsg, error) {
 	var out []streamMsg
 	for rows.Next() {
 		var m streamMsg
-		if err := rows.Scan(&m.eventID, &m.key); err != nil {
+		// received_at (the storing transaction's start) is the broker's
+		// time of storing it.
+		if err := rows.Scan(&m.eventID, &m.key, &m.stored); err != nil {
 			return nil, err
 		}
 		m.msgID, m.seq = m.eventID, uint64(len(out)+1)
