@@ -5,6 +5,13 @@
 -- skipped; the returned keys are the rows actually inserted, and only the
 -- others need comparing with what is stored (InboxStoredKeys). A non-empty
 -- dead reason stores the row directly as dead.
+-- A non-empty @apply_handler stores that handler's live rows directly as
+-- processed, as MarkInboxBatchProcessed would leave them after one attempt
+-- (attempts 1, lock_version 1, locked_by @worker_id, started_at
+-- @started_at): the caller applies them in this same transaction, after a
+-- savepoint taken just before, and rolls back to it when the handler fails
+-- (Worker.ReceiveApply). The rows are returned with what a claim returns, the
+-- payload and headers only for those processed rows.
 -- With @record_duplicates, the same statement also records every skipped row
 -- (and every row of @repeated_*, a key repeated within the batch and not sent
 -- as a row) in inbox_duplicates, and adds the batch to this session's
@@ -27,16 +34,24 @@ WITH m AS (
            unnest(@key_seqs::bigint[]) AS key_seq
 ), ins AS (
     INSERT INTO pgrelay.inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
-                       headers, occurred_at, status, last_error, finished_at, key_seq)
+                       headers, occurred_at, status, last_error, finished_at, key_seq,
+                       attempts, lock_version, locked_by, started_at)
     SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
-           CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+           CASE WHEN m.dead_reason <> '' THEN 'dead' WHEN m.applied THEN 'processed' ELSE 'pending' END,
            NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END,
-           NULLIF(m.key_seq, 0)
-    FROM m
+           CASE WHEN m.dead_reason <> '' OR m.applied THEN now() END,
+           NULLIF(m.key_seq, 0),
+           CASE WHEN m.applied THEN 1 ELSE 0 END,
+           CASE WHEN m.applied THEN 1 ELSE 0 END,
+           CASE WHEN m.applied THEN @worker_id::text END,
+           CASE WHEN m.applied THEN @started_at::timestamptz END
+    FROM (SELECT m.*, m.dead_reason = '' AND m.handler = @apply_handler::text AS applied FROM m) AS m
     ON CONFLICT (handler, dedup_key) DO NOTHING
-    RETURNING handler, dedup_key
+    RETURNING handler, dedup_key, event_id, topic, key, event_type, status, occurred_at, received_at,
+              attempts, deferrals, lock_version, last_error, key_seq,
+              (CASE WHEN status = 'processed' THEN payload END)::bytea AS applied_payload,
+              (CASE WHEN status = 'processed' THEN headers END)::jsonb AS applied_headers
 ), rep AS (
     SELECT unnest(@repeated_handlers::text[]) AS handler,
            unnest(@repeated_dedup_keys::text[]) AS dedup_key,
@@ -68,7 +83,9 @@ WITH m AS (
     SET received = c.received + excluded.received,
         duplicates = c.duplicates + excluded.duplicates
 )
-SELECT handler, dedup_key FROM ins;
+SELECT handler, dedup_key, event_id, topic, key, event_type, status, occurred_at, received_at,
+       attempts, deferrals, lock_version, last_error, key_seq, applied_payload, applied_headers
+FROM ins;
 
 -- name: InboxStoredKeys :many
 -- InboxStoredKeys reads the stored event id, fingerprint, key and key

@@ -99,7 +99,7 @@ type Config struct {
 	// NoApplyOnReceive turns off applying on receive: by default, when the
 	// inbox workers of this process are idle and a fetch did not fill a
 	// batch (the consumer keeps up), the batch's events are stored and
-	// their handler run in one transaction (inbox.Worker.ApplyStored), and
+	// their handler run in one transaction (inbox.Worker.ReceiveApply), and
 	// only what fails there is left to the workers. Under a backlog the
 	// workers take every event, as with this set. Default false.
 	NoApplyOnReceive bool

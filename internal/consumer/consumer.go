@@ -342,7 +342,7 @@ func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
 
 // store writes one batch into the inbox in one transaction. With apply, the
 // same transaction runs the handler on the events it stored
-// (inbox.Worker.ApplyStored); the workers take whatever that leaves pending.
+// (inbox.Worker.ReceiveApply); the workers take whatever that leaves pending.
 func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply bool) error {
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
@@ -358,13 +358,15 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 	var applied *inbox.Applied
 	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
-		start := time.Now()
-		res, err = inbox.ReceiveWith(ctx, tx, incoming, inbox.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord})
-		if c.cfg.ObserveReceive != nil {
-			c.cfg.ObserveReceive(time.Since(start))
-		}
-		if err == nil && apply && res.Inserted > 0 {
-			applied, err = c.worker.ApplyStored(ctx, tx, res.Stored)
+		opts := inbox.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord}
+		if apply {
+			res, applied, err = c.worker.ReceiveApply(ctx, tx, incoming, opts, c.cfg.ObserveReceive)
+		} else {
+			start := time.Now()
+			res, err = inbox.ReceiveWith(ctx, tx, incoming, opts)
+			if c.cfg.ObserveReceive != nil {
+				c.cfg.ObserveReceive(time.Since(start))
+			}
 		}
 		if err == nil && (res.Inserted > 0 || res.SeqsWoken > 0) && c.worker == nil {
 			// The inbox workers run elsewhere: wake them at the commit.

@@ -400,20 +400,28 @@ WITH m AS (
            unnest($13::bigint[]) AS key_seq
 ), ins AS (
     INSERT INTO pgrelay.inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
-                       headers, occurred_at, status, last_error, finished_at, key_seq)
+                       headers, occurred_at, status, last_error, finished_at, key_seq,
+                       attempts, lock_version, locked_by, started_at)
     SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type,
            m.payload, m.headers, m.occurred_at,
-           CASE WHEN m.dead_reason = '' THEN 'pending' ELSE 'dead' END,
+           CASE WHEN m.dead_reason <> '' THEN 'dead' WHEN m.applied THEN 'processed' ELSE 'pending' END,
            NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason = '' THEN NULL ELSE now() END,
-           NULLIF(m.key_seq, 0)
-    FROM m
+           CASE WHEN m.dead_reason <> '' OR m.applied THEN now() END,
+           NULLIF(m.key_seq, 0),
+           CASE WHEN m.applied THEN 1 ELSE 0 END,
+           CASE WHEN m.applied THEN 1 ELSE 0 END,
+           CASE WHEN m.applied THEN $14::text END,
+           CASE WHEN m.applied THEN $15::timestamptz END
+    FROM (SELECT m.handler, m.dedup_key, m.key_strategy, m.fingerprint, m.event_id, m.topic, m.key, m.event_type, m.payload, m.headers, m.occurred_at, m.dead_reason, m.key_seq, m.dead_reason = '' AND m.handler = $16::text AS applied FROM m) AS m
     ON CONFLICT (handler, dedup_key) DO NOTHING
-    RETURNING handler, dedup_key
+    RETURNING handler, dedup_key, event_id, topic, key, event_type, status, occurred_at, received_at,
+              attempts, deferrals, lock_version, last_error, key_seq,
+              (CASE WHEN status = 'processed' THEN payload END)::bytea AS applied_payload,
+              (CASE WHEN status = 'processed' THEN headers END)::jsonb AS applied_headers
 ), rep AS (
-    SELECT unnest($14::text[]) AS handler,
-           unnest($15::text[]) AS dedup_key,
-           unnest($16::text[]) AS event_id
+    SELECT unnest($17::text[]) AS handler,
+           unnest($18::text[]) AS dedup_key,
+           unnest($19::text[]) AS event_id
 ), dup AS (
     INSERT INTO pgrelay.inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
     SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
@@ -430,18 +438,20 @@ WITH m AS (
         JOIN m ON m.handler = r.handler AND m.dedup_key = r.dedup_key
         LEFT JOIN pgrelay.inbox i ON i.handler = r.handler AND i.dedup_key = r.dedup_key
     ) AS d
-    WHERE $17::boolean
+    WHERE $20::boolean
 ), counts AS (
     INSERT INTO pgrelay.inbox_receive_counts AS c (minute, backend, received, duplicates)
     SELECT date_trunc('minute', now()), pg_backend_pid(),
            (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
            (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
-    WHERE $17::boolean
+    WHERE $20::boolean
     ON CONFLICT (minute, backend) DO UPDATE
     SET received = c.received + excluded.received,
         duplicates = c.duplicates + excluded.duplicates
 )
-SELECT handler, dedup_key FROM ins
+SELECT handler, dedup_key, event_id, topic, key, event_type, status, occurred_at, received_at,
+       attempts, deferrals, lock_version, last_error, key_seq, applied_payload, applied_headers
+FROM ins
 `
 
 type InsertInboxParams struct {
@@ -458,6 +468,9 @@ type InsertInboxParams struct {
 	OccurredAts       []time.Time
 	DeadReasons       []string
 	KeySeqs           []int64
+	WorkerID          string
+	StartedAt         time.Time
+	ApplyHandler      string
 	RepeatedHandlers  []string
 	RepeatedDedupKeys []string
 	RepeatedEventIds  []string
@@ -465,8 +478,22 @@ type InsertInboxParams struct {
 }
 
 type InsertInboxRow struct {
-	Handler  string
-	DedupKey string
+	Handler        string
+	DedupKey       string
+	EventID        string
+	Topic          string
+	Key            string
+	EventType      string
+	Status         string
+	OccurredAt     time.Time
+	ReceivedAt     time.Time
+	Attempts       int32
+	Deferrals      int32
+	LockVersion    int64
+	LastError      *string
+	KeySeq         *int64
+	AppliedPayload []byte
+	AppliedHeaders json.RawMessage
 }
 
 // InsertInbox stores a batch of received messages in one statement: one row
@@ -475,6 +502,13 @@ type InsertInboxRow struct {
 // skipped; the returned keys are the rows actually inserted, and only the
 // others need comparing with what is stored (InboxStoredKeys). A non-empty
 // dead reason stores the row directly as dead.
+// A non-empty @apply_handler stores that handler's live rows directly as
+// processed, as MarkInboxBatchProcessed would leave them after one attempt
+// (attempts 1, lock_version 1, locked_by @worker_id, started_at
+// @started_at): the caller applies them in this same transaction, after a
+// savepoint taken just before, and rolls back to it when the handler fails
+// (Worker.ReceiveApply). The rows are returned with what a claim returns, the
+// payload and headers only for those processed rows.
 // With @record_duplicates, the same statement also records every skipped row
 // (and every row of @repeated_*, a key repeated within the batch and not sent
 // as a row) in inbox_duplicates, and adds the batch to this session's
@@ -494,6 +528,9 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 		arg.OccurredAts,
 		arg.DeadReasons,
 		arg.KeySeqs,
+		arg.WorkerID,
+		arg.StartedAt,
+		arg.ApplyHandler,
 		arg.RepeatedHandlers,
 		arg.RepeatedDedupKeys,
 		arg.RepeatedEventIds,
@@ -506,7 +543,24 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 	items := []InsertInboxRow{}
 	for rows.Next() {
 		var i InsertInboxRow
-		if err := rows.Scan(&i.Handler, &i.DedupKey); err != nil {
+		if err := rows.Scan(
+			&i.Handler,
+			&i.DedupKey,
+			&i.EventID,
+			&i.Topic,
+			&i.Key,
+			&i.EventType,
+			&i.Status,
+			&i.OccurredAt,
+			&i.ReceivedAt,
+			&i.Attempts,
+			&i.Deferrals,
+			&i.LockVersion,
+			&i.LastError,
+			&i.KeySeq,
+			&i.AppliedPayload,
+			&i.AppliedHeaders,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -2,17 +2,19 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
 
-// Applied is what ApplyStored applied inside the caller's transaction. Call
+// Applied is what ReceiveApply applied inside the caller's transaction. Call
 // Committed after that transaction commits: only then are the events
 // processed, and only then are they reported.
 type Applied struct {
@@ -33,7 +35,7 @@ func (a *Applied) Len() int {
 // Committed reports the applied events (the observer's Claimed and
 // Processed, as a worker's batch would) and wakes the events deferred on
 // dependencies the handlers released. Call it once, after the transaction
-// given to ApplyStored committed; never after a rollback.
+// given to ReceiveApply committed; never after a rollback.
 func (a *Applied) Committed(ctx context.Context) {
 	if a.Len() == 0 {
 		return
@@ -51,96 +53,103 @@ func (a *Applied) Committed(ctx context.Context) {
 // batch: whatever it would claim next, it would claim at once.
 func (w *Worker) Idle() bool { return w.busy.Load() == 0 }
 
-// ApplyStored runs the handler on the events that tx itself has just stored
-// with Receive (stored: ReceiveResult.Stored; rows of other handlers and
-// dead rows are skipped) and marks them processed, all inside tx: receiving
-// an event and applying it then take one transaction instead of three (store,
-// claim, process), and no worker ever claims it.
+// applySavepoint is the savepoint ReceiveApply takes before its insert.
+const applySavepoint = "pgrelay_apply_on_receive"
+
+// ReceiveApply stores msgs in tx as ReceiveWith does and applies, in tx too,
+// the rows it stores for the worker's handler: receiving an event and
+// applying it then take one transaction instead of three (store, claim,
+// process), and no worker ever claims it. observe, when not nil, is given the
+// duration of each store (ReceiveWith's work).
 //
-// It is all or nothing, inside a savepoint: when any handler fails, defers or
-// panics, or a mark does not match, the savepoint is rolled back and
-// ApplyStored returns (nil, nil). The rows are then pending as if ApplyStored
-// had not been called, and the caller wakes the workers, which run them with
-// the usual claims, retries and dead letters after the commit; the failed
-// attempt here is not counted (its effects were rolled back). An error is
-// returned only when the savepoint itself cannot be rolled back: tx is then
-// unusable and the caller must roll it back.
+// The insert itself stores those rows processed, as a claim and a mark would
+// leave them after one attempt, and returns them as a claim does: the handler
+// sees the Event a worker's claim would give it (Attempts 1, LockVersion 1).
+// Only the worker's handler's live rows are applied; other handlers' rows and
+// rows stored dead are stored as ReceiveWith stores them. A savepoint taken
+// just before the insert, sent with it in one round trip, makes it all or
+// nothing: when any handler fails, defers or panics, an event expired, or a
+// handler left the transaction aborted (a statement error it swallowed),
+// ReceiveApply rolls back to the savepoint (the processed rows, the handlers'
+// effects, the duplicates recorded and the batch counted go with it) and
+// stores the batch again as ReceiveWith does, pending, with no Applied. The
+// caller wakes the workers, which run the rows with the usual claims, retries
+// and dead letters after the commit; the failed run here is not counted as
+// an attempt (its effects were rolled back). A successful apply costs BEGIN,
+// this one round trip, the handlers' statements and COMMIT. An error means
+// tx is unusable and the caller must roll it back.
 //
 // An ordered worker (Config.Ordered) applies nothing here: its claims keep
 // each key's sequence. Nor does a worker whose handler has effects outside
 // the database (ExternalHandler): a failure here would roll back the calls
-// that succeeded, and the workers would make them again.
+// that succeeded, and the workers would make them again. Both just store.
 //
 // Nothing of this is visible to any other session before tx commits, so no
 // worker can claim these rows meanwhile, and a crash before the commit loses
-// nothing the broker does not redeliver.
-func (w *Worker) ApplyStored(ctx context.Context, tx pgx.Tx, stored []StoredRow) (*Applied, error) {
-	if w.cfg.Ordered {
-		// A key's events apply in sequence, after the ones before them:
-		// that is the ordered claim's work (ordered.go), not done here.
-		return nil, nil
-	}
-	if external(w.cfg.Handler) {
-		// An effect outside the database is not undone by rolling back:
-		// the workers commit each event on its own (ExternalHandler).
-		return nil, nil
-	}
-	keys := make([]string, 0, len(stored))
-	for _, s := range stored {
-		if s.Handler == w.cfg.HandlerName {
-			keys = append(keys, s.DedupKey)
+// nothing the broker does not redeliver. Call it for first deliveries only
+// (the consumer's rule): a message whose handler kills the process here comes
+// back as a redelivery, stored for the workers' counted claims.
+func (w *Worker) ReceiveApply(ctx context.Context, tx pgx.Tx, msgs []Incoming, opts ReceiveOptions,
+	observe func(time.Duration)) (ReceiveResult, *Applied, error) {
+	store := func(sp storedProcessed, q db.DBTX) (ReceiveResult, []db.InsertInboxRow, error) {
+		start := time.Now()
+		res, rows, err := receive(ctx, q, msgs, opts, sp)
+		if observe != nil {
+			observe(time.Since(start))
 		}
+		return res, rows, err
 	}
-	if len(keys) == 0 {
-		return nil, nil
+	if w.cfg.Ordered || external(w.cfg.Handler) {
+		// Ordered: a key's events apply in sequence, after the ones before
+		// them (ordered.go). External: an effect outside the database is
+		// not undone by rolling back; the workers commit each event on its
+		// own (ExternalHandler).
+		res, _, err := store(storedProcessed{}, tx)
+		return res, nil, err
 	}
-	sp, err := tx.Begin(ctx)
+	sp := storedProcessed{handler: w.cfg.HandlerName, workerID: w.cfg.WorkerID, started: time.Now()}
+	res, rows, err := store(sp, &savepointFirst{Tx: tx})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: apply stored: savepoint: %w", err)
+		return ReceiveResult{}, nil, err
 	}
-	a, reason := w.applyStored(ctx, sp, keys)
+	a, reason := w.applyInserted(ctx, tx, rows)
 	if reason == "" {
 		// The savepoint stays open rather than released: tx's commit
 		// commits it with everything else, and a RELEASE is one more round
 		// trip per batch for nothing.
-		return a, nil
+		return res, a, nil
 	}
 	w.log.Debug("applying stored events in their receiving transaction failed; the workers run them",
-		zap.Int("events", len(keys)), zap.String("reason", reason))
-	if err := sp.Rollback(ctx); err != nil {
-		return nil, fmt.Errorf("inbox: apply stored: roll back savepoint: %w", err)
+		zap.Int("events", a.Len()), zap.String("reason", reason))
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+applySavepoint); err != nil {
+		return ReceiveResult{}, nil, fmt.Errorf("inbox: apply on receive: roll back savepoint: %w", err)
 	}
-	return nil, nil
+	res, _, err = store(storedProcessed{}, tx)
+	return res, nil, err
 }
 
-// applyStored does ApplyStored's work in sp and says why it did not
-// complete, or "" when it did.
-func (w *Worker) applyStored(ctx context.Context, sp pgx.Tx, keys []string) (*Applied, string) {
-	started := time.Now()
-	rows, err := w.q.SelectInboxStored(ctx, sp, db.SelectInboxStoredParams{Handler: w.cfg.HandlerName, DedupKeys: keys})
-	if err != nil {
-		return nil, "read: " + err.Error()
-	}
-	if len(rows) != len(keys) {
-		return nil, fmt.Sprintf("read %d of %d stored rows", len(rows), len(keys))
-	}
-	evs := make([]*Event, 0, len(rows))
-	keys = keys[:0]
+// applyInserted runs the handler, in tx, on the rows of rows the insert
+// stored processed for the worker's handler, and says why it did not
+// complete, or "" when it did. When it did not, the Applied returned only
+// counts the events for the log.
+func (w *Worker) applyInserted(ctx context.Context, tx pgx.Tx, rows []db.InsertInboxRow) (*Applied, string) {
+	var evs []*Event
 	for _, r := range rows {
-		if r.Status != "pending" {
-			continue // stored dead (malformed)
+		if r.Status != "processed" || r.Handler != w.cfg.HandlerName {
+			continue // another handler's, or stored dead (malformed)
 		}
-		// The attempt this run makes, and the fencing version the mark
-		// gives it, as a claim would have set them.
-		ev := newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.Payload, r.Headers, r.OccurredAt, r.ReceivedAt,
-			r.Attempts+1, r.Deferrals, r.LockVersion+1, r.LastError)
+		// Built as a claim builds it (fromClaimRow), from what the insert
+		// stored: the attempt and fencing version a claim would give.
+		ev := newEvent(r.EventID, r.Topic, r.Key, r.EventType, r.AppliedPayload, r.AppliedHeaders, r.OccurredAt, r.ReceivedAt,
+			r.Attempts, r.Deferrals, r.LockVersion, r.LastError)
 		ev.Handler, ev.DedupKey = r.Handler, r.DedupKey
+		ev.KeySeq = seqOf(r.KeySeq)
 		evs = append(evs, &ev)
-		keys = append(keys, r.DedupKey)
 	}
 	if len(evs) == 0 {
 		return nil, ""
 	}
+	a := &Applied{w: w, evs: evs}
 	// In arrival order, as a claim runs them.
 	slices.SortStableFunc(evs, arrivalOrder)
 	released := &releaseSet{}
@@ -148,11 +157,11 @@ func (w *Worker) applyStored(ctx context.Context, sp pgx.Tx, keys []string) (*Ap
 	durs := make([]time.Duration, len(evs))
 	if bh, ok := w.cfg.Handler.(BatchHandler); ok && len(evs) > 1 {
 		if expiredEvents(evs, time.Now()) != nil {
-			return nil, "an event expired" // the worker marks it dead
+			return a, "an event expired" // the worker marks it dead
 		}
 		start := time.Now()
-		if herr := w.callBatchHandler(hctx, sp, bh, evs); herr != nil {
-			return nil, "batch handler: " + herr.Error()
+		if herr := w.callBatchHandler(hctx, tx, bh, evs); herr != nil {
+			return a, "batch handler: " + herr.Error()
 		}
 		per := time.Since(start) / time.Duration(len(evs))
 		for i := range durs {
@@ -161,20 +170,91 @@ func (w *Worker) applyStored(ctx context.Context, sp pgx.Tx, keys []string) (*Ap
 	} else {
 		for i, ev := range evs {
 			start := time.Now()
-			if herr := w.callHandler(hctx, sp, ev); herr != nil {
-				return nil, "handler: " + herr.Error()
+			if herr := w.callHandler(hctx, tx, ev); herr != nil {
+				return a, "handler: " + herr.Error()
 			}
 			durs[i] = time.Since(start)
 		}
 	}
-	marked, err := w.q.MarkInboxStoredProcessed(ctx, sp, db.MarkInboxStoredProcessedParams{
-		WorkerID: w.cfg.WorkerID, StartedAt: started, Handler: w.cfg.HandlerName, DedupKeys: keys,
-	})
+	if tx.Conn().PgConn().TxStatus() == 'E' {
+		// A handler swallowed the error of a statement that aborted the
+		// transaction: the commit would roll back the whole store. Known
+		// from the last reply's status, without a round trip.
+		return a, "a handler left the transaction aborted"
+	}
+	a.durs, a.released = durs, released.taken()
+	return a, ""
+}
+
+// savepointFirst is a transaction that sends a SAVEPOINT (applySavepoint)
+// ahead of its first query, in the same round trip (one pgx batch).
+type savepointFirst struct {
+	pgx.Tx
+	sent bool
+}
+
+func (s *savepointFirst) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if s.sent {
+		return s.Tx.Query(ctx, sql, args...)
+	}
+	s.sent = true
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + applySavepoint)
+	b.Queue(sql, args...)
+	br := s.Tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
-		return nil, "mark: " + err.Error()
+		_ = br.Close()
+		return nil, err
 	}
-	if len(marked) != len(keys) {
-		return nil, fmt.Sprintf("marked %d of %d", len(marked), len(keys))
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+func (s *savepointFirst) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if !s.sent {
+		// Every statement goes through Query first (InsertInbox); an Exec
+		// first would miss the savepoint.
+		return pgconn.CommandTag{}, errors.New("inbox: apply on receive: the savepoint is sent with the insert")
 	}
-	return &Applied{w: w, evs: evs, durs: durs, released: released.taken()}, ""
+	return s.Tx.Exec(ctx, sql, args...)
+}
+
+func (s *savepointFirst) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if !s.sent {
+		return errRow{errors.New("inbox: apply on receive: the savepoint is sent with the insert")}
+	}
+	return s.Tx.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// batchRows are the rows of a batch's last query; closing them closes the
+// batch.
+type batchRows struct {
+	pgx.Rows
+	br     pgx.BatchResults
+	closed bool
+	err    error
+}
+
+func (r *batchRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.br.Close()
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
 }

@@ -24,20 +24,26 @@ type countingObserver struct {
 func (o *countingObserver) Claimed(n, _ int)                      { o.claimed.Add(int64(n)) }
 func (o *countingObserver) Processed(*inbox.Event, time.Duration) { o.processed.Add(1) }
 
-// receiveAndApply stores msgs and applies them with ApplyStored in one
+// receiveAndApply stores msgs and applies them with ReceiveApply in one
 // transaction, as the consumer does, and reports them after the commit.
 func receiveAndApply(t *testing.T, w *inbox.Worker, pool interface {
 	Begin(context.Context) (pgx.Tx, error)
 }, msgs ...inbox.Incoming) (inbox.ReceiveResult, int) {
+	t.Helper()
+	return receiveAndApplyWith(t, w, pool, inbox.ReceiveOptions{}, msgs...)
+}
+
+// receiveAndApplyWith is receiveAndApply with opts.
+func receiveAndApplyWith(t *testing.T, w *inbox.Worker, pool interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, opts inbox.ReceiveOptions, msgs ...inbox.Incoming) (inbox.ReceiveResult, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	res, err := inbox.ReceiveWith(ctx, tx, msgs, inbox.ReceiveOptions{})
-	require.NoError(t, err)
-	applied, err := w.ApplyStored(ctx, tx, res.Stored)
+	res, applied, err := w.ReceiveApply(ctx, tx, msgs, opts, nil)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	applied.Committed(ctx)
@@ -138,20 +144,12 @@ func TestApplyStoredSkipsOtherHandlersAndDeadRows(t *testing.T) {
 	w, err := inbox.NewWorker(cfg)
 	require.NoError(t, err)
 
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
 	dead := orderPaid("sk-dead", "o-1", 1)
 	dead.DeadReason = "malformed"
-	res, err := inbox.ReceiveWith(ctx, tx, []inbox.Incoming{orderPaid("sk-1", "o-1", 100), dead},
-		inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "ledger"}, {Handler: "audit"}}})
-	require.NoError(t, err)
+	res, n := receiveAndApplyWith(t, w, pool, inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "ledger"}, {Handler: "audit"}}},
+		orderPaid("sk-1", "o-1", 100), dead)
 	require.Len(t, res.Stored, 4)
-	applied, err := w.ApplyStored(ctx, tx, res.Stored)
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-	require.Equal(t, 1, applied.Len())
+	require.Equal(t, 1, n)
 	require.EqualValues(t, 1, calls.Load())
 	require.Equal(t, "processed", queryString(t, pool, `SELECT status FROM pgrelay.inbox WHERE handler = 'ledger' AND event_id = 'sk-1'`))
 	require.Equal(t, "pending", queryString(t, pool, `SELECT status FROM pgrelay.inbox WHERE handler = 'audit' AND event_id = 'sk-1'`))

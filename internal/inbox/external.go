@@ -15,7 +15,7 @@ import "context"
 // each event on its own (runEach: one transaction per event, the handler,
 // its processed mark, the commit), so that a call that succeeded is committed as
 // processed before the next event starts, and nothing the inbox does later
-// repeats it. ApplyStored applies nothing for such a handler (the receiving
+// repeats it. ReceiveApply applies nothing for such a handler (the receiving
 // transaction may still roll back after the call), and a BatchHandler's
 // HandleBatch is not used.
 //

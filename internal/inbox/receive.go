@@ -85,7 +85,7 @@ type ReceiveResult struct {
 	// strategy could not build a key.
 	KeyFailures []KeyFailure
 	// Stored lists the rows this call inserted (dead ones included), by
-	// handler and dedup key; Worker.ApplyStored takes them.
+	// handler and dedup key.
 	Stored []StoredRow
 	// SeqsWoken counts the ordered events made due because a delivery
 	// absorbed by a row of another key sequence filled the sequence they
@@ -168,37 +168,53 @@ func ReceiveFor(ctx context.Context, q db.DBTX, targets []Target, msgs []Incomin
 // recorded as delivered for ordered apply, in more statements (only then):
 // see docs/architecture.md, "Ordered apply".
 func ReceiveWith(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOptions) (ReceiveResult, error) {
+	res, _, err := receive(ctx, q, msgs, opts, storedProcessed{})
+	return res, err
+}
+
+// storedProcessed names the handler whose live rows the insert stores
+// directly as processed (Worker.ReceiveApply), by which worker and since
+// when. The zero value stores every live row pending.
+type storedProcessed struct {
+	handler, workerID string
+	started           time.Time
+}
+
+// receive is ReceiveWith, storing the live rows of sp.handler processed;
+// it also returns the rows the insert stored.
+func receive(ctx context.Context, q db.DBTX, msgs []Incoming, opts ReceiveOptions, sp storedProcessed) (ReceiveResult, []db.InsertInboxRow, error) {
 	targets := opts.Targets
 	var res ReceiveResult
 	if len(msgs) == 0 {
-		return res, nil
+		return res, nil, nil
 	}
 	if len(targets) == 0 {
 		targets = DefaultTargets
 	}
 	if err := ValidateTargets(targets); err != nil {
-		return res, fmt.Errorf("inbox: receive: %w", err)
+		return res, nil, fmt.Errorf("inbox: receive: %w", err)
 	}
 	b := newReceiveBatch(msgs, targets, opts)
 	if err := b.plan(time.Now()); err != nil {
-		return ReceiveResult{}, err
+		return ReceiveResult{}, nil, err
 	}
+	b.p.ApplyHandler, b.p.WorkerID, b.p.StartedAt = sp.handler, sp.workerID, sp.started
 	inserted, err := b.insert(ctx, q)
 	if err != nil {
-		return ReceiveResult{}, err
+		return ReceiveResult{}, nil, err
 	}
 	if len(inserted) < len(b.p.Handlers) {
 		// Only the rows not inserted are compared with what is stored: one
 		// more set-based statement, for batches holding duplicates only.
 		if err := b.absorbStored(ctx, q, inserted); err != nil {
-			return ReceiveResult{}, err
+			return ReceiveResult{}, nil, err
 		}
 	}
 	if err := b.record(ctx, q); err != nil {
-		return ReceiveResult{}, err
+		return ReceiveResult{}, nil, err
 	}
 	b.listDuplicates()
-	return b.res, nil
+	return b.res, inserted, nil
 }
 
 // rowKey is an inbox row's identity: its handler and dedup key.

@@ -1,0 +1,145 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// tripCounter is a pgx tracer counting the round trips a connection makes:
+// one per statement, one per batch (its statements go together).
+type tripCounter struct {
+	mu      sync.Mutex
+	trips   []string
+	handler atomic.Bool // set while the handler runs
+	inH     int
+}
+
+func (c *tripCounter) add(sql string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips = append(c.trips, sql)
+	if c.handler.Load() {
+		c.inH++
+	}
+}
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.add(d.SQL)
+	return ctx
+}
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.add("batch")
+	return ctx
+}
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// reset forgets what was counted and returns it: the round trips and those
+// made by the handler.
+func (c *tripCounter) reset() (trips []string, inHandler int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	trips, inHandler = c.trips, c.inH
+	c.trips, c.inH = nil, 0
+	return trips, inHandler
+}
+
+// tracedHandler is the ledger handler, marking the round trips it makes.
+type tracedHandler struct {
+	ledger.Handler
+	c *tripCounter
+}
+
+func (h tracedHandler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	h.c.handler.Store(true)
+	defer h.c.handler.Store(false)
+	return h.Handler.Handle(ctx, tx, ev)
+}
+
+func (h tracedHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
+	h.c.handler.Store(true)
+	defer h.c.handler.Store(false)
+	return h.Handler.HandleBatch(ctx, tx, evs)
+}
+
+// TestApplyOnReceiveRoundTrips: a batch applied on receive costs BEGIN, one
+// round trip storing it (the savepoint and the insert together), the
+// handler's own statements and COMMIT: nothing is read back or marked after
+// the handler (7 round trips with the ledger handler before, 4 now). Reading the stored rows back, marking them after the handler
+// or sending the savepoint on its own turns this red.
+func TestApplyOnReceiveRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pcfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	require.NoError(t, err)
+	pcfg.MaxConns = 1 // one connection: its statement cache is warm after the first batch
+	trips := &tripCounter{}
+	pcfg.ConnConfig.Tracer = trips
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	c, err := New(Config{
+		Pool:          pool,
+		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
+		BatchSize:     20,
+		StatsInterval: -1,
+		Inbox:         inbox.Config{Handler: tracedHandler{c: trips}},
+		Logger:        zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+
+	msg := func(id, typ string, v any) inbox.Incoming {
+		b, err := json.Marshal(v)
+		require.NoError(t, err)
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: "o", EventType: typ, Payload: b,
+			OccurredAt: time.Now()}}
+	}
+	for round := range 3 {
+		order := fmt.Sprintf("o-%d", round)
+		batch := []inbox.Incoming{
+			msg("created-"+order, ledger.EventOrderCreated, ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"}),
+		}
+		if round > 0 {
+			// Two events: HandleBatch.
+			prev := fmt.Sprintf("o-%d", round-1)
+			batch = append(batch, msg("paid-"+prev, ledger.EventOrderPaid, ledger.OrderPaid{OrderID: prev, AmountCents: 100, Currency: "EUR"}))
+		}
+		trips.reset()
+		before := c.Stats().AppliedOnReceive
+		require.NoError(t, c.store(ctx, batch, true))
+		got, inHandler := trips.reset()
+		// What follows the commit (waking the events deferred on a
+		// dependency the handler released) is not the transaction's.
+		require.Contains(t, got, "commit")
+		got = got[:slices.Index(got, "commit")+1]
+		require.Equal(t, int64(len(batch)), c.Stats().AppliedOnReceive-before, "round %d: not applied on receive", round)
+		require.Positive(t, inHandler, "round %d: the handler ran no statement", round)
+		t.Logf("round %d, %d events: %d round trips, %d of them the handler's: %q", round, len(batch), len(got), inHandler, got)
+		require.Equal(t, 3, len(got)-inHandler,
+			"round %d: BEGIN, the store and COMMIT besides the handler's statements, got %q", round, got)
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx,
+		`SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed' AND attempts = 1 AND lock_version = 1`).Scan(&n))
+	require.Equal(t, 5, n)
+}
