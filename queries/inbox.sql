@@ -345,32 +345,3 @@ WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox
   AND coalesce(inbox.status, '') = 'processing'
 RETURNING inbox.dedup_key;
 
--- name: SelectInboxStored :many
--- SelectInboxStored reads back the rows of @handler that the calling
--- transaction has just stored (@dedup_keys), for applying the pending ones in
--- that same transaction (Worker.ApplyStored). Rows another transaction stored
--- are left to the workers: the caller passes only the keys its own insert
--- returned, which no other session can see, let alone claim, before the
--- commit.
-SELECT handler, dedup_key, event_id, topic, key, event_type, payload, headers, occurred_at, received_at,
-       status, attempts, deferrals, lock_version, last_error
-FROM pgrelay.inbox
-WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]);
-
--- name: MarkInboxStoredProcessed :many
--- MarkInboxStoredProcessed records, in the transaction that stored them, that
--- the handlers of rows read by SelectInboxStored committed: one attempt, a new
--- fencing version, processed. It returns the keys it marked; the caller rolls
--- back when one is missing.
--- coalesce on the NOT NULL status hides the partial index on pending rows
--- from the planner (as in MarkInboxBatchProcessed): with statistics taken
--- while few rows were pending, or none at all, it scanned the handler's
--- pending entries (every row stored since the last vacuum) instead of
--- looking the keys up: 14 ms a mark in the end to end benchmark at 500
--- events/s, 24 ms among 20,000 pending rows. The primary key is always the
--- right path.
-UPDATE pgrelay.inbox
-SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
-    locked_by = @worker_id::text, started_at = @started_at::timestamptz, finished_at = now()
-WHERE handler = @handler::text AND dedup_key = ANY(@dedup_keys::text[]) AND coalesce(status, '') = 'pending'
-RETURNING dedup_key;

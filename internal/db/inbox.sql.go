@@ -713,57 +713,6 @@ func (q *Queries) MarkInboxProcessed(ctx context.Context, db DBTX, arg MarkInbox
 	return result.RowsAffected(), nil
 }
 
-const markInboxStoredProcessed = `-- name: MarkInboxStoredProcessed :many
-UPDATE pgrelay.inbox
-SET status = 'processed', attempts = attempts + 1, lock_version = lock_version + 1,
-    locked_by = $1::text, started_at = $2::timestamptz, finished_at = now()
-WHERE handler = $3::text AND dedup_key = ANY($4::text[]) AND coalesce(status, '') = 'pending'
-RETURNING dedup_key
-`
-
-type MarkInboxStoredProcessedParams struct {
-	WorkerID  string
-	StartedAt time.Time
-	Handler   string
-	DedupKeys []string
-}
-
-// MarkInboxStoredProcessed records, in the transaction that stored them, that
-// the handlers of rows read by SelectInboxStored committed: one attempt, a new
-// fencing version, processed. It returns the keys it marked; the caller rolls
-// back when one is missing.
-// coalesce on the NOT NULL status hides the partial index on pending rows
-// from the planner (as in MarkInboxBatchProcessed): with statistics taken
-// while few rows were pending, or none at all, it scanned the handler's
-// pending entries (every row stored since the last vacuum) instead of
-// looking the keys up: 14 ms a mark in the end to end benchmark at 500
-// events/s, 24 ms among 20,000 pending rows. The primary key is always the
-// right path.
-func (q *Queries) MarkInboxStoredProcessed(ctx context.Context, db DBTX, arg MarkInboxStoredProcessedParams) ([]string, error) {
-	rows, err := db.Query(ctx, markInboxStoredProcessed,
-		arg.WorkerID,
-		arg.StartedAt,
-		arg.Handler,
-		arg.DedupKeys,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []string{}
-	for rows.Next() {
-		var dedup_key string
-		if err := rows.Scan(&dedup_key); err != nil {
-			return nil, err
-		}
-		items = append(items, dedup_key)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const notifyInbox = `-- name: NotifyInbox :exec
 SELECT pg_notify('pgrelay_inbox', '')
 `
@@ -854,78 +803,6 @@ func (q *Queries) RetryInbox(ctx context.Context, db DBTX, arg RetryInboxParams)
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const selectInboxStored = `-- name: SelectInboxStored :many
-SELECT handler, dedup_key, event_id, topic, key, event_type, payload, headers, occurred_at, received_at,
-       status, attempts, deferrals, lock_version, last_error
-FROM pgrelay.inbox
-WHERE handler = $1::text AND dedup_key = ANY($2::text[])
-`
-
-type SelectInboxStoredParams struct {
-	Handler   string
-	DedupKeys []string
-}
-
-type SelectInboxStoredRow struct {
-	Handler     string
-	DedupKey    string
-	EventID     string
-	Topic       string
-	Key         string
-	EventType   string
-	Payload     []byte
-	Headers     json.RawMessage
-	OccurredAt  time.Time
-	ReceivedAt  time.Time
-	Status      string
-	Attempts    int32
-	Deferrals   int32
-	LockVersion int64
-	LastError   *string
-}
-
-// SelectInboxStored reads back the rows of @handler that the calling
-// transaction has just stored (@dedup_keys), for applying the pending ones in
-// that same transaction (Worker.ApplyStored). Rows another transaction stored
-// are left to the workers: the caller passes only the keys its own insert
-// returned, which no other session can see, let alone claim, before the
-// commit.
-func (q *Queries) SelectInboxStored(ctx context.Context, db DBTX, arg SelectInboxStoredParams) ([]SelectInboxStoredRow, error) {
-	rows, err := db.Query(ctx, selectInboxStored, arg.Handler, arg.DedupKeys)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []SelectInboxStoredRow{}
-	for rows.Next() {
-		var i SelectInboxStoredRow
-		if err := rows.Scan(
-			&i.Handler,
-			&i.DedupKey,
-			&i.EventID,
-			&i.Topic,
-			&i.Key,
-			&i.EventType,
-			&i.Payload,
-			&i.Headers,
-			&i.OccurredAt,
-			&i.ReceivedAt,
-			&i.Status,
-			&i.Attempts,
-			&i.Deferrals,
-			&i.LockVersion,
-			&i.LastError,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const sweepReleasedInbox = `-- name: SweepReleasedInbox :execrows
