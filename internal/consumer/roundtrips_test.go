@@ -87,10 +87,18 @@ func (h tracedHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.
 // or sending the savepoint on its own turns this red.
 func TestApplyOnReceiveRoundTrips(t *testing.T) {
 	t.Parallel()
+	// The default mode, and the one for poolers (docs/pooler.md).
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe} {
+		t.Run(mode.String(), func(t *testing.T) { testApplyOnReceiveRoundTrips(t, mode) })
+	}
+}
+
+func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pcfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
 	require.NoError(t, err)
+	pcfg.ConnConfig.DefaultQueryExecMode = mode
 	pcfg.MaxConns = 1 // one connection: its statement cache is warm after the first batch
 	trips := &tripCounter{}
 	pcfg.ConnConfig.Tracer = trips
