@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// sqlTrace counts the statements a pool sends (each one round trip) and the
-// time from sending each to its end, by kind: the first words of its text,
+// sqlTrace counts the statements a pool sends (each one round trip; a pgx
+// batch counts as one) and the time from sending each to its end, by kind:
+// the first words of its text,
 // or the sqlc query name a generated statement starts with. With -sql-trace,
 // the in-process services' pools carry one each, and the run prints them
 // per end-to-end run: round trips per batch (statements per COMMIT) are
@@ -56,6 +57,23 @@ func (t *sqlTrace) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQu
 	k.n++
 	k.total += d
 	t.mu.Unlock()
+}
+
+// TraceBatchStart counts a batch (pgx SendBatch, its statements pipelined
+// in one round trip) as one statement, named by its statements' kinds
+// joined with "+": "batch savepoint pgrelay_apply_on_receive+InsertInbox".
+func (t *sqlTrace) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	kinds := make([]string, 0, data.Batch.Len())
+	for _, q := range data.Batch.QueuedQueries {
+		kinds = append(kinds, sqlKindOf(q.SQL))
+	}
+	return context.WithValue(ctx, traceStart{}, [2]any{time.Now(), "batch " + strings.Join(kinds, "+")})
+}
+
+func (t *sqlTrace) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (t *sqlTrace) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchEndData) {
+	t.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{})
 }
 
 // sqlKindOf names a statement: "-- name: X" of sqlc, else its first two words.
