@@ -112,8 +112,8 @@ func TestMarkTouchesOnlyItsBatch(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	ex := &testdb.Explain{DBTX: tx}
-	_, err = db.New().MarkOutcomes(ctx, ex, db.MarkOutcomesParams{
-		Partition: part, Owner: "me", Epoch: 7, Ids: ids, DeadIds: []int64{}, DeadReasons: []string{},
+	_, err = db.New().MarkOutcomesMany(ctx, ex, db.MarkOutcomesManyParams{
+		Partitions: []int32{part}, Owner: "me", Epochs: []int64{7}, Ids: ids, DeadIds: []int64{}, DeadReasons: []string{},
 	})
 	require.ErrorIs(t, err, testdb.ErrExplained)
 	root := ex.Root(t)
