@@ -242,3 +242,80 @@ func TestFailedCombinedMarkFailsEveryMark(t *testing.T) {
 	require.EqualValues(t, 2, f.tracer.marks.Load())
 	require.Zero(t, f.obs.fenced.Load())
 }
+
+// TestCombinedMarkAndRenewalDoNotDeadlock: a combined mark locks its lease
+// rows one after another, and a renewal locks all of the relay's. Holding
+// the lower partition's row (as the mark does once it locked it), the
+// renewal must not take the higher one first: the mark would then wait for
+// it, and it for the mark, a deadlock PostgreSQL breaks by failing one of
+// them. RenewLeases locks in partition order, as the mark does, so it waits
+// holding nothing. Here the lower partition's lease row lies after the
+// higher one's in the table, where the renewal's scan meets it last.
+func TestCombinedMarkAndRenewalDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	byPart := map[int32]string{}
+	for i := 0; len(byPart) < 2; i++ {
+		key := fmt.Sprintf("key-%d", i)
+		p := b.partitionOf(t, key)
+		if _, ok := byPart[p]; !ok {
+			byPart[p] = key
+			b.enqueue(t, msgs(1, key, key)...)
+		}
+	}
+	var parts []int32
+	for p := range byPart {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	low, high := parts[0], parts[1]
+	for _, q := range []string{
+		`UPDATE pgrelay.relay_partitions SET owner = 'me', epoch = 7, lease_until = now() + interval '1 hour' WHERE partition = ANY($1)`,
+		`UPDATE pgrelay.relay_partitions SET acquired_at = now() WHERE partition = $1`, // its row moves last
+	} {
+		arg := any(parts)
+		if strings.Contains(q, "= $1") {
+			arg = low
+		}
+		_, err := b.pool.Exec(ctx, q, arg)
+		require.NoError(t, err)
+	}
+	var ids []int64
+	rows, err := b.pool.Query(ctx, `SELECT id FROM pgrelay.outbox ORDER BY id`)
+	require.NoError(t, err)
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+
+	// The mark's transaction, holding the lower lease row.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM pgrelay.relay_partitions WHERE partition = $1 FOR SHARE`, low)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+
+	renewed := make(chan error, 1)
+	go func() {
+		got, err := db.New().RenewLeases(ctx, b.pool, db.RenewLeasesParams{LeaseSeconds: 60, Owner: "me"})
+		if err == nil && len(got) != 2 {
+			err = fmt.Errorf("renewed %d leases, want 2", len(got))
+		}
+		renewed <- err
+	}()
+	eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%name: RenewLeases%' AND $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
+		return n == 1
+	}, "the renewal waits for the mark's lease row")
+
+	marked, err := db.New().MarkOutcomesMany(ctx, tx, db.MarkOutcomesManyParams{Owner: "me", Partitions: parts, Epochs: []int64{7, 7},
+		Ids: ids, DeadIds: []int64{}, DeadReasons: []string{}})
+	require.NoError(t, err, "the combined mark")
+	require.ElementsMatch(t, []db.MarkOutcomesManyRow{{Partition: low, Marked: 1}, {Partition: high, Marked: 1}}, marked)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-renewed, "the renewal")
+}
