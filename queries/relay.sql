@@ -69,13 +69,22 @@ SELECT coalesce((extract(epoch FROM min(o.not_before) - now()) * 1000000)::bigin
 FROM pgrelay.outbox o
 WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > now();
 
--- name: MarkOutcomes :execrows
--- MarkOutcomes marks a published batch in one statement: @ids are the batch's
--- rows, published but for @dead_ids, which become dead with the reason at the
--- same place in @dead_reasons. The lease CTE locks the partition's lease row
--- (FOR SHARE) and requires the caller's owner and epoch, so a relay that lost
--- the partition marks nothing, and a takeover waits for an in-flight mark to
--- commit.
+-- name: MarkOutcomesMany :many
+-- MarkOutcomesMany marks the published batches of several partitions in one
+-- statement (the relay's marker coalesces the marks its partition workers
+-- hand it while a statement is in flight, docs/relay.md "Marks"). @ids are
+-- the batches' rows, published but for @dead_ids, which become dead with the
+-- reason at the same place in @dead_reasons. Each partition is fenced on its
+-- own: the lease CTE locks (FOR SHARE) the lease rows of the pairs
+-- (@partitions[i], @epochs[i]) still owned by @owner at that epoch, and only
+-- rows of those partitions are updated (every row of a batch is in its
+-- partition, and a statement holds at most one mark per partition). A relay
+-- that lost a partition marks none of its rows, the other partitions' rows
+-- are marked all the same, and a takeover waits for an in-flight mark to
+-- commit. The result is the number of rows marked per partition; a
+-- partition missing from it marked nothing (fenced). The lease rows are
+-- locked in partition order, as RenewLeases locks them, so a combined mark
+-- and a renewal never deadlock.
 --
 -- The rows are picked by "id = ANY(@ids)" on the primary key, with no join to
 -- the batch: a join of the rows with the unnested batch, planned with the
@@ -84,7 +93,10 @@ WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > 
 -- or scanned the partition's whole pending index (118-158 ms a mark of 100
 -- at a 50,000-row backlog), and the lease renewals queued behind the lease
 -- row it holds. coalesce on the NOT NULL status keeps the pending partial
--- index out of the planner's choices (TestMarkTouchesOnlyItsBatch).
+-- index out of the planner's choices (TestMarkTouchesOnlyItsBatch). The
+-- leased partitions are an array computed once, not a join: joined to the
+-- lease rows, the rows were scanned once per partition in the statement
+-- (with stale statistics a sequential scan of the outbox each time).
 --
 -- With @async_commit the statement's own transaction commits without waiting
 -- for its WAL flush (synchronous_commit off, set for this transaction only,
@@ -93,22 +105,29 @@ WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > 
 -- relay crash between publish and mark (docs/relay.md, "Asynchronous marks").
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
-    WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
+    WHERE rp.owner = @owner::text
+      AND (rp.partition, rp.epoch) IN (SELECT unnest(@partitions::int[]), unnest(@epochs::bigint[]))
+    ORDER BY rp.partition
     FOR SHARE
+), marked AS (
+    UPDATE pgrelay.outbox o
+    SET status       = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN 'dead' ELSE 'published' END,
+        published_at = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN NULL ELSE now() END,
+        last_error   = (@dead_reasons::text[])[array_position(@dead_ids::bigint[], o.id)],
+        attempts     = o.attempts + 1
+    WHERE o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending'
+      AND o.partition = ANY(ARRAY(SELECT lease.partition FROM lease))
+      AND (SELECT set_config('synchronous_commit',
+            CASE WHEN @async_commit::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
+    RETURNING o.partition
 )
-UPDATE pgrelay.outbox o
-SET status       = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN 'dead' ELSE 'published' END,
-    published_at = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN NULL ELSE now() END,
-    last_error   = (@dead_reasons::text[])[array_position(@dead_ids::bigint[], o.id)],
-    attempts     = o.attempts + 1
-FROM lease
-WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending'
-  AND (SELECT set_config('synchronous_commit',
-        CASE WHEN @async_commit::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL;
+SELECT m.partition::int AS partition, count(*)::bigint AS marked
+FROM marked m
+GROUP BY m.partition;
 
 -- name: RecordPublishFailure :execrows
 -- RecordPublishFailure notes a transient failure on the rows of a batch that
--- stay pending, under the same fencing as MarkOutcomes.
+-- stay pending, under the same fencing as MarkOutcomesMany.
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
@@ -117,7 +136,7 @@ WITH lease AS (
 UPDATE pgrelay.outbox o
 SET attempts = o.attempts + 1, last_error = @last_error::text, next_attempt_at = @next_attempt_at
 FROM lease
--- The primary key, not the pending index (as MarkOutcomes).
+-- The primary key, not the pending index (as MarkOutcomesMany).
 WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending';
 
 -- name: HeartbeatNode :exec
@@ -140,11 +159,21 @@ SELECT count(*)::int FROM pgrelay.relay_partitions;
 
 -- name: RenewLeases :many
 -- RenewLeases extends every lease the relay still owns and returns them; a
--- partition missing from the result was taken over.
-UPDATE pgrelay.relay_partitions
+-- partition missing from the result was taken over. It locks the lease rows
+-- in partition order, as MarkOutcomesMany does: a combined mark holding one
+-- lease row while waiting for another never waits on a renewal that holds
+-- the second and waits for the first (a deadlock).
+WITH mine AS (
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
+    WHERE rp.owner = @owner::text
+    ORDER BY rp.partition
+    FOR NO KEY UPDATE
+)
+UPDATE pgrelay.relay_partitions p
 SET lease_until = now() + make_interval(secs => @lease_seconds::float8)
-WHERE owner = @owner::text
-RETURNING partition, epoch;
+FROM mine
+WHERE p.partition = mine.partition AND p.owner = @owner::text
+RETURNING p.partition, p.epoch;
 
 -- name: AcquirePartitions :many
 -- AcquirePartitions takes up to max_count free or expired partitions, bumping

@@ -180,39 +180,60 @@ func (q *Queries) InProgressXids(ctx context.Context, db DBTX) ([]string, error)
 	return xids, err
 }
 
-const markOutcomes = `-- name: MarkOutcomes :execrows
+const markOutcomesMany = `-- name: MarkOutcomesMany :many
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
-    WHERE rp.partition = $5 AND rp.owner = $6::text AND rp.epoch = $7
+    WHERE rp.owner = $1::text
+      AND (rp.partition, rp.epoch) IN (SELECT unnest($2::int[]), unnest($3::bigint[]))
+    ORDER BY rp.partition
     FOR SHARE
+), marked AS (
+    UPDATE pgrelay.outbox o
+    SET status       = CASE WHEN o.id = ANY($4::bigint[]) THEN 'dead' ELSE 'published' END,
+        published_at = CASE WHEN o.id = ANY($4::bigint[]) THEN NULL ELSE now() END,
+        last_error   = ($5::text[])[array_position($4::bigint[], o.id)],
+        attempts     = o.attempts + 1
+    WHERE o.id = ANY($6::bigint[]) AND coalesce(o.status, '') = 'pending'
+      AND o.partition = ANY(ARRAY(SELECT lease.partition FROM lease))
+      AND (SELECT set_config('synchronous_commit',
+            CASE WHEN $7::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
+    RETURNING o.partition
 )
-UPDATE pgrelay.outbox o
-SET status       = CASE WHEN o.id = ANY($1::bigint[]) THEN 'dead' ELSE 'published' END,
-    published_at = CASE WHEN o.id = ANY($1::bigint[]) THEN NULL ELSE now() END,
-    last_error   = ($2::text[])[array_position($1::bigint[], o.id)],
-    attempts     = o.attempts + 1
-FROM lease
-WHERE o.partition = lease.partition AND o.id = ANY($3::bigint[]) AND coalesce(o.status, '') = 'pending'
-  AND (SELECT set_config('synchronous_commit',
-        CASE WHEN $4::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
+SELECT m.partition::int AS partition, count(*)::bigint AS marked
+FROM marked m
+GROUP BY m.partition
 `
 
-type MarkOutcomesParams struct {
+type MarkOutcomesManyParams struct {
+	Owner       string
+	Partitions  []int32
+	Epochs      []int64
 	DeadIds     []int64
 	DeadReasons []string
 	Ids         []int64
 	AsyncCommit bool
-	Partition   int32
-	Owner       string
-	Epoch       int64
 }
 
-// MarkOutcomes marks a published batch in one statement: @ids are the batch's
-// rows, published but for @dead_ids, which become dead with the reason at the
-// same place in @dead_reasons. The lease CTE locks the partition's lease row
-// (FOR SHARE) and requires the caller's owner and epoch, so a relay that lost
-// the partition marks nothing, and a takeover waits for an in-flight mark to
-// commit.
+type MarkOutcomesManyRow struct {
+	Partition int32
+	Marked    int64
+}
+
+// MarkOutcomesMany marks the published batches of several partitions in one
+// statement (the relay's marker coalesces the marks its partition workers
+// hand it while a statement is in flight, docs/relay.md "Marks"). @ids are
+// the batches' rows, published but for @dead_ids, which become dead with the
+// reason at the same place in @dead_reasons. Each partition is fenced on its
+// own: the lease CTE locks (FOR SHARE) the lease rows of the pairs
+// (@partitions[i], @epochs[i]) still owned by @owner at that epoch, and only
+// rows of those partitions are updated (every row of a batch is in its
+// partition, and a statement holds at most one mark per partition). A relay
+// that lost a partition marks none of its rows, the other partitions' rows
+// are marked all the same, and a takeover waits for an in-flight mark to
+// commit. The result is the number of rows marked per partition; a
+// partition missing from it marked nothing (fenced). The lease rows are
+// locked in partition order, as RenewLeases locks them, so a combined mark
+// and a renewal never deadlock.
 //
 // The rows are picked by "id = ANY(@ids)" on the primary key, with no join to
 // the batch: a join of the rows with the unnested batch, planned with the
@@ -221,27 +242,42 @@ type MarkOutcomesParams struct {
 // or scanned the partition's whole pending index (118-158 ms a mark of 100
 // at a 50,000-row backlog), and the lease renewals queued behind the lease
 // row it holds. coalesce on the NOT NULL status keeps the pending partial
-// index out of the planner's choices (TestMarkTouchesOnlyItsBatch).
+// index out of the planner's choices (TestMarkTouchesOnlyItsBatch). The
+// leased partitions are an array computed once, not a join: joined to the
+// lease rows, the rows were scanned once per partition in the statement
+// (with stale statistics a sequential scan of the outbox each time).
 //
 // With @async_commit the statement's own transaction commits without waiting
 // for its WAL flush (synchronous_commit off, set for this transaction only,
 // so no session state is left behind for a pooler): a mark lost in a server
 // crash leaves its rows pending, and they are published again, as after a
 // relay crash between publish and mark (docs/relay.md, "Asynchronous marks").
-func (q *Queries) MarkOutcomes(ctx context.Context, db DBTX, arg MarkOutcomesParams) (int64, error) {
-	result, err := db.Exec(ctx, markOutcomes,
+func (q *Queries) MarkOutcomesMany(ctx context.Context, db DBTX, arg MarkOutcomesManyParams) ([]MarkOutcomesManyRow, error) {
+	rows, err := db.Query(ctx, markOutcomesMany,
+		arg.Owner,
+		arg.Partitions,
+		arg.Epochs,
 		arg.DeadIds,
 		arg.DeadReasons,
 		arg.Ids,
 		arg.AsyncCommit,
-		arg.Partition,
-		arg.Owner,
-		arg.Epoch,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	items := []MarkOutcomesManyRow{}
+	for rows.Next() {
+		var i MarkOutcomesManyRow
+		if err := rows.Scan(&i.Partition, &i.Marked); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const nextDue = `-- name: NextDue :one
@@ -463,8 +499,8 @@ type RecordPublishFailureParams struct {
 }
 
 // RecordPublishFailure notes a transient failure on the rows of a batch that
-// stay pending, under the same fencing as MarkOutcomes.
-// The primary key, not the pending index (as MarkOutcomes).
+// stay pending, under the same fencing as MarkOutcomesMany.
+// The primary key, not the pending index (as MarkOutcomesMany).
 func (q *Queries) RecordPublishFailure(ctx context.Context, db DBTX, arg RecordPublishFailureParams) (int64, error) {
 	result, err := db.Exec(ctx, recordPublishFailure,
 		arg.LastError,
@@ -499,10 +535,17 @@ func (q *Queries) ReleasePartitions(ctx context.Context, db DBTX, arg ReleasePar
 }
 
 const renewLeases = `-- name: RenewLeases :many
-UPDATE pgrelay.relay_partitions
+WITH mine AS (
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
+    WHERE rp.owner = $2::text
+    ORDER BY rp.partition
+    FOR NO KEY UPDATE
+)
+UPDATE pgrelay.relay_partitions p
 SET lease_until = now() + make_interval(secs => $1::float8)
-WHERE owner = $2::text
-RETURNING partition, epoch
+FROM mine
+WHERE p.partition = mine.partition AND p.owner = $2::text
+RETURNING p.partition, p.epoch
 `
 
 type RenewLeasesParams struct {
@@ -516,7 +559,10 @@ type RenewLeasesRow struct {
 }
 
 // RenewLeases extends every lease the relay still owns and returns them; a
-// partition missing from the result was taken over.
+// partition missing from the result was taken over. It locks the lease rows
+// in partition order, as MarkOutcomesMany does: a combined mark holding one
+// lease row while waiting for another never waits on a renewal that holds
+// the second and waits for the first (a deadlock).
 func (q *Queries) RenewLeases(ctx context.Context, db DBTX, arg RenewLeasesParams) ([]RenewLeasesRow, error) {
 	rows, err := db.Query(ctx, renewLeases, arg.LeaseSeconds, arg.Owner)
 	if err != nil {

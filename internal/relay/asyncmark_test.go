@@ -39,10 +39,10 @@ func TestMarkCommitsAsynchronouslyForItsTransactionOnly(t *testing.T) {
 	for _, async := range []bool{true, false} {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
-		n, err := db.New().MarkOutcomes(ctx, tx, db.MarkOutcomesParams{Partition: p, Owner: "test", Epoch: 7,
+		marked, err := db.New().MarkOutcomesMany(ctx, tx, db.MarkOutcomesManyParams{Partitions: []int32{p}, Owner: "test", Epochs: []int64{7},
 			Ids: []int64{id}, DeadIds: []int64{}, DeadReasons: []string{}, AsyncCommit: async})
 		require.NoError(t, err)
-		require.EqualValues(t, 1, n)
+		require.Equal(t, []db.MarkOutcomesManyRow{{Partition: p, Marked: 1}}, marked)
 		var inTx string
 		require.NoError(t, tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inTx))
 		require.NoError(t, tx.Rollback(ctx))

@@ -118,9 +118,10 @@ func rowIDs(rows []db.PendingBatchRow) []int64 {
 	return ids
 }
 
-// mark records the batch's published and dead rows in one statement fenced
-// by w's epoch; it returns errFenced when another relay owns the partition
-// now.
+// mark records the batch's published and dead rows, fenced by w's epoch,
+// through the marker, which sends it in one statement with the marks of
+// other partitions handed to it meanwhile; it returns errFenced when another
+// relay owns the partition now.
 func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out outcomes) error {
 	if len(out.markIDs) == 0 {
 		return nil
@@ -128,16 +129,14 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 	if h := r.cfg.hooks.beforeMark; h != nil {
 		h(w.partition, out.markIDs)
 	}
-	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-	n, err := r.q.MarkOutcomes(qctx, r.cfg.Pool, db.MarkOutcomesParams{
-		Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: out.markIDs, DeadIds: out.deadIDs, DeadReasons: out.reasons,
-		AsyncCommit: r.cfg.AsyncMarks,
+	res := r.marker.mark(&markRequest{
+		partition: w.partition, epoch: w.epoch, ids: out.markIDs, deadIDs: out.deadIDs, reasons: out.reasons,
+		async: r.cfg.AsyncMarks,
 	})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("mark %d rows: %w", len(out.markIDs), err)
+	if res.err != nil {
+		return fmt.Errorf("mark %d rows: %w", len(out.markIDs), res.err)
 	}
-	if n == 0 {
+	if res.marked == 0 {
 		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(out.markIDs)))
 		r.cfg.Observer.Fenced(int(w.partition))
 		return errFenced

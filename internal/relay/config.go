@@ -112,6 +112,9 @@ type hooks struct {
 	// pgrelay.outbox_wal, before its TRUNCATE.
 	walBeforeTruncate func()
 	beforeMark        func(partition int32, ids []int64)
+	// beforeMarkStatement runs in the marker before each statement, with
+	// the partitions whose marks it carries.
+	beforeMarkStatement func(partitions []int32)
 }
 
 // Defaults for Config; the relay command's flags default to them too.

@@ -2,8 +2,10 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -108,19 +110,71 @@ func TestMarkTouchesOnlyItsBatch(t *testing.T) {
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.outbox WHERE partition = $1`, part).Scan(&pending))
 
-	tx, err := pool.Begin(ctx)
+	explain := func(parts []int32, epochs, ids []int64) testdb.PlanNode {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		ex := &testdb.Explain{DBTX: tx}
+		_, err = db.New().MarkOutcomesMany(ctx, ex, db.MarkOutcomesManyParams{
+			Partitions: parts, Owner: "me", Epochs: epochs, Ids: ids, DeadIds: []int64{}, DeadReasons: []string{},
+		})
+		require.ErrorIs(t, err, testdb.ErrExplained)
+		root := ex.Root(t)
+		require.False(t, root.Uses("outbox_pending_idx"), "the mark must not scan the partitions' pending entries: %s", ex.JSON)
+		require.True(t, root.Uses("outbox_pkey"), "the mark looks its rows up by primary key: %s", ex.JSON)
+		require.Equal(t, []float64{1}, pkeyLoops(t, ex.JSON), "the rows are looked up once, not once per partition: %s", ex.JSON)
+		return root
+	}
+	root := explain([]int32{part}, []int64{7}, ids)
+	t.Logf("mark of 100 with %d pending in the partition: %d buffers", pending, root.SharedHit+root.SharedRead)
+
+	// A combined mark of four partitions' batches (the marker's), as many
+	// rows in all: by primary key too, in one scan (not one per partition).
+	parts := []int32{part}
+	for i := 2; len(parts) < 4; i++ {
+		var p int32
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.outbox_partition($1)`, fmt.Sprintf("key-%d", i)).Scan(&p))
+		if !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
+	}
+	_, err = pool.Exec(ctx, `UPDATE pgrelay.relay_partitions SET owner = 'me', epoch = 7, lease_until = now() + interval '1 minute' WHERE partition = ANY($1)`, parts)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	ex := &testdb.Explain{DBTX: tx}
-	_, err = db.New().MarkOutcomes(ctx, ex, db.MarkOutcomesParams{
-		Partition: part, Owner: "me", Epoch: 7, Ids: ids, DeadIds: []int64{}, DeadReasons: []string{},
-	})
-	require.ErrorIs(t, err, testdb.ErrExplained)
-	root := ex.Root(t)
-	buffers := root.SharedHit + root.SharedRead
-	t.Logf("mark of 100 with %d pending in the partition: %d buffers", pending, buffers)
-	require.False(t, root.Uses("outbox_pending_idx"), "the mark must not scan the partition's pending entries: %s", ex.JSON)
-	require.True(t, root.Uses("outbox_pkey"), "the mark looks its rows up by primary key: %s", ex.JSON)
+	rows, err = pool.Query(ctx, `SELECT id FROM unnest($1::int[]) AS p
+		CROSS JOIN LATERAL (SELECT id FROM pgrelay.outbox WHERE partition = p ORDER BY id LIMIT 25) AS b`, parts)
+	require.NoError(t, err)
+	all, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, all, 100)
+	root = explain(parts, []int64{7, 7, 7, 7}, all)
+	t.Logf("combined mark of 4 × 25: %d buffers", root.SharedHit+root.SharedRead)
+}
+
+// pkeyLoops returns the loops of each scan of outbox_pkey in an EXPLAIN
+// (FORMAT JSON) plan.
+func pkeyLoops(t *testing.T, plan []byte) []float64 {
+	var nodes []map[string]any
+	require.NoError(t, json.Unmarshal(plan, &nodes))
+	var loops []float64
+	var walk func(n map[string]any)
+	walk = func(n map[string]any) {
+		if n["Index Name"] == "outbox_pkey" {
+			l, _ := n["Actual Loops"].(float64)
+			loops = append(loops, l)
+		}
+		children, _ := n["Plans"].([]any)
+		for _, c := range children {
+			if m, ok := c.(map[string]any); ok {
+				walk(m)
+			}
+		}
+	}
+	for _, n := range nodes {
+		if p, ok := n["Plan"].(map[string]any); ok {
+			walk(p)
+		}
+	}
+	return loops
 }
 
 // TestClaimIsOBatchOnLargeOutbox: with 1,000,000 published and dead rows

@@ -45,6 +45,8 @@ type Relay struct {
 	kick chan struct{}
 	// busy wakes pollBusy when a worker starts lingering.
 	busy chan struct{}
+	// marker sends the workers' marks, coalesced.
+	marker *marker
 	// poolWarnedShare is the share last warned about as too large for the
 	// pool (0: none); touched by Run's goroutine only.
 	poolWarnedShare int
@@ -78,6 +80,7 @@ func New(cfg Config) (*Relay, error) {
 		kick:    make(chan struct{}, 1),
 		busy:    make(chan struct{}, 1),
 	}
+	r.marker = &marker{r: r}
 	if cfg.NoListen || cfg.Capture == CaptureWAL {
 		r.cleaner = newOutboxCleaner(cfg, r.log)
 		return r, nil
