@@ -101,3 +101,30 @@ func TestAsyncCommitLostInACrashIsRedelivered(t *testing.T) {
 	require.Equal(t, 1, credits(), "credited exactly once")
 	require.NoError(t, stop())
 }
+
+// TestAsyncCommitSettles runs orders through a consumer with AsyncCommit,
+// with one ingest loop and with two: every order is
+// credited once and every delivery acknowledged (the forced flushes ack what
+// the server does not flush by itself), and a stop right after a publish
+// leaves nothing unacknowledged.
+func TestAsyncCommitSettles(t *testing.T) {
+	t.Parallel()
+	for _, loops := range []int{1, 2} {
+		b := setup(t)
+		b.cfg.AsyncCommit = true
+		b.cfg.IngestLoops = loops
+		c, err := New(b.config())
+		require.NoError(t, err)
+		stop := b.start(t, c)
+		const orders = 40
+		total := b.publishOrders(t, orders)
+		require.Eventually(t, b.settled(t, orders, total, 2*orders), 30*time.Second, 20*time.Millisecond)
+		require.Equal(t, int64(2*orders), c.Stats().Acked)
+
+		b.publish(t, "created-late", "created-late", "OrderCreated",
+			map[string]any{"order_id": "late", "customer_id": "c", "amount_cents": 1, "currency": "EUR"})
+		require.Eventually(t, func() bool { return c.Stats().Inserted == 2*orders+1 }, 10*time.Second, time.Millisecond)
+		require.NoError(t, stop())
+		require.Equal(t, int64(2*orders+1), c.Stats().Acked, "the stop acknowledged the batch waiting for its flush")
+	}
+}
