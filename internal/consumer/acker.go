@@ -45,13 +45,17 @@ const (
 	// standbys are configured (a local flush is then not what a synchronous
 	// commit would have waited for).
 	flushedSQL = "SELECT pg_current_wal_flush_lsn()::text, current_setting('synchronous_standby_names') <> ''"
-	// forceFlushSQL commits one transaction that has a transaction id, so
-	// its commit writes a record and waits as the session's
-	// synchronous_commit says (turned on for it if the server's is off):
-	// every WAL record before it is flushed, on the synchronous standbys
-	// too when there are some.
-	forceFlushSQL = "SELECT txid_current(), set_config('synchronous_commit', CASE current_setting('synchronous_commit') " +
-		"WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)"
+	// forceFlushSQL commits one transaction that wrote WAL, so its commit
+	// waits for the flush as the session's synchronous_commit says (turned
+	// on for it if the session's is off): every WAL record before it is
+	// flushed, on the synchronous standbys too when there are some. A
+	// transaction that only took a transaction id (txid_current()) would
+	// not do: PostgreSQL commits one that wrote no WAL of its own
+	// asynchronously. The transactional logical decoding message (any role
+	// may write one; no table is touched) is the WAL written; a relay
+	// capturing from the WAL skips its prefix.
+	forceFlushSQL = "SELECT pg_logical_emit_message(true, 'pgrelay.consumer.flush', ''), set_config('synchronous_commit', " +
+		"CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)"
 )
 
 // commitMark is what the acker must know of the commits of one batch's

@@ -128,3 +128,56 @@ func TestAsyncCommitSettles(t *testing.T) {
 		require.Equal(t, int64(2*orders+1), c.Stats().Acked, "the stop acknowledged the batch waiting for its flush")
 	}
 }
+
+// TestWALSessionForcesTheFlush checks the acker's session against a server
+// whose WAL writer waits 10s: an asynchronous commit (beginFunc with a mark)
+// is not flushed at once; the forced flush flushes it, even when the
+// session's synchronous_commit is off.
+func TestWALSessionForcesTheFlush(t *testing.T) {
+	t.Parallel()
+	cluster := testcluster.Start(t, "wal_writer_delay = '10s'\nwal_writer_flush_after = '1GB'\n"+
+		"autovacuum = off\nbgwriter_lru_maxpages = 0\ncheckpoint_timeout = '1h'")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, cluster.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `CREATE TABLE async_rows (n int)`)
+	require.NoError(t, err)
+	c := &Consumer{cfg: Config{Pool: pool, AsyncCommit: true}}
+
+	sess, err := dialWAL(pool)(ctx)
+	require.NoError(t, err)
+	defer sess.close()
+	_, err = sess.(*pgSession).conn.Exec(ctx, "SET synchronous_commit TO off")
+	require.NoError(t, err)
+
+	var m commitMark
+	require.NoError(t, c.beginFunc(ctx, &m, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO async_rows VALUES (1)`)
+		return err
+	}))
+	require.Equal(t, 1, m.n)
+	require.Equal(t, sess.server(), m.server)
+	require.True(t, sess.since().Before(m.sent))
+	var syncCommit string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit))
+	require.Equal(t, "on", syncCommit, "the asynchronous commit left nothing in the session")
+
+	flushed, needSync, err := sess.flushed(ctx)
+	require.NoError(t, err)
+	require.False(t, needSync)
+	require.Less(t, flushed, m.lsn, "the asynchronous commit was flushed at once")
+	require.NoError(t, sess.forceFlush(ctx))
+	flushed, _, err = sess.flushed(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, flushed, m.lsn, "the forced flush did not flush the commit")
+
+	// A commit that fails is not marked.
+	before := m
+	require.Error(t, c.beginFunc(ctx, &m, func(tx pgx.Tx) error {
+		_, _ = tx.Exec(ctx, `SELECT 1/0`)
+		return nil // commit of an aborted transaction: a rollback
+	}))
+	require.Equal(t, before, m)
+}
