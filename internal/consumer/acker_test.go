@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // fakeWAL is a walSession whose flushed position the test sets.
@@ -224,4 +227,20 @@ func TestParseLSN(t *testing.T) {
 		_, err := parseLSN(s)
 		require.Error(t, err, s)
 	}
+}
+
+func TestAsyncCommitSettingsValidated(t *testing.T) {
+	t.Parallel()
+	pool := &pgxpool.Pool{}
+	sub := func(context.Context) (broker.Subscriber, error) { return nil, nil }
+	_, err := New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, AsyncCommit: true})
+	require.NoError(t, err)
+	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, AsyncCommit: true,
+		AsyncFlushAfter: -time.Millisecond, AsyncPollInterval: time.Microsecond, AsyncMaxPending: -1})
+	require.ErrorContains(t, err, "Config.AsyncFlushAfter -1ms must be positive")
+	require.ErrorContains(t, err, "Config.AsyncPollInterval 1µs must be at least 100µs")
+	require.ErrorContains(t, err, "Config.AsyncMaxPending -1 must be positive")
+	handler := inbox.HandlerFunc(func(context.Context, pgx.Tx, *inbox.Event) error { return nil })
+	_, err = New(Config{Pool: pool, Direct: true, AsyncCommit: true, Inbox: inbox.Config{Handler: handler}})
+	require.ErrorContains(t, err, "Config.AsyncCommit is for the batches")
 }
