@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -130,7 +131,7 @@ func (c *Consumer) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.
 		return err
 	}
 	sent := time.Now()
-	res, err := conn.Conn().PgConn().Exec(ctx, asyncCommitSQL).ReadAll()
+	res, err := commitAsync(ctx, conn.Conn())
 	if err != nil {
 		return err
 	}
@@ -148,6 +149,25 @@ func (c *Consumer) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.
 	}
 	mark.add(commitMark{n: 1, lsn: lsn, sent: sent, server: string(res[1].Rows[0][1])})
 	return nil
+}
+
+// commitAsync sends asyncCommitSQL, both statements in one simple query
+// (pgx's Exec would return only the last command tag, Query only the first
+// result), telling the connection's query tracer as pgx does.
+func commitAsync(ctx context.Context, conn *pgx.Conn) ([]*pgconn.Result, error) {
+	tracer, _ := conn.Config().Tracer.(pgx.QueryTracer)
+	if tracer != nil {
+		ctx = tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: asyncCommitSQL})
+	}
+	res, err := conn.PgConn().Exec(ctx, asyncCommitSQL).ReadAll()
+	if tracer != nil {
+		var tag pgconn.CommandTag
+		if len(res) > 0 {
+			tag = res[0].CommandTag
+		}
+		tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{CommandTag: tag, Err: err})
+	}
+	return res, err
 }
 
 // walSession is the acker's view of the server: a connection of its own.

@@ -2,6 +2,9 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,9 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
+	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
@@ -180,4 +187,51 @@ func TestWALSessionForcesTheFlush(t *testing.T) {
 		return nil // commit of an aborted transaction: a rollback
 	}))
 	require.Equal(t, before, m)
+}
+
+// TestAsyncCommitRoundTrips: with AsyncCommit a batch costs the round trips
+// it costs without (BEGIN, the store, with apply on receive the handler's,
+// COMMIT): the setting rides on BEGIN and the WAL position on COMMIT, and
+// the connection's tracer sees both.
+func TestAsyncCommitRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pcfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	require.NoError(t, err)
+	pcfg.MaxConns = 1
+	trips := &tripCounter{}
+	pcfg.ConnConfig.Tracer = trips
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	c, err := New(Config{
+		Pool:          pool,
+		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
+		StatsInterval: -1,
+		AsyncCommit:   true,
+		Inbox:         inbox.Config{Handler: tracedHandler{c: trips}},
+		Logger:        zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+	for i, apply := range []bool{false, true} {
+		order := fmt.Sprintf("o-%d", i)
+		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
+		require.NoError(t, err)
+		batch := []inbox.Incoming{{Message: event.Message{EventID: "created-" + order, Topic: "orders", EventType: ledger.EventOrderCreated,
+			Payload: payload, OccurredAt: time.Now()}}}
+		trips.reset()
+		var m commitMark
+		require.NoError(t, c.store(ctx, batch, apply, &m))
+		got, inHandler := trips.reset()
+		require.Equal(t, 1, m.n)
+		commit := slices.Index(got, asyncCommitSQL)
+		require.Positive(t, commit, "the tracer did not see the commit: %q", got)
+		got = got[:commit+1]
+		require.Equal(t, asyncBeginSQL, got[0])
+		require.Equal(t, 3, len(got)-inHandler, "apply %v: BEGIN, the store and COMMIT besides the handler's statements, got %q", apply, got)
+	}
+	var syncCommit string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit))
+	require.Equal(t, "on", syncCommit, "the asynchronous commit left nothing in the session")
 }
