@@ -54,8 +54,10 @@ const (
 	DefaultFetchBatchSize = engine.DefaultBatchSize
 	DefaultMaxWait        = engine.DefaultMaxWait
 	DefaultIngestLoops    = engine.DefaultIngestLoops
-	DefaultStatsInterval  = engine.DefaultStatsInterval
-	DefaultStartupTimeout = 30 * time.Second
+	// DefaultAsyncFlushAfter is Config.AsyncFlushAfter's default.
+	DefaultAsyncFlushAfter = engine.DefaultAsyncFlushAfter
+	DefaultStatsInterval   = engine.DefaultStatsInterval
+	DefaultStartupTimeout  = 30 * time.Second
 	// DefaultMaxPayloadBytes is the payload limit a command-line consumer
 	// gives its subscriber (the adapters' Config.MaxPayloadBytes).
 	DefaultMaxPayloadBytes = engine.DefaultMaxPayloadBytes
@@ -137,6 +139,21 @@ type Config struct {
 	// as an attempt. Under a backlog the workers take every event. Default
 	// false.
 	NoApplyOnReceive bool
+	// AsyncCommit commits each fetched batch's store transaction with
+	// synchronous_commit off (for that transaction only), so that the
+	// commit does not wait for the WAL flush and the next fetch starts at
+	// once; the batch is acknowledged only once the server has flushed its
+	// WAL past the commit, so a server crash that loses the commit leaves
+	// the messages with the broker, which redelivers them. One more
+	// connection, opened with Pool's settings, reads the flushed position;
+	// it must reach PostgreSQL itself, not a connection pooler. See
+	// docs/consumer.md, "Asynchronous commit". Default false.
+	AsyncCommit bool
+	// AsyncFlushAfter is how long, with AsyncCommit, an acknowledgement
+	// waits for the server to flush the commit (its WAL writer, another
+	// transaction) before the consumer forces the flush with a tiny
+	// synchronous transaction. Default 5ms.
+	AsyncFlushAfter time.Duration
 
 	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9091".
 	// Default "": not served.
@@ -293,6 +310,8 @@ func New(cfg Config) (*Consumer, error) {
 		ObserveConflicts: observer.KeyConflicts,
 		Targets:          engineTargets,
 		NoApplyOnReceive: cfg.NoApplyOnReceive,
+		AsyncCommit:      cfg.AsyncCommit,
+		AsyncFlushAfter:  cfg.AsyncFlushAfter,
 		Inbox:            inboxCfg,
 		Logger:           log,
 	})

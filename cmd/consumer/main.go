@@ -37,6 +37,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
+	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/migrations"
@@ -67,6 +68,8 @@ type settings struct {
 	statsInterval   time.Duration
 	dupRateWarn     float64
 	applyOnReceive  bool
+	asyncCommit     bool
+	asyncFlushAfter time.Duration
 	handler         string
 	handlerName     string
 	dedupKey        string
@@ -126,6 +129,8 @@ var flagOf = map[string]string{
 	"FetchBatchSize":                "--batch-size (CONSUMER_BATCH_SIZE)",
 	"MaxWait":                       "--max-wait (CONSUMER_MAX_WAIT)",
 	"IngestLoops":                   "--ingest-loops (CONSUMER_INGEST_LOOPS)",
+	"AsyncCommit":                   "--async-commit (CONSUMER_ASYNC_COMMIT)",
+	"AsyncFlushAfter":               "--async-flush-after (CONSUMER_ASYNC_FLUSH_AFTER)",
 	"DupRateWarn":                   "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)",
 	"MetricsAddr":                   "--metrics-addr (METRICS_ADDR)",
 	"AdminAddr":                     "--admin-addr (ADMIN_ADDR)",
@@ -185,6 +190,8 @@ the reason and acknowledged, never dropped.`,
 	f.DurationVar(&s.handlerTimeout, "handler-timeout", cli.EnvDuration("CONSUMER_HANDLER_TIMEOUT", pgrelay.DefaultHandlerTimeout), "bound on one handler call; must be shorter than --lease (CONSUMER_HANDLER_TIMEOUT)")
 	f.DurationVar(&s.statsInterval, "stats-interval", cli.EnvDuration("CONSUMER_STATS_INTERVAL", consumer.DefaultStatsInterval), "how often the ingest counters are logged; negative disables (CONSUMER_STATS_INTERVAL)")
 	f.BoolVar(&s.applyOnReceive, "apply-on-receive", cli.EnvBool("CONSUMER_APPLY_ON_RECEIVE", true), "while the workers are idle and the consumer keeps up, run the handler in the transaction that stores a fetched batch; what fails there is left to the workers (CONSUMER_APPLY_ON_RECEIVE)")
+	f.BoolVar(&s.asyncCommit, "async-commit", cli.EnvBool("CONSUMER_ASYNC_COMMIT", false), "commit each fetched batch without waiting for the WAL flush (synchronous_commit off for that transaction) and acknowledge it once the server has flushed past the commit, so the next fetch does not wait; needs PostgreSQL itself, not --pooler (CONSUMER_ASYNC_COMMIT)")
+	f.DurationVar(&s.asyncFlushAfter, "async-flush-after", cli.EnvDuration("CONSUMER_ASYNC_FLUSH_AFTER", consumer.DefaultAsyncFlushAfter), "with --async-commit: how long an acknowledgement waits for the server to flush the commit before the consumer forces the flush with a tiny synchronous transaction (CONSUMER_ASYNC_FLUSH_AFTER)")
 	f.Float64Var(&s.dupRateWarn, "dup-rate-warn", envFloat("CONSUMER_DUP_RATE_WARN", defaultDupRateWarn), "log \"high duplicate rate\" at warn when more than this share (0..1) of one --stats-interval's deliveries were duplicates; 0 disables (CONSUMER_DUP_RATE_WARN)")
 	f.StringVar(&s.handler, "handler", cli.EnvString("CONSUMER_HANDLER", "ledger"), "what applies each event: ledger (the worked example), sql (--sql-function) or http (--url) (CONSUMER_HANDLER)")
 	f.StringVar(&s.handlerName, "handler-name", cli.EnvString("CONSUMER_HANDLER_NAME", pgrelay.DefaultHandlerName), "the handler's name: its inbox rows, attempts and dead letters are its own, so several handlers each process an event once; a-z, 0-9, '_', '.', '-' (CONSUMER_HANDLER_NAME)")
@@ -265,6 +272,14 @@ func runConsumer(parent context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
+	if s.asyncCommit && dbs.Pooler != pooler.None {
+		// The acker proves a commit flushed by a server connection that
+		// was open across it: a pooler's client connection outlives the
+		// server's.
+		return fmt.Errorf("--async-commit (CONSUMER_ASYNC_COMMIT) needs a direct connection to PostgreSQL, got --pooler (DB_POOLER) %s: "+
+			"the acknowledgements wait for the WAL flush read on a server connection that a crash would cut, which a pooler hides; "+
+			"leave --async-commit off behind a pooler (docs/consumer.md, \"Asynchronous commit\")", dbs.Pooler)
+	}
 	// Inbox workers and ingest loops each hold a connection; LISTEN, the metrics
 	// collector and retention need a few more. The http handler records a
 	// failed attempt's response on a second connection, beside its batch's.
@@ -319,6 +334,8 @@ func runConsumer(parent context.Context, s settings) error {
 		StatsInterval:    s.statsInterval,
 		DupRateWarn:      s.dupRateWarn,
 		NoApplyOnReceive: !s.applyOnReceive,
+		AsyncCommit:      s.asyncCommit,
+		AsyncFlushAfter:  s.asyncFlushAfter,
 		MetricsAddr:      s.ops.MetricsAddr,
 		AdminAddr:        s.ops.AdminAddr,
 		AdminToken:       s.ops.AdminToken,

@@ -63,6 +63,9 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	t.Setenv("CONSUMER_DUP_RATE_WARN", "2")
 	require.ErrorContains(t, run(t, "run"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN) 2 must be between 0 and 1")
 	t.Setenv("CONSUMER_DUP_RATE_WARN", "0.5")
+	require.ErrorContains(t, run(t, "run", "--async-commit", "--pooler", "transaction"),
+		"--async-commit (CONSUMER_ASYNC_COMMIT) needs a direct connection to PostgreSQL, got --pooler (DB_POOLER) transaction")
+	require.ErrorContains(t, run(t, "run", "--async-commit", "--async-flush-after", "-1ms"), "--async-flush-after (CONSUMER_ASYNC_FLUSH_AFTER)")
 	t.Setenv("DB_STATEMENT_TIMEOUT", "soon")
 	require.ErrorContains(t, run(t, "run"), `invalid DB_STATEMENT_TIMEOUT="soon"`)
 }

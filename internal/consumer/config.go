@@ -103,6 +103,32 @@ type Config struct {
 	// only what fails there is left to the workers. Under a backlog the
 	// workers take every event, as with this set. Default false.
 	NoApplyOnReceive bool
+	// AsyncCommit commits each batch's store transaction with
+	// synchronous_commit off (for that transaction only), so that the commit
+	// does not wait for the WAL flush and the next fetch starts at once; the
+	// batch's deliveries are acknowledged only once the server has flushed
+	// its WAL past the commit (docs/consumer.md, "Asynchronous commit"). The
+	// acker reading the flush position holds one more connection, opened
+	// with Pool's settings; it needs the server itself, not a connection
+	// pooler. Default false.
+	AsyncCommit bool
+	// AsyncFlushAfter is how long, with AsyncCommit, an acknowledgement
+	// waits for the WAL to be flushed by the server (its WAL writer, another
+	// commit) before the acker forces the flush with a synchronous
+	// transaction of its own. Default 5ms.
+	AsyncFlushAfter time.Duration
+	// AsyncPollInterval is how often, with AsyncCommit, the acker reads the
+	// server's flushed WAL position while acknowledgements wait. Default
+	// 1ms.
+	AsyncPollInterval time.Duration
+	// AsyncMaxPending is how many stored batches, with AsyncCommit, may wait
+	// for their flush at once; one more waits to be handed over, holding
+	// up its ingest loop. Together with IngestLoops and BatchSize it bounds
+	// the deliveries left unacknowledged: keep (AsyncMaxPending+IngestLoops
+	// +1)×BatchSize within the broker's limit (NATS MaxAckPending, default
+	// 1000), or fetches come back short until acknowledgements are sent.
+	// Default 4.
+	AsyncMaxPending int
 	// Logger receives the consumer's logs. Default: a no-op logger.
 	Logger *zap.Logger
 }
@@ -117,6 +143,10 @@ const (
 	// in waiting (docs/benchmarks.md).
 	DefaultIngestLoops   = 1
 	DefaultStatsInterval = 30 * time.Second
+	// Defaults of the AsyncCommit settings.
+	DefaultAsyncFlushAfter   = 5 * time.Millisecond
+	DefaultAsyncPollInterval = time.Millisecond
+	DefaultAsyncMaxPending   = 4
 	// DefaultMaxPayloadBytes is the largest payload a subscriber accepts
 	// unless told otherwise; a larger message is stored dead.
 	DefaultMaxPayloadBytes = 1 << 20
@@ -157,6 +187,15 @@ func (c Config) WithDefaults() Config {
 		if c.RateInterval <= 0 {
 			c.RateInterval = DefaultStatsInterval
 		}
+	}
+	if c.AsyncFlushAfter == 0 {
+		c.AsyncFlushAfter = DefaultAsyncFlushAfter
+	}
+	if c.AsyncPollInterval == 0 {
+		c.AsyncPollInterval = DefaultAsyncPollInterval
+	}
+	if c.AsyncMaxPending == 0 {
+		c.AsyncMaxPending = DefaultAsyncMaxPending
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -202,6 +241,18 @@ func (c Config) validate() error {
 	}
 	if c.IngestLoops < 1 || c.IngestLoops > 64 {
 		bad("IngestLoops", "{} %d must be between 1 and 64", c.IngestLoops)
+	}
+	if c.AsyncCommit && c.Direct {
+		bad("AsyncCommit", "{} is for the batches a subscriber's deliveries are stored in; with {Direct} the relay stores them")
+	}
+	if c.AsyncFlushAfter < 0 {
+		bad("AsyncFlushAfter", "{} %s must be positive", c.AsyncFlushAfter)
+	}
+	if c.AsyncPollInterval < 100*time.Microsecond {
+		bad("AsyncPollInterval", "{} %s must be at least 100µs", c.AsyncPollInterval)
+	}
+	if c.AsyncMaxPending < 1 {
+		bad("AsyncMaxPending", "{} %d must be positive", c.AsyncMaxPending)
 	}
 	if c.StoreTimeout <= 0 {
 		bad("StoreTimeout", "{} %s must be positive", c.StoreTimeout)

@@ -37,8 +37,11 @@ type Consumer struct {
 	cfg    Config
 	log    *zap.Logger
 	worker *inbox.Worker // nil when Config.DisableWorkers
-	stats  counters
-	ready  atomic.Bool
+	acks   *acker        // set while ingest runs with Config.AsyncCommit
+	// walReaderOpen tells whether the acker's connection is open.
+	walReaderOpen atomic.Bool
+	stats         counters
+	ready         atomic.Bool
 	// hitRatio holds the float64 bits of the dedup hit ratio over the last
 	// completed rate interval (see DedupHitRatio).
 	hitRatio atomic.Uint64
@@ -198,6 +201,14 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	// busy waits in hand for the first free one, so at most IngestLoops+1
 	// batches are out at once. The loops drain every batch handed over, on a
 	// stop too, before ingest returns.
+	if c.cfg.AsyncCommit {
+		// Stopped after the ingest loops below (deferred later, run
+		// earlier) and before the subscriber closes: the acknowledgements
+		// waiting for their flush are sent on a graceful stop.
+		c.acks = newAcker(c)
+		go c.acks.run()
+		defer c.acks.stop()
+	}
 	handOver := func(ds []broker.Delivery) { c.handle(ctx, ds) }
 	if c.cfg.IngestLoops > 1 {
 		batches := make(chan []broker.Delivery)
@@ -247,8 +258,10 @@ func (c *Consumer) ingest(ctx context.Context) error {
 }
 
 // handle stores a fetched batch in the inbox in one transaction and
-// acknowledges it after the commit. Storing is retried until it succeeds or
-// the consumer stops; unacknowledged deliveries are redelivered by the broker.
+// acknowledges it after the commit (with Config.AsyncCommit, hands it to the
+// acker, which acknowledges it once the commit is flushed). Storing is
+// retried until it succeeds or the consumer stops; unacknowledged deliveries
+// are redelivered by the broker.
 func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	incoming := make([]inbox.Incoming, len(ds))
 	for i, d := range ds {
@@ -264,10 +277,11 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	// graceful stop. A stop during an outage gives up after one more attempt.
 	sctx := context.WithoutCancel(ctx)
 	apply := c.applyOnReceive(ds)
+	var mark commitMark // the commits to be flushed before the acks (AsyncCommit)
 	for attempt := 0; ; attempt++ {
 		// A retry only stores: whatever failed the first attempt (a handler
 		// that broke the connection, say) is left to the workers.
-		err := c.store(sctx, incoming, apply && attempt == 0)
+		err := c.store(sctx, incoming, apply && attempt == 0, &mark)
 		if err == nil {
 			break
 		}
@@ -276,7 +290,7 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 			// One message the database refuses must not block the others:
 			// store the batch one by one, dead if need be.
 			c.log.Error("batch refused by the database; storing one by one", zap.Error(err))
-			incoming = c.storeEach(ctx, sctx, incoming, acks)
+			incoming = c.storeEach(ctx, sctx, incoming, acks, &mark)
 			break
 		}
 		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
@@ -292,20 +306,18 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	if c.crashAfterCommit != nil && c.crashAfterCommit() {
 		return
 	}
-	actx, cancel := context.WithTimeout(sctx, c.cfg.StoreTimeout)
-	defer cancel()
+	stored := acks[:0:0]
 	for i, d := range acks {
 		if incoming != nil && incoming[i].EventID == "" {
 			continue // not stored (see storeEach)
 		}
-		if err := d.Ack(actx); err != nil {
-			// Harmless: the redelivery is absorbed by the inbox.
-			c.log.Warn("ack failed; the message will be redelivered and deduplicated",
-				zap.String("ref", d.Ref), zap.Error(err))
-			continue
-		}
-		c.stats.acked.Add(1)
+		stored = append(stored, d)
 	}
+	if c.acks != nil {
+		c.acks.add(mark, stored)
+		return
+	}
+	c.ackNow(stored)
 }
 
 // inProgress postpones the redelivery of ds while storing them is retried.
@@ -343,7 +355,10 @@ func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
 // store writes one batch into the inbox in one transaction. With apply, the
 // same transaction runs the handler on the events it stored
 // (inbox.Worker.ReceiveApply); the workers take whatever that leaves pending.
-func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply bool) error {
+//
+// With Config.AsyncCommit the transaction commits without waiting for the
+// WAL flush and adds its commit to mark (see beginFunc).
+func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply bool, mark *commitMark) error {
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
 	}
@@ -356,7 +371,7 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 	}
 	var res inbox.ReceiveResult
 	var applied *inbox.Applied
-	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
+	err := c.beginFunc(ctx, mark, func(tx pgx.Tx) error {
 		var err error
 		opts := inbox.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord}
 		if apply {
@@ -415,11 +430,11 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 // succeeds or the consumer stops. It returns incoming with the EventID of any
 // message that was not stored cleared, so that it is left unacknowledged and
 // the broker redelivers it.
-func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []broker.Delivery) []inbox.Incoming {
+func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []broker.Delivery, mark *commitMark) []inbox.Incoming {
 	out := make([]inbox.Incoming, len(incoming))
 	copy(out, incoming)
 	for i, in := range incoming {
-		if !c.storeOne(ctx, sctx, in, acks[i:]) {
+		if !c.storeOne(ctx, sctx, in, acks[i:], mark) {
 			out[i].EventID = ""
 		}
 	}
@@ -429,11 +444,11 @@ func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incomin
 // storeOne stores one message of a refused batch, dead if the database refuses
 // it as data, and reports whether it was stored. ctx ends the retries of
 // transient failures (a stop); sctx is the store's own context.
-func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []broker.Delivery) bool {
+func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []broker.Delivery, mark *commitMark) bool {
 	msg := in
 	refusals := 0
 	for attempt := 0; ; {
-		err := c.store(sctx, []inbox.Incoming{msg}, false)
+		err := c.store(sctx, []inbox.Incoming{msg}, false, mark)
 		if err == nil {
 			return true
 		}

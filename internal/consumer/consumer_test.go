@@ -385,9 +385,9 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	batch := []inbox.Incoming{msg("a", "orders"), msg("b", "bad\x00topic"), msg("c", "orders")}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = c.store(ctx, batch, false)
+	err = c.store(ctx, batch, false, nil)
 	require.True(t, isRefused(err), "the batch is refused as a whole: %v", err)
-	out := c.storeEach(ctx, ctx, batch, deliveries(len(batch)))
+	out := c.storeEach(ctx, ctx, batch, deliveries(len(batch)), nil)
 	for _, in := range out {
 		require.NotEmpty(t, in.EventID, "every message was stored and may be acknowledged")
 	}
@@ -448,8 +448,8 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.True(t, isRefused(c.store(ctx, batch, false)), "the batch is refused as a whole")
-	out := c.storeEach(ctx, ctx, batch, deliveries(len(batch)))
+	require.True(t, isRefused(c.store(ctx, batch, false, nil)), "the batch is refused as a whole")
+	out := c.storeEach(ctx, ctx, batch, deliveries(len(batch)), nil)
 	require.True(t, terminated.Load(), "the good message's store met a terminated connection")
 	// The bad message's refusal, and the good message's store on the
 	// terminated connection.

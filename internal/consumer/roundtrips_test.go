@@ -134,7 +134,7 @@ func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 		}
 		trips.reset()
 		before := c.Stats().AppliedOnReceive
-		require.NoError(t, c.store(ctx, batch, true))
+		require.NoError(t, c.store(ctx, batch, true, nil))
 		got, inHandler := trips.reset()
 		// What follows the commit (waking the events deferred on a
 		// dependency the handler released) is not the transaction's.
