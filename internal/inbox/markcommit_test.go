@@ -320,3 +320,47 @@ func (c commitAfter) Query(context.Context, string, ...any) (pgx.Rows, error) {
 }
 
 func (c commitAfter) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
+
+// TestSwallowedErrorInOptimisticBatch: a handler that swallows the error of
+// a statement that aborted the batch transaction sends the batch to the
+// isolated run, where only its own event fails; the mark is not sent on the
+// aborted transaction (nor would it commit anything there).
+func TestSwallowedErrorInOptimisticBatch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
+	require.NoError(t, err)
+	msgs := make([]inbox.Incoming, 3)
+	for i := range msgs {
+		msgs[i] = inbox.Incoming{Message: event.Message{EventID: fmt.Sprintf("e%d", i), Topic: "t", Key: "k",
+			EventType: "x", Payload: []byte(`{}`), OccurredAt: time.Now()}}
+	}
+	receive(t, pool, msgs...)
+	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		if ev.EventID == "e1" {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // swallowed
+			return nil
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, ev.EventID)
+		return err
+	})
+	stats := &inbox.CountingObserver{}
+	cfg := fastConfig(t, pool, h)
+	cfg.NoListen, cfg.Retention.Disabled, cfg.Observer = true, true, stats
+	w, err := inbox.NewWorker(cfg)
+	require.NoError(t, err)
+	require.NoError(t, inbox.RunOnce(ctx, w))
+	rows, err := pool.Query(ctx, `SELECT event_id FROM effects ORDER BY event_id`)
+	require.NoError(t, err)
+	effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"e0", "e2"}, effects)
+	require.Equal(t, "processed", inboxRow(t, pool, "e0").Status)
+	require.Equal(t, "processed", inboxRow(t, pool, "e2").Status)
+	require.Equal(t, "pending", inboxRow(t, pool, "e1").Status)
+	s := stats.Snapshot()
+	require.Equal(t, 2, s.Processed)
+	require.Equal(t, 1, s.Retried)
+}

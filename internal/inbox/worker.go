@@ -703,10 +703,11 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 func (w *Worker) markAndCommit(ctx context.Context, tx pgx.Tx, ran []*Event, durs []time.Duration, rest []*Event) (
 	results []result, _ []*Event, known map[*Event]error, done bool, err error) {
 	conn := tx.Conn()
-	if conn.PgConn().TxStatus() == 'E' {
+	if conn.PgConn().TxStatus() != 'T' {
 		// A handler swallowed the error of a statement that aborted the
-		// transaction (known from the last reply, without a round trip):
-		// the isolated run finds which.
+		// transaction, or ended it (known from the last reply, without a
+		// round trip): the isolated run finds which. Outside a transaction
+		// the mark would commit on its own.
 		return nil, nil, nil, false, nil
 	}
 	p := db.MarkInboxBatchProcessedAllParams{
@@ -721,8 +722,9 @@ func (w *Worker) markAndCommit(ctx context.Context, tx pgx.Tx, ran []*Event, dur
 	var markErr *errMarkBeforeCommit
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &markErr) && errors.As(err, &pgErr):
-		// The server refused the mark, so it skipped the COMMIT: events
+	case errors.As(err, &markErr) && (errors.As(err, &pgErr) || pgconn.SafeToRetry(err)):
+		// The server refused the mark, so it skipped the COMMIT (or
+		// nothing was sent: a handler left the connection busy): events
 		// were taken over. Which ones is read after the rollback, so that
 		// the isolated run records them fenced instead of running their
 		// handlers again (a rare path: two more round trips).
