@@ -328,7 +328,8 @@ WHERE waiting_for IN (
 -- whole batch committed, each row fenced by its claim's lock_version like
 -- MarkInboxProcessed, and returns the ids it marked. An id missing was taken
 -- over by another worker: the caller rolls the batch back and runs the others
--- again event by event.
+-- again event by event. Ordered mode's batches use it (their keys advance
+-- before the commit); the others send MarkInboxBatchProcessedAll with theirs.
 UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
@@ -345,3 +346,41 @@ WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox
   AND coalesce(inbox.status, '') = 'processing'
 RETURNING inbox.dedup_key;
 
+
+-- name: MarkInboxBatchProcessedAll :exec
+-- MarkInboxBatchProcessedAll is MarkInboxBatchProcessed for a batch whose
+-- COMMIT is sent in the same round trip (one pgx batch: the server skips
+-- what follows an error up to its Sync). It fails, and with it the
+-- transaction, when it marked fewer rows than it was given: an event was
+-- taken over by another worker, whose effect must not commit here. The
+-- error is a cast of a text naming the counts, reached only when they
+-- differ: the count is known only at run time, so the planner cannot fold
+-- the cast (and raise it) while planning. SQLSTATE 22P02.
+WITH marked AS (
+    UPDATE pgrelay.inbox
+    SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+        last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
+    FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
+                 unnest(@lock_versions::bigint[]) AS lock_version) AS c
+    -- The primary key, not the partial index on processing rows (see
+    -- MarkInboxBatchProcessed).
+    WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
+      AND coalesce(inbox.status, '') = 'processing'
+    RETURNING 1
+)
+SELECT CASE WHEN m.n = cardinality(@dedup_keys::text[]) THEN m.n
+            ELSE ('pgrelay: inbox batch mark matched ' || m.n || ' of ' || cardinality(@dedup_keys::text[])
+                  || ' events: taken over by another worker')::bigint END AS marked
+FROM (SELECT count(*) AS n FROM marked) AS m;
+
+-- name: InboxStillClaimed :many
+-- InboxStillClaimed returns which of the given claims (dedup key and
+-- lock_version) are still processing under them: after a batch whose
+-- MarkInboxBatchProcessedAll failed was rolled back, the others were taken
+-- over by another worker.
+SELECT inbox.dedup_key
+FROM pgrelay.inbox
+JOIN (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
+             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+  ON inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
+WHERE inbox.handler = @handler::text AND coalesce(inbox.status, '') = 'processing';

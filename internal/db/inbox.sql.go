@@ -329,6 +329,45 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (In
 	return i, err
 }
 
+const inboxStillClaimed = `-- name: InboxStillClaimed :many
+SELECT inbox.dedup_key
+FROM pgrelay.inbox
+JOIN (SELECT unnest($1::text[]) AS dedup_key,
+             unnest($2::bigint[]) AS lock_version) AS c
+  ON inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
+WHERE inbox.handler = $3::text AND coalesce(inbox.status, '') = 'processing'
+`
+
+type InboxStillClaimedParams struct {
+	DedupKeys    []string
+	LockVersions []int64
+	Handler      string
+}
+
+// InboxStillClaimed returns which of the given claims (dedup key and
+// lock_version) are still processing under them: after a batch whose
+// MarkInboxBatchProcessedAll failed was rolled back, the others were taken
+// over by another worker.
+func (q *Queries) InboxStillClaimed(ctx context.Context, db DBTX, arg InboxStillClaimedParams) ([]string, error) {
+	rows, err := db.Query(ctx, inboxStillClaimed, arg.DedupKeys, arg.LockVersions, arg.Handler)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var dedup_key string
+		if err := rows.Scan(&dedup_key); err != nil {
+			return nil, err
+		}
+		items = append(items, dedup_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const inboxStoredKeys = `-- name: InboxStoredKeys :many
 SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
 FROM pgrelay.inbox i
@@ -659,7 +698,8 @@ type MarkInboxBatchProcessedParams struct {
 // whole batch committed, each row fenced by its claim's lock_version like
 // MarkInboxProcessed, and returns the ids it marked. An id missing was taken
 // over by another worker: the caller rolls the batch back and runs the others
-// again event by event.
+// again event by event. Ordered mode's batches use it (their keys advance
+// before the commit); the others send MarkInboxBatchProcessedAll with theirs.
 // coalesce on the NOT NULL status hides the partial index on processing rows
 // from the planner: statistics often say none are processing, while the index
 // holds every row claimed since the last vacuum, and scanning it per batch
@@ -685,6 +725,44 @@ func (q *Queries) MarkInboxBatchProcessed(ctx context.Context, db DBTX, arg Mark
 		return nil, err
 	}
 	return items, nil
+}
+
+const markInboxBatchProcessedAll = `-- name: MarkInboxBatchProcessedAll :exec
+WITH marked AS (
+    UPDATE pgrelay.inbox
+    SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+        last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
+    FROM (SELECT unnest($1::text[]) AS dedup_key,
+                 unnest($3::bigint[]) AS lock_version) AS c
+    -- The primary key, not the partial index on processing rows (see
+    -- MarkInboxBatchProcessed).
+    WHERE inbox.handler = $2::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
+      AND coalesce(inbox.status, '') = 'processing'
+    RETURNING 1
+)
+SELECT CASE WHEN m.n = cardinality($1::text[]) THEN m.n
+            ELSE ('pgrelay: inbox batch mark matched ' || m.n || ' of ' || cardinality($1::text[])
+                  || ' events: taken over by another worker')::bigint END AS marked
+FROM (SELECT count(*) AS n FROM marked) AS m
+`
+
+type MarkInboxBatchProcessedAllParams struct {
+	DedupKeys    []string
+	Handler      string
+	LockVersions []int64
+}
+
+// MarkInboxBatchProcessedAll is MarkInboxBatchProcessed for a batch whose
+// COMMIT is sent in the same round trip (one pgx batch: the server skips
+// what follows an error up to its Sync). It fails, and with it the
+// transaction, when it marked fewer rows than it was given: an event was
+// taken over by another worker, whose effect must not commit here. The
+// error is a cast of a text naming the counts, reached only when they
+// differ: the count is known only at run time, so the planner cannot fold
+// the cast (and raise it) while planning. SQLSTATE 22P02.
+func (q *Queries) MarkInboxBatchProcessedAll(ctx context.Context, db DBTX, arg MarkInboxBatchProcessedAllParams) error {
+	_, err := db.Exec(ctx, markInboxBatchProcessedAll, arg.DedupKeys, arg.Handler, arg.LockVersions)
+	return err
 }
 
 const markInboxProcessed = `-- name: MarkInboxProcessed :execrows

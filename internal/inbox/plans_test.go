@@ -45,6 +45,13 @@ func TestBatchMarksLookUpTheirRowsOnceAnalyzed(t *testing.T) {
 			_, err := db.New().MarkInboxBatchProcessed(ctx, tx, db.MarkInboxBatchProcessedParams{Handler: "default", DedupKeys: keys, LockVersions: versions})
 			return err
 		},
+		"MarkInboxBatchProcessedAll": func(tx db.DBTX) error {
+			return db.New().MarkInboxBatchProcessedAll(ctx, tx, db.MarkInboxBatchProcessedAllParams{Handler: "default", DedupKeys: keys, LockVersions: versions})
+		},
+		"InboxStillClaimed": func(tx db.DBTX) error {
+			_, err := db.New().InboxStillClaimed(ctx, tx, db.InboxStillClaimedParams{Handler: "default", DedupKeys: keys, LockVersions: versions})
+			return err
+		},
 		"UnclaimInbox": func(tx db.DBTX) error {
 			_, err := db.New().UnclaimInbox(ctx, tx, db.UnclaimInboxParams{Handler: "default", DedupKeys: keys, LockVersions: versions})
 			return err

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -552,7 +553,8 @@ func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bo
 
 // runOptimistic runs the batch in one transaction without savepoints: the
 // handlers (one HandleBatch call when the handler is a BatchHandler), then one
-// fenced statement marking every event processed, then the commit. It reports
+// fenced statement marking every event processed, then the commit (sent with
+// the mark in one round trip, except in ordered mode: markAndCommit). It reports
 // done=false, with the transaction rolled back, when a handler failed or the
 // mark did not match every event (one was taken over, or a handler swallowed
 // an error that aborted the transaction); known then holds the failures that
@@ -560,14 +562,22 @@ func (w *Worker) runBatch(ctx context.Context, evs []*Event, stopEarly func() bo
 // without calling that handler a second time in the same attempt.
 func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func() bool) (
 	results []result, rest []*Event, known map[*Event]error, done bool, err error) {
+	// On a connection of its own rather than pool.Begin: the commit may go
+	// with the mark in one round trip (markAndCommit), past pgx's Tx, which
+	// is then left as it is; endBatch rolls back whatever is still open.
 	bctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-	tx, err := w.cfg.Pool.Begin(bctx)
-	cancel()
+	conn, err := w.cfg.Pool.Acquire(bctx)
 	if err != nil {
+		cancel()
 		// Nothing ran: the claims are handed back by recover.
 		return nil, nil, nil, true, fmt.Errorf("inbox: begin batch: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer w.endBatch(ctx, conn)
+	tx, err := conn.Begin(bctx)
+	cancel()
+	if err != nil {
+		return nil, nil, nil, true, fmt.Errorf("inbox: begin batch: %w", err)
+	}
 
 	var g gated
 	if w.cfg.Ordered {
@@ -624,6 +634,12 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 	if len(ran) == 0 && len(g.absorbed) == 0 {
 		return nil, rest, nil, true, nil
 	}
+	if !w.cfg.Ordered {
+		return w.markAndCommit(ctx, tx, ran, durs, rest)
+	}
+	// Ordered mode: the mark returns the keys it matched, and the keys'
+	// sequences advance after it, in statements of their own before the
+	// commit.
 	p := db.MarkInboxBatchProcessedParams{
 		Handler: w.cfg.HandlerName, DedupKeys: make([]string, len(ran)), LockVersions: make([]int64, len(ran)),
 	}
@@ -671,6 +687,140 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 		results[i] = result{ev: ev, processed: true, dur: durs[i]}
 	}
 	return append(results, g.absorbed...), rest, nil, true, nil
+}
+
+// markAndCommit marks the events of an optimistic batch processed and
+// commits, in one round trip: MarkInboxBatchProcessedAll and COMMIT in one
+// pgx batch, which the server runs up to the first error, skipping the rest
+// up to the batch's single Sync. The mark fails when it matches fewer rows
+// than it was given (an event was taken over by another worker), so the
+// COMMIT never runs after a fenced mark: the transaction is left aborted,
+// endBatch rolls it back, and the batch runs again isolated
+// (done=false), where each event's own fenced mark finds the events taken
+// over. pgx's Tx is bypassed (its Commit would send a statement of its own)
+// and never used again. Not for ordered mode, whose keys advance between the
+// mark and the commit.
+func (w *Worker) markAndCommit(ctx context.Context, tx pgx.Tx, ran []*Event, durs []time.Duration, rest []*Event) (
+	results []result, _ []*Event, known map[*Event]error, done bool, err error) {
+	conn := tx.Conn()
+	if conn.PgConn().TxStatus() != 'T' {
+		// A handler swallowed the error of a statement that aborted the
+		// transaction, or ended it (known from the last reply, without a
+		// round trip): the isolated run finds which. Outside a transaction
+		// the mark would commit on its own.
+		return nil, nil, nil, false, nil
+	}
+	p := db.MarkInboxBatchProcessedAllParams{
+		Handler: w.cfg.HandlerName, DedupKeys: make([]string, len(ran)), LockVersions: make([]int64, len(ran)),
+	}
+	for i, ev := range ran {
+		p.DedupKeys[i], p.LockVersions[i] = ev.DedupKey, ev.LockVersion
+	}
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	err = w.q.MarkInboxBatchProcessedAll(cctx, commitAfter{conn: conn}, p)
+	var markErr *errMarkBeforeCommit
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &markErr) && (errors.As(err, &pgErr) || pgconn.SafeToRetry(err)):
+		// The server refused the mark, so it skipped the COMMIT (or
+		// nothing was sent: a handler left the connection busy): events
+		// were taken over. Which ones is read after the rollback, so that
+		// the isolated run records them fenced instead of running their
+		// handlers again (a rare path: two more round trips).
+		w.log.Debug("inbox batch mark failed; running the batch event by event",
+			zap.Int("events", len(ran)), zap.Error(err))
+		return nil, nil, w.takenOver(ctx, conn, ran, p), false, nil
+	case err != nil:
+		// The commit failed, or its outcome is unknown (the connection
+		// broke): as a failed commit.
+		return nil, nil, nil, true, &errBatchBroken{err: fmt.Errorf("commit: %w", err)}
+	}
+	results = make([]result, len(ran))
+	for i, ev := range ran {
+		results[i] = result{ev: ev, processed: true, dur: durs[i]}
+	}
+	return results, rest, nil, true, nil
+}
+
+// takenOver rolls back the aborted batch transaction on conn and returns,
+// as errFenced, the events of ran no longer claimed under their
+// lock_version. On a failure it returns nil: the isolated run's fenced marks
+// find them anyway, after running their handlers again.
+func (w *Worker) takenOver(ctx context.Context, conn *pgx.Conn, ran []*Event, p db.MarkInboxBatchProcessedAllParams) map[*Event]error {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := conn.Exec(qctx, "rollback"); err != nil {
+		return nil
+	}
+	claimed, err := w.q.InboxStillClaimed(qctx, conn, db.InboxStillClaimedParams{
+		DedupKeys: p.DedupKeys, LockVersions: p.LockVersions, Handler: p.Handler,
+	})
+	if err != nil {
+		return nil
+	}
+	ok := make(map[string]bool, len(claimed))
+	for _, key := range claimed {
+		ok[key] = true
+	}
+	known := make(map[*Event]error)
+	for _, ev := range ran {
+		if !ok[ev.DedupKey] {
+			known[ev] = errFenced
+		}
+	}
+	return known
+}
+
+// commitAfter runs a statement and COMMIT in one round trip (one pgx batch,
+// one Sync): the COMMIT runs only when the statement succeeded.
+type commitAfter struct{ conn *pgx.Conn }
+
+// errMarkBeforeCommit is the error of the statement sent before the COMMIT:
+// when it comes from the server (a *pgconn.PgError), the COMMIT was skipped.
+type errMarkBeforeCommit struct{ err error }
+
+func (e *errMarkBeforeCommit) Error() string { return "mark: " + e.err.Error() }
+func (e *errMarkBeforeCommit) Unwrap() error { return e.err }
+
+func (c commitAfter) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	b.Queue("commit")
+	br := c.conn.SendBatch(ctx, b)
+	tag, err := br.Exec()
+	if err != nil {
+		_ = br.Close() // reads up to the Sync: the connection is usable again
+		return tag, &errMarkBeforeCommit{err: err}
+	}
+	_, err = br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+func (c commitAfter) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("inbox: commitAfter runs one Exec")
+}
+
+func (c commitAfter) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{errors.New("inbox: commitAfter runs one Exec")}
+}
+
+// endBatch ends the connection of an optimistic batch: whatever transaction
+// it still has open (a batch that did not commit, whose pgx Tx may never
+// have been closed) is rolled back before it goes back to the pool, which
+// would otherwise close it. A connection that is broken or still busy is
+// closed by Release.
+func (w *Worker) endBatch(ctx context.Context, conn *pgxpool.Conn) {
+	c := conn.Conn()
+	if !c.IsClosed() && !c.PgConn().IsBusy() && c.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+		_, _ = c.Exec(rctx, "rollback")
+		cancel()
+	}
+	conn.Release()
 }
 
 // markBatch runs MarkInboxBatchProcessed, or nothing for an empty batch (an
