@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
@@ -52,31 +53,47 @@ func (r *Relay) wakePartitions(payload string) {
 // wake-up by its worker.
 const wakeInterval = 1 * time.Millisecond
 
-// lingerFor is how long a worker that found rows stays awake, polled by
+// lingerFor is how long a worker that found rows stays awake, read for by
 // pollBusy, before it arms its partition's wake-up; busyPollInterval is how
-// often pollBusy looks, with one statement for all lingering partitions.
+// often pollBusy reads, with one statement for all lingering partitions.
 const (
 	lingerFor        = 250 * time.Millisecond
 	busyPollInterval = 2 * time.Millisecond
 )
 
-// pollBusy looks every busyPollInterval, while any worker lingers, for
-// pending rows in the lingering partitions (PendingPartitions: one probe of
-// the pending index per partition) and nudges their workers. It costs
+// lingerClaimed is worker.lingerUntil while pollBusy reads the worker's
+// partition for it.
+const lingerClaimed = -1
+
+// polled is a batch pollBusy read for a lingering worker. readStart is when
+// the read was sent, as readBatch's: the rows' DbNow is no earlier.
+type polled struct {
+	rows      []db.PendingBatchRow
+	readStart time.Time
+}
+
+// pollBusy reads, every busyPollInterval while any worker lingers, the next
+// batch of every lingering partition in one statement (PendingBatchMany) and
+// hands each worker its rows. It first claims the workers (lingerUntil from
+// its deadline to lingerClaimed): a claimed worker does not read its
+// partition, and waits for the handoff, which pollBusy sends to every worker
+// it claimed, rows or none, once the statement has returned. It costs
 // nothing while no partition has had rows in the last lingerFor.
 func (r *Relay) pollBusy(ctx context.Context) {
+	var claimed []*worker
 	var parts []int32
 	for ctx.Err() == nil {
 		now := time.Now().UnixNano()
-		parts = parts[:0]
+		claimed, parts = claimed[:0], parts[:0]
 		r.mu.Lock()
 		for p, w := range r.workers {
-			if w.lingerUntil.Load() > now {
+			if u := w.lingerUntil.Load(); u > now && !w.stopping() && w.lingerUntil.CompareAndSwap(u, lingerClaimed) {
+				claimed = append(claimed, w)
 				parts = append(parts, p)
 			}
 		}
 		r.mu.Unlock()
-		if len(parts) == 0 {
+		if len(claimed) == 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -84,25 +101,98 @@ func (r *Relay) pollBusy(ctx context.Context) {
 			}
 			continue
 		}
-		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-		found, err := r.q.PendingPartitions(qctx, r.cfg.Pool, parts)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil:
-			// The lingering workers arm at the end of their linger.
-			r.log.Debug("polling busy partitions failed", zap.Error(err))
+		if err := r.readLingering(ctx, claimed, parts); err != nil && ctx.Err() == nil {
+			// The lingering workers read on their own at the end of
+			// their linger.
+			r.log.Debug("reading busy partitions failed", zap.Error(err))
 			wait.Sleep(ctx, lingerFor)
 			continue
-		case err == nil && len(found) > 0:
-			r.mu.Lock()
-			for _, p := range found {
-				if w := r.workers[p]; w != nil {
-					w.nudge()
-				}
-			}
-			r.mu.Unlock()
 		}
 		wait.Sleep(ctx, busyPollInterval)
+	}
+}
+
+// readLingering reads the next batch of each claimed worker's partition
+// (parts[i] is claimed[i]'s) in one statement and hands each worker its rows;
+// on failure, none. Every claimed worker gets its handoff.
+func (r *Relay) readLingering(ctx context.Context, claimed []*worker, parts []int32) error {
+	byPart := make(map[int32][]db.PendingBatchRow, len(parts))
+	readStart := time.Now()
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	rows, err := r.q.PendingBatchMany(qctx, r.cfg.Pool, db.PendingBatchManyParams{Partitions: parts, BatchSize: int32(r.cfg.BatchSize)})
+	cancel()
+	if err == nil {
+		for _, row := range rows {
+			byPart[row.Partition] = append(byPart[row.Partition], db.PendingBatchRow{
+				ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType,
+				Payload: row.Payload, Headers: row.Headers, OccurredAt: row.OccurredAt, CreatedAt: row.CreatedAt,
+				KeySeq: row.KeySeq, ExpiresAt: row.ExpiresAt, Traceparent: row.Traceparent, Tracestate: row.Tracestate,
+				DbNow: row.DbNow,
+			})
+		}
+		if h := r.cfg.hooks.pollRead; h != nil {
+			h(parts, len(rows))
+		}
+	}
+	for i, w := range claimed {
+		got := byPart[parts[i]]
+		if err == nil {
+			if h := r.cfg.hooks.afterRead; h != nil {
+				h(parts[i], len(got))
+			}
+		}
+		// Never blocks: a worker is claimed only while lingering, and it
+		// lingers again only after taking its previous handoff.
+		w.handoff <- polled{rows: got, readStart: readStart}
+	}
+	if err != nil {
+		return fmt.Errorf("read pending rows of %d partitions: %w", len(parts), err)
+	}
+	return nil
+}
+
+// linger leaves w to pollBusy until until, a nudge or w's end, and returns
+// the batch pollBusy read for it, or nil (the worker then reads on its own).
+// Claimed by pollBusy, the worker waits for the handoff, which comes within
+// a QueryTimeout. A stopping worker returns nil, dropping any rows handed
+// to it: a worker stopped (its lease lost, say) while pollBusy read its
+// partition never publishes them.
+func (r *Relay) linger(w *worker, until time.Time) *polled {
+	u := until.UnixNano()
+	defer w.lingerUntil.Store(0)
+	for {
+		w.lingerUntil.Store(u)
+		select {
+		case r.busy <- struct{}{}:
+		default:
+		}
+		var got polled
+		woken, handed := false, false
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-w.ctx.Done():
+		case <-w.wake:
+			woken = true
+		case <-t.C:
+		case got = <-w.handoff:
+			handed = true
+		}
+		t.Stop()
+		if !handed {
+			if w.lingerUntil.CompareAndSwap(u, 0) {
+				return nil
+			}
+			got = <-w.handoff // claimed: pollBusy is reading for w
+		}
+		switch {
+		case w.stopping():
+			return nil
+		case len(got.rows) > 0:
+			return &got
+		case woken || !time.Now().Before(until):
+			return nil
+		}
+		// Nothing yet: linger on.
 	}
 }
 
