@@ -103,6 +103,8 @@ type hooks struct {
 	afterArm        func(partition int32)
 	armWait         func(partition int32)
 	afterRead       func(partition int32, rows int)
+	// lingerFor replaces the constant lingerFor when positive.
+	lingerFor time.Duration
 	// pollRead runs in pollBusy after its read of the lingering
 	// partitions (rows in all), before it hands their rows over.
 	pollRead func(partitions []int32, rows int)

@@ -61,6 +61,14 @@ const (
 	busyPollInterval = 2 * time.Millisecond
 )
 
+// lingerFor returns how long a worker that found rows lingers.
+func (r *Relay) lingerFor() time.Duration {
+	if d := r.cfg.hooks.lingerFor; d > 0 {
+		return d
+	}
+	return lingerFor
+}
+
 // lingerClaimed is worker.lingerUntil while pollBusy reads the worker's
 // partition for it.
 const lingerClaimed = -1
@@ -76,11 +84,13 @@ type polled struct {
 // batch of every lingering partition in one statement (PendingBatchMany) and
 // hands each worker its rows. It first claims the workers (lingerUntil from
 // its deadline to lingerClaimed): a claimed worker does not read its
-// partition, and waits for the handoff, which pollBusy sends to every worker
-// it claimed, rows or none, once the statement has returned. It costs
-// nothing while no partition has had rows in the last lingerFor.
+// partition. Once the statement has returned, pollBusy hands each claimed
+// worker that has rows its batch, and gives the others their linger back
+// (lingerUntil to its deadline again), so that the next round reads them
+// too. It costs nothing while no partition has had rows in the last
+// lingerFor.
 func (r *Relay) pollBusy(ctx context.Context) {
-	var claimed []*worker
+	var claimed []claim
 	var parts []int32
 	for ctx.Err() == nil {
 		now := time.Now().UnixNano()
@@ -88,7 +98,7 @@ func (r *Relay) pollBusy(ctx context.Context) {
 		r.mu.Lock()
 		for p, w := range r.workers {
 			if u := w.lingerUntil.Load(); u > now && !w.stopping() && w.lingerUntil.CompareAndSwap(u, lingerClaimed) {
-				claimed = append(claimed, w)
+				claimed = append(claimed, claim{w: w, until: u})
 				parts = append(parts, p)
 			}
 		}
@@ -112,10 +122,17 @@ func (r *Relay) pollBusy(ctx context.Context) {
 	}
 }
 
+// claim is a lingering worker pollBusy claimed, and its linger deadline.
+type claim struct {
+	w     *worker
+	until int64
+}
+
 // readLingering reads the next batch of each claimed worker's partition
-// (parts[i] is claimed[i]'s) in one statement and hands each worker its rows;
-// on failure, none. Every claimed worker gets its handoff.
-func (r *Relay) readLingering(ctx context.Context, claimed []*worker, parts []int32) error {
+// (parts[i] is claimed[i]'s) in one statement, hands each worker with rows
+// its batch, and gives the others (all of them when the read failed) their
+// linger back.
+func (r *Relay) readLingering(ctx context.Context, claimed []claim, parts []int32) error {
 	byPart := make(map[int32][]db.PendingBatchRow, len(parts))
 	readStart := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
@@ -134,16 +151,24 @@ func (r *Relay) readLingering(ctx context.Context, claimed []*worker, parts []in
 			h(parts, len(rows))
 		}
 	}
-	for i, w := range claimed {
+	for i, c := range claimed {
 		got := byPart[parts[i]]
 		if err == nil {
 			if h := r.cfg.hooks.afterRead; h != nil {
 				h(parts[i], len(got))
 			}
 		}
-		// Never blocks: a worker is claimed only while lingering, and it
-		// lingers again only after taking its previous handoff.
-		w.handoff <- polled{rows: got, readStart: readStart}
+		if len(got) > 0 {
+			// Never blocks: the worker stays claimed until it takes its
+			// batch, so it holds at most one.
+			c.w.handoff <- polled{rows: got, readStart: readStart}
+			continue
+		}
+		c.w.lingerUntil.Store(c.until)
+		select {
+		case c.w.released <- struct{}{}:
+		default:
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("read pending rows of %d partitions: %w", len(parts), err)
@@ -152,48 +177,50 @@ func (r *Relay) readLingering(ctx context.Context, claimed []*worker, parts []in
 }
 
 // linger leaves w to pollBusy until until, a nudge or w's end, and returns
-// the batch pollBusy read for it, or nil (the worker then reads on its own).
-// Claimed by pollBusy, the worker waits for the handoff, which comes within
-// a QueryTimeout. A stopping worker returns nil, dropping any rows handed
-// to it: a worker stopped (its lease lost, say) while pollBusy read its
-// partition never publishes them.
+// the batch pollBusy read and handed to it, or nil (the worker then reads on
+// its own). When the linger ends while pollBusy reads for the worker, the
+// worker waits for the batch or its linger back (within a QueryTimeout;
+// at once at shutdown, when the read is cancelled). A stopping worker
+// returns nil, dropping any rows handed to it: a worker stopped (its lease
+// lost, say) while pollBusy read its partition never publishes them.
 func (r *Relay) linger(w *worker, until time.Time) *polled {
 	u := until.UnixNano()
-	defer w.lingerUntil.Store(0)
-	for {
-		w.lingerUntil.Store(u)
-		select {
-		case r.busy <- struct{}{}:
-		default:
+	w.lingerUntil.Store(u)
+	select {
+	case r.busy <- struct{}{}:
+	default:
+	}
+	take := func(got polled) *polled {
+		w.lingerUntil.Store(0)
+		if w.stopping() {
+			return nil
 		}
-		var got polled
-		woken, handed := false, false
-		t := time.NewTimer(time.Until(until))
+		return &got
+	}
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	for ended := false; !ended; {
 		select {
 		case <-w.ctx.Done():
+			ended = true
 		case <-w.wake:
-			woken = true
+			ended = true
 		case <-t.C:
-		case got = <-w.handoff:
-			handed = true
+			ended = true
+		case got := <-w.handoff:
+			return take(got)
+		case <-w.released: // pollBusy read nothing: linger on
 		}
-		t.Stop()
-		if !handed {
-			if w.lingerUntil.CompareAndSwap(u, 0) {
-				return nil
-			}
-			got = <-w.handoff // claimed: pollBusy is reading for w
-		}
-		switch {
-		case w.stopping():
-			return nil
-		case len(got.rows) > 0:
-			return &got
-		case woken || !time.Now().Before(until):
-			return nil
-		}
-		// Nothing yet: linger on.
 	}
+	for !w.lingerUntil.CompareAndSwap(u, 0) {
+		// Claimed: pollBusy is reading for w.
+		select {
+		case got := <-w.handoff:
+			return take(got)
+		case <-w.released:
+		}
+	}
+	return nil
 }
 
 // sleepOrWake waits for d, a nudge or the worker's end. It reports whether a

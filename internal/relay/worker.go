@@ -24,16 +24,17 @@ type worker struct {
 	// lingerUntil (UnixNano) is when the worker, idle after finding rows,
 	// stops relying on pollBusy and arms the partition's wake-up; 0: not
 	// lingering; lingerClaimed: pollBusy is reading the partition for the
-	// worker, which waits for the handoff.
+	// worker, which does not read it meanwhile.
 	lingerUntil atomic.Int64
-	// handoff carries the batch pollBusy read for the lingering worker (one
-	// per claim, so it never holds more than one).
-	handoff chan polled
-	ctx     context.Context // cancelled to stop between batches
-	cancel  context.CancelFunc
-	release bool // set before cancel: release the lease when done
-	wake    chan struct{}
-	done    chan struct{}
+	// handoff carries the batch pollBusy read for the lingering worker;
+	// released tells it that pollBusy gave its linger back (read nothing).
+	handoff  chan polled
+	released chan struct{}
+	ctx      context.Context // cancelled to stop between batches
+	cancel   context.CancelFunc
+	release  bool // set before cancel: release the lease when done
+	wake     chan struct{}
+	done     chan struct{}
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -58,7 +59,7 @@ func (w *worker) stop(release bool) {
 // startWorker starts publishing partition p at epoch. Called without r.mu.
 func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), done: make(chan struct{})}
+	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), released: make(chan struct{}, 1), done: make(chan struct{})}
 	w.leaseUntil.Store(int64(leaseUntil))
 	r.mu.Lock()
 	prev := r.workers[p]
@@ -164,7 +165,7 @@ func (r *Relay) work(w *worker) {
 			// (including their WAL flush): under a steady stream of small
 			// transactions, re-arming after every batch made nearly every
 			// producer commit notify, one at a time.
-			if until := lastRows.Add(lingerFor); time.Now().Before(until) {
+			if until := lastRows.Add(r.lingerFor()); time.Now().Before(until) {
 				// A lingering worker has no mark in flight: it follows a
 				// batch smaller than BatchSize, whose mark was awaited
 				// above, so pollBusy reads for it excluding nothing. Were a
