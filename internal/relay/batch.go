@@ -48,12 +48,11 @@ func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
 
 // runBatchOnce reads the next batch (past the batch whose mark is in
 // flight), or takes the one pollBusy read and handed over, publishes it,
-// and marks it. A full batch published without a
-// transient failure is marked in the background while the worker reads and
-// publishes the next one: the next batch holds only rows after it (each
-// key's earlier rows are acknowledged), and its own mark waits for this one,
-// so a fenced or failed mark stops the partition before anything later is
-// marked.
+// and marks it. A full batch published without a transient failure is
+// marked in the background while the worker reads and publishes the next
+// one: the next batch holds only rows after it (each key's earlier rows are
+// acknowledged), and its own mark waits for this one, so a fenced or failed
+// mark stops the partition before anything later is marked.
 func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
 	var rows []db.PendingBatchRow
 	var readStart time.Time
