@@ -430,46 +430,104 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 	return items, nil
 }
 
-const pendingPartitions = `-- name: PendingPartitions :many
-SELECT p::int AS partition
+const pendingBatchMany = `-- name: PendingBatchMany :many
+SELECT p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
+       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
 FROM unnest($1::int[]) AS p
 CROSS JOIN LATERAL (
-    (SELECT o.id FROM pgrelay.outbox o
-     WHERE o.partition = p AND o.status = 'pending' AND o.not_before IS NULL
-       AND ((SELECT w.not_before FROM pgrelay.outbox w
-             WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
-             ORDER BY w.not_before LIMIT 1) IS NULL
-            OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
-                           WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now()))
-     ORDER BY o.partition, o.not_before, o.id
-     LIMIT 1)
-    UNION ALL
-    (SELECT o.id FROM pgrelay.outbox o
-     WHERE o.partition = p AND o.status = 'pending' AND o.not_before <= now()
-     LIMIT 1)
-    LIMIT 1
-) AS first
+    SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
+    FROM (
+        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+         FROM pgrelay.outbox o
+         WHERE o.partition = p AND o.status = 'pending'
+           AND o.not_before IS NULL
+           AND ((SELECT w.not_before FROM pgrelay.outbox w
+                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+                 ORDER BY w.not_before LIMIT 1) IS NULL
+                OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                               WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                                 AND h.not_before IS NOT NULL AND h.not_before > now()))
+         ORDER BY o.partition, o.not_before, o.id
+         LIMIT $2)
+        UNION ALL
+        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+         FROM pgrelay.outbox o
+         WHERE o.partition = p AND o.status = 'pending'
+           AND o.not_before <= now()
+           AND ((SELECT w.not_before FROM pgrelay.outbox w
+                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+                 ORDER BY w.not_before LIMIT 1) IS NULL
+                OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
+                               WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
+                                 AND h.not_before IS NOT NULL AND h.not_before > now())))
+    ) AS c
+    ORDER BY c.id
+    LIMIT $2
+) AS b
+ORDER BY 1, b.id
 `
 
-// PendingPartitions returns which of @partitions hold a pending row due now:
-// one probe of outbox_pending_idx each (the first entry in PendingBatch's
-// order), for the relay's poll of partitions that are busy (Relay.pollBusy).
-// A delayed row is due once its not_before has passed; a row held behind its
-// key's delayed row does not count.
-func (q *Queries) PendingPartitions(ctx context.Context, db DBTX, partitions []int32) ([]int32, error) {
-	rows, err := db.Query(ctx, pendingPartitions, partitions)
+type PendingBatchManyParams struct {
+	Partitions []int32
+	BatchSize  int32
+}
+
+type PendingBatchManyRow struct {
+	Partition   int32
+	ID          int64
+	EventID     string
+	Topic       string
+	Key         string
+	EventType   string
+	Payload     []byte
+	Headers     json.RawMessage
+	OccurredAt  time.Time
+	CreatedAt   time.Time
+	KeySeq      *int64
+	ExpiresAt   *time.Time
+	Traceparent *string
+	Tracestate  *string
+	DbNow       time.Time
+}
+
+// PendingBatchMany reads, in one statement, what PendingBatch reads for each
+// of @partitions: the LATERAL runs PendingBatch's query for each partition
+// (the same two branches on outbox_pending_idx, the same due, per-key hold
+// and limit rules, so the same plan per partition; TestClaimSkipsFarFutureRows
+// and TestClaimStaysOnPendingIndexWhileDraining check both). It is the
+// relay's poll of its lingering partitions (Relay.pollBusy), which reads only
+// for workers with no mark in flight: there is no exclude list. The rows come
+// ordered by partition, then id; db_now is the statement's now(), as in
+// PendingBatch.
+func (q *Queries) PendingBatchMany(ctx context.Context, db DBTX, arg PendingBatchManyParams) ([]PendingBatchManyRow, error) {
+	rows, err := db.Query(ctx, pendingBatchMany, arg.Partitions, arg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int32{}
+	items := []PendingBatchManyRow{}
 	for rows.Next() {
-		var partition int32
-		if err := rows.Scan(&partition); err != nil {
+		var i PendingBatchManyRow
+		if err := rows.Scan(
+			&i.Partition,
+			&i.ID,
+			&i.EventID,
+			&i.Topic,
+			&i.Key,
+			&i.EventType,
+			&i.Payload,
+			&i.Headers,
+			&i.OccurredAt,
+			&i.CreatedAt,
+			&i.KeySeq,
+			&i.ExpiresAt,
+			&i.Traceparent,
+			&i.Tracestate,
+			&i.DbNow,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, partition)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

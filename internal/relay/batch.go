@@ -12,12 +12,12 @@ import (
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// runBatch publishes the next batch of the partition and marks it. It returns
-// the number of rows read.
+// runBatch publishes the next batch of the partition (handed, when pollBusy
+// read it for the worker) and marks it. It returns the number of rows read.
 // A failure advances bo, so that the retry time recorded on the rows is the
 // one the worker waits for.
-func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
-	n, err := r.runBatchOnce(w, log, bo, inflight)
+func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
+	n, err := r.runBatchOnce(w, log, bo, inflight, handed)
 	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
 		bo.Next()
 	}
@@ -47,16 +47,22 @@ func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
 }
 
 // runBatchOnce reads the next batch (past the batch whose mark is in
-// flight), publishes it, and marks it. A full batch published without a
-// transient failure is marked in the background while the worker reads and
-// publishes the next one: the next batch holds only rows after it (each
-// key's earlier rows are acknowledged), and its own mark waits for this one,
-// so a fenced or failed mark stops the partition before anything later is
-// marked.
-func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark) (int, error) {
-	rows, readStart, err := r.readBatch(w, inflight)
-	if err != nil {
-		return 0, err
+// flight), or takes the one pollBusy read and handed over, publishes it,
+// and marks it. A full batch published without a transient failure is
+// marked in the background while the worker reads and publishes the next
+// one: the next batch holds only rows after it (each key's earlier rows are
+// acknowledged), and its own mark waits for this one, so a fenced or failed
+// mark stops the partition before anything later is marked.
+func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
+	var rows []db.PendingBatchRow
+	var readStart time.Time
+	if handed != nil {
+		rows, readStart = handed.rows, handed.readStart
+	} else {
+		var err error
+		if rows, readStart, err = r.readBatch(w, inflight); err != nil {
+			return 0, err
+		}
 	}
 	if len(rows) == 0 {
 		return 0, nil

@@ -103,6 +103,11 @@ type hooks struct {
 	afterArm        func(partition int32)
 	armWait         func(partition int32)
 	afterRead       func(partition int32, rows int)
+	// lingerFor replaces the constant lingerFor when positive.
+	lingerFor time.Duration
+	// pollRead runs in pollBusy after its read of the lingering
+	// partitions (rows in all), before it hands their rows over.
+	pollRead func(partitions []int32, rows int)
 	// The WAL capture's: before each status update, before each publish,
 	// right before numbering a batch's keyed events (its freshness checked).
 	walBeforeStatus  func()

@@ -234,6 +234,25 @@ func TestClaimSkipsFarFutureRows(t *testing.T) {
 	t.Logf("claim of a partition holding 10,000 far-future rows: %d buffers", buffers)
 	require.LessOrEqual(t, buffers, 12, "the claim walked the far-future rows: %s", ex.JSON)
 
+	// The busy poll's read runs the same query per partition.
+	ex = &testdb.Explain{DBTX: b.pool}
+	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{p}, BatchSize: 500})
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root = ex.Root(t)
+	require.Zero(t, root.ActualRows, "nothing is due")
+	buffers = root.SharedHit + root.SharedRead
+	t.Logf("busy poll of a partition holding 10,000 far-future rows: %d buffers", buffers)
+	require.LessOrEqual(t, buffers, 12, "the busy poll walked the far-future rows: %s", ex.JSON)
+	// Four partitions, p among them: each costs what p alone does.
+	ex = &testdb.Explain{DBTX: b.pool}
+	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{p, (p + 1) % 16, (p + 2) % 16, (p + 3) % 16}, BatchSize: 500})
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root = ex.Root(t)
+	buffers = root.SharedHit + root.SharedRead
+	t.Logf("busy poll of four partitions, one holding 10,000 far-future rows: %d buffers", buffers)
+	require.True(t, root.Uses("outbox_pending_idx"), "the busy poll must use the pending partial index: %s", ex.JSON)
+	require.LessOrEqual(t, buffers, 4*12, "the busy poll walked the far-future rows: %s", ex.JSON)
+
 	ex = &testdb.Explain{DBTX: b.pool}
 	_, err = db.New().NextDue(ctx, ex, p)
 	require.ErrorIs(t, err, testdb.ErrExplained)

@@ -225,6 +225,17 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 	require.Positive(t, root.ActualRows)
 	require.True(t, root.Uses("outbox_pending_idx"), "the claim must use the pending partial index: %s", ex.JSON)
 	require.LessOrEqual(t, buffers, 100, "a claim must touch O(batch) buffers: %s", ex.JSON)
+
+	// The busy poll's read runs the same query per partition.
+	ex = &testdb.Explain{DBTX: pool}
+	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{part}, BatchSize: 500})
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root = ex.Root(t)
+	buffers = root.SharedHit + root.SharedRead
+	t.Logf("busy poll on 1,001,000 rows: %d rows returned, %d buffers", root.ActualRows, buffers)
+	require.Positive(t, root.ActualRows)
+	require.True(t, root.Uses("outbox_pending_idx"), "the busy poll must use the pending partial index: %s", ex.JSON)
+	require.LessOrEqual(t, buffers, 100, "a busy poll must touch O(batch) buffers: %s", ex.JSON)
 }
 
 // TestDatabaseConnectionsKilled: every connection of the relay is terminated
@@ -311,4 +322,15 @@ func TestClaimStaysOnPendingIndexWhileDraining(t *testing.T) {
 	// vacuum (a few thousand buffers here); the primary-key walk read
 	// hundreds of thousands.
 	require.LessOrEqual(t, buffers, 10000, "a claim must not walk the published rows")
+
+	// The busy poll's read runs the same query per partition.
+	ex := &testdb.Explain{DBTX: pool}
+	_, err := db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{part}, BatchSize: 500})
+	require.ErrorIs(t, err, testdb.ErrExplained)
+	root = ex.Root(t)
+	require.True(t, root.Uses("outbox_pending_idx"), "the busy poll must use the pending partial index: %s", ex.JSON)
+	buffers = root.SharedHit + root.SharedRead
+	t.Logf("busy poll at half of a 300,000-row backlog: %d rows, %d buffers", root.ActualRows, buffers)
+	require.Equal(t, 500, root.ActualRows)
+	require.LessOrEqual(t, buffers, 10000, "a busy poll must not walk the published rows")
 }

@@ -204,7 +204,8 @@ func (g *gatedPublisher) Publish(ctx context.Context, msgs []broker.Message) []b
 // joining late, one leaving midway), 50 keys, 20,000 events written by
 // concurrent transactions that commit out of id order, and an unrelated
 // transaction left open throughout. Every key's events arrive in commit
-// order, none missing.
+// order, none missing, some of them read by the relays' busy polls
+// (PendingBatchMany) for their lingering workers.
 func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -227,8 +228,15 @@ func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 
 	obs := &countingObserver{}
 	pub := b.publisher(t)
-	_, stopA := start(t, b.testConfig(t, pub, obs))
-	start(t, b.testConfig(t, pub, obs))
+	// polled counts the rows pollBusy read for lingering workers.
+	var polled atomic.Int64
+	config := func() Config {
+		cfg := b.testConfig(t, pub, obs)
+		cfg.hooks.pollRead = func(_ []int32, rows int) { polled.Add(int64(rows)) }
+		return cfg
+	}
+	_, stopA := start(t, config())
+	start(t, config())
 	sub := b.subscribe(t)
 
 	// Writers: each transaction inserts 1-8 events of one key, sometimes
@@ -306,7 +314,7 @@ func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 		}
 		if seen == total/4 && !joined {
 			joined = true
-			start(t, b.testConfig(t, pub, obs))
+			start(t, config())
 		}
 		if seen == total/2 && !left {
 			left = true
@@ -322,6 +330,8 @@ func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 	require.Equal(t, total, sum)
 	b.waitCount(t, "published", total, 30*time.Second)
 	require.Equal(t, uint64(total), b.streamMsgs(t))
+	t.Logf("%d rows read by the busy poll", polled.Load())
+	require.Positive(t, polled.Load(), "the busy poll read rows for lingering workers")
 }
 
 func enqueueTx(ctx context.Context, tx pgx.Tx, ms []event.Message) error {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
@@ -52,31 +53,57 @@ func (r *Relay) wakePartitions(payload string) {
 // wake-up by its worker.
 const wakeInterval = 1 * time.Millisecond
 
-// lingerFor is how long a worker that found rows stays awake, polled by
+// lingerFor is how long a worker that found rows stays awake, read for by
 // pollBusy, before it arms its partition's wake-up; busyPollInterval is how
-// often pollBusy looks, with one statement for all lingering partitions.
+// often pollBusy reads, with one statement for all lingering partitions.
 const (
 	lingerFor        = 250 * time.Millisecond
 	busyPollInterval = 2 * time.Millisecond
 )
 
-// pollBusy looks every busyPollInterval, while any worker lingers, for
-// pending rows in the lingering partitions (PendingPartitions: one probe of
-// the pending index per partition) and nudges their workers. It costs
-// nothing while no partition has had rows in the last lingerFor.
+// lingerFor returns how long a worker that found rows lingers.
+func (r *Relay) lingerFor() time.Duration {
+	if d := r.cfg.hooks.lingerFor; d > 0 {
+		return d
+	}
+	return lingerFor
+}
+
+// lingerClaimed is worker.lingerUntil while pollBusy reads the worker's
+// partition for it.
+const lingerClaimed = -1
+
+// polled is a batch pollBusy read for a lingering worker. readStart is when
+// the read was sent, as readBatch's: the rows' DbNow is no earlier.
+type polled struct {
+	rows      []db.PendingBatchRow
+	readStart time.Time
+}
+
+// pollBusy reads, every busyPollInterval while any worker lingers, the next
+// batch of every lingering partition in one statement (PendingBatchMany) and
+// hands each worker its rows. It first claims the workers (lingerUntil from
+// its deadline to lingerClaimed): a claimed worker does not read its
+// partition. Once the statement has returned, pollBusy hands each claimed
+// worker that has rows its batch, and gives the others their linger back
+// (lingerUntil to its deadline again), so that the next round reads them
+// too. It costs nothing while no partition has had rows in the last
+// lingerFor.
 func (r *Relay) pollBusy(ctx context.Context) {
+	var claimed []claim
 	var parts []int32
 	for ctx.Err() == nil {
 		now := time.Now().UnixNano()
-		parts = parts[:0]
+		claimed, parts = claimed[:0], parts[:0]
 		r.mu.Lock()
 		for p, w := range r.workers {
-			if w.lingerUntil.Load() > now {
+			if u := w.lingerUntil.Load(); u > now && !w.stopping() && w.lingerUntil.CompareAndSwap(u, lingerClaimed) {
+				claimed = append(claimed, claim{w: w, until: u})
 				parts = append(parts, p)
 			}
 		}
 		r.mu.Unlock()
-		if len(parts) == 0 {
+		if len(claimed) == 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -84,26 +111,116 @@ func (r *Relay) pollBusy(ctx context.Context) {
 			}
 			continue
 		}
-		qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-		found, err := r.q.PendingPartitions(qctx, r.cfg.Pool, parts)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil:
-			// The lingering workers arm at the end of their linger.
-			r.log.Debug("polling busy partitions failed", zap.Error(err))
+		if err := r.readLingering(ctx, claimed, parts); err != nil && ctx.Err() == nil {
+			// The lingering workers read on their own at the end of
+			// their linger.
+			r.log.Debug("reading busy partitions failed", zap.Error(err))
 			wait.Sleep(ctx, lingerFor)
 			continue
-		case err == nil && len(found) > 0:
-			r.mu.Lock()
-			for _, p := range found {
-				if w := r.workers[p]; w != nil {
-					w.nudge()
-				}
-			}
-			r.mu.Unlock()
 		}
 		wait.Sleep(ctx, busyPollInterval)
 	}
+}
+
+// claim is a lingering worker pollBusy claimed, and its linger deadline.
+type claim struct {
+	w     *worker
+	until int64
+}
+
+// readLingering reads the next batch of each claimed worker's partition
+// (parts[i] is claimed[i]'s) in one statement, hands each worker with rows
+// its batch, and gives the others (all of them when the read failed) their
+// linger back.
+func (r *Relay) readLingering(ctx context.Context, claimed []claim, parts []int32) error {
+	byPart := make(map[int32][]db.PendingBatchRow, len(parts))
+	readStart := time.Now()
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	rows, err := r.q.PendingBatchMany(qctx, r.cfg.Pool, db.PendingBatchManyParams{Partitions: parts, BatchSize: int32(r.cfg.BatchSize)})
+	cancel()
+	if err == nil {
+		for _, row := range rows {
+			byPart[row.Partition] = append(byPart[row.Partition], db.PendingBatchRow{
+				ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType,
+				Payload: row.Payload, Headers: row.Headers, OccurredAt: row.OccurredAt, CreatedAt: row.CreatedAt,
+				KeySeq: row.KeySeq, ExpiresAt: row.ExpiresAt, Traceparent: row.Traceparent, Tracestate: row.Tracestate,
+				DbNow: row.DbNow,
+			})
+		}
+		if h := r.cfg.hooks.pollRead; h != nil {
+			h(parts, len(rows))
+		}
+	}
+	for i, c := range claimed {
+		got := byPart[parts[i]]
+		if err == nil {
+			if h := r.cfg.hooks.afterRead; h != nil {
+				h(parts[i], len(got))
+			}
+		}
+		if len(got) > 0 {
+			// Never blocks: the worker stays claimed until it takes its
+			// batch, so it holds at most one.
+			c.w.handoff <- polled{rows: got, readStart: readStart}
+			continue
+		}
+		c.w.lingerUntil.Store(c.until)
+		select {
+		case c.w.released <- struct{}{}:
+		default:
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("read pending rows of %d partitions: %w", len(parts), err)
+	}
+	return nil
+}
+
+// linger leaves w to pollBusy until until, a nudge or w's end, and returns
+// the batch pollBusy read and handed to it, or nil (the worker then reads on
+// its own). When the linger ends while pollBusy reads for the worker, the
+// worker waits for the batch or its linger back (within a QueryTimeout;
+// at once at shutdown, when the read is cancelled). A stopping worker
+// returns nil, dropping any rows handed to it: a worker stopped (its lease
+// lost, say) while pollBusy read its partition never publishes them.
+func (r *Relay) linger(w *worker, until time.Time) *polled {
+	u := until.UnixNano()
+	w.lingerUntil.Store(u)
+	select {
+	case r.busy <- struct{}{}:
+	default:
+	}
+	take := func(got polled) *polled {
+		w.lingerUntil.Store(0)
+		if w.stopping() {
+			return nil
+		}
+		return &got
+	}
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	for ended := false; !ended; {
+		select {
+		case <-w.ctx.Done():
+			ended = true
+		case <-w.wake:
+			ended = true
+		case <-t.C:
+			ended = true
+		case got := <-w.handoff:
+			return take(got)
+		case <-w.released: // pollBusy read nothing: linger on
+		}
+	}
+	for !w.lingerUntil.CompareAndSwap(u, 0) {
+		// Claimed: pollBusy is reading for w.
+		select {
+		case got := <-w.handoff:
+			return take(got)
+		case <-w.released:
+		}
+	}
+	return nil
 }
 
 // sleepOrWake waits for d, a nudge or the worker's end. It reports whether a

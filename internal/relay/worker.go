@@ -23,13 +23,18 @@ type worker struct {
 	leaseUntil atomic.Int64
 	// lingerUntil (UnixNano) is when the worker, idle after finding rows,
 	// stops relying on pollBusy and arms the partition's wake-up; 0: not
-	// lingering.
+	// lingering; lingerClaimed: pollBusy is reading the partition for the
+	// worker, which does not read it meanwhile.
 	lingerUntil atomic.Int64
-	ctx         context.Context // cancelled to stop between batches
-	cancel      context.CancelFunc
-	release     bool // set before cancel: release the lease when done
-	wake        chan struct{}
-	done        chan struct{}
+	// handoff carries the batch pollBusy read for the lingering worker;
+	// released tells it that pollBusy gave its linger back (read nothing).
+	handoff  chan polled
+	released chan struct{}
+	ctx      context.Context // cancelled to stop between batches
+	cancel   context.CancelFunc
+	release  bool // set before cancel: release the lease when done
+	wake     chan struct{}
+	done     chan struct{}
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -54,7 +59,7 @@ func (w *worker) stop(release bool) {
 // startWorker starts publishing partition p at epoch. Called without r.mu.
 func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), released: make(chan struct{}, 1), done: make(chan struct{})}
 	w.leaseUntil.Store(int64(leaseUntil))
 	r.mu.Lock()
 	prev := r.workers[p]
@@ -122,8 +127,11 @@ func (r *Relay) work(w *worker) {
 	// idles, backs off or ends.
 	inflight := &pendingMark{}
 	defer func() { _ = r.awaitMark(w, log, inflight) }()
+	// handed is the batch pollBusy read for the worker while it lingered.
+	var handed *polled
 	for w.ctx.Err() == nil {
-		n, err := r.runBatch(w, log, bo, inflight)
+		n, err := r.runBatch(w, log, bo, inflight, handed)
+		handed = nil
 		if err == nil && n < r.cfg.BatchSize {
 			err = r.awaitMark(w, log, inflight)
 		}
@@ -157,14 +165,16 @@ func (r *Relay) work(w *worker) {
 			// (including their WAL flush): under a steady stream of small
 			// transactions, re-arming after every batch made nearly every
 			// producer commit notify, one at a time.
-			if until := lastRows.Add(lingerFor); time.Now().Before(until) {
-				w.lingerUntil.Store(until.UnixNano())
-				select {
-				case r.busy <- struct{}{}:
-				default:
+			if until := lastRows.Add(r.lingerFor()); time.Now().Before(until) {
+				// A lingering worker has no mark in flight: it follows a
+				// batch smaller than BatchSize, whose mark was awaited
+				// above, so pollBusy reads for it excluding nothing. Were a
+				// mark ever in flight here, the worker would sleep instead.
+				if inflight.done == nil {
+					handed = r.linger(w, until)
+				} else {
+					r.sleepOrWake(w, time.Until(until))
 				}
-				r.sleepOrWake(w, time.Until(until))
-				w.lingerUntil.Store(0)
 				continue
 			}
 			// Arm at most once per wakeInterval: under a steady trickle the
