@@ -232,6 +232,18 @@ func TestFailedCombinedMarkFailsEveryMark(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM pgrelay.outbox WHERE partition = ANY($1) FOR UPDATE`, f.parts[1:])
 	require.NoError(t, err)
 	errs := f.markAll(t)
+	// The client gave up at its timeout; the server ends the statement only
+	// when the cancel request reaches it. Releasing the locks before that
+	// would let the abandoned statement mark the rows after all (harmless
+	// in production: its rows are republished and deduplicated, but not
+	// what this test checks).
+	require.Eventually(t, func() bool {
+		var n int
+		err := f.b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND query LIKE '%MarkOutcomesMany%'
+			  AND pid <> pg_backend_pid()`).Scan(&n)
+		return err == nil && n == 0
+	}, 5*time.Second, 10*time.Millisecond, "the timed-out mark still runs on the server")
 	require.NoError(t, tx.Rollback(ctx))
 	require.NoError(t, errs[f.parts[0]])
 	for _, p := range f.parts[1:] {
