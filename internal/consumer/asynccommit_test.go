@@ -220,10 +220,10 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		batch := []inbox.Incoming{{Message: event.Message{EventID: "created-" + order, Topic: "orders", EventType: ledger.EventOrderCreated,
 			Payload: payload, OccurredAt: time.Now()}}}
-		trips.reset()
+		trips.Reset()
 		var m commitMark
 		require.NoError(t, c.store(ctx, batch, apply, &m))
-		got, inHandler := trips.reset()
+		got, inHandler := trips.Reset()
 		require.Equal(t, 1, m.n)
 		commit := slices.Index(got, asyncCommitSQL)
 		require.Positive(t, commit, "the tracer did not see the commit: %q", got)

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,45 +20,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
-// tripCounter is a pgx tracer counting the round trips a connection makes:
-// one per statement, one per batch (its statements go together).
-type tripCounter struct {
-	mu      sync.Mutex
-	trips   []string
-	handler atomic.Bool // set while the handler runs
-	inH     int
-}
-
-func (c *tripCounter) add(sql string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.trips = append(c.trips, sql)
-	if c.handler.Load() {
-		c.inH++
-	}
-}
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.add(d.SQL)
-	return ctx
-}
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.add("batch")
-	return ctx
-}
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// reset forgets what was counted and returns it: the round trips and those
-// made by the handler.
-func (c *tripCounter) reset() (trips []string, inHandler int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	trips, inHandler = c.trips, c.inH
-	c.trips, c.inH = nil, 0
-	return trips, inHandler
-}
+// tripCounter counts a pool's round trips (testdb.RoundTrips).
+type tripCounter = testdb.RoundTrips
 
 // tracedHandler is the ledger handler, marking the round trips it makes.
 type tracedHandler struct {
@@ -69,14 +30,14 @@ type tracedHandler struct {
 }
 
 func (h tracedHandler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	h.c.handler.Store(true)
-	defer h.c.handler.Store(false)
+	h.c.Handler.Store(true)
+	defer h.c.Handler.Store(false)
 	return h.Handler.Handle(ctx, tx, ev)
 }
 
 func (h tracedHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
-	h.c.handler.Store(true)
-	defer h.c.handler.Store(false)
+	h.c.Handler.Store(true)
+	defer h.c.Handler.Store(false)
 	return h.Handler.HandleBatch(ctx, tx, evs)
 }
 
@@ -132,10 +93,10 @@ func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 			prev := fmt.Sprintf("o-%d", round-1)
 			batch = append(batch, msg("paid-"+prev, ledger.EventOrderPaid, ledger.OrderPaid{OrderID: prev, AmountCents: 100, Currency: "EUR"}))
 		}
-		trips.reset()
+		trips.Reset()
 		before := c.Stats().AppliedOnReceive
 		require.NoError(t, c.store(ctx, batch, true, nil))
-		got, inHandler := trips.reset()
+		got, inHandler := trips.Reset()
 		// What follows the commit (waking the events deferred on a
 		// dependency the handler released) is not the transaction's.
 		require.Contains(t, got, "commit")

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,46 +21,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
-// tripCounter is a pgx tracer counting the statements a pool sends: one per
-// statement, one per batch (its statements go in one round trip).
-type tripCounter struct {
-	mu      sync.Mutex
-	trips   []string
-	handler atomic.Bool // set while the handler runs
-	inH     int
-}
-
-func (c *tripCounter) add(sql string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if i := strings.Index(sql, "\n"); strings.HasPrefix(sql, "-- name: ") && i > 0 {
-		sql = sql[:i] // the query's name
-	}
-	c.trips = append(c.trips, sql)
-	if c.handler.Load() {
-		c.inH++
-	}
-}
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.add(d.SQL)
-	return ctx
-}
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.add("batch")
-	return ctx
-}
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (c *tripCounter) reset() (trips []string, inHandler int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	trips, inHandler = c.trips, c.inH
-	c.trips, c.inH = nil, 0
-	return trips, inHandler
-}
+// tripCounter counts a pool's round trips (testdb.RoundTrips).
+type tripCounter = testdb.RoundTrips
 
 // tracedLedger is the ledger handler, marking the statements it sends.
 type tracedLedger struct {
@@ -71,14 +31,14 @@ type tracedLedger struct {
 }
 
 func (h tracedLedger) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	h.c.handler.Store(true)
-	defer h.c.handler.Store(false)
+	h.c.Handler.Store(true)
+	defer h.c.Handler.Store(false)
 	return h.Handler.Handle(ctx, tx, ev)
 }
 
 func (h tracedLedger) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
-	h.c.handler.Store(true)
-	defer h.c.handler.Store(false)
+	h.c.Handler.Store(true)
+	defer h.c.Handler.Store(false)
 	return h.Handler.HandleBatch(ctx, tx, evs)
 }
 
@@ -120,10 +80,10 @@ func testOptimisticBatchRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 			msgs[i] = inbox.Incoming{Message: orderCreatedMessage("created-"+id, id)}
 		}
 		receive(t, pool, msgs...)
-		trips.reset()
+		trips.Reset()
 		before := stats.Snapshot().Processed
 		require.NoError(t, inbox.RunOnce(ctx, w))
-		got, inHandler := trips.reset()
+		got, inHandler := trips.Reset()
 		// What follows the commit (waking the events deferred on the
 		// orders the handler released) is not the batch's.
 		end := slices.IndexFunc(got, func(s string) bool { return s == "batch" || s == "commit" })
