@@ -123,7 +123,7 @@ func (b *bench) declareFigures() {
 	add("horizon_applied_hold", "horizon", "  applied rate, last third of the hold", unitRate, "in-process", "", nil, "")
 	add("horizon_inbox_claim_first", "horizon", "  inbox claim (ClaimInbox), mean, first sample of the hold", unitMs, "in-process", "", nil, "pg_stat_statements")
 	add("horizon_inbox_claim_last", "horizon", "  inbox claim, mean, last sample of the hold", unitMs, "in-process", "", nil, "")
-	add("horizon_relay_claim_first", "horizon", "  relay claim (PendingBatch), mean, first sample of the hold", unitMs, "in-process", "", nil, "pg_stat_statements")
+	add("horizon_relay_claim_first", "horizon", "  relay claim (PendingBatch, PendingBatchMany), mean, first sample of the hold", unitMs, "in-process", "", nil, "pg_stat_statements")
 	add("horizon_relay_claim_last", "horizon", "  relay claim, mean, last sample of the hold", unitMs, "in-process", "", nil, "")
 	add("horizon_inbox_dead_end", "horizon", "  dead inbox tuples at the end of the hold", "tuples", "in-process", "", nil, "pg_stat_user_tables.n_dead_tup")
 	add("horizon_recovery", "horizon", "  recovery after the release", unitMs, "in-process", "", atMost(60_000, "≤ 1 min"), "")

@@ -67,8 +67,8 @@ const horizonState = `SELECT
 const horizonStatements = `SELECT
  coalesce(sum(calls) FILTER (WHERE query LIKE '-- name: ClaimInbox :many%'), 0)::bigint,
  coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '-- name: ClaimInbox :many%'), 0)::float8,
- coalesce(sum(calls) FILTER (WHERE query LIKE '-- name: PendingBatch :many%'), 0)::bigint,
- coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '-- name: PendingBatch :many%'), 0)::float8,
+ coalesce(sum(calls) FILTER (WHERE query LIKE '-- name: PendingBatch :many%' OR query LIKE '-- name: PendingBatchMany :many%'), 0)::bigint,
+ coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '-- name: PendingBatch :many%' OR query LIKE '-- name: PendingBatchMany :many%'), 0)::float8,
  coalesce(sum(calls) FILTER (WHERE query LIKE '-- name: InsertInbox :many%'), 0)::bigint,
  coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '-- name: InsertInbox :many%'), 0)::float8
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`
