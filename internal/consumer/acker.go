@@ -155,7 +155,7 @@ func (c *Consumer) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.
 // (pgx's Exec would return only the last command tag, Query only the first
 // result), telling the connection's query tracer as pgx does.
 func commitAsync(ctx context.Context, conn *pgx.Conn) ([]*pgconn.Result, error) {
-	tracer, _ := conn.Config().Tracer.(pgx.QueryTracer)
+	tracer := conn.Config().Tracer
 	if tracer != nil {
 		ctx = tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: asyncCommitSQL})
 	}
