@@ -39,7 +39,21 @@ func TestQuick(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Figures)
+	cpuFigures := 0
 	for _, f := range res.Figures {
+		if strings.HasPrefix(f.ID, "cpu_") && f.Unit != unitCPU {
+			cpuFigures++
+			// A server on another machine (or in a container) is n/a.
+			if f.Error != "" {
+				require.Regexp(t, "not on this machine|no process found|a component is not measured", f.Error, "figure %s", f.ID)
+				continue
+			}
+			require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
+			if !strings.HasSuffix(f.ID, "_"+cpuOther) { // a difference of two clocks: may be below 0
+				require.Greater(t, f.Median, 0.0, "figure %s", f.ID)
+			}
+			continue
+		}
 		require.Empty(t, f.Error, "figure %s", f.ID)
 		require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
 		if strings.HasPrefix(f.ID, "stage_") && strings.HasSuffix(f.ID, "_inbox") {
@@ -50,6 +64,13 @@ func TestQuick(t *testing.T) {
 		}
 		require.Greater(t, f.Median, 0.0, "figure %s", f.ID)
 	}
+	// The floors' two runs, and the e2e group's flat-out runs and its load,
+	// each with PostgreSQL, the bench process, the rest and the busy share at
+	// least.
+	require.GreaterOrEqual(t, cpuFigures, 2*4+3*4)
+	require.NotNil(t, res.lookup(cpuFigureID("floor_one", cpuPostgres)))
+	require.NotNil(t, res.lookup(cpuFigureID("load_200", cpuBusy)))
+	require.Contains(t, res.Settings, "observer")
 	for _, name := range []string{"results.json", "results.txt", "results.svg"} {
 		b, err := os.ReadFile(filepath.Join(out, name))
 		require.NoError(t, err)

@@ -79,6 +79,13 @@ type Config struct {
 	// only applies when the services run in-process (-bin pointing nowhere
 	// usable). Default false.
 	SQLTrace bool
+	// Observer is how the end-to-end runs time each event's ledger credit:
+	// "poll" (the first ledger poll that sees it, every 1 ms at the offered
+	// loads), "commit-ts" (the crediting transaction's commit timestamp,
+	// read after the run; needs track_commit_timestamp = on) or "auto":
+	// commit-ts when the server has track_commit_timestamp = on and runs on
+	// this machine, poll otherwise. Default "auto".
+	Observer string
 	// HorizonRate is the steady load of the horizon group, in events/s.
 	// Default 1,000 (quick mode: 200).
 	HorizonRate int
@@ -102,6 +109,9 @@ var allGroups = []string{"floor", "producer", "relay", "inbox", "inbox-ordered",
 func (c Config) WithDefaults() Config {
 	if c.OutDir == "" {
 		c.OutDir = "bench-results"
+	}
+	if c.Observer == "" {
+		c.Observer = observerAuto
 	}
 	if c.Broker == "" {
 		c.Broker = "nats"
@@ -187,6 +197,11 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: -horizon-hold, -horizon-after and -horizon-sample must be at least 1s, got %s, %s, %s", c.HorizonHold, c.HorizonAfter, c.HorizonSample)
 	case c.Timeout < time.Second:
 		return fmt.Errorf("bench: Timeout (-timeout) must be at least 1s, got %s", c.Timeout)
+	}
+	switch c.Observer {
+	case observerAuto, observerPoll, observerCommitTS:
+	default:
+		return fmt.Errorf("bench: Observer (-observer) must be auto, poll or commit-ts, got %q", c.Observer)
 	}
 	for _, l := range c.Loads {
 		if l < 1 || l > 1_000_000 {

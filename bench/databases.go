@@ -28,6 +28,12 @@ type databases struct {
 	prefix   string
 	template string
 	log      *zap.Logger
+	// postmaster is the server's postmaster in /proc, for its CPU time; 0
+	// when it is not on this machine (postmasterErr says why).
+	postmaster    int
+	postmasterErr string
+	// commitTS reports track_commit_timestamp = on.
+	commitTS bool
 
 	mu      sync.Mutex
 	n       int
@@ -41,6 +47,9 @@ func newDatabases(ctx context.Context, adminURL string, log *zap.Logger) (*datab
 		return nil, fmt.Errorf("create template database: %w", err)
 	}
 	d.created = append(d.created, d.template)
+	if err := d.probe(ctx); err != nil {
+		return d, err
+	}
 	pool, err := d.open(ctx, d.template, 2)
 	if err != nil {
 		return d, err
@@ -56,6 +65,28 @@ func newDatabases(ctx context.Context, adminURL string, log *zap.Logger) (*datab
 		return d, fmt.Errorf("migrate template database: %w", err)
 	}
 	return d, nil
+}
+
+// probe finds the server's postmaster in /proc and reads
+// track_commit_timestamp.
+func (d *databases) probe(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, d.adminURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", pgurl.Redact(d.adminURL), err)
+	}
+	defer conn.Close(context.Background())
+	var commitTS string
+	if err := conn.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&commitTS); err != nil {
+		return fmt.Errorf("track_commit_timestamp: %w", err)
+	}
+	d.commitTS = commitTS == "on"
+	if d.postmaster, err = findPostmaster(ctx, conn); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		d.postmasterErr = err.Error()
+	}
+	return nil
 }
 
 // fresh creates a new migrated database and returns a pool of at most

@@ -69,6 +69,9 @@ type pipeline struct {
 	traces []*sqlTrace
 	// emit makes the producers write with pgrelay.Emit (WAL capture).
 	emit bool
+	// observer is how a credit is timed: observerPoll (also when empty) or
+	// observerCommitTS.
+	observer string
 }
 
 // traced prints and resets the statement counts of the run just finished
@@ -102,6 +105,10 @@ func (b *bench) startPipeline(ctx context.Context, maxWait time.Duration) (*pipe
 		return nil, err
 	}
 	p := &pipeline{b: b, pool: pool, url: url, stream: stream, prefix: prefix, failed: make(chan error, 4), maxWait: maxWait}
+	if p.observer, err = b.observerFor(b.dbs); err != nil {
+		p.close()
+		return nil, err
+	}
 	if b.bins != nil {
 		err = p.startProcesses(ctx)
 	} else {
@@ -297,7 +304,9 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 	obsErr := make(chan error, 1)
 	var lastSeen atomic.Int64
 	poll := observePoll
-	if offered == 0 {
+	if offered == 0 || p.observer == observerCommitTS {
+		// The commit-timestamp observer polls only to know when every
+		// credit is in: the times come from the server afterwards.
 		poll = throughputPoll
 	}
 	// The producers start once the observer took its starting point: a
@@ -398,6 +407,13 @@ func (p *pipeline) run(ctx context.Context, n, perTx, producers int, offered flo
 		return res, err
 	case <-ctx.Done():
 		return res, fmt.Errorf("waiting for the ledger: %w (%s)", context.Cause(ctx), p.state())
+	}
+	if p.observer == observerCommitTS {
+		var last int64
+		if res.latencies, last, err = p.commitTimes(ctx, gen, res.commitAt, res.seenAt); err != nil {
+			return res, err
+		}
+		lastSeen.Store(last)
 	}
 	res.elapsed = time.Duration(lastSeen.Load()) - time.Duration(start.UnixNano())
 	return res, nil
@@ -573,8 +589,11 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 	}
 	for range b.cfg.Repeats {
 		all := append([]string{"e2e_batch", "e2e_one"}, latIDs("max")...)
+		all = append(all, cpuIDs("e2e_batch")...)
+		all = append(all, cpuIDs("e2e_one")...)
 		for _, l := range b.cfg.Loads {
 			all = append(all, latIDs(itoa(l))...)
+			all = append(all, cpuIDs("load_"+itoa(l))...)
 		}
 		b.attempt(ctx, "end to end", all, func(ctx context.Context) error {
 			p, err := b.startPipeline(ctx, 0)
@@ -582,9 +601,21 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 				return err
 			}
 			defer p.close()
+			// Each run's CPU per event: /proc read at its start and end.
+			cpu := b.cpuSources(b.dbs, p.procs)
+			measured := func(run string, fn func() (runResult, error)) (runResult, error) {
+				before := cpu.snapshot()
+				r, err := fn()
+				if err != nil {
+					b.fail(cpuIDs(run), err)
+					return r, err
+				}
+				b.recordCPU(run, cpu.snapshot().since(before), r.events)
+				return r, nil
+			}
 			var errs []error
 			// Flat out, batched producers.
-			if r, err := p.run(ctx, n, b.cfg.BatchSize, w, 0, 0); err != nil {
+			if r, err := measured("e2e_batch", func() (runResult, error) { return p.run(ctx, n, b.cfg.BatchSize, w, 0, 0) }); err != nil {
 				errs = append(errs, fmt.Errorf("flat out, %d/tx: %w", b.cfg.BatchSize, err))
 				b.fail([]string{"e2e_batch"}, errs[len(errs)-1])
 			} else {
@@ -592,7 +623,7 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			}
 			p.traced(fmt.Sprintf("flat out, %d/tx", b.cfg.BatchSize))
 			// Flat out, one event per transaction: throughput and latency.
-			if r, err := p.run(ctx, nOne, 1, w, 0, 0); err != nil {
+			if r, err := measured("e2e_one", func() (runResult, error) { return p.run(ctx, nOne, 1, w, 0, 0) }); err != nil {
 				errs = append(errs, fmt.Errorf("flat out, 1/tx: %w", err))
 				b.fail(append([]string{"e2e_one"}, latIDs("max")...), errs[len(errs)-1])
 			} else {
@@ -603,7 +634,9 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 			// Fixed offered loads, one event per transaction.
 			for _, l := range b.cfg.Loads {
 				events := max(1, int(float64(l)*b.cfg.LoadDuration.Seconds()))
-				r, err := p.run(ctx, events, 1, max(w, 8), float64(l), b.cfg.LoadDuration)
+				r, err := measured("load_"+itoa(l), func() (runResult, error) {
+					return p.run(ctx, events, 1, max(w, 8), float64(l), b.cfg.LoadDuration)
+				})
 				if err != nil {
 					errs = append(errs, fmt.Errorf("at %d/s: %w", l, err))
 					b.fail(latIDs(itoa(l)), errs[len(errs)-1])
@@ -644,7 +677,23 @@ func (b *bench) runE2EGroup(ctx context.Context) {
 	}
 	b.note("e2e_batch", fmt.Sprintf("%d events, %d producers × %d/tx via pgrelay.Enqueue; relay and consumer with default settings; first produce to last credit", n, w, b.cfg.BatchSize))
 	b.note("e2e_one", fmt.Sprintf("%d events, %d producers × 1/tx via pgrelay.Enqueue", nOne, w))
-	for _, l := range b.cfg.Loads {
-		b.note("latency_"+itoa(l)+"_p50", fmt.Sprintf("%s of open-loop load, 1 event/tx; latency from the producer's commit to the observer's 1 ms ledger poll", b.cfg.LoadDuration))
+	effect := "the observer's 1 ms ledger poll"
+	if o, _ := b.observerFor(b.dbs); o == observerCommitTS {
+		effect = "the credit's commit timestamp (track_commit_timestamp)"
 	}
+	for _, l := range b.cfg.Loads {
+		if effect != "the observer's 1 ms ledger poll" {
+			b.note("stage_"+itoa(l)+"_inbox", "inbox.received_at to the credit's commit timestamp: the consumer's transaction (store, apply) up to its commit record")
+		}
+		b.note("latency_"+itoa(l)+"_p50", fmt.Sprintf("%s of open-loop load, 1 event/tx; latency from the producer's commit to %s", b.cfg.LoadDuration, effect))
+	}
+}
+
+// cpuIDs are the ids a run's CPU figures may have.
+func cpuIDs(run string) []string {
+	var ids []string
+	for _, c := range []string{cpuRelay, cpuConsumer, cpuNATS, cpuPostgres, cpuBench, cpuOther, cpuBusy} {
+		ids = append(ids, cpuFigureID(run, c))
+	}
+	return ids
 }

@@ -75,6 +75,10 @@ type floorTimes struct {
 	outboxInsertBatch, outboxMarkBatch time.Duration
 	outboxInsertOne, outboxMarkOne     time.Duration
 	inboxInsert, inboxProcess          time.Duration
+	// cpuBatch and cpuOne are the CPU the phases of the combined floors
+	// used: the batched outbox phases and the inbox phases, and the
+	// 1-per-transaction outbox phases and the inbox phases.
+	cpuBatch, cpuOne cpuUse
 }
 
 // runFloors measures every floor phase once, on a fresh database.
@@ -93,6 +97,8 @@ func (b *bench) runFloors(ctx context.Context) (floorTimes, error) {
 	}
 	n, batch := b.cfg.Events, b.cfg.BatchSize
 	gen := newGenerator("floor")
+	cpu := b.cpuSources(b.dbs, nil)
+	cpuStart := cpu.snapshot()
 
 	// Outbox, batches: insert n rows, batch rows per transaction, then drain.
 	ft.outboxInsertBatch, err = timed(func() error {
@@ -110,6 +116,7 @@ func (b *bench) runFloors(ctx context.Context) (floorTimes, error) {
 	}
 
 	// Outbox, one event per transaction.
+	cpuOutboxBatch := cpu.snapshot()
 	gen1 := newGenerator("floor1")
 	ft.outboxInsertOne, err = timed(func() error {
 		return b.parallelBatches(ctx, n, 1, func(ctx context.Context, from, _ int) error {
@@ -127,6 +134,7 @@ func (b *bench) runFloors(ctx context.Context) (floorTimes, error) {
 
 	// Inbox: receive in batches, then process (select, credit, mark) in
 	// batches, one transaction each.
+	cpuOutboxOne := cpu.snapshot()
 	ft.inboxInsert, err = timed(func() error {
 		return b.parallelBatches(ctx, n, batch, func(ctx context.Context, from, to int) error {
 			evs := gen.batch(from, to)
@@ -158,6 +166,10 @@ func (b *bench) runFloors(ctx context.Context) (floorTimes, error) {
 	if int(done.Load()) != n {
 		return ft, fmt.Errorf("floor inbox process: processed %d of %d events", done.Load(), n)
 	}
+	cpuEnd := cpu.snapshot()
+	inbox := cpuEnd.since(cpuOutboxOne)
+	ft.cpuBatch = cpuOutboxBatch.since(cpuStart).plus(inbox)
+	ft.cpuOne = cpuEnd.since(cpuOutboxBatch)
 	return ft, nil
 }
 

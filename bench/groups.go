@@ -39,6 +39,33 @@ func (b *bench) declareFigures() {
 	add("floor_inbox_process_batch", "floor", "  inbox select + ledger insert + mark, "+batch+"/tx", unitRate, "sql", "", nil, "")
 	add("floor_combined_batch", "floor", "combined floor, "+batch+"/tx", unitRate, "sql", "", nil, "events / (sum of outbox and inbox floor phase times)")
 	add("floor_combined_one", "floor", "combined floor, 1/tx", unitRate, "sql", "", nil, "")
+	// CPU per event of a run, from /proc at its start and end (bench/cpu.go).
+	cpuFigures := func(group, run, label, mode string, services bool) {
+		benchName := "bench (producers, observer)"
+		var comps []string
+		if services {
+			if b.bins != nil {
+				comps = append(comps, cpuRelay, cpuConsumer)
+			} else {
+				benchName = "relay+consumer+bench (one process)"
+			}
+		}
+		if b.nats != nil && b.nats.srv == nil && services {
+			comps = append(comps, cpuNATS)
+		} else if services {
+			benchName += " + nats-server"
+		}
+		comps = append(comps, cpuPostgres, cpuBench, cpuOther)
+		names := map[string]string{cpuRelay: "relay", cpuConsumer: "consumer", cpuNATS: "nats-server", cpuPostgres: "PostgreSQL (all its processes)",
+			cpuBench: benchName, cpuOther: "rest of the machine (busy − the above)"}
+		for _, c := range comps {
+			add(cpuFigureID(run, c), group, "  cpu/event, "+label+": "+names[c], unitCPUEvent, mode, "", nil, "")
+		}
+		add(cpuFigureID(run, cpuBusy), group, "  machine busy, "+label, unitBusy, mode, "", nil,
+			"busy share of all CPUs over the run, /proc/stat: (user+nice+system+irq+softirq+steal) / (those + idle + iowait)")
+	}
+	cpuFigures("floor", "floor_batch", "floor "+batch+"/tx", "sql", false)
+	cpuFigures("floor", "floor_one", "floor 1/tx", "sql", false)
 
 	// A drain starts from a backlog, so it is compared with the floor of the
 	// same work (the read & mark phase, the process phase), not with a floor
@@ -62,6 +89,7 @@ func (b *bench) declareFigures() {
 	add("inbox_keyed_ordered", "inbox-ordered", "inbox drain, the same events, ordered handler (--ordered)", unitRate, "in-process", "inbox_keyed_unordered", nil, "")
 
 	add("e2e_batch", "e2e", "end to end, "+batch+" events/tx", unitRate, "process", "floor_combined_batch", ratio(0.5, "≥ 0.5× combined floor"), "")
+	cpuFigures("e2e", "e2e_batch", "flat out "+batch+"/tx", "process", true)
 	add("e2e_one", "e2e", "end to end, 1 event/tx", unitRate, "process", "floor_combined_one", ratio(0.7, "≥ 0.7× 1-event floor"), "")
 	var loads []string
 	for _, l := range b.cfg.Loads {
@@ -90,6 +118,9 @@ func (b *bench) declareFigures() {
 				"outbox.published_at to inbox.received_at (the storing transaction's start); the message can arrive before the mark starts")
 			add("stage_"+l+"_inbox", "e2e", "  stage p50: stored → credit seen", unitMs, "process", "", nil,
 				"inbox.received_at to the observer's poll seeing the ledger credit: the consumer's transaction (store, apply) and its commit")
+			cpuFigures("e2e", "load_"+l, l+"/s", "process", true)
+		} else {
+			cpuFigures("e2e", "e2e_one", "flat out 1/tx", "process", true)
 		}
 	}
 
@@ -156,6 +187,8 @@ func (b *bench) runGroup(ctx context.Context, group string) {
 				b.sample("floor_inbox_process_batch", rate(n, ft.inboxProcess))
 				b.sample("floor_combined_batch", rate(n, ft.outboxInsertBatch+ft.outboxMarkBatch+ft.inboxInsert+ft.inboxProcess))
 				b.sample("floor_combined_one", rate(n, ft.outboxInsertOne+ft.outboxMarkOne+ft.inboxInsert+ft.inboxProcess))
+				b.recordCPU("floor_batch", ft.cpuBatch, n)
+				b.recordCPU("floor_one", ft.cpuOne, n)
 				b.log.Info("floors", zap.Int("repeat", i+1))
 				return nil
 			})

@@ -69,6 +69,7 @@ func mainErr() error {
 	fs.DurationVar(&cfg.HorizonHold, "horizon-hold", 0, "how long the horizon group holds the xmin horizon (default 10m, quick 20s)")
 	fs.DurationVar(&cfg.HorizonAfter, "horizon-after", 0, "how long the horizon group's load goes on after the release (default 2m, quick 20s)")
 	fs.DurationVar(&cfg.HorizonSample, "horizon-sample", 0, "sampling interval of the horizon group (default 10s, quick 2s)")
+	fs.StringVar(&cfg.Observer, "observer", "auto", "how the end-to-end runs time each event's ledger credit: poll (a 1 ms ledger poll), commit-ts (the crediting transaction's commit timestamp; needs track_commit_timestamp = on) or auto (commit-ts when the server has it on and runs on this machine)")
 	fs.StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and the in-process services")
 	fs.BoolVar(&cfg.SQLTrace, "sql-trace", false, "count the in-process services' statements (round trips) by kind and print them after each end-to-end run; with services in-process only")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (in-process services included) to this file, for go tool pprof")
@@ -207,6 +208,12 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		}
 	}
 
+	if cfg.runs("e2e") || cfg.runs("cost") {
+		if _, err := b.observerFor(b.dbs); err != nil {
+			return nil, err
+		}
+		b.res.Settings["observer"] = b.describeObserver(b.dbs)
+	}
 	b.declareFigures()
 	for _, g := range allGroups {
 		if !cfg.runs(g) || ctx.Err() != nil {

@@ -28,6 +28,10 @@ type natsEnv struct {
 	dir     string
 	log     *zap.Logger
 	streams []string
+	// pid is an external nats-server's process, for its CPU time; 0 when
+	// it is not found (pidErr says why) or the server runs in this process.
+	pid    int
+	pidErr string
 }
 
 func startNATS(ctx context.Context, url string, log *zap.Logger) (*natsEnv, error) {
@@ -67,6 +71,11 @@ func startNATS(ctx context.Context, url string, log *zap.Logger) (*natsEnv, erro
 		return nil, fmt.Errorf("NATS at %s has no JetStream: %w", e.url, err)
 	}
 	e.version = e.nc.ConnectedServerVersion()
+	if e.srv == nil {
+		if e.pid, err = findNATSServer(e.url); err != nil {
+			e.pidErr = err.Error()
+		}
+	}
 	return e, nil
 }
 

@@ -40,7 +40,11 @@ func renderTable(r *Results) string {
 	if where, ok := r.Settings["kafka"]; ok {
 		fmt.Fprintf(&sb, "relay drains publish to Kafka: %v\n", where)
 	}
-	fmt.Fprintf(&sb, "settings: %v\n\n", settingsLine(r.Settings))
+	fmt.Fprintf(&sb, "settings: %v\n", settingsLine(r.Settings))
+	if o, ok := r.Settings["observer"]; ok {
+		fmt.Fprintf(&sb, "observer: %v\n", o)
+	}
+	sb.WriteString("\n")
 
 	rows := [][]string{{"group", "figure", "median", "min … max", "n", "floor", "ratio", "target", ""}}
 	for _, f := range r.Figures {
@@ -99,6 +103,82 @@ func renderTable(r *Results) string {
 			sb.WriteString(strings.Repeat("-", total) + "\n")
 		}
 	}
+	sb.WriteString(renderCPU(r))
+	return sb.String()
+}
+
+// renderCPU renders the runs' CPU per event as one line per run, beside the
+// run's latency: the same figures as the table's cpu rows, side by side.
+func renderCPU(r *Results) string {
+	comps := []string{cpuRelay, cpuConsumer, cpuNATS, cpuPostgres, cpuBench, cpuOther}
+	rows := [][]string{{"run", "p50", "p99", "relay", "consumer", "nats", "postgres", "bench", "other", "busy"}}
+	cell := func(id string) string {
+		f := r.lookup(id)
+		switch {
+		case f == nil:
+			return "·"
+		case len(f.Samples) == 0:
+			return "n/a"
+		case f.Unit == unitBusy:
+			return fmt.Sprintf("%.0f%%", f.Median)
+		case f.Unit == unitCPUEvent:
+			return fmt.Sprintf("%.3f", f.Median)
+		}
+		return value(f.Median, f.Unit)
+	}
+	inProcess := false
+	for _, f := range r.Figures {
+		run, ok := strings.CutSuffix(strings.TrimPrefix(f.ID, "cpu_"), "_"+cpuBusy)
+		if !ok || !strings.HasPrefix(f.ID, "cpu_") {
+			continue
+		}
+		lat := ""
+		switch {
+		case run == "e2e_one":
+			lat = "latency_max"
+		case strings.HasPrefix(run, "load_"):
+			lat = "latency_" + strings.TrimPrefix(run, "load_")
+		}
+		row := []string{strings.TrimPrefix(f.Name, "  machine busy, "), "", ""}
+		if lat != "" {
+			row[1], row[2] = cell(lat+"_p50"), cell(lat+"_p99")
+		}
+		for _, c := range comps {
+			row = append(row, cell(cpuFigureID(run, c)))
+		}
+		row = append(row, cell(f.ID))
+		if f.Group == "e2e" && r.lookup(cpuFigureID(run, cpuRelay)) == nil {
+			inProcess = true
+		}
+		rows = append(rows, row)
+	}
+	if len(rows) == 1 {
+		return ""
+	}
+	var sb strings.Builder
+	sb.WriteString("\nCPU per event (ms of CPU per event, medians; busy: the machine's busy share over the run; n/a: see the table)\n")
+	if inProcess {
+		sb.WriteString("relay and consumer in-process: their CPU is in the bench column (one process)\n")
+	}
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], len([]rune(c)))
+		}
+	}
+	for _, row := range rows {
+		var line strings.Builder
+		for j, c := range row {
+			pad := strings.Repeat(" ", widths[j]-len([]rune(c)))
+			if j == 0 {
+				line.WriteString(c + pad)
+			} else {
+				line.WriteString(pad + c)
+			}
+			line.WriteString("  ")
+		}
+		sb.WriteString(strings.TrimRight(line.String(), " ") + "\n")
+	}
 	return sb.String()
 }
 
@@ -122,6 +202,10 @@ func value(v float64, unit string) string {
 		return fmt.Sprintf("%.1f MiB", v)
 	case unitCPU:
 		return fmt.Sprintf("%.2f cpu-s", v)
+	case unitCPUEvent:
+		return fmt.Sprintf("%.3f cpu-ms", v)
+	case unitBusy:
+		return fmt.Sprintf("%.0f%% busy", v)
 	}
 	return fmt.Sprintf("%.2f %s", v, unit)
 }

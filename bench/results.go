@@ -11,6 +11,10 @@ const (
 	unitMs   = "ms"
 	unitMiB  = "MiB"
 	unitCPU  = "cpu-s/10k events"
+	// unitCPUEvent is CPU time per event, in milliseconds.
+	unitCPUEvent = "cpu-ms/event"
+	// unitBusy is the machine's busy share, in percent.
+	unitBusy = "% busy"
 )
 
 // Target is the bound a figure is compared with.
