@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -184,4 +185,17 @@ func TestPrivateCluster(t *testing.T) {
 		}
 		require.NotEmpty(t, res.lookup(cpuFigureID("load_200", cpuPostgres)).Samples)
 	})
+}
+
+// TestFindNATSServer finds the process listening on the URL's port (here
+// this test's own listener) and refuses a server on another host.
+func TestFindNATSServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	pid, err := findNATSServer(fmt.Sprintf("nats://127.0.0.1:%d", l.Addr().(*net.TCPAddr).Port))
+	require.NoError(t, err)
+	require.Equal(t, os.Getpid(), pid)
+	_, err = findNATSServer("nats://192.0.2.1:4222")
+	require.ErrorContains(t, err, "not on this machine")
 }
