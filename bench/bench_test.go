@@ -56,6 +56,12 @@ func TestQuick(t *testing.T) {
 		}
 		require.Empty(t, f.Error, "figure %s", f.ID)
 		require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
+		if strings.HasPrefix(f.ID, "stage_") && strings.HasSuffix(f.ID, "_consumer") {
+			// The consumer may store an event before the relay's mark
+			// starts (the broker acknowledged the publish first): this
+			// stage is small and may be negative.
+			continue
+		}
 		if strings.HasPrefix(f.ID, "stage_") && strings.HasSuffix(f.ID, "_inbox") {
 			// Events applied on receive are credited by the transaction
 			// that stores them: that stage is then 0.
