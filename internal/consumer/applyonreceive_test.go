@@ -154,3 +154,43 @@ func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
 		}
 	}
 }
+
+// TestFullFetchIsAppliedOnReceive: a fetch that fills a whole batch (a burst,
+// a producer committing many events at once) is applied on receive too while
+// the workers are idle: stored pending it would be written three times
+// (insert, claim, mark) instead of once, and every claim and mark leaves dead
+// tuples behind under a held xmin horizon.
+func TestFullFetchIsAppliedOnReceive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 4
+	var acked atomic.Int64
+	ds := make([]broker.Delivery, n)
+	for i := range ds {
+		order := fmt.Sprintf("full-%d", i)
+		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
+		require.NoError(t, err)
+		ds[i] = broker.Delivery{
+			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
+			Ref:           "test",
+			FirstDelivery: true,
+			Ack:           func(context.Context) error { acked.Add(1); return nil },
+			InProgress:    func(context.Context) error { return nil },
+		}
+	}
+	sub := &oneShotSubscriber{ds: ds}
+	cfg := b.cfg
+	cfg.BatchSize = n // the fetch fills its batch
+	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
+	c, err := New(cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	require.Eventually(t, func() bool { return acked.Load() == n }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, stop())
+	require.EqualValues(t, n, c.Stats().AppliedOnReceive, "a full fetch must be applied on receive while the workers are idle")
+	var processed int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed' AND attempts = 1 AND starts_with(event_id, 'created-full-')`).Scan(&processed))
+	require.Equal(t, n, processed)
+}
