@@ -330,16 +330,14 @@ func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 }
 
 // applyOnReceive reports whether a fetched batch is applied in the
-// transaction that stores it (Config.NoApplyOnReceive): while this process's
-// workers are idle (nothing stored pending is being processed), whatever the
-// size of the fetch, and only when the broker says every delivery is a first
-// delivery. A full fetch is applied too: storing it pending for the workers
-// writes each event three times (insert, claim, mark) where applying it on
-// receive writes it once, and under a held xmin horizon every claim and mark
-// leaves dead tuples the next claims walk. Parallelism under a broker backlog
-// comes from Config.IngestLoops; once rows are pending (a failed run on
-// receive, a redelivery), the workers take them and ingest only stores until
-// they are idle again.
+// transaction that stores it (Config.NoApplyOnReceive): always, whatever the
+// size of the fetch and whatever the workers are doing, when the broker says
+// every delivery is a first delivery. Stored pending for the workers, an
+// event is written three times (insert, claim, mark) where applying it on
+// receive writes it once; and under a held xmin horizon every claim and mark
+// leaves dead tuples the next claims walk. The workers only take what is left
+// pending: a failed run on receive, a redelivery, rows of other handlers.
+// Parallelism under a broker backlog comes from Config.IngestLoops.
 //
 // A run on receive counts no attempt (it commits with the store or not at
 // all), so a message whose handler kills the process there comes back
@@ -347,7 +345,7 @@ func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 // counted attempt: a poison message reaches the dead letters after at most
 // one uncounted run instead of killing the consumer forever.
 func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
-	if c.cfg.NoApplyOnReceive || c.worker == nil || !c.worker.Idle() {
+	if c.cfg.NoApplyOnReceive || c.worker == nil {
 		return false
 	}
 	for _, d := range ds {
