@@ -130,14 +130,13 @@ type Config struct {
 	// over one stats interval above which "high duplicate rate" is logged at
 	// warn. Default 0: no warning.
 	DupRateWarn float64
-	// NoApplyOnReceive turns off applying on receive. By default, while the
-	// inbox workers are idle and the consumer keeps up with the broker (a
-	// fetch returns less than a full batch), the events of a fetched batch
-	// are stored and their handler run in one transaction, so that an event
-	// is not claimed a second time; whatever fails there (an error, a
-	// deferral, a panic) is rolled back and left to the workers, uncounted
-	// as an attempt. Under a backlog the workers take every event. Default
-	// false.
+	// NoApplyOnReceive turns off applying on receive. By default the events
+	// of every fetched batch of first deliveries are stored and their
+	// handler run in one transaction, so that an event is written once and
+	// never claimed; whatever fails there (an error, a deferral, a panic) is
+	// rolled back and left to the workers, uncounted as an attempt. With
+	// this set the workers take every event (several connections at once:
+	// a slow handler under a broker backlog). Default false.
 	NoApplyOnReceive bool
 	// AsyncCommit commits each fetched batch's store transaction with
 	// synchronous_commit off (for that transaction only), so that the

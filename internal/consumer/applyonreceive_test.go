@@ -19,8 +19,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
 
-// TestApplyOnReceive: while the workers are idle and the consumer keeps up,
-// events are applied in the transaction that stores them; with
+// TestApplyOnReceive: events are applied in the transaction that stores them; with
 // NoApplyOnReceive the workers apply every one. Both credit each event once.
 func TestApplyOnReceive(t *testing.T) {
 	t.Parallel()
@@ -153,4 +152,139 @@ func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
 			require.Zero(t, c.Stats().AppliedOnReceive, "a redelivery must be left to the workers' counted claims")
 		}
 	}
+}
+
+// TestFullFetchIsAppliedOnReceive: a fetch that fills a whole batch (a burst,
+// a producer committing many events at once) is applied on receive too:
+// stored pending it would be written three times
+// (insert, claim, mark) instead of once, and every claim and mark leaves dead
+// tuples behind under a held xmin horizon.
+func TestFullFetchIsAppliedOnReceive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 4
+	var acked atomic.Int64
+	ds := make([]broker.Delivery, n)
+	for i := range ds {
+		order := fmt.Sprintf("full-%d", i)
+		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
+		require.NoError(t, err)
+		ds[i] = broker.Delivery{
+			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
+			Ref:           "test",
+			FirstDelivery: true,
+			Ack:           func(context.Context) error { acked.Add(1); return nil },
+			InProgress:    func(context.Context) error { return nil },
+		}
+	}
+	sub := &oneShotSubscriber{ds: ds}
+	cfg := b.cfg
+	cfg.BatchSize = n // the fetch fills its batch
+	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
+	c, err := New(cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	require.Eventually(t, func() bool { return acked.Load() == n }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, stop())
+	require.EqualValues(t, n, c.Stats().AppliedOnReceive, "a full fetch must be applied on receive")
+	var processed int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed' AND attempts = 1 AND starts_with(event_id, 'created-full-')`).Scan(&processed))
+	require.Equal(t, n, processed)
+}
+
+// queuedSubscriber hands out one queued batch per fetch, then nothing.
+type queuedSubscriber struct {
+	mu      sync.Mutex
+	batches [][]broker.Delivery
+}
+
+func (s *queuedSubscriber) push(ds ...broker.Delivery) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batches = append(s.batches, ds)
+}
+
+func (s *queuedSubscriber) Fetch(ctx context.Context, _ int, maxWait time.Duration) ([]broker.Delivery, error) {
+	s.mu.Lock()
+	var ds []broker.Delivery
+	if len(s.batches) > 0 {
+		ds, s.batches = s.batches[0], s.batches[1:]
+	}
+	s.mu.Unlock()
+	if len(ds) == 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(maxWait, 10*time.Millisecond)):
+		}
+	}
+	return ds, nil
+}
+
+func (s *queuedSubscriber) Close() error { return nil }
+
+// TestApplyOnReceiveWhileWorkersAreBusy: first deliveries are applied on
+// receive even while a worker is processing rows left pending (here a
+// redelivery whose handler blocks). Deciding by the workers' state made the
+// pending path sticky under load: once a worker was busy, every fetch was
+// stored pending, each event written three times and, under a held xmin
+// horizon, claimed through dead tuples.
+func TestApplyOnReceiveWhileWorkersAreBusy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	blocked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		if ev.EventID == "created-slow" {
+			once.Do(func() { close(blocked) })
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return (ledger.Handler{}).Handle(ctx, tx, ev)
+	})
+	var acked atomic.Int64
+	delivery := func(order string, first bool) broker.Delivery {
+		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
+		require.NoError(t, err)
+		return broker.Delivery{
+			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
+			Ref:           "test",
+			FirstDelivery: first,
+			Ack:           func(context.Context) error { acked.Add(1); return nil },
+			InProgress:    func(context.Context) error { return nil },
+		}
+	}
+	sub := &queuedSubscriber{}
+	sub.push(delivery("slow", false)) // a redelivery: stored pending, a worker runs it
+	cfg := b.cfg
+	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
+	c, err := New(cfg)
+	require.NoError(t, err)
+	stop := b.start(t, c)
+	select {
+	case <-blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no worker ran the redelivered event")
+	}
+	const n = 3
+	var fresh []broker.Delivery
+	for i := range n {
+		fresh = append(fresh, delivery(fmt.Sprintf("fresh-%d", i), true))
+	}
+	sub.push(fresh...)
+	require.Eventually(t, func() bool { return acked.Load() == n+1 }, 10*time.Second, 5*time.Millisecond)
+	require.EqualValues(t, n, c.Stats().AppliedOnReceive, "first deliveries must be applied on receive while a worker is busy")
+	close(release)
+	require.Eventually(t, func() bool {
+		var processed int
+		err := b.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed' AND starts_with(event_id, 'created-')`).Scan(&processed)
+		return err == nil && processed == n+1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, stop())
 }

@@ -96,12 +96,11 @@ type Config struct {
 	// DirectTopics are the topics a Direct consumer's targets take. Default
 	// (nil): every topic.
 	DirectTopics []string
-	// NoApplyOnReceive turns off applying on receive: by default, when the
-	// inbox workers of this process are idle and a fetch did not fill a
-	// batch (the consumer keeps up), the batch's events are stored and
-	// their handler run in one transaction (inbox.Worker.ReceiveApply), and
-	// only what fails there is left to the workers. Under a backlog the
-	// workers take every event, as with this set. Default false.
+	// NoApplyOnReceive turns off applying on receive: by default every
+	// fetched batch of first deliveries has its events stored and their
+	// handler run in one transaction (inbox.Worker.ReceiveApply), and only
+	// what fails there is left to the workers. With this set the workers
+	// take every event. Default false.
 	NoApplyOnReceive bool
 	// AsyncCommit commits each batch's store transaction with
 	// synchronous_commit off (for that transaction only), so that the commit

@@ -330,18 +330,22 @@ func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 }
 
 // applyOnReceive reports whether a fetched batch is applied in the
-// transaction that stores it (Config.NoApplyOnReceive): only while the
-// consumer keeps up (the fetch did not fill a batch) and this process's
-// workers are idle, so that under a backlog the workers, several
-// connections at once, do the work while ingest goes on fetching; and only
-// when the broker says every delivery is a first delivery. A run on receive
-// counts no attempt (it commits with the store or not at all), so a message
-// whose handler kills the process there comes back redelivered, is stored
-// for the workers, and from then on each run is a counted attempt: a poison
-// message reaches the dead letters after at most one uncounted run instead
-// of killing the consumer forever.
+// transaction that stores it (Config.NoApplyOnReceive): always, whatever the
+// size of the fetch and whatever the workers are doing, when the broker says
+// every delivery is a first delivery. Stored pending for the workers, an
+// event is written three times (insert, claim, mark) where applying it on
+// receive writes it once; and under a held xmin horizon every claim and mark
+// leaves dead tuples the next claims walk. The workers only take what is left
+// pending: a failed run on receive, a redelivery, rows of other handlers.
+// Parallelism under a broker backlog comes from Config.IngestLoops.
+//
+// A run on receive counts no attempt (it commits with the store or not at
+// all), so a message whose handler kills the process there comes back
+// redelivered, is stored for the workers, and from then on each run is a
+// counted attempt: a poison message reaches the dead letters after at most
+// one uncounted run instead of killing the consumer forever.
 func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
-	if c.cfg.NoApplyOnReceive || c.worker == nil || len(ds) >= c.cfg.BatchSize || !c.worker.Idle() {
+	if c.cfg.NoApplyOnReceive || c.worker == nil {
 		return false
 	}
 	for _, d := range ds {

@@ -49,10 +49,6 @@ func (a *Applied) Committed(ctx context.Context) {
 	}
 }
 
-// Idle reports whether none of the worker's goroutines is processing a
-// batch: whatever it would claim next, it would claim at once.
-func (w *Worker) Idle() bool { return w.busy.Load() == 0 }
-
 // applySavepoint is the savepoint ReceiveApply takes before its insert.
 const applySavepoint = "pgrelay_apply_on_receive"
 

@@ -39,8 +39,6 @@ type Worker struct {
 	notifier *notifier.Notifier
 	// cleaner is the inbox's upkeep; nil when Config.Retention.Disabled.
 	cleaner *Cleaner
-	// busy counts the goroutines processing a batch (see Idle).
-	busy atomic.Int32
 	// floor is where the claims start their scan (see claimFloor).
 	floor claimFloor
 }
@@ -488,8 +486,6 @@ func (w *Worker) processBatch(ctx context.Context, evs []*Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	w.busy.Add(1)
-	defer w.busy.Add(-1)
 	leaseHalf := time.Now().Add(w.cfg.Lease / 2)
 	stopEarly := func() bool { return ctx.Err() != nil || time.Now().After(leaseHalf) }
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
