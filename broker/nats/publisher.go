@@ -206,10 +206,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		}
 		byKey[m.Key] = append(byKey[m.Key], i)
 	}
+	// Every key but the first on a goroutine of its own; the first on the
+	// caller's.
 	var wg sync.WaitGroup
-	for _, k := range keys {
+	for _, k := range keys[1:] {
 		wg.Go(func() { p.publishKey(ctx, msgs, byKey[k], results) })
 	}
+	p.publishKey(ctx, msgs, byKey[keys[0]], results)
 	wg.Wait()
 	return results
 }
