@@ -187,6 +187,17 @@ func (p *Publisher) Conn() *nats.Conn { return p.nc }
 // earlier one failed: the relay retries from the failed one, in order.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	results := make([]broker.Result, len(msgs))
+	if oneKey(msgs) {
+		// The common batch of a steady trickle (one or a few events of
+		// one key): published on the caller's goroutine, with no goroutine
+		// to start (and grow a stack for) and hand over to.
+		idx := make([]int, len(msgs))
+		for i := range idx {
+			idx[i] = i
+		}
+		p.publishKey(ctx, msgs, idx, results)
+		return results
+	}
 	byKey := make(map[string][]int)
 	var keys []string
 	for i, m := range msgs {
@@ -195,12 +206,25 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		}
 		byKey[m.Key] = append(byKey[m.Key], i)
 	}
+	// Every key but the first on a goroutine of its own; the first on the
+	// caller's.
 	var wg sync.WaitGroup
-	for _, k := range keys {
+	for _, k := range keys[1:] {
 		wg.Go(func() { p.publishKey(ctx, msgs, byKey[k], results) })
 	}
+	p.publishKey(ctx, msgs, byKey[keys[0]], results)
 	wg.Wait()
 	return results
+}
+
+// oneKey reports whether msgs share one key.
+func oneKey(msgs []broker.Message) bool {
+	for i := 1; i < len(msgs); i++ {
+		if msgs[i].Key != msgs[0].Key {
+			return false
+		}
+	}
+	return true
 }
 
 // publishKey publishes msgs[idx...] (one key's messages, in order) and writes
@@ -238,9 +262,13 @@ func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx [
 }
 
 func (p *Publisher) toNATS(m broker.Message) *nats.Msg {
-	h := nats.Header{}
-	for k, v := range broker.EncodeHeaders(m) {
-		h[k] = []string{v}
+	enc := broker.EncodeHeaders(m)
+	h := make(nats.Header, len(enc))
+	// One backing array for every header's single value.
+	vals := make([]string, 0, len(enc))
+	for k, v := range enc {
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	return &nats.Msg{Subject: p.Subject(m.Topic), Header: h, Data: m.Payload}
 }

@@ -235,3 +235,52 @@ func TestStoppedWorkerNeverPublishesPolledRows(t *testing.T) {
 		})
 	}
 }
+
+// TestLingeringWorkersSleepThroughEmptyPolls: while k partitions linger with
+// nothing to read, pollBusy keeps reading them every busyPollInterval, and
+// each empty read gives the workers their linger back without waking them:
+// a worker wakes only for a batch, a nudge or its linger's end. (Woken by
+// every empty poll, k workers woke k times per poll, about 500 times a
+// second each.)
+func TestLingeringWorkersSleepThroughEmptyPolls(t *testing.T) {
+	t.Parallel()
+	const k = 4
+	b := setup(t)
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.PollInterval = time.Hour // only a notification or the busy poll finds rows
+	cfg.hooks.lingerFor = 10 * time.Second
+	var counting atomic.Bool
+	var wakes, emptyPolls atomic.Int64
+	cfg.hooks.lingerWoke = func(int32) {
+		if counting.Load() {
+			wakes.Add(1)
+		}
+	}
+	cfg.hooks.pollRead = func(parts []int32, rows int) {
+		if counting.Load() && rows == 0 && len(parts) >= k {
+			emptyPolls.Add(1)
+		}
+	}
+	r, _ := start(t, cfg)
+	keys, parts := b.distinctPartitionKeys(t, k)
+	for round := range 2 {
+		ms := make([]event.Message, k)
+		for i, key := range keys {
+			ms[i] = event.Message{EventID: fmt.Sprintf("warm%d-%d", round, i), Topic: "orders", Key: key}
+		}
+		b.enqueue(t, ms...)
+		b.waitCount(t, "published", (round+1)*k, 10*time.Second)
+	}
+	require.Eventually(t, func() bool {
+		for _, p := range parts {
+			if !b.lingering(r, p) {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "the workers linger")
+	counting.Store(true)
+	require.Eventually(t, func() bool { return emptyPolls.Load() >= 20 }, 10*time.Second, time.Millisecond, "pollBusy reads the idle lingering partitions")
+	counting.Store(false)
+	require.LessOrEqual(t, wakes.Load(), int64(k), "lingering workers woken during %d empty polls of their partitions", emptyPolls.Load())
+}

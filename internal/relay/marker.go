@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -47,22 +48,29 @@ type markResult struct {
 	err    error
 }
 
-// mark hands req to the marker and waits for its outcome.
+// mark hands req to the marker and waits for its outcome. A caller that
+// finds the marker idle sends the statement itself, on its own goroutine
+// (no goroutine to start and hand over to and back, per mark): the
+// statements carrying its mark, then, if marks were queued meanwhile, it
+// hands them to a goroutine and returns.
 func (m *marker) mark(req *markRequest) markResult {
 	req.done = make(chan markResult, 1)
 	m.mu.Lock()
 	m.queue = append(m.queue, req)
-	if !m.running {
-		m.running = true
-		go m.run()
+	if m.running {
+		m.mu.Unlock()
+		return <-req.done
 	}
+	m.running = true
 	m.mu.Unlock()
+	m.run(req)
 	return <-req.done
 }
 
 // run sends the queued marks, as many at once as are queued (one per
-// partition), until the queue is empty.
-func (m *marker) run() {
+// partition), until the queue is empty or, with own, until own's statement
+// has been sent: the queue's other marks then go on in a goroutine.
+func (m *marker) run(own *markRequest) {
 	for {
 		m.mu.Lock()
 		batch := m.take()
@@ -73,6 +81,16 @@ func (m *marker) run() {
 		}
 		m.mu.Unlock()
 		m.send(batch)
+		if own != nil && slices.Contains(batch, own) {
+			m.mu.Lock()
+			if len(m.queue) == 0 {
+				m.running = false
+			} else {
+				go m.run(nil)
+			}
+			m.mu.Unlock()
+			return
+		}
 	}
 }
 

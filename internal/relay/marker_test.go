@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -330,4 +331,28 @@ func TestCombinedMarkAndRenewalDoNotDeadlock(t *testing.T) {
 	require.ElementsMatch(t, []db.MarkOutcomesManyRow{{Partition: low, Marked: 1}, {Partition: high, Marked: 1}}, marked)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-renewed, "the renewal")
+}
+
+// TestIdleMarkerSendsOnTheCallersGoroutine: a mark handed to an idle marker
+// is sent by the goroutine that hands it over (its worker), not by a
+// goroutine started for it: no goroutine to start, and no hand-over to it
+// and back, per mark.
+func TestIdleMarkerSendsOnTheCallersGoroutine(t *testing.T) {
+	t.Parallel()
+	f := newMarkFixture(t, 1, 0)
+	close(f.release)
+	var stack string
+	f.r.cfg.hooks.beforeMarkStatement = func([]int32) {
+		buf := make([]byte, 64<<10)
+		stack = string(buf[:runtime.Stack(buf, false)])
+	}
+	p := f.parts[0]
+	ids := rowIDs(f.rows[p])
+	err := f.r.mark(&worker{partition: p, epoch: 7}, zap.NewNop(), f.rows[p], outcomes{markIDs: ids, deadIDs: []int64{}, reasons: []string{}, published: len(ids)})
+	require.NoError(t, err)
+	require.Contains(t, stack, "relay.(*Relay).mark(", "the mark statement's goroutine")
+	require.Equal(t, []string{"published", "published"}, f.statuses(t)[p])
+	f.r.marker.mu.Lock()
+	defer f.r.marker.mu.Unlock()
+	require.False(t, f.r.marker.running, "the marker is idle again")
 }

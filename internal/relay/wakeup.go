@@ -197,20 +197,26 @@ func (r *Relay) linger(w *worker, until time.Time) *polled {
 		}
 		return &got
 	}
+	// The linger ends only with a batch, a nudge, its deadline or the
+	// worker's end: pollBusy giving the linger back after an empty read
+	// (released) does not wake the worker, which would otherwise wake after
+	// every poll of its idle partition. A release token left over from
+	// those polls only makes the loop below try its swap once more.
 	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
-	for ended := false; !ended; {
-		select {
-		case <-w.ctx.Done():
-			ended = true
-		case <-w.wake:
-			ended = true
-		case <-t.C:
-			ended = true
-		case got := <-w.handoff:
-			return take(got)
-		case <-w.released: // pollBusy read nothing: linger on
-		}
+	var handed *polled
+	select {
+	case <-w.ctx.Done():
+	case <-w.wake:
+	case <-t.C:
+	case got := <-w.handoff:
+		handed = &got
+	}
+	if h := r.cfg.hooks.lingerWoke; h != nil {
+		h(w.partition)
+	}
+	if handed != nil {
+		return take(*handed)
 	}
 	for !w.lingerUntil.CompareAndSwap(u, 0) {
 		// Claimed: pollBusy is reading for w.

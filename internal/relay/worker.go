@@ -27,7 +27,8 @@ type worker struct {
 	// worker, which does not read it meanwhile.
 	lingerUntil atomic.Int64
 	// handoff carries the batch pollBusy read for the lingering worker;
-	// released tells it that pollBusy gave its linger back (read nothing).
+	// released tells it that pollBusy gave its linger back (read nothing),
+	// which only a worker waiting for pollBusy at its linger's end heeds.
 	handoff  chan polled
 	released chan struct{}
 	ctx      context.Context // cancelled to stop between batches
