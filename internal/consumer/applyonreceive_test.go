@@ -154,6 +154,22 @@ func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
 	}
 }
 
+// orderCreated is a delivery of an OrderCreated event for order (event id
+// "created-"+order) that counts its acknowledgement in acked.
+func orderCreated(t *testing.T, order string, first bool, acked *atomic.Int64) broker.Delivery {
+	t.Helper()
+	payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
+	require.NoError(t, err)
+	return broker.Delivery{
+		Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+			EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
+		Ref:           "test",
+		FirstDelivery: first,
+		Ack:           func(context.Context) error { acked.Add(1); return nil },
+		InProgress:    func(context.Context) error { return nil },
+	}
+}
+
 // TestFullFetchIsAppliedOnReceive: a fetch that fills a whole batch (a burst,
 // a producer committing many events at once) is applied on receive too:
 // stored pending it would be written three times
@@ -166,17 +182,7 @@ func TestFullFetchIsAppliedOnReceive(t *testing.T) {
 	var acked atomic.Int64
 	ds := make([]broker.Delivery, n)
 	for i := range ds {
-		order := fmt.Sprintf("full-%d", i)
-		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
-		require.NoError(t, err)
-		ds[i] = broker.Delivery{
-			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
-				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
-			Ref:           "test",
-			FirstDelivery: true,
-			Ack:           func(context.Context) error { acked.Add(1); return nil },
-			InProgress:    func(context.Context) error { return nil },
-		}
+		ds[i] = orderCreated(t, fmt.Sprintf("full-%d", i), true, &acked)
 	}
 	sub := &oneShotSubscriber{ds: ds}
 	cfg := b.cfg
@@ -193,36 +199,6 @@ func TestFullFetchIsAppliedOnReceive(t *testing.T) {
 		`SELECT count(*) FROM pgrelay.inbox WHERE status = 'processed' AND attempts = 1 AND starts_with(event_id, 'created-full-')`).Scan(&processed))
 	require.Equal(t, n, processed)
 }
-
-// queuedSubscriber hands out one queued batch per fetch, then nothing.
-type queuedSubscriber struct {
-	mu      sync.Mutex
-	batches [][]broker.Delivery
-}
-
-func (s *queuedSubscriber) push(ds ...broker.Delivery) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.batches = append(s.batches, ds)
-}
-
-func (s *queuedSubscriber) Fetch(ctx context.Context, _ int, maxWait time.Duration) ([]broker.Delivery, error) {
-	s.mu.Lock()
-	var ds []broker.Delivery
-	if len(s.batches) > 0 {
-		ds, s.batches = s.batches[0], s.batches[1:]
-	}
-	s.mu.Unlock()
-	if len(ds) == 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(min(maxWait, 10*time.Millisecond)):
-		}
-	}
-	return ds, nil
-}
-
-func (s *queuedSubscriber) Close() error { return nil }
 
 // TestApplyOnReceiveWhileWorkersAreBusy: first deliveries are applied on
 // receive even while a worker is processing rows left pending (here a
@@ -247,20 +223,8 @@ func TestApplyOnReceiveWhileWorkersAreBusy(t *testing.T) {
 		return (ledger.Handler{}).Handle(ctx, tx, ev)
 	})
 	var acked atomic.Int64
-	delivery := func(order string, first bool) broker.Delivery {
-		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
-		require.NoError(t, err)
-		return broker.Delivery{
-			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
-				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
-			Ref:           "test",
-			FirstDelivery: first,
-			Ack:           func(context.Context) error { acked.Add(1); return nil },
-			InProgress:    func(context.Context) error { return nil },
-		}
-	}
-	sub := &queuedSubscriber{}
-	sub.push(delivery("slow", false)) // a redelivery: stored pending, a worker runs it
+	sub := &queueSubscriber{}
+	sub.push(orderCreated(t, "slow", false, &acked)) // a redelivery: stored pending, a worker runs it
 	cfg := b.cfg
 	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
 	c, err := New(cfg)
@@ -274,7 +238,7 @@ func TestApplyOnReceiveWhileWorkersAreBusy(t *testing.T) {
 	const n = 3
 	var fresh []broker.Delivery
 	for i := range n {
-		fresh = append(fresh, delivery(fmt.Sprintf("fresh-%d", i), true))
+		fresh = append(fresh, orderCreated(t, fmt.Sprintf("fresh-%d", i), true, &acked))
 	}
 	sub.push(fresh...)
 	require.Eventually(t, func() bool { return acked.Load() == n+1 }, 10*time.Second, 5*time.Millisecond)

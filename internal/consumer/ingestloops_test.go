@@ -41,6 +41,13 @@ func (s *queueSubscriber) Fetch(ctx context.Context, _ int, maxWait time.Duratio
 
 func (s *queueSubscriber) Close() error { return nil }
 
+// push queues one more batch.
+func (s *queueSubscriber) push(ds ...broker.Delivery) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batches = append(s.batches, ds)
+}
+
 // TestIngestLoopsStoreAtOnceWithoutDeadlocks: with several ingest loops,
 // batches are stored in concurrent transactions, and two batches holding the
 // same new event ids in opposite orders, stored at the same moment (the
