@@ -18,6 +18,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -197,20 +198,13 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pcfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
-	require.NoError(t, err)
-	pcfg.MaxConns = 1
-	trips := &tripCounter{}
-	pcfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trips := testdb.RoundTripPool(t, 0)
 	c, err := New(Config{
 		Pool:          pool,
 		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		StatsInterval: -1,
 		AsyncCommit:   true,
-		Inbox:         inbox.Config{Handler: tracedHandler{c: trips}},
+		Inbox:         inbox.Config{Handler: ledgertest.Traced{Trips: trips}},
 		Logger:        zaptest.NewLogger(t),
 	})
 	require.NoError(t, err)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
@@ -17,29 +16,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
-
-// tripCounter counts a pool's round trips (testdb.RoundTrips).
-type tripCounter = testdb.RoundTrips
-
-// tracedHandler is the ledger handler, marking the round trips it makes.
-type tracedHandler struct {
-	ledger.Handler
-	c *tripCounter
-}
-
-func (h tracedHandler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	h.c.Handler.Store(true)
-	defer h.c.Handler.Store(false)
-	return h.Handler.Handle(ctx, tx, ev)
-}
-
-func (h tracedHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
-	h.c.Handler.Store(true)
-	defer h.c.Handler.Store(false)
-	return h.Handler.HandleBatch(ctx, tx, evs)
-}
 
 // TestApplyOnReceiveRoundTrips: a batch applied on receive costs BEGIN, one
 // round trip storing it (the savepoint and the insert together), the
@@ -57,22 +36,14 @@ func TestApplyOnReceiveRoundTrips(t *testing.T) {
 func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pcfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
-	require.NoError(t, err)
-	pcfg.ConnConfig.DefaultQueryExecMode = mode
-	pcfg.MaxConns = 1 // one connection: its statement cache is warm after the first batch
-	trips := &tripCounter{}
-	pcfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trips := testdb.RoundTripPool(t, mode)
 
 	c, err := New(Config{
 		Pool:          pool,
 		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		BatchSize:     20,
 		StatsInterval: -1,
-		Inbox:         inbox.Config{Handler: tracedHandler{c: trips}},
+		Inbox:         inbox.Config{Handler: ledgertest.Traced{Trips: trips}},
 		Logger:        zaptest.NewLogger(t),
 	})
 	require.NoError(t, err)

@@ -17,30 +17,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
-
-// tripCounter counts a pool's round trips (testdb.RoundTrips).
-type tripCounter = testdb.RoundTrips
-
-// tracedLedger is the ledger handler, marking the statements it sends.
-type tracedLedger struct {
-	ledger.Handler
-	c *tripCounter
-}
-
-func (h tracedLedger) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
-	h.c.Handler.Store(true)
-	defer h.c.Handler.Store(false)
-	return h.Handler.Handle(ctx, tx, ev)
-}
-
-func (h tracedLedger) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
-	h.c.Handler.Store(true)
-	defer h.c.Handler.Store(false)
-	return h.Handler.HandleBatch(ctx, tx, evs)
-}
 
 // TestOptimisticBatchRoundTrips: a claimed batch that commits costs the
 // claim, BEGIN, the handler's statements and one round trip for the mark and
@@ -57,18 +36,10 @@ func TestOptimisticBatchRoundTrips(t *testing.T) {
 func testOptimisticBatchRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pcfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
-	require.NoError(t, err)
-	pcfg.ConnConfig.DefaultQueryExecMode = mode
-	pcfg.MaxConns = 1 // one connection: its statement cache is warm after the first batch
-	trips := &tripCounter{}
-	pcfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, trips := testdb.RoundTripPool(t, mode)
 
 	stats := &inbox.CountingObserver{}
-	cfg := fastConfig(t, pool, tracedLedger{c: trips})
+	cfg := fastConfig(t, pool, ledgertest.Traced{Trips: trips})
 	cfg.NoListen, cfg.Retention.Disabled, cfg.Observer = true, true, stats
 	w, err := inbox.NewWorker(cfg)
 	require.NoError(t, err)

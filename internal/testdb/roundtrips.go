@@ -5,8 +5,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // RoundTrips is a pgx tracer (pgx.QueryTracer and pgx.BatchTracer) recording
@@ -64,4 +67,30 @@ func (c *RoundTrips) Reset() (trips []string, inHandler int) {
 	trips, inHandler = c.trips, c.inH
 	c.trips, c.inH = nil, 0
 	return trips, inHandler
+}
+
+// RoundTripPool returns a one-connection pool on a fresh database (NewURL)
+// whose round trips the returned RoundTrips records, with the given query
+// exec mode (0: pgx's default). One connection, so that its statement cache
+// is warm after the first use.
+func RoundTripPool(tb testing.TB, mode pgx.QueryExecMode) (*pgxpool.Pool, *RoundTrips) {
+	tb.Helper()
+	pcfg, err := pgxpool.ParseConfig(NewURL(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if mode != 0 {
+		pcfg.ConnConfig.DefaultQueryExecMode = mode
+	}
+	pcfg.MaxConns = 1
+	trips := &RoundTrips{}
+	pcfg.ConnConfig.Tracer = trips
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, trips
 }
