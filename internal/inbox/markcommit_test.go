@@ -100,6 +100,20 @@ func (h *fencedBatchHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*
 	return nil
 }
 
+// receiveWithEffects creates the effects table the handlers write to and
+// stores n events, e0 to e(n-1), of one key.
+func receiveWithEffects(ctx context.Context, t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	_, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
+	require.NoError(t, err)
+	msgs := make([]inbox.Incoming, n)
+	for i := range msgs {
+		msgs[i] = inbox.Incoming{Message: event.Message{EventID: fmt.Sprintf("e%d", i), Topic: "t", Key: "k",
+			EventType: "x", Payload: []byte(`{}`), OccurredAt: time.Now()}}
+	}
+	receive(t, pool, msgs...)
+}
+
 // TestTakenOverEventOfABatchNeverCommits (guarantee 6): an event of a batch
 // taken over by another worker while the batch runs has no effect committed
 // by this worker, and the batch's other events are processed, each effect
@@ -110,14 +124,7 @@ func TestTakenOverEventOfABatchNeverCommits(t *testing.T) {
 	pool := testdb.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
-	require.NoError(t, err)
-	msgs := make([]inbox.Incoming, 5)
-	for i := range msgs {
-		msgs[i] = inbox.Incoming{Message: event.Message{EventID: fmt.Sprintf("e%d", i), Topic: "t", Key: "k",
-			EventType: "x", Payload: []byte(`{}`), OccurredAt: time.Now()}}
-	}
-	receive(t, pool, msgs...)
+	receiveWithEffects(ctx, t, pool, 5)
 
 	h := &fencedBatchHandler{pool: pool, victim: "e2"}
 	stats := &inbox.CountingObserver{}
@@ -261,14 +268,7 @@ func TestSwallowedErrorInOptimisticBatch(t *testing.T) {
 	pool := testdb.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
-	require.NoError(t, err)
-	msgs := make([]inbox.Incoming, 3)
-	for i := range msgs {
-		msgs[i] = inbox.Incoming{Message: event.Message{EventID: fmt.Sprintf("e%d", i), Topic: "t", Key: "k",
-			EventType: "x", Payload: []byte(`{}`), OccurredAt: time.Now()}}
-	}
-	receive(t, pool, msgs...)
+	receiveWithEffects(ctx, t, pool, 3)
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		if ev.EventID == "e1" {
 			_, _ = tx.Exec(ctx, `SELECT 1/0`) // swallowed
