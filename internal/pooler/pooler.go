@@ -89,7 +89,7 @@ func StatementClash(err error) bool {
 // plain TCP proxy, give the real one.
 func Behind(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var pid uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()::bigint").Scan(&pid); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()::bigint").Scan(&pid); err != nil {
 		return false, err
 	}
 	return pid != conn.PgConn().PID(), nil
