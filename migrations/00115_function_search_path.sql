@@ -1,4 +1,5 @@
 -- +goose Up
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- Every pgrelay function resolves the names in its body in pg_catalog and
 -- pgrelay only, whatever the caller's search_path: a function planted in a
 -- schema on that path (public, say) is never called with pgrelay's rights.
@@ -15,6 +16,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
 -- pgrelay.emit kept its own setting (00107).
 -- +goose StatementBegin
 DO $$
