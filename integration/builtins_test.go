@@ -37,14 +37,17 @@ type sqlUse struct {
 	unqualified []string
 	// unparsed counts Go string literals that look like SQL but do not parse.
 	unparsed []string
+	// calls lists every function and operator use seen, in order.
+	calls []string
 }
 
 func newSQLUse() *sqlUse {
 	return &sqlUse{funcs: map[string]map[int]bool{}, ops: map[string]bool{}}
 }
 
-// sqlStart matches text that begins like an SQL statement.
-var sqlStart = regexp.MustCompile(`(?is)^\s*(\(\s*)?(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|LOCK|SET|SHOW|DO|COPY|EXPLAIN|VALUES|GRANT|REVOKE|COMMENT|CALL|LISTEN|NOTIFY|UNLISTEN|BEGIN|START|DECLARE|FETCH|CLOSE|REFRESH|ANALYZE|VACUUM|REINDEX|CLUSTER)\b`)
+// sqlStart matches text that begins like an SQL statement (keywords in
+// capitals, as pgrelay writes them).
+var sqlStart = regexp.MustCompile(`(?s)^\s*(\(\s*)?(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|LOCK|SET|SHOW|DO|COPY|EXPLAIN|VALUES|GRANT|REVOKE|COMMENT|CALL|LISTEN|NOTIFY|UNLISTEN|BEGIN|START|DECLARE|FETCH|CLOSE|REFRESH|ANALYZE|VACUUM|REINDEX|CLUSTER)\b`)
 
 // fmtVerb matches a fmt verb, replaced by filler of its length before
 // parsing so that the parser's offsets stay the literal's.
@@ -63,6 +66,7 @@ func (u *sqlUse) statement(t *testing.T, builtins map[string]bool, where string,
 	require.NoError(t, json.Unmarshal([]byte(tree), &root))
 	u.walk(root, func(name []string, nargs int, loc int) {
 		fn := name[len(name)-1]
+		u.calls = append(u.calls, fn)
 		if len(name) == 1 || name[0] == "pg_catalog" {
 			if u.funcs[fn] == nil {
 				u.funcs[fn] = map[int]bool{}
@@ -104,6 +108,7 @@ func (u *sqlUse) walk(v any, call func(name []string, nargs int, loc int)) {
 		}
 		if ae, ok := v["A_Expr"]; ok {
 			m := asMap(ae)
+			u.calls = append(u.calls, "operator")
 			op := names(m["name"])
 			switch m["kind"] {
 			case "AEXPR_BETWEEN", "AEXPR_NOT_BETWEEN", "AEXPR_BETWEEN_SYM", "AEXPR_NOT_BETWEEN_SYM":
@@ -120,6 +125,7 @@ func (u *sqlUse) walk(v any, call func(name []string, nargs int, loc int)) {
 		}
 		if sl, ok := v["SubLink"]; ok {
 			if op := names(asMap(sl)["operName"]); len(op) > 0 {
+				u.calls = append(u.calls, "operator")
 				u.ops[op[len(op)-1]] = true
 			}
 		}
@@ -260,22 +266,32 @@ func constString(e ast.Expr) (string, token.Pos, bool) {
 }
 
 // collectFunctions parses the bodies of the functions in schema pgrelay.
-func (u *sqlUse) collectFunctions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, builtins map[string]bool) int {
+//
+// It also returns the functions whose body is a string (parsed at each call,
+// with the caller's search_path unless the function sets its own) that call
+// a function or an operator without search_path = pg_catalog, pgrelay. A
+// SQL-standard body (RETURN, BEGIN ATOMIC) was bound when it was created.
+func (u *sqlUse) collectFunctions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, builtins map[string]bool) (n int, unfixed []string) {
 	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT p.oid::regprocedure::text, l.lanname, p.prosrc, pg_get_functiondef(p.oid)
+	rows, err := pool.Query(ctx, `SELECT p.oid::regprocedure::text, l.lanname, p.prosrc, pg_get_functiondef(p.oid),
+			p.prosqlbody IS NULL AND NOT coalesce('search_path=pg_catalog, pgrelay' = ANY (p.proconfig), false)
 		FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 		WHERE p.pronamespace = 'pgrelay'::regnamespace ORDER BY 1`)
 	require.NoError(t, err)
-	type fn struct{ name, lang, src, def string }
+	type fn struct {
+		name, lang, src, def string
+		pathDependent        bool
+	}
 	var fns []fn
 	for rows.Next() {
 		var f fn
-		require.NoError(t, rows.Scan(&f.name, &f.lang, &f.src, &f.def))
+		require.NoError(t, rows.Scan(&f.name, &f.lang, &f.src, &f.def, &f.pathDependent))
 		fns = append(fns, f)
 	}
 	require.NoError(t, rows.Err())
 	none := func(int) string { return "" }
 	for _, f := range fns {
+		before := len(u.calls)
 		switch {
 		case f.lang == "sql" && strings.TrimSpace(f.src) != "":
 			require.True(t, u.statement(t, builtins, f.name, f.src, false, none), "%s: body does not parse", f.name)
@@ -300,8 +316,11 @@ func (u *sqlUse) collectFunctions(t *testing.T, ctx context.Context, pool *pgxpo
 		default:
 			t.Fatalf("%s: language %s", f.name, f.lang)
 		}
+		if f.pathDependent && len(u.calls) > before {
+			unfixed = append(unfixed, f.name)
+		}
 	}
-	return len(fns)
+	return len(fns), unfixed
 }
 
 // plpgsqlQueries returns the SQL texts of a PL/pgSQL parse tree.
