@@ -58,7 +58,7 @@ WITH d AS (
 )
 INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'reset_dedup_stats', '*', @actor::text, @reason::text, 0,
-       (SELECT pg_catalog.count(*) FROM d) || ' recorded duplicates and ' || (SELECT pg_catalog.count(*) FROM c) || ' minute counts deleted'
+       (SELECT pg_catalog.count(*) FROM d)::text || ' recorded duplicates and ' || (SELECT pg_catalog.count(*) FROM c)::text || ' minute counts deleted'
 RETURNING id, at;
 
 -- name: ConsoleInboxKeys :many

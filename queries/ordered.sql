@@ -29,7 +29,7 @@ SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' EL
     started_at   = pg_catalog.now(),
     finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= @max_attempts::int
-        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || @max_attempts::int
+        THEN 'attempts exhausted: ' || inbox.attempts::text || ' of ' OPERATOR(pg_catalog.||) @max_attempts::int
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
@@ -140,11 +140,11 @@ WITH a AS (
     ORDER BY g.handler, g.key
     ON CONFLICT (handler, key) DO UPDATE
     SET last_applied = pgrelay.inbox_seq_fold(s.last_applied,
-            s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT pg_catalog.generate_series(1::bigint, excluded.last_applied))),
+            s.absorbed_seqs OPERATOR(pg_catalog.||) excluded.absorbed_seqs OPERATOR(pg_catalog.||) ARRAY(SELECT pg_catalog.generate_series(1::bigint, excluded.last_applied))),
         absorbed_seqs = pgrelay.inbox_seq_rest(
             pgrelay.inbox_seq_fold(s.last_applied,
-                s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT pg_catalog.generate_series(1::bigint, excluded.last_applied))),
-            s.absorbed_seqs || excluded.absorbed_seqs),
+                s.absorbed_seqs OPERATOR(pg_catalog.||) excluded.absorbed_seqs OPERATOR(pg_catalog.||) ARRAY(SELECT pg_catalog.generate_series(1::bigint, excluded.last_applied))),
+            s.absorbed_seqs OPERATOR(pg_catalog.||) excluded.absorbed_seqs),
         updated_at = pg_catalog.now()
     RETURNING s.handler, s.key, s.last_applied
 )
@@ -160,8 +160,8 @@ WHERE i.handler = st.handler AND i.key = st.key AND i.key_seq = st.last_applied 
 -- note in last_error. Fenced by lock_version like MarkInboxBatchProcessed.
 UPDATE pgrelay.inbox
 SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
-    last_error = 'duplicate key sequence ' || inbox.key_seq || ': absorbed without running the handler (key already applied up to '
-                 || c.last_applied || ')'
+    last_error = 'duplicate key sequence ' || inbox.key_seq::text || ': absorbed without running the handler (key already applied up to '
+                 || c.last_applied::text || ')'
 FROM (SELECT pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key,
              pg_catalog.unnest(@lock_versions::bigint[]) AS lock_version,
              pg_catalog.unnest(@last_applied::bigint[]) AS last_applied) AS c
@@ -207,12 +207,12 @@ WITH h AS (
       -- due events, and waiting ones whose note names a sequence since applied
       AND (i.next_attempt_at <= pg_catalog.now()
            OR (i.next_attempt_at = 'infinity'
-               AND i.last_error IS DISTINCT FROM 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)))
+               AND i.last_error IS DISTINCT FROM 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)::text))
     FOR UPDATE OF i SKIP LOCKED
 )
 UPDATE pgrelay.inbox i
 SET next_attempt_at = 'infinity',
-    last_error = 'waiting for key sequence ' || h.waits_for
+    last_error = 'waiting for key sequence ' || h.waits_for::text
 FROM h
 WHERE i.handler = h.handler AND i.dedup_key = h.dedup_key AND i.status = 'pending';
 

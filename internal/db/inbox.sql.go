@@ -33,7 +33,7 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
     started_at   = pg_catalog.now(),
     finished_at  = CASE WHEN inbox.attempts >= $1::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= $1::int
-        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || $1::int
+        THEN 'attempts exhausted: ' || inbox.attempts::text || ' of ' OPERATOR(pg_catalog.||) $1::int
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
@@ -159,9 +159,9 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
     started_at   = pg_catalog.now(),
     finished_at  = CASE WHEN inbox.attempts >= $1::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= $1::int
-        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts
-             || ' of ' || $1::int
-        ELSE 'worker lost during attempt ' || inbox.attempts END
+        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts::text
+             || ' of ' OPERATOR(pg_catalog.||) $1::int
+        ELSE 'worker lost during attempt ' || inbox.attempts::text END
 FROM lost
 WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
@@ -741,7 +741,7 @@ WITH marked AS (
     RETURNING 1
 )
 SELECT CASE WHEN m.n = pg_catalog.cardinality($1::text[]) THEN m.n
-            ELSE ('pgrelay: inbox batch mark matched ' || m.n || ' of ' || pg_catalog.cardinality($1::text[])
+            ELSE ('pgrelay: inbox batch mark matched ' || m.n::text || ' of ' || pg_catalog.cardinality($1::text[])::text
                   || ' events: taken over by another worker')::bigint END AS marked
 FROM (SELECT pg_catalog.count(*) AS n FROM marked) AS m
 `
