@@ -40,8 +40,8 @@ import (
 // query, is at or past the commit record.
 const (
 	asyncBeginSQL  = "BEGIN; SET LOCAL synchronous_commit TO off"
-	asyncCommitSQL = "COMMIT; SELECT pg_current_wal_insert_lsn()::text, " + serverIDExpr
-	serverIDExpr   = "coalesce(host(inet_server_addr()) || ':' || inet_server_port(), '')"
+	asyncCommitSQL = "COMMIT; SELECT pg_catalog.pg_current_wal_insert_lsn()::text, " + serverIDExpr
+	serverIDExpr   = "coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) || ':' || pg_catalog.inet_server_port()::text, '')"
 	// flushedSQL reads the flushed WAL position and whether synchronous
 	// standbys are configured (a local flush is then not what a synchronous
 	// commit would have waited for).
