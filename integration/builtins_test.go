@@ -47,7 +47,7 @@ func newSQLUse() *sqlUse {
 
 // sqlStart matches text that begins like an SQL statement (keywords in
 // capitals, as pgrelay writes them).
-var sqlStart = regexp.MustCompile(`(?s)^\s*(\(\s*)?(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|LOCK|SET|SHOW|DO|COPY|EXPLAIN|VALUES|GRANT|REVOKE|COMMENT|CALL|LISTEN|NOTIFY|UNLISTEN|BEGIN|START|DECLARE|FETCH|CLOSE|REFRESH|ANALYZE|VACUUM|REINDEX|CLUSTER)\b`)
+var sqlStart = regexp.MustCompile(`(?s)^\s*(\(\s*)?(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|TRUNCATE|LOCK|SET|SHOW|DO|COPY|COMMIT|ROLLBACK|END|EXPLAIN|VALUES|GRANT|REVOKE|COMMENT|CALL|LISTEN|NOTIFY|UNLISTEN|BEGIN|START|DECLARE|FETCH|CLOSE|REFRESH|ANALYZE|VACUUM|REINDEX|CLUSTER)\b`)
 
 // fmtVerb matches a fmt verb, replaced by filler of its length before
 // parsing so that the parser's offsets stay the literal's.
