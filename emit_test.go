@@ -2,6 +2,7 @@ package pgrelay_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,4 +43,48 @@ func TestEmitValidatesAndTouchesNoTable(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)
+}
+
+// TestSQLEmitRefusesWhatTheRelayCannotPublish: pgrelay.emit raises
+// invalid_parameter_value at the call, naming the field, for every event the
+// relay would refuse to read or Enqueue refuses (the call's statement, and
+// what it emitted, is rolled back); the same event made valid is emitted.
+func TestSQLEmitRefusesWhatTheRelayCannotPublish(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, c := range []struct{ args, want string }{
+		{`headers => '{"X-Attempt": 1}'`, `header 'X-Attempt': headers must be a JSON object of strings`},
+		{`headers => '{"X-Gone": null}'`, `header 'X-Gone': headers must be a JSON object of strings`},
+		{`headers => '["a"]'`, `headers must be a JSON object of strings`},
+		{`headers => '{"X Trace": "a"}'`, `header 'X Trace': the name must be`},
+		{`headers => jsonb_build_object('X', E'a\r\nInjected: 1')`, `header 'X': the value contains a line break`},
+		{`content_type => 'text/plain', headers => '{"Pgrelay-Content-Type": "text/plain"}'`, `header 'Pgrelay-Content-Type': set both as content_type and as a header`},
+		{`topic => 'orders.*'`, `topic 'orders.*' is invalid`},
+		{`event_id => E'e\x01'`, `event_id contains control characters`},
+		{`event_id => repeat('e', 256)`, `event_id is longer than 255 bytes`},
+		{`key => repeat('k', 1025)`, `key is longer than 1024 bytes`},
+		{`key => E'k\n1'`, `key contains a line break`},
+		{`event_type => E'Paid\r'`, `event_type contains a line break`},
+		{`content_type => E'text/plain\n'`, `content_type contains a line break`},
+		{`occurred_at => 'infinity'`, `occurred_at is out of range`},
+		{`occurred_at => '10000-01-01 00:00:00+00'`, `occurred_at is out of range`},
+		{`occurred_at => '0001-01-01 00:00:00+00'`, `occurred_at is out of range`},
+	} {
+		topic := `topic => 'orders', `
+		if strings.HasPrefix(c.args, "topic") {
+			topic = ""
+		}
+		_, err := pool.Exec(ctx, `SELECT pgrelay.emit(`+topic+`payload => '\x01', `+c.args+`)`)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, c.args)
+		require.Equal(t, "22023", pgErr.Code, c.args)
+		require.Contains(t, pgErr.Message, "pgrelay.emit: "+c.want, c.args)
+	}
+	var id string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pgrelay.emit('orders', '\x01', key => 'k', event_type => 'Paid', event_id => 'e1',
+		headers => '{"X-Attempt": "1", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}',
+		content_type => 'text/plain', occurred_at => '9999-12-31 23:59:59.999999+00')`).Scan(&id))
+	require.Equal(t, "e1", id)
 }
