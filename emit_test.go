@@ -2,6 +2,7 @@ package pgrelay_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -87,4 +88,46 @@ func TestSQLEmitRefusesWhatTheRelayCannotPublish(t *testing.T) {
 		headers => '{"X-Attempt": "1", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}',
 		content_type => 'text/plain', occurred_at => '9999-12-31 23:59:59.999999+00')`).Scan(&id))
 	require.Equal(t, "e1", id)
+}
+
+// TestSQLEmitRunsNoCallerCodeAsItsOwner: pgrelay.emit and pgrelay.emit_wal
+// run as their owner (SECURITY DEFINER); a producer allowed to call them
+// who shadows the type names their bodies use with temporary domains whose
+// CHECK calls its own function gets that function run as itself, never as
+// the owner.
+func TestSQLEmitRunsNoCallerCodeAsItsOwner(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	role := fmt.Sprintf("producer_%d", time.Now().UnixNano())
+	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN; GRANT USAGE ON SCHEMA pgrelay TO %[1]s;
+		GRANT EXECUTE ON FUNCTION pgrelay.emit(text, bytea, text, text, jsonb, text, text, timestamptz), pgrelay.emit_wal(bytea[]) TO %[1]s`, role))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(ctx, fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+	})
+	cfg := pool.Config().ConnConfig.Copy()
+	cfg.User = role
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `CREATE FUNCTION pg_temp.seen(v pg_catalog.text) RETURNS pg_catalog.bool LANGUAGE sql
+		AS $$ SELECT pg_catalog.set_config('test.ran_as', pg_catalog.concat_ws(',', pg_catalog.current_setting('test.ran_as', true), current_user), false) IS NOT NULL $$`)
+	require.NoError(t, err)
+	for _, typ := range []string{"text", "jsonb", "bytea", "timestamptz", "int4", "bool"} {
+		_, err := conn.Exec(ctx, `CREATE DOMAIN pg_temp.`+typ+` AS pg_catalog.`+typ+` CHECK (pg_temp.seen(VALUE::pg_catalog.text))`)
+		require.NoError(t, err, typ)
+	}
+	_, err = conn.Exec(ctx, `SELECT 'shadowed'::text`) // the shadow works in the caller's own statements
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `SELECT pgrelay.emit('orders', '\x01', key => 'k', headers => '{"X": "y"}')`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `SELECT pgrelay.emit_wal(ARRAY['\x01'::pg_catalog.bytea])`)
+	require.NoError(t, err)
+	var ranAs string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.current_setting('test.ran_as', true), '')::pg_catalog.text`).Scan(&ranAs))
+	require.Equal(t, role, ranAs, "the caller's code ran as the functions' owner")
 }

@@ -8,7 +8,11 @@ SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases')
 -- 2104, built from pg_catalog.sha256: pgcrypto is not required) under a key
 -- of wal_keys, which no role but its owner may read; the relay checks the
 -- signature and publishes nothing else. Both functions run as their owner
--- (SECURITY DEFINER) and only the roles granted EXECUTE may call them.
+-- (SECURITY DEFINER) and only the roles granted EXECUTE may call them. Their
+-- search_path names pg_temp last: left out, the caller's temporary schema
+-- would be searched first for type names, and a caller's temporary domain
+-- named text, with a CHECK calling its own function, would run that
+-- function as the owner.
 --
 -- ipad and opad are the key padded to SHA-256's 64-byte block, XORed with
 -- 0x36 and 0x5c: HMAC(k, m) = sha256(opad || sha256(ipad || m)).
@@ -54,7 +58,7 @@ SELECT wal_rotate_key();
 -- +goose StatementBegin
 CREATE FUNCTION emit_wal(contents bytea[]) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgrelay
+SET search_path = pg_catalog, pgrelay, pg_temp
 AS $$
 DECLARE
     k pgrelay.wal_keys;
@@ -86,7 +90,7 @@ CREATE OR REPLACE FUNCTION emit(
     occurred_at timestamptz DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgrelay
+SET search_path = pg_catalog, pgrelay, pg_temp
 AS $$
 DECLARE
     id  text := coalesce(nullif(event_id, ''), pg_catalog.gen_random_uuid()::text);
