@@ -105,3 +105,24 @@ func TestWALPublishesOnlyAllowedProducers(t *testing.T) {
 		return confirmed >= current-1024 // past the rejected messages, caught up to the heartbeats
 	}, 10*time.Second, 50*time.Millisecond)
 }
+
+// TestWALRelayNeedsTheKeys: a relay whose role may not read pgrelay.wal_keys
+// refuses to start, naming the table and the grant, rather than reject every
+// event.
+func TestWALRelayNeedsTheKeys(t *testing.T) {
+	b, c := walSetup(t, walConf)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := b.pool.Exec(ctx, `CREATE ROLE relayer LOGIN REPLICATION; GRANT USAGE ON SCHEMA pgrelay TO relayer`)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, strings.Replace(c.URL(), "postgres@", "relayer@", 1))
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := b.walConfig(t, b.publisher(t), nil)
+	cfg.Pool = pool
+	r, err := New(cfg)
+	require.NoError(t, err)
+	err = r.Run(ctx)
+	require.ErrorContains(t, err, "pgrelay.wal_keys; the relay's role needs SELECT on it")
+	require.ErrorContains(t, err, "permission denied")
+}
