@@ -23,8 +23,9 @@ import (
 // id, and a genuinely signed event with its content altered. None is
 // published, each is counted by reason, and the slot confirms past them. A
 // role granted EXECUTE on pgrelay.emit and pgrelay.emit_wal publishes with
-// pgrelay.Emit and pgrelay.emit. Messages with the consumer's flush prefix
-// or the heartbeat's prefix are never events.
+// pgrelay.Emit and pgrelay.emit, also after the key is rotated. Messages
+// with the consumer's flush prefix or the heartbeat's prefix are never
+// events.
 func TestWALPublishesOnlyAllowedProducers(t *testing.T) {
 	b, c := walSetup(t, walConf)
 	ch := b.subscribe(t)
@@ -100,6 +101,16 @@ func TestWALPublishesOnlyAllowedProducers(t *testing.T) {
 		require.Equal(t, fmt.Sprint(i+1), string(m.data))
 	}
 	require.Equal(t, map[string]int{"unsigned": 1, "bad_signature": 2, "unknown_key": 1}, rec.rejections())
+
+	// A key added while the relay streams signs the next events: the relay
+	// reads the keys again and publishes them.
+	var newKid int32
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pgrelay.wal_rotate_key()`).Scan(&newKid))
+	require.Equal(t, kid+1, newKid)
+	_, err = producer.Exec(ctx, `SELECT pgrelay.emit('payments', convert_to('3', 'UTF8'), key => 'acct-1', event_id => 'allowed-3')`)
+	require.NoError(t, err)
+	require.Equal(t, "allowed-3", readAll(t, ch, 1, 20*time.Second)[0].eventID)
+	require.Equal(t, map[string]int{"unsigned": 1, "bad_signature": 2, "unknown_key": 1}, rec.rejections(), "nothing more rejected")
 	require.Eventually(t, func() bool {
 		confirmed, current := b.slotConfirmed(t, DefaultWALSlot)
 		return confirmed >= current-1024 // past the rejected messages, caught up to the heartbeats
