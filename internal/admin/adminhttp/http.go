@@ -253,6 +253,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, admin.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, admin.ErrStale):
+		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, admin.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, admin.ErrUnsupported):
