@@ -88,16 +88,17 @@ func find(t *testing.T, re *regexp.Regexp, body string) string {
 }
 
 func start(t *testing.T, token string) (*admintest.Bundle, *httptest.Server) {
-	return startWith(t, token, admintest.Setup(t))
+	return startWith(t, token, admintest.Setup(t), nil)
 }
 
-func startWith(t *testing.T, token string, b *admintest.Bundle) (*admintest.Bundle, *httptest.Server) {
+// startWith starts the console on b with the clock now (nil: time.Now).
+func startWith(t *testing.T, token string, b *admintest.Bundle, now func() time.Time) (*admintest.Bundle, *httptest.Server) {
 	admintest.Fixtures(t, b.Pool)
 	reg := prometheus.NewRegistry()
 	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_processed_total", ConstLabels: prometheus.Labels{"handler": "default"}})
 	reg.MustRegister(processed)
 	con, err := console.New(console.Config{Service: b.Svc, Program: "consumer", Token: token, Gatherer: reg,
-		SampleEvery: 50 * time.Millisecond, DedupWindow: 12 * time.Hour,
+		SampleEvery: 50 * time.Millisecond, DedupWindow: 12 * time.Hour, Now: now,
 		Broker: func(context.Context) (*console.BrokerSettings, error) {
 			return &console.BrokerSettings{Kind: "NATS JetStream stream", Name: "PGRELAY", MaxAge: 24 * time.Hour}, nil
 		}})
@@ -264,7 +265,7 @@ func TestConfirmActsOnlyOnWhatWasReviewed(t *testing.T) {
 	svc, err := admin.New(admin.Config{Pool: b.Pool, Now: func() time.Time { return time.Unix(0, now.Load()) }})
 	require.NoError(t, err)
 	b.Svc = svc
-	_, srv := startWith(t, "", b)
+	_, srv := startWith(t, "", b, nil)
 	c := newClient(t, srv.URL)
 	_, page := c.get("/console/dead?source=inbox&topic=orders")
 	review := func(form url.Values) url.Values {
@@ -401,4 +402,41 @@ func TestOrderedSkipsInTheConsole(t *testing.T) {
 	require.Equal(t, 2, n)
 	_, page = c.get("/console/ordered")
 	require.Contains(t, page, "no key waits")
+}
+
+// TestGapSkipBoundToTheReviewedGap: a gap skip reviewed for sequences 1…3 is
+// refused once the gap changed, and once its confirmation expired.
+func TestGapSkipBoundToTheReviewedGap(t *testing.T) {
+	t.Parallel()
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	b, srv := startWith(t, "", admintest.Setup(t), func() time.Time { return time.Unix(0, now.Load()) })
+	ctx := context.Background()
+	msg := func(id string, seq int64) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: "h", KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	}
+	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("h-3", 3)})
+	require.NoError(t, err)
+	c := newClient(t, srv.URL)
+	_, page := c.get("/console/ordered")
+	form := url.Values{"csrf": {find(t, csrfRe, page)}, "op": {"skip-gap"}, "source": {"inbox"}, "handler": {"default"}, "gap_key": {"h"},
+		"actor": {"ops"}, "reason": {"lost"}, "step": {"review"}}
+	code, body, _ := c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusOK, code, body)
+	form.Set("step", "run")
+	confirmed(t, form, body)
+	require.Equal(t, "1…3", form.Get("reviewed"))
+	now.Add(int64(admin.DefaultConfirmTTL + time.Second))
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusForbidden, code, body)
+	require.Contains(t, body, "expired")
+	now.Add(-int64(2 * time.Minute))
+
+	_, err = inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("h-2", 2)})
+	require.NoError(t, err)
+	before := admintest.Snapshot(t, b.Pool)
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "not the 1…3 reviewed")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
 }
