@@ -75,18 +75,18 @@ func (c *Console) token(a actRequest, expires int64) string {
 	return strconv.FormatInt(expires, 10) + "." + c.mac(parts...)
 }
 
-// confirmed checks the confirmation token posted with a: "" when it is
-// valid, else why not.
-func (c *Console) confirmed(a actRequest, token string) string {
+// confirmed checks the confirmation token posted with a: 0 when it is
+// valid, else the status and why not.
+func (c *Console) confirmed(a actRequest, token string) (int, string) {
 	exp, _, _ := strings.Cut(token, ".")
 	expires, err := strconv.ParseInt(exp, 10, 64)
 	if err != nil || subtle.ConstantTimeCompare([]byte(token), []byte(c.token(a, expires))) != 1 {
-		return "refused: this action was not reviewed as it stands (review it first; the confirmation is bound to the exact filter, actor and reason)"
+		return http.StatusForbidden, "refused: this action was not reviewed as it stands (review it first; the confirmation is bound to the exact filter, actor and reason)"
 	}
 	if c.cfg.Now().Unix() >= expires {
-		return "refused: the confirmation expired at " + time.Unix(expires, 0).UTC().Format(time.RFC3339) + ": review the action again"
+		return http.StatusConflict, "refused: the confirmation expired at " + time.Unix(expires, 0).UTC().Format(time.RFC3339) + ": review the action again"
 	}
-	return ""
+	return 0, ""
 }
 
 type confirmData struct {
@@ -145,8 +145,8 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 	case "review":
 		c.review(w, r, a)
 	case "run":
-		if why := c.confirmed(a, r.PostForm.Get("confirm")); why != "" {
-			c.refuse(w, r, http.StatusForbidden, why)
+		if status, why := c.confirmed(a, r.PostForm.Get("confirm")); status != 0 {
+			c.refuse(w, r, status, why)
 			return
 		}
 		c.run(w, r, a)

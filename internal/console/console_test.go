@@ -428,7 +428,7 @@ func TestGapSkipBoundToTheReviewedGap(t *testing.T) {
 	require.Equal(t, "1…3", form.Get("reviewed"))
 	now.Add(int64(admin.DefaultConfirmTTL + time.Second))
 	code, body, _ = c.do(http.MethodPost, "/console/act", form)
-	require.Equal(t, http.StatusForbidden, code, body)
+	require.Equal(t, http.StatusConflict, code, body)
 	require.Contains(t, body, "expired")
 	now.Add(-int64(2 * time.Minute))
 
