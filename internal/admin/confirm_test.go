@@ -95,3 +95,25 @@ func TestConfirmExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, admintest.AffectedIDs(res))
 }
+
+// TestConfirmBindsTheReviewedOutboxEvents: the same for a requeue of dead
+// outbox rows.
+func TestConfirmBindsTheReviewedOutboxEvents(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	admintest.OutboxRow(t, b.Pool, "o-1", "orders", "T", true, time.Hour, "broker down")
+	admintest.OutboxRow(t, b.Pool, "o-2", "orders", "T", true, time.Hour, "broker down")
+	admintest.OutboxRow(t, b.Pool, "o-3", "orders", "T", false, 0, "")
+	ctx := context.Background()
+	req := admin.RequeueRequest{Filter: admin.Filter{Topic: "orders"}, Actor: "ops", Reason: "broker back", DryRun: true}
+	dry, err := b.Svc.Requeue(ctx, admin.SourceOutbox, req)
+	require.NoError(t, err)
+	require.Equal(t, []string{"o-1", "o-2"}, admintest.AffectedIDs(dry))
+	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'dead', last_error = 'late' WHERE event_id = 'o-3'`)
+	require.NoError(t, err)
+	before := admintest.SnapshotOutbox(t, b.Pool)
+	req.DryRun, req.Confirm = false, dry.Confirm
+	_, err = b.Svc.Requeue(ctx, admin.SourceOutbox, req)
+	require.ErrorIs(t, err, admin.ErrStale)
+	require.Equal(t, before, admintest.SnapshotOutbox(t, b.Pool), "nothing was requeued")
+}
