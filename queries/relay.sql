@@ -21,8 +21,9 @@
 -- their mark is still in flight.
 --
 -- A row whose key has an earlier pending row not due yet is held (per-key
--- order): one probe of outbox_delayed_idx (only delayed pending rows) per
--- row, and only when the partition has a row not due yet at all (all of a
+-- order), unless that row expires before it falls due (it can never be
+-- published, and ends dead as expired when due): one probe of
+-- outbox_delayed_idx (only delayed pending rows) per row, and only when the partition has a row not due yet at all (all of a
 -- key's rows share its partition): that test is one probe of
 -- outbox_pending_idx, evaluated once per claim, so a partition without
 -- waiting rows claims as it did before delayed events (no probe per row). It
@@ -43,7 +44,8 @@ FROM (
              ORDER BY w.not_before LIMIT 1) IS NULL
             OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                            WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now()))
+                             AND h.not_before IS NOT NULL AND h.not_before > now()
+                             AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
      ORDER BY o.partition, o.not_before, o.id
      LIMIT @batch_size)
     UNION ALL
@@ -56,7 +58,8 @@ FROM (
              ORDER BY w.not_before LIMIT 1) IS NULL
             OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                            WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now())))
+                             AND h.not_before IS NOT NULL AND h.not_before > now()
+                             AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
 ) AS b
 ORDER BY b.id
 LIMIT @batch_size;
@@ -86,7 +89,8 @@ CROSS JOIN LATERAL (
                  ORDER BY w.not_before LIMIT 1) IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                                WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                                 AND h.not_before IS NOT NULL AND h.not_before > now()))
+                                 AND h.not_before IS NOT NULL AND h.not_before > now()
+                                 AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
          ORDER BY o.partition, o.not_before, o.id
          LIMIT @batch_size)
         UNION ALL
@@ -99,7 +103,8 @@ CROSS JOIN LATERAL (
                  ORDER BY w.not_before LIMIT 1) IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                                WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                                 AND h.not_before IS NOT NULL AND h.not_before > now())))
+                                 AND h.not_before IS NOT NULL AND h.not_before > now()
+                                 AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
     ) AS c
     ORDER BY c.id
     LIMIT @batch_size

@@ -111,11 +111,11 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	w := &walSource{r: r, log: r.log.With(zap.String("capture", "wal"), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
+	w := &walSource{r: r, log: r.log.With(zap.String("capture", CaptureWAL), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
 	r.walMu.Lock()
 	r.wal = w
 	r.walMu.Unlock()
-	w.log.Info("relay starting", zap.String("capture", CaptureWAL), zap.Int("batch_size", r.cfg.BatchSize))
+	w.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize))
 	if err := w.setup(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
