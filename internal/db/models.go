@@ -217,6 +217,14 @@ type ShopOrder struct {
 	PaidAt      *time.Time
 }
 
+type WalKey struct {
+	ID        int32
+	Secret    []byte
+	Ipad      []byte
+	Opad      []byte
+	CreatedAt time.Time
+}
+
 type WalSeqAssignment struct {
 	EventID string
 	Key     string
