@@ -1,0 +1,72 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/event"
+)
+
+// TestKilledRelayPartitionsMoveAtOnce: two relays with 15 s leases share the
+// partitions; the one running as a child process is SIGKILLed, and the events
+// written into its partitions right after are published by the survivor
+// within 3 s, long before the leases expire: the survivor saw the dead
+// relay's lock session end (its advisory lock gone) and took its partitions
+// lockValidFor later. Fencing is unchanged (TestZombieRelayIsFenced).
+func TestKilledRelayPartitionsMoveAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_LEASE=15s", "CHILD_DATABASE_URL="+b.dbURL, "CHILD_NATS_URL="+b.natsURL,
+		"CHILD_PREFIX="+b.prefix, "CHILD_STREAM="+b.stream)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	owned := func(owner string) []int32 {
+		rows, err := b.pool.Query(context.Background(),
+			`SELECT partition FROM pgrelay.relay_partitions WHERE owner = $1 AND lease_until > now() ORDER BY partition`, owner)
+		require.NoError(t, err)
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		return parts
+	}
+	require.Eventually(t, func() bool { return len(owned("child")) == 16 }, 20*time.Second, 20*time.Millisecond, "the child relay owns every partition")
+
+	obs := &countingObserver{}
+	cfg := b.testConfig(t, b.publisher(t), obs)
+	cfg.NodeID, cfg.Lease, cfg.HeartbeatInterval = "survivor", 15*time.Second, time.Second
+	start(t, cfg)
+	require.Eventually(t, func() bool { return len(owned("child")) == 8 && len(owned("survivor")) == 8 }, 20*time.Second, 20*time.Millisecond,
+		"the two relays share the partitions")
+
+	// One key in each of the child's partitions.
+	childParts := owned("child")
+	var events []event.Message
+	for i := 0; len(events) < len(childParts); i++ {
+		key := fmt.Sprintf("key-%d", i)
+		p := b.partitionOf(t, key)
+		if !slices.Contains(childParts, p) || slices.ContainsFunc(events, func(m event.Message) bool { return b.partitionOf(t, m.Key) == p }) {
+			continue
+		}
+		events = append(events, event.Message{EventID: "after-kill-" + key, Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte("1")})
+	}
+
+	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no shutdown, no release
+	_ = cmd.Wait()
+	killed := time.Now()
+	b.enqueue(t, events...)
+	require.Eventually(t, func() bool { return b.count(t, "published") == len(events) }, 3*time.Second-time.Since(killed), 10*time.Millisecond,
+		"the survivor publishes the dead relay's partitions within 3 s of the kill (leases of 15 s)")
+	t.Logf("the %d events written after the kill were published %s after it", len(events), time.Since(killed).Round(time.Millisecond))
+	require.Len(t, owned("survivor"), 16)
+	require.EqualValues(t, len(childParts), obs.takenOver.Load(), "the child's partitions were taken over")
+}
