@@ -17,8 +17,9 @@ const childEnv = "PGRELAY_TEST_RELAY_CHILD"
 
 // runChild runs a relay that, after its first publish is acknowledged and
 // before it marks anything, prints "PUBLISHED" and blocks until it is killed.
-// With CHILD_LEASE set, it is a plain relay with that lease and a heartbeat
-// every second.
+// With CHILD_LEASE set, it is a plain relay with that lease, a heartbeat every
+// CHILD_HEARTBEAT (default: a third of the lease) and the name CHILD_NODE_ID
+// (default "child").
 func runChild() int {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("CHILD_DATABASE_URL"))
@@ -45,7 +46,16 @@ func runChild() int {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
-		cfg.HeartbeatInterval, cfg.hooks = time.Second, hooks{}
+		cfg.HeartbeatInterval, cfg.hooks = cfg.Lease/3, hooks{}
+		if hb := os.Getenv("CHILD_HEARTBEAT"); hb != "" {
+			if cfg.HeartbeatInterval, err = time.ParseDuration(hb); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 2
+			}
+		}
+		if id := os.Getenv("CHILD_NODE_ID"); id != "" {
+			cfg.NodeID = id
+		}
 	}
 	r, err := New(cfg)
 	if err != nil {

@@ -68,7 +68,7 @@ type Relay struct {
 // at once: per partition the read of its next batch and the mark of the
 // previous one, which run at the same time, plus the heartbeat, the
 // retention delete, the statistics check and the poll of busy partitions.
-// (The LISTEN connection is dialled beside the pool.) A
+// (The LISTEN and lock connections are dialled beside the pool.) A
 // smaller pool makes partition workers queue for connections: with 16
 // partitions on a 6-connection pool the relay drained 40–80 % slower.
 func PoolConns(partitions int) int { return 2*partitions + 4 }

@@ -25,7 +25,7 @@ func TestKilledRelayPartitionsMoveAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_LEASE=15s", "CHILD_DATABASE_URL="+b.dbURL, "CHILD_NATS_URL="+b.natsURL,
+	cmd.Env = append(os.Environ(), childEnv+"=1", "CHILD_LEASE=15s", "CHILD_HEARTBEAT=1s", "CHILD_DATABASE_URL="+b.dbURL, "CHILD_NATS_URL="+b.natsURL,
 		"CHILD_PREFIX="+b.prefix, "CHILD_STREAM="+b.stream)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
