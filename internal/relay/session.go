@@ -108,6 +108,16 @@ func (s *lockSession) valid() (context.Context, bool) {
 	return s.lapsed, true
 }
 
+// over reports whether s has ended (false for no session: lease only).
+func (s *lockSession) over() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ended
+}
+
 // lockKey is the key of s for the queries; nil (lease only) for no session.
 func (s *lockSession) lockKey() *int64 {
 	if s == nil {

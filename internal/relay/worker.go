@@ -141,7 +141,9 @@ func (r *Relay) work(w *worker) {
 			err = r.awaitMark(w, log, inflight)
 		}
 		switch {
-		case errors.Is(err, errFenced):
+		case errors.Is(err, errFenced), w.sess.over():
+			// Fenced, or its lock session ended: nothing of this lease is
+			// published any more (the next session releases it).
 			w.cancel()
 			return
 		case err != nil:
