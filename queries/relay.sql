@@ -197,8 +197,8 @@ ON CONFLICT (node_id) DO UPDATE SET last_seen = now();
 -- held) in its node row and releases the leases it took under an earlier
 -- session, which the relay no longer works; it returns how many it released.
 WITH node AS (
-    INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES (@node_id::text, now(), @lock_key::bigint)
-    ON CONFLICT (node_id) DO UPDATE SET last_seen = now(), lock_key = EXCLUDED.lock_key
+    INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES (@node_id::text, pg_catalog.now(), @lock_key::bigint)
+    ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now(), lock_key = EXCLUDED.lock_key
 )
 UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
 WHERE owner = @node_id::text AND owner_lock_key IS DISTINCT FROM @lock_key::bigint;
@@ -274,7 +274,7 @@ RETURNING p.partition, p.epoch;
 WITH free AS (
     SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
     WHERE rp.owner IS NULL OR rp.lease_until < now()
-       OR (rp.owner, rp.owner_lock_key) IN (SELECT unnest(@ended_owners::text[]), unnest(@ended_keys::bigint[]))
+       OR (rp.owner, rp.owner_lock_key) IN (SELECT pg_catalog.unnest(@ended_owners::text[]), pg_catalog.unnest(@ended_keys::bigint[]))
     ORDER BY rp.partition
     LIMIT @max_count
     FOR UPDATE SKIP LOCKED

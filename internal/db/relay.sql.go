@@ -15,7 +15,7 @@ const acquirePartitions = `-- name: AcquirePartitions :many
 WITH free AS (
     SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
     WHERE rp.owner IS NULL OR rp.lease_until < now()
-       OR (rp.owner, rp.owner_lock_key) IN (SELECT unnest($4::text[]), unnest($5::bigint[]))
+       OR (rp.owner, rp.owner_lock_key) IN (SELECT pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::bigint[]))
     ORDER BY rp.partition
     LIMIT $6
     FOR UPDATE SKIP LOCKED
@@ -648,8 +648,8 @@ func (q *Queries) RecordPublishFailure(ctx context.Context, db DBTX, arg RecordP
 
 const registerLockKey = `-- name: RegisterLockKey :execrows
 WITH node AS (
-    INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1::text, now(), $2::bigint)
-    ON CONFLICT (node_id) DO UPDATE SET last_seen = now(), lock_key = EXCLUDED.lock_key
+    INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1::text, pg_catalog.now(), $2::bigint)
+    ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now(), lock_key = EXCLUDED.lock_key
 )
 UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
 WHERE owner = $1::text AND owner_lock_key IS DISTINCT FROM $2::bigint
