@@ -179,14 +179,16 @@ type OutboxWal struct {
 type RelayNode struct {
 	NodeID   string
 	LastSeen time.Time
+	LockKey  *int64
 }
 
 type RelayPartition struct {
-	Partition  int32
-	Owner      *string
-	Epoch      int64
-	LeaseUntil time.Time
-	AcquiredAt *time.Time
+	Partition    int32
+	Owner        *string
+	Epoch        int64
+	LeaseUntil   time.Time
+	AcquiredAt   *time.Time
+	OwnerLockKey *int64
 }
 
 type RelayWakeup struct {
