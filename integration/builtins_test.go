@@ -269,12 +269,13 @@ func constString(e ast.Expr) (string, token.Pos, bool) {
 //
 // It also returns the functions whose body is a string (parsed at each call,
 // with the caller's search_path unless the function sets its own) that call
-// a function or an operator without search_path = pg_catalog, pgrelay. A
+// a function or an operator without search_path = pg_catalog, pgrelay (with
+// pg_temp last for the SECURITY DEFINER ones). A
 // SQL-standard body (RETURN, BEGIN ATOMIC) was bound when it was created.
 func (u *sqlUse) collectFunctions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, builtins map[string]bool) (n int, unfixed []string) {
 	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT p.oid::regprocedure::text, l.lanname, p.prosrc, pg_get_functiondef(p.oid),
-			p.prosqlbody IS NULL AND NOT coalesce('search_path=pg_catalog, pgrelay' = ANY (p.proconfig), false)
+			p.prosqlbody IS NULL AND NOT coalesce(p.proconfig && ARRAY['search_path=pg_catalog, pgrelay', 'search_path=pg_catalog, pgrelay, pg_temp'], false)
 		FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 		WHERE p.pronamespace = 'pgrelay'::regnamespace ORDER BY 1`)
 	require.NoError(t, err)

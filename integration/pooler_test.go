@@ -110,12 +110,17 @@ func TestThroughPgBouncer(t *testing.T) {
 
 // TestPoolerStartupErrors: through a PgBouncer in transaction mode without
 // --pooler, relay run and consumer run exit at start-up naming the refused
-// start-up parameter and the setting, not "cannot reach PostgreSQL"; migrate
-// refuses the pooler.
+// start-up parameter and the setting, not "cannot reach PostgreSQL"; through
+// one told to ignore those parameters they name the pooler and the setting,
+// after each other too (their server connections hold each other's
+// statements); migrate refuses the pooler.
 func TestPoolerStartupErrors(t *testing.T) {
 	t.Parallel()
 	dir := bins(t)
-	pgb := testpgbouncer.URL(t, testdb.NewURL(t), testpgbouncer.Transaction)
+	dbURL := testdb.NewURL(t)
+	pgb := testpgbouncer.URL(t, dbURL, testpgbouncer.Transaction)
+	ignoring := testpgbouncer.URL(t, dbURL, testpgbouncer.Transaction,
+		"statement_timeout", "idle_in_transaction_session_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")
 	natsURL := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, natsURL)
 	run := func(bin string, env []string, args ...string) string {
@@ -127,14 +132,21 @@ func TestPoolerStartupErrors(t *testing.T) {
 		require.Error(t, err, "%s %v started through a pooler it was not told of:\n%s", bin, args, out)
 		return string(out)
 	}
-	for _, out := range []string{
-		run("relay", []string{"DATABASE_URL=" + pgb, "NATS_URL=" + natsURL, "RELAY_STREAM=" + stream, "RELAY_SUBJECT_PREFIX=" + prefix,
-			"METRICS_ADDR=", "ADMIN_ADDR="}, "run"),
-		run("consumer", consumerEnv(pgb, natsURL, stream, prefix), "run"),
+	relay := func(url string) string {
+		return run("relay", []string{"DATABASE_URL=" + url, "NATS_URL=" + natsURL, "RELAY_STREAM=" + stream, "RELAY_SUBJECT_PREFIX=" + prefix,
+			"METRICS_ADDR=", "ADMIN_ADDR="}, "run")
+	}
+	consumer := func(url string) string { return run("consumer", consumerEnv(url, natsURL, stream, prefix), "run") }
+	for _, c := range []struct{ out, want string }{
+		{relay(pgb), "refused the start-up parameter"},
+		{consumer(pgb), "refused the start-up parameter"},
+		{relay(ignoring), "goes through a connection pooler"},
+		{consumer(ignoring), "goes through a connection pooler"},
+		{relay(ignoring), "goes through a connection pooler"},
 	} {
-		require.Contains(t, out, "refused the start-up parameter")
-		require.Contains(t, out, "set --pooler (DB_POOLER)")
-		require.NotContains(t, out, "cannot reach PostgreSQL")
+		require.Contains(t, c.out, c.want)
+		require.Contains(t, c.out, "set --pooler (DB_POOLER)")
+		require.NotContains(t, c.out, "cannot reach PostgreSQL")
 	}
 	out := run("relay", []string{"DATABASE_URL=" + pgb}, "migrate", "up")
 	require.Contains(t, out, "migrations need a direct connection to PostgreSQL")

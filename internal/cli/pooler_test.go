@@ -166,6 +166,28 @@ func TestReachFindsAnUndeclaredPooler(t *testing.T) {
 	}
 }
 
+// TestReachThroughPgBouncerIgnoringStartupParameters: a PgBouncer in
+// transaction mode told to ignore the start-up parameters the default
+// settings send lets the services in; without --pooler the start-up check
+// still names the pooler and --pooler, for the first service and for the
+// next ones, whose server connection holds the first one's statements, not
+// "prepared statement already exists" (42P05).
+func TestReachThroughPgBouncerIgnoringStartupParameters(t *testing.T) {
+	t.Parallel()
+	pgb := testpgbouncer.URL(t, testdb.NewURL(t), testpgbouncer.Transaction,
+		"statement_timeout", "idle_in_transaction_session_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 3 {
+		pool, err := cli.OpenPool(ctx, pgb, resolved(t, pooler.None), 4)
+		require.NoError(t, err)
+		err = resolved(t, pooler.None).Reach(ctx, pool)
+		pool.Close()
+		require.ErrorContains(t, err, "goes through a connection pooler")
+		require.ErrorContains(t, err, "set --pooler (DB_POOLER)")
+	}
+}
+
 // TestOperatorPoolThroughPgBouncer: the admin CLI's and the console's pool
 // (pooler.NewPool) describes its statements when DB_POOLER=transaction, so
 // that it meets no statement clash (42P05) through a transaction pooler.

@@ -86,10 +86,13 @@ func StatementClash(err error) bool {
 // backend process id the server gave at start-up (BackendKeyData) is not the
 // one serving the connection (pg_backend_pid()). PgBouncer, like other
 // poolers, hands each client an id of its own; PostgreSQL itself, and a
-// plain TCP proxy, give the real one.
+// plain TCP proxy, give the real one. The query goes in the simple
+// protocol: a statement prepared under a name would meet, through a pooler
+// in transaction mode, the same name another client left on the server
+// connection (42P05) before the check could name the pooler.
 func Behind(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var pid uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()::bigint").Scan(&pid); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()::bigint", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
 		return false, err
 	}
 	return pid != conn.PgConn().PID(), nil

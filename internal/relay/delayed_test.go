@@ -203,6 +203,50 @@ func TestExpiredEventEndsDead(t *testing.T) {
 	require.Equal(t, uint64(1), b.streamMsgs(t), "the expired events never reached the broker")
 }
 
+// TestExpiredDelayedEventReleasesItsKey: a delayed event that expires before
+// it falls due can never be published, so it holds its key's later events
+// not at all: the event due in an hour that expires in a second does not
+// hold its key for the hour, nor the one due in 5 s for the 5 s; the latter
+// ends dead as expired when it falls due, and neither reaches the broker.
+func TestExpiredDelayedEventReleasesItsKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := b.dbNow(t)
+	b.enqueue(t,
+		event.Message{EventID: "hour-1", Topic: "orders", Key: "hour", NotBefore: now.Add(time.Hour), ExpiresAt: now.Add(time.Second)},
+		event.Message{EventID: "hour-2", Topic: "orders", Key: "hour"},
+		event.Message{EventID: "soon-1", Topic: "orders", Key: "soon", NotBefore: now.Add(5 * time.Second), ExpiresAt: now.Add(time.Second)},
+		event.Message{EventID: "soon-2", Topic: "orders", Key: "soon"})
+	sub := b.subscribe(t)
+	obs := &countingObserver{}
+	start(t, b.testConfig(t, b.publisher(t), obs))
+
+	b.waitCount(t, "published", 2, 20*time.Second)
+	_, nb, _ := b.rowTimes(t, "soon-1")
+	_, _, at := b.rowTimes(t, "soon-2")
+	require.True(t, at.Before(*nb), "soon-2 published at %s, held by its expired predecessor until %s", at, nb)
+	b.waitCount(t, "dead", 1, 20*time.Second)
+	var status, reason string
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT status, last_error FROM pgrelay.outbox WHERE event_id = 'soon-1'`).Scan(&status, &reason))
+	require.Equal(t, []string{"dead", "expired"}, []string{status, reason})
+	status, _, _ = b.rowTimes(t, "hour-1")
+	require.Equal(t, "pending", status, "dead as expired when it falls due, not before")
+	require.Equal(t, int64(1), obs.expired.Load())
+	var got []string
+	for range 2 {
+		select {
+		case m := <-sub:
+			got = append(got, m.eventID)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("stream has %v", got)
+		}
+	}
+	slices.Sort(got)
+	require.Equal(t, []string{"hour-2", "soon-2"}, got)
+	require.Equal(t, uint64(2), b.streamMsgs(t), "the expired events never reached the broker")
+}
+
 // TestClaimSkipsFarFutureRows: a partition holding 10,000 rows due next year
 // (and nothing due) is claimed and probed for its next due time without
 // walking them: both statements read a handful of buffers, where walking the

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,8 +33,8 @@ import (
 // transaction that also re-inserts the rows it holds (adopt), under a lock
 // that waits for the producers' open inserts; and before it creates a slot
 // it takes the table out of the publication, so that the next adoption
-// covers what the new slot missed. TRUNCATE runs only while the table is in
-// the publication.
+// covers what the new slot missed. TRUNCATE commits only if the table is
+// still in the publication under the TRUNCATE's lock.
 
 const (
 	walTableSchema = "pgrelay"
@@ -110,11 +111,27 @@ func (w *walSource) maintainTable(ctx context.Context, truncate bool) (truncated
 		if _, err := tx.Exec(ctx, `TRUNCATE `+walTable); err != nil {
 			return fmt.Errorf("truncate %s: %w", walTable, err)
 		}
+		// The check above held nothing: the table may have left the
+		// publication since, and a row committed meanwhile is not in the
+		// stream. Taking it out (ALTER PUBLICATION ... DROP TABLE) locks the
+		// table, which the TRUNCATE now holds exclusively: this check sees
+		// the membership that stays until the commit.
+		if member, err := walTableMember(ctx, tx, pub); err != nil || !member {
+			return cmp.Or(err, errLeftPublication)
+		}
 		truncated = true
 		return nil
 	})
+	if errors.Is(err, errLeftPublication) {
+		w.log.Debug(walTable+" left the publication before its TRUNCATE; kept for the next adoption", zap.String("publication", pub))
+		return false, nil
+	}
 	return truncated, err
 }
+
+// errLeftPublication rolls back a TRUNCATE of the table that found it no
+// longer in the publication.
+var errLeftPublication = errors.New(walTable + " left the publication")
 
 // adopt adds the table to the publication and re-inserts, in the same
 // transaction, the rows it holds: committed before the table was in the
@@ -273,15 +290,22 @@ func decodeWALRow(tm *pgtype.Map, rel *pglogrepl.RelationMessage, tuple *pglogre
 	if err != nil {
 		return m, err
 	}
-	// What the table has no CHECK for: the rules Enqueue applies.
+	return m, checkWALEvent(m)
+}
+
+// checkWALEvent applies to an event read from the WAL (a row of
+// pgrelay.outbox_wal, which has no CHECK, or an emitted message) the rules
+// Enqueue applies that decoding does not: the topic rule, the key's length,
+// occurred-at's range.
+func checkWALEvent(m event.Message) error {
 	if !outbox.ValidTopic(m.Topic) {
-		return m, fmt.Errorf("event %s: topic %q is invalid: letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.EventID, m.Topic)
+		return fmt.Errorf("event %s: topic %q is invalid: letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.EventID, m.Topic)
 	}
 	if err := event.ValidateKey(m.Key); err != nil {
-		return m, fmt.Errorf("event %s: %w", m.EventID, err)
+		return fmt.Errorf("event %s: %w", m.EventID, err)
 	}
 	if _, err := event.NormalizeOccurredAt(m.OccurredAt); err != nil {
-		return m, fmt.Errorf("event %s: %w", m.EventID, err)
+		return fmt.Errorf("event %s: %w", m.EventID, err)
 	}
-	return m, nil
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,4 +223,45 @@ func TestWALTableTruncateGivesWayToProducers(t *testing.T) {
 	require.NoError(t, long.Commit(ctx))
 	readAll(t, ch, 42, 20*time.Second)
 	require.Eventually(t, func() bool { return b.walRows(t) == 0 }, 10*time.Second, 50*time.Millisecond)
+}
+
+// TestWALTableTruncateKeepsRowsWhenTheTableLeftThePublication: the table
+// leaves the publication (another relay's leavePublication) between the
+// maintenance's membership check and its TRUNCATE, and a row committed in
+// that gap is not in the stream; the TRUNCATE must not take it: the relay
+// finds the table gone from the publication under the TRUNCATE's lock, rolls
+// back, and its next maintenance adopts the row, which is then published.
+func TestWALTableTruncateKeepsRowsWhenTheTableLeftThePublication(t *testing.T) {
+	b, _ := walSetup(t, walConf)
+	ch := b.subscribe(t)
+	cfg := b.walConfig(t, b.publisher(t), nil)
+	cfg.WAL.TruncateInterval = 100 * time.Millisecond
+	var armed atomic.Bool
+	armed.Store(true)
+	gap := make(chan error, 1)
+	cfg.hooks.walBeforeTruncate = func() {
+		if !armed.CompareAndSwap(true, false) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := b.pool.Exec(ctx, `ALTER PUBLICATION `+DefaultWALPublication+` DROP TABLE pgrelay.outbox_wal`)
+		if err == nil {
+			_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox_wal (event_id, topic, key, payload) VALUES ('gap-1', 'orders', 'k', '\x32')`)
+		}
+		gap <- err
+	}
+	r, _ := start(t, cfg)
+	waitReading(t, r)
+	b.insertWAL(t, "first", "1") // something to empty: the hook runs before its TRUNCATE
+
+	select {
+	case err := <-gap:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay did not try to empty the table")
+	}
+	got := readAll(t, ch, 2, 20*time.Second)
+	require.Equal(t, []string{"first-1", "gap-1"}, []string{got[0].eventID, got[1].eventID})
+	require.Eventually(t, func() bool { return b.walRows(t) == 0 }, 10*time.Second, 50*time.Millisecond, "the table was not emptied")
 }

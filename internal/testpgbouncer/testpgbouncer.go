@@ -1,8 +1,8 @@
 // Package testpgbouncer runs a PgBouncer of a test's own in front of the
 // test's PostgreSQL database: a generated configuration (trust
-// authentication, the pool mode asked for, and no ignore_startup_parameters,
-// so that a client sending a session setting at start-up is refused as by a
-// stock PgBouncer) on a free loopback port. It skips when pgbouncer is not
+// authentication, the pool mode asked for, and the ignore_startup_parameters
+// asked for, none by default, so that a client sending a session setting at
+// start-up is refused as by a stock PgBouncer) on a free loopback port. It skips when pgbouncer is not
 // installed, except under CI (CI set), where it fails: .ci/run installs
 // Debian's package.
 package testpgbouncer
@@ -64,9 +64,10 @@ func (s *syncBuffer) String() string {
 }
 
 // URL starts a pgbouncer pooling in mode (Transaction or Session) for the
-// database dbURL names, stopped when the test ends, and returns dbURL with
-// its host and port replaced by the pgbouncer's.
-func URL(tb testing.TB, dbURL, mode string) string {
+// database dbURL names, ignoring the start-up parameters named by ignore,
+// stopped when the test ends, and returns dbURL with its host and port
+// replaced by the pgbouncer's.
+func URL(tb testing.TB, dbURL, mode string, ignore ...string) string {
 	tb.Helper()
 	bin := Binary(tb)
 	u, err := url.Parse(dbURL)
@@ -108,7 +109,8 @@ pool_mode = %s
 max_client_conn = 1000
 default_pool_size = %d
 server_login_retry = 1
-`, dbname, host, port, dbname, listen, filepath.Join(dir, "users.txt"), mode, poolSize(mode))
+ignore_startup_parameters = %s
+`, dbname, host, port, dbname, listen, filepath.Join(dir, "users.txt"), mode, poolSize(mode), strings.Join(ignore, ","))
 	for name, body := range map[string]string{"pgbouncer.ini": ini, "users.txt": fmt.Sprintf("%q \"\"\n", username)} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			tb.Fatal(err)
