@@ -2,24 +2,58 @@
 // (postgres://...) or keyword/value (host=... dbname=...) form.
 package pgurl
 
-import "net/url"
+import (
+	"net/url"
+	"strings"
+)
 
 // WithDatabase returns base pointing at database name instead.
 func WithDatabase(base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme == "" {
+	scheme, user, hosts, _, query, ok := split(base)
+	if !ok {
 		// A keyword/value connection string: a later keyword wins.
 		return base + " dbname=" + name
 	}
-	u.Path = "/" + name
-	return u.String()
+	return scheme + user + hosts + "/" + url.PathEscape(name) + query
 }
 
 // Redact returns u without its password, for error messages and logs.
 func Redact(u string) string {
-	if p, err := url.Parse(u); err == nil && p.User != nil {
-		p.User = url.User(p.User.Username())
-		return p.String()
+	scheme, user, hosts, path, query, ok := split(u)
+	if !ok {
+		return u
 	}
-	return u
+	if name, _, _ := strings.Cut(user, ":"); name != user {
+		user = name + "@"
+	}
+	return scheme + user + hosts + path + query
+}
+
+// split cuts a postgres:// or postgresql:// URL as libpq (and pgx) read it,
+// not as RFC 3986 does, so that several hosts (a:1,b:2 or [::1]:1,[::2]:2)
+// pass: the scheme with its "//", the user information with its "@" (empty
+// without one), the hosts, the path with its "/" and the query with its "?".
+// ok is false for a keyword/value string.
+func split(s string) (scheme, user, hosts, path, query string, ok bool) {
+	rest, ok := strings.CutPrefix(s, "postgresql://")
+	if !ok {
+		rest, ok = strings.CutPrefix(s, "postgres://")
+	}
+	if !ok {
+		return "", "", "", "", "", false
+	}
+	scheme = s[:len(s)-len(rest)]
+	// As in libpq, only a "/" ends the search for the user information's "@".
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		user, rest = rest[:i+1], rest[i+1:]
+	}
+	i := strings.IndexAny(rest, "/?")
+	if i < 0 {
+		return scheme, user, rest, "", "", true
+	}
+	hosts, rest = rest[:i], rest[i:]
+	if j := strings.IndexByte(rest, '?'); j >= 0 {
+		return scheme, user, hosts, rest[:j], rest[j:], true
+	}
+	return scheme, user, hosts, rest, "", true
 }
