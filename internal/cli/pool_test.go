@@ -213,3 +213,25 @@ func TestMigrateDownForce(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('pgrelay.inbox') IS NOT NULL`).Scan(&exists))
 	require.False(t, exists)
 }
+
+// TestSeveralHostsNeedTargetSessionAttrs: a connection string naming several
+// hosts is refused, before any connection, unless target_session_attrs keeps
+// the services and migrations off standbys; with it, it is taken.
+func TestSeveralHostsNeedTargetSessionAttrs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const hosts = "postgres://127.0.0.1:1,127.0.0.1:2/db?sslmode=disable"
+	want := "--database-url (DATABASE_URL): several hosts need target_session_attrs=read-write"
+	_, err := cli.OpenPool(ctx, hosts, cli.DBSettings{}, 1)
+	require.ErrorContains(t, err, want)
+	require.ErrorContains(t, cli.MigrateUp(ctx, hosts), want)
+	_, err = cli.DBSettings{Pooler: "transaction", ListenURL: "host=127.0.0.1,127.0.0.2 port=1"}.Resolve(time.Second, 0)
+	require.ErrorContains(t, err, "--listen-url (DB_LISTEN_URL): several hosts need target_session_attrs")
+
+	pool, err := cli.OpenPool(ctx, hosts+"&target_session_attrs=read-write", cli.DBSettings{}, 1)
+	require.NoError(t, err)
+	pool.Close()
+	_, err = cli.OpenPool(ctx, "host=127.0.0.1,127.0.0.2 port=1 target_session_attrs=primary", cli.DBSettings{}, 1)
+	require.NoError(t, err)
+}

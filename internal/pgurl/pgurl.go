@@ -1,11 +1,40 @@
-// Package pgurl edits PostgreSQL connection strings, in URL
+// Package pgurl parses and edits PostgreSQL connection strings, in URL
 // (postgres://...) or keyword/value (host=... dbname=...) form.
 package pgurl
 
 import (
+	"errors"
 	"net/url"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// ErrNoTargetSessionAttrs refuses several hosts without
+// target_session_attrs: pgx would connect to the first that answers, a
+// standby as well, where pgrelay cannot write.
+var ErrNoTargetSessionAttrs = errors.New("several hosts need target_session_attrs=read-write (or primary), " +
+	"so that pgrelay, which writes, connects only to the server that takes writes, never to a standby")
+
+// Parse is pgxpool.ParseConfig for pgrelay's connections: several hosts
+// (postgres://a,b/db or host=a,b) are tried in turn at every connection,
+// so after a failover new connections find the new primary, and they need
+// target_session_attrs=read-write or primary (ErrNoTargetSessionAttrs).
+func Parse(s string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(s)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ConnConfig.ValidateConnect == nil {
+		for _, f := range cfg.ConnConfig.Fallbacks {
+			// Fallbacks also hold the same host without TLS (sslmode=prefer).
+			if f.Host != cfg.ConnConfig.Host || f.Port != cfg.ConnConfig.Port {
+				return nil, ErrNoTargetSessionAttrs
+			}
+		}
+	}
+	return cfg, nil
+}
 
 // WithDatabase returns base pointing at database name instead.
 func WithDatabase(base, name string) string {

@@ -39,3 +39,17 @@ func TestRedact(t *testing.T) {
 	require.Equal(t, "postgres://h/db", Redact("postgres://h/db"))
 	require.Equal(t, "host=h", Redact("host=h"))
 }
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"postgres://a,b/db", "postgres://a:1,a:2/db?target_session_attrs=any", "host=a,b dbname=db"} {
+		_, err := Parse(s)
+		require.ErrorIs(t, err, ErrNoTargetSessionAttrs, s)
+	}
+	for _, s := range []string{"postgres://a/db", "postgres://a/db?sslmode=prefer", "postgres://a,b/db?target_session_attrs=read-write", "host=a,b target_session_attrs=primary"} {
+		_, err := Parse(s)
+		require.NoError(t, err, s)
+	}
+	_, err := Parse("postgres://a/db?target_session_attrs=nonsense")
+	require.ErrorContains(t, err, "unknown target_session_attrs value")
+}
