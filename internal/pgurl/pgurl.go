@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -16,22 +17,37 @@ import (
 var ErrNoTargetSessionAttrs = errors.New("several hosts need target_session_attrs=read-write (or primary), " +
 	"so that pgrelay, which writes, connects only to the server that takes writes, never to a standby")
 
+// DefaultConnectTimeout is each host's connect_timeout when several are
+// named and the connection string sets none: a host that takes the TCP
+// handshake and never answers (a frozen server) would otherwise hold each
+// connection attempt until its caller's deadline, and the next host would
+// never be tried.
+const DefaultConnectTimeout = 3 * time.Second
+
 // Parse is pgxpool.ParseConfig for pgrelay's connections: several hosts
 // (postgres://a,b/db or host=a,b) are tried in turn at every connection,
-// so after a failover new connections find the new primary, and they need
-// target_session_attrs=read-write or primary (ErrNoTargetSessionAttrs).
+// so after a failover new connections find the new primary. They need
+// target_session_attrs=read-write or primary (ErrNoTargetSessionAttrs), and
+// get DefaultConnectTimeout unless connect_timeout is set.
 func Parse(s string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(s)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.ConnConfig.ValidateConnect == nil {
-		for _, f := range cfg.ConnConfig.Fallbacks {
-			// Fallbacks also hold the same host without TLS (sslmode=prefer).
-			if f.Host != cfg.ConnConfig.Host || f.Port != cfg.ConnConfig.Port {
-				return nil, ErrNoTargetSessionAttrs
-			}
-		}
+	cc := cfg.ConnConfig
+	several := false
+	for _, f := range cc.Fallbacks {
+		// Fallbacks also hold the same host without TLS (sslmode=prefer).
+		several = several || f.Host != cc.Host || f.Port != cc.Port
+	}
+	if !several {
+		return cfg, nil
+	}
+	if cc.ValidateConnect == nil {
+		return nil, ErrNoTargetSessionAttrs
+	}
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = DefaultConnectTimeout
 	}
 	return cfg, nil
 }

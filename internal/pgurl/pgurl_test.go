@@ -2,6 +2,7 @@ package pgurl
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -50,6 +51,14 @@ func TestParse(t *testing.T) {
 		_, err := Parse(s)
 		require.NoError(t, err, s)
 	}
+	timeout := func(s string) time.Duration {
+		cfg, err := Parse(s)
+		require.NoError(t, err, s)
+		return cfg.ConnConfig.ConnectTimeout
+	}
+	require.Equal(t, DefaultConnectTimeout, timeout("postgres://a,b/db?target_session_attrs=read-write"))
+	require.Equal(t, time.Second, timeout("postgres://a,b/db?target_session_attrs=read-write&connect_timeout=1"))
+	require.Zero(t, timeout("postgres://a/db"))
 	_, err := Parse("postgres://a/db?target_session_attrs=nonsense")
 	require.ErrorContains(t, err, "unknown target_session_attrs value")
 }
