@@ -15,9 +15,21 @@
 -- The schema is created only when missing: CREATE SCHEMA IF NOT EXISTS would
 -- need the CREATE privilege on the database even when a DBA created the
 -- schema beforehand for a role that lacks it.
+-- goose records each version in the table it was given in the migration's own
+-- transaction: it must be pgrelay.goose_db_version (the goose CLI's -table),
+-- which the search_path set below resolves; any other is refused here, before
+-- anything is installed, naming the command.
 -- +goose StatementBegin
 DO $$
+DECLARE
+    use_table text := $m$goose must record pgrelay's versions in pgrelay.goose_db_version: run goose -dir migrations -table pgrelay.goose_db_version postgres "$DATABASE_URL" up (a new database needs the schema first: psql "$DATABASE_URL" -c 'CREATE SCHEMA IF NOT EXISTS pgrelay'; an installation made before version 100 adopts its versions once first: relay migrate sql --adopt | psql "$DATABASE_URL"; docs/schema.md)$m$;
 BEGIN
+    IF pg_catalog.to_regclass('pgrelay.goose_db_version') IS NULL THEN
+        RAISE EXCEPTION '%', use_table USING ERRCODE = 'undefined_table';
+    ELSIF EXISTS (SELECT 1 FROM pgrelay.goose_db_version WHERE version_id OPERATOR(pg_catalog.=) 1 AND is_applied) THEN
+        RAISE EXCEPTION 'pgrelay is already installed (version 1 is recorded in pgrelay.goose_db_version): %', use_table
+            USING ERRCODE = 'duplicate_schema';
+    END IF;
     IF to_regclass('public.inbox_releases') IS NOT NULL AND to_regclass('pgrelay.inbox') IS NULL
        AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('public.inbox') AND attname = 'lock_version' AND NOT attisdropped) THEN
         RAISE EXCEPTION 'pgrelay is already installed in schema public, recorded in public.goose_db_version: adopt its versions into pgrelay.goose_db_version first (relay migrate up does it; with the goose CLI run the output of `relay migrate sql --adopt` once; docs/schema.md)'

@@ -14,6 +14,17 @@
 -- the sequence before it (the worker's advance, an operator's skip). Kept
 -- sorted and distinct, every element above last_applied + 1.
 SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases') IS NULL AND to_regclass('public.inbox_releases') IS NOT NULL THEN 'public' ELSE 'pgrelay' END, true);
+-- As in version 1: goose must record this version in pgrelay.goose_db_version.
+-- This is the first version after the release that recorded its versions in
+-- public.goose_db_version: its installations meet this check first.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('pgrelay.goose_db_version') IS NULL THEN
+        RAISE EXCEPTION '%', $m$goose must record pgrelay's versions in pgrelay.goose_db_version: run goose -dir migrations -table pgrelay.goose_db_version postgres "$DATABASE_URL" up (a new database needs the schema first: psql "$DATABASE_URL" -c 'CREATE SCHEMA IF NOT EXISTS pgrelay'; an installation made before version 100 adopts its versions once first: relay migrate sql --adopt | psql "$DATABASE_URL"; docs/schema.md)$m$ USING ERRCODE = 'undefined_table';
+    END IF;
+END $$;
+-- +goose StatementEnd
 ALTER TABLE inbox_key_state ADD COLUMN absorbed_seqs bigint[] NOT NULL DEFAULT '{}';
 
 -- inbox_seq_fold returns how far a key's last applied sequence reaches once

@@ -190,12 +190,55 @@ FROM lease
 WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending';
 
 -- name: HeartbeatNode :exec
-INSERT INTO pgrelay.relay_nodes (node_id, last_seen) VALUES (@node_id, now())
+-- HeartbeatNode records that the relay is alive. lock_key (NULL: lease only)
+-- goes into a new row only: the key of an existing row is RegisterLockKey's,
+-- so a heartbeat sent under a session that has just ended never puts its key
+-- back.
+INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES (@node_id, now(), sqlc.narg(lock_key))
 ON CONFLICT (node_id) DO UPDATE SET last_seen = now();
 
+-- name: RegisterLockKey :execrows
+-- RegisterLockKey records the key of the relay's new lock session (already
+-- held) in its node row and releases the leases it took under an earlier
+-- session, which the relay no longer works; it returns how many it released.
+WITH node AS (
+    INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES (@node_id::text, pg_catalog.now(), @lock_key::bigint)
+    ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now(), lock_key = EXCLUDED.lock_key
+)
+UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
+WHERE owner = @node_id::text AND owner_lock_key IS DISTINCT FROM @lock_key::bigint;
+
 -- name: CountLiveNodes :one
-SELECT count(*)::int FROM pgrelay.relay_nodes
-WHERE last_seen > now() - make_interval(secs => @ttl_seconds::float8);
+-- CountLiveNodes counts the relays seen within ttl_seconds, except those
+-- whose lock session has ended (no session holds their lock key).
+SELECT count(*)::int FROM pgrelay.relay_nodes n
+WHERE n.last_seen > now() - make_interval(secs => @ttl_seconds::float8)
+  AND (n.lock_key IS NULL OR EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+          AND ((l.classid::bigint << 32) | l.objid::bigint) = n.lock_key));
+
+-- name: EndedLockSessions :many
+-- EndedLockSessions returns the other relays that own partitions under a
+-- lock key no session holds any more: their lock session has ended (the
+-- process died, or its connection was closed). A key is held by one session
+-- at most and never taken again once released. pg_locks is readable by every
+-- role; pg_advisory_lock(bigint) shows its key's high 32 bits as classid,
+-- the low ones as objid, with objsubid 1.
+SELECT n.node_id, n.lock_key::bigint AS lock_key FROM pgrelay.relay_nodes n
+WHERE n.lock_key IS NOT NULL AND n.node_id <> @node_id
+  AND EXISTS (SELECT 1 FROM pgrelay.relay_partitions rp WHERE rp.owner = n.node_id AND rp.owner_lock_key = n.lock_key)
+  AND NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+          AND ((l.classid::bigint << 32) | l.objid::bigint) = n.lock_key);
+
+-- name: TryLockKey :one
+-- TryLockKey takes the session-level advisory lock on key, held until the
+-- session ends.
+SELECT pg_catalog.pg_try_advisory_lock(@lock_key::bigint) AS locked;
 
 -- name: DeleteNode :exec
 DELETE FROM pgrelay.relay_nodes WHERE node_id = @node_id;
@@ -208,8 +251,9 @@ WHERE last_seen < now() - make_interval(secs => @ttl_seconds::float8);
 SELECT count(*)::int FROM pgrelay.relay_partitions;
 
 -- name: RenewLeases :many
--- RenewLeases extends every lease the relay still owns and returns them; a
--- partition missing from the result was taken over. It locks the lease rows
+-- RenewLeases extends every lease the relay still owns under its lock session
+-- lock_key (NULL: lease only) and returns them; a partition missing from the
+-- result was taken over. It locks the lease rows
 -- in partition order, as MarkOutcomesMany does: a combined mark holding one
 -- lease row while waiting for another never waits on a renewal that holds
 -- the second and waits for the first (a deadlock).
@@ -223,20 +267,25 @@ UPDATE pgrelay.relay_partitions p
 SET lease_until = now() + make_interval(secs => @lease_seconds::float8)
 FROM mine
 WHERE p.partition = mine.partition AND p.owner = @owner::text
+  AND p.owner_lock_key IS NOT DISTINCT FROM sqlc.narg(lock_key)::bigint
 RETURNING p.partition, p.epoch;
 
 -- name: AcquirePartitions :many
--- AcquirePartitions takes up to max_count free or expired partitions, bumping
--- each one's epoch, and returns the previous owner of each (NULL when free).
+-- AcquirePartitions takes up to max_count free or expired partitions, or
+-- partitions held under an ended lock session ((owner, owner_lock_key) among
+-- the pairs ended_owners, ended_keys), bumping each one's epoch, and returns
+-- the previous owner of each (NULL when free). The lease is held under
+-- lock_key (NULL: lease only).
 WITH free AS (
     SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
     WHERE rp.owner IS NULL OR rp.lease_until < now()
+       OR (rp.owner, rp.owner_lock_key) IN (SELECT pg_catalog.unnest(@ended_owners::text[]), pg_catalog.unnest(@ended_keys::bigint[]))
     ORDER BY rp.partition
     LIMIT @max_count
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.relay_partitions p
-SET owner = @owner::text, epoch = p.epoch + 1,
+SET owner = @owner::text, owner_lock_key = sqlc.narg(lock_key)::bigint, epoch = p.epoch + 1,
     lease_until = now() + make_interval(secs => @lease_seconds::float8), acquired_at = now()
 FROM free
 WHERE p.partition = free.partition
@@ -249,7 +298,7 @@ RETURNING p.partition, p.epoch, free.owner AS previous_owner;
 SELECT pg_notify('pgrelay_relays', @payload::text);
 
 -- name: ReleasePartitions :execrows
-UPDATE pgrelay.relay_partitions SET owner = NULL, lease_until = '-infinity'
+UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
 WHERE owner = @owner::text AND partition = ANY(@partitions::int[]);
 
 -- name: DeletePublished :execrows

@@ -1,7 +1,12 @@
 -- name: EmitWAL :exec
--- Writes each content to the WAL as a transactional logical decoding message
--- with pgrelay's prefix, in order: decoded only if the transaction commits.
-SELECT pg_logical_emit_message(true, 'pgrelay', m) FROM unnest(@contents::bytea[]) AS m;
+-- Writes each content to the WAL, signed, as a transactional logical
+-- decoding message with pgrelay's prefix, in order: decoded only if the
+-- transaction commits (migration 00116; the caller needs EXECUTE on it).
+SELECT pgrelay.emit_wal(@contents::bytea[]);
+
+-- name: WALKeys :many
+-- The keys the WAL capture checks the messages' signatures with.
+SELECT id, secret FROM pgrelay.wal_keys;
 
 -- name: WALHeartbeat :exec
 -- A non-transactional message: WAL in this database, so that a quiet

@@ -67,8 +67,8 @@ func PoolConns(partitions int) int { return engine.PoolConns(partitions) }
 // the default it documents. Errors name the fields as relay.Config.<Field>.
 type Config struct {
 	// Pool is the PostgreSQL database holding the outbox (migrated). Required.
-	// Give it PoolConns(partitions) connections; the relay dials one more for
-	// LISTEN.
+	// Give it PoolConns(partitions) connections; the relay dials two more,
+	// for LISTEN and for its lock session (unless NoListen).
 	Pool *pgxpool.Pool
 	// Publisher publishes the events, for example nats.NewPublisher's,
 	// kafka.NewPublisher's or rabbitmq.NewPublisher's. Required. The relay
@@ -84,8 +84,10 @@ type Config struct {
 	// partition. Default DefaultBatchSize (500); at most 10,000.
 	BatchSize int
 	// Lease is how long a partition lease lasts without renewal; a crashed
-	// relay's partitions are taken over after it. Default DefaultLease (15s);
-	// at least 100ms.
+	// relay's partitions are taken over about a second after its lock
+	// session ended (docs/relay.md, "Crash takeover"), or after the lease
+	// where that cannot be told (NoListen). Default DefaultLease (15s); at
+	// least 100ms.
 	Lease time.Duration
 	// HeartbeatInterval is how often leases are renewed and partitions
 	// rebalanced; at most half of Lease. Default: Lease/3.
@@ -94,15 +96,16 @@ type Config struct {
 	// notification arrives (LISTEN/NOTIFY is the fast path). Default
 	// DefaultPollInterval (1s).
 	PollInterval time.Duration
-	// ListenConnConfig, when set, is the connection LISTEN is dialled with
-	// instead of Pool's settings: a direct connection to PostgreSQL when Pool
-	// goes through a connection pooler in transaction mode (docs/pooler.md).
-	// Default: Pool's.
+	// ListenConnConfig, when set, is the connection LISTEN and the lock
+	// session are dialled with instead of Pool's settings: a direct
+	// connection to PostgreSQL when Pool goes through a connection pooler in
+	// transaction mode (docs/pooler.md). Default: Pool's.
 	ListenConnConfig *pgx.ConnConfig
-	// NoListen turns LISTEN/NOTIFY wake-ups off: idle partitions look for
-	// rows every PollInterval, and partitions another relay released are
-	// taken at the next heartbeat. For a Pool behind a pooler in transaction
-	// mode, where LISTEN does not work, without ListenConnConfig.
+	// NoListen turns LISTEN/NOTIFY wake-ups and the lock session off: idle
+	// partitions look for rows every PollInterval, partitions another relay
+	// released are taken at the next heartbeat, and a crashed relay's when
+	// their leases expire. For a Pool behind a pooler in transaction mode,
+	// where LISTEN and session locks do not work, without ListenConnConfig.
 	NoListen bool
 	// PublishTimeout bounds publishing one batch and awaiting its
 	// acknowledgements. Default DefaultPublishTimeout (30s).

@@ -152,7 +152,7 @@ needs only PostgreSQL.`,
 	cli.BindWireFlags(f, &s.wire)
 	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
 	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", relay.DefaultBatchSize), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
-	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", relay.DefaultLease), "partition lease duration: a crashed relay's partitions move after it (env RELAY_LEASE)")
+	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", relay.DefaultLease), "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md) (env RELAY_LEASE)")
 	f.DurationVar(&s.heartbeat, "heartbeat", cli.EnvDuration("RELAY_HEARTBEAT", 0), "lease renewal and rebalancing interval, at most lease/2 (env RELAY_HEARTBEAT); default lease/3")
 	f.DurationVar(&s.pollInterval, "poll-interval", cli.EnvDuration("RELAY_POLL_INTERVAL", relay.DefaultPollInterval), "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner (env RELAY_POLL_INTERVAL)")
 	f.DurationVar(&s.publishTimeout, "publish-timeout", cli.EnvDuration("RELAY_PUBLISH_TIMEOUT", relay.DefaultPublishTimeout), "longest time to publish one batch and collect its acknowledgements (env RELAY_PUBLISH_TIMEOUT)")

@@ -63,8 +63,12 @@ type Config struct {
 	Counters func() (received, duplicates float64, ok bool)
 	// Now returns the current time, from which the CLI turns relative
 	// --since and --until values into times. Purge cut-offs (older_than) use
-	// the database's clock instead. Default: time.Now.
+	// the database's clock instead; it also dates dry runs' confirmations.
+	// Default: time.Now.
 	Now func() time.Time
+	// ConfirmTTL is how long a dry run's confirmation (Result.Confirm) can
+	// be used. Default: DefaultConfirmTTL.
+	ConfirmTTL time.Duration
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -81,6 +85,9 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.ConfirmTTL == 0 {
+		c.ConfirmTTL = DefaultConfirmTTL
+	}
 	return c
 }
 
@@ -88,6 +95,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Pool == nil:
 		return errors.New("admin: Config.Pool is required")
+	case c.ConfirmTTL < 0:
+		return fmt.Errorf("admin: Config.ConfirmTTL must be positive, got %s", c.ConfirmTTL)
 	case c.QueryTimeout < 0:
 		return fmt.Errorf("admin: Config.QueryTimeout must be positive, got %s", c.QueryTimeout)
 	case c.MaxRows < 0 || c.MaxRows > math.MaxInt32:
@@ -332,6 +341,10 @@ type RequeueRequest struct {
 	// DryRun runs the operation and rolls it back: the result shows exactly
 	// what would change, and nothing does.
 	DryRun bool `json:"dry_run,omitempty"`
+	// Confirm is the confirmation a dry run of this request returned: the
+	// request then acts only on exactly the events that dry run showed, and
+	// changes nothing (ErrStale) when they changed or it expired.
+	Confirm string `json:"confirm,omitempty"`
 }
 
 // PurgeRequest asks for dead letters to be deleted.
@@ -347,6 +360,9 @@ type PurgeRequest struct {
 	Reason string `json:"reason,omitempty"`
 	// DryRun runs the operation and rolls it back.
 	DryRun bool `json:"dry_run,omitempty"`
+	// Confirm is the confirmation a dry run of this request returned (see
+	// RequeueRequest.Confirm).
+	Confirm string `json:"confirm,omitempty"`
 }
 
 // Affected is one event a requeue or purge touched.
@@ -372,6 +388,11 @@ type Result struct {
 	Limit  int        `json:"limit"`
 	More   bool       `json:"more"`
 	Events []Affected `json:"events"`
+	// Confirm (a dry run that selected events) binds a run to exactly these
+	// events: send the same request with it as Confirm before
+	// ConfirmExpires.
+	Confirm        string     `json:"confirm,omitempty"`
+	ConfirmExpires *time.Time `json:"confirm_expires_at,omitempty"`
 }
 
 func validateActor(actor, reason string, reasonRequired bool) error {
@@ -409,8 +430,12 @@ func (s *Service) Requeue(ctx context.Context, src Source, req RequeueRequest) (
 		return nil, fmt.Errorf("%w: refusing to requeue every dead letter without a filter; give an event id or a filter, or set all", ErrInvalid)
 	}
 	res := &Result{Source: src, Action: "requeue", DryRun: req.DryRun, Limit: int(s.limit(req.Filter)), Events: []Affected{}}
-	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
-		picked, err := s.applyToDead(ctx, tx, src, req.Filter, res, func(k deadKeys) ([]db.ReplayAudit, error) {
+	confirm, err := parseConfirm(req.Confirm, s.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	err = s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+		picked, err := s.applyToDead(ctx, tx, src, req.Filter, res, req.Actor, req.Reason, confirm, func(k deadKeys) ([]db.ReplayAudit, error) {
 			if src == SourceOutbox {
 				audits, err := s.q.AdminRequeueOutboxDead(ctx, tx, db.AdminRequeueOutboxDeadParams{Actor: req.Actor, Reason: req.Reason, Ids: k.ids})
 				return audits, s.explainTopicRefusal(ctx, k.ids, err)
@@ -478,7 +503,11 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 	}
 	f := req.Filter
 	res := &Result{Source: src, Action: "purge", DryRun: req.DryRun, Limit: int(s.limit(f)), Events: []Affected{}}
-	err := s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
+	confirm, err := parseConfirm(req.Confirm, s.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	err = s.inTx(ctx, req.DryRun, func(ctx context.Context, tx pgx.Tx) error {
 		// The cut-off is measured with the database's clock, which wrote the
 		// times it is compared with: a client whose clock runs fast must not
 		// purge younger dead letters.
@@ -490,7 +519,7 @@ func (s *Service) Purge(ctx context.Context, src Source, req PurgeRequest) (*Res
 		if f.DeadBefore == nil || cutoff.Before(*f.DeadBefore) {
 			f.DeadBefore = &cutoff
 		}
-		_, err = s.applyToDead(ctx, tx, src, f, res, func(k deadKeys) ([]db.ReplayAudit, error) {
+		_, err = s.applyToDead(ctx, tx, src, f, res, req.Actor, req.Reason, confirm, func(k deadKeys) ([]db.ReplayAudit, error) {
 			if src == SourceOutbox {
 				return s.q.AdminPurgeOutboxDead(ctx, tx, db.AdminPurgeOutboxDeadParams{Actor: req.Actor, Reason: req.Reason, Ids: k.ids})
 			}
@@ -516,12 +545,25 @@ type deadKeys struct {
 // applyToDead runs the dead-letter filter f of src in tx and hands the keys
 // of the rows it selected to act, which requeues or purges those still dead
 // and returns their audit rows. They fill res.Events, in the filter's order
-// (oldest first). It returns the selected dead letters.
-func (s *Service) applyToDead(ctx context.Context, tx pgx.Tx, src Source, f Filter, res *Result,
-	act func(deadKeys) ([]db.ReplayAudit, error)) ([]DeadLetter, error) {
+// (oldest first). A confirmation refuses a selection other than the one it
+// reviewed; a dry run that selects events issues one. It returns the
+// selected dead letters.
+func (s *Service) applyToDead(ctx context.Context, tx pgx.Tx, src Source, f Filter, res *Result, actor, reason string,
+	confirm *parsedConfirm, act func(deadKeys) ([]db.ReplayAudit, error)) ([]DeadLetter, error) {
 	picked, err := s.listDead(ctx, tx, src, f)
-	if err != nil || len(picked) == 0 {
-		return picked, err
+	if err != nil {
+		return nil, err
+	}
+	if err := confirm.check(res.Action, src, actor, reason, picked); err != nil {
+		return nil, err
+	}
+	if len(picked) == 0 {
+		return picked, nil
+	}
+	if res.DryRun {
+		expires := s.cfg.Now().Add(s.cfg.ConfirmTTL).Truncate(time.Second)
+		res.Confirm = confirmToken(res.Action, src, actor, reason, picked, expires)
+		res.ConfirmExpires = &expires
 	}
 	var k deadKeys
 	order := make(map[string]int, len(picked))

@@ -1,10 +1,13 @@
 package console
 
 import (
+	"cmp"
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,7 +17,10 @@ import (
 
 // The actions. Each is reviewed first (requeue and purge as a dry run, the
 // skips by showing their target), and runs only with the confirmation token
-// the review issued for exactly that request.
+// the review issued for exactly that request, before it expires. Requeue and
+// purge carry the dry run's confirmation (admin.Result.Confirm) too, so they
+// act only on exactly the events reviewed; a gap skip carries the gap
+// reviewed.
 const (
 	opRequeue  = "requeue"
 	opPurge    = "purge"
@@ -34,11 +40,15 @@ type actRequest struct {
 	GapKey string
 	Actor  string
 	Reason string
+	// Reviewed is what the review showed: the dry run's confirmation
+	// (requeue, purge) or the gap's sequences (skip-gap).
+	Reviewed string
 }
 
 func readAct(v url.Values) actRequest {
 	return actRequest{Op: v.Get("op"), Filter: readFilter(v), All: v.Get("all") == "1", OlderThan: v.Get("older_than"),
-		GapKey: v.Get("gap_key"), Actor: strings.TrimSpace(v.Get("actor")), Reason: strings.TrimSpace(v.Get("reason"))}
+		GapKey: v.Get("gap_key"), Actor: strings.TrimSpace(v.Get("actor")), Reason: strings.TrimSpace(v.Get("reason")),
+		Reviewed: v.Get("reviewed")}
 }
 
 // Fields are the request's hidden inputs on the confirmation page.
@@ -48,7 +58,7 @@ func (a actRequest) Fields() [][2]string {
 	if a.All {
 		out = append(out, [2]string{"all", "1"})
 	}
-	for _, kv := range [][2]string{{"older_than", a.OlderThan}, {"gap_key", a.GapKey}, {"actor", a.Actor}, {"reason", a.Reason}} {
+	for _, kv := range [][2]string{{"older_than", a.OlderThan}, {"gap_key", a.GapKey}, {"actor", a.Actor}, {"reason", a.Reason}, {"reviewed", a.Reviewed}} {
 		if kv[1] != "" {
 			out = append(out, kv)
 		}
@@ -56,13 +66,27 @@ func (a actRequest) Fields() [][2]string {
 	return out
 }
 
-// token binds a confirmation to exactly this request.
-func (c *Console) token(a actRequest) string {
-	parts := []string{"act"}
+// token binds a confirmation to exactly this request until expires.
+func (c *Console) token(a actRequest, expires int64) string {
+	parts := []string{"act", strconv.FormatInt(expires, 10)}
 	for _, f := range a.Fields() {
 		parts = append(parts, f[0], f[1])
 	}
-	return c.mac(parts...)
+	return strconv.FormatInt(expires, 10) + "." + c.mac(parts...)
+}
+
+// confirmed checks the confirmation token posted with a: 0 when it is
+// valid, else the status and why not.
+func (c *Console) confirmed(a actRequest, token string) (int, string) {
+	exp, _, _ := strings.Cut(token, ".")
+	expires, err := strconv.ParseInt(exp, 10, 64)
+	if err != nil || subtle.ConstantTimeCompare([]byte(token), []byte(c.token(a, expires))) != 1 {
+		return http.StatusForbidden, "refused: this action was not reviewed as it stands (review it first; the confirmation is bound to the exact filter, actor and reason)"
+	}
+	if c.cfg.Now().Unix() >= expires {
+		return http.StatusConflict, "refused: the confirmation expired at " + time.Unix(expires, 0).UTC().Format(time.RFC3339) + ": review the action again"
+	}
+	return 0, ""
 }
 
 type confirmData struct {
@@ -121,8 +145,8 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 	case "review":
 		c.review(w, r, a)
 	case "run":
-		if r.PostForm.Get("confirm") != c.token(a) {
-			c.refuse(w, r, http.StatusForbidden, "refused: this action was not reviewed as it stands (review it first; the confirmation is bound to the exact filter, actor and reason)")
+		if status, why := c.confirmed(a, r.PostForm.Get("confirm")); status != 0 {
+			c.refuse(w, r, status, why)
 			return
 		}
 		c.run(w, r, a)
@@ -166,14 +190,16 @@ func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.R
 			return nil, nil, err
 		}
 		if a.Op == opRequeue {
-			res, err := c.cfg.Service.Requeue(ctx, src, admin.RequeueRequest{Filter: f, All: a.All, Actor: a.Actor, Reason: a.Reason, DryRun: dryRun})
+			res, err := c.cfg.Service.Requeue(ctx, src, admin.RequeueRequest{Filter: f, All: a.All, Actor: a.Actor, Reason: a.Reason,
+				DryRun: dryRun, Confirm: a.Reviewed})
 			return res, nil, err
 		}
 		older, err := a.olderThan()
 		if err != nil {
 			return nil, nil, err
 		}
-		res, err := c.cfg.Service.Purge(ctx, src, admin.PurgeRequest{Filter: f, OlderThan: older, Actor: a.Actor, Reason: a.Reason, DryRun: dryRun})
+		res, err := c.cfg.Service.Purge(ctx, src, admin.PurgeRequest{Filter: f, OlderThan: older, Actor: a.Actor, Reason: a.Reason,
+			DryRun: dryRun, Confirm: a.Reviewed})
 		return res, nil, err
 	case opSkipDead, opSkipGap:
 		if dryRun {
@@ -186,6 +212,10 @@ func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.R
 			req.EventID = a.Filter.EventID
 			res, err = c.cfg.Service.SkipDead(ctx, req)
 		} else {
+			if gap, gerr := c.gap(ctx, a); gerr != nil || gap != a.Reviewed {
+				return nil, nil, cmp.Or(gerr, fmt.Errorf("%w: nothing was skipped: the gap of key %q is now %s, not the %s reviewed; review it again",
+					admin.ErrStale, a.GapKey, cmp.Or(gap, "closed"), a.Reviewed))
+			}
 			req.Key = a.GapKey
 			res, err = c.cfg.Service.SkipGap(ctx, req)
 		}
@@ -199,6 +229,7 @@ func (c *Console) review(w http.ResponseWriter, r *http.Request, a actRequest) {
 		c.fail(w, r, fmt.Errorf("%w: who you are (actor) and why (reason) are required: both are written to the audit table", admin.ErrInvalid))
 		return
 	}
+	a.Reviewed = ""
 	d := confirmData{Req: a, Verb: verb(a.Op), Back: a.back()}
 	res, _, err := c.exec(r.Context(), a, true)
 	if err != nil {
@@ -230,8 +261,13 @@ func (c *Console) review(w http.ResponseWriter, r *http.Request, a actRequest) {
 			return
 		}
 	}
+	if res != nil {
+		d.Req.Reviewed = res.Confirm
+	} else if d.Key != nil {
+		d.Req.Reviewed = gapRange(d.Key)
+	}
 	if res == nil || res.Count > 0 {
-		d.Confirm = c.token(a)
+		d.Confirm = c.token(d.Req, c.cfg.Now().Add(c.cfg.Service.ConfirmTTL()).Unix())
 	}
 	c.render(w, r, http.StatusOK, "confirm", "Confirm "+d.Verb, d)
 }
@@ -250,6 +286,25 @@ func (c *Console) run(w http.ResponseWriter, r *http.Request, a actRequest) {
 		d.Audit += "?event_id=" + url.QueryEscape(a.Filter.EventID)
 	}
 	c.render(w, r, http.StatusOK, "done", "Done", d)
+}
+
+// gapRange names the sequences a gap skip gives up on.
+func gapRange(k *inbox.WaitingKey) string {
+	return fmt.Sprintf("%d…%d", k.WaitingFor, k.FirstHeld)
+}
+
+// gap returns the sequences of a's gap now ("" when the key has none).
+func (c *Console) gap(ctx context.Context, a actRequest) (string, error) {
+	keys, err := c.cfg.Service.Waiting(ctx, a.Filter.Handler, 0)
+	if err != nil {
+		return "", err
+	}
+	for i := range keys {
+		if keys[i].Key == a.GapKey && keys[i].State == "gap" {
+			return gapRange(&keys[i]), nil
+		}
+	}
+	return "", nil
 }
 
 // actor returns the actor remembered from the last action.

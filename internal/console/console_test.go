@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -9,12 +10,14 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/console"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -66,6 +69,17 @@ func (c *client) get(path string) (int, string) {
 var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 var confirmRe = regexp.MustCompile(`name="confirm" value="([^"]+)"`)
 
+var reviewedRe = regexp.MustCompile(`name="reviewed" value="([^"]+)"`)
+
+// confirmed copies a review's confirmation (and what it reviewed) into form.
+func confirmed(t *testing.T, form url.Values, body string) {
+	t.Helper()
+	form.Set("confirm", find(t, confirmRe, body))
+	if m := reviewedRe.FindStringSubmatch(body); m != nil {
+		form.Set("reviewed", html.UnescapeString(m[1]))
+	}
+}
+
 func find(t *testing.T, re *regexp.Regexp, body string) string {
 	t.Helper()
 	m := re.FindStringSubmatch(body)
@@ -74,13 +88,17 @@ func find(t *testing.T, re *regexp.Regexp, body string) string {
 }
 
 func start(t *testing.T, token string) (*admintest.Bundle, *httptest.Server) {
-	b := admintest.Setup(t)
+	return startWith(t, token, admintest.Setup(t), nil)
+}
+
+// startWith starts the console on b with the clock now (nil: time.Now).
+func startWith(t *testing.T, token string, b *admintest.Bundle, now func() time.Time) (*admintest.Bundle, *httptest.Server) {
 	admintest.Fixtures(t, b.Pool)
 	reg := prometheus.NewRegistry()
 	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "consumer_processed_total", ConstLabels: prometheus.Labels{"handler": "default"}})
 	reg.MustRegister(processed)
 	con, err := console.New(console.Config{Service: b.Svc, Program: "consumer", Token: token, Gatherer: reg,
-		SampleEvery: 50 * time.Millisecond, DedupWindow: 12 * time.Hour,
+		SampleEvery: 50 * time.Millisecond, DedupWindow: 12 * time.Hour, Now: now,
 		Broker: func(context.Context) (*console.BrokerSettings, error) {
 			return &console.BrokerSettings{Kind: "NATS JetStream stream", Name: "PGRELAY", MaxAge: 24 * time.Hour}, nil
 		}})
@@ -175,7 +193,7 @@ func TestActionNeedsReviewAndCSRF(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "Dry run: 1 event(s) would be requeued")
 	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "the dry run changed nothing")
-	run.Set("confirm", find(t, confirmRe, body))
+	confirmed(t, run, body)
 
 	tampered := url.Values{}
 	for k, v := range run {
@@ -226,7 +244,7 @@ func TestBulkPurgeOnFilter(t *testing.T) {
 	require.Contains(t, body, "d-orders-1")
 	require.NotContains(t, body, "d-orders-2", "dead for only 2h")
 	form.Set("step", "run")
-	form.Set("confirm", find(t, confirmRe, body))
+	confirmed(t, form, body)
 	code, body, _ = c.do(http.MethodPost, "/console/act", form)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "1 event(s) purged")
@@ -234,6 +252,48 @@ func TestBulkPurgeOnFilter(t *testing.T) {
 	require.Equal(t, "absent", st)
 	st, _, _ = admintest.StatusOf(t, b.Pool, "d-orders-2")
 	require.Equal(t, "dead", st)
+}
+
+// TestConfirmActsOnlyOnWhatWasReviewed: the review shows 2 dead events, a
+// third goes dead before Confirm: the confirmation is refused and nothing is
+// purged; a confirmation past its time is refused too.
+func TestConfirmActsOnlyOnWhatWasReviewed(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	svc, err := admin.New(admin.Config{Pool: b.Pool, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	require.NoError(t, err)
+	b.Svc = svc
+	_, srv := startWith(t, "", b, nil)
+	c := newClient(t, srv.URL)
+	_, page := c.get("/console/dead?source=inbox&topic=orders")
+	review := func(form url.Values) url.Values {
+		t.Helper()
+		form.Set("step", "review")
+		code, body, _ := c.do(http.MethodPost, "/console/act", form)
+		require.Equal(t, http.StatusOK, code, body)
+		form.Set("step", "run")
+		confirmed(t, form, body)
+		return form
+	}
+	form := review(url.Values{"csrf": {find(t, csrfRe, page)}, "op": {"purge"}, "source": {"inbox"}, "topic": {"orders"},
+		"older_than": {"0s"}, "actor": {"bob"}, "reason": {"old junk"}})
+	_, err = b.Pool.Exec(context.Background(),
+		`UPDATE pgrelay.inbox SET status = 'dead', last_error = 'late', finished_at = now() WHERE event_id = 'q-orders-1'`)
+	require.NoError(t, err)
+	before := admintest.Snapshot(t, b.Pool)
+	code, body, _ := c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "the events it selects now (3) are not the 2 reviewed")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "nothing was purged")
+
+	form = review(form)
+	now.Add(int64(admin.DefaultConfirmTTL + time.Second))
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "expired")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "nothing was purged")
 }
 
 // TestTokenRules: with a token, pages ask to sign in, actions are refused
@@ -328,7 +388,7 @@ func TestOrderedSkipsInTheConsole(t *testing.T) {
 		code, body, _ := c.do(http.MethodPost, "/console/act", form)
 		require.Equal(t, http.StatusOK, code, body)
 		form.Set("step", "run")
-		form.Set("confirm", find(t, confirmRe, body))
+		confirmed(t, form, body)
 		code, body, _ = c.do(http.MethodPost, "/console/act", form)
 		require.Equal(t, http.StatusOK, code, body)
 		require.Contains(t, body, want)
@@ -342,4 +402,41 @@ func TestOrderedSkipsInTheConsole(t *testing.T) {
 	require.Equal(t, 2, n)
 	_, page = c.get("/console/ordered")
 	require.Contains(t, page, "no key waits")
+}
+
+// TestGapSkipBoundToTheReviewedGap: a gap skip reviewed for sequences 1…3 is
+// refused once the gap changed, and once its confirmation expired.
+func TestGapSkipBoundToTheReviewedGap(t *testing.T) {
+	t.Parallel()
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	b, srv := startWith(t, "", admintest.Setup(t), func() time.Time { return time.Unix(0, now.Load()) })
+	ctx := context.Background()
+	msg := func(id string, seq int64) inbox.Incoming {
+		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: "h", KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	}
+	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("h-3", 3)})
+	require.NoError(t, err)
+	c := newClient(t, srv.URL)
+	_, page := c.get("/console/ordered")
+	form := url.Values{"csrf": {find(t, csrfRe, page)}, "op": {"skip-gap"}, "source": {"inbox"}, "handler": {"default"}, "gap_key": {"h"},
+		"actor": {"ops"}, "reason": {"lost"}, "step": {"review"}}
+	code, body, _ := c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusOK, code, body)
+	form.Set("step", "run")
+	confirmed(t, form, body)
+	require.Equal(t, "1…3", form.Get("reviewed"))
+	now.Add(int64(admin.DefaultConfirmTTL + time.Second))
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "expired")
+	now.Add(-int64(2 * time.Minute))
+
+	_, err = inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("h-2", 2)})
+	require.NoError(t, err)
+	before := admintest.Snapshot(t, b.Pool)
+	code, body, _ = c.do(http.MethodPost, "/console/act", form)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "not the 1…3 reviewed")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
 }

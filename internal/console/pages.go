@@ -83,6 +83,8 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, admin.ErrInvalid):
 		status = http.StatusBadRequest
+	case errors.Is(err, admin.ErrStale):
+		status = http.StatusConflict
 	case errors.Is(err, admin.ErrNotFound):
 		status = http.StatusNotFound
 	case errors.Is(err, admin.ErrUnsupported):

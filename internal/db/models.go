@@ -179,14 +179,16 @@ type OutboxWal struct {
 type RelayNode struct {
 	NodeID   string
 	LastSeen time.Time
+	LockKey  *int64
 }
 
 type RelayPartition struct {
-	Partition  int32
-	Owner      *string
-	Epoch      int64
-	LeaseUntil time.Time
-	AcquiredAt *time.Time
+	Partition    int32
+	Owner        *string
+	Epoch        int64
+	LeaseUntil   time.Time
+	AcquiredAt   *time.Time
+	OwnerLockKey *int64
 }
 
 type RelayWakeup struct {
@@ -215,6 +217,14 @@ type ShopOrder struct {
 	Paid        bool
 	CreatedAt   time.Time
 	PaidAt      *time.Time
+}
+
+type WalKey struct {
+	ID        int32
+	Secret    []byte
+	Ipad      []byte
+	Opad      []byte
+	CreatedAt time.Time
 }
 
 type WalSeqAssignment struct {

@@ -21,3 +21,5 @@ ALTER TABLE http_idempotency_keys SET SCHEMA pgrelay;
 ALTER TABLE guard_keys SET SCHEMA pgrelay;
 ALTER TABLE inbox_subscriptions SET SCHEMA pgrelay;
 ALTER TABLE wal_seq_assignments SET SCHEMA pgrelay;
+ALTER TABLE wal_keys SET SCHEMA pgrelay;
+ALTER FUNCTION emit_wal(bytea[]) SET SCHEMA pgrelay;

@@ -15,13 +15,14 @@ const acquirePartitions = `-- name: AcquirePartitions :many
 WITH free AS (
     SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
     WHERE rp.owner IS NULL OR rp.lease_until < now()
+       OR (rp.owner, rp.owner_lock_key) IN (SELECT pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::bigint[]))
     ORDER BY rp.partition
-    LIMIT $3
+    LIMIT $6
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.relay_partitions p
-SET owner = $1::text, epoch = p.epoch + 1,
-    lease_until = now() + make_interval(secs => $2::float8), acquired_at = now()
+SET owner = $1::text, owner_lock_key = $2::bigint, epoch = p.epoch + 1,
+    lease_until = now() + make_interval(secs => $3::float8), acquired_at = now()
 FROM free
 WHERE p.partition = free.partition
 RETURNING p.partition, p.epoch, free.owner AS previous_owner
@@ -29,7 +30,10 @@ RETURNING p.partition, p.epoch, free.owner AS previous_owner
 
 type AcquirePartitionsParams struct {
 	Owner        string
+	LockKey      *int64
 	LeaseSeconds float64
+	EndedOwners  []string
+	EndedKeys    []int64
 	MaxCount     int32
 }
 
@@ -39,10 +43,20 @@ type AcquirePartitionsRow struct {
 	PreviousOwner *string
 }
 
-// AcquirePartitions takes up to max_count free or expired partitions, bumping
-// each one's epoch, and returns the previous owner of each (NULL when free).
+// AcquirePartitions takes up to max_count free or expired partitions, or
+// partitions held under an ended lock session ((owner, owner_lock_key) among
+// the pairs ended_owners, ended_keys), bumping each one's epoch, and returns
+// the previous owner of each (NULL when free). The lease is held under
+// lock_key (NULL: lease only).
 func (q *Queries) AcquirePartitions(ctx context.Context, db DBTX, arg AcquirePartitionsParams) ([]AcquirePartitionsRow, error) {
-	rows, err := db.Query(ctx, acquirePartitions, arg.Owner, arg.LeaseSeconds, arg.MaxCount)
+	rows, err := db.Query(ctx, acquirePartitions,
+		arg.Owner,
+		arg.LockKey,
+		arg.LeaseSeconds,
+		arg.EndedOwners,
+		arg.EndedKeys,
+		arg.MaxCount,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -86,10 +100,17 @@ func (q *Queries) CountInProgress(ctx context.Context, db DBTX, xids []string) (
 }
 
 const countLiveNodes = `-- name: CountLiveNodes :one
-SELECT count(*)::int FROM pgrelay.relay_nodes
-WHERE last_seen > now() - make_interval(secs => $1::float8)
+SELECT count(*)::int FROM pgrelay.relay_nodes n
+WHERE n.last_seen > now() - make_interval(secs => $1::float8)
+  AND (n.lock_key IS NULL OR EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+          AND ((l.classid::bigint << 32) | l.objid::bigint) = n.lock_key))
 `
 
+// CountLiveNodes counts the relays seen within ttl_seconds, except those
+// whose lock session has ended (no session holds their lock key).
 func (q *Queries) CountLiveNodes(ctx context.Context, db DBTX, ttlSeconds float64) (int32, error) {
 	row := db.QueryRow(ctx, countLiveNodes, ttlSeconds)
 	var column_1 int32
@@ -154,13 +175,64 @@ func (q *Queries) DeleteStaleNodes(ctx context.Context, db DBTX, ttlSeconds floa
 	return err
 }
 
+const endedLockSessions = `-- name: EndedLockSessions :many
+SELECT n.node_id, n.lock_key::bigint AS lock_key FROM pgrelay.relay_nodes n
+WHERE n.lock_key IS NOT NULL AND n.node_id <> $1
+  AND EXISTS (SELECT 1 FROM pgrelay.relay_partitions rp WHERE rp.owner = n.node_id AND rp.owner_lock_key = n.lock_key)
+  AND NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+          AND ((l.classid::bigint << 32) | l.objid::bigint) = n.lock_key)
+`
+
+type EndedLockSessionsRow struct {
+	NodeID  string
+	LockKey int64
+}
+
+// EndedLockSessions returns the other relays that own partitions under a
+// lock key no session holds any more: their lock session has ended (the
+// process died, or its connection was closed). A key is held by one session
+// at most and never taken again once released. pg_locks is readable by every
+// role; pg_advisory_lock(bigint) shows its key's high 32 bits as classid,
+// the low ones as objid, with objsubid 1.
+func (q *Queries) EndedLockSessions(ctx context.Context, db DBTX, nodeID string) ([]EndedLockSessionsRow, error) {
+	rows, err := db.Query(ctx, endedLockSessions, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []EndedLockSessionsRow{}
+	for rows.Next() {
+		var i EndedLockSessionsRow
+		if err := rows.Scan(&i.NodeID, &i.LockKey); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const heartbeatNode = `-- name: HeartbeatNode :exec
-INSERT INTO pgrelay.relay_nodes (node_id, last_seen) VALUES ($1, now())
+INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1, now(), $2)
 ON CONFLICT (node_id) DO UPDATE SET last_seen = now()
 `
 
-func (q *Queries) HeartbeatNode(ctx context.Context, db DBTX, nodeID string) error {
-	_, err := db.Exec(ctx, heartbeatNode, nodeID)
+type HeartbeatNodeParams struct {
+	NodeID  string
+	LockKey *int64
+}
+
+// HeartbeatNode records that the relay is alive. lock_key (NULL: lease only)
+// goes into a new row only: the key of an existing row is RegisterLockKey's,
+// so a heartbeat sent under a session that has just ended never puts its key
+// back.
+func (q *Queries) HeartbeatNode(ctx context.Context, db DBTX, arg HeartbeatNodeParams) error {
+	_, err := db.Exec(ctx, heartbeatNode, arg.NodeID, arg.LockKey)
 	return err
 }
 
@@ -579,8 +651,33 @@ func (q *Queries) RecordPublishFailure(ctx context.Context, db DBTX, arg RecordP
 	return result.RowsAffected(), nil
 }
 
+const registerLockKey = `-- name: RegisterLockKey :execrows
+WITH node AS (
+    INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1::text, pg_catalog.now(), $2::bigint)
+    ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now(), lock_key = EXCLUDED.lock_key
+)
+UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
+WHERE owner = $1::text AND owner_lock_key IS DISTINCT FROM $2::bigint
+`
+
+type RegisterLockKeyParams struct {
+	NodeID  string
+	LockKey int64
+}
+
+// RegisterLockKey records the key of the relay's new lock session (already
+// held) in its node row and releases the leases it took under an earlier
+// session, which the relay no longer works; it returns how many it released.
+func (q *Queries) RegisterLockKey(ctx context.Context, db DBTX, arg RegisterLockKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, registerLockKey, arg.NodeID, arg.LockKey)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const releasePartitions = `-- name: ReleasePartitions :execrows
-UPDATE pgrelay.relay_partitions SET owner = NULL, lease_until = '-infinity'
+UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
 WHERE owner = $1::text AND partition = ANY($2::int[])
 `
 
@@ -608,12 +705,14 @@ UPDATE pgrelay.relay_partitions p
 SET lease_until = now() + make_interval(secs => $1::float8)
 FROM mine
 WHERE p.partition = mine.partition AND p.owner = $2::text
+  AND p.owner_lock_key IS NOT DISTINCT FROM $3::bigint
 RETURNING p.partition, p.epoch
 `
 
 type RenewLeasesParams struct {
 	LeaseSeconds float64
 	Owner        string
+	LockKey      *int64
 }
 
 type RenewLeasesRow struct {
@@ -621,13 +720,14 @@ type RenewLeasesRow struct {
 	Epoch     int64
 }
 
-// RenewLeases extends every lease the relay still owns and returns them; a
-// partition missing from the result was taken over. It locks the lease rows
+// RenewLeases extends every lease the relay still owns under its lock session
+// lock_key (NULL: lease only) and returns them; a partition missing from the
+// result was taken over. It locks the lease rows
 // in partition order, as MarkOutcomesMany does: a combined mark holding one
 // lease row while waiting for another never waits on a renewal that holds
 // the second and waits for the first (a deadlock).
 func (q *Queries) RenewLeases(ctx context.Context, db DBTX, arg RenewLeasesParams) ([]RenewLeasesRow, error) {
-	rows, err := db.Query(ctx, renewLeases, arg.LeaseSeconds, arg.Owner)
+	rows, err := db.Query(ctx, renewLeases, arg.LeaseSeconds, arg.Owner, arg.LockKey)
 	if err != nil {
 		return nil, err
 	}
@@ -644,4 +744,17 @@ func (q *Queries) RenewLeases(ctx context.Context, db DBTX, arg RenewLeasesParam
 		return nil, err
 	}
 	return items, nil
+}
+
+const tryLockKey = `-- name: TryLockKey :one
+SELECT pg_catalog.pg_try_advisory_lock($1::bigint) AS locked
+`
+
+// TryLockKey takes the session-level advisory lock on key, held until the
+// session ends.
+func (q *Queries) TryLockKey(ctx context.Context, db DBTX, lockKey int64) (bool, error) {
+	row := db.QueryRow(ctx, tryLockKey, lockKey)
+	var locked bool
+	err := row.Scan(&locked)
+	return locked, err
 }

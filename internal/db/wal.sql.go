@@ -114,11 +114,12 @@ func (q *Queries) CreateWALSlot(ctx context.Context, db DBTX, slotName string) e
 }
 
 const emitWAL = `-- name: EmitWAL :exec
-SELECT pg_logical_emit_message(true, 'pgrelay', m) FROM unnest($1::bytea[]) AS m
+SELECT pgrelay.emit_wal($1::bytea[])
 `
 
-// Writes each content to the WAL as a transactional logical decoding message
-// with pgrelay's prefix, in order: decoded only if the transaction commits.
+// Writes each content to the WAL, signed, as a transactional logical
+// decoding message with pgrelay's prefix, in order: decoded only if the
+// transaction commits (migration 00116; the caller needs EXECUTE on it).
 func (q *Queries) EmitWAL(ctx context.Context, db DBTX, contents [][]byte) error {
 	_, err := db.Exec(ctx, emitWAL, contents)
 	return err
@@ -150,4 +151,34 @@ SELECT pg_logical_emit_message(false, 'pgrelay-heartbeat', ''::bytea)
 func (q *Queries) WALHeartbeat(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, wALHeartbeat)
 	return err
+}
+
+const wALKeys = `-- name: WALKeys :many
+SELECT id, secret FROM pgrelay.wal_keys
+`
+
+type WALKeysRow struct {
+	ID     int32
+	Secret []byte
+}
+
+// The keys the WAL capture checks the messages' signatures with.
+func (q *Queries) WALKeys(ctx context.Context, db DBTX) ([]WALKeysRow, error) {
+	rows, err := db.Query(ctx, wALKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WALKeysRow{}
+	for rows.Next() {
+		var i WALKeysRow
+		if err := rows.Scan(&i.ID, &i.Secret); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

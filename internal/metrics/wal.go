@@ -16,7 +16,12 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 type WALObserver struct {
 	lagBytes, lagSeconds, reading, capture prometheus.Gauge
 	status                                 *prometheus.GaugeVec
+	rejected                               *prometheus.CounterVec
 }
+
+// walRejectReasons are relay_wal_rejected_total's reasons
+// (relay.WALObserver.WALRejected).
+var walRejectReasons = []string{"unsigned", "unknown_key", "bad_signature"}
 
 // NewWALObserver registers the WAL capture's metrics on reg. A relay
 // registers them whatever its capture, so that dashboards and alert rules
@@ -43,13 +48,23 @@ func NewWALObserver(reg prometheus.Registerer) *WALObserver {
 			Name: "relay_wal_slot_status",
 			Help: "The replication slot's wal_status: 1 for the current one (reserved, extended, unreserved, lost).",
 		}, []string{"wal_status"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "relay_wal_rejected_total",
+			Help: "Messages with pgrelay's prefix skipped, never published, because no allowed producer signed them (reason: unsigned, unknown_key, bad_signature; docs/wal.md#who-can-publish).",
+		}, []string{"reason"}),
 	}
 	for _, st := range walStatuses {
 		o.status.WithLabelValues(st) // every series exported, at 0, from the start
 	}
-	reg.MustRegister(o.lagBytes, o.lagSeconds, o.reading, o.capture, o.status)
+	for _, r := range walRejectReasons {
+		o.rejected.WithLabelValues(r)
+	}
+	reg.MustRegister(o.lagBytes, o.lagSeconds, o.reading, o.capture, o.status, o.rejected)
 	return o
 }
+
+// WALRejected implements relay.WALObserver.
+func (o *WALObserver) WALRejected(reason string) { o.rejected.WithLabelValues(reason).Inc() }
 
 // WALSlot implements relay.WALObserver.
 func (o *WALObserver) WALSlot(s relay.WALSlotStatus) {

@@ -17,6 +17,9 @@ const childEnv = "PGRELAY_TEST_RELAY_CHILD"
 
 // runChild runs a relay that, after its first publish is acknowledged and
 // before it marks anything, prints "PUBLISHED" and blocks until it is killed.
+// With CHILD_LEASE set, it is a plain relay with that lease, a heartbeat every
+// CHILD_HEARTBEAT (default: a third of the lease) and the name CHILD_NODE_ID
+// (default "child").
 func runChild() int {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("CHILD_DATABASE_URL"))
@@ -31,13 +34,30 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	r, err := New(Config{
+	cfg := Config{
 		Pool: pool, Publisher: pub, NodeID: "child", Lease: time.Second, HeartbeatInterval: 200 * time.Millisecond,
 		hooks: hooks{afterPublish: func(int32, []int64) {
 			fmt.Println("PUBLISHED")
 			select {}
 		}},
-	})
+	}
+	if lease := os.Getenv("CHILD_LEASE"); lease != "" {
+		if cfg.Lease, err = time.ParseDuration(lease); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		cfg.HeartbeatInterval, cfg.hooks = cfg.Lease/3, hooks{}
+		if hb := os.Getenv("CHILD_HEARTBEAT"); hb != "" {
+			if cfg.HeartbeatInterval, err = time.ParseDuration(hb); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 2
+			}
+		}
+		if id := os.Getenv("CHILD_NODE_ID"); id != "" {
+			cfg.NodeID = id
+		}
+	}
+	r, err := New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -20,14 +20,16 @@ type Config struct {
 	// Pool is the PostgreSQL pool holding the outbox. Required. The relay
 	// holds one of its connections for LISTEN.
 	Pool *pgxpool.Pool
-	// ListenConnConfig, when set, is the connection LISTEN is dialled with
-	// instead of the pool's settings: a direct connection to PostgreSQL for
-	// a pool behind a pooler in transaction mode. Default: the pool's.
+	// ListenConnConfig, when set, is the connection LISTEN and the lock
+	// session are dialled with instead of the pool's settings: a direct
+	// connection to PostgreSQL for a pool behind a pooler in transaction
+	// mode. Default: the pool's.
 	ListenConnConfig *pgx.ConnConfig
-	// NoListen turns LISTEN/NOTIFY wake-ups off: idle partitions find new
-	// rows every PollInterval, and partitions another relay released are
-	// taken at the next heartbeat. For a pool behind a pooler in transaction
-	// mode, where LISTEN does not work, without ListenConnConfig.
+	// NoListen turns LISTEN/NOTIFY wake-ups and the lock session off: idle
+	// partitions find new rows every PollInterval, partitions another relay
+	// released are taken at the next heartbeat, and a crashed relay's when
+	// their leases expire. For a pool behind a pooler in transaction mode,
+	// where LISTEN and session locks do not work, without ListenConnConfig.
 	NoListen bool
 	// Publisher publishes the events. Required. The relay does not close it.
 	Publisher broker.Publisher
@@ -41,8 +43,9 @@ type Config struct {
 	// BatchSize is the most rows read, published and marked at once per
 	// partition. Default: DefaultBatchSize; at most 10,000.
 	BatchSize int
-	// Lease is how long a partition lease lasts without renewal;
-	// a crashed relay's partitions are taken over after it. Default: 15s.
+	// Lease is how long a partition lease lasts without renewal; a crashed
+	// relay's partitions are taken over after it, or about a second after
+	// its lock session ended (session.go). Default: 15s.
 	Lease time.Duration
 	// HeartbeatInterval is how often leases are renewed and partitions
 	// rebalanced; at most half of Lease. Default: Lease/3.

@@ -19,18 +19,26 @@ func (r *Relay) tick(ctx context.Context) error {
 	if h := r.cfg.hooks.beforeHeartbeat; h != nil {
 		h()
 	}
+	// With a lock session, leases are renewed and taken under it, and its
+	// workers work them; while it is down (reconnecting), nothing is.
+	var s *lockSession
+	if r.locking() {
+		if s = r.session(); s == nil {
+			return nil
+		}
+	}
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	renewed, deadline, err := r.renew(qctx)
+	renewed, deadline, err := r.renew(qctx, s)
 	if err != nil {
 		return err
 	}
-	owned := r.keepRenewed(ctx, renewed, deadline)
+	owned := r.keepRenewed(ctx, renewed, deadline, s)
 	share, err := r.fairShare(qctx)
 	if err != nil {
 		return err
 	}
-	if err := r.rebalance(ctx, qctx, owned, share); err != nil {
+	if err := r.rebalance(ctx, qctx, owned, share, s); err != nil {
 		return err
 	}
 	r.reportHeld()
@@ -42,17 +50,18 @@ func (r *Relay) tick(ctx context.Context) error {
 	return nil
 }
 
-// renew registers this relay (heartbeat) and renews the leases it holds; it
-// returns them with the deadline they last until on this process's clock.
-func (r *Relay) renew(qctx context.Context) ([]db.RenewLeasesRow, time.Duration, error) {
-	if err := r.q.HeartbeatNode(qctx, r.cfg.Pool, r.cfg.NodeID); err != nil {
+// renew registers this relay (heartbeat) and renews the leases it holds under
+// s (nil: lease only); it returns them with the deadline they last until on
+// this process's clock.
+func (r *Relay) renew(qctx context.Context, s *lockSession) ([]db.RenewLeasesRow, time.Duration, error) {
+	if err := r.q.HeartbeatNode(qctx, r.cfg.Pool, db.HeartbeatNodeParams{NodeID: r.cfg.NodeID, LockKey: s.lockKey()}); err != nil {
 		return nil, 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	// A lease renewed or taken by a statement sent now lasts at least until
 	// now + Lease on this process's clock: the database's lease_until
 	// is computed later, from the same duration.
 	deadline := r.leaseDeadline()
-	renewed, err := r.q.RenewLeases(qctx, r.cfg.Pool, db.RenewLeasesParams{LeaseSeconds: r.cfg.Lease.Seconds(), Owner: r.cfg.NodeID})
+	renewed, err := r.q.RenewLeases(qctx, r.cfg.Pool, db.RenewLeasesParams{LeaseSeconds: r.cfg.Lease.Seconds(), Owner: r.cfg.NodeID, LockKey: s.lockKey()})
 	if err != nil {
 		return nil, 0, fmt.Errorf("renew leases: %w", err)
 	}
@@ -61,8 +70,8 @@ func (r *Relay) renew(qctx context.Context) ([]db.RenewLeasesRow, time.Duration,
 
 // keepRenewed stops the workers whose lease was not renewed at their epoch
 // (lost), extends the others' to deadline, starts a worker for a lease held
-// with none, and returns the partitions this relay now works.
-func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, deadline time.Duration) []int32 {
+// with none (under s), and returns the partitions this relay now works.
+func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, deadline time.Duration, s *lockSession) []int32 {
 	held := make(map[int32]int64, len(renewed))
 	for _, l := range renewed {
 		held[l.Partition] = l.Epoch
@@ -94,7 +103,7 @@ func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, de
 	}
 	r.mu.Unlock()
 	for _, l := range orphans {
-		r.startWorker(ctx, l.Partition, l.Epoch, deadline)
+		r.startWorker(ctx, l.Partition, l.Epoch, deadline, s)
 	}
 	return owned
 }
@@ -118,8 +127,8 @@ func (r *Relay) fairShare(qctx context.Context) (int, error) {
 }
 
 // rebalance gives up the partitions owned beyond share, or acquires free or
-// expired ones up to it.
-func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int) error {
+// expired ones, or those of an ended lock session, up to it, under s.
+func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int, s *lockSession) error {
 	switch {
 	case len(owned) > share:
 		// Give up the highest partitions beyond the fair share; each worker
@@ -132,9 +141,11 @@ func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int) e
 		}
 		r.mu.Unlock()
 	case len(owned) < share:
+		owners, keys := r.takeable()
 		deadline := r.leaseDeadline()
 		got, err := r.q.AcquirePartitions(qctx, r.cfg.Pool, db.AcquirePartitionsParams{
-			Owner: r.cfg.NodeID, LeaseSeconds: r.cfg.Lease.Seconds(), MaxCount: int32(share - len(owned)),
+			Owner: r.cfg.NodeID, LockKey: s.lockKey(), LeaseSeconds: r.cfg.Lease.Seconds(), MaxCount: int32(share - len(owned)),
+			EndedOwners: owners, EndedKeys: keys,
 		})
 		if err != nil {
 			return fmt.Errorf("acquire partitions: %w", err)
@@ -143,7 +154,7 @@ func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int) e
 			takenOver := a.PreviousOwner != nil
 			r.log.Info("partition acquired", zap.Int32("partition", a.Partition), zap.Int64("epoch", a.Epoch), zap.Bool("taken_over", takenOver))
 			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
-			r.startWorker(ctx, a.Partition, a.Epoch, deadline)
+			r.startWorker(ctx, a.Partition, a.Epoch, deadline, s)
 		}
 	}
 	return nil
@@ -181,6 +192,11 @@ var errFenced = errors.New("fenced: the partition was taken over")
 // expired (the relay was paused, or its heartbeats failed): another relay may
 // own the partition and have published the rows already.
 var errLeaseExpired = errors.New("lease expired before publishing: the batch was not published")
+
+// errSessionLapsed reports a batch not published because the relay's lock
+// session was not confirmed within lockValidFor, or has ended: another relay
+// may take the partition.
+var errSessionLapsed = errors.New("lock session not confirmed: the batch was not published")
 
 // leaseDeadline is the end of a lease renewed or taken by a statement sent
 // now, on the monotonic clock.

@@ -3,7 +3,8 @@
 // publishes pending rows in id order, waits for every acknowledgement, then
 // marks them published in one statement fenced by the lease's epoch. Several
 // relays share the partitions fairly; a crashed relay's partitions are taken
-// over when its leases expire.
+// over about a second after its lock session ended, or when its leases
+// expire.
 package relay
 
 import (
@@ -51,6 +52,13 @@ type Relay struct {
 	// pool (0: none); touched by Run's goroutine only.
 	poolWarnedShare int
 
+	// lockMu guards sess, the current lock session (nil: none now, or lease
+	// only), and ended, the other relays' lock sessions seen ended by the
+	// last check, with when each was first seen (session.go).
+	lockMu sync.Mutex
+	sess   *lockSession
+	ended  map[endedOwner]time.Time
+
 	// wal is the WAL capture (Config.Capture CaptureWAL), once Run started it.
 	walMu sync.Mutex
 	wal   *walSource
@@ -60,7 +68,7 @@ type Relay struct {
 // at once: per partition the read of its next batch and the mark of the
 // previous one, which run at the same time, plus the heartbeat, the
 // retention delete, the statistics check and the poll of busy partitions.
-// (The LISTEN connection is dialled beside the pool.) A
+// (The LISTEN and lock connections are dialled beside the pool.) A
 // smaller pool makes partition workers queue for connections: with 16
 // partitions on a 6-connection pool the relay drained 40–80 % slower.
 func PoolConns(partitions int) int { return 2*partitions + 4 }
@@ -127,6 +135,17 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
 	stats := maintenance.Statistics{Pool: r.cfg.Pool, Table: "outbox", Interval: r.cfg.StatisticsInterval, Logger: r.log}
 	go func() { defer bg.Done(); stats.Run(ctx) }()
+	// The lock session outlives the shutdown: the batches in flight are
+	// published under it, and the leases released, before it ends.
+	lockCtx, stopLock := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLock()
+	lockDone := make(chan struct{})
+	go func() {
+		defer close(lockDone)
+		if r.locking() {
+			r.keepLock(lockCtx)
+		}
+	}()
 
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -134,6 +153,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			r.shutdown()
+			stopLock()
+			<-lockDone
 			bg.Wait()
 			r.log.Info("relay stopped")
 			return nil

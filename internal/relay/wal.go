@@ -111,11 +111,11 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	w := &walSource{r: r, log: r.log.With(zap.String("capture", "wal"), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
+	w := &walSource{r: r, log: r.log.With(zap.String("capture", CaptureWAL), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
 	r.walMu.Lock()
 	r.wal = w
 	r.walMu.Unlock()
-	w.log.Info("relay starting", zap.String("capture", CaptureWAL), zap.Int("batch_size", r.cfg.BatchSize))
+	w.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize))
 	if err := w.setup(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -201,6 +201,12 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	w.senderTimeout = time.Duration(timeoutMS) * time.Millisecond
 	if walLevel != "logical" {
 		return &setupError{bad("Capture", "{} %q needs the server's wal_level = logical (it is %s): set it in postgresql.conf and restart PostgreSQL", CaptureWAL, walLevel)}
+	}
+	if _, err := w.loadKeys(qctx); err != nil {
+		if isCode(err, "42501") { // insufficient_privilege
+			return &setupError{err}
+		}
+		return err
 	}
 	// The publication publishes inserts only: pgrelay.outbox_wal's, added
 	// by setupTable; its TRUNCATE is not sent.
@@ -307,6 +313,10 @@ func (w *walSource) loop(ctx context.Context) error {
 
 // session streams the slot once: until ctx ends or the connection fails.
 func (w *walSource) session(ctx context.Context) error {
+	keys, err := w.loadKeys(ctx)
+	if err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
 	conn, err := pgconn.ConnectConfig(cctx, w.connCfg)
 	cancel()
@@ -335,6 +345,7 @@ func (w *walSource) session(ctx context.Context) error {
 		return fmt.Errorf("start replication: %w", err)
 	}
 	s := w.newSession(conn)
+	s.keys = keys
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	s.end = stop
@@ -411,6 +422,9 @@ type walSession struct {
 	// their columns (reader only).
 	rels  map[uint32]*pglogrepl.RelationMessage
 	types *pgtype.Map
+	// keys are pgrelay.wal_keys' secrets by id, which sign the emitted
+	// events (reader only).
+	keys map[int32][]byte
 }
 
 func (w *walSource) newSession(conn *pgconn.PgConn) *walSession {
@@ -549,7 +563,17 @@ func (s *walSession) read(ctx context.Context) error {
 				if lm.Prefix != walmsg.Prefix || cur == nil {
 					continue
 				}
-				m, err := walmsg.Decode(lm.Content)
+				body, err := s.verify(ctx, lm)
+				if err != nil {
+					if !errors.Is(err, errRejected) {
+						return err
+					}
+					continue
+				}
+				m, err := walmsg.Decode(body)
+				if err == nil {
+					err = checkWALEvent(m)
+				}
 				if err != nil {
 					s.w.log.Error("a pgrelay message in the WAL cannot be decoded; it is skipped (written with pg_logical_emit_message by hand?)",
 						zap.String("lsn", lm.LSN.String()), zap.Error(err))
@@ -710,7 +734,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				return err
 			}
 			t0 := time.Now()
-			results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
+			results := r.publish(context.Background(), chunk, time.Now().Add(r.cfg.PublishTimeout))
 			r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
 			var transient error
 			published, dups, terminal := 0, 0, 0

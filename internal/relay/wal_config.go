@@ -71,6 +71,10 @@ type WALConfig struct {
 type WALObserver interface {
 	// WALSlot reports the slot's status as of a heartbeat.
 	WALSlot(s WALSlotStatus)
+	// WALRejected reports a message with pgrelay's prefix skipped, never
+	// published, because no allowed producer signed it (reason: unsigned,
+	// unknown_key or bad_signature; docs/wal.md#who-can-publish).
+	WALRejected(reason string)
 }
 
 // WALSlotStatus is the replication slot's status as a relay saw it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,8 +28,24 @@ const lostConf = "wal_level = logical\nmax_slot_wal_keep_size = '1MB'\nmin_wal_s
 
 // walStatusRecorder records the slot statuses a relay reports.
 type walStatusRecorder struct {
-	mu  sync.Mutex
-	all []WALSlotStatus
+	mu       sync.Mutex
+	all      []WALSlotStatus
+	rejected map[string]int
+}
+
+func (o *walStatusRecorder) WALRejected(reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.rejected == nil {
+		o.rejected = map[string]int{}
+	}
+	o.rejected[reason]++
+}
+
+func (o *walStatusRecorder) rejections() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.rejected)
 }
 
 func (o *walStatusRecorder) WALSlot(s WALSlotStatus) {

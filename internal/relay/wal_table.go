@@ -290,15 +290,22 @@ func decodeWALRow(tm *pgtype.Map, rel *pglogrepl.RelationMessage, tuple *pglogre
 	if err != nil {
 		return m, err
 	}
-	// What the table has no CHECK for: the rules Enqueue applies.
+	return m, checkWALEvent(m)
+}
+
+// checkWALEvent applies to an event read from the WAL (a row of
+// pgrelay.outbox_wal, which has no CHECK, or an emitted message) the rules
+// Enqueue applies that decoding does not: the topic rule, the key's length,
+// occurred-at's range.
+func checkWALEvent(m event.Message) error {
 	if !outbox.ValidTopic(m.Topic) {
-		return m, fmt.Errorf("event %s: topic %q is invalid: letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.EventID, m.Topic)
+		return fmt.Errorf("event %s: topic %q is invalid: letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.EventID, m.Topic)
 	}
 	if err := event.ValidateKey(m.Key); err != nil {
-		return m, fmt.Errorf("event %s: %w", m.EventID, err)
+		return fmt.Errorf("event %s: %w", m.EventID, err)
 	}
 	if _, err := event.NormalizeOccurredAt(m.OccurredAt); err != nil {
-		return m, fmt.Errorf("event %s: %w", m.EventID, err)
+		return fmt.Errorf("event %s: %w", m.EventID, err)
 	}
-	return m, nil
+	return nil
 }

@@ -18,6 +18,9 @@ import (
 type worker struct {
 	partition int32
 	epoch     int64
+	// sess is the lock session the lease is held under (nil: lease only): a
+	// batch is published only while it is valid.
+	sess *lockSession
 	// leaseUntil is when the lease ends at the latest, as a duration since
 	// Relay.clock: a batch is published only before it.
 	leaseUntil atomic.Int64
@@ -57,10 +60,11 @@ func (w *worker) stop(release bool) {
 	}
 }
 
-// startWorker starts publishing partition p at epoch. Called without r.mu.
-func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration) {
+// startWorker starts publishing partition p at epoch, leased under s (nil:
+// lease only). Called without r.mu.
+func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration, s *lockSession) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
-	w := &worker{partition: p, epoch: epoch, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), released: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &worker{partition: p, epoch: epoch, sess: s, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), released: make(chan struct{}, 1), done: make(chan struct{})}
 	w.leaseUntil.Store(int64(leaseUntil))
 	r.mu.Lock()
 	prev := r.workers[p]
@@ -137,7 +141,9 @@ func (r *Relay) work(w *worker) {
 			err = r.awaitMark(w, log, inflight)
 		}
 		switch {
-		case errors.Is(err, errFenced):
+		case errors.Is(err, errFenced), w.sess.over():
+			// Fenced, or its lock session ended: nothing of this lease is
+			// published any more (the next session releases it).
 			w.cancel()
 			return
 		case err != nil:

@@ -16,9 +16,14 @@
 package walmsg
 
 import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -156,4 +161,70 @@ func complete(m event.Message) event.Message {
 		m.TraceParent, m.TraceState = "", ""
 	}
 	return m
+}
+
+// A message with the Prefix is published only when it carries the proof
+// that an allowed role wrote it (docs/wal.md#who-can-publish): its content
+// is a signature line, then the event,
+//
+//	hmac-sha256:<key id>:<64 hex digits>\n<the event's JSON>
+//
+// the HMAC-SHA256 (RFC 2104) of the event's bytes under the key
+// pgrelay.wal_keys holds with that id. Only the SECURITY DEFINER functions
+// pgrelay.emit and pgrelay.emit_wal, executable by the roles the operator
+// granted, read a key and sign; pg_logical_emit_message, which any role may
+// call, writes nothing the relay publishes.
+const sigScheme = "hmac-sha256:"
+
+// Why Verify refuses a message (the reason label of
+// relay_wal_rejected_total).
+var (
+	// ErrUnsigned: no signature line; written with pg_logical_emit_message
+	// directly, not by pgrelay.emit or pgrelay.Emit of this release.
+	ErrUnsigned = errors.New("unsigned")
+	// ErrUnknownKey: signed with a key id pgrelay.wal_keys does not hold
+	// (deleted, or made up).
+	ErrUnknownKey = errors.New("unknown_key")
+	// ErrBadSignature: the signature does not match the content (forged or
+	// altered).
+	ErrBadSignature = errors.New("bad_signature")
+)
+
+// Sign returns body's content signed with key (id kid), as pgrelay.emit_wal
+// writes it.
+func Sign(body []byte, kid int32, key []byte) []byte {
+	mac := hmac.New(sha256.New, key)
+	mac.Write(body)
+	out := fmt.Appendf(nil, "%s%d:%x\n", sigScheme, kid, mac.Sum(nil))
+	return append(out, body...)
+}
+
+// Verify checks content's signature against keys (by id) and returns the
+// event's bytes, or ErrUnsigned, ErrUnknownKey or ErrBadSignature (with the
+// key id when one was read).
+func Verify(content []byte, keys map[int32][]byte) ([]byte, int32, error) {
+	line, body, ok := bytes.Cut(content, []byte{'\n'})
+	rest, signed := bytes.CutPrefix(line, []byte(sigScheme))
+	if !ok || !signed {
+		return nil, 0, ErrUnsigned
+	}
+	id, sig, ok := bytes.Cut(rest, []byte{':'})
+	kid, err := strconv.ParseInt(string(id), 10, 32)
+	want := make([]byte, sha256.Size)
+	if !ok || err != nil || len(sig) != 2*sha256.Size {
+		return nil, 0, ErrBadSignature
+	}
+	if _, err := hex.Decode(want, sig); err != nil {
+		return nil, int32(kid), ErrBadSignature
+	}
+	key, found := keys[int32(kid)]
+	if !found {
+		return nil, int32(kid), ErrUnknownKey
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write(body)
+	if !hmac.Equal(mac.Sum(nil), want) {
+		return nil, int32(kid), ErrBadSignature
+	}
+	return body, int32(kid), nil
 }

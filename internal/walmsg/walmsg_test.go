@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +143,37 @@ func TestFromRow(t *testing.T) {
 	} {
 		_, err := FromRow(r)
 		require.Error(t, err, "%+v", r)
+	}
+}
+
+// TestVerify: a signed message verifies under its key and yields the event;
+// an unsigned, altered, wrongly keyed or malformed one is refused with its
+// reason.
+func TestVerify(t *testing.T) {
+	keys := map[int32][]byte{1: []byte("k1"), 2: []byte("k2")}
+	body := []byte(`{"v":1,"id":"e","topic":"t","payload":""}`)
+	signed := Sign(body, 2, keys[2])
+	got, kid, err := Verify(signed, keys)
+	require.NoError(t, err)
+	require.Equal(t, body, got)
+	require.Equal(t, int32(2), kid)
+
+	altered := bytes.Replace(signed, []byte(`"t"`), []byte(`"u"`), 1)
+	for name, c := range map[string]struct {
+		content []byte
+		want    error
+	}{
+		"unsigned":      {body, ErrUnsigned},
+		"empty":         {nil, ErrUnsigned},
+		"altered":       {altered, ErrBadSignature},
+		"other key":     {Sign(body, 1, keys[2]), ErrBadSignature},
+		"unknown key":   {Sign(body, 3, keys[2]), ErrUnknownKey},
+		"short mac":     {[]byte("hmac-sha256:1:00\n{}"), ErrBadSignature},
+		"not hex":       {append([]byte("hmac-sha256:1:"+strings.Repeat("zz", 32)+"\n"), body...), ErrBadSignature},
+		"no key id":     {append([]byte("hmac-sha256::"+strings.Repeat("00", 32)+"\n"), body...), ErrBadSignature},
+		"no line break": {signed[:bytes.IndexByte(signed, '\n')], ErrUnsigned},
+	} {
+		_, _, err := Verify(c.content, keys)
+		require.ErrorIs(t, err, c.want, name)
 	}
 }

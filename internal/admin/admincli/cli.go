@@ -372,13 +372,17 @@ func writeResult(w io.Writer, res *admin.Result, asJSON bool) error {
 	if res.More {
 		fmt.Fprintf(w, "the limit of %d was reached: more events may match; run the command again\n", res.Limit)
 	}
+	if res.Confirm != "" {
+		fmt.Fprintf(w, "to %s exactly these, run the same command without --dry-run and with --confirm %s (until %s)\n",
+			res.Action, res.Confirm, res.ConfirmExpires.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 
 func (c *cliEnv) deadRequeue(src admin.Source) *cobra.Command {
 	var ff filterFlags
 	var asJSON, dryRun, all bool
-	var actor, reason string
+	var actor, reason, confirm string
 	cmd := &cobra.Command{
 		Use:   "requeue [EVENT_ID]",
 		Short: fmt.Sprintf("Put dead %s events back to pending (same event id, attempts reset), audited", src),
@@ -386,7 +390,8 @@ func (c *cliEnv) deadRequeue(src admin.Source) *cobra.Command {
 reset. Give one EVENT_ID, or a filter (--topic, --type, --error, --since,
 --until), or --all. Every requeued event is recorded in the replay_audit table
 with --actor and --reason. --dry-run shows what would be requeued and changes
-nothing.`, src),
+nothing; its --confirm token, given to the same command, requeues exactly the
+events it showed, or nothing when they changed or the token expired (10m).`, src),
 		Args: cobra.MaximumNArgs(1),
 	}
 	ff.bind(cmd)
@@ -394,6 +399,7 @@ nothing.`, src),
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events are requeued (required; recorded in the audit table)")
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who requeues (recorded in the audit table)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be requeued; change nothing")
+	cmd.Flags().StringVar(&confirm, "confirm", "", "the token a --dry-run printed: requeue exactly the events it showed, or nothing")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *admin.Service) error {
 		f, err := ff.filter(time.Now())
@@ -406,7 +412,7 @@ nothing.`, src),
 		if reason == "" {
 			return errors.New("--reason is required: say why the events are requeued (it is recorded in the audit table)")
 		}
-		res, err := svc.Requeue(cmd.Context(), src, admin.RequeueRequest{Filter: f, All: all, Actor: actor, Reason: reason, DryRun: dryRun})
+		res, err := svc.Requeue(cmd.Context(), src, admin.RequeueRequest{Filter: f, All: all, Actor: actor, Reason: reason, DryRun: dryRun, Confirm: confirm})
 		if err != nil {
 			return err
 		}
@@ -418,7 +424,7 @@ nothing.`, src),
 func (c *cliEnv) deadPurge(src admin.Source) *cobra.Command {
 	var ff filterFlags
 	var asJSON, dryRun bool
-	var actor, reason string
+	var actor, reason, confirm string
 	var olderThan time.Duration
 	cmd := &cobra.Command{
 		Use:   "purge --older-than DURATION",
@@ -427,7 +433,8 @@ func (c *cliEnv) deadPurge(src admin.Source) *cobra.Command {
 (further narrowed by the filter flags). Every purged event is recorded in the
 replay_audit table. A purged inbox event no longer deduplicates: a later
 redelivery of it is received as new. --dry-run shows what would be deleted and
-changes nothing.`, src),
+changes nothing; its --confirm token, given to the same command, purges exactly
+the events it showed, or nothing when they changed or the token expired (10m).`, src),
 		Args: cobra.NoArgs,
 	}
 	ff.bind(cmd)
@@ -435,6 +442,7 @@ changes nothing.`, src),
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events are purged (recorded in the audit table)")
 	cmd.Flags().StringVar(&actor, "actor", defaultActor(), "who purges (recorded in the audit table)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be deleted; change nothing")
+	cmd.Flags().StringVar(&confirm, "confirm", "", "the token a --dry-run printed: purge exactly the events it showed, or nothing")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.RunE = c.run(func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
 		if !cmd.Flags().Changed("older-than") {
@@ -444,7 +452,7 @@ changes nothing.`, src),
 		if err != nil {
 			return err
 		}
-		res, err := svc.Purge(cmd.Context(), src, admin.PurgeRequest{Filter: f, OlderThan: &olderThan, Actor: actor, Reason: reason, DryRun: dryRun})
+		res, err := svc.Purge(cmd.Context(), src, admin.PurgeRequest{Filter: f, OlderThan: &olderThan, Actor: actor, Reason: reason, DryRun: dryRun, Confirm: confirm})
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -132,4 +133,36 @@ func TestCLI(t *testing.T) {
 
 	_, err = runCLI(t, "", "stats")
 	require.ErrorContains(t, err, "DATABASE_URL")
+}
+
+// TestCLIConfirm: the dry run's --confirm token purges exactly the events the
+// dry run showed: refused when a third went dead in between.
+func TestCLIConfirm(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	admintest.Fixtures(t, pool)
+	tokenRe := regexp.MustCompile(`--confirm (\S+) \(until `)
+	review := func() string {
+		t.Helper()
+		out, err := runCLI(t, url, "dead", "purge", "--topic", "orders", "--older-than", "0s", "--actor", "ops", "--dry-run")
+		require.NoError(t, err)
+		m := tokenRe.FindStringSubmatch(out)
+		require.NotNil(t, m, out)
+		return m[1]
+	}
+	token := review()
+	_, err = pool.Exec(context.Background(), `UPDATE pgrelay.inbox SET status = 'dead', finished_at = now() WHERE event_id = 'q-orders-1'`)
+	require.NoError(t, err)
+	before := admintest.Snapshot(t, pool)
+	_, err = runCLI(t, url, "dead", "purge", "--topic", "orders", "--older-than", "0s", "--actor", "ops", "--confirm", token)
+	require.ErrorIs(t, err, admin.ErrStale)
+	require.ErrorContains(t, err, "not the 2 reviewed")
+	require.Equal(t, before, admintest.Snapshot(t, pool))
+
+	out, err := runCLI(t, url, "dead", "purge", "--topic", "orders", "--older-than", "0s", "--actor", "ops", "--confirm", review())
+	require.NoError(t, err)
+	require.Contains(t, out, "purged 3 dead inbox event(s)")
 }

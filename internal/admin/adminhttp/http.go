@@ -253,6 +253,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, admin.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, admin.ErrStale):
+		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, admin.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, admin.ErrUnsupported):
@@ -353,6 +355,7 @@ type purgeBody struct {
 	Actor     string       `json:"actor"`
 	Reason    string       `json:"reason,omitempty"`
 	DryRun    bool         `json:"dry_run,omitempty"`
+	Confirm   string       `json:"confirm,omitempty"`
 }
 
 func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
@@ -361,7 +364,7 @@ func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	req := admin.PurgeRequest{Filter: body.Filter, Actor: body.Actor, Reason: body.Reason, DryRun: body.DryRun}
+	req := admin.PurgeRequest{Filter: body.Filter, Actor: body.Actor, Reason: body.Reason, DryRun: body.DryRun, Confirm: body.Confirm}
 	if body.OlderThan != "" {
 		d, err := time.ParseDuration(body.OlderThan)
 		if err != nil {

@@ -155,6 +155,47 @@ func TestAPIOperations(t *testing.T) {
 	require.Equal(t, int64(2), stats.Inbox.ByStatus["dead"])
 }
 
+// TestAPIConfirmBindsTheReviewedEvents: a purge confirmed with its dry run's
+// confirmation is refused (409) when a third event went dead after the dry
+// run showed 2, and runs on exactly those a new dry run showed.
+func TestAPIConfirmBindsTheReviewedEvents(t *testing.T) {
+	t.Parallel()
+	b := admintest.Setup(t)
+	admintest.Fixtures(t, b.Pool)
+	srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: b.Svc})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	purge := func(dryRun bool, confirm string) (int, admin.Result, string) {
+		t.Helper()
+		code, body := admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/purge", "", map[string]any{
+			"filter": map[string]any{"topic": "orders"}, "older_than": "0s", "actor": "ops", "dry_run": dryRun, "confirm": confirm})
+		var res admin.Result
+		if code == http.StatusOK {
+			require.NoError(t, json.Unmarshal(body, &res))
+		}
+		return code, res, string(body)
+	}
+	code, dry, body := purge(true, "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, admintest.AffectedIDs(&dry))
+	require.NotEmpty(t, dry.Confirm)
+	require.NotNil(t, dry.ConfirmExpires)
+
+	_, err = b.Pool.Exec(context.Background(), `UPDATE pgrelay.inbox SET status = 'dead', finished_at = now() WHERE event_id = 'q-orders-1'`)
+	require.NoError(t, err)
+	before := admintest.Snapshot(t, b.Pool)
+	code, _, body = purge(false, dry.Confirm)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "not the 2 reviewed")
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
+
+	_, dry, _ = purge(true, "")
+	code, res, body := purge(false, dry.Confirm)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, []string{"d-orders-1", "d-orders-2", "q-orders-1"}, admintest.AffectedIDs(&res))
+}
+
 // TestRequeuedEventIsProcessedOnce: a dead event requeued through the API is
 // claimed by the real inbox worker and its side effect happens exactly once,
 // with the same event id.
