@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/cli"
 	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 )
 
 // addExampleSchemaFlag gives `migrate up`, `down` and `status` the
@@ -55,7 +56,7 @@ func runExampleSchema(cmd *cobra.Command, op, databaseURL string) error {
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -151,7 +152,7 @@ itself. See docs/schema.md.`,
 // With force, rollbacks that drop data go ahead (pgrelay.force_down=on, read
 // by the down sections of the migrations).
 func openMigrationPool(ctx context.Context, databaseURL string, force bool) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
 
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
@@ -113,7 +114,7 @@ func (s DBSettings) Resolve(defaultIdle, minIdle time.Duration) (DBSettings, err
 		if s.Pooler != pooler.Transaction {
 			return s, fmt.Errorf("--listen-url (DB_LISTEN_URL) is for --pooler transaction (LISTEN works on the pool's own connections otherwise), got --pooler %s", s.Pooler)
 		}
-		if _, err := pgxpool.ParseConfig(s.ListenURL); err != nil {
+		if _, err := pgurl.Parse(s.ListenURL); err != nil {
 			return s, fmt.Errorf("--listen-url (DB_LISTEN_URL): %w", err)
 		}
 	}
@@ -217,7 +218,7 @@ func (s DBSettings) Apply(cfg *pgxpool.Config) {
 // s (already resolved). minConns raises the pool's size when the URL's
 // pool_max_conns is smaller. Errors name --database-url.
 func OpenPool(ctx context.Context, databaseURL string, s DBSettings, minConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
@@ -289,7 +290,7 @@ func (s DBSettings) Listen() (cc *pgx.ConnConfig, off bool, err error) {
 	}
 	// Straight to PostgreSQL: the session settings as start-up parameters,
 	// and the keepalive that notices a vanished server under an idle LISTEN.
-	pcfg, err := pgxpool.ParseConfig(s.ListenURL)
+	pcfg, err := pgurl.Parse(s.ListenURL)
 	if err != nil {
 		return nil, false, fmt.Errorf("--listen-url (DB_LISTEN_URL): %w", err)
 	}

@@ -2,12 +2,15 @@ package cli_test
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -212,4 +215,68 @@ func TestMigrateDownForce(t *testing.T) {
 	var exists bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('pgrelay.inbox') IS NOT NULL`).Scan(&exists))
 	require.False(t, exists)
+}
+
+// TestSeveralHostsNeedTargetSessionAttrs: a connection string naming several
+// hosts is refused, before any connection, unless target_session_attrs keeps
+// the services and migrations off standbys; with it, it is taken.
+func TestSeveralHostsNeedTargetSessionAttrs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const hosts = "postgres://127.0.0.1:1,127.0.0.1:2/db?sslmode=disable"
+	want := "--database-url (DATABASE_URL): several hosts need target_session_attrs=read-write"
+	_, err := cli.OpenPool(ctx, hosts, cli.DBSettings{}, 1)
+	require.ErrorContains(t, err, want)
+	require.ErrorContains(t, cli.MigrateUp(ctx, hosts), want)
+	_, err = cli.DBSettings{Pooler: "transaction", ListenURL: "host=127.0.0.1,127.0.0.2 port=1"}.Resolve(time.Second, 0)
+	require.ErrorContains(t, err, "--listen-url (DB_LISTEN_URL): several hosts need target_session_attrs")
+
+	pool, err := cli.OpenPool(ctx, hosts+"&target_session_attrs=read-write", cli.DBSettings{}, 1)
+	require.NoError(t, err)
+	pool.Close()
+	_, err = cli.OpenPool(ctx, "host=127.0.0.1,127.0.0.2 port=1 target_session_attrs=primary", cli.DBSettings{}, 1)
+	require.NoError(t, err)
+}
+
+// TestSeveralHostsPassOverAHungOne: the first host accepts connections and
+// never answers (a frozen server, a vanished one whose address still takes
+// the handshake); a connection still reaches the second one well within the
+// services' 10s statement deadline, each host getting a few seconds of it.
+func TestSeveralHostsPassOverAHungOne(t *testing.T) {
+	t.Parallel()
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	accepted := make(chan net.Conn, 16)
+	t.Cleanup(func() {
+		_ = hung.Close()
+		for len(accepted) > 0 {
+			_ = (<-accepted).Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case accepted <- c:
+			default:
+				_ = c.Close()
+			}
+		}
+	}()
+	cfg, err := pgconn.ParseConfig(testdb.NewURL(t))
+	require.NoError(t, err)
+	url := fmt.Sprintf("postgres://%s@%s,%s:%d/%s?sslmode=disable&target_session_attrs=read-write",
+		cfg.User, hung.Addr(), cfg.Host, cfg.Port, cfg.Database)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := cli.OpenPool(ctx, url, cli.DBSettings{}, 1)
+	require.NoError(t, err)
+	defer pool.Close()
+	start := time.Now()
+	require.NoError(t, pool.Ping(ctx), "the second host, past the hung first one")
+	t.Logf("connected in %s", time.Since(start).Round(time.Millisecond))
 }

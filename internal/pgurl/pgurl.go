@@ -1,25 +1,104 @@
-// Package pgurl edits PostgreSQL connection strings, in URL
+// Package pgurl parses and edits PostgreSQL connection strings, in URL
 // (postgres://...) or keyword/value (host=... dbname=...) form.
 package pgurl
 
-import "net/url"
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNoTargetSessionAttrs refuses several hosts without
+// target_session_attrs: pgx would connect to the first that answers, a
+// standby as well, where pgrelay cannot write.
+var ErrNoTargetSessionAttrs = errors.New("several hosts need target_session_attrs=read-write (or primary), " +
+	"so that pgrelay, which writes, connects only to the server that takes writes, never to a standby")
+
+// DefaultConnectTimeout is each host's connect_timeout when several are
+// named and the connection string sets none: a host that takes the TCP
+// handshake and never answers (a frozen server) would otherwise hold each
+// connection attempt until its caller's deadline, and the next host would
+// never be tried.
+const DefaultConnectTimeout = 3 * time.Second
+
+// Parse is pgxpool.ParseConfig for pgrelay's connections: several hosts
+// (postgres://a,b/db or host=a,b) are tried in turn at every connection,
+// so after a failover new connections find the new primary. They need
+// target_session_attrs=read-write or primary (ErrNoTargetSessionAttrs), and
+// get DefaultConnectTimeout unless connect_timeout is set.
+func Parse(s string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(s)
+	if err != nil {
+		return nil, err
+	}
+	cc := cfg.ConnConfig
+	several := false
+	for _, f := range cc.Fallbacks {
+		// Fallbacks also hold the same host without TLS (sslmode=prefer).
+		several = several || f.Host != cc.Host || f.Port != cc.Port
+	}
+	if !several {
+		return cfg, nil
+	}
+	if cc.ValidateConnect == nil {
+		return nil, ErrNoTargetSessionAttrs
+	}
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = DefaultConnectTimeout
+	}
+	return cfg, nil
+}
 
 // WithDatabase returns base pointing at database name instead.
 func WithDatabase(base, name string) string {
-	u, err := url.Parse(base)
-	if err != nil || u.Scheme == "" {
+	scheme, user, hosts, _, query, ok := split(base)
+	if !ok {
 		// A keyword/value connection string: a later keyword wins.
 		return base + " dbname=" + name
 	}
-	u.Path = "/" + name
-	return u.String()
+	return scheme + user + hosts + "/" + url.PathEscape(name) + query
 }
 
 // Redact returns u without its password, for error messages and logs.
 func Redact(u string) string {
-	if p, err := url.Parse(u); err == nil && p.User != nil {
-		p.User = url.User(p.User.Username())
-		return p.String()
+	scheme, user, hosts, path, query, ok := split(u)
+	if !ok {
+		return u
 	}
-	return u
+	if name, _, _ := strings.Cut(user, ":"); name != user {
+		user = name + "@"
+	}
+	return scheme + user + hosts + path + query
+}
+
+// split cuts a postgres:// or postgresql:// URL as libpq (and pgx) read it,
+// not as RFC 3986 does, so that several hosts (a:1,b:2 or [::1]:1,[::2]:2)
+// pass: the scheme with its "//", the user information with its "@" (empty
+// without one), the hosts, the path with its "/" and the query with its "?".
+// ok is false for a keyword/value string.
+func split(s string) (scheme, user, hosts, path, query string, ok bool) {
+	rest, ok := strings.CutPrefix(s, "postgresql://")
+	if !ok {
+		rest, ok = strings.CutPrefix(s, "postgres://")
+	}
+	if !ok {
+		return "", "", "", "", "", false
+	}
+	scheme = s[:len(s)-len(rest)]
+	// As in libpq, only a "/" ends the search for the user information's "@".
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		user, rest = rest[:i+1], rest[i+1:]
+	}
+	i := strings.IndexAny(rest, "/?")
+	if i < 0 {
+		return scheme, user, rest, "", "", true
+	}
+	hosts, rest = rest[:i], rest[i:]
+	if j := strings.IndexByte(rest, '?'); j >= 0 {
+		return scheme, user, hosts, rest[:j], rest[j:], true
+	}
+	return scheme, user, hosts, rest, "", true
 }

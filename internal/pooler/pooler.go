@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 )
 
 // Mode is how the services' database connections reach PostgreSQL.
@@ -113,7 +115,7 @@ func PoolBehind(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 // (env DB_POOLER=transaction) their statements are described, never named,
 // as the services' are.
 func NewPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ package testcluster
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -74,6 +75,35 @@ func New(ctx context.Context, conf string) (*Cluster, error) {
 	if _, err := os.Stat(filepath.Join(BinDir(), "initdb")); err != nil {
 		return nil, fmt.Errorf("no PostgreSQL server binaries in %s (set PGRELAY_PG_BIN): %w", BinDir(), err)
 	}
+	c, err := prepare()
+	if err != nil {
+		return c, err
+	}
+	port := c.Port
+	if out, err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
+		return c, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	base := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\nfsync = off\nfull_page_writes = off\nmax_connections = 100\n", port)
+	if err := c.appendConf(base + conf); err != nil {
+		return c, err
+	}
+	if err := c.Start(ctx); err != nil {
+		return c, err
+	}
+	db, err := sqlOpen(c.URL())
+	if err != nil {
+		return c, err
+	}
+	defer db.Close()
+	if err := migrations.Up(ctx, db); err != nil {
+		return c, fmt.Errorf("migrate the cluster: %w", err)
+	}
+	return c, nil
+}
+
+// prepare makes a cluster's directories (owned by the postgres user when
+// run as root) and picks a free port; nothing runs yet.
+func prepare() (*Cluster, error) {
 	dir, err := os.MkdirTemp("", "pgrelay-cluster-")
 	if err != nil {
 		return nil, err
@@ -101,31 +131,18 @@ func New(ctx context.Context, conf string) (*Cluster, error) {
 			}
 		}
 	}
-	if out, err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
-		return c, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	base := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\nfsync = off\nfull_page_writes = off\nmax_connections = 100\n", port)
+	return c, nil
+}
+
+// appendConf adds lines to the cluster's postgresql.conf: a later setting
+// wins over an earlier one.
+func (c *Cluster) appendConf(lines string) error {
 	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
-		return c, err
+		return err
 	}
-	_, err = f.WriteString(base + conf + "\n")
-	f.Close()
-	if err != nil {
-		return c, err
-	}
-	if err := c.Start(ctx); err != nil {
-		return c, err
-	}
-	db, err := sqlOpen(c.URL())
-	if err != nil {
-		return c, err
-	}
-	defer db.Close()
-	if err := migrations.Up(ctx, db); err != nil {
-		return c, fmt.Errorf("migrate the cluster: %w", err)
-	}
-	return c, nil
+	_, err = f.WriteString(lines + "\n")
+	return errors.Join(err, f.Close())
 }
 
 // Remove stops the server and deletes the cluster's files.
