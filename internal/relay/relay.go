@@ -147,6 +147,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}()
 
+	retry := wait.New(r.backoffPolicy())
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -168,8 +169,16 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
-			r.log.Warn("lease heartbeat failed", zap.Error(err))
+			// A failed heartbeat is retried with backoff, not a whole
+			// interval later: after a failover the first one often meets a
+			// pooled connection to the old server, and the partitions wait
+			// for the next success.
+			d := min(retry.Next(), r.cfg.HeartbeatInterval)
+			r.log.Warn("lease heartbeat failed", zap.Error(err), zap.Duration("retry_in", d))
+			t.Reset(d)
+			continue
 		}
+		retry.Reset()
 		t.Reset(wait.Jitter(r.cfg.HeartbeatInterval, jitterSpread))
 	}
 }

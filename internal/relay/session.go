@@ -38,6 +38,7 @@ import (
 const (
 	lockCheckEvery = 250 * time.Millisecond
 	lockValidFor   = time.Second
+	lockRedialMax  = 2 * time.Second
 )
 
 // lockSession is one session of the lock connection. Once ended it is never
@@ -146,7 +147,12 @@ type endedOwner struct {
 // keepLock holds the relay's lock session until ctx ends, dialling again with
 // backoff whenever it fails.
 func (r *Relay) keepLock(ctx context.Context) {
-	bo := wait.New(r.backoffPolicy())
+	// The session is one connection: it is dialled again at most
+	// lockRedialMax apart, so that the relay works again soon after
+	// PostgreSQL is back (a failover, a restart), whatever BackoffMax says.
+	p := r.backoffPolicy()
+	p.Max = max(p.Min, min(p.Max, lockRedialMax))
+	bo := wait.New(p)
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := r.holdLock(ctx)
