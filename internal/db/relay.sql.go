@@ -772,7 +772,7 @@ SELECT t.lsn::text AS target,
         FROM pg_catalog.pg_stat_replication r
         WHERE r.application_name OPERATOR(pg_catalog.=) ANY ($1::text[])
           AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed
-FROM (SELECT COALESCE($2::text::pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn) t
+FROM (SELECT COALESCE($2::text::pg_catalog.pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn) t
 `
 
 type StandbysFlushedParams struct {
