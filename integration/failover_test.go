@@ -106,6 +106,11 @@ func orderID(i int) string { return fmt.Sprintf("o-%05d", i) }
 func enqueueOrder(ctx context.Context, pool *pgxpool.Pool, i int) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return enqueueOrderTx(ctx, tx, i) })
+}
+
+// enqueueOrderTx enqueues order i created and paid in tx.
+func enqueueOrderTx(ctx context.Context, tx pgx.Tx, i int) error {
 	ob, err := outbox.New(outbox.Config{})
 	if err != nil {
 		return err
@@ -113,9 +118,7 @@ func enqueueOrder(ctx context.Context, pool *pgxpool.Pool, i int) error {
 	id, amount := orderID(i), int64(100+i)
 	created, _ := json.Marshal(ledger.OrderCreated{OrderID: id, CustomerID: "c", AmountCents: amount, Currency: "EUR"})
 	paid, _ := json.Marshal(ledger.OrderPaid{OrderID: id, AmountCents: amount, Currency: "EUR"})
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return ob.Enqueue(ctx, tx,
-			event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: created},
-			event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderPaid, Payload: paid})
-	})
+	return ob.Enqueue(ctx, tx,
+		event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: created},
+		event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderPaid, Payload: paid})
 }

@@ -331,3 +331,24 @@ WHERE datname = pg_catalog.current_database() AND backend_xid IS NOT NULL AND pi
 -- CountInProgress counts the given transactions still running.
 SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity
 WHERE datname = pg_catalog.current_database() AND backend_xid::text = ANY(@xids::text[]);
+
+-- name: StandbysFlushed :one
+-- StandbysFlushed reads a WAL position and how many of the standbys named
+-- (application_name) have flushed past it. target NULL: the server's
+-- current WAL insert position, which is past the commit record of every row
+-- a read before this statement saw; otherwise the position given. Seeing
+-- other sessions' LSN columns in pg_stat_replication takes pg_read_all_stats
+-- (pg_monitor).
+SELECT t.lsn::text AS target,
+       (SELECT pg_catalog.count(DISTINCT r.application_name)
+        FROM pg_catalog.pg_stat_replication r
+        WHERE r.application_name OPERATOR(pg_catalog.=) ANY (@names::text[])
+          AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed
+FROM (SELECT COALESCE(sqlc.narg('target')::text::pg_catalog.pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn) t;
+
+-- name: StandbyAccess :one
+-- StandbyAccess tells whether the role sees pg_stat_replication's LSN
+-- columns, and which standbys are connected now.
+SELECT pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS can_read,
+       COALESCE((SELECT pg_catalog.array_agg(r.application_name ORDER BY r.application_name)
+                 FROM pg_catalog.pg_stat_replication r), '{}')::text[] AS connected;

@@ -137,6 +137,13 @@ type Config struct {
 	// inbox), exactly as after a relay crash between publish and mark.
 	// Default false: on a slow-flushing disk it made other commits wait.
 	AsyncMarks bool
+	// StandbyNames, when set, holds each batch until every standby named
+	// (its application_name in pg_stat_replication) has flushed the WAL
+	// past the batch's commits: a failover to one of them then never leaves
+	// an event published for a commit the promoted server lacks. No such
+	// standby connected: nothing is published. The role needs pg_monitor or
+	// pg_read_all_stats. Table capture only (docs/operations.md, "Failover").
+	StandbyNames []string
 
 	// Capture is where events are read from: "table" (the default), the
 	// outbox table, or "wal", the events producers write with pgrelay.Emit
@@ -217,6 +224,7 @@ func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config 
 		Capture:            c.Capture,
 		WAL:                engine.WALConfig{Slot: c.WALSlot, AllowUnboundedSlot: c.WALAllowUnboundedSlot, TruncateInterval: c.WALTruncateInterval},
 		AsyncMarks:         c.AsyncMarks,
+		StandbyNames:       c.StandbyNames,
 	}
 }
 

@@ -54,6 +54,8 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		{[]string{"run", "--database-url", "postgres://x", "--db-statement-timeout", "1us"}, "--db-statement-timeout (DB_STATEMENT_TIMEOUT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--db-idle-in-transaction-timeout", "1ns"}, "--db-idle-in-transaction-timeout (DB_IDLE_IN_TRANSACTION_TIMEOUT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--db-tcp-keepalive", "-5s"}, "--db-tcp-keepalive (DB_TCP_KEEPALIVE)"},
+		{[]string{"run", "--database-url", "postgres://x", "--standby-names", "a,,b"}, "--standby-names (RELAY_STANDBY_NAMES) holds an empty name"},
+		{[]string{"run", "--database-url", "postgres://x", "--standby-names", "a", "--capture", "wal"}, "--standby-names (RELAY_STANDBY_NAMES) applies to table capture only"},
 		{[]string{"run", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, "--database-url (DATABASE_URL): cannot reach PostgreSQL"},
 	}
 	for _, c := range cases {

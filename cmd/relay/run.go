@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -45,6 +46,7 @@ type settings struct {
 	walTruncate        time.Duration
 	migrate            bool
 	asyncMarks         bool
+	standbyNames       string
 	logLevel           string
 	logFormat          string
 	ops                endpoints.Flags
@@ -91,6 +93,7 @@ var flagOf = map[string]string{
 	"WALSlot":               "--wal-slot (RELAY_WAL_SLOT)",
 	"WALAllowUnboundedSlot": "--wal-allow-unbounded-slot (RELAY_WAL_ALLOW_UNBOUNDED_SLOT)",
 	"WALTruncateInterval":   "--wal-truncate-interval (RELAY_WAL_TRUNCATE_INTERVAL)",
+	"StandbyNames":          "--standby-names (RELAY_STANDBY_NAMES)",
 }
 
 // nameSettings spells the relay.Config fields of err's *setting.FieldErrors
@@ -164,6 +167,7 @@ needs only PostgreSQL.`,
 	f.BoolVar(&s.walUnbounded, "wal-allow-unbounded-slot", cli.EnvBool("RELAY_WAL_ALLOW_UNBOUNDED_SLOT", false), "create the slot even while max_slot_wal_keep_size is -1 (unlimited) (env RELAY_WAL_ALLOW_UNBOUNDED_SLOT)")
 	f.DurationVar(&s.walTruncate, "wal-truncate-interval", cli.EnvDuration("RELAY_WAL_TRUNCATE_INTERVAL", 0), "how often the streaming relay of --capture wal empties pgrelay.outbox_wal with TRUNCATE; negative: never (env RELAY_WAL_TRUNCATE_INTERVAL); default 1m")
 	f.BoolVar(&s.asyncMarks, "async-marks", cli.EnvBool("RELAY_ASYNC_MARKS", false), "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated (env RELAY_ASYNC_MARKS)")
+	f.StringVar(&s.standbyNames, "standby-names", cli.EnvString("RELAY_STANDBY_NAMES", ""), "publish a row only once every standby named (application_name, comma-separated) has flushed its commit: no event from a commit a failover loses; none connected, nothing is published (docs/operations.md, Failover) (env RELAY_STANDBY_NAMES)")
 	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
 	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
@@ -224,7 +228,7 @@ func runRelay(parent context.Context, s settings) error {
 		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
-		AsyncMarks:  s.asyncMarks,
+		AsyncMarks: s.asyncMarks, StandbyNames: splitNames(s.standbyNames),
 		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
 		Capture: s.capture, WALSlot: s.walSlot, WALAllowUnboundedSlot: s.walUnbounded,
 		WALTruncateInterval: s.walTruncate,
@@ -295,6 +299,18 @@ func runRelay(parent context.Context, s settings) error {
 	}
 	cancel()
 	return nameSettings(r.Run(ctx))
+}
+
+// splitNames splits a comma-separated list, each name trimmed; "" is none.
+func splitNames(list string) []string {
+	if strings.TrimSpace(list) == "" {
+		return nil
+	}
+	names := strings.Split(list, ",")
+	for i, n := range names {
+		names[i] = strings.TrimSpace(n)
+	}
+	return names
 }
 
 // shutdownTracing flushes the spans still buffered, waiting 5s at most.

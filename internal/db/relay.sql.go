@@ -746,6 +746,58 @@ func (q *Queries) RenewLeases(ctx context.Context, db DBTX, arg RenewLeasesParam
 	return items, nil
 }
 
+const standbyAccess = `-- name: StandbyAccess :one
+SELECT pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS can_read,
+       COALESCE((SELECT pg_catalog.array_agg(r.application_name ORDER BY r.application_name)
+                 FROM pg_catalog.pg_stat_replication r), '{}')::text[] AS connected
+`
+
+type StandbyAccessRow struct {
+	CanRead   bool
+	Connected []string
+}
+
+// StandbyAccess tells whether the role sees pg_stat_replication's LSN
+// columns, and which standbys are connected now.
+func (q *Queries) StandbyAccess(ctx context.Context, db DBTX) (StandbyAccessRow, error) {
+	row := db.QueryRow(ctx, standbyAccess)
+	var i StandbyAccessRow
+	err := row.Scan(&i.CanRead, &i.Connected)
+	return i, err
+}
+
+const standbysFlushed = `-- name: StandbysFlushed :one
+SELECT t.lsn::text AS target,
+       (SELECT pg_catalog.count(DISTINCT r.application_name)
+        FROM pg_catalog.pg_stat_replication r
+        WHERE r.application_name OPERATOR(pg_catalog.=) ANY ($1::text[])
+          AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed
+FROM (SELECT COALESCE($2::text::pg_catalog.pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn) t
+`
+
+type StandbysFlushedParams struct {
+	Names  []string
+	Target *string
+}
+
+type StandbysFlushedRow struct {
+	Target  string
+	Flushed int32
+}
+
+// StandbysFlushed reads a WAL position and how many of the standbys named
+// (application_name) have flushed past it. target NULL: the server's
+// current WAL insert position, which is past the commit record of every row
+// a read before this statement saw; otherwise the position given. Seeing
+// other sessions' LSN columns in pg_stat_replication takes pg_read_all_stats
+// (pg_monitor).
+func (q *Queries) StandbysFlushed(ctx context.Context, db DBTX, arg StandbysFlushedParams) (StandbysFlushedRow, error) {
+	row := db.QueryRow(ctx, standbysFlushed, arg.Names, arg.Target)
+	var i StandbysFlushedRow
+	err := row.Scan(&i.Target, &i.Flushed)
+	return i, err
+}
+
 const tryLockKey = `-- name: TryLockKey :one
 SELECT pg_catalog.pg_try_advisory_lock($1::bigint) AS locked
 `

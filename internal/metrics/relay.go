@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,9 @@ type RelayObserver struct {
 	held          prometheus.Gauge
 	lag           prometheus.Histogram
 	publishTime   prometheus.Histogram
+
+	waitMu sync.Mutex
+	waits  map[int]time.Time // partitions waiting for standbys, since when
 }
 
 // NewRelayObserver registers the relay's metrics on reg and returns the
@@ -83,9 +87,36 @@ func NewRelayObserver(reg prometheus.Registerer) *RelayObserver {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
+	o.waits = map[int]time.Time{}
+	wait := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "relay_standby_wait_seconds",
+		Help: "How long the oldest batch held for the standbys of --standby-names has waited; 0 when none waits.",
+	}, o.longestWait)
 	reg.MustRegister(o.published, o.duplicates, o.publishErrors, o.failedEvents, o.dead, o.expired, o.fenced,
-		o.acquired, o.takeovers, o.lost, o.held, o.lag, o.publishTime)
+		o.acquired, o.takeovers, o.lost, o.held, o.lag, o.publishTime, wait)
 	return o
+}
+
+// StandbyWait records that a partition's batch waits for the standbys since
+// since, or no longer waits (since zero).
+func (o *RelayObserver) StandbyWait(partition int, since time.Time) {
+	o.waitMu.Lock()
+	defer o.waitMu.Unlock()
+	if since.IsZero() {
+		delete(o.waits, partition)
+	} else {
+		o.waits[partition] = since
+	}
+}
+
+func (o *RelayObserver) longestWait() float64 {
+	o.waitMu.Lock()
+	defer o.waitMu.Unlock()
+	var longest time.Duration
+	for _, since := range o.waits {
+		longest = max(longest, time.Since(since))
+	}
+	return seconds(longest)
 }
 
 // Published counts published events and observes the batch's lag.

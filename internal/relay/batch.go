@@ -67,6 +67,9 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	if err := r.awaitStandbys(w, log); err != nil {
+		return len(rows), err
+	}
 	results, err := r.publishBatch(w, log, rows, readStart)
 	if err != nil {
 		return len(rows), err

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -86,6 +87,13 @@ type Config struct {
 	// flush is slow, the WAL writer's flushes of the asynchronous marks made
 	// the other commits (the producers', the consumer's) wait longer.
 	AsyncMarks bool
+	// StandbyNames, when set, holds each batch of table capture until every
+	// standby named (its application_name in pg_stat_replication) has
+	// flushed the WAL past the batch's commits, so that a failover to one
+	// of them never leaves an event published for a commit the promoted
+	// server lacks (docs/operations.md, "Failover"). With no such standby
+	// connected nothing is published. Default: none, publish at commit.
+	StandbyNames []string
 
 	// Capture is where the relay reads events from: CaptureTable (the
 	// default), the outbox table, or CaptureWAL, the events producers write
@@ -231,5 +239,30 @@ func (c Config) Validate() error {
 	case c.RetentionBatchSize < 1:
 		return bad("RetentionBatchSize", "{} must be positive, got %d", c.RetentionBatchSize)
 	}
+	if err := c.validateStandbyNames(); err != nil {
+		return err
+	}
 	return c.validateCapture()
+}
+
+func (c Config) validateStandbyNames() error {
+	if len(c.StandbyNames) == 0 {
+		return nil
+	}
+	if c.Capture == CaptureWAL {
+		return bad("StandbyNames", "{} applies to table capture only, not to {Capture} %q", c.Capture)
+	}
+	seen := map[string]bool{}
+	for _, n := range c.StandbyNames {
+		switch {
+		case n == "" || strings.TrimSpace(n) != n:
+			return bad("StandbyNames", "{} holds an empty name or one with surrounding spaces: %q", n)
+		case len(n) > 63:
+			return bad("StandbyNames", "{}: %q is longer than an application_name (63 bytes)", n)
+		case seen[n]:
+			return bad("StandbyNames", "{} names %q twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
 }

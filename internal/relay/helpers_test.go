@@ -195,6 +195,7 @@ func (o *countingObserver) PublishFailed(int, int, error)           { o.failed.A
 func (o *countingObserver) MarkedDead(_ int, n int)                 { o.dead.Add(int64(n)) }
 func (o *countingObserver) Expired(_ int, n int)                    { o.expired.Add(int64(n)) }
 func (o *countingObserver) Fenced(int)                              { o.fenced.Add(1) }
+func (o *countingObserver) StandbyWait(int, time.Time)              {}
 func (o *countingObserver) LeaseAcquired(_ int, _ int64, takenOver bool) {
 	o.acquired.Add(1)
 	if takenOver {

@@ -30,6 +30,10 @@ type Observer interface {
 	// PartitionsHeld reports, after each heartbeat, how many partitions this
 	// relay holds and works.
 	PartitionsHeld(n int)
+	// StandbyWait reports that the partition's batch waits, since since,
+	// for the standbys of Config.StandbyNames to flush its commits; a zero
+	// since reports that the wait ended.
+	StandbyWait(partition int, since time.Time)
 }
 
 // NopObserver is an Observer that ignores everything.
@@ -61,3 +65,6 @@ func (NopObserver) LeaseLost(int) {}
 
 // PartitionsHeld implements Observer.
 func (NopObserver) PartitionsHeld(int) {}
+
+// StandbyWait implements Observer.
+func (NopObserver) StandbyWait(int, time.Time) {}

@@ -122,6 +122,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Capture == CaptureWAL {
 		return r.runWAL(ctx)
 	}
+	if err := r.checkStandbys(ctx); err != nil {
+		return err
+	}
 	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)

@@ -23,6 +23,16 @@ type Pair struct {
 func StartPair(tb testing.TB, conf string) *Pair {
 	tb.Helper()
 	p := &Pair{Primary: Start(tb, conf)}
+	p.Standby = StartStandby(tb, p.Primary, "standby")
+	return p
+}
+
+// StartStandby starts a hot standby of primary, cloned from it with
+// pg_basebackup, streaming and caught up; name is its cluster_name, the
+// application_name its WAL receiver shows in the primary's
+// pg_stat_replication. It is stopped when the test ends.
+func StartStandby(tb testing.TB, primary *Cluster, name string) *Cluster {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := prepare()
@@ -40,21 +50,20 @@ func StartPair(tb testing.TB, conf string) *Pair {
 		tb.Fatal(err)
 	}
 	// -R: standby.signal and a primary_conninfo naming the primary.
-	if out, err := s.run(ctx, "pg_basebackup", "-d", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", p.Primary.Port),
+	if out, err := s.run(ctx, "pg_basebackup", "-d", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", primary.Port),
 		"-D", s.dir, "-R", "-X", "stream", "-c", "fast", "--no-sync"); err != nil {
 		tb.Fatalf("pg_basebackup: %v\n%s", err, out)
 	}
-	if err := s.appendConf(fmt.Sprintf("port = %d\nhot_standby = on", s.Port)); err != nil {
+	if err := s.appendConf(fmt.Sprintf("port = %d\nhot_standby = on\ncluster_name = '%s'", s.Port, name)); err != nil {
 		tb.Fatal(err)
 	}
 	if err := s.Start(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	p.Standby = s
-	if err := p.CatchUp(ctx); err != nil {
+	if err := (&Pair{Primary: primary, Standby: s}).CatchUp(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	return p
+	return s
 }
 
 // URL names both servers' postgres database, the standby first, with
