@@ -338,13 +338,23 @@ WHERE datname = pg_catalog.current_database() AND backend_xid::text = ANY(@xids:
 -- current WAL insert position, which is past the commit record of every row
 -- a read before this statement saw; otherwise the position given. Seeing
 -- other sessions' LSN columns in pg_stat_replication takes pg_read_all_stats
--- (pg_monitor).
+-- (pg_monitor). flushed_here: this server has flushed past it (a standby is
+-- sent only flushed WAL).
 SELECT t.lsn::text AS target,
        (SELECT pg_catalog.count(DISTINCT r.application_name)
         FROM pg_catalog.pg_stat_replication r
         WHERE r.application_name OPERATOR(pg_catalog.=) ANY (@names::text[])
-          AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed
+          AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed,
+       (pg_catalog.pg_current_wal_flush_lsn() OPERATOR(pg_catalog.>=) t.lsn)::boolean AS flushed_here
 FROM (SELECT COALESCE(sqlc.narg('target')::text::pg_catalog.pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn) t;
+
+-- name: FlushWAL :exec
+-- FlushWAL commits a transaction that wrote WAL (a logical decoding message
+-- no capture reads), so its commit flushes every WAL record before it. The
+-- WAL writer leaves a partly filled page unflushed until some transaction
+-- commits: on a quiet server, a batch's target would wait for the next one.
+SELECT pg_catalog.pg_logical_emit_message(true, 'pgrelay.relay.flush', ''),
+       pg_catalog.set_config('synchronous_commit', 'on', true);
 
 -- name: StandbyAccess :one
 -- StandbyAccess tells whether the role sees pg_stat_replication's LSN

@@ -217,6 +217,20 @@ func (q *Queries) EndedLockSessions(ctx context.Context, db DBTX, nodeID string)
 	return items, nil
 }
 
+const flushWAL = `-- name: FlushWAL :exec
+SELECT pg_catalog.pg_logical_emit_message(true, 'pgrelay.relay.flush', ''),
+       pg_catalog.set_config('synchronous_commit', 'on', true)
+`
+
+// FlushWAL commits a transaction that wrote WAL (a logical decoding message
+// no capture reads), so its commit flushes every WAL record before it. The
+// WAL writer leaves a partly filled page unflushed until some transaction
+// commits: on a quiet server, a batch's target would wait for the next one.
+func (q *Queries) FlushWAL(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, flushWAL)
+	return err
+}
+
 const heartbeatNode = `-- name: HeartbeatNode :exec
 INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1, pg_catalog.now(), $2)
 ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now()
@@ -771,7 +785,8 @@ SELECT t.lsn::text AS target,
        (SELECT pg_catalog.count(DISTINCT r.application_name)
         FROM pg_catalog.pg_stat_replication r
         WHERE r.application_name OPERATOR(pg_catalog.=) ANY ($1::text[])
-          AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed
+          AND r.flush_lsn OPERATOR(pg_catalog.>=) t.lsn)::int AS flushed,
+       (pg_catalog.pg_current_wal_flush_lsn() OPERATOR(pg_catalog.>=) t.lsn)::boolean AS flushed_here
 FROM (SELECT COALESCE($2::text::pg_catalog.pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn) t
 `
 
@@ -781,8 +796,9 @@ type StandbysFlushedParams struct {
 }
 
 type StandbysFlushedRow struct {
-	Target  string
-	Flushed int32
+	Target      string
+	Flushed     int32
+	FlushedHere bool
 }
 
 // StandbysFlushed reads a WAL position and how many of the standbys named
@@ -790,11 +806,12 @@ type StandbysFlushedRow struct {
 // current WAL insert position, which is past the commit record of every row
 // a read before this statement saw; otherwise the position given. Seeing
 // other sessions' LSN columns in pg_stat_replication takes pg_read_all_stats
-// (pg_monitor).
+// (pg_monitor). flushed_here: this server has flushed past it (a standby is
+// sent only flushed WAL).
 func (q *Queries) StandbysFlushed(ctx context.Context, db DBTX, arg StandbysFlushedParams) (StandbysFlushedRow, error) {
 	row := db.QueryRow(ctx, standbysFlushed, arg.Names, arg.Target)
 	var i StandbysFlushedRow
-	err := row.Scan(&i.Target, &i.Flushed)
+	err := row.Scan(&i.Target, &i.Flushed, &i.FlushedHere)
 	return i, err
 }
 

@@ -35,7 +35,7 @@ func (r *Relay) awaitStandbys(w *worker, log *zap.Logger) error {
 			r.cfg.Observer.StandbyWait(int(w.partition), time.Time{})
 		}
 	}()
-	pause, warned := standbyPollMin, false
+	pause, warned, flushed := standbyPollMin, false, false
 	for {
 		qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 		row, err := r.q.StandbysFlushed(qctx, r.cfg.Pool, db.StandbysFlushedParams{Names: names, Target: target})
@@ -49,6 +49,17 @@ func (r *Relay) awaitStandbys(w *worker, log *zap.Logger) error {
 		if target == nil {
 			target, since = &row.Target, time.Now()
 			r.cfg.Observer.StandbyWait(int(w.partition), since)
+		}
+		if !row.FlushedHere && !flushed && pause == standbyPollMax {
+			// Still unflushed here after the first polls: no commit came to
+			// flush the WAL writer's partial page; commit one.
+			flushed = true
+			qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+			err := r.q.FlushWAL(qctx, r.cfg.Pool)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("flush the WAL for the standbys: %w", err)
+			}
 		}
 		if !warned && time.Since(since) >= standbyWarnAfter {
 			warned = true

@@ -87,3 +87,51 @@ func TestStandbyWaitFigures(t *testing.T) {
 			names, n, p50, p99, maxMs, loadAvg())
 	}
 }
+
+// TestStandbyWaitOnAQuietServer: with StandbyNames on a server where nothing
+// else commits, each event is published within a second of its commit. The
+// WAL position a batch waits for can lie on a page the WAL writer leaves
+// unflushed until some transaction commits (here a transaction that writes
+// a row every 100 ms and never commits; page pruning by readers does the
+// same); the relay then commits one itself instead of waiting for the next
+// heartbeat (a third of the lease, here 5 s).
+func TestStandbyWaitOnAQuietServer(t *testing.T) {
+	pair := testcluster.StartPair(t, "")
+	b := setup(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pair.Primary.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b.pool, b.dbURL = pool, pair.Primary.URL()
+	cfg := b.testConfig(t, b.publisher(t), nil)
+	cfg.Lease, cfg.HeartbeatInterval, cfg.PollInterval, cfg.StandbyNames = DefaultLease, DefaultLease/3, 100*time.Millisecond, []string{"standby"}
+	writer, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer writer.Release()
+	_, err = writer.Exec(ctx, `CREATE TABLE scratch (n int); BEGIN`)
+	require.NoError(t, err)
+	wctx, stopWriting := context.WithCancel(ctx)
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		for wctx.Err() == nil {
+			if _, err := writer.Exec(wctx, `INSERT INTO scratch VALUES (1)`); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	defer func() { stopWriting(); <-written; _, _ = writer.Exec(ctx, `ROLLBACK`) }()
+
+	_, stop := start(t, cfg)
+	defer stop()
+	for i := range 5 {
+		id := fmt.Sprintf("quiet-%d", i)
+		b.enqueue(t, event.Message{EventID: id, Topic: "orders", Key: "k", EventType: "OrderCreated", Payload: []byte("1")})
+		require.Eventually(t, func() bool { return b.count(t, "pending") == 0 }, time.Minute, 10*time.Millisecond)
+		var waited float64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT extract(epoch FROM published_at - created_at) FROM pgrelay.outbox WHERE event_id = $1`, id).Scan(&waited))
+		require.Less(t, waited, 1.0, "event %s published %.2f s after its commit", id, waited)
+		time.Sleep(300 * time.Millisecond)
+	}
+}
