@@ -28,16 +28,20 @@ type probe struct {
 	expr    string
 }
 
-func tbl(name string) string { return fmt.Sprintf("to_regclass('public.%s') IS NOT NULL", name) }
-
-func col(table, column string) string {
-	return fmt.Sprintf("EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('public.%s') AND attname = '%s' AND NOT attisdropped)", table, column)
+func tbl(name string) string {
+	return fmt.Sprintf("pg_catalog.to_regclass('public.%s') IS NOT NULL", name)
 }
 
-func fn(sig string) string { return fmt.Sprintf("to_regprocedure('public.%s') IS NOT NULL", sig) }
+func col(table, column string) string {
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.%s') AND attname = '%s' AND NOT attisdropped)", table, column)
+}
+
+func fn(sig string) string {
+	return fmt.Sprintf("pg_catalog.to_regprocedure('public.%s') IS NOT NULL", sig)
+}
 
 func trg(table, name string) string {
-	return fmt.Sprintf("EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('public.%s') AND tgname = '%s')", table, name)
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.%s') AND tgname = '%s')", table, name)
 }
 
 func and(exprs ...string) string { return "(" + strings.Join(exprs, " AND ") + ")" }
@@ -51,14 +55,14 @@ var probes = []probe{
 	{10, col("replay_audit", "previous_error")},
 	{11, and(col("outbox", "dead_at"), trg("outbox", "outbox_set_dead_at"))},
 	// outbox_partition got a SQL-standard body.
-	{30, "EXISTS (SELECT 1 FROM pg_proc WHERE oid = to_regprocedure('public.outbox_partition(text)') AND prosqlbody IS NOT NULL)"},
+	{30, "EXISTS (SELECT 1 FROM pg_proc WHERE oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('public.outbox_partition(text)') AND prosqlbody IS NOT NULL)"},
 	{31, col("relay_wakeups", "armed")},
 	// The inbox's notify trigger was dropped.
 	{35, and(col("inbox", "lock_version"), "NOT "+fn("inbox_notify()"), "NOT "+trg("inbox", "inbox_notify_insert"))},
-	{45, "EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass('public.outbox') AND conname = 'outbox_occurred_at_range')"},
+	{45, "EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.outbox') AND conname = 'outbox_occurred_at_range')"},
 	{50, and(col("http_idempotency_keys", "fingerprint"), col("guard_keys", "token"))},
 	// outbox_notify skips locked flag rows.
-	{55, "EXISTS (SELECT 1 FROM pg_proc WHERE oid = to_regprocedure('public.outbox_notify()') AND prosrc LIKE '%SKIP LOCKED%')"},
+	{55, "EXISTS (SELECT 1 FROM pg_proc WHERE oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('public.outbox_notify()') AND prosrc LIKE '%SKIP LOCKED%')"},
 	{60, col("inbox", "handler_status")},
 	// 65 created nothing (it only forgot the example's versions): what the
 	// version after it created shows it ran, goose applying in order.
@@ -99,6 +103,8 @@ DECLARE
     versions bigint[];
     stamps   timestamp[];
 BEGIN
+    -- Built-ins resolve to pg_catalog whatever the caller's search_path.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true);
     -- goose's migration lock: no migration runs meanwhile.
     PERFORM pg_advisory_xact_lock(%d);
     -- Not CREATE SCHEMA IF NOT EXISTS: that needs the CREATE privilege on
@@ -150,7 +156,7 @@ func indent(s, prefix string) string {
 // public.goose_db_version does not exist), reading only.
 func adoptableVersions(ctx context.Context, db *sql.DB) ([]int64, error) {
 	var exists bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass('public.goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT pg_catalog.to_regclass('public.goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("migrations: read the schema version: %w", err)
 	}
 	if !exists {

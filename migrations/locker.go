@@ -18,7 +18,7 @@ import (
 type waitingLocker struct{ id int64 }
 
 func (l waitingLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.id); err != nil {
+	if _, err := conn.ExecContext(ctx, "SELECT pg_catalog.pg_advisory_lock($1)", l.id); err != nil {
 		return fmt.Errorf("migrations: wait for the migration lock: %w", err)
 	}
 	return nil
@@ -26,7 +26,7 @@ func (l waitingLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 
 func (l waitingLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	var released bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.id).Scan(&released); err != nil {
+	if err := conn.QueryRowContext(ctx, "SELECT pg_catalog.pg_advisory_unlock($1)", l.id).Scan(&released); err != nil {
 		return fmt.Errorf("migrations: release the migration lock: %w", err)
 	}
 	if !released {

@@ -11,7 +11,7 @@
 -- name: AdminInboxStatusCounts :many
 -- AdminInboxStatusCounts counts inbox rows by status (exact; a full scan on a big
 -- table, so it is for on-demand statistics, not for every metrics scrape).
-SELECT handler, key_strategy, status, count(*)::bigint AS row_count
+SELECT handler, key_strategy, status, pg_catalog.count(*)::bigint AS row_count
 FROM pgrelay.inbox
 GROUP BY handler, key_strategy, status
 ORDER BY handler, key_strategy, status;
@@ -20,7 +20,7 @@ ORDER BY handler, key_strategy, status;
 -- AdminTableSize returns the total size on disk (with indexes and TOAST) of
 -- one of pgrelay's tables, named without its schema, or NULL when no such
 -- table exists.
-SELECT pg_total_relation_size(to_regclass('pgrelay.' || @table_name::text))::bigint AS table_bytes;
+SELECT pg_catalog.pg_total_relation_size(pg_catalog.to_regclass('pgrelay.' || @table_name::text))::bigint AS table_bytes;
 
 -- name: AdminListInboxDead :many
 SELECT handler, dedup_key, event_id, topic, key, event_type, attempts, received_at, finished_at, last_error
@@ -32,7 +32,7 @@ WHERE status = 'dead'
   AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
   AND (sqlc.narg(key)::text IS NULL OR key = sqlc.narg(key)::text)
   AND (sqlc.narg(error_contains)::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+       OR pg_catalog.strpos(pg_catalog.lower(coalesce(last_error, '')), pg_catalog.lower(sqlc.narg(error_contains)::text)) > 0)
   AND (sqlc.narg(dead_after)::timestamptz IS NULL OR finished_at >= sqlc.narg(dead_after)::timestamptz)
   AND (sqlc.narg(dead_before)::timestamptz IS NULL OR finished_at < sqlc.narg(dead_before)::timestamptz)
 ORDER BY finished_at, event_id, handler
@@ -55,13 +55,13 @@ ORDER BY handler;
 WITH picked AS (
     SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
     FROM pgrelay.inbox d
-    JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) k
+    JOIN (SELECT pg_catalog.unnest(@handlers::text[]) AS handler, pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key) k
       ON d.handler = k.handler AND d.dedup_key = k.dedup_key
     WHERE d.status = 'dead'
     FOR UPDATE OF d
 ), moved AS (
     UPDATE pgrelay.inbox i
-    SET status = 'pending', attempts = 0, next_attempt_at = now(),
+    SET status = 'pending', attempts = 0, next_attempt_at = pg_catalog.now(),
         locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
         last_error = NULL, waiting_for = NULL, deferrals = 0
     FROM picked p
@@ -80,7 +80,7 @@ RETURNING *;
 -- redelivery of it is received as new.
 WITH gone AS (
     DELETE FROM pgrelay.inbox i
-    USING (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) k
+    USING (SELECT pg_catalog.unnest(@handlers::text[]) AS handler, pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key) k
     WHERE i.handler = k.handler AND i.dedup_key = k.dedup_key AND i.status = 'dead'
     RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
@@ -105,7 +105,7 @@ LIMIT @max_rows;
 -- name: AdminNotifyInbox :exec
 -- AdminNotifyInbox wakes inbox workers (the channel the inbox insert trigger uses),
 -- so requeued events are claimed without waiting for the next poll.
-SELECT pg_notify('pgrelay_inbox', '');
+SELECT pg_catalog.pg_notify('pgrelay_inbox', '');
 
 -- name: AdminListReplayAudit :many
 SELECT id, at, source, action, event_id, coalesce(handler, '')::text AS handler, actor, reason,
@@ -121,7 +121,7 @@ LIMIT @max_rows;
 -- before dead_at existed).
 
 -- name: AdminOutboxStatusCounts :many
-SELECT status, count(*)::bigint AS row_count
+SELECT status, pg_catalog.count(*)::bigint AS row_count
 FROM pgrelay.outbox
 GROUP BY status
 ORDER BY status;
@@ -136,7 +136,7 @@ WHERE status = 'dead'
   AND (sqlc.narg(event_type)::text IS NULL OR event_type = sqlc.narg(event_type)::text)
   AND (sqlc.narg(key)::text IS NULL OR key = sqlc.narg(key)::text)
   AND (sqlc.narg(error_contains)::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower(sqlc.narg(error_contains)::text)) > 0)
+       OR pg_catalog.strpos(pg_catalog.lower(coalesce(last_error, '')), pg_catalog.lower(sqlc.narg(error_contains)::text)) > 0)
   AND (sqlc.narg(dead_after)::timestamptz IS NULL OR coalesce(dead_at, created_at) >= sqlc.narg(dead_after)::timestamptz)
   AND (sqlc.narg(dead_before)::timestamptz IS NULL OR coalesce(dead_at, created_at) < sqlc.narg(dead_before)::timestamptz)
 ORDER BY coalesce(dead_at, created_at), id
@@ -185,13 +185,13 @@ RETURNING *;
 -- name: AdminNotifyOutbox :exec
 -- AdminNotifyOutbox wakes the relays for the given partitions (the payload
 -- format of the outbox insert trigger: a comma-separated partition list).
-SELECT pg_notify('pgrelay_outbox', array_to_string(@partitions::int[], ','));
+SELECT pg_catalog.pg_notify('pgrelay_outbox', pg_catalog.array_to_string(@partitions::int[], ','));
 
 -- name: AdminNow :one
 -- AdminNow reads the database's clock (the transaction's start time): purge
 -- cut-offs are computed from it, as the dead_at and finished_at they are
 -- compared with were written by it, whatever the client's clock says.
-SELECT now()::timestamptz AS now;
+SELECT pg_catalog.now()::timestamptz AS now;
 
 -- name: AdminOutboxTopics :many
 -- AdminOutboxTopics reads the topics of the given outbox rows (by id), to

@@ -11,7 +11,7 @@ ORDER BY id;
 -- expires_at is the event's expiry (kept in the headers; '' for none), finished_at when
 -- its outcome was recorded (the applying transaction's now()).
 SELECT event_id, event_type, status, attempts, last_error,
-       (status = 'processing' AND locked_until < now())::boolean AS lease_expired,
+       (status = 'processing' AND locked_until < pg_catalog.now())::boolean AS lease_expired,
        coalesce(headers->>'Pgrelay-Expires-At', '')::text AS expires_at, finished_at
 FROM pgrelay.inbox;
 
@@ -28,11 +28,11 @@ SELECT event_id, order_id FROM ledger_orders;
 -- ChaosProgress counts what is still in flight: outbox rows not published or
 -- dead, outbox rows that are to reach the inbox (all but those that expired
 -- unpublished), inbox rows, and inbox rows pending or processing.
-SELECT (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
+SELECT (SELECT pg_catalog.count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
        -- Rows that expired unpublished never reach the inbox.
-       (SELECT count(*) FROM pgrelay.outbox WHERE NOT (status = 'dead' AND last_error = 'expired'))::bigint AS outbox_total,
-       (SELECT count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
-       (SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open;
+       (SELECT pg_catalog.count(*) FROM pgrelay.outbox WHERE NOT (status = 'dead' AND last_error = 'expired'))::bigint AS outbox_total,
+       (SELECT pg_catalog.count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
+       (SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open;
 
 -- name: ChaosInboxOrder :many
 -- ChaosInboxOrder lists the inbox rows that carry a per-key sequence, by
@@ -48,4 +48,4 @@ ORDER BY handler, key, key_seq, finished_at;
 -- plain-SQL producer does: a row of pgrelay.outbox_wal, which the relay reads
 -- from its slot's inserts.
 INSERT INTO pgrelay.outbox_wal (event_id, topic, key, event_type, payload, headers, occurred_at)
-VALUES (sqlc.arg(event_id), sqlc.arg(topic), sqlc.arg(key), sqlc.arg(event_type), sqlc.arg(payload), sqlc.arg(headers), now());
+VALUES (sqlc.arg(event_id), sqlc.arg(topic), sqlc.arg(key), sqlc.arg(event_type), sqlc.arg(payload), sqlc.arg(headers), pg_catalog.now());

@@ -19,19 +19,19 @@
 WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
-    SELECT unnest(@handlers::text[]) AS handler,
-           unnest(@dedup_keys::text[]) AS dedup_key,
-           unnest(@key_strategies::text[]) AS key_strategy,
-           unnest(@fingerprints::bytea[]) AS fingerprint,
-           unnest(@event_ids::text[]) AS event_id,
-           unnest(@topics::text[]) AS topic,
-           unnest(@keys::text[]) AS key,
-           unnest(@event_types::text[]) AS event_type,
-           unnest(@payloads::bytea[]) AS payload,
-           unnest(@headers::jsonb[]) AS headers,
-           unnest(@occurred_ats::timestamptz[]) AS occurred_at,
-           unnest(@dead_reasons::text[]) AS dead_reason,
-           unnest(@key_seqs::bigint[]) AS key_seq
+    SELECT pg_catalog.unnest(@handlers::text[]) AS handler,
+           pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key,
+           pg_catalog.unnest(@key_strategies::text[]) AS key_strategy,
+           pg_catalog.unnest(@fingerprints::bytea[]) AS fingerprint,
+           pg_catalog.unnest(@event_ids::text[]) AS event_id,
+           pg_catalog.unnest(@topics::text[]) AS topic,
+           pg_catalog.unnest(@keys::text[]) AS key,
+           pg_catalog.unnest(@event_types::text[]) AS event_type,
+           pg_catalog.unnest(@payloads::bytea[]) AS payload,
+           pg_catalog.unnest(@headers::jsonb[]) AS headers,
+           pg_catalog.unnest(@occurred_ats::timestamptz[]) AS occurred_at,
+           pg_catalog.unnest(@dead_reasons::text[]) AS dead_reason,
+           pg_catalog.unnest(@key_seqs::bigint[]) AS key_seq
 ), ins AS (
     INSERT INTO pgrelay.inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
                        headers, occurred_at, status, last_error, finished_at, key_seq,
@@ -40,7 +40,7 @@ WITH m AS (
            m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason <> '' THEN 'dead' WHEN m.applied THEN 'processed' ELSE 'pending' END,
            NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason <> '' OR m.applied THEN now() END,
+           CASE WHEN m.dead_reason <> '' OR m.applied THEN pg_catalog.now() END,
            NULLIF(m.key_seq, 0),
            CASE WHEN m.applied THEN 1 ELSE 0 END,
            CASE WHEN m.applied THEN 1 ELSE 0 END,
@@ -53,9 +53,9 @@ WITH m AS (
               (CASE WHEN status = 'processed' THEN payload END)::bytea AS applied_payload,
               (CASE WHEN status = 'processed' THEN headers END)::jsonb AS applied_headers
 ), rep AS (
-    SELECT unnest(@repeated_handlers::text[]) AS handler,
-           unnest(@repeated_dedup_keys::text[]) AS dedup_key,
-           unnest(@repeated_event_ids::text[]) AS event_id
+    SELECT pg_catalog.unnest(@repeated_handlers::text[]) AS handler,
+           pg_catalog.unnest(@repeated_dedup_keys::text[]) AS dedup_key,
+           pg_catalog.unnest(@repeated_event_ids::text[]) AS event_id
 ), dup AS (
     INSERT INTO pgrelay.inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
     SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
@@ -75,9 +75,9 @@ WITH m AS (
     WHERE @record_duplicates::boolean
 ), counts AS (
     INSERT INTO pgrelay.inbox_receive_counts AS c (minute, backend, received, duplicates)
-    SELECT date_trunc('minute', now()), pg_backend_pid(),
-           (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
-           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
+    SELECT pg_catalog.date_trunc('minute', pg_catalog.now()), pg_catalog.pg_backend_pid(),
+           (SELECT pg_catalog.count(*) FROM m) + (SELECT pg_catalog.count(*) FROM rep),
+           (SELECT pg_catalog.count(*) FROM m) - (SELECT pg_catalog.count(*) FROM ins) + (SELECT pg_catalog.count(*) FROM rep)
     WHERE @record_duplicates::boolean
     ON CONFLICT (minute, backend) DO UPDATE
     SET received = c.received + excluded.received,
@@ -94,7 +94,7 @@ FROM ins;
 -- key sequence tells a redelivery from another sequence absorbed by them.
 SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
 FROM pgrelay.inbox i
-JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) AS dedup_key) AS k
+JOIN (SELECT pg_catalog.unnest(@handlers::text[]) AS handler, pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key) AS k
   ON i.handler = k.handler AND i.dedup_key = k.dedup_key;
 
 -- name: InsertInboxConflicts :exec
@@ -102,10 +102,10 @@ JOIN (SELECT unnest(@handlers::text[]) AS handler, unnest(@dedup_keys::text[]) A
 -- for their handler with another payload fingerprint.
 INSERT INTO pgrelay.inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
                              stored_fingerprint, fingerprint, topic, event_type, payload)
-SELECT unnest(@handlers::text[]), unnest(@dedup_keys::text[]), unnest(@key_strategies::text[]),
-       unnest(@stored_event_ids::text[]), unnest(@event_ids::text[]),
-       unnest(@stored_fingerprints::bytea[]), unnest(@fingerprints::bytea[]),
-       unnest(@topics::text[]), unnest(@event_types::text[]), unnest(@payloads::bytea[]);
+SELECT pg_catalog.unnest(@handlers::text[]), pg_catalog.unnest(@dedup_keys::text[]), pg_catalog.unnest(@key_strategies::text[]),
+       pg_catalog.unnest(@stored_event_ids::text[]), pg_catalog.unnest(@event_ids::text[]),
+       pg_catalog.unnest(@stored_fingerprints::bytea[]), pg_catalog.unnest(@fingerprints::bytea[]),
+       pg_catalog.unnest(@topics::text[]), pg_catalog.unnest(@event_types::text[]), pg_catalog.unnest(@payloads::bytea[]);
 
 -- name: ClaimInbox :many
 -- ClaimInbox moves up to @batch_size due pending events to processing under a
@@ -130,9 +130,9 @@ SELECT unnest(@handlers::text[]), unnest(@dedup_keys::text[]), unnest(@key_strat
 WITH due AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
-    WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at <= now()
-      AND i.next_attempt_at >= greatest(sqlc.narg(not_before)::timestamptz, now() - sqlc.narg(since)::interval, '-infinity')
-      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+    WHERE i.handler = @handler::text AND i.status = 'pending' AND i.next_attempt_at <= pg_catalog.now()
+      AND i.next_attempt_at >= greatest(sqlc.narg(not_before)::timestamptz, pg_catalog.now() - sqlc.narg(since)::interval, '-infinity')
+      AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -142,11 +142,11 @@ SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' EL
     attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
     locked_by    = @worker_id::text,
-    locked_until = now() + @lease::interval,
-    started_at   = now(),
-    finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN now() END,
+    locked_until = pg_catalog.now() + @lease::interval,
+    started_at   = pg_catalog.now(),
+    finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= @max_attempts::int
-        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || @max_attempts::int
+        THEN 'attempts exhausted: ' || inbox.attempts::text || ' of ' OPERATOR(pg_catalog.||) @max_attempts::int
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
@@ -166,7 +166,7 @@ RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key
 WITH lost AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
-    WHERE i.handler = @handler::text AND i.status = 'processing' AND i.locked_until < now()
+    WHERE i.handler = @handler::text AND i.status = 'processing' AND i.locked_until < pg_catalog.now()
     ORDER BY i.locked_until
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -176,13 +176,13 @@ SET status       = CASE WHEN inbox.attempts >= @max_attempts::int THEN 'dead' EL
     attempts     = CASE WHEN inbox.attempts >= @max_attempts::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
     locked_by    = @worker_id::text,
-    locked_until = now() + @lease::interval,
-    started_at   = now(),
-    finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN now() END,
+    locked_until = pg_catalog.now() + @lease::interval,
+    started_at   = pg_catalog.now(),
+    finished_at  = CASE WHEN inbox.attempts >= @max_attempts::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= @max_attempts::int
-        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts
-             || ' of ' || @max_attempts::int
-        ELSE 'worker lost during attempt ' || inbox.attempts END
+        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts::text
+             || ' of ' OPERATOR(pg_catalog.||) @max_attempts::int
+        ELSE 'worker lost during attempt ' || inbox.attempts::text END
 FROM lost
 WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
@@ -197,21 +197,21 @@ RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key
 -- nothing when another worker has since taken the event over (the fencing
 -- check): the caller then rolls back the handler's side effect.
 UPDATE pgrelay.inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: RetryInbox :execrows
 -- RetryInbox puts a failed event back to pending, due after @delay.
 UPDATE pgrelay.inbox
-SET status = 'pending', next_attempt_at = now() + @delay::interval, last_error = @last_error::text,
+SET status = 'pending', next_attempt_at = pg_catalog.now() + @delay::interval, last_error = @last_error::text,
     locked_until = NULL, waiting_for = NULL
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: KillInbox :execrows
 -- KillInbox moves an event to the dead letter state with a reason.
 UPDATE pgrelay.inbox
-SET status = 'dead', finished_at = now(), last_error = @last_error::text, locked_until = NULL
+SET status = 'dead', finished_at = pg_catalog.now(), last_error = @last_error::text, locked_until = NULL
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
 -- name: DeferInbox :execrows
@@ -224,8 +224,8 @@ SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
     waiting_for = @waiting_for::text, locked_until = NULL,
     last_error = 'deferred: waiting for ' || @waiting_for::text,
     next_attempt_at = CASE
-        WHEN EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = @waiting_for::text) THEN now()
-        ELSE now() + @fallback::interval
+        WHEN EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = @waiting_for::text) THEN pg_catalog.now()
+        ELSE pg_catalog.now() + @fallback::interval
     END
 WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_version AND status = 'processing';
 
@@ -236,19 +236,19 @@ WHERE handler = @handler AND dedup_key = @dedup_key AND lock_version = @lock_ver
 -- events it made due.
 WITH recorded AS (
     INSERT INTO pgrelay.inbox_releases (waiting_for)
-    SELECT unnest(@keys::text[])
-    ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
+    SELECT pg_catalog.unnest(@keys::text[])
+    ON CONFLICT (waiting_for) DO UPDATE SET released_at = pg_catalog.now()
 ), woken AS (
     UPDATE pgrelay.inbox
-    SET next_attempt_at = now(), waiting_for = NULL
+    SET next_attempt_at = pg_catalog.now(), waiting_for = NULL
     WHERE status = 'pending' AND waiting_for = ANY(@keys::text[])
     RETURNING 1
 )
-SELECT count(*)::bigint FROM woken;
+SELECT pg_catalog.count(*)::bigint FROM woken;
 
 -- name: NotifyInbox :exec
 -- NotifyInbox wakes the listening workers when the transaction commits.
-SELECT pg_notify('pgrelay_inbox', '');
+SELECT pg_catalog.pg_notify('pgrelay_inbox', '');
 
 -- name: WakeReleasedInbox :execrows
 -- WakeReleasedInbox runs after a batch committed: it makes due at once the
@@ -266,7 +266,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.inbox
-SET next_attempt_at = now(), waiting_for = NULL
+SET next_attempt_at = pg_catalog.now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 
@@ -284,7 +284,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.inbox
-SET next_attempt_at = now(), waiting_for = NULL
+SET next_attempt_at = pg_catalog.now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 
@@ -292,10 +292,10 @@ WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key;
 -- UnclaimInbox hands claimed events back (graceful shutdown, or a batch that
 -- could not run): pending, due at once, the attempt refunded.
 UPDATE pgrelay.inbox
-SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
+SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = pg_catalog.now(),
     locked_until = NULL
-FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
-             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+FROM (SELECT pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key,
+             pg_catalog.unnest(@lock_versions::bigint[]) AS lock_version) AS c
 -- coalesce on the NOT NULL status hides the partial index on processing rows
 -- from the planner: statistics often say none are processing, while the index
 -- holds every row claimed since the last vacuum, and scanning it per batch
@@ -318,7 +318,7 @@ SELECT * FROM pgrelay.inbox WHERE handler = @handler AND dedup_key = @dedup_key;
 DELETE FROM pgrelay.inbox_releases
 WHERE waiting_for IN (
     SELECT r.waiting_for FROM pgrelay.inbox_releases r
-    WHERE r.released_at < now() - @older_than::interval
+    WHERE r.released_at < pg_catalog.now() - @older_than::interval
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
@@ -331,10 +331,10 @@ WHERE waiting_for IN (
 -- again event by event. Ordered mode's batches use it (their keys advance
 -- before the commit); the others send MarkInboxBatchProcessedAll with theirs.
 UPDATE pgrelay.inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
-             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+FROM (SELECT pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key,
+             pg_catalog.unnest(@lock_versions::bigint[]) AS lock_version) AS c
 -- coalesce on the NOT NULL status hides the partial index on processing rows
 -- from the planner: statistics often say none are processing, while the index
 -- holds every row claimed since the last vacuum, and scanning it per batch
@@ -358,20 +358,20 @@ RETURNING inbox.dedup_key;
 -- the cast (and raise it) while planning. SQLSTATE 22P02.
 WITH marked AS (
     UPDATE pgrelay.inbox
-    SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
         last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-    FROM (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
-                 unnest(@lock_versions::bigint[]) AS lock_version) AS c
+    FROM (SELECT pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key,
+                 pg_catalog.unnest(@lock_versions::bigint[]) AS lock_version) AS c
     -- The primary key, not the partial index on processing rows (see
     -- MarkInboxBatchProcessed).
     WHERE inbox.handler = @handler::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
       AND coalesce(inbox.status, '') = 'processing'
     RETURNING 1
 )
-SELECT CASE WHEN m.n = cardinality(@dedup_keys::text[]) THEN m.n
-            ELSE ('pgrelay: inbox batch mark matched ' || m.n || ' of ' || cardinality(@dedup_keys::text[])
+SELECT CASE WHEN m.n = pg_catalog.cardinality(@dedup_keys::text[]) THEN m.n
+            ELSE ('pgrelay: inbox batch mark matched ' || m.n::text || ' of ' || pg_catalog.cardinality(@dedup_keys::text[])::text
                   || ' events: taken over by another worker')::bigint END AS marked
-FROM (SELECT count(*) AS n FROM marked) AS m;
+FROM (SELECT pg_catalog.count(*) AS n FROM marked) AS m;
 
 -- name: InboxStillClaimed :many
 -- InboxStillClaimed returns which of the given claims (dedup key and
@@ -380,7 +380,7 @@ FROM (SELECT count(*) AS n FROM marked) AS m;
 -- over by another worker.
 SELECT inbox.dedup_key
 FROM pgrelay.inbox
-JOIN (SELECT unnest(@dedup_keys::text[]) AS dedup_key,
-             unnest(@lock_versions::bigint[]) AS lock_version) AS c
+JOIN (SELECT pg_catalog.unnest(@dedup_keys::text[]) AS dedup_key,
+             pg_catalog.unnest(@lock_versions::bigint[]) AS lock_version) AS c
   ON inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
 WHERE inbox.handler = @handler::text AND coalesce(inbox.status, '') = 'processing';

@@ -33,18 +33,18 @@
 -- before a row's expires_at against it, and marks the row dead with the
 -- reason 'expired' instead of publishing it once that time has passed.
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
 FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id <> ALL(@exclude::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
-             WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > now()
+             WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
             OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                            WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now()
+                             AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                              AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
      ORDER BY o.partition, o.not_before, o.id
      LIMIT @batch_size)
@@ -52,13 +52,13 @@ FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
-       AND o.not_before <= now() AND o.id <> ALL(@exclude::bigint[])
+       AND o.not_before <= pg_catalog.now() AND o.id <> ALL(@exclude::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
-             WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > now()
+             WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
             OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                            WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now()
+                             AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                              AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
 ) AS b
 ORDER BY b.id
@@ -75,8 +75,8 @@ LIMIT @batch_size;
 -- ordered by partition, then id; db_now is the statement's now(), as in
 -- PendingBatch.
 SELECT p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
-FROM unnest(@partitions::int[]) AS p
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
+FROM pg_catalog.unnest(@partitions::int[]) AS p
 CROSS JOIN LATERAL (
     SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
     FROM (
@@ -85,11 +85,11 @@ CROSS JOIN LATERAL (
          WHERE o.partition = p AND o.status = 'pending'
            AND o.not_before IS NULL
            AND ((SELECT w.not_before FROM pgrelay.outbox w
-                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()
                  ORDER BY w.not_before LIMIT 1) IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                                WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                                 AND h.not_before IS NOT NULL AND h.not_before > now()
+                                 AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                                  AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
          ORDER BY o.partition, o.not_before, o.id
          LIMIT @batch_size)
@@ -97,13 +97,13 @@ CROSS JOIN LATERAL (
         (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
-           AND o.not_before <= now()
+           AND o.not_before <= pg_catalog.now()
            AND ((SELECT w.not_before FROM pgrelay.outbox w
-                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()
                  ORDER BY w.not_before LIMIT 1) IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                                WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                                 AND h.not_before IS NOT NULL AND h.not_before > now()
+                                 AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                                  AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
     ) AS c
     ORDER BY c.id
@@ -115,9 +115,9 @@ ORDER BY 1, b.id;
 -- NextDue returns how long until the partition's earliest delayed pending row
 -- falls due, in microseconds (-1: none waits): one probe of
 -- outbox_pending_idx. The relay sleeps until then instead of polling.
-SELECT coalesce((extract(epoch FROM min(o.not_before) - now()) * 1000000)::bigint, -1)::bigint AS due_in_us
+SELECT coalesce((extract(epoch FROM pg_catalog.min(o.not_before) - pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, -1)::bigint AS due_in_us
 FROM pgrelay.outbox o
-WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > now();
+WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > pg_catalog.now();
 
 -- name: MarkOutcomesMany :many
 -- MarkOutcomesMany marks the published batches of several partitions in one
@@ -156,22 +156,22 @@ WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > 
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.owner = @owner::text
-      AND (rp.partition, rp.epoch) IN (SELECT unnest(@partitions::int[]), unnest(@epochs::bigint[]))
+      AND (rp.partition, rp.epoch) IN (SELECT pg_catalog.unnest(@partitions::int[]), pg_catalog.unnest(@epochs::bigint[]))
     ORDER BY rp.partition
     FOR SHARE
 ), marked AS (
     UPDATE pgrelay.outbox o
     SET status       = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN 'dead' ELSE 'published' END,
-        published_at = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN NULL ELSE now() END,
-        last_error   = (@dead_reasons::text[])[array_position(@dead_ids::bigint[], o.id)],
+        published_at = CASE WHEN o.id = ANY(@dead_ids::bigint[]) THEN NULL ELSE pg_catalog.now() END,
+        last_error   = (@dead_reasons::text[])[pg_catalog.array_position(@dead_ids::bigint[], o.id)],
         attempts     = o.attempts + 1
     WHERE o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending'
       AND o.partition = ANY(ARRAY(SELECT lease.partition FROM lease))
-      AND (SELECT set_config('synchronous_commit',
-            CASE WHEN @async_commit::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
+      AND (SELECT pg_catalog.set_config('synchronous_commit',
+            CASE WHEN @async_commit::bool THEN 'off' ELSE pg_catalog.current_setting('synchronous_commit') END, true)) IS NOT NULL
     RETURNING o.partition
 )
-SELECT m.partition::int AS partition, count(*)::bigint AS marked
+SELECT m.partition::int AS partition, pg_catalog.count(*)::bigint AS marked
 FROM marked m
 GROUP BY m.partition;
 
@@ -194,8 +194,8 @@ WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(
 -- goes into a new row only: the key of an existing row is RegisterLockKey's,
 -- so a heartbeat sent under a session that has just ended never puts its key
 -- back.
-INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES (@node_id, now(), sqlc.narg(lock_key))
-ON CONFLICT (node_id) DO UPDATE SET last_seen = now();
+INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES (@node_id, pg_catalog.now(), sqlc.narg(lock_key))
+ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now();
 
 -- name: RegisterLockKey :execrows
 -- RegisterLockKey records the key of the relay's new lock session (already
@@ -211,8 +211,8 @@ WHERE owner = @node_id::text AND owner_lock_key IS DISTINCT FROM @lock_key::bigi
 -- name: CountLiveNodes :one
 -- CountLiveNodes counts the relays seen within ttl_seconds, except those
 -- whose lock session has ended (no session holds their lock key).
-SELECT count(*)::int FROM pgrelay.relay_nodes n
-WHERE n.last_seen > now() - make_interval(secs => @ttl_seconds::float8)
+SELECT pg_catalog.count(*)::int FROM pgrelay.relay_nodes n
+WHERE n.last_seen > pg_catalog.now() - pg_catalog.make_interval(secs => @ttl_seconds::float8)
   AND (n.lock_key IS NULL OR EXISTS (
         SELECT 1 FROM pg_catalog.pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -245,10 +245,10 @@ DELETE FROM pgrelay.relay_nodes WHERE node_id = @node_id;
 
 -- name: DeleteStaleNodes :exec
 DELETE FROM pgrelay.relay_nodes
-WHERE last_seen < now() - make_interval(secs => @ttl_seconds::float8);
+WHERE last_seen < pg_catalog.now() - pg_catalog.make_interval(secs => @ttl_seconds::float8);
 
 -- name: CountPartitions :one
-SELECT count(*)::int FROM pgrelay.relay_partitions;
+SELECT pg_catalog.count(*)::int FROM pgrelay.relay_partitions;
 
 -- name: RenewLeases :many
 -- RenewLeases extends every lease the relay still owns under its lock session
@@ -264,7 +264,7 @@ WITH mine AS (
     FOR NO KEY UPDATE
 )
 UPDATE pgrelay.relay_partitions p
-SET lease_until = now() + make_interval(secs => @lease_seconds::float8)
+SET lease_until = pg_catalog.now() + pg_catalog.make_interval(secs => @lease_seconds::float8)
 FROM mine
 WHERE p.partition = mine.partition AND p.owner = @owner::text
   AND p.owner_lock_key IS NOT DISTINCT FROM sqlc.narg(lock_key)::bigint
@@ -278,7 +278,7 @@ RETURNING p.partition, p.epoch;
 -- lock_key (NULL: lease only).
 WITH free AS (
     SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
-    WHERE rp.owner IS NULL OR rp.lease_until < now()
+    WHERE rp.owner IS NULL OR rp.lease_until < pg_catalog.now()
        OR (rp.owner, rp.owner_lock_key) IN (SELECT pg_catalog.unnest(@ended_owners::text[]), pg_catalog.unnest(@ended_keys::bigint[]))
     ORDER BY rp.partition
     LIMIT @max_count
@@ -286,7 +286,7 @@ WITH free AS (
 )
 UPDATE pgrelay.relay_partitions p
 SET owner = @owner::text, owner_lock_key = sqlc.narg(lock_key)::bigint, epoch = p.epoch + 1,
-    lease_until = now() + make_interval(secs => @lease_seconds::float8), acquired_at = now()
+    lease_until = pg_catalog.now() + pg_catalog.make_interval(secs => @lease_seconds::float8), acquired_at = pg_catalog.now()
 FROM free
 WHERE p.partition = free.partition
 RETURNING p.partition, p.epoch, free.owner AS previous_owner;
@@ -295,7 +295,7 @@ RETURNING p.partition, p.epoch, free.owner AS previous_owner;
 -- NotifyRelays tells the other relays (on commit) that partitions were
 -- released, so that they acquire them at once instead of at their next
 -- heartbeat.
-SELECT pg_notify('pgrelay_relays', @payload::text);
+SELECT pg_catalog.pg_notify('pgrelay_relays', @payload::text);
 
 -- name: ReleasePartitions :execrows
 UPDATE pgrelay.relay_partitions SET owner = NULL, owner_lock_key = NULL, lease_until = '-infinity'
@@ -308,7 +308,7 @@ DELETE FROM pgrelay.outbox
 WHERE id IN (
     SELECT o.id FROM pgrelay.outbox o
     WHERE o.status = 'published'
-      AND o.published_at < now() - make_interval(secs => @retention_seconds::float8)
+      AND o.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => @retention_seconds::float8)
     ORDER BY o.published_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -323,11 +323,11 @@ UPDATE pgrelay.relay_wakeups SET armed = true WHERE partition = @partition AND N
 -- InProgressXids lists the transactions of this database that have written
 -- something and are still running (their rows could have missed an arming
 -- that just committed). Transactions of other databases cannot insert here.
-SELECT coalesce(array_agg(backend_xid::text), '{}')::text[] AS xids
+SELECT coalesce(pg_catalog.array_agg(backend_xid::text), '{}')::text[] AS xids
 FROM pg_catalog.pg_stat_activity
-WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid();
+WHERE datname = pg_catalog.current_database() AND backend_xid IS NOT NULL AND pid <> pg_catalog.pg_backend_pid();
 
 -- name: CountInProgress :one
 -- CountInProgress counts the given transactions still running.
-SELECT count(*)::int FROM pg_catalog.pg_stat_activity
-WHERE datname = current_database() AND backend_xid::text = ANY(@xids::text[]);
+SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity
+WHERE datname = pg_catalog.current_database() AND backend_xid::text = ANY(@xids::text[]);

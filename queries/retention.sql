@@ -10,7 +10,7 @@ DELETE FROM pgrelay.inbox
 WHERE (handler, dedup_key) IN (
     SELECT e.handler, e.dedup_key FROM pgrelay.inbox e
     WHERE e.status = 'processed'
-      AND e.finished_at < now() - make_interval(secs => @window_seconds::float8)
+      AND e.finished_at < pg_catalog.now() - pg_catalog.make_interval(secs => @window_seconds::float8)
     ORDER BY e.finished_at
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -23,7 +23,7 @@ AND status = 'processed';
 DELETE FROM pgrelay.inbox_conflicts
 WHERE id IN (
     SELECT c.id FROM pgrelay.inbox_conflicts c
-    WHERE c.detected_at < now() - make_interval(secs => @window_seconds::float8)
+    WHERE c.detected_at < pg_catalog.now() - pg_catalog.make_interval(secs => @window_seconds::float8)
     ORDER BY c.detected_at
     LIMIT @batch_size
 );

@@ -69,7 +69,7 @@ func (p *Publisher) checkTarget(ctx context.Context) error {
 		field = "Pool"
 	}
 	var inboxOK, subsOK bool
-	err := p.pool.QueryRow(ctx, `SELECT to_regclass('pgrelay.inbox') IS NOT NULL, to_regclass('pgrelay.inbox_subscriptions') IS NOT NULL`).
+	err := p.pool.QueryRow(ctx, `SELECT pg_catalog.to_regclass('pgrelay.inbox') IS NOT NULL, pg_catalog.to_regclass('pgrelay.inbox_subscriptions') IS NOT NULL`).
 		Scan(&inboxOK, &subsOK)
 	if err != nil {
 		return setting.Errorf("", "postgres.Config", field, "{}: cannot reach the target database: %w", err)

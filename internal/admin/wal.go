@@ -27,8 +27,8 @@ type WALSlotStats struct {
 // system views: the statement stays here.
 func (s *Service) walSlots(ctx context.Context) ([]WALSlotStats, error) {
 	rows, err := s.cfg.Pool.Query(ctx, `SELECT slot_name::text, active, coalesce(wal_status, ''),
-		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, safe_wal_size
-		FROM pg_replication_slots WHERE database = current_database() AND plugin = 'pgoutput' ORDER BY slot_name`)
+		coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, safe_wal_size
+		FROM pg_replication_slots WHERE database = pg_catalog.current_database() AND plugin = 'pgoutput' ORDER BY slot_name`)
 	if err != nil {
 		return nil, fmt.Errorf("admin: stats: replication slots: %w", err)
 	}

@@ -40,12 +40,12 @@ import (
 // query, is at or past the commit record.
 const (
 	asyncBeginSQL  = "BEGIN; SET LOCAL synchronous_commit TO off"
-	asyncCommitSQL = "COMMIT; SELECT pg_current_wal_insert_lsn()::text, " + serverIDExpr
-	serverIDExpr   = "coalesce(host(inet_server_addr()) || ':' || inet_server_port(), '')"
+	asyncCommitSQL = "COMMIT; SELECT pg_catalog.pg_current_wal_insert_lsn()::text, " + serverIDExpr
+	serverIDExpr   = "coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) || ':' || pg_catalog.inet_server_port()::text, '')"
 	// flushedSQL reads the flushed WAL position and whether synchronous
 	// standbys are configured (a local flush is then not what a synchronous
 	// commit would have waited for).
-	flushedSQL = "SELECT pg_current_wal_flush_lsn()::text, current_setting('synchronous_standby_names') <> ''"
+	flushedSQL = "SELECT pg_catalog.pg_current_wal_flush_lsn()::text, pg_catalog.current_setting('synchronous_standby_names') <> ''"
 	// forceFlushSQL commits one transaction that wrote WAL, so its commit
 	// waits for the flush as the session's synchronous_commit says (turned
 	// on for it if the session's is off): every WAL record before it is
@@ -55,8 +55,8 @@ const (
 	// asynchronously. The transactional logical decoding message (any role
 	// may write one; no table is touched) is the WAL written; a relay
 	// capturing from the WAL skips its prefix.
-	forceFlushSQL = "SELECT pg_logical_emit_message(true, 'pgrelay.consumer.flush', ''), set_config('synchronous_commit', " +
-		"CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)"
+	forceFlushSQL = "SELECT pg_catalog.pg_logical_emit_message(true, 'pgrelay.consumer.flush', ''), pg_catalog.set_config('synchronous_commit', " +
+		"CASE pg_catalog.current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE pg_catalog.current_setting('synchronous_commit') END, true)"
 )
 
 // commitMark is what the acker must know of the commits of one batch's

@@ -121,7 +121,7 @@ func (q *Queries) AdminGetOutboxEvent(ctx context.Context, db DBTX, eventID stri
 
 const adminInboxStatusCounts = `-- name: AdminInboxStatusCounts :many
 
-SELECT handler, key_strategy, status, count(*)::bigint AS row_count
+SELECT handler, key_strategy, status, pg_catalog.count(*)::bigint AS row_count
 FROM pgrelay.inbox
 GROUP BY handler, key_strategy, status
 ORDER BY handler, key_strategy, status
@@ -248,7 +248,7 @@ WHERE status = 'dead'
   AND ($4::text IS NULL OR event_type = $4::text)
   AND ($5::text IS NULL OR key = $5::text)
   AND ($6::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower($6::text)) > 0)
+       OR pg_catalog.strpos(pg_catalog.lower(coalesce(last_error, '')), pg_catalog.lower($6::text)) > 0)
   AND ($7::timestamptz IS NULL OR finished_at >= $7::timestamptz)
   AND ($8::timestamptz IS NULL OR finished_at < $8::timestamptz)
 ORDER BY finished_at, event_id, handler
@@ -331,7 +331,7 @@ WHERE status = 'dead'
   AND ($3::text IS NULL OR event_type = $3::text)
   AND ($4::text IS NULL OR key = $4::text)
   AND ($5::text IS NULL
-       OR strpos(lower(coalesce(last_error, '')), lower($5::text)) > 0)
+       OR pg_catalog.strpos(pg_catalog.lower(coalesce(last_error, '')), pg_catalog.lower($5::text)) > 0)
   AND ($6::timestamptz IS NULL OR coalesce(dead_at, created_at) >= $6::timestamptz)
   AND ($7::timestamptz IS NULL OR coalesce(dead_at, created_at) < $7::timestamptz)
 ORDER BY coalesce(dead_at, created_at), id
@@ -463,7 +463,7 @@ func (q *Queries) AdminListReplayAudit(ctx context.Context, db DBTX, arg AdminLi
 }
 
 const adminNotifyInbox = `-- name: AdminNotifyInbox :exec
-SELECT pg_notify('pgrelay_inbox', '')
+SELECT pg_catalog.pg_notify('pgrelay_inbox', '')
 `
 
 // AdminNotifyInbox wakes inbox workers (the channel the inbox insert trigger uses),
@@ -474,7 +474,7 @@ func (q *Queries) AdminNotifyInbox(ctx context.Context, db DBTX) error {
 }
 
 const adminNotifyOutbox = `-- name: AdminNotifyOutbox :exec
-SELECT pg_notify('pgrelay_outbox', array_to_string($1::int[], ','))
+SELECT pg_catalog.pg_notify('pgrelay_outbox', pg_catalog.array_to_string($1::int[], ','))
 `
 
 // AdminNotifyOutbox wakes the relays for the given partitions (the payload
@@ -485,7 +485,7 @@ func (q *Queries) AdminNotifyOutbox(ctx context.Context, db DBTX, partitions []i
 }
 
 const adminNow = `-- name: AdminNow :one
-SELECT now()::timestamptz AS now
+SELECT pg_catalog.now()::timestamptz AS now
 `
 
 // AdminNow reads the database's clock (the transaction's start time): purge
@@ -500,7 +500,7 @@ func (q *Queries) AdminNow(ctx context.Context, db DBTX) (time.Time, error) {
 
 const adminOutboxStatusCounts = `-- name: AdminOutboxStatusCounts :many
 
-SELECT status, count(*)::bigint AS row_count
+SELECT status, pg_catalog.count(*)::bigint AS row_count
 FROM pgrelay.outbox
 GROUP BY status
 ORDER BY status
@@ -568,7 +568,7 @@ func (q *Queries) AdminOutboxTopics(ctx context.Context, db DBTX, ids []int64) (
 const adminPurgeInboxDead = `-- name: AdminPurgeInboxDead :many
 WITH gone AS (
     DELETE FROM pgrelay.inbox i
-    USING (SELECT unnest($3::text[]) AS handler, unnest($4::text[]) AS dedup_key) k
+    USING (SELECT pg_catalog.unnest($3::text[]) AS handler, pg_catalog.unnest($4::text[]) AS dedup_key) k
     WHERE i.handler = k.handler AND i.dedup_key = k.dedup_key AND i.status = 'dead'
     RETURNING i.handler, i.event_id, i.attempts, i.last_error
 )
@@ -680,13 +680,13 @@ const adminRequeueInboxDead = `-- name: AdminRequeueInboxDead :many
 WITH picked AS (
     SELECT d.handler, d.dedup_key, d.event_id, d.attempts, d.last_error
     FROM pgrelay.inbox d
-    JOIN (SELECT unnest($3::text[]) AS handler, unnest($4::text[]) AS dedup_key) k
+    JOIN (SELECT pg_catalog.unnest($3::text[]) AS handler, pg_catalog.unnest($4::text[]) AS dedup_key) k
       ON d.handler = k.handler AND d.dedup_key = k.dedup_key
     WHERE d.status = 'dead'
     FOR UPDATE OF d
 ), moved AS (
     UPDATE pgrelay.inbox i
-    SET status = 'pending', attempts = 0, next_attempt_at = now(),
+    SET status = 'pending', attempts = 0, next_attempt_at = pg_catalog.now(),
         locked_by = NULL, locked_until = NULL, started_at = NULL, finished_at = NULL,
         last_error = NULL, waiting_for = NULL, deferrals = 0
     FROM picked p
@@ -808,7 +808,7 @@ func (q *Queries) AdminRequeueOutboxDead(ctx context.Context, db DBTX, arg Admin
 }
 
 const adminTableSize = `-- name: AdminTableSize :one
-SELECT pg_total_relation_size(to_regclass('pgrelay.' || $1::text))::bigint AS table_bytes
+SELECT pg_catalog.pg_total_relation_size(pg_catalog.to_regclass('pgrelay.' || $1::text))::bigint AS table_bytes
 `
 
 // AdminTableSize returns the total size on disk (with indexes and TOAST) of

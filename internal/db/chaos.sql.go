@@ -13,7 +13,7 @@ import (
 
 const chaosInboxEvents = `-- name: ChaosInboxEvents :many
 SELECT event_id, event_type, status, attempts, last_error,
-       (status = 'processing' AND locked_until < now())::boolean AS lease_expired,
+       (status = 'processing' AND locked_until < pg_catalog.now())::boolean AS lease_expired,
        coalesce(headers->>'Pgrelay-Expires-At', '')::text AS expires_at, finished_at
 FROM pgrelay.inbox
 `
@@ -109,7 +109,7 @@ func (q *Queries) ChaosInboxOrder(ctx context.Context, db DBTX) ([]ChaosInboxOrd
 
 const chaosInsertOutboxWAL = `-- name: ChaosInsertOutboxWAL :exec
 INSERT INTO pgrelay.outbox_wal (event_id, topic, key, event_type, payload, headers, occurred_at)
-VALUES ($1, $2, $3, $4, $5, $6, now())
+VALUES ($1, $2, $3, $4, $5, $6, pg_catalog.now())
 `
 
 type ChaosInsertOutboxWALParams struct {
@@ -250,11 +250,11 @@ func (q *Queries) ChaosOutboxEvents(ctx context.Context, db DBTX) ([]ChaosOutbox
 }
 
 const chaosProgress = `-- name: ChaosProgress :one
-SELECT (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
+SELECT (SELECT pg_catalog.count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS outbox_pending,
        -- Rows that expired unpublished never reach the inbox.
-       (SELECT count(*) FROM pgrelay.outbox WHERE NOT (status = 'dead' AND last_error = 'expired'))::bigint AS outbox_total,
-       (SELECT count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
-       (SELECT count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open
+       (SELECT pg_catalog.count(*) FROM pgrelay.outbox WHERE NOT (status = 'dead' AND last_error = 'expired'))::bigint AS outbox_total,
+       (SELECT pg_catalog.count(*) FROM pgrelay.inbox)::bigint AS inbox_total,
+       (SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE status IN ('pending', 'processing'))::bigint AS inbox_open
 `
 
 type ChaosProgressRow struct {

@@ -11,11 +11,11 @@ import (
 )
 
 const consoleDedupHourly = `-- name: ConsoleDedupHourly :many
-SELECT date_trunc('hour', minute, 'UTC')::timestamptz AS hour,
-       sum(received)::bigint AS received,
-       sum(duplicates)::bigint AS duplicates
+SELECT pg_catalog.date_trunc('hour', minute, 'UTC')::timestamptz AS hour,
+       pg_catalog.sum(received)::bigint AS received,
+       pg_catalog.sum(duplicates)::bigint AS duplicates
 FROM pgrelay.inbox_receive_counts
-WHERE minute >= date_trunc('hour', now(), 'UTC') - make_interval(hours => $1::int) + interval '1 hour'
+WHERE minute >= pg_catalog.date_trunc('hour', pg_catalog.now(), 'UTC') - pg_catalog.make_interval(hours => $1::int) + interval '1 hour'
 GROUP BY 1
 ORDER BY 1
 `
@@ -49,8 +49,8 @@ func (q *Queries) ConsoleDedupHourly(ctx context.Context, db DBTX, hours int32) 
 }
 
 const consoleDuplicateRecordSize = `-- name: ConsoleDuplicateRecordSize :one
-SELECT (SELECT count(*) FROM pgrelay.inbox_duplicates)::bigint AS row_count,
-       pg_total_relation_size('pgrelay.inbox_duplicates')::bigint AS table_bytes
+SELECT (SELECT pg_catalog.count(*) FROM pgrelay.inbox_duplicates)::bigint AS row_count,
+       pg_catalog.pg_total_relation_size('pgrelay.inbox_duplicates')::bigint AS table_bytes
 `
 
 type ConsoleDuplicateRecordSizeRow struct {
@@ -84,7 +84,7 @@ FROM (
     UNION ALL
     (SELECT handler, event_id, status, attempts, topic, event_type, received_at, finished_at, last_error
      FROM pgrelay.inbox
-     WHERE $1::text <> '' AND strpos(event_id, $1::text) > 0
+     WHERE $1::text <> '' AND pg_catalog.strpos(event_id, $1::text) > 0
      ORDER BY received_at DESC
      LIMIT $2)
 ) AS k
@@ -146,17 +146,17 @@ func (q *Queries) ConsoleInboxKeys(ctx context.Context, db DBTX, arg ConsoleInbo
 
 const consolePartitions = `-- name: ConsolePartitions :many
 SELECT p.partition, coalesce(p.owner, '')::text AS owner, p.epoch,
-       (p.lease_until > now())::boolean AS held,
-       (CASE WHEN isfinite(p.lease_until) THEN p.lease_until ELSE 'epoch' END)::timestamptz AS lease_until,
+       (p.lease_until > pg_catalog.now())::boolean AS held,
+       (CASE WHEN pg_catalog.isfinite(p.lease_until) THEN p.lease_until ELSE 'epoch' END)::timestamptz AS lease_until,
        coalesce(o.pending, 0)::bigint AS pending,
        coalesce(o.dead, 0)::bigint AS dead,
-       coalesce(extract(epoch FROM now() - o.oldest_pending), 0)::float8 AS lag_seconds
+       coalesce(extract(epoch FROM pg_catalog.now() - o.oldest_pending), 0)::float8 AS lag_seconds
 FROM pgrelay.relay_partitions p
 LEFT JOIN (
     SELECT partition,
-           count(*) FILTER (WHERE status = 'pending') AS pending,
-           count(*) FILTER (WHERE status = 'dead') AS dead,
-           min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
+           pg_catalog.count(*) FILTER (WHERE status = 'pending') AS pending,
+           pg_catalog.count(*) FILTER (WHERE status = 'dead') AS dead,
+           pg_catalog.min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
     FROM pgrelay.outbox
     WHERE status IN ('pending', 'dead')
     GROUP BY partition
@@ -211,7 +211,7 @@ const consolePruneDuplicates = `-- name: ConsolePruneDuplicates :execrows
 DELETE FROM pgrelay.inbox_duplicates
 WHERE id IN (
     SELECT d.id FROM pgrelay.inbox_duplicates d
-    WHERE d.id <= (SELECT max(id) FROM pgrelay.inbox_duplicates) - $1::bigint
+    WHERE d.id <= (SELECT pg_catalog.max(id) FROM pgrelay.inbox_duplicates) - $1::bigint
     ORDER BY d.id
     LIMIT $2
 )
@@ -236,7 +236,7 @@ const consolePruneReceiveCounts = `-- name: ConsolePruneReceiveCounts :execrows
 DELETE FROM pgrelay.inbox_receive_counts
 WHERE (minute, backend) IN (
     SELECT c.minute, c.backend FROM pgrelay.inbox_receive_counts c
-    WHERE c.minute < now() - interval '25 hours'
+    WHERE c.minute < pg_catalog.now() - interval '25 hours'
     ORDER BY c.minute
     LIMIT $1
 )
@@ -294,8 +294,8 @@ func (q *Queries) ConsoleRecentDuplicates(ctx context.Context, db DBTX, maxRows 
 
 const consoleRelayNodes = `-- name: ConsoleRelayNodes :many
 SELECT n.node_id, n.last_seen,
-       (n.last_seen > now() - make_interval(secs => $1::float8))::boolean AS alive,
-       (SELECT count(*) FROM pgrelay.relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > now())::int AS partitions
+       (n.last_seen > pg_catalog.now() - pg_catalog.make_interval(secs => $1::float8))::boolean AS alive,
+       (SELECT pg_catalog.count(*) FROM pgrelay.relay_partitions p WHERE p.owner = n.node_id AND p.lease_until > pg_catalog.now())::int AS partitions
 FROM pgrelay.relay_nodes n
 ORDER BY n.node_id
 `
@@ -342,7 +342,7 @@ WITH d AS (
 )
 INSERT INTO pgrelay.replay_audit (source, action, event_id, actor, reason, previous_attempts, previous_error)
 SELECT 'inbox', 'reset_dedup_stats', '*', $1::text, $2::text, 0,
-       (SELECT count(*) FROM d) || ' recorded duplicates and ' || (SELECT count(*) FROM c) || ' minute counts deleted'
+       (SELECT pg_catalog.count(*) FROM d)::text || ' recorded duplicates and ' || (SELECT pg_catalog.count(*) FROM c)::text || ' minute counts deleted'
 RETURNING id, at
 `
 
@@ -366,15 +366,15 @@ func (q *Queries) ConsoleResetDedupStats(ctx context.Context, db DBTX, arg Conso
 }
 
 const consoleThroughput = `-- name: ConsoleThroughput :many
-SELECT 'inbox'::text AS source, handler, date_trunc('minute', finished_at)::timestamptz AS minute, count(*)::bigint AS n
+SELECT 'inbox'::text AS source, handler, pg_catalog.date_trunc('minute', finished_at)::timestamptz AS minute, pg_catalog.count(*)::bigint AS n
 FROM pgrelay.inbox
-WHERE status = 'processed' AND finished_at > now() - make_interval(mins => $1::int)
-GROUP BY handler, date_trunc('minute', finished_at)
+WHERE status = 'processed' AND finished_at > pg_catalog.now() - pg_catalog.make_interval(mins => $1::int)
+GROUP BY handler, pg_catalog.date_trunc('minute', finished_at)
 UNION ALL
-SELECT 'outbox'::text, ''::text, date_trunc('minute', published_at)::timestamptz, count(*)::bigint
+SELECT 'outbox'::text, ''::text, pg_catalog.date_trunc('minute', published_at)::timestamptz, pg_catalog.count(*)::bigint
 FROM pgrelay.outbox
-WHERE status = 'published' AND published_at > now() - make_interval(mins => $1::int)
-GROUP BY date_trunc('minute', published_at)
+WHERE status = 'published' AND published_at > pg_catalog.now() - pg_catalog.make_interval(mins => $1::int)
+GROUP BY pg_catalog.date_trunc('minute', published_at)
 ORDER BY 1, 2, 3
 `
 

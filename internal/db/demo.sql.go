@@ -34,7 +34,7 @@ func (q *Queries) CreateShopOrder(ctx context.Context, db DBTX, arg CreateShopOr
 }
 
 const demoDeadLetters = `-- name: DemoDeadLetters :many
-SELECT event_id, event_type, last_error, length(payload)::int AS payload_bytes
+SELECT event_id, event_type, last_error, pg_catalog.length(payload)::int AS payload_bytes
 FROM pgrelay.inbox WHERE status = 'dead' ORDER BY event_id
 `
 
@@ -72,12 +72,12 @@ func (q *Queries) DemoDeadLetters(ctx context.Context, db DBTX) ([]DemoDeadLette
 }
 
 const demoInboxCounts = `-- name: DemoInboxCounts :one
-SELECT count(*)::bigint AS total,
-       count(*) FILTER (WHERE status = 'processed')::bigint AS processed,
-       count(*) FILTER (WHERE status = 'dead')::bigint AS dead,
-       count(*) FILTER (WHERE status IN ('pending', 'processing'))::bigint AS open,
-       coalesce(sum(greatest(attempts - 1, 0)), 0)::bigint AS retries,
-       coalesce(sum(deferrals), 0)::bigint AS deferrals
+SELECT pg_catalog.count(*)::bigint AS total,
+       pg_catalog.count(*) FILTER (WHERE status = 'processed')::bigint AS processed,
+       pg_catalog.count(*) FILTER (WHERE status = 'dead')::bigint AS dead,
+       pg_catalog.count(*) FILTER (WHERE status IN ('pending', 'processing'))::bigint AS open,
+       coalesce(pg_catalog.sum(greatest(attempts - 1, 0)), 0)::bigint AS retries,
+       coalesce(pg_catalog.sum(deferrals), 0)::bigint AS deferrals
 FROM pgrelay.inbox
 `
 
@@ -148,9 +148,9 @@ func (q *Queries) DemoInboxEvents(ctx context.Context, db DBTX, maxRows int32) (
 }
 
 const demoLedgerCheck = `-- name: DemoLedgerCheck :one
-SELECT count(*)::bigint AS entries,
-       count(DISTINCT order_id)::bigint AS credited_orders,
-       coalesce(sum(amount_cents), 0)::bigint AS total_cents
+SELECT pg_catalog.count(*)::bigint AS entries,
+       pg_catalog.count(DISTINCT order_id)::bigint AS credited_orders,
+       coalesce(pg_catalog.sum(amount_cents), 0)::bigint AS total_cents
 FROM ledger_entries
 `
 
@@ -169,9 +169,9 @@ func (q *Queries) DemoLedgerCheck(ctx context.Context, db DBTX) (DemoLedgerCheck
 }
 
 const demoOutboxCounts = `-- name: DemoOutboxCounts :one
-SELECT count(*)::bigint AS total,
-       count(*) FILTER (WHERE status = 'published')::bigint AS published,
-       count(*) FILTER (WHERE status = 'dead')::bigint AS dead
+SELECT pg_catalog.count(*)::bigint AS total,
+       pg_catalog.count(*) FILTER (WHERE status = 'published')::bigint AS published,
+       pg_catalog.count(*) FILTER (WHERE status = 'dead')::bigint AS dead
 FROM pgrelay.outbox
 `
 
@@ -232,7 +232,7 @@ func (q *Queries) DemoOutboxEvents(ctx context.Context, db DBTX, maxRows int32) 
 }
 
 const markShopOrderPaid = `-- name: MarkShopOrderPaid :execrows
-UPDATE shop_orders SET paid = true, paid_at = now()
+UPDATE shop_orders SET paid = true, paid_at = pg_catalog.now()
 WHERE order_id = $1 AND NOT paid
 `
 
@@ -246,9 +246,9 @@ func (q *Queries) MarkShopOrderPaid(ctx context.Context, db DBTX, orderID string
 }
 
 const shopTotals = `-- name: ShopTotals :one
-SELECT count(*)::bigint AS orders,
-       count(*) FILTER (WHERE paid)::bigint AS paid_orders,
-       coalesce(sum(amount_cents) FILTER (WHERE paid), 0)::bigint AS paid_cents
+SELECT pg_catalog.count(*)::bigint AS orders,
+       pg_catalog.count(*) FILTER (WHERE paid)::bigint AS paid_orders,
+       coalesce(pg_catalog.sum(amount_cents) FILTER (WHERE paid), 0)::bigint AS paid_cents
 FROM shop_orders
 `
 

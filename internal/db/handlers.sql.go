@@ -39,11 +39,11 @@ func (q *Queries) RecordHandlerResponse(ctx context.Context, db DBTX, arg Record
 
 const sQLHandlerFunction = `-- name: SQLHandlerFunction :one
 
-SELECT (quote_ident(n.nspname) || '.' || quote_ident(p.proname))::text AS qualified_name,
-       format_type(p.prorettype, NULL)::text                              AS returns
+SELECT (pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(p.proname))::text AS qualified_name,
+       pg_catalog.format_type(p.prorettype, NULL)::text                              AS returns
 FROM pg_catalog.pg_proc p
 JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-WHERE p.oid = to_regprocedure($1::text)
+WHERE p.oid = pg_catalog.to_regprocedure($1::text)
 `
 
 type SQLHandlerFunctionRow struct {

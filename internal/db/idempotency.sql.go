@@ -13,13 +13,13 @@ import (
 
 const enqueueOutboxIdempotent = `-- name: EnqueueOutboxIdempotent :many
 INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, not_before, expires_at, traceparent, tracestate)
-SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-       unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
-       unnest($7::timestamptz[]),
-       greatest(nullif(unnest($8::timestamptz[]), '0001-01-01 00:00:00+00'),
-                statement_timestamp() + nullif(unnest($9::bigint[]), 0) * interval '1 microsecond'),
-       nullif(unnest($10::timestamptz[]), '0001-01-01 00:00:00+00'),
-       NULLIF(unnest($11::text[]), ''), NULLIF(unnest($12::text[]), '')
+SELECT pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
+       pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::bytea[]), pg_catalog.unnest($6::jsonb[]),
+       pg_catalog.unnest($7::timestamptz[]),
+       greatest(nullif(pg_catalog.unnest($8::timestamptz[]), '0001-01-01 00:00:00+00'),
+                pg_catalog.statement_timestamp() + (nullif(pg_catalog.unnest($9::bigint[]), 0) OPERATOR(pg_catalog.*) interval '1 microsecond')),
+       nullif(pg_catalog.unnest($10::timestamptz[]), '0001-01-01 00:00:00+00'),
+       NULLIF(pg_catalog.unnest($11::text[]), ''), NULLIF(pg_catalog.unnest($12::text[]), '')
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 `
@@ -83,7 +83,7 @@ func (q *Queries) EnqueueOutboxIdempotent(ctx context.Context, db DBTX, arg Enqu
 
 const guardConfirm = `-- name: GuardConfirm :execrows
 UPDATE pgrelay.guard_keys
-SET state = 'confirmed', expires_at = now() + make_interval(secs => $1::float8)
+SET state = 'confirmed', expires_at = pg_catalog.now() + pg_catalog.make_interval(secs => $1::float8)
 WHERE key = $2 AND token = $3 AND state = 'reserved'
 `
 
@@ -106,7 +106,7 @@ func (q *Queries) GuardConfirm(ctx context.Context, db DBTX, arg GuardConfirmPar
 const guardDeleteExpired = `-- name: GuardDeleteExpired :execrows
 DELETE FROM pgrelay.guard_keys
 WHERE key IN (
-    SELECT key FROM pgrelay.guard_keys WHERE expires_at <= now()
+    SELECT key FROM pgrelay.guard_keys WHERE expires_at <= pg_catalog.now()
     ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED)
 `
 
@@ -120,7 +120,7 @@ func (q *Queries) GuardDeleteExpired(ctx context.Context, db DBTX, batchSize int
 
 const guardExtend = `-- name: GuardExtend :execrows
 UPDATE pgrelay.guard_keys
-SET expires_at = now() + make_interval(secs => $1::float8)
+SET expires_at = pg_catalog.now() + pg_catalog.make_interval(secs => $1::float8)
 WHERE key = $2 AND token = $3 AND state = 'reserved'
 `
 
@@ -157,10 +157,10 @@ func (q *Queries) GuardRelease(ctx context.Context, db DBTX, arg GuardReleasePar
 
 const guardReserve = `-- name: GuardReserve :one
 INSERT INTO pgrelay.guard_keys (key, token, state, expires_at)
-VALUES ($1, $2, 'reserved', now() + make_interval(secs => $3::float8))
+VALUES ($1, $2, 'reserved', pg_catalog.now() + pg_catalog.make_interval(secs => $3::float8))
 ON CONFLICT (key) DO UPDATE
-SET token = excluded.token, state = 'reserved', created_at = now(), expires_at = excluded.expires_at
-WHERE guard_keys.expires_at <= now()
+SET token = excluded.token, state = 'reserved', created_at = pg_catalog.now(), expires_at = excluded.expires_at
+WHERE guard_keys.expires_at <= pg_catalog.now()
 RETURNING key
 `
 
@@ -180,7 +180,7 @@ func (q *Queries) GuardReserve(ctx context.Context, db DBTX, arg GuardReservePar
 }
 
 const guardState = `-- name: GuardState :one
-SELECT state, expires_at FROM pgrelay.guard_keys WHERE key = $1 AND expires_at > now()
+SELECT state, expires_at FROM pgrelay.guard_keys WHERE key = $1 AND expires_at > pg_catalog.now()
 `
 
 type GuardStateRow struct {
@@ -196,8 +196,8 @@ func (q *Queries) GuardState(ctx context.Context, db DBTX, key string) (GuardSta
 }
 
 const guardStats = `-- name: GuardStats :one
-SELECT (SELECT count(*) FROM pgrelay.guard_keys WHERE expires_at > now())::bigint AS active,
-       pg_total_relation_size('pgrelay.guard_keys')::bigint AS bytes
+SELECT (SELECT pg_catalog.count(*) FROM pgrelay.guard_keys WHERE expires_at > pg_catalog.now())::bigint AS active,
+       pg_catalog.pg_total_relation_size('pgrelay.guard_keys')::bigint AS bytes
 `
 
 type GuardStatsRow struct {
@@ -216,7 +216,7 @@ const hTTPIdemDeleteExpired = `-- name: HTTPIdemDeleteExpired :execrows
 DELETE FROM pgrelay.http_idempotency_keys
 WHERE (scope, key) IN (
     SELECT scope, key FROM pgrelay.http_idempotency_keys
-    WHERE expires_at <= now() ORDER BY expires_at LIMIT $1::int
+    WHERE expires_at <= pg_catalog.now() ORDER BY expires_at LIMIT $1::int
     FOR UPDATE SKIP LOCKED)
 `
 
@@ -232,7 +232,7 @@ func (q *Queries) HTTPIdemDeleteExpired(ctx context.Context, db DBTX, batchSize 
 const hTTPIdemGet = `-- name: HTTPIdemGet :one
 SELECT fingerprint, method, path, status, headers, body, created_at, expires_at
 FROM pgrelay.http_idempotency_keys
-WHERE scope = $1 AND key = $2 AND expires_at > now()
+WHERE scope = $1 AND key = $2 AND expires_at > pg_catalog.now()
 `
 
 type HTTPIdemGetParams struct {
@@ -270,12 +270,12 @@ func (q *Queries) HTTPIdemGet(ctx context.Context, db DBTX, arg HTTPIdemGetParam
 
 const hTTPIdemStore = `-- name: HTTPIdemStore :exec
 INSERT INTO pgrelay.http_idempotency_keys (scope, key, fingerprint, method, path, status, headers, body, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9::float8))
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_catalog.now() + pg_catalog.make_interval(secs => $9::float8))
 ON CONFLICT (scope, key) DO UPDATE
 SET fingerprint = excluded.fingerprint, method = excluded.method, path = excluded.path,
     status = excluded.status, headers = excluded.headers, body = excluded.body,
-    created_at = now(), expires_at = excluded.expires_at
-WHERE http_idempotency_keys.expires_at <= now()
+    created_at = pg_catalog.now(), expires_at = excluded.expires_at
+WHERE http_idempotency_keys.expires_at <= pg_catalog.now()
 `
 
 type HTTPIdemStoreParams struct {
@@ -308,7 +308,7 @@ func (q *Queries) HTTPIdemStore(ctx context.Context, db DBTX, arg HTTPIdemStoreP
 }
 
 const hTTPIdemTryLock = `-- name: HTTPIdemTryLock :one
-SELECT pg_try_advisory_xact_lock(1751477357, hashtext($1::text || E'\n' || $2::text))
+SELECT pg_catalog.pg_try_advisory_xact_lock(1751477357, pg_catalog.hashtext($1::text || E'\n' || $2::text))
 `
 
 type HTTPIdemTryLockParams struct {

@@ -17,9 +17,9 @@ const claimInbox = `-- name: ClaimInbox :many
 WITH due AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
-    WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= now()
-      AND i.next_attempt_at >= greatest($5::timestamptz, now() - $6::interval, '-infinity')
-      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+    WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= pg_catalog.now()
+      AND i.next_attempt_at >= greatest($5::timestamptz, pg_catalog.now() - $6::interval, '-infinity')
+      AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT $7
     FOR UPDATE SKIP LOCKED
@@ -29,11 +29,11 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
     attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
     locked_by    = $2::text,
-    locked_until = now() + $3::interval,
-    started_at   = now(),
-    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN now() END,
+    locked_until = pg_catalog.now() + $3::interval,
+    started_at   = pg_catalog.now(),
+    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= $1::int
-        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || $1::int
+        THEN 'attempts exhausted: ' || inbox.attempts::text || ' of ' OPERATOR(pg_catalog.||) $1::int
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
@@ -145,7 +145,7 @@ const claimInboxLost = `-- name: ClaimInboxLost :many
 WITH lost AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
-    WHERE i.handler = $4::text AND i.status = 'processing' AND i.locked_until < now()
+    WHERE i.handler = $4::text AND i.status = 'processing' AND i.locked_until < pg_catalog.now()
     ORDER BY i.locked_until
     LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -155,13 +155,13 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
     attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
     locked_by    = $2::text,
-    locked_until = now() + $3::interval,
-    started_at   = now(),
-    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN now() END,
+    locked_until = pg_catalog.now() + $3::interval,
+    started_at   = pg_catalog.now(),
+    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= $1::int
-        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts
-             || ' of ' || $1::int
-        ELSE 'worker lost during attempt ' || inbox.attempts END
+        THEN 'attempts exhausted: worker lost during attempt ' || inbox.attempts::text
+             || ' of ' OPERATOR(pg_catalog.||) $1::int
+        ELSE 'worker lost during attempt ' || inbox.attempts::text END
 FROM lost
 WHERE inbox.handler = lost.handler AND inbox.dedup_key = lost.dedup_key
 RETURNING inbox.handler, inbox.dedup_key, inbox.event_id, inbox.topic, inbox.key, inbox.event_type, inbox.payload,
@@ -254,8 +254,8 @@ SET status = 'pending', attempts = attempts - 1, deferrals = deferrals + 1,
     waiting_for = $1::text, locked_until = NULL,
     last_error = 'deferred: waiting for ' || $1::text,
     next_attempt_at = CASE
-        WHEN EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = $1::text) THEN now()
-        ELSE now() + $2::interval
+        WHEN EXISTS (SELECT 1 FROM pgrelay.inbox_releases r WHERE r.waiting_for = $1::text) THEN pg_catalog.now()
+        ELSE pg_catalog.now() + $2::interval
     END
 WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5 AND status = 'processing'
 `
@@ -332,8 +332,8 @@ func (q *Queries) GetInbox(ctx context.Context, db DBTX, arg GetInboxParams) (In
 const inboxStillClaimed = `-- name: InboxStillClaimed :many
 SELECT inbox.dedup_key
 FROM pgrelay.inbox
-JOIN (SELECT unnest($1::text[]) AS dedup_key,
-             unnest($2::bigint[]) AS lock_version) AS c
+JOIN (SELECT pg_catalog.unnest($1::text[]) AS dedup_key,
+             pg_catalog.unnest($2::bigint[]) AS lock_version) AS c
   ON inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
 WHERE inbox.handler = $3::text AND coalesce(inbox.status, '') = 'processing'
 `
@@ -371,7 +371,7 @@ func (q *Queries) InboxStillClaimed(ctx context.Context, db DBTX, arg InboxStill
 const inboxStoredKeys = `-- name: InboxStoredKeys :many
 SELECT i.handler, i.dedup_key, i.event_id, i.fingerprint, i.key, i.key_seq
 FROM pgrelay.inbox i
-JOIN (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS dedup_key) AS k
+JOIN (SELECT pg_catalog.unnest($1::text[]) AS handler, pg_catalog.unnest($2::text[]) AS dedup_key) AS k
   ON i.handler = k.handler AND i.dedup_key = k.dedup_key
 `
 
@@ -424,19 +424,19 @@ const insertInbox = `-- name: InsertInbox :many
 WITH m AS (
     -- Set-returning functions in one select list advance in lockstep: row k
     -- takes element k of every array.
-    SELECT unnest($1::text[]) AS handler,
-           unnest($2::text[]) AS dedup_key,
-           unnest($3::text[]) AS key_strategy,
-           unnest($4::bytea[]) AS fingerprint,
-           unnest($5::text[]) AS event_id,
-           unnest($6::text[]) AS topic,
-           unnest($7::text[]) AS key,
-           unnest($8::text[]) AS event_type,
-           unnest($9::bytea[]) AS payload,
-           unnest($10::jsonb[]) AS headers,
-           unnest($11::timestamptz[]) AS occurred_at,
-           unnest($12::text[]) AS dead_reason,
-           unnest($13::bigint[]) AS key_seq
+    SELECT pg_catalog.unnest($1::text[]) AS handler,
+           pg_catalog.unnest($2::text[]) AS dedup_key,
+           pg_catalog.unnest($3::text[]) AS key_strategy,
+           pg_catalog.unnest($4::bytea[]) AS fingerprint,
+           pg_catalog.unnest($5::text[]) AS event_id,
+           pg_catalog.unnest($6::text[]) AS topic,
+           pg_catalog.unnest($7::text[]) AS key,
+           pg_catalog.unnest($8::text[]) AS event_type,
+           pg_catalog.unnest($9::bytea[]) AS payload,
+           pg_catalog.unnest($10::jsonb[]) AS headers,
+           pg_catalog.unnest($11::timestamptz[]) AS occurred_at,
+           pg_catalog.unnest($12::text[]) AS dead_reason,
+           pg_catalog.unnest($13::bigint[]) AS key_seq
 ), ins AS (
     INSERT INTO pgrelay.inbox (handler, dedup_key, key_strategy, fingerprint, event_id, topic, key, event_type, payload,
                        headers, occurred_at, status, last_error, finished_at, key_seq,
@@ -445,7 +445,7 @@ WITH m AS (
            m.payload, m.headers, m.occurred_at,
            CASE WHEN m.dead_reason <> '' THEN 'dead' WHEN m.applied THEN 'processed' ELSE 'pending' END,
            NULLIF(m.dead_reason, ''),
-           CASE WHEN m.dead_reason <> '' OR m.applied THEN now() END,
+           CASE WHEN m.dead_reason <> '' OR m.applied THEN pg_catalog.now() END,
            NULLIF(m.key_seq, 0),
            CASE WHEN m.applied THEN 1 ELSE 0 END,
            CASE WHEN m.applied THEN 1 ELSE 0 END,
@@ -458,9 +458,9 @@ WITH m AS (
               (CASE WHEN status = 'processed' THEN payload END)::bytea AS applied_payload,
               (CASE WHEN status = 'processed' THEN headers END)::jsonb AS applied_headers
 ), rep AS (
-    SELECT unnest($17::text[]) AS handler,
-           unnest($18::text[]) AS dedup_key,
-           unnest($19::text[]) AS event_id
+    SELECT pg_catalog.unnest($17::text[]) AS handler,
+           pg_catalog.unnest($18::text[]) AS dedup_key,
+           pg_catalog.unnest($19::text[]) AS event_id
 ), dup AS (
     INSERT INTO pgrelay.inbox_duplicates (event_id, topic, event_type, handler, original_received_at)
     SELECT d.event_id, d.topic, d.event_type, d.handler, d.original_received_at
@@ -480,9 +480,9 @@ WITH m AS (
     WHERE $20::boolean
 ), counts AS (
     INSERT INTO pgrelay.inbox_receive_counts AS c (minute, backend, received, duplicates)
-    SELECT date_trunc('minute', now()), pg_backend_pid(),
-           (SELECT count(*) FROM m) + (SELECT count(*) FROM rep),
-           (SELECT count(*) FROM m) - (SELECT count(*) FROM ins) + (SELECT count(*) FROM rep)
+    SELECT pg_catalog.date_trunc('minute', pg_catalog.now()), pg_catalog.pg_backend_pid(),
+           (SELECT pg_catalog.count(*) FROM m) + (SELECT pg_catalog.count(*) FROM rep),
+           (SELECT pg_catalog.count(*) FROM m) - (SELECT pg_catalog.count(*) FROM ins) + (SELECT pg_catalog.count(*) FROM rep)
     WHERE $20::boolean
     ON CONFLICT (minute, backend) DO UPDATE
     SET received = c.received + excluded.received,
@@ -613,10 +613,10 @@ func (q *Queries) InsertInbox(ctx context.Context, db DBTX, arg InsertInboxParam
 const insertInboxConflicts = `-- name: InsertInboxConflicts :exec
 INSERT INTO pgrelay.inbox_conflicts (handler, dedup_key, key_strategy, stored_event_id, event_id,
                              stored_fingerprint, fingerprint, topic, event_type, payload)
-SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-       unnest($4::text[]), unnest($5::text[]),
-       unnest($6::bytea[]), unnest($7::bytea[]),
-       unnest($8::text[]), unnest($9::text[]), unnest($10::bytea[])
+SELECT pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
+       pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]),
+       pg_catalog.unnest($6::bytea[]), pg_catalog.unnest($7::bytea[]),
+       pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[]), pg_catalog.unnest($10::bytea[])
 `
 
 type InsertInboxConflictsParams struct {
@@ -652,7 +652,7 @@ func (q *Queries) InsertInboxConflicts(ctx context.Context, db DBTX, arg InsertI
 
 const killInbox = `-- name: KillInbox :execrows
 UPDATE pgrelay.inbox
-SET status = 'dead', finished_at = now(), last_error = $1::text, locked_until = NULL
+SET status = 'dead', finished_at = pg_catalog.now(), last_error = $1::text, locked_until = NULL
 WHERE handler = $2 AND dedup_key = $3 AND lock_version = $4 AND status = 'processing'
 `
 
@@ -679,10 +679,10 @@ func (q *Queries) KillInbox(ctx context.Context, db DBTX, arg KillInboxParams) (
 
 const markInboxBatchProcessed = `-- name: MarkInboxBatchProcessed :many
 UPDATE pgrelay.inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-FROM (SELECT unnest($2::text[]) AS dedup_key,
-             unnest($3::bigint[]) AS lock_version) AS c
+FROM (SELECT pg_catalog.unnest($2::text[]) AS dedup_key,
+             pg_catalog.unnest($3::bigint[]) AS lock_version) AS c
 WHERE inbox.handler = $1::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
 RETURNING inbox.dedup_key
@@ -730,20 +730,20 @@ func (q *Queries) MarkInboxBatchProcessed(ctx context.Context, db DBTX, arg Mark
 const markInboxBatchProcessedAll = `-- name: MarkInboxBatchProcessedAll :exec
 WITH marked AS (
     UPDATE pgrelay.inbox
-    SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+    SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
         last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
-    FROM (SELECT unnest($1::text[]) AS dedup_key,
-                 unnest($3::bigint[]) AS lock_version) AS c
+    FROM (SELECT pg_catalog.unnest($1::text[]) AS dedup_key,
+                 pg_catalog.unnest($3::bigint[]) AS lock_version) AS c
     -- The primary key, not the partial index on processing rows (see
     -- MarkInboxBatchProcessed).
     WHERE inbox.handler = $2::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
       AND coalesce(inbox.status, '') = 'processing'
     RETURNING 1
 )
-SELECT CASE WHEN m.n = cardinality($1::text[]) THEN m.n
-            ELSE ('pgrelay: inbox batch mark matched ' || m.n || ' of ' || cardinality($1::text[])
+SELECT CASE WHEN m.n = pg_catalog.cardinality($1::text[]) THEN m.n
+            ELSE ('pgrelay: inbox batch mark matched ' || m.n::text || ' of ' || pg_catalog.cardinality($1::text[])::text
                   || ' events: taken over by another worker')::bigint END AS marked
-FROM (SELECT count(*) AS n FROM marked) AS m
+FROM (SELECT pg_catalog.count(*) AS n FROM marked) AS m
 `
 
 type MarkInboxBatchProcessedAllParams struct {
@@ -767,7 +767,7 @@ func (q *Queries) MarkInboxBatchProcessedAll(ctx context.Context, db DBTX, arg M
 
 const markInboxProcessed = `-- name: MarkInboxProcessed :execrows
 UPDATE pgrelay.inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
+SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
     last_error = CASE WHEN last_error LIKE 'deferred: %' THEN NULL ELSE last_error END
 WHERE handler = $1 AND dedup_key = $2 AND lock_version = $3 AND status = 'processing'
 `
@@ -792,7 +792,7 @@ func (q *Queries) MarkInboxProcessed(ctx context.Context, db DBTX, arg MarkInbox
 }
 
 const notifyInbox = `-- name: NotifyInbox :exec
-SELECT pg_notify('pgrelay_inbox', '')
+SELECT pg_catalog.pg_notify('pgrelay_inbox', '')
 `
 
 // NotifyInbox wakes the listening workers when the transaction commits.
@@ -805,7 +805,7 @@ const pruneInboxReleases = `-- name: PruneInboxReleases :execrows
 DELETE FROM pgrelay.inbox_releases
 WHERE waiting_for IN (
     SELECT r.waiting_for FROM pgrelay.inbox_releases r
-    WHERE r.released_at < now() - $1::interval
+    WHERE r.released_at < pg_catalog.now() - $1::interval
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
@@ -831,15 +831,15 @@ func (q *Queries) PruneInboxReleases(ctx context.Context, db DBTX, arg PruneInbo
 const releaseInbox = `-- name: ReleaseInbox :one
 WITH recorded AS (
     INSERT INTO pgrelay.inbox_releases (waiting_for)
-    SELECT unnest($1::text[])
-    ON CONFLICT (waiting_for) DO UPDATE SET released_at = now()
+    SELECT pg_catalog.unnest($1::text[])
+    ON CONFLICT (waiting_for) DO UPDATE SET released_at = pg_catalog.now()
 ), woken AS (
     UPDATE pgrelay.inbox
-    SET next_attempt_at = now(), waiting_for = NULL
+    SET next_attempt_at = pg_catalog.now(), waiting_for = NULL
     WHERE status = 'pending' AND waiting_for = ANY($1::text[])
     RETURNING 1
 )
-SELECT count(*)::bigint FROM woken
+SELECT pg_catalog.count(*)::bigint FROM woken
 `
 
 // ReleaseInbox records the release of every dependency in @keys (sorted and
@@ -855,7 +855,7 @@ func (q *Queries) ReleaseInbox(ctx context.Context, db DBTX, keys []string) (int
 
 const retryInbox = `-- name: RetryInbox :execrows
 UPDATE pgrelay.inbox
-SET status = 'pending', next_attempt_at = now() + $1::interval, last_error = $2::text,
+SET status = 'pending', next_attempt_at = pg_catalog.now() + $1::interval, last_error = $2::text,
     locked_until = NULL, waiting_for = NULL
 WHERE handler = $3 AND dedup_key = $4 AND lock_version = $5 AND status = 'processing'
 `
@@ -893,7 +893,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.inbox
-SET next_attempt_at = now(), waiting_for = NULL
+SET next_attempt_at = pg_catalog.now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 `
@@ -912,10 +912,10 @@ func (q *Queries) SweepReleasedInbox(ctx context.Context, db DBTX, batchSize int
 
 const unclaimInbox = `-- name: UnclaimInbox :execrows
 UPDATE pgrelay.inbox
-SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = now(),
+SET status = 'pending', attempts = greatest(inbox.attempts - 1, 0), next_attempt_at = pg_catalog.now(),
     locked_until = NULL
-FROM (SELECT unnest($2::text[]) AS dedup_key,
-             unnest($3::bigint[]) AS lock_version) AS c
+FROM (SELECT pg_catalog.unnest($2::text[]) AS dedup_key,
+             pg_catalog.unnest($3::bigint[]) AS lock_version) AS c
 WHERE inbox.handler = $1::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
 RETURNING inbox.dedup_key
@@ -953,7 +953,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.inbox
-SET next_attempt_at = now(), waiting_for = NULL
+SET next_attempt_at = pg_catalog.now(), waiting_for = NULL
 FROM due
 WHERE inbox.handler = due.handler AND inbox.dedup_key = due.dedup_key
 `

@@ -41,8 +41,8 @@ func (q *Queries) CreateLedgerOrder(ctx context.Context, db DBTX, arg CreateLedg
 
 const createLedgerOrders = `-- name: CreateLedgerOrders :execrows
 INSERT INTO ledger_orders (order_id, customer_id, amount_cents, currency, event_id)
-SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::bigint[]),
-       unnest($4::text[]), unnest($5::text[])
+SELECT pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bigint[]),
+       pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[])
 ON CONFLICT (order_id) DO NOTHING
 `
 
@@ -101,8 +101,8 @@ func (q *Queries) CreditLedger(ctx context.Context, db DBTX, arg CreditLedgerPar
 const creditLedgerBatch = `-- name: CreditLedgerBatch :execrows
 INSERT INTO ledger_entries (event_id, order_id, customer_id, amount_cents, currency)
 SELECT p.event_id, p.order_id, o.customer_id, p.amount_cents, p.currency
-FROM (SELECT unnest($1::text[]) AS event_id, unnest($2::text[]) AS order_id,
-             unnest($3::bigint[]) AS amount_cents, unnest($4::text[]) AS currency) AS p
+FROM (SELECT pg_catalog.unnest($1::text[]) AS event_id, pg_catalog.unnest($2::text[]) AS order_id,
+             pg_catalog.unnest($3::bigint[]) AS amount_cents, pg_catalog.unnest($4::text[]) AS currency) AS p
 JOIN ledger_orders o ON o.order_id = p.order_id
 `
 
@@ -149,8 +149,8 @@ func (q *Queries) GetLedgerOrder(ctx context.Context, db DBTX, orderID string) (
 }
 
 const ledgerSchemaPresent = `-- name: LedgerSchemaPresent :one
-SELECT (to_regclass('ledger_orders') IS NOT NULL)::boolean AS orders,
-       (to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries
+SELECT (pg_catalog.to_regclass('ledger_orders') IS NOT NULL)::boolean AS orders,
+       (pg_catalog.to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries
 `
 
 type LedgerSchemaPresentRow struct {
@@ -168,7 +168,7 @@ func (q *Queries) LedgerSchemaPresent(ctx context.Context, db DBTX) (LedgerSchem
 }
 
 const ledgerTotals = `-- name: LedgerTotals :one
-SELECT count(*)::bigint AS entries, coalesce(sum(amount_cents), 0)::bigint AS total_cents
+SELECT pg_catalog.count(*)::bigint AS entries, coalesce(pg_catalog.sum(amount_cents), 0)::bigint AS total_cents
 FROM ledger_entries
 `
 

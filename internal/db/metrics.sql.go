@@ -12,16 +12,16 @@ import (
 const inboxGauges = `-- name: InboxGauges :one
 
 SELECT
-    (SELECT count(*) FROM pgrelay.inbox WHERE status = 'pending')::bigint    AS pending,
-    (SELECT count(*) FROM pgrelay.inbox WHERE status = 'processing')::bigint AS processing,
-    (SELECT count(*) FROM pgrelay.inbox WHERE status = 'dead')::bigint       AS dead,
-    coalesce(extract(epoch FROM now() - least(
-        (SELECT min(next_attempt_at) FROM pgrelay.inbox WHERE status = 'pending' AND next_attempt_at <= now()),
-        (SELECT min(locked_until) FROM pgrelay.inbox WHERE status = 'processing' AND locked_until <= now())
+    (SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE status = 'pending')::bigint    AS pending,
+    (SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE status = 'processing')::bigint AS processing,
+    (SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE status = 'dead')::bigint       AS dead,
+    coalesce(extract(epoch FROM pg_catalog.now() - least(
+        (SELECT pg_catalog.min(next_attempt_at) FROM pgrelay.inbox WHERE status = 'pending' AND next_attempt_at <= pg_catalog.now()),
+        (SELECT pg_catalog.min(locked_until) FROM pgrelay.inbox WHERE status = 'processing' AND locked_until <= pg_catalog.now())
     )), 0)::float8 AS oldest_claimable_seconds,
-    coalesce(extract(epoch FROM now() - (SELECT min(received_at) FROM pgrelay.inbox WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds,
-    (SELECT greatest(c.reltuples, 0) FROM pg_catalog.pg_class c WHERE c.oid = 'pgrelay.inbox'::regclass)::bigint AS rows_estimate,
-    pg_total_relation_size('pgrelay.inbox'::regclass)::bigint AS table_bytes
+    coalesce(extract(epoch FROM pg_catalog.now() - (SELECT pg_catalog.min(received_at) FROM pgrelay.inbox WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds,
+    (SELECT greatest(c.reltuples, 0) FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'pgrelay.inbox'::regclass)::bigint AS rows_estimate,
+    pg_catalog.pg_total_relation_size('pgrelay.inbox'::regclass)::bigint AS table_bytes
 `
 
 type InboxGaugesRow struct {
@@ -58,13 +58,13 @@ func (q *Queries) InboxGauges(ctx context.Context, db DBTX) (InboxGaugesRow, err
 
 const outboxGauges = `-- name: OutboxGauges :one
 SELECT
-    (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS pending,
-    (SELECT count(*) FROM pgrelay.outbox WHERE status = 'dead')::bigint    AS dead,
-    coalesce(extract(epoch FROM now() - (
-        SELECT min(created_at) FROM pgrelay.outbox
-        WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+    (SELECT pg_catalog.count(*) FROM pgrelay.outbox WHERE status = 'pending')::bigint AS pending,
+    (SELECT pg_catalog.count(*) FROM pgrelay.outbox WHERE status = 'dead')::bigint    AS dead,
+    coalesce(extract(epoch FROM pg_catalog.now() - (
+        SELECT pg_catalog.min(created_at) FROM pgrelay.outbox
+        WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= pg_catalog.now())
     )), 0)::float8 AS oldest_pending_seconds,
-    pg_total_relation_size('pgrelay.outbox'::regclass)::bigint AS table_bytes
+    pg_catalog.pg_total_relation_size('pgrelay.outbox'::regclass)::bigint AS table_bytes
 `
 
 type OutboxGaugesRow struct {

@@ -16,12 +16,12 @@ import (
 const absorbInboxKeySeqs = `-- name: AbsorbInboxKeySeqs :execrows
 WITH a AS (
     SELECT DISTINCT x.handler, x.key, x.seq
-    FROM (SELECT unnest($1::text[]) AS handler, unnest($2::text[]) AS key,
-                 unnest($3::bigint[]) AS seq) AS x
+    FROM (SELECT pg_catalog.unnest($1::text[]) AS handler, pg_catalog.unnest($2::text[]) AS key,
+                 pg_catalog.unnest($3::bigint[]) AS seq) AS x
     WHERE x.seq > 0
       AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox i WHERE i.handler = x.handler AND i.key = x.key AND i.key_seq = x.seq)
 ), g AS (
-    SELECT a.handler, a.key, array_agg(a.seq) AS seqs FROM a GROUP BY a.handler, a.key
+    SELECT a.handler, a.key, pg_catalog.array_agg(a.seq) AS seqs FROM a GROUP BY a.handler, a.key
 ), st AS (
     -- A new state row takes the fold from 0; on conflict, the sequences the
     -- insert would have folded (1 .. excluded.last_applied) are merged back
@@ -32,16 +32,16 @@ WITH a AS (
     ORDER BY g.handler, g.key
     ON CONFLICT (handler, key) DO UPDATE
     SET last_applied = pgrelay.inbox_seq_fold(s.last_applied,
-            s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
+            s.absorbed_seqs OPERATOR(pg_catalog.||) excluded.absorbed_seqs OPERATOR(pg_catalog.||) ARRAY(SELECT pg_catalog.generate_series(1::bigint, excluded.last_applied))),
         absorbed_seqs = pgrelay.inbox_seq_rest(
             pgrelay.inbox_seq_fold(s.last_applied,
-                s.absorbed_seqs || excluded.absorbed_seqs || ARRAY(SELECT generate_series(1::bigint, excluded.last_applied))),
-            s.absorbed_seqs || excluded.absorbed_seqs),
-        updated_at = now()
+                s.absorbed_seqs OPERATOR(pg_catalog.||) excluded.absorbed_seqs OPERATOR(pg_catalog.||) ARRAY(SELECT pg_catalog.generate_series(1::bigint, excluded.last_applied))),
+            s.absorbed_seqs OPERATOR(pg_catalog.||) excluded.absorbed_seqs),
+        updated_at = pg_catalog.now()
     RETURNING s.handler, s.key, s.last_applied
 )
 UPDATE pgrelay.inbox i
-SET next_attempt_at = now(), last_error = NULL
+SET next_attempt_at = pg_catalog.now(), last_error = NULL
 FROM st
 WHERE i.handler = st.handler AND i.key = st.key AND i.key_seq = st.last_applied + 1
   AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
@@ -72,12 +72,12 @@ func (q *Queries) AbsorbInboxKeySeqs(ctx context.Context, db DBTX, arg AbsorbInb
 
 const absorbInboxSeqDuplicates = `-- name: AbsorbInboxSeqDuplicates :many
 UPDATE pgrelay.inbox
-SET status = 'processed', finished_at = now(), locked_until = NULL, waiting_for = NULL,
-    last_error = 'duplicate key sequence ' || inbox.key_seq || ': absorbed without running the handler (key already applied up to '
-                 || c.last_applied || ')'
-FROM (SELECT unnest($2::text[]) AS dedup_key,
-             unnest($3::bigint[]) AS lock_version,
-             unnest($4::bigint[]) AS last_applied) AS c
+SET status = 'processed', finished_at = pg_catalog.now(), locked_until = NULL, waiting_for = NULL,
+    last_error = 'duplicate key sequence ' || inbox.key_seq::text || ': absorbed without running the handler (key already applied up to '
+                 || c.last_applied::text || ')'
+FROM (SELECT pg_catalog.unnest($2::text[]) AS dedup_key,
+             pg_catalog.unnest($3::bigint[]) AS lock_version,
+             pg_catalog.unnest($4::bigint[]) AS last_applied) AS c
 WHERE inbox.handler = $1::text AND inbox.dedup_key = c.dedup_key AND inbox.lock_version = c.lock_version
   AND coalesce(inbox.status, '') = 'processing'
 RETURNING inbox.dedup_key
@@ -120,20 +120,20 @@ func (q *Queries) AbsorbInboxSeqDuplicates(ctx context.Context, db DBTX, arg Abs
 
 const advanceInboxKeyState = `-- name: AdvanceInboxKeyState :execrows
 WITH a AS (
-    SELECT unnest($2::text[]) AS key, unnest($3::bigint[]) AS seq
+    SELECT pg_catalog.unnest($2::text[]) AS key, pg_catalog.unnest($3::bigint[]) AS seq
 ), upd AS (
     UPDATE pgrelay.inbox_key_state s
     -- Nothing absorbed ahead (the rule): no function call.
     SET last_applied = CASE WHEN s.absorbed_seqs = '{}' THEN a.seq ELSE pgrelay.inbox_seq_fold(a.seq, s.absorbed_seqs) END,
         absorbed_seqs = CASE WHEN s.absorbed_seqs = '{}' THEN s.absorbed_seqs
                              ELSE pgrelay.inbox_seq_rest(pgrelay.inbox_seq_fold(a.seq, s.absorbed_seqs), s.absorbed_seqs) END,
-        updated_at = now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
+        updated_at = pg_catalog.now(), missing_seq = NULL, gap_since = NULL, gap_reported_at = NULL
     FROM a
     WHERE s.handler = $1::text AND s.key = a.key AND s.last_applied < a.seq
     RETURNING s.key, s.last_applied
 )
 UPDATE pgrelay.inbox i
-SET next_attempt_at = now(), last_error = NULL
+SET next_attempt_at = pg_catalog.now(), last_error = NULL
 FROM upd
 WHERE i.handler = $1::text AND i.key = upd.key AND i.key_seq = upd.last_applied + 1
   AND i.status = 'pending' AND i.next_attempt_at = 'infinity'
@@ -163,11 +163,11 @@ const claimInboxOrdered = `-- name: ClaimInboxOrdered :many
 WITH due AS (
     SELECT i.handler, i.dedup_key
     FROM pgrelay.inbox i
-    WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= now()
+    WHERE i.handler = $4::text AND i.status = 'pending' AND i.next_attempt_at <= pg_catalog.now()
       AND (i.key_seq IS NULL
            OR i.key_seq <= coalesce((SELECT s.last_applied FROM pgrelay.inbox_key_state s
                                      WHERE s.handler = i.handler AND s.key = i.key), 0) + 1)
-      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+      AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL
     ORDER BY i.next_attempt_at
     LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -177,11 +177,11 @@ SET status       = CASE WHEN inbox.attempts >= $1::int THEN 'dead' ELSE 'process
     attempts     = CASE WHEN inbox.attempts >= $1::int THEN inbox.attempts ELSE inbox.attempts + 1 END,
     lock_version = inbox.lock_version + 1,
     locked_by    = $2::text,
-    locked_until = now() + $3::interval,
-    started_at   = now(),
-    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN now() END,
+    locked_until = pg_catalog.now() + $3::interval,
+    started_at   = pg_catalog.now(),
+    finished_at  = CASE WHEN inbox.attempts >= $1::int THEN pg_catalog.now() END,
     last_error   = CASE WHEN inbox.attempts >= $1::int
-        THEN 'attempts exhausted: ' || inbox.attempts || ' of ' || $1::int
+        THEN 'attempts exhausted: ' || inbox.attempts::text || ' of ' OPERATOR(pg_catalog.||) $1::int
              || coalesce(' (last error: ' || inbox.last_error || ')', '')
         ELSE inbox.last_error END
 FROM due
@@ -273,7 +273,7 @@ func (q *Queries) ClaimInboxOrdered(ctx context.Context, db DBTX, arg ClaimInbox
 }
 
 const firstHeldInboxSeq = `-- name: FirstHeldInboxSeq :one
-SELECT coalesce(min(key_seq), 0)::bigint FROM pgrelay.inbox
+SELECT coalesce(pg_catalog.min(key_seq), 0)::bigint FROM pgrelay.inbox
 WHERE handler = $1::text AND key = $2::text AND status = 'pending' AND key_seq > $3::bigint
 `
 
@@ -300,14 +300,14 @@ WITH h AS (
     WHERE i.handler = $1::text AND i.status = 'pending'
       AND i.key_seq IS NOT NULL AND i.key_seq > coalesce(s.last_applied, 0) + 1
       -- due events, and waiting ones whose note names a sequence since applied
-      AND (i.next_attempt_at <= now()
+      AND (i.next_attempt_at <= pg_catalog.now()
            OR (i.next_attempt_at = 'infinity'
-               AND i.last_error IS DISTINCT FROM 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)))
+               AND i.last_error IS DISTINCT FROM 'waiting for key sequence ' || (coalesce(s.last_applied, 0) + 1)::text))
     FOR UPDATE OF i SKIP LOCKED
 )
 UPDATE pgrelay.inbox i
 SET next_attempt_at = 'infinity',
-    last_error = 'waiting for key sequence ' || h.waits_for
+    last_error = 'waiting for key sequence ' || h.waits_for::text
 FROM h
 WHERE i.handler = h.handler AND i.dedup_key = h.dedup_key AND i.status = 'pending'
 `
@@ -431,7 +431,7 @@ func (q *Queries) InsertOrderedSkipAudit(ctx context.Context, db DBTX, arg Inser
 }
 
 const lastAuditID = `-- name: LastAuditID :one
-SELECT coalesce(max(id), 0)::bigint FROM pgrelay.replay_audit
+SELECT coalesce(pg_catalog.max(id), 0)::bigint FROM pgrelay.replay_audit
 `
 
 func (q *Queries) LastAuditID(ctx context.Context, db DBTX) (int64, error) {
@@ -443,8 +443,8 @@ func (q *Queries) LastAuditID(ctx context.Context, db DBTX) (int64, error) {
 
 const listInboxOrderedKeys = `-- name: ListInboxOrderedKeys :many
 WITH w AS (
-    SELECT i.handler, i.key, coalesce(s.last_applied, 0) AS last_applied, count(*)::bigint AS held,
-           min(i.key_seq)::bigint AS first_held, min(i.received_at)::timestamptz AS oldest_held,
+    SELECT i.handler, i.key, coalesce(s.last_applied, 0) AS last_applied, pg_catalog.count(*)::bigint AS held,
+           pg_catalog.min(i.key_seq)::bigint AS first_held, pg_catalog.min(i.received_at)::timestamptz AS oldest_held,
            s.gap_since, s.gap_reported_at
     FROM pgrelay.inbox i
     LEFT JOIN pgrelay.inbox_key_state s ON s.handler = i.handler AND s.key = i.key
@@ -527,7 +527,7 @@ func (q *Queries) ListInboxOrderedKeys(ctx context.Context, db DBTX, arg ListInb
 
 const lockInboxKeyState = `-- name: LockInboxKeyState :many
 INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
-SELECT $1::text, k FROM unnest($2::text[]) AS k
+SELECT $1::text, k FROM pg_catalog.unnest($2::text[]) AS k
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 RETURNING s.key, s.last_applied
 `
@@ -589,7 +589,7 @@ func (q *Queries) LockInboxKeyStateRow(ctx context.Context, db DBTX, arg LockInb
 
 const lockInboxKeyStates = `-- name: LockInboxKeyStates :exec
 INSERT INTO pgrelay.inbox_key_state AS s (handler, key)
-SELECT unnest($1::text[]), unnest($2::text[])
+SELECT pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[])
 ON CONFLICT (handler, key) DO UPDATE SET updated_at = s.updated_at
 `
 
@@ -621,7 +621,7 @@ WITH o AS (
 ), m AS (
     UPDATE pgrelay.inbox i
     SET key_seq = $1::bigint,
-        next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN now() ELSE i.next_attempt_at END,
+        next_attempt_at = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN pg_catalog.now() ELSE i.next_attempt_at END,
         last_error = CASE WHEN i.status = 'pending' AND i.next_attempt_at = 'infinity' THEN NULL ELSE i.last_error END
     FROM o
     WHERE i.handler = o.handler AND i.dedup_key = o.dedup_key
@@ -657,7 +657,7 @@ func (q *Queries) MoveInboxKeySeq(ctx context.Context, db DBTX, arg MoveInboxKey
 }
 
 const orderedSkipsSince = `-- name: OrderedSkipsSince :many
-SELECT action, count(*)::bigint AS n, max(id)::bigint AS last_id
+SELECT action, pg_catalog.count(*)::bigint AS n, pg_catalog.max(id)::bigint AS last_id
 FROM pgrelay.replay_audit
 WHERE handler = $1::text AND action IN ('skip_gap', 'skip_dead') AND id > $2::bigint
 GROUP BY action
@@ -711,7 +711,7 @@ WITH w AS (
                       WHERE j.handler = $1::text AND j.key = w.key AND j.key_seq = w.missing)
 )
 INSERT INTO pgrelay.inbox_key_state AS s (handler, key, missing_seq, gap_since)
-SELECT $1::text, g.key, g.missing, now() FROM g
+SELECT $1::text, g.key, g.missing, pg_catalog.now() FROM g
 ORDER BY g.key COLLATE "C"
 ON CONFLICT (handler, key) DO UPDATE
 SET missing_seq = excluded.missing_seq,
@@ -736,12 +736,12 @@ WITH r AS (
     SELECT s.handler, s.key
     FROM pgrelay.inbox_key_state s
     WHERE s.handler = $1::text AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
-      AND s.gap_since < now() - $2::interval
+      AND s.gap_since < pg_catalog.now() - $2::interval
       AND NOT EXISTS (SELECT 1 FROM pgrelay.inbox j WHERE j.handler = s.handler AND j.key = s.key AND j.key_seq = s.missing_seq)
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgrelay.inbox_key_state s
-SET gap_reported_at = now()
+SET gap_reported_at = pg_catalog.now()
 FROM r
 WHERE s.handler = r.handler AND s.key = r.key AND s.missing_seq IS NOT NULL AND s.gap_reported_at IS NULL
 RETURNING s.key, s.last_applied, s.missing_seq::bigint AS missing_seq, s.gap_since::timestamptz AS gap_since
@@ -799,7 +799,7 @@ WITH w AS (
     FOR UPDATE OF i SKIP LOCKED
 )
 UPDATE pgrelay.inbox i
-SET next_attempt_at = now(), last_error = NULL
+SET next_attempt_at = pg_catalog.now(), last_error = NULL
 FROM w
 WHERE i.handler = w.handler AND i.dedup_key = w.dedup_key
   AND i.status = 'pending' AND i.next_attempt_at = 'infinity'

@@ -13,10 +13,10 @@ import (
 
 const enqueueOutbox = `-- name: EnqueueOutbox :exec
 INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload, headers, occurred_at, traceparent, tracestate)
-SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-       unnest($4::text[]), unnest($5::bytea[]), unnest($6::jsonb[]),
-       unnest($7::timestamptz[]),
-       NULLIF(unnest($8::text[]), ''), NULLIF(unnest($9::text[]), '')
+SELECT pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
+       pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::bytea[]), pg_catalog.unnest($6::jsonb[]),
+       pg_catalog.unnest($7::timestamptz[]),
+       NULLIF(pg_catalog.unnest($8::text[]), ''), NULLIF(pg_catalog.unnest($9::text[]), '')
 `
 
 type EnqueueOutboxParams struct {
@@ -49,8 +49,8 @@ func (q *Queries) EnqueueOutbox(ctx context.Context, db DBTX, arg EnqueueOutboxP
 }
 
 const lockOutboxKeys = `-- name: LockOutboxKeys :exec
-SELECT pg_advisory_xact_lock(1885434465, s.h)
-FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($1::text[]) AS k WHERE k <> '') AS s
+SELECT pg_catalog.pg_advisory_xact_lock(1885434465, s.h)
+FROM (SELECT DISTINCT pg_catalog.hashtext(k) AS h FROM pg_catalog.unnest($1::text[]) AS k WHERE k <> '') AS s
 ORDER BY s.h
 `
 
@@ -63,7 +63,7 @@ func (q *Queries) LockOutboxKeys(ctx context.Context, db DBTX, keys []string) er
 }
 
 const outboxStatusCounts = `-- name: OutboxStatusCounts :many
-SELECT status, count(*)::bigint AS n FROM pgrelay.outbox GROUP BY status ORDER BY status
+SELECT status, pg_catalog.count(*)::bigint AS n FROM pgrelay.outbox GROUP BY status ORDER BY status
 `
 
 type OutboxStatusCountsRow struct {

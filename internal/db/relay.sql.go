@@ -14,7 +14,7 @@ import (
 const acquirePartitions = `-- name: AcquirePartitions :many
 WITH free AS (
     SELECT rp.partition, rp.owner FROM pgrelay.relay_partitions rp
-    WHERE rp.owner IS NULL OR rp.lease_until < now()
+    WHERE rp.owner IS NULL OR rp.lease_until < pg_catalog.now()
        OR (rp.owner, rp.owner_lock_key) IN (SELECT pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::bigint[]))
     ORDER BY rp.partition
     LIMIT $6
@@ -22,7 +22,7 @@ WITH free AS (
 )
 UPDATE pgrelay.relay_partitions p
 SET owner = $1::text, owner_lock_key = $2::bigint, epoch = p.epoch + 1,
-    lease_until = now() + make_interval(secs => $3::float8), acquired_at = now()
+    lease_until = pg_catalog.now() + pg_catalog.make_interval(secs => $3::float8), acquired_at = pg_catalog.now()
 FROM free
 WHERE p.partition = free.partition
 RETURNING p.partition, p.epoch, free.owner AS previous_owner
@@ -87,8 +87,8 @@ func (q *Queries) ArmWakeup(ctx context.Context, db DBTX, partition int32) error
 }
 
 const countInProgress = `-- name: CountInProgress :one
-SELECT count(*)::int FROM pg_catalog.pg_stat_activity
-WHERE datname = current_database() AND backend_xid::text = ANY($1::text[])
+SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_stat_activity
+WHERE datname = pg_catalog.current_database() AND backend_xid::text = ANY($1::text[])
 `
 
 // CountInProgress counts the given transactions still running.
@@ -100,8 +100,8 @@ func (q *Queries) CountInProgress(ctx context.Context, db DBTX, xids []string) (
 }
 
 const countLiveNodes = `-- name: CountLiveNodes :one
-SELECT count(*)::int FROM pgrelay.relay_nodes n
-WHERE n.last_seen > now() - make_interval(secs => $1::float8)
+SELECT pg_catalog.count(*)::int FROM pgrelay.relay_nodes n
+WHERE n.last_seen > pg_catalog.now() - pg_catalog.make_interval(secs => $1::float8)
   AND (n.lock_key IS NULL OR EXISTS (
         SELECT 1 FROM pg_catalog.pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -119,7 +119,7 @@ func (q *Queries) CountLiveNodes(ctx context.Context, db DBTX, ttlSeconds float6
 }
 
 const countPartitions = `-- name: CountPartitions :one
-SELECT count(*)::int FROM pgrelay.relay_partitions
+SELECT pg_catalog.count(*)::int FROM pgrelay.relay_partitions
 `
 
 func (q *Queries) CountPartitions(ctx context.Context, db DBTX) (int32, error) {
@@ -143,7 +143,7 @@ DELETE FROM pgrelay.outbox
 WHERE id IN (
     SELECT o.id FROM pgrelay.outbox o
     WHERE o.status = 'published'
-      AND o.published_at < now() - make_interval(secs => $1::float8)
+      AND o.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1::float8)
     ORDER BY o.published_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -167,7 +167,7 @@ func (q *Queries) DeletePublished(ctx context.Context, db DBTX, arg DeletePublis
 
 const deleteStaleNodes = `-- name: DeleteStaleNodes :exec
 DELETE FROM pgrelay.relay_nodes
-WHERE last_seen < now() - make_interval(secs => $1::float8)
+WHERE last_seen < pg_catalog.now() - pg_catalog.make_interval(secs => $1::float8)
 `
 
 func (q *Queries) DeleteStaleNodes(ctx context.Context, db DBTX, ttlSeconds float64) error {
@@ -218,8 +218,8 @@ func (q *Queries) EndedLockSessions(ctx context.Context, db DBTX, nodeID string)
 }
 
 const heartbeatNode = `-- name: HeartbeatNode :exec
-INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1, now(), $2)
-ON CONFLICT (node_id) DO UPDATE SET last_seen = now()
+INSERT INTO pgrelay.relay_nodes (node_id, last_seen, lock_key) VALUES ($1, pg_catalog.now(), $2)
+ON CONFLICT (node_id) DO UPDATE SET last_seen = pg_catalog.now()
 `
 
 type HeartbeatNodeParams struct {
@@ -237,9 +237,9 @@ func (q *Queries) HeartbeatNode(ctx context.Context, db DBTX, arg HeartbeatNodeP
 }
 
 const inProgressXids = `-- name: InProgressXids :one
-SELECT coalesce(array_agg(backend_xid::text), '{}')::text[] AS xids
+SELECT coalesce(pg_catalog.array_agg(backend_xid::text), '{}')::text[] AS xids
 FROM pg_catalog.pg_stat_activity
-WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+WHERE datname = pg_catalog.current_database() AND backend_xid IS NOT NULL AND pid <> pg_catalog.pg_backend_pid()
 `
 
 // InProgressXids lists the transactions of this database that have written
@@ -256,22 +256,22 @@ const markOutcomesMany = `-- name: MarkOutcomesMany :many
 WITH lease AS (
     SELECT rp.partition FROM pgrelay.relay_partitions rp
     WHERE rp.owner = $1::text
-      AND (rp.partition, rp.epoch) IN (SELECT unnest($2::int[]), unnest($3::bigint[]))
+      AND (rp.partition, rp.epoch) IN (SELECT pg_catalog.unnest($2::int[]), pg_catalog.unnest($3::bigint[]))
     ORDER BY rp.partition
     FOR SHARE
 ), marked AS (
     UPDATE pgrelay.outbox o
     SET status       = CASE WHEN o.id = ANY($4::bigint[]) THEN 'dead' ELSE 'published' END,
-        published_at = CASE WHEN o.id = ANY($4::bigint[]) THEN NULL ELSE now() END,
-        last_error   = ($5::text[])[array_position($4::bigint[], o.id)],
+        published_at = CASE WHEN o.id = ANY($4::bigint[]) THEN NULL ELSE pg_catalog.now() END,
+        last_error   = ($5::text[])[pg_catalog.array_position($4::bigint[], o.id)],
         attempts     = o.attempts + 1
     WHERE o.id = ANY($6::bigint[]) AND coalesce(o.status, '') = 'pending'
       AND o.partition = ANY(ARRAY(SELECT lease.partition FROM lease))
-      AND (SELECT set_config('synchronous_commit',
-            CASE WHEN $7::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
+      AND (SELECT pg_catalog.set_config('synchronous_commit',
+            CASE WHEN $7::bool THEN 'off' ELSE pg_catalog.current_setting('synchronous_commit') END, true)) IS NOT NULL
     RETURNING o.partition
 )
-SELECT m.partition::int AS partition, count(*)::bigint AS marked
+SELECT m.partition::int AS partition, pg_catalog.count(*)::bigint AS marked
 FROM marked m
 GROUP BY m.partition
 `
@@ -353,9 +353,9 @@ func (q *Queries) MarkOutcomesMany(ctx context.Context, db DBTX, arg MarkOutcome
 }
 
 const nextDue = `-- name: NextDue :one
-SELECT coalesce((extract(epoch FROM min(o.not_before) - now()) * 1000000)::bigint, -1)::bigint AS due_in_us
+SELECT coalesce((extract(epoch FROM pg_catalog.min(o.not_before) - pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, -1)::bigint AS due_in_us
 FROM pgrelay.outbox o
-WHERE o.partition = $1::int AND o.status = 'pending' AND o.not_before > now()
+WHERE o.partition = $1::int AND o.status = 'pending' AND o.not_before > pg_catalog.now()
 `
 
 // NextDue returns how long until the partition's earliest delayed pending row
@@ -369,7 +369,7 @@ func (q *Queries) NextDue(ctx context.Context, db DBTX, partition int32) (int64,
 }
 
 const notifyRelays = `-- name: NotifyRelays :exec
-SELECT pg_notify('pgrelay_relays', $1::text)
+SELECT pg_catalog.pg_notify('pgrelay_relays', $1::text)
 `
 
 // NotifyRelays tells the other relays (on commit) that partitions were
@@ -382,18 +382,18 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 
 const pendingBatch = `-- name: PendingBatch :many
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
 FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id <> ALL($2::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
-             WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > now()
+             WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
             OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                            WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now()
+                             AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                              AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
      ORDER BY o.partition, o.not_before, o.id
      LIMIT $3)
@@ -401,13 +401,13 @@ FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
-       AND o.not_before <= now() AND o.id <> ALL($2::bigint[])
+       AND o.not_before <= pg_catalog.now() AND o.id <> ALL($2::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
-             WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > now()
+             WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
             OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                            WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                             AND h.not_before IS NOT NULL AND h.not_before > now()
+                             AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                              AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
 ) AS b
 ORDER BY b.id
@@ -507,8 +507,8 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 
 const pendingBatchMany = `-- name: PendingBatchMany :many
 SELECT p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, now()::timestamptz AS db_now
-FROM unnest($1::int[]) AS p
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
+FROM pg_catalog.unnest($1::int[]) AS p
 CROSS JOIN LATERAL (
     SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
     FROM (
@@ -517,11 +517,11 @@ CROSS JOIN LATERAL (
          WHERE o.partition = p AND o.status = 'pending'
            AND o.not_before IS NULL
            AND ((SELECT w.not_before FROM pgrelay.outbox w
-                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()
                  ORDER BY w.not_before LIMIT 1) IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                                WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                                 AND h.not_before IS NOT NULL AND h.not_before > now()
+                                 AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                                  AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
          ORDER BY o.partition, o.not_before, o.id
          LIMIT $2)
@@ -529,13 +529,13 @@ CROSS JOIN LATERAL (
         (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
-           AND o.not_before <= now()
+           AND o.not_before <= pg_catalog.now()
            AND ((SELECT w.not_before FROM pgrelay.outbox w
-                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > now()
+                 WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()
                  ORDER BY w.not_before LIMIT 1) IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgrelay.outbox h
                                WHERE h.key = o.key AND h.id < o.id AND h.status = 'pending'
-                                 AND h.not_before IS NOT NULL AND h.not_before > now()
+                                 AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                                  AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
     ) AS c
     ORDER BY c.id
@@ -702,7 +702,7 @@ WITH mine AS (
     FOR NO KEY UPDATE
 )
 UPDATE pgrelay.relay_partitions p
-SET lease_until = now() + make_interval(secs => $1::float8)
+SET lease_until = pg_catalog.now() + pg_catalog.make_interval(secs => $1::float8)
 FROM mine
 WHERE p.partition = mine.partition AND p.owner = $2::text
   AND p.owner_lock_key IS NOT DISTINCT FROM $3::bigint

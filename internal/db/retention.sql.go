@@ -15,7 +15,7 @@ DELETE FROM pgrelay.inbox
 WHERE (handler, dedup_key) IN (
     SELECT e.handler, e.dedup_key FROM pgrelay.inbox e
     WHERE e.status = 'processed'
-      AND e.finished_at < now() - make_interval(secs => $1::float8)
+      AND e.finished_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1::float8)
     ORDER BY e.finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -46,7 +46,7 @@ const deleteExpiredInboxConflicts = `-- name: DeleteExpiredInboxConflicts :execr
 DELETE FROM pgrelay.inbox_conflicts
 WHERE id IN (
     SELECT c.id FROM pgrelay.inbox_conflicts c
-    WHERE c.detected_at < now() - make_interval(secs => $1::float8)
+    WHERE c.detected_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1::float8)
     ORDER BY c.detected_at
     LIMIT $2
 )

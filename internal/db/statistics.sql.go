@@ -30,10 +30,10 @@ func (q *Queries) AnalyzeOutbox(ctx context.Context, db DBTX) error {
 const tableStatisticsStale = `-- name: TableStatisticsStale :one
 
 SELECT (s.n_mod_since_analyze >= greatest($1::bigint,
-                                          ($2::float8 * greatest(s.n_live_tup, c.reltuples::bigint))::bigint))::boolean AS stale
+                                          ($2::float8 OPERATOR(pg_catalog.*) greatest(s.n_live_tup, c.reltuples::bigint))::bigint))::boolean AS stale
 FROM pg_catalog.pg_stat_user_tables s
 JOIN pg_catalog.pg_class c ON c.oid = s.relid
-WHERE s.relid = to_regclass('pgrelay.' || $3::text)
+WHERE s.relid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('pgrelay.' || $3::text)
 `
 
 type TableStatisticsStaleParams struct {
@@ -54,7 +54,7 @@ func (q *Queries) TableStatisticsStale(ctx context.Context, db DBTX, arg TableSt
 }
 
 const tryStatisticsLock = `-- name: TryStatisticsLock :one
-SELECT pg_try_advisory_xact_lock(1885434467, hashtext($1::text)) AS locked
+SELECT pg_catalog.pg_try_advisory_xact_lock(1885434467, pg_catalog.hashtext($1::text)) AS locked
 `
 
 // TryStatisticsLock takes, for the calling transaction, the lock under which

@@ -65,10 +65,10 @@ func (q *Queries) InboxSubscriptions(ctx context.Context, db DBTX) ([]InboxSubsc
 
 const upsertInboxSubscription = `-- name: UpsertInboxSubscription :exec
 INSERT INTO pgrelay.inbox_subscriptions (handler, dedup_key, dedup_key_by_topic, topics, updated_at)
-VALUES ($1, $2, $3, $4::text[], now())
+VALUES ($1, $2, $3, $4::text[], pg_catalog.now())
 ON CONFLICT (handler) DO UPDATE
 SET dedup_key = EXCLUDED.dedup_key, dedup_key_by_topic = EXCLUDED.dedup_key_by_topic,
-    topics = EXCLUDED.topics, updated_at = now()
+    topics = EXCLUDED.topics, updated_at = pg_catalog.now()
 WHERE (inbox_subscriptions.dedup_key, inbox_subscriptions.dedup_key_by_topic, inbox_subscriptions.topics)
       IS DISTINCT FROM (EXCLUDED.dedup_key, EXCLUDED.dedup_key_by_topic, EXCLUDED.topics)
 `

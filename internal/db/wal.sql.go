@@ -18,8 +18,8 @@ input AS (
     SELECT DISTINCT ON (i.event_id) i.event_id, i.key, i.lsn, i.ord
     -- Set-returning functions in a select list advance in step: ord is
     -- each element's position.
-    FROM (SELECT unnest($3::text[]) AS event_id, unnest($4::text[]) AS key, unnest($5::bigint[]) AS lsn,
-                 generate_series(1, cardinality($3::text[])) AS ord) i
+    FROM (SELECT pg_catalog.unnest($3::text[]) AS event_id, pg_catalog.unnest($4::text[]) AS key, pg_catalog.unnest($5::bigint[]) AS lsn,
+                 pg_catalog.generate_series(1, pg_catalog.cardinality($3::text[])) AS ord) i
     WHERE EXISTS (SELECT 1 FROM holder)
     ORDER BY i.event_id, i.ord
 ),
@@ -27,13 +27,13 @@ known AS (
     SELECT a.event_id, a.key, a.seq FROM input i JOIN pgrelay.wal_seq_assignments a ON a.event_id = i.event_id
 ),
 fresh AS (
-    SELECT i.event_id, i.key, i.lsn, row_number() OVER (PARTITION BY i.key ORDER BY i.ord) AS n
+    SELECT i.event_id, i.key, i.lsn, pg_catalog.row_number() OVER (PARTITION BY i.key ORDER BY i.ord) AS n
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.event_id = i.event_id)
 ),
 base AS (
     SELECT f.key, greatest(
         coalesce((SELECT s.seq FROM pgrelay.outbox_key_seqs s WHERE s.key = f.key), 0),
-        coalesce((SELECT max(o.key_seq) FROM pgrelay.outbox o WHERE o.key = f.key AND o.key_seq IS NOT NULL), 0)) AS last
+        coalesce((SELECT pg_catalog.max(o.key_seq) FROM pgrelay.outbox o WHERE o.key = f.key AND o.key_seq IS NOT NULL), 0)) AS last
     FROM (SELECT DISTINCT fresh.key FROM fresh) f
 ),
 numbered AS (
@@ -47,7 +47,7 @@ assigned AS (
 ),
 counters AS (
     INSERT INTO pgrelay.outbox_key_seqs AS s (key, seq)
-    SELECT nb.key, max(nb.seq) FROM numbered nb GROUP BY nb.key ORDER BY nb.key
+    SELECT nb.key, pg_catalog.max(nb.seq) FROM numbered nb GROUP BY nb.key ORDER BY nb.key
     ON CONFLICT (key) DO UPDATE SET seq = greatest(s.seq, excluded.seq)
 )
 SELECT known.event_id, known.key, known.seq FROM known
@@ -105,7 +105,7 @@ func (q *Queries) AssignWALKeySeqs(ctx context.Context, db DBTX, arg AssignWALKe
 }
 
 const createWALSlot = `-- name: CreateWALSlot :exec
-SELECT pg_create_logical_replication_slot($1::text, 'pgoutput')
+SELECT pg_catalog.pg_create_logical_replication_slot($1::text, 'pgoutput')
 `
 
 func (q *Queries) CreateWALSlot(ctx context.Context, db DBTX, slotName string) error {
@@ -143,7 +143,7 @@ func (q *Queries) PruneWALKeySeqs(ctx context.Context, db DBTX, slotName string)
 }
 
 const wALHeartbeat = `-- name: WALHeartbeat :exec
-SELECT pg_logical_emit_message(false, 'pgrelay-heartbeat', ''::bytea)
+SELECT pg_catalog.pg_logical_emit_message(false, 'pgrelay-heartbeat', ''::bytea)
 `
 
 // A non-transactional message: WAL in this database, so that a quiet

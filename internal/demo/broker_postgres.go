@@ -78,7 +78,7 @@ func (b *postgresBroker) publish(ctx context.Context, eventID, _, eventType stri
 // duplicates it absorbed.
 func (b *postgresBroker) stored(ctx context.Context) (int64, error) {
 	var n int64
-	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE handler = $1`, inbox.DefaultHandlerName).Scan(&n)
+	err := b.pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE handler = $1`, inbox.DefaultHandlerName).Scan(&n)
 	return n + b.absorbed, err
 }
 

@@ -353,7 +353,7 @@ func (r *run) freshDatabase(ctx context.Context) (string, func(), error) {
 	defer admin.Close(context.Background())
 	name := pgx.Identifier{r.cfg.Database}.Sanitize()
 	// A previous WAL run's slot (its relay gone) would keep the database.
-	if _, err := admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, r.cfg.Database); err != nil {
+	if _, err := admin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, r.cfg.Database); err != nil {
 		return "", nil, fmt.Errorf("demo: drop the replication slots of %s: %w", name, err)
 	}
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
@@ -679,7 +679,7 @@ func (r *run) verify(ctx context.Context) error {
 		return err
 	}
 	var ledgerOrders int64
-	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM ledger_orders").Scan(&ledgerOrders); err != nil { // a one-off count for the report
+	if err := r.pool.QueryRow(ctx, "SELECT pg_catalog.count(*) FROM ledger_orders").Scan(&ledgerOrders); err != nil { // a one-off count for the report
 		return err
 	}
 

@@ -43,7 +43,7 @@ func (r *run) walServer(ctx context.Context) (stop func(), err error) {
 		return nil, fmt.Errorf("demo: connect to PostgreSQL (--database-url, DATABASE_URL): %w", err)
 	}
 	var level, keep string
-	err = admin.QueryRow(cctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size')`).Scan(&level, &keep)
+	err = admin.QueryRow(cctx, `SELECT pg_catalog.current_setting('wal_level'), pg_catalog.current_setting('max_slot_wal_keep_size')`).Scan(&level, &keep)
 	admin.Close(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("demo: read wal_level: %w", err)
@@ -98,7 +98,7 @@ func (r *run) waitSlot(ctx context.Context) error {
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		var n int
-		err := r.pool.QueryRow(qctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, r.wal.slot).Scan(&n)
+		err := r.pool.QueryRow(qctx, `SELECT pg_catalog.count(*) FROM pg_replication_slots WHERE slot_name = $1`, r.wal.slot).Scan(&n)
 		cancel()
 		if err == nil && n == 1 {
 			r.say("the relay created the replication slot %q; the producer emits to the WAL (pgrelay.Emit)", r.wal.slot)
@@ -120,7 +120,7 @@ func (r *run) waitSlot(ctx context.Context) error {
 func (r *run) dropSlot() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.wal.slot); err != nil {
+	if _, err := r.pool.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, r.wal.slot); err != nil {
 		r.say("drop the replication slot %q: %v (drop it by hand: it keeps WAL)", r.wal.slot, err)
 		return
 	}
@@ -201,7 +201,7 @@ func (r *run) verifyWAL(ctx context.Context) error {
 	r.wal.mu.Unlock()
 	var processed int64
 	// A one-off count for the report, as ledger_orders's.
-	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.inbox WHERE event_id = ANY($1) AND status = 'processed'`, ids).Scan(&processed); err != nil {
+	if err := r.pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE event_id = ANY($1) AND status = 'processed'`, ids).Scan(&processed); err != nil {
 		return fmt.Errorf("demo: count the emitted events processed: %w", err)
 	}
 	r.report.Produced, r.report.Published = int64(len(ids)), processed

@@ -193,8 +193,8 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	// sqlc's catalog has no system views: these statements stay here.
 	var walLevel, keep, database string
 	var timeoutMS int64
-	err := cfg.Pool.QueryRow(qctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
-		(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'), current_database()`).Scan(&walLevel, &keep, &timeoutMS, &database)
+	err := cfg.Pool.QueryRow(qctx, `SELECT pg_catalog.current_setting('wal_level'), pg_catalog.current_setting('max_slot_wal_keep_size'),
+		(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'), pg_catalog.current_database()`).Scan(&walLevel, &keep, &timeoutMS, &database)
 	if err != nil {
 		return fmt.Errorf("read server settings: %w", err)
 	}
@@ -257,7 +257,7 @@ type slotRow struct {
 func (w *walSource) slotStatus(ctx context.Context) (slotRow, error) {
 	var s slotRow
 	err := w.r.cfg.Pool.QueryRow(ctx, `SELECT plugin::text, database::text, coalesce(wal_status, ''), active,
-		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
+		coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
 		FROM pg_replication_slots WHERE slot_name = $1`, w.r.cfg.WAL.Slot).Scan(&s.plugin, &s.database, &s.walStatus, &s.active, &s.lagBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil

@@ -45,7 +45,7 @@ const (
 // walTableExists reports whether migration 00108's table exists.
 func (w *walSource) walTableExists(ctx context.Context) (bool, error) {
 	var ok bool
-	err := w.r.cfg.Pool.QueryRow(ctx, `SELECT to_regclass('`+walTable+`') IS NOT NULL`).Scan(&ok)
+	err := w.r.cfg.Pool.QueryRow(ctx, `SELECT pg_catalog.to_regclass('`+walTable+`') IS NOT NULL`).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("look for %s: %w", walTable, err)
 	}
@@ -88,7 +88,7 @@ func (w *walSource) maintainTable(ctx context.Context, truncate bool) (truncated
 	cfg := w.r.cfg
 	pub := cfg.WAL.Publication
 	err = pgx.BeginFunc(ctx, cfg.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", cfg.WAL.LockTimeout.Milliseconds())); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", cfg.WAL.LockTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		member, err := walTableMember(ctx, tx, pub)
