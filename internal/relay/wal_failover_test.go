@@ -137,3 +137,21 @@ func TestWALRestartKeepsNoGap(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.wal_gaps`).Scan(&gaps))
 	require.Zero(t, gaps)
 }
+
+// TestWALSlotDroppedWhileStreamingIsAGap: the slot dropped under a streaming
+// relay (as a failover to a server without it looks) does not end the
+// relay, nor does it stream a new slot: it reports the gap.
+func TestWALSlotDroppedWhileStreamingIsAGap(t *testing.T) {
+	b, _ := walSetup(t, walConf)
+	r, _ := start(t, b.walConfig(t, b.publisher(t), nil))
+	waitReading(t, r)
+	b.waitHistory(t, b.emitAt(t, msgs(1, "k", "a")...))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.Eventually(t, func() bool {
+		_, _ = b.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, DefaultWALSlot)
+		_, err := b.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, DefaultWALSlot)
+		return err == nil
+	}, 20*time.Second, 10*time.Millisecond)
+	require.Contains(t, waitGap(t, r), "the slot is missing on this server")
+}
