@@ -15,8 +15,8 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 // it.
 type WALObserver struct {
 	lagBytes, lagSeconds, reading, capture, gap prometheus.Gauge
-	status                                 *prometheus.GaugeVec
-	rejected                               *prometheus.CounterVec
+	status                                      *prometheus.GaugeVec
+	rejected                                    *prometheus.CounterVec
 }
 
 // walRejectReasons are relay_wal_rejected_total's reasons
