@@ -315,13 +315,16 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 
 // dropSlot drops the WAL relay's slot (after its relay stopped), so that it
 // pins no WAL for the measurements that follow and its database can be
-// dropped. The relay's wal sender may take a moment to exit (55006).
+// dropped, and forgets its history, so that a relay started on the
+// database again creates a slot without reporting a gap. The relay's wal
+// sender may take a moment to exit (55006).
 func dropSlot(pool *pgxpool.Pool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for ctx.Err() == nil {
 		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()`)
 		if err == nil {
+			_, _ = pool.Exec(ctx, `DELETE FROM pgrelay.wal_slot_history`)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -276,3 +276,36 @@ scrape_configs:
 		checkExpr(dashboardFile, e)
 	}
 }
+
+// TestAlertWALGapFires runs promtool's rule unit test on PgrelayWALGap: it
+// fires as soon as a relay reports relay_wal_gap 1, and not before.
+func TestAlertWALGapFires(t *testing.T) {
+	t.Parallel()
+	promtool := prometheusTool(t, "promtool")
+	rules, err := filepath.Abs(alertsFile)
+	require.NoError(t, err)
+	spec := filepath.Join(t.TempDir(), "wal_gap_test.yml")
+	require.NoError(t, os.WriteFile(spec, []byte(`rule_files: [`+rules+`]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'relay_wal_gap{job="relay", instance="r1"}'
+        values: '0 0 1 1'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: PgrelayWALGap
+        exp_alerts: []
+      - eval_time: 2m
+        alertname: PgrelayWALGap
+        exp_alerts:
+          - exp_labels: {severity: critical, job: relay, instance: r1}
+            exp_annotations:
+              summary: "r1: WAL capture stopped at a gap"
+              description: "The relay's error log names the events read from no slot (LSN range, time); re-emit them and run relay wal accept-gap (docs/wal.md#failover)."
+`), 0o600))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, promtool, "test", "rules", spec).CombinedOutput()
+	require.NoError(t, err, "promtool test rules:\n%s", out)
+}

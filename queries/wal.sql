@@ -13,8 +13,45 @@ SELECT id, secret FROM pgrelay.wal_keys;
 -- database's slot can confirm past it.
 SELECT pg_catalog.pg_logical_emit_message(false, 'pgrelay-heartbeat', ''::bytea);
 
--- name: CreateWALSlot :exec
-SELECT pg_catalog.pg_create_logical_replication_slot(@slot_name::text, 'pgoutput');
+-- name: CreateWALSlot :one
+-- Returns the new slot's start (its consistent point).
+SELECT s.lsn::text FROM pg_catalog.pg_create_logical_replication_slot(@slot_name::text, 'pgoutput') s;
+
+-- name: WALSlotHistory :one
+SELECT system_identifier, timeline, confirmed_lsn::text AS confirmed_lsn, confirmed_at
+FROM pgrelay.wal_slot_history WHERE slot = @slot::text;
+
+-- name: RecordWALSlotHistory :exec
+-- Records the server the slot is on and its confirmed position.
+INSERT INTO pgrelay.wal_slot_history (slot, system_identifier, timeline, confirmed_lsn, confirmed_at)
+SELECT s.slot_name::text, @system_identifier::text, @timeline::int, s.confirmed_flush_lsn, pg_catalog.now()
+FROM pg_catalog.pg_replication_slots s
+WHERE s.slot_name = @slot::text AND s.confirmed_flush_lsn IS NOT NULL
+ON CONFLICT (slot) DO UPDATE SET system_identifier = excluded.system_identifier, timeline = excluded.timeline,
+    confirmed_lsn = excluded.confirmed_lsn, confirmed_at = excluded.confirmed_at;
+
+-- name: OpenWALGap :one
+-- The slot's gap no operator accepted yet, if any.
+SELECT id, from_lsn::text AS from_lsn, confirmed_at, coalesce(to_lsn::text, '')::text AS to_lsn, cause, detected_at
+FROM pgrelay.wal_gaps WHERE slot = @slot::text AND accepted_at IS NULL;
+
+-- name: InsertWALGap :exec
+INSERT INTO pgrelay.wal_gaps (slot, from_lsn, confirmed_at, cause)
+VALUES (@slot::text, CAST(@from_lsn::text AS pg_lsn), @confirmed_at, @cause::text)
+ON CONFLICT (slot) WHERE accepted_at IS NULL DO NOTHING;
+
+-- name: SetWALGapEnd :exec
+-- The gap ends where the slot, created past it, starts.
+UPDATE pgrelay.wal_gaps g SET to_lsn = s.confirmed_flush_lsn
+FROM pg_catalog.pg_replication_slots s
+WHERE g.slot = @slot::text AND g.accepted_at IS NULL AND s.slot_name = g.slot;
+
+-- name: AcceptWALGap :one
+-- An operator accepts the slot's open gap: the relay streams from the new
+-- slot's start.
+UPDATE pgrelay.wal_gaps SET accepted_at = pg_catalog.now(), accepted_by = @actor::text, accept_reason = @reason::text
+WHERE slot = @slot::text AND accepted_at IS NULL
+RETURNING id, from_lsn::text AS from_lsn, confirmed_at, coalesce(to_lsn::text, '')::text AS to_lsn, cause;
 
 -- name: AssignWALKeySeqs :many
 -- Numbers the keyed events of one publish batch of the WAL capture, in the

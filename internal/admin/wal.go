@@ -2,7 +2,14 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/pgrelay/pgrelay/internal/db"
 )
 
 // WALSlotStats describes a logical replication slot of this database that
@@ -45,4 +52,47 @@ func (s *Service) walSlots(ctx context.Context) ([]WALSlotStats, error) {
 		return nil, fmt.Errorf("admin: stats: replication slots: %w", err)
 	}
 	return out, nil
+}
+
+// WALGapRequest accepts the gap of a WAL capture slot (docs/wal.md#failover).
+type WALGapRequest struct {
+	Slot   string `json:"slot"`
+	Actor  string `json:"actor"`
+	Reason string `json:"reason"`
+}
+
+// WALGap is an accepted gap: the events committed after FromLSN (the slot's
+// last confirmed position, recorded at ConfirmedAt) and before ToLSN (the
+// new slot's start) were read from no slot.
+type WALGap struct {
+	ID          int64     `json:"id"`
+	Slot        string    `json:"slot"`
+	FromLSN     string    `json:"from_lsn"`
+	ToLSN       string    `json:"to_lsn"`
+	ConfirmedAt time.Time `json:"confirmed_at"`
+	Cause       string    `json:"cause"`
+}
+
+// AcceptWALGap records who accepted the slot's open gap, and why: the WAL
+// capture relay then streams the new slot. ErrInvalid when the slot has no
+// open gap.
+func (s *Service) AcceptWALGap(ctx context.Context, r WALGapRequest) (WALGap, error) {
+	if err := validateActor(r.Actor, r.Reason, true); err != nil {
+		return WALGap{}, err
+	}
+	if r.Slot == "" {
+		return WALGap{}, fmt.Errorf("%w: slot is required", ErrInvalid)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	row, err := s.q.AcceptWALGap(ctx, s.cfg.Pool, db.AcceptWALGapParams{Slot: r.Slot, Actor: r.Actor, Reason: r.Reason})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return WALGap{}, fmt.Errorf("%w: slot %q has no gap waiting to be accepted", ErrInvalid, r.Slot)
+	}
+	if err != nil {
+		return WALGap{}, fmt.Errorf("admin: accept the WAL gap: %w", err)
+	}
+	s.cfg.Logger.Info("WAL capture gap accepted", zap.String("slot", r.Slot), zap.String("from_lsn", row.FromLsn),
+		zap.String("to_lsn", row.ToLsn), zap.String("actor", r.Actor), zap.String("reason", r.Reason))
+	return WALGap{ID: row.ID, Slot: r.Slot, FromLSN: row.FromLsn, ToLSN: row.ToLsn, ConfirmedAt: row.ConfirmedAt, Cause: row.Cause}, nil
 }

@@ -219,6 +219,19 @@ type ShopOrder struct {
 	PaidAt      *time.Time
 }
 
+type WalGap struct {
+	ID           int64
+	Slot         string
+	FromLsn      interface{}
+	ConfirmedAt  time.Time
+	ToLsn        interface{}
+	Cause        string
+	DetectedAt   time.Time
+	AcceptedAt   *time.Time
+	AcceptedBy   *string
+	AcceptReason *string
+}
+
 type WalKey struct {
 	ID        int32
 	Secret    []byte
@@ -232,4 +245,12 @@ type WalSeqAssignment struct {
 	Key     string
 	Seq     int64
 	Lsn     int64
+}
+
+type WalSlotHistory struct {
+	Slot             string
+	SystemIdentifier string
+	Timeline         int32
+	ConfirmedLsn     interface{}
+	ConfirmedAt      time.Time
 }

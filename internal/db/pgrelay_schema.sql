@@ -22,4 +22,6 @@ ALTER TABLE guard_keys SET SCHEMA pgrelay;
 ALTER TABLE inbox_subscriptions SET SCHEMA pgrelay;
 ALTER TABLE wal_seq_assignments SET SCHEMA pgrelay;
 ALTER TABLE wal_keys SET SCHEMA pgrelay;
+ALTER TABLE wal_slot_history SET SCHEMA pgrelay;
+ALTER TABLE wal_gaps SET SCHEMA pgrelay;
 ALTER FUNCTION emit_wal(bytea[]) SET SCHEMA pgrelay;

@@ -7,7 +7,43 @@ package db
 
 import (
 	"context"
+	"time"
 )
+
+const acceptWALGap = `-- name: AcceptWALGap :one
+UPDATE pgrelay.wal_gaps SET accepted_at = pg_catalog.now(), accepted_by = $1::text, accept_reason = $2::text
+WHERE slot = $3::text AND accepted_at IS NULL
+RETURNING id, from_lsn::text AS from_lsn, confirmed_at, coalesce(to_lsn::text, '')::text AS to_lsn, cause
+`
+
+type AcceptWALGapParams struct {
+	Actor  string
+	Reason string
+	Slot   string
+}
+
+type AcceptWALGapRow struct {
+	ID          int64
+	FromLsn     string
+	ConfirmedAt time.Time
+	ToLsn       string
+	Cause       string
+}
+
+// An operator accepts the slot's open gap: the relay streams from the new
+// slot's start.
+func (q *Queries) AcceptWALGap(ctx context.Context, db DBTX, arg AcceptWALGapParams) (AcceptWALGapRow, error) {
+	row := db.QueryRow(ctx, acceptWALGap, arg.Actor, arg.Reason, arg.Slot)
+	var i AcceptWALGapRow
+	err := row.Scan(
+		&i.ID,
+		&i.FromLsn,
+		&i.ConfirmedAt,
+		&i.ToLsn,
+		&i.Cause,
+	)
+	return i, err
+}
 
 const assignWALKeySeqs = `-- name: AssignWALKeySeqs :many
 WITH holder AS (
@@ -104,13 +140,16 @@ func (q *Queries) AssignWALKeySeqs(ctx context.Context, db DBTX, arg AssignWALKe
 	return items, nil
 }
 
-const createWALSlot = `-- name: CreateWALSlot :exec
-SELECT pg_catalog.pg_create_logical_replication_slot($1::text, 'pgoutput')
+const createWALSlot = `-- name: CreateWALSlot :one
+SELECT s.lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::text, 'pgoutput') s
 `
 
-func (q *Queries) CreateWALSlot(ctx context.Context, db DBTX, slotName string) error {
-	_, err := db.Exec(ctx, createWALSlot, slotName)
-	return err
+// Returns the new slot's start (its consistent point).
+func (q *Queries) CreateWALSlot(ctx context.Context, db DBTX, slotName string) (string, error) {
+	row := db.QueryRow(ctx, createWALSlot, slotName)
+	var s_lsn string
+	err := row.Scan(&s_lsn)
+	return s_lsn, err
 }
 
 const emitWAL = `-- name: EmitWAL :exec
@@ -123,6 +162,58 @@ SELECT pgrelay.emit_wal($1::bytea[])
 func (q *Queries) EmitWAL(ctx context.Context, db DBTX, contents [][]byte) error {
 	_, err := db.Exec(ctx, emitWAL, contents)
 	return err
+}
+
+const insertWALGap = `-- name: InsertWALGap :exec
+INSERT INTO pgrelay.wal_gaps (slot, from_lsn, confirmed_at, cause)
+VALUES ($1::text, CAST($2::text AS pg_lsn), $3, $4::text)
+ON CONFLICT (slot) WHERE accepted_at IS NULL DO NOTHING
+`
+
+type InsertWALGapParams struct {
+	Slot        string
+	FromLsn     string
+	ConfirmedAt time.Time
+	Cause       string
+}
+
+func (q *Queries) InsertWALGap(ctx context.Context, db DBTX, arg InsertWALGapParams) error {
+	_, err := db.Exec(ctx, insertWALGap,
+		arg.Slot,
+		arg.FromLsn,
+		arg.ConfirmedAt,
+		arg.Cause,
+	)
+	return err
+}
+
+const openWALGap = `-- name: OpenWALGap :one
+SELECT id, from_lsn::text AS from_lsn, confirmed_at, coalesce(to_lsn::text, '')::text AS to_lsn, cause, detected_at
+FROM pgrelay.wal_gaps WHERE slot = $1::text AND accepted_at IS NULL
+`
+
+type OpenWALGapRow struct {
+	ID          int64
+	FromLsn     string
+	ConfirmedAt time.Time
+	ToLsn       string
+	Cause       string
+	DetectedAt  time.Time
+}
+
+// The slot's gap no operator accepted yet, if any.
+func (q *Queries) OpenWALGap(ctx context.Context, db DBTX, slot string) (OpenWALGapRow, error) {
+	row := db.QueryRow(ctx, openWALGap, slot)
+	var i OpenWALGapRow
+	err := row.Scan(
+		&i.ID,
+		&i.FromLsn,
+		&i.ConfirmedAt,
+		&i.ToLsn,
+		&i.Cause,
+		&i.DetectedAt,
+	)
+	return i, err
 }
 
 const pruneWALKeySeqs = `-- name: PruneWALKeySeqs :execrows
@@ -140,6 +231,39 @@ func (q *Queries) PruneWALKeySeqs(ctx context.Context, db DBTX, slotName string)
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const recordWALSlotHistory = `-- name: RecordWALSlotHistory :exec
+INSERT INTO pgrelay.wal_slot_history (slot, system_identifier, timeline, confirmed_lsn, confirmed_at)
+SELECT s.slot_name::text, $1::text, $2::int, s.confirmed_flush_lsn, pg_catalog.now()
+FROM pg_catalog.pg_replication_slots s
+WHERE s.slot_name = $3::text AND s.confirmed_flush_lsn IS NOT NULL
+ON CONFLICT (slot) DO UPDATE SET system_identifier = excluded.system_identifier, timeline = excluded.timeline,
+    confirmed_lsn = excluded.confirmed_lsn, confirmed_at = excluded.confirmed_at
+`
+
+type RecordWALSlotHistoryParams struct {
+	SystemIdentifier string
+	Timeline         int32
+	Slot             string
+}
+
+// Records the server the slot is on and its confirmed position.
+func (q *Queries) RecordWALSlotHistory(ctx context.Context, db DBTX, arg RecordWALSlotHistoryParams) error {
+	_, err := db.Exec(ctx, recordWALSlotHistory, arg.SystemIdentifier, arg.Timeline, arg.Slot)
+	return err
+}
+
+const setWALGapEnd = `-- name: SetWALGapEnd :exec
+UPDATE pgrelay.wal_gaps g SET to_lsn = s.confirmed_flush_lsn
+FROM pg_catalog.pg_replication_slots s
+WHERE g.slot = $1::text AND g.accepted_at IS NULL AND s.slot_name = g.slot
+`
+
+// The gap ends where the slot, created past it, starts.
+func (q *Queries) SetWALGapEnd(ctx context.Context, db DBTX, slot string) error {
+	_, err := db.Exec(ctx, setWALGapEnd, slot)
+	return err
 }
 
 const wALHeartbeat = `-- name: WALHeartbeat :exec
@@ -181,4 +305,28 @@ func (q *Queries) WALKeys(ctx context.Context, db DBTX) ([]WALKeysRow, error) {
 		return nil, err
 	}
 	return items, nil
+}
+
+const wALSlotHistory = `-- name: WALSlotHistory :one
+SELECT system_identifier, timeline, confirmed_lsn::text AS confirmed_lsn, confirmed_at
+FROM pgrelay.wal_slot_history WHERE slot = $1::text
+`
+
+type WALSlotHistoryRow struct {
+	SystemIdentifier string
+	Timeline         int32
+	ConfirmedLsn     string
+	ConfirmedAt      time.Time
+}
+
+func (q *Queries) WALSlotHistory(ctx context.Context, db DBTX, slot string) (WALSlotHistoryRow, error) {
+	row := db.QueryRow(ctx, wALSlotHistory, slot)
+	var i WALSlotHistoryRow
+	err := row.Scan(
+		&i.SystemIdentifier,
+		&i.Timeline,
+		&i.ConfirmedLsn,
+		&i.ConfirmedAt,
+	)
+	return i, err
 }

@@ -14,9 +14,9 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 // lag in bytes and seconds, its wal_status, and whether this relay streams
 // it.
 type WALObserver struct {
-	lagBytes, lagSeconds, reading, capture prometheus.Gauge
-	status                                 *prometheus.GaugeVec
-	rejected                               *prometheus.CounterVec
+	lagBytes, lagSeconds, reading, capture, gap prometheus.Gauge
+	status                                      *prometheus.GaugeVec
+	rejected                                    *prometheus.CounterVec
 }
 
 // walRejectReasons are relay_wal_rejected_total's reasons
@@ -44,6 +44,10 @@ func NewWALObserver(reg prometheus.Registerer) *WALObserver {
 			Name: "relay_wal_slot_reading",
 			Help: "1 when this relay streams the replication slot, 0 when it waits as a standby.",
 		}),
+		gap: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_wal_gap",
+			Help: "1 while the WAL capture streams nothing because its slot has a gap no operator accepted (a failover or a dropped slot; docs/wal.md#failover).",
+		}),
 		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "relay_wal_slot_status",
 			Help: "The replication slot's wal_status: 1 for the current one (reserved, extended, unreserved, lost).",
@@ -59,7 +63,7 @@ func NewWALObserver(reg prometheus.Registerer) *WALObserver {
 	for _, r := range walRejectReasons {
 		o.rejected.WithLabelValues(r)
 	}
-	reg.MustRegister(o.lagBytes, o.lagSeconds, o.reading, o.capture, o.status, o.rejected)
+	reg.MustRegister(o.lagBytes, o.lagSeconds, o.reading, o.capture, o.gap, o.status, o.rejected)
 	return o
 }
 
@@ -75,6 +79,11 @@ func (o *WALObserver) WALSlot(s relay.WALSlotStatus) {
 		o.reading.Set(1)
 	} else {
 		o.reading.Set(0)
+	}
+	if s.Gap != "" {
+		o.gap.Set(1)
+	} else {
+		o.gap.Set(0)
 	}
 	for _, st := range walStatuses {
 		v := 0.0

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
 	"github.com/pgrelay/pgrelay/internal/walmsg"
 )
@@ -50,6 +51,14 @@ const walPartition = -1
 
 // errSlotLost: the slot was invalidated; nothing more can be read from it.
 var errSlotLost = errors.New("replication slot lost")
+
+// errSlotGone: the slot disappeared under the running capture; it checks
+// for a gap (setup) before anything else.
+var errSlotGone = errors.New("replication slot gone")
+
+// errWALGap: the slot's history shows a gap no operator accepted; the
+// capture streams nothing until one does (docs/wal.md#failover).
+var errWALGap = errors.New("WAL capture refused: the slot has a gap no operator accepted")
 
 // errStale: this relay went silent long enough for the server to have
 // handed the slot to another reader.
@@ -91,6 +100,13 @@ type walSource struct {
 	cur    *walSession // the streaming session, nil while a standby
 }
 
+// serverID names the server and timeline a replication connection reaches
+// (IDENTIFY_SYSTEM).
+type serverID struct {
+	system   string
+	timeline int32
+}
+
 // runWAL runs the WAL capture until ctx ends (nil) or the slot is lost or
 // misconfigured (an error).
 func (r *Relay) runWAL(ctx context.Context) error {
@@ -116,6 +132,19 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	r.wal = w
 	r.walMu.Unlock()
 	w.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize))
+	for {
+		err := w.run(ctx)
+		if !errors.Is(err, errSlotGone) || ctx.Err() != nil {
+			w.log.Info("relay stopped")
+			return err
+		}
+		w.log.Error("the replication slot is gone; checking its history for a gap before going on", zap.Error(err))
+	}
+}
+
+// run sets the capture up and streams until ctx ends or the slot is lost or
+// gone.
+func (w *walSource) run(ctx context.Context) error {
 	if err := w.setup(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -131,13 +160,12 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	err := w.loop(runCtx)
 	cancel(nil)
 	bg.Wait()
-	if cause := context.Cause(runCtx); errors.Is(cause, errSlotLost) {
+	if cause := context.Cause(runCtx); errors.Is(cause, errSlotLost) || errors.Is(cause, errSlotGone) {
 		err = cause
 	}
 	if err == nil && ctx.Err() == nil {
 		err = context.Cause(runCtx)
 	}
-	w.log.Info("relay stopped")
 	return err
 }
 
@@ -167,11 +195,24 @@ func (w *walSource) reportLost() {
 // the capture unsafe or impossible is returned.
 func (w *walSource) setup(ctx context.Context) error {
 	bo := wait.New(w.r.backoffPolicy())
+	reported := ""
 	for {
 		err := w.setupOnce(ctx)
 		var fatal *setupError
 		if err == nil || errors.As(err, &fatal) || errors.Is(err, errSlotLost) {
 			return err
+		}
+		if errors.Is(err, errWALGap) {
+			// Refused, loudly, until an operator accepts the gap.
+			w.reportGap(err.Error())
+			if err.Error() != reported {
+				w.log.Error("the WAL capture streams nothing: its slot has a gap no operator accepted", zap.Error(err))
+				reported = err.Error()
+			}
+			if !wait.Sleep(ctx, w.r.cfg.WAL.StandbyPoll) {
+				return ctx.Err()
+			}
+			continue
 		}
 		w.log.Warn("WAL capture set-up failed; retrying", zap.Error(err))
 		if !wait.Sleep(ctx, bo.Next()) {
@@ -193,8 +234,10 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	// sqlc's catalog has no system views: these statements stay here.
 	var walLevel, keep, database string
 	var timeoutMS int64
+	var version int
 	err := cfg.Pool.QueryRow(qctx, `SELECT pg_catalog.current_setting('wal_level'), pg_catalog.current_setting('max_slot_wal_keep_size'),
-		(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'), pg_catalog.current_database()`).Scan(&walLevel, &keep, &timeoutMS, &database)
+		(SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'), pg_catalog.current_database(),
+		pg_catalog.current_setting('server_version_num')::int`).Scan(&walLevel, &keep, &timeoutMS, &database, &version)
 	if err != nil {
 		return fmt.Errorf("read server settings: %w", err)
 	}
@@ -213,6 +256,10 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	if _, err := cfg.Pool.Exec(qctx, "CREATE PUBLICATION "+pgx.Identifier{cfg.WAL.Publication}.Sanitize()+" WITH (publish = 'insert')"); err != nil && !isCode(err, "42710") {
 		return fmt.Errorf("create publication %s: %w", cfg.WAL.Publication, err)
 	}
+	id, err := w.identify(qctx)
+	if err != nil {
+		return err
+	}
 	st, err := w.slotStatus(qctx)
 	if err != nil {
 		return err
@@ -227,8 +274,27 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 			w.reportLost()
 			return w.slotLostError("")
 		}
-		return w.setupTable(qctx)
 	}
+	create := func() error { return w.createSlot(qctx, keep, version) }
+	if err := w.checkGap(qctx, st.exists, id, create); err != nil {
+		return err
+	}
+	if !st.exists {
+		if err := create(); err != nil {
+			return err
+		}
+	}
+	if err := w.r.q.RecordWALSlotHistory(qctx, cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: id.system, Timeline: id.timeline, Slot: cfg.WAL.Slot}); err != nil {
+		return fmt.Errorf("record the slot's history: %w", err)
+	}
+	return w.setupTable(qctx)
+}
+
+// createSlot creates the slot; on PostgreSQL 17 and later a failover slot,
+// which the standbys that sync_replication_slots names keep in step, so that
+// it survives a promotion.
+func (w *walSource) createSlot(ctx context.Context, keep string, version int) error {
+	cfg := w.r.cfg
 	if keep == "-1" && !cfg.WAL.AllowUnboundedSlot {
 		return &setupError{bad("WAL.AllowUnboundedSlot", "the server's max_slot_wal_keep_size is -1 (unlimited): a relay stopped for long would make "+
 			"the slot keep WAL until the disk fills; set max_slot_wal_keep_size (docs/wal.md), or set {} to create the slot anyway")}
@@ -236,14 +302,122 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	// A new slot lacks the rows committed before it: out of the
 	// publication until setupTable re-inserts them, so that nothing
 	// truncates them meanwhile, even after a crash here.
-	if err := w.leavePublication(qctx); err != nil {
+	if err := w.leavePublication(ctx); err != nil {
 		return err
 	}
-	if err := w.r.q.CreateWALSlot(qctx, cfg.Pool, cfg.WAL.Slot); err != nil && !isCode(err, "42710") {
+	var err error
+	if version >= 170000 {
+		// sqlc's catalog lacks the failover argument (PostgreSQL 17): the
+		// statement stays here.
+		_, err = cfg.Pool.Exec(ctx, `SELECT pg_catalog.pg_create_logical_replication_slot($1::text, 'pgoutput', false, false, true)`, cfg.WAL.Slot)
+	} else {
+		_, err = w.r.q.CreateWALSlot(ctx, cfg.Pool, cfg.WAL.Slot)
+	}
+	if err != nil && !isCode(err, "42710") {
 		return fmt.Errorf("create replication slot %s: %w", cfg.WAL.Slot, err)
 	}
-	w.log.Info("created the replication slot", zap.String("max_slot_wal_keep_size", keep))
-	return w.setupTable(qctx)
+	w.log.Info("created the replication slot", zap.String("max_slot_wal_keep_size", keep), zap.Bool("failover", version >= 170000))
+	return nil
+}
+
+// identify returns the server and timeline the replication connection
+// reaches.
+func (w *walSource) identify(ctx context.Context) (serverID, error) {
+	conn, err := pgconn.ConnectConfig(ctx, w.connCfg)
+	if err != nil {
+		return serverID{}, fmt.Errorf("connect for replication: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	res, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return serverID{}, fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
+	return serverID{system: res.SystemID, timeline: res.Timeline}, nil
+}
+
+// checkGap compares the slot with its history (pgrelay.wal_slot_history,
+// which replicates physically to standbys). A slot missing where the
+// history had one, or a history from another server, is a gap: the events
+// after the last confirmed position were read from no slot. The gap is
+// recorded, the slot created past it (create) so that nothing after its
+// start is lost, and errWALGap returned until an operator accepts it. No
+// history (a first start) is no gap.
+func (w *walSource) checkGap(ctx context.Context, exists bool, id serverID, create func() error) error {
+	cfg, q := w.r.cfg, w.r.q
+	gap, err := q.OpenWALGap(ctx, cfg.Pool, cfg.WAL.Slot)
+	open := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read the slot's gaps: %w", err)
+	}
+	if !open {
+		h, err := q.WALSlotHistory(ctx, cfg.Pool, cfg.WAL.Slot)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read the slot's history: %w", err)
+		}
+		var cause string
+		switch {
+		case h.SystemIdentifier != id.system:
+			cause = fmt.Sprintf("the slot's history is from the server with system identifier %s (timeline %d); this server's is %s (timeline %d)",
+				h.SystemIdentifier, h.Timeline, id.system, id.timeline)
+		case !exists && h.Timeline != id.timeline:
+			cause = fmt.Sprintf("the slot is missing after a promotion: the server's timeline moved from %d to %d, and before PostgreSQL 17 a slot does not follow a promotion",
+				h.Timeline, id.timeline)
+		case !exists:
+			cause = fmt.Sprintf("the slot is missing on this server (timeline %d): it was dropped", id.timeline)
+		default:
+			if h.Timeline != id.timeline {
+				w.log.Info("the slot followed the server's promotion (a failover slot)", zap.Int32("from_timeline", h.Timeline), zap.Int32("timeline", id.timeline))
+			}
+			return nil
+		}
+		if err := q.InsertWALGap(ctx, cfg.Pool, db.InsertWALGapParams{Slot: cfg.WAL.Slot, FromLsn: h.ConfirmedLsn, ConfirmedAt: h.ConfirmedAt, Cause: cause}); err != nil {
+			return fmt.Errorf("record the slot's gap: %w", err)
+		}
+		if gap, err = q.OpenWALGap(ctx, cfg.Pool, cfg.WAL.Slot); err != nil {
+			return fmt.Errorf("read the slot's gaps: %w", err)
+		}
+	}
+	// The gap ends where the new slot starts.
+	if !exists {
+		if err := create(); err != nil {
+			return err
+		}
+	}
+	if gap.ToLsn == "" || !exists {
+		if err := q.SetWALGapEnd(ctx, cfg.Pool, cfg.WAL.Slot); err != nil {
+			return fmt.Errorf("record the slot's gap: %w", err)
+		}
+		if gap, err = q.OpenWALGap(ctx, cfg.Pool, cfg.WAL.Slot); err != nil {
+			return fmt.Errorf("read the slot's gaps: %w", err)
+		}
+	}
+	// The history names this server and the new slot from now on.
+	if err := q.RecordWALSlotHistory(ctx, cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: id.system, Timeline: id.timeline, Slot: cfg.WAL.Slot}); err != nil {
+		return fmt.Errorf("record the slot's history: %w", err)
+	}
+	slot := cfg.WAL.Slot
+	return fmt.Errorf("relay: %w: slot %q: %s. The events committed after %s (the slot's last confirmed position, recorded at %s) and before %s (the new slot's start) "+
+		"were read from no slot. The relay streams nothing until an operator accepts the gap: re-emit those events (deploy/wal-rescan.sh <wal-archive> %s %s, "+
+		"or from the producers' own records), then run: relay wal accept-gap --slot %s --actor NAME --reason TEXT (docs/wal.md#failover)",
+		errWALGap, slot, gap.Cause, gap.FromLsn, gap.ConfirmedAt.UTC().Format(time.RFC3339Nano), gap.ToLsn, gap.FromLsn, gap.ToLsn, slot)
+}
+
+// reportGap records and reports the unaccepted gap that stops the capture.
+func (w *walSource) reportGap(msg string) {
+	w.mu.Lock()
+	st := WALSlotStatus{Slot: w.r.cfg.WAL.Slot, Exists: true, Gap: msg, At: time.Now()}
+	w.status = st
+	w.mu.Unlock()
+	if o := w.r.cfg.WAL.Observer; o != nil {
+		o.WALSlot(st)
+	}
 }
 
 type slotRow struct {
@@ -329,6 +503,11 @@ func (w *walSource) session(ctx context.Context) error {
 		_ = conn.Close(cctx)
 	}()
 	cctx, cancel = context.WithTimeout(ctx, w.r.cfg.QueryTimeout)
+	ident, err := pglogrepl.IdentifySystem(cctx, conn)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
+	}
 	err = pglogrepl.StartReplication(cctx, conn, w.r.cfg.WAL.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
 		"proto_version '1'",
 		"publication_names '" + w.r.cfg.WAL.Publication + "'", // validated: [a-z0-9_]
@@ -346,6 +525,7 @@ func (w *walSource) session(ctx context.Context) error {
 	}
 	s := w.newSession(conn)
 	s.keys = keys
+	s.id = serverID{system: ident.SystemID, timeline: ident.Timeline}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	s.end = stop
@@ -425,6 +605,8 @@ type walSession struct {
 	// keys are pgrelay.wal_keys' secrets by id, which sign the emitted
 	// events (reader only).
 	keys map[int32][]byte
+	// id is the server streamed, recorded in the slot's history.
+	id serverID
 }
 
 func (w *walSource) newSession(conn *pgconn.PgConn) *walSession {
@@ -797,6 +979,10 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 			if err := w.r.q.WALHeartbeat(qctx, w.r.cfg.Pool); err != nil && ctx.Err() == nil {
 				w.log.Warn("WAL heartbeat", zap.Error(err))
 			}
+			if err := w.r.q.RecordWALSlotHistory(qctx, w.r.cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: s.id.system, Timeline: s.id.timeline,
+				Slot: w.r.cfg.WAL.Slot}); err != nil && ctx.Err() == nil {
+				w.log.Warn("record the slot's history", zap.Error(err))
+			}
 			w.pruneKeySeqs(qctx)
 		}
 		row, err := w.slotStatus(qctx)
@@ -833,9 +1019,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 				cancel(err)
 				return
 			case !row.exists:
-				err := fmt.Errorf("relay: %w: slot %q was dropped while the relay ran; restart the relay to create it (docs/wal.md#a-lost-slot)", errSlotLost, w.r.cfg.WAL.Slot)
-				w.log.Error("the replication slot is gone; the relay stops", zap.Error(err))
-				cancel(err)
+				cancel(fmt.Errorf("relay: %w: slot %q is missing (dropped, or a failover reached a server without it)", errSlotGone, w.r.cfg.WAL.Slot))
 				return
 			}
 		}

@@ -98,6 +98,9 @@ type WALSlotStatus struct {
 	LagSeconds float64 `json:"lag_seconds"`
 	// ConfirmedLSN is the last position this relay confirmed.
 	ConfirmedLSN string `json:"confirmed_lsn,omitempty"`
+	// Gap names the gap no operator accepted that stops the capture
+	// (docs/wal.md#failover); empty when none.
+	Gap string `json:"gap,omitempty"`
 	// At is when the status was taken.
 	At time.Time `json:"at"`
 }

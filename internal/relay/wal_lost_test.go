@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
@@ -185,11 +186,11 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 // cluster that archives its WAL. The slot is lost while events of a stalled
 // window wait for the broker and producers go on emitting after the loss;
 // the relay stops. Then, as the page says: note the lost slot's
-// confirmed_flush_lsn, drop the slot, start a relay (a new slot), archive
-// the current segment, and run deploy/wal-rescan.sh over the archive from
-// the old confirmed position to the new slot's: its SQL re-emits the
-// window's committed events with their ids, and the new relay publishes
-// them. Every committed event is in the stream once; the rolled-back one is
+// confirmed_flush_lsn, drop the slot, start a relay (it creates a new slot
+// and names the gap, streaming nothing), archive the current segment, run
+// deploy/wal-rescan.sh over the archive from the old confirmed position to
+// the new slot's (its SQL re-emits the window's committed events with their
+// ids) and accept the gap: the new relay publishes them. Every committed event is in the stream once; the rolled-back one is
 // not.
 func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 	archive, err := os.MkdirTemp("", "pgrelay-archive-")
@@ -237,11 +238,15 @@ func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 		_, err := b.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, DefaultWALSlot)
 		return err == nil
 	}, 20*time.Second, 100*time.Millisecond)
+	// The new relay creates a new slot and names the gap; it streams
+	// nothing until the gap is accepted.
 	r2, _ := start(t, b.walConfig(t, b.publisher(t), nil))
-	waitReading(t, r2)
+	gap := waitGap(t, r2)
 	var to, segment string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, pg_walfile_name(confirmed_flush_lsn) FROM pg_replication_slots WHERE slot_name = $1`,
 		DefaultWALSlot).Scan(&to, &segment))
+	require.Contains(t, gap, "and before "+to+" (the new slot's start)")
+	require.Contains(t, gap, "the slot is missing on this server")
 	_, err = b.pool.Exec(ctx, `SELECT pg_switch_wal()`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { _, err := os.Stat(filepath.Join(archive, segment)); return err == nil }, 30*time.Second, 50*time.Millisecond,
@@ -263,6 +268,10 @@ func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 	require.NotContains(t, string(sql), hex.EncodeToString([]byte(`"id":"rolled-back"`)))
 	require.Contains(t, string(sql), hex.EncodeToString([]byte(`"id":"c-2"`)))
 	_, err = b.pool.Exec(ctx, string(sql))
+	require.NoError(t, err)
+	svc, err := admin.New(admin.Config{Pool: b.pool})
+	require.NoError(t, err)
+	_, err = svc.AcceptWALGap(ctx, admin.WALGapRequest{Slot: DefaultWALSlot, Actor: "test", Reason: "window re-emitted from the archive"})
 	require.NoError(t, err)
 
 	// Each key's events in commit order (keys are published concurrently).

@@ -40,7 +40,7 @@ func Commands(databaseURL *string) []*cobra.Command {
 	conflicts.AddCommand(c.conflictsList())
 	dead := c.deadCommand(admin.SourceInbox)
 	dead.AddCommand(c.deadSkipCommand())
-	return []*cobra.Command{c.statsCommand(), dead, outbox, c.auditCommand(), conflicts, c.gapsCommand()}
+	return []*cobra.Command{c.statsCommand(), dead, outbox, c.auditCommand(), conflicts, c.gapsCommand(), c.walCommand()}
 }
 
 type cliEnv struct {
