@@ -33,17 +33,20 @@ func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchR
 		return nil, errLeaseExpired
 	}
 	// Likewise once the lock session is no longer confirmed: another relay
-	// takes the partition lockValidFor after it saw the session end.
-	lapsed := context.Background()
-	if w.sess != nil {
-		var ok bool
-		if lapsed, ok = w.sess.valid(); !ok {
-			return nil, errSessionLapsed
-		}
+	// takes the partition lockValidFor after it saw the session end. A
+	// batch already handed to the broker is not cancelled then (its
+	// confirms may be on their way, and an event whose outcome is unknown
+	// would later read as expired although the broker has it): what this
+	// relay still sends is a copy of what the new owner publishes from the
+	// same first pending row, in the same order, so each event's first copy
+	// keeps the key's order and the rest are duplicates the broker or the
+	// inbox absorbs.
+	if w.sess != nil && !w.sess.valid() {
+		return nil, errSessionLapsed
 	}
 	if len(msgs) > 0 {
 		start := time.Now()
-		for j, res := range r.publish(lapsed, msgs, leaseEnd) {
+		for j, res := range r.publish(msgs, leaseEnd) {
 			results[idx[j]] = res
 		}
 		r.cfg.Observer.PublishDuration(int(w.partition), len(msgs), time.Since(start))
@@ -114,13 +117,13 @@ func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker
 	return results, msgs, idx
 }
 
-// publish calls the Publisher until leaseEnd or until lapsed is cancelled, turning a panic into a transient failure of the whole batch.
-func (r *Relay) publish(lapsed context.Context, msgs []broker.Message, leaseEnd time.Time) (results []broker.Result) {
+// publish calls the Publisher until leaseEnd, turning a panic into a
+// transient failure of the whole batch.
+func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []broker.Result) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
 	defer cancel()
 	ctx, cancelLease := context.WithDeadline(ctx, leaseEnd)
 	defer cancelLease()
-	defer context.AfterFunc(lapsed, cancelLease)()
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("publisher panicked", zap.Any("panic", p))

@@ -26,11 +26,12 @@ import (
 //     (EndedLockSessions): its answer confirms that the session, and so the
 //     lock, was alive when it was sent, and it lists the other relays whose
 //     key no session holds any more.
-//   - A relay publishes only within lockValidFor of its last confirmation's
-//     sending (the publish in flight is cancelled then), and not at all once
-//     its session failed: a relay cut off from PostgreSQL stops publishing
-//     within lockValidFor, even if it never learns that the server ended its
-//     session.
+//   - A relay starts publishing a batch only within lockValidFor of its last
+//     confirmation's sending, and not at all once its session failed: a
+//     relay cut off from PostgreSQL starts no batch after lockValidFor, even
+//     if it never learns that the server ended its session. A batch already
+//     handed to the broker goes on (see publishBatch): what it still sends
+//     is a copy of what the new owner publishes, in the same order.
 //   - A relay takes the partitions held under an ended session only
 //     lockValidFor after it first saw it ended: by then the owner, if it is
 //     alive at all, has stopped publishing them. Fencing (the epoch) still
@@ -47,66 +48,35 @@ const (
 type lockSession struct {
 	key int64
 
-	mu     sync.Mutex
-	until  time.Time       // publishing is allowed before it
-	ended  bool            // the connection failed or was closed
-	lapsed context.Context // cancelled when until passes unconfirmed, or at the end
-	lapse  context.CancelFunc
-	timer  *time.Timer
+	mu    sync.Mutex
+	until time.Time // a batch may start publishing before it
+	ended bool      // the connection failed or was closed
 }
 
-func newLockSession(key int64) *lockSession {
-	s := &lockSession{key: key}
-	s.lapsed, s.lapse = context.WithCancel(context.Background())
-	s.lapse() // not valid before its first confirmation
-	s.timer = time.AfterFunc(time.Hour, s.expire)
-	s.timer.Stop()
-	return s
-}
+func newLockSession(key int64) *lockSession { return &lockSession{key: key} }
 
 // confirm records that the session was alive when a statement sent at sent
 // was answered.
 func (s *lockSession) confirm(sent time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended || !sent.Add(lockValidFor).After(s.until) {
-		return
-	}
-	s.until = sent.Add(lockValidFor)
-	if s.lapsed.Err() != nil {
-		s.lapsed, s.lapse = context.WithCancel(context.Background())
-	}
-	s.timer.Reset(time.Until(s.until))
-}
-
-// expire cancels the publishing of a session left unconfirmed.
-func (s *lockSession) expire() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !time.Now().Before(s.until) {
-		s.lapse()
+	if !s.ended && sent.Add(lockValidFor).After(s.until) {
+		s.until = sent.Add(lockValidFor)
 	}
 }
 
-// end marks the session failed: nothing is published under it any more.
+// end marks the session failed: no batch starts publishing under it any more.
 func (s *lockSession) end() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ended = true
-	s.until = time.Time{}
-	s.lapse()
-	s.timer.Stop()
+	s.ended, s.until = true, time.Time{}
 }
 
-// valid returns a context cancelled when the session stops being valid, or
-// false when it is not valid now.
-func (s *lockSession) valid() (context.Context, bool) {
+// valid reports whether a batch may start publishing under s now.
+func (s *lockSession) valid() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended || !time.Now().Before(s.until) {
-		return nil, false
-	}
-	return s.lapsed, true
+	return !s.ended && time.Now().Before(s.until)
 }
 
 // over reports whether s has ended (false for no session: lease only).

@@ -81,10 +81,12 @@ func TestKilledRelayPartitionsMoveAtOnce(t *testing.T) {
 
 // TestEndedLockSessionStopsPublishing: relay A's first publish hangs at the
 // broker when the backend of its lock connection is terminated (its session
-// ends, as when the server drops it). The publish in flight is cancelled at
-// once, not at the 15 s lease deadline: another relay may take the
-// partition a second after the session ended. A's next session releases the
-// leases of the ended one and takes the partition again at a new epoch.
+// ends, as when the server drops it). The batch in flight runs to its
+// PublishTimeout (a cancelled publish whose confirms were on their way would
+// leave the broker holding events the outbox calls unpublished); no batch
+// starts under the ended session; A's next session releases the leases of
+// the ended one and takes the partition again at a new epoch, and every
+// event is published.
 func TestEndedLockSessionStopsPublishing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -93,7 +95,7 @@ func TestEndedLockSessionStopsPublishing(t *testing.T) {
 
 	pub := &hangingPublisher{Publisher: b.publisher(t), entered: make(chan struct{}), cancelled: make(chan time.Time, 1)}
 	cfg := b.testConfig(t, pub, &countingObserver{})
-	cfg.NodeID, cfg.Lease, cfg.HeartbeatInterval, cfg.PublishTimeout = "relay-a", 15*time.Second, time.Second, time.Minute
+	cfg.NodeID, cfg.Lease, cfg.HeartbeatInterval, cfg.PublishTimeout = "relay-a", 15*time.Second, time.Second, 2*time.Second
 	start(t, cfg)
 	<-pub.entered
 	_, epoch := b.owner(t, p)
@@ -105,12 +107,13 @@ func TestEndedLockSessionStopsPublishing(t *testing.T) {
 	terminated := time.Now()
 	_, err := b.pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid)
 	require.NoError(t, err)
+	// The batch in flight is not cut short by the session's end (its
+	// confirms may be on their way): it ends at PublishTimeout.
 	select {
 	case at := <-pub.cancelled:
-		t.Logf("the publish in flight was cancelled %s after the session ended", at.Sub(terminated).Round(time.Millisecond))
-		require.Less(t, at.Sub(terminated), lockValidFor, "cancelled when the relay saw its session fail")
-	case <-time.After(5 * time.Second):
-		t.Fatal("the publish in flight went on after the lock session ended")
+		require.GreaterOrEqual(t, at.Sub(terminated), time.Second, "the publish in flight ran to its timeout")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the publish in flight never ended")
 	}
 	b.waitCount(t, "published", 5, 10*time.Second)
 	_, newEpoch := b.owner(t, p)

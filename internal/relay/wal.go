@@ -916,7 +916,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				return err
 			}
 			t0 := time.Now()
-			results := r.publish(context.Background(), chunk, time.Now().Add(r.cfg.PublishTimeout))
+			results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
 			r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
 			var transient error
 			published, dups, terminal := 0, 0, 0
