@@ -79,6 +79,7 @@ func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, infli
 		h(w.partition, ids)
 	}
 	out := outcomesOf(log, rows, results)
+	r.sent.add(out.sentIDs)
 	// The previous batch's mark first: this batch is marked only after it.
 	if err := r.awaitMark(w, log, inflight); err != nil {
 		return len(rows), err
@@ -145,6 +146,8 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 	if res.err != nil {
 		return fmt.Errorf("mark %d rows: %w", len(out.markIDs), res.err)
 	}
+	// Marked, or fenced (the new owner publishes and marks them).
+	r.sent.remove(out.sentIDs)
 	if res.marked == 0 {
 		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(out.markIDs)))
 		r.cfg.Observer.Fenced(int(w.partition))

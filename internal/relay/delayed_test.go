@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -304,4 +307,38 @@ func TestClaimSkipsFarFutureRows(t *testing.T) {
 	buffers = root.SharedHit + root.SharedRead
 	t.Logf("next due time of a partition holding 10,000 far-future rows: %d buffers", buffers)
 	require.LessOrEqual(t, buffers, 12, "the next due time walked the far-future rows: %s", ex.JSON)
+}
+
+// TestSentEventIsNotMarkedExpired: an event the broker confirmed whose mark
+// fails (the connection reset under it), read again after its expires_at,
+// is published again and marked published, not dead as expired: the broker
+// holds it, and the outbox says so.
+func TestSentEventIsNotMarkedExpired(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	expires := b.dbNow(t).Add(time.Second)
+	b.enqueue(t, event.Message{EventID: "sent-1", Topic: "orders", Key: "k", ExpiresAt: expires})
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	pool, err := pgxpool.New(context.Background(), b.dbURL+"&application_name=relay_under_test")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg.Pool = pool
+	var once sync.Once
+	cfg.hooks.beforeMark = func(int32, []int64) {
+		once.Do(func() {
+			// Past the expiry, then the relay's sessions end: the mark
+			// meets a dead connection.
+			time.Sleep(time.Until(expires) + 200*time.Millisecond)
+			_, err := b.pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = 'relay_under_test'`)
+			assert.NoError(t, err)
+		})
+	}
+	start(t, cfg)
+	require.Eventually(t, func() bool { return b.count(t, "pending") == 0 }, 30*time.Second, 20*time.Millisecond)
+	var status, reason string
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT status, coalesce(last_error, '') FROM pgrelay.outbox WHERE event_id = 'sent-1'`).Scan(&status, &reason))
+	require.Equal(t, "published", status, "the broker has it (last_error %q)", reason)
+	require.Equal(t, uint64(1), b.streamMsgs(t), "published again, absorbed as a duplicate")
 }

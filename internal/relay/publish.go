@@ -21,7 +21,7 @@ func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchR
 	if h := r.cfg.hooks.beforePublish; h != nil {
 		h(w.partition)
 	}
-	results, msgs, idx := brokerMessages(rows, expiredRows(rows, readStart))
+	results, msgs, idx := brokerMessages(rows, expiredRows(rows, readStart, r.sent.has))
 	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
 	// failed heartbeats) must not publish the batch it read before: another
 	// relay may have taken the partition and published these rows, and once
@@ -62,12 +62,14 @@ var errExpired = broker.Terminal(errors.New(event.ReasonExpired))
 // clock: each row's DbNow (the read's now()) plus the time since readStart,
 // which is no less than the time since the read's now() was taken. The
 // estimate errs towards later, so a row is never published after its
-// expires_at; it may be marked expired up to the read's round trip early.
-func expiredRows(rows []db.PendingBatchRow, readStart time.Time) []bool {
+// expires_at; it may be marked expired up to the read's round trip early. A
+// row sent already (the broker confirmed it, no mark recorded it) is not
+// expired: it is published again and marked published.
+func expiredRows(rows []db.PendingBatchRow, readStart time.Time, sent func(int64) bool) []bool {
 	var expired []bool
 	since := time.Since(readStart)
 	for i, row := range rows {
-		if row.ExpiresAt == nil || row.DbNow.Add(since).Before(*row.ExpiresAt) {
+		if row.ExpiresAt == nil || row.DbNow.Add(since).Before(*row.ExpiresAt) || sent(row.ID) {
 			continue
 		}
 		if expired == nil {
@@ -147,6 +149,7 @@ func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []br
 // outcomes is what publishing a batch came to, row by row.
 type outcomes struct {
 	markIDs   []int64  // published or dead: marked
+	sentIDs   []int64  // published
 	deadIDs   []int64  // rejected permanently
 	reasons   []string // why each of deadIDs was rejected
 	failedIDs []int64  // failed transiently: left pending
@@ -186,6 +189,7 @@ func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Res
 			log.Warn("event rejected permanently; marked dead", zap.String("event_id", rows[i].EventID), zap.Error(res.Err))
 			continue
 		}
+		out.sentIDs = append(out.sentIDs, rows[i].ID)
 		out.published++
 		if res.Duplicate {
 			out.dups++
