@@ -149,7 +149,7 @@ func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []br
 // outcomes is what publishing a batch came to, row by row.
 type outcomes struct {
 	markIDs   []int64  // published or dead: marked
-	sentIDs   []int64  // published
+	sentIDs   []int64  // published rows that expire (see sentRows)
 	deadIDs   []int64  // rejected permanently
 	reasons   []string // why each of deadIDs was rejected
 	failedIDs []int64  // failed transiently: left pending
@@ -189,7 +189,9 @@ func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Res
 			log.Warn("event rejected permanently; marked dead", zap.String("event_id", rows[i].EventID), zap.Error(res.Err))
 			continue
 		}
-		out.sentIDs = append(out.sentIDs, rows[i].ID)
+		if rows[i].ExpiresAt != nil {
+			out.sentIDs = append(out.sentIDs, rows[i].ID)
+		}
 		out.published++
 		if res.Duplicate {
 			out.dups++

@@ -8,8 +8,8 @@ import "sync"
 // has them, as before the set existed).
 const sentRowsMax = 1 << 16
 
-// sentRows is the set of outbox rows this relay published (the broker
-// confirmed them) that no mark has recorded yet. A mark that fails (the
+// sentRows is the set of outbox rows with an expires_at this relay published
+// (the broker confirmed them) that no mark has recorded yet. A mark that fails (the
 // connection reset) or a worker stopped before its mark (its lock session
 // ended) leaves such rows pending; read again after their expires_at, they
 // would be marked dead as expired although the broker holds them. The relay
