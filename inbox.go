@@ -487,7 +487,7 @@ func (c InboxConfig) engine() inbox.Config {
 		},
 	}
 	if c.Logger != nil {
-		cfg.Logger = logbridge.Zap(c.Logger)
+		cfg.Logger = logbridge.Or(c.Logger)
 	}
 	if r.Observer != nil {
 		cfg.Retention.Observer = r.Observer

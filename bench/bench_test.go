@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,9 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -35,7 +35,7 @@ func TestQuick(t *testing.T) {
 		// AckWait (30 s); the full run measures it, the test need not.
 		TunedMaxWait: -1,
 		LoadDuration: time.Second,
-		Logger:       zaptest.NewLogger(t),
+		Logger:       logtest.New(t),
 	})
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Figures)
@@ -111,7 +111,7 @@ func TestQuickWAL(t *testing.T) {
 	defer cancel()
 	res, err := Run(ctx, Config{
 		DatabaseURL: testdb.ServerURL(t), NATSURL: os.Getenv("NATS_URL"), OutDir: t.TempDir(),
-		Quick: true, Events: 500, LoadDuration: time.Second, Only: []string{"wal"}, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Quick: true, Events: 500, LoadDuration: time.Second, Only: []string{"wal"}, Logger: logtest.NewAt(t, slog.LevelWarn),
 	})
 	require.NoError(t, err)
 	var ids []string
@@ -138,7 +138,7 @@ func TestQuickHorizon(t *testing.T) {
 		DatabaseURL: testdb.ServerURL(t), NATSURL: os.Getenv("NATS_URL"), OutDir: t.TempDir(),
 		Quick: true, Events: 500, LoadDuration: time.Second, Only: []string{"horizon"},
 		HorizonHold: 3 * time.Second, HorizonAfter: 3 * time.Second, HorizonSample: time.Second,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Logger: logtest.NewAt(t, slog.LevelWarn),
 	})
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Figures)

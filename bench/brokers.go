@@ -3,11 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
@@ -67,7 +66,7 @@ func newNATSTarget(ctx context.Context, b *bench) (relayTarget, error) {
 func (t *natsTarget) newPublisher(ctx context.Context) (broker.Publisher, error) {
 	return nats.NewPublisher(ctx, nats.Config{URL: t.b.nats.url, SubjectPrefix: t.prefix, Stream: t.stream,
 		// The publisher reports its own close as a disconnection.
-		Logger: logbridge.Slog(t.b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
+		Logger: logbridge.AtLeast(t.b.log.With(slog.String("logger", "nats")), slog.LevelError)})
 }
 
 func (t *natsTarget) stored(ctx context.Context) (uint64, error) {

@@ -3,9 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // Config holds the benchmark's settings. The zero value of every field means
@@ -98,8 +97,8 @@ type Config struct {
 	// HorizonSample is the horizon group's sampling interval. Default 10s
 	// (quick mode: 2s).
 	HorizonSample time.Duration
-	// Logger receives progress messages. Default zap.NewNop().
-	Logger *zap.Logger
+	// Logger receives progress messages. Default slog.New(slog.DiscardHandler).
+	Logger *slog.Logger
 }
 
 // Groups the benchmark knows, in the order it runs them.
@@ -170,7 +169,7 @@ func (c Config) WithDefaults() Config {
 		c.HorizonSample = time.Duration(pick(c.Quick, 2, 10)) * time.Second
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }

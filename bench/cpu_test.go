@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,9 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -51,7 +51,7 @@ func TestObserverWithoutCommitTimestamps(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbs, err := newDatabases(ctx, testdb.ServerURL(t), zaptest.NewLogger(t))
+	dbs, err := newDatabases(ctx, testdb.ServerURL(t), logtest.New(t))
 	if dbs != nil {
 		defer dbs.dropAll()
 	}
@@ -79,7 +79,7 @@ func TestPrivateCluster(t *testing.T) {
 	cl := testcluster.Start(t, "track_commit_timestamp = on")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	log := logtest.NewAt(t, slog.LevelWarn)
 	dbs, err := newDatabases(ctx, cl.URL(), log)
 	if dbs != nil {
 		defer dbs.dropAll()

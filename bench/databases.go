@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -13,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"go.uber.org/zap"
 
 	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
@@ -27,7 +27,7 @@ type databases struct {
 	adminURL string
 	prefix   string
 	template string
-	log      *zap.Logger
+	log      *slog.Logger
 	// postmaster is the server's postmaster in /proc, for its CPU time; 0
 	// when it is not on this machine (postmasterErr says why).
 	postmaster    int
@@ -40,7 +40,7 @@ type databases struct {
 	created []string
 }
 
-func newDatabases(ctx context.Context, adminURL string, log *zap.Logger) (*databases, error) {
+func newDatabases(ctx context.Context, adminURL string, log *slog.Logger) (*databases, error) {
 	d := &databases{adminURL: adminURL, prefix: "pgrelay_bench_" + randomHex(4), log: log}
 	d.template = d.prefix + "_tmpl"
 	if err := d.exec(ctx, fmt.Sprintf("CREATE DATABASE %s", ident(d.template))); err != nil {
@@ -148,7 +148,7 @@ func (d *databases) dropAll() {
 	d.mu.Unlock()
 	for i := len(names) - 1; i >= 0; i-- {
 		if err := d.exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", ident(names[i]))); err != nil {
-			d.log.Warn("drop database", zap.String("database", names[i]), zap.Error(err))
+			d.log.Warn("drop database", slog.String("database", names[i]), slog.Any("error", err))
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -16,7 +17,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
@@ -146,12 +146,12 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		return err
 	}
 	pub, err := nats.NewPublisher(ctx, nats.Config{URL: b.nats.url, SubjectPrefix: p.prefix, Stream: p.stream,
-		Logger: logbridge.Slog(b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
+		Logger: logbridge.AtLeast(b.log.With(slog.String("logger", "nats")), slog.LevelError)})
 	if err != nil {
 		rpool.Close()
 		return err
 	}
-	r, err := relay.New(relay.Config{Pool: rpool, Publisher: pub, Logger: b.log.Named("relay")})
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: pub, Logger: b.log.With(slog.String("logger", "relay"))})
 	if err != nil {
 		pub.Close()
 		rpool.Close()
@@ -167,7 +167,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		Pool: cpool, MaxWait: p.maxWait,
 		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix,
 			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
-		StatsInterval: -1, Logger: b.log.Named("consumer"), Inbox: inbox.Config{Handler: ledger.Handler{}},
+		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: inbox.Config{Handler: ledger.Handler{}},
 	})
 	if err != nil {
 		pub.Close()

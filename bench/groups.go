@@ -3,10 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"strconv"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/relay"
 )
@@ -189,7 +188,7 @@ func (b *bench) runGroup(ctx context.Context, group string) {
 				b.sample("floor_combined_one", rate(n, ft.outboxInsertOne+ft.outboxMarkOne+ft.inboxInsert+ft.inboxProcess))
 				b.recordCPU("floor_batch", ft.cpuBatch, n)
 				b.recordCPU("floor_one", ft.cpuOne, n)
-				b.log.Info("floors", zap.Int("repeat", i+1))
+				b.log.Info("floors", slog.Int("repeat", i+1))
 				return nil
 			})
 		}
@@ -230,7 +229,7 @@ func (b *bench) attempt(ctx context.Context, what string, ids []string, fn func(
 		return fn(ctx)
 	}()
 	if err != nil {
-		b.log.Warn("measurement failed", zap.String("what", what), zap.Error(err))
+		b.log.Warn("measurement failed", slog.String("what", what), slog.Any("error", err))
 		b.fail(ids, fmt.Errorf("%s: %w", what, err))
 	}
 }

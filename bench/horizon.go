@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -232,7 +232,7 @@ func (b *bench) horizon(ctx context.Context) (err error) {
 	stopLoad()
 	b.horizonExplain(ctx, p, "after the release")
 	if err := b.writeHorizonTable(samples); err != nil {
-		b.log.Warn("horizon table", zap.Error(err))
+		b.log.Warn("horizon table", slog.Any("error", err))
 	}
 	b.horizonFigures(samples, recovered, backlogAtRelease)
 	return nil
@@ -453,7 +453,7 @@ func (b *bench) horizonExplain(ctx context.Context, p *pipeline, when string) {
 		}
 		cancel()
 		if err != nil {
-			b.log.Warn("explain", zap.String("what", q.what), zap.Error(err))
+			b.log.Warn("explain", slog.String("what", q.what), slog.Any("error", err))
 			continue
 		}
 		fmt.Printf("%s, %s:\n%s\n", q.what, when, strings.Join(lines, "\n"))

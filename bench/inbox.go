@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -89,7 +90,7 @@ func (b *bench) inboxDrainWith(ctx context.Context, pool *pgxpool.Pool, n int, d
 		return 0, fmt.Errorf("analyze inbox: %w", err)
 	}
 	w, err := inbox.NewWorker(inbox.Config{
-		Pool: pool, Handler: ledger.Handler{}, Logger: b.log.Named("inbox"),
+		Pool: pool, Handler: ledger.Handler{}, Logger: b.log.With(slog.String("logger", "inbox")),
 		Workers: b.cfg.Workers, BatchSize: b.cfg.BatchSize, Ordered: ordered,
 	})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/kafka"
@@ -30,10 +30,10 @@ type kafkaEnv struct {
 	where   string
 	fake    *kfake.Cluster
 	cl      *kgo.Client
-	log     *zap.Logger
+	log     *slog.Logger
 }
 
-func startKafka(brokers []string, log *zap.Logger) (*kafkaEnv, error) {
+func startKafka(brokers []string, log *slog.Logger) (*kafkaEnv, error) {
 	e := &kafkaEnv{brokers: brokers, where: "external " + strings.Join(brokers, ","), log: log}
 	if len(brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1))
@@ -76,7 +76,7 @@ func (e *kafkaEnv) topic(ctx context.Context) (string, error) {
 // publisher returns a publisher for the topics of prefix.
 func (e *kafkaEnv) publisher(ctx context.Context, prefix string) (broker.Publisher, error) {
 	return kafka.NewPublisher(ctx, kafka.Config{Brokers: e.brokers, TopicPrefix: prefix,
-		Logger: logbridge.Slog(e.log.Named("kafka").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
+		Logger: logbridge.AtLeast(e.log.With(slog.String("logger", "kafka")), slog.LevelError)})
 }
 
 // records returns how many records the "orders" topic of prefix holds (the
@@ -120,7 +120,7 @@ func (e *kafkaEnv) dropTopic(prefix string) {
 	t.Topic = &name
 	req.Topics, req.TopicNames, req.TimeoutMillis = append(req.Topics, t), []string{name}, 10000
 	if _, err := req.RequestWith(ctx, e.cl); err != nil {
-		e.log.Warn("delete Kafka topic", zap.String("topic", name), zap.Error(err))
+		e.log.Warn("delete Kafka topic", slog.String("topic", name), slog.Any("error", err))
 	}
 }
 

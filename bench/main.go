@@ -15,13 +15,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
@@ -92,8 +91,6 @@ func mainErr() error {
 	if cfg.Logger, err = cli.NewLogger(logLevel, "console"); err != nil {
 		return err
 	}
-	defer cfg.Logger.Sync() //nolint:errcheck
-
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
@@ -136,7 +133,7 @@ func parseInts(flagName, s string) ([]int, error) {
 // bench is one run's state.
 type bench struct {
 	cfg  Config
-	log  *zap.Logger
+	log  *slog.Logger
 	dbs  *databases
 	res  *Results
 	nats *natsEnv
@@ -199,7 +196,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if cfg.runs("e2e") || cfg.runs("cost") {
 		bins, err := buildBinaries(setupCtx, cfg.BinDir)
 		if err != nil {
-			b.log.Warn("services run in-process: no binaries", zap.Error(err))
+			b.log.Warn("services run in-process: no binaries", slog.Any("error", err))
 			b.res.Settings["services"] = "in-process (" + err.Error() + ")"
 		} else {
 			defer bins.remove()
@@ -219,7 +216,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		if !cfg.runs(g) || ctx.Err() != nil {
 			continue
 		}
-		b.log.Info("group", zap.String("group", g))
+		b.log.Info("group", slog.String("group", g))
 		b.runGroup(ctx, g)
 	}
 	b.res.Finished = time.Now().UTC()

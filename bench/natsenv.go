@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 )
@@ -26,7 +26,7 @@ type natsEnv struct {
 	js      jetstream.JetStream
 	srv     *server.Server
 	dir     string
-	log     *zap.Logger
+	log     *slog.Logger
 	streams []string
 	// pid is an external nats-server's process, for its CPU time; 0 when
 	// it is not found (pidErr says why) or the server runs in this process.
@@ -34,7 +34,7 @@ type natsEnv struct {
 	pidErr string
 }
 
-func startNATS(ctx context.Context, url string, log *zap.Logger) (*natsEnv, error) {
+func startNATS(ctx context.Context, url string, log *slog.Logger) (*natsEnv, error) {
 	e := &natsEnv{url: url, where: "external " + url, log: log}
 	if url == "" {
 		dir, err := os.MkdirTemp("", "pgrelay-bench-nats-")
@@ -100,7 +100,7 @@ func (e *natsEnv) dropStream(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		e.log.Warn("delete NATS stream", zap.String("stream", name), zap.Error(err))
+		e.log.Warn("delete NATS stream", slog.String("stream", name), slog.Any("error", err))
 	}
 }
 

@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
 // postgresTarget is PostgreSQL as the broker: a fresh target database (a
@@ -33,7 +33,7 @@ func newPostgresTarget(ctx context.Context, b *bench) (relayTarget, error) {
 }
 
 func (t *postgresTarget) newPublisher(ctx context.Context) (broker.Publisher, error) {
-	p, err := postgres.NewPublisher(ctx, postgres.Config{URL: t.url, Logger: logbridge.Slog(t.b.log.Named("postgres"))})
+	p, err := postgres.NewPublisher(ctx, postgres.Config{URL: t.url, Logger: t.b.log.With(slog.String("logger", "postgres"))})
 	if err != nil {
 		return nil, fmt.Errorf("target database: %w", err)
 	}

@@ -5,11 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
@@ -44,7 +44,7 @@ func newRabbitMQTarget(ctx context.Context, b *bench) (relayTarget, error) {
 
 func (t *rabbitMQTarget) newPublisher(ctx context.Context) (broker.Publisher, error) {
 	p, err := rabbitmq.NewPublisher(ctx, rabbitmq.Config{URL: t.url, Exchange: t.exchange, Queue: t.queue,
-		Logger: logbridge.Slog(t.b.log.Named("rabbitmq").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
+		Logger: logbridge.AtLeast(t.b.log.With(slog.String("logger", "rabbitmq")), slog.LevelError)})
 	if err != nil {
 		return nil, fmt.Errorf("RabbitMQ (AMQP_URL): %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -119,7 +120,7 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 			return 0, err
 		}
 		cfg := relay.Config{
-			Pool: rpool, Publisher: pub, Logger: b.log.Named("relay"), BatchSize: cmp.Or(opts.batchSize, b.cfg.BatchSize),
+			Pool: rpool, Publisher: pub, Logger: b.log.With(slog.String("logger", "relay")), BatchSize: cmp.Or(opts.batchSize, b.cfg.BatchSize),
 			NodeID: fmt.Sprintf("bench-relay-%d", i),
 			// Short leases so that several relays share the partitions within
 			// a second or two of starting.

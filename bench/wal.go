@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
@@ -260,13 +260,13 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 	}
 	cleanups = append(cleanups, rpool.Close)
 	pub, err := nats.NewPublisher(ctx, nats.Config{URL: b.nats.url, SubjectPrefix: prefix, Stream: stream,
-		Logger: logbridge.Slog(b.log.Named("nats").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)))})
+		Logger: logbridge.AtLeast(b.log.With(slog.String("logger", "nats")), slog.LevelError)})
 	if err != nil {
 		return fail(err)
 	}
 	cleanups = append(cleanups, func() { _ = pub.Close() })
 	clock := newAckClock(pub)
-	r, err := relay.New(relay.Config{Pool: rpool, Publisher: clock, Logger: b.log.Named("relay"), Capture: capture, WAL: relay.WALConfig{Slot: walSlot(url)}})
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: clock, Logger: b.log.With(slog.String("logger", "relay")), Capture: capture, WAL: relay.WALConfig{Slot: walSlot(url)}})
 	if err != nil {
 		return fail(err)
 	}
@@ -279,7 +279,7 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 		Pool: cpool,
 		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: stream, SubjectPrefix: prefix,
 			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
-		StatsInterval: -1, Logger: b.log.Named("consumer"), Inbox: inbox.Config{Handler: ledger.Handler{}},
+		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: inbox.Config{Handler: ledger.Handler{}},
 	})
 	if err != nil {
 		return fail(err)
@@ -411,7 +411,7 @@ func (b *bench) walDrain(ctx context.Context, dbs *databases, n int) (time.Durat
 	defer func() { _ = pub.Close() }()
 	var acked atomic.Int64
 	counter := &countingPublisher{Publisher: pub, acked: &acked}
-	r, err := relay.New(relay.Config{Pool: rpool, Publisher: counter, Logger: b.log.Named("relay"), BatchSize: b.cfg.BatchSize,
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: counter, Logger: b.log.With(slog.String("logger", "relay")), BatchSize: b.cfg.BatchSize,
 		Capture: relay.CaptureWAL, NodeID: "bench-wal-relay", WAL: relay.WALConfig{Slot: walSlot(url)}})
 	if err != nil {
 		return 0, err

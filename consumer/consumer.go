@@ -32,7 +32,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
@@ -199,7 +198,7 @@ func publicError(err error) error {
 // Create it with New and run it with Run.
 type Consumer struct {
 	cfg     Config
-	log     *zap.Logger
+	log     *slog.Logger
 	c       *engine.Consumer
 	reg     *prometheus.Registry
 	running atomic.Bool
@@ -270,7 +269,7 @@ func New(cfg Config) (*Consumer, error) {
 	engineTargets, names, terrs := parseTargets(field, targets)
 	errs = append(errs, terrs...)
 
-	log := logbridge.Zap(cfg.Logger)
+	log := logbridge.Or(cfg.Logger)
 	pc := &Consumer{cfg: cfg, log: log, reg: metrics.NewRegistry(), started: make(chan struct{})}
 	observer := metrics.NewInboxObserver(pc.reg, metrics.InboxObserverOptions{
 		Handler:  cfg.Inbox.HandlerName,

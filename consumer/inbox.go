@@ -27,7 +27,7 @@ func engineInbox(c pgrelay.InboxConfig) inbox.Config {
 		},
 	}
 	if c.Logger != nil {
-		cfg.Logger = logbridge.Zap(c.Logger)
+		cfg.Logger = logbridge.Or(c.Logger)
 	}
 	if r.Observer != nil {
 		cfg.Retention.Observer = r.Observer

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
@@ -100,7 +100,7 @@ type Config struct {
 	Timeout time.Duration
 	// Logger receives store failures and fail-open decisions.
 	// Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// Registerer receives the guard's metrics. Default: none registered.
 	Registerer prometheus.Registerer
 }
@@ -120,7 +120,7 @@ func (c Config) WithDefaults() Config {
 		c.Timeout = 2 * time.Second
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -221,11 +221,11 @@ func (g *Guard) Reserve(ctx context.Context, key string, ttl time.Duration) (*Re
 		if g.cfg.FailOpen {
 			g.m.failOpen.Inc()
 			g.cfg.Logger.Error("guard: STORE UNAVAILABLE, FAILING OPEN: the effect runs unguarded and may happen twice",
-				zap.String("store", g.cfg.Store.Name()), zap.String("key", key), zap.Error(err))
+				slog.String("store", g.cfg.Store.Name()), slog.String("key", key), slog.Any("error", err))
 			return &Reservation{g: g, key: key, token: token, Unguarded: true}, nil
 		}
 		g.cfg.Logger.Warn("guard: store unavailable, refusing the effect (fail closed)",
-			zap.String("store", g.cfg.Store.Name()), zap.String("key", key), zap.Error(err))
+			slog.String("store", g.cfg.Store.Name()), slog.String("key", key), slog.Any("error", err))
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, g.cfg.Store.Name(), err)
 	}
 	switch st {
@@ -383,7 +383,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	st, err := m.g.cfg.Store.Stats(ctx)
 	if err != nil {
-		m.g.cfg.Logger.Warn("guard: stats", zap.String("store", m.g.cfg.Store.Name()), zap.Error(err))
+		m.g.cfg.Logger.Warn("guard: stats", slog.String("store", m.g.cfg.Store.Name()), slog.Any("error", err))
 		return
 	}
 	if st.ActiveKeys >= 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -14,10 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgrelay/pgrelay/guard"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -225,9 +225,9 @@ func TestRedisDown(t *testing.T) {
 	require.ErrorIs(t, err, guard.ErrUnavailable)
 	t.Logf("fail closed: %v", err)
 
-	core, logs := observer.New(zap.ErrorLevel)
+	core, logs := logtest.Observe(slog.LevelError)
 	reg := prometheus.NewRegistry()
-	open, err := guard.New(guard.Config{Store: store, FailOpen: true, Logger: zap.New(core), Registerer: reg})
+	open, err := guard.New(guard.Config{Store: store, FailOpen: true, Logger: core, Registerer: reg})
 	require.NoError(t, err)
 	r, err := open.Reserve(ctx(t), "webhook:1", time.Minute)
 	require.NoError(t, err)

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -31,7 +32,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
@@ -73,7 +73,7 @@ type Config struct {
 	// Default: one space for every request.
 	Scope func(*http.Request) string
 	// Logger receives failures of the store. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// CleanBatchSize is how many expired keys one statement of Clean
 	// deletes. Default: 1000.
 	CleanBatchSize int
@@ -99,7 +99,7 @@ func (c Config) WithDefaults() Config {
 		c.Scope = func(*http.Request) string { return "" }
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.CleanBatchSize == 0 {
 		c.CleanBatchSize = 1000
@@ -271,12 +271,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			"The request's idempotency scope (for example its client id) is not valid UTF-8 or contains a NUL byte.")
 		return
 	}
-	log := m.cfg.Logger.With(zap.String("idempotency_key", key), zap.String("scope", scope))
+	log := m.cfg.Logger.With(slog.String("idempotency_key", key), slog.String("scope", scope))
 
 	ctx := r.Context()
 	tx, err := m.cfg.Pool.Begin(ctx)
 	if err != nil {
-		log.Error("idempotency: begin", zap.Error(err))
+		log.Error("idempotency: begin", slog.Any("error", err))
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "Retry later with the same key.")
 		return
 	}
@@ -290,7 +290,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	locked, err := m.q.HTTPIdemTryLock(ctx, tx, db.HTTPIdemTryLockParams{Scope: scope, Key: key})
 	if err != nil {
-		log.Error("idempotency: lock key", zap.Error(err))
+		log.Error("idempotency: lock key", slog.Any("error", err))
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "Retry later with the same key.")
 		return
 	}
@@ -312,7 +312,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		replay(w, stored)
 		return
 	case !errors.Is(err, pgx.ErrNoRows):
-		log.Error("idempotency: read key", zap.Error(err))
+		log.Error("idempotency: read key", slog.Any("error", err))
 		problem(w, http.StatusServiceUnavailable, "Idempotency store unavailable", "Retry later with the same key.")
 		return
 	}
@@ -346,7 +346,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
-		log.Error("idempotency: store response and commit", zap.Error(err))
+		log.Error("idempotency: store response and commit", slog.Any("error", err))
 		problem(w, http.StatusInternalServerError, "Internal error", "The request was not committed; retry with the same key.")
 		return
 	}
@@ -354,13 +354,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 }
 
 // run calls the handler, turning a panic into a failed run.
-func (m *Middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, log *zap.Logger) (ok bool) {
+func (m *Middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request, log *slog.Logger) (ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler {
 				panic(p)
 			}
-			log.Error("idempotency: handler panicked; its writes roll back", zap.Any("panic", p))
+			log.Error("idempotency: handler panicked; its writes roll back", slog.Any("panic", p))
 			ok = false
 		}
 	}()

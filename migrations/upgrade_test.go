@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -12,13 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -122,7 +122,7 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 	// and applies it with the inbox's own backlog.
 	natsURL := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, natsURL)
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	log := logtest.NewAt(t, slog.LevelWarn)
 	pub, err := pgnats.NewPublisher(ctx, pgnats.Config{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })

@@ -30,7 +30,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
@@ -203,7 +202,7 @@ func publicError(err error) error {
 // Relay publishes the outbox; create it with New and run it with Run.
 type Relay struct {
 	cfg     Config
-	log     *zap.Logger
+	log     *slog.Logger
 	r       *engine.Relay
 	reg     *prometheus.Registry
 	running atomic.Bool
@@ -212,7 +211,7 @@ type Relay struct {
 }
 
 // engine converts c to the engine's configuration.
-func (c Config) engine(log *zap.Logger, observer engine.Observer) engine.Config {
+func (c Config) engine(log *slog.Logger, observer engine.Observer) engine.Config {
 	return engine.Config{
 		Pool: c.Pool, Publisher: c.Publisher, Logger: log, Observer: observer,
 		NodeID: c.NodeID, BatchSize: c.BatchSize, Lease: c.Lease, HeartbeatInterval: c.HeartbeatInterval,
@@ -277,7 +276,7 @@ func New(cfg Config) (*Relay, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	log := logbridge.Zap(cfg.Logger)
+	log := logbridge.Or(cfg.Logger)
 	reg := metrics.NewRegistry()
 	ecfg := cfg.engine(log, metrics.NewRelayObserver(reg))
 	ecfg.WAL.Observer = metrics.NewWALObserver(reg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -15,8 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
@@ -25,7 +24,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -44,9 +43,9 @@ func TestEndToEndThroughKafka(t *testing.T) {
 	createTopic(t, brokers, ns+".orders", 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	log := logtest.NewAt(t, slog.LevelWarn)
 	cfg := kafka.Config{Brokers: brokers, TopicPrefix: ns, Group: ns, SessionTimeout: 6 * time.Second,
-		CommitInterval: 50 * time.Millisecond, MetadataMaxAge: time.Second, Logger: logbridge.Slog(log)}
+		CommitInterval: 50 * time.Millisecond, MetadataMaxAge: time.Second, Logger: log}
 
 	pub, err := kafka.NewPublisher(ctx, cfg)
 	require.NoError(t, err)

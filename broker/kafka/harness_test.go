@@ -14,11 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // The tests run against kfake, franz-go's in-process Kafka speaking the real
@@ -114,7 +113,7 @@ func (c *cluster) config(t *testing.T, ns string) Config {
 		CommitInterval:  50 * time.Millisecond,
 		MetadataMaxAge:  time.Second,
 		DeliveryTimeout: 10 * time.Second,
-		Logger:          logbridge.Slog(zaptest.NewLogger(t)),
+		Logger:          logtest.New(t),
 		WireFormat:      c.wire,
 	}
 }

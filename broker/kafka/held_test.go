@@ -3,15 +3,13 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // TestHeldPartitionIsLogged: a record left unacknowledged while the records
@@ -25,8 +23,8 @@ func TestHeldPartitionIsLogged(t *testing.T) {
 	ns := brokertest.Namespace("held")
 	c.createTopic(t, ns+".orders", 1)
 	cfg := withGroup(c.config(t, ns), ns)
-	core, logs := observer.New(zap.WarnLevel)
-	cfg.Logger = logbridge.Slog(zap.New(core))
+	core, logs := logtest.Observe(slog.LevelWarn)
+	cfg.Logger = core
 	p := c.publisher(t, cfg)
 	msgs := events(ns, []string{"k"}, 5)
 	publishAll(t, p, msgs)
@@ -47,7 +45,7 @@ func TestHeldPartitionIsLogged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	held := func() []observer.LoggedEntry {
+	held := func() []logtest.Entry {
 		return logs.FilterMessageSnippet("holds its partition's committed offset").All()
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
@@ -29,7 +29,7 @@ import (
 type Publisher struct {
 	cfg Config
 	cl  *kgo.Client
-	log *zap.Logger
+	log *slog.Logger
 	// slots bounds the keys in flight (one record each) to MaxInFlight.
 	slots chan struct{}
 }
@@ -43,7 +43,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := logbridge.Zap(cfg.Logger).Named("kafka")
+	log := logbridge.Or(cfg.Logger).With(slog.String("logger", "kafka"))
 	opts := append(commonOpts(cfg, log),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotence needs it, and a record acknowledged by one replica only can be lost
 		kgo.MaxBufferedRecords(cfg.MaxInFlight),
@@ -80,7 +80,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 }
 
 // commonOpts are the client options the publisher and subscriber share.
-func commonOpts(cfg Config, log *zap.Logger) []kgo.Opt {
+func commonOpts(cfg Config, log *slog.Logger) []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -243,15 +243,15 @@ func (p *Publisher) Close() error {
 }
 
 // zapLogger passes franz-go's warnings and errors to zap.
-type zapLogger struct{ l *zap.Logger }
+type zapLogger struct{ l *slog.Logger }
 
 func (z zapLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
 func (z zapLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	fields := make([]zap.Field, 0, len(keyvals)/2)
+	fields := make([]any, 0, len(keyvals)/2)
 	for i := 0; i+1 < len(keyvals); i += 2 {
 		k, _ := keyvals[i].(string)
-		fields = append(fields, zap.Any(k, keyvals[i+1]))
+		fields = append(fields, slog.Any(k, keyvals[i+1]))
 	}
 	switch level {
 	case kgo.LogLevelError:

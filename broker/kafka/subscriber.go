@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"sync"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
@@ -39,7 +39,7 @@ import (
 type Subscriber struct {
 	cfg Config
 	cl  *kgo.Client
-	log *zap.Logger
+	log *slog.Logger
 	// heldAfter is how long a partition's first unacknowledged record may
 	// hold acknowledged records behind it before it is logged.
 	heldAfter time.Duration
@@ -91,7 +91,7 @@ func NewSubscriber(ctx context.Context, cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, log: logbridge.Zap(cfg.Logger).Named("kafka"), heldAfter: heldAfter, parts: map[topicPartition]*partition{},
+	s := &Subscriber{cfg: cfg, log: logbridge.Or(cfg.Logger).With(slog.String("logger", "kafka")), heldAfter: heldAfter, parts: map[topicPartition]*partition{},
 		stop: make(chan struct{})}
 	opts := append(commonOpts(cfg, s.log),
 		kgo.ConsumerGroup(cfg.Group),
@@ -171,7 +171,7 @@ func (s *Subscriber) Fetch(ctx context.Context, n int, maxWait time.Duration) ([
 		return nil, nil
 	}
 	for _, err := range errs {
-		s.log.Warn("fetch error next to records", zap.Error(err))
+		s.log.Warn("fetch error next to records", slog.Any("error", err))
 	}
 
 	out := make([]broker.Delivery, len(recs))
@@ -231,7 +231,7 @@ func (s *Subscriber) commitLoop() {
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := s.commit(ctx, nil); err != nil {
-				s.log.Warn("commit failed; retried at the next interval", zap.Error(err))
+				s.log.Warn("commit failed; retried at the next interval", slog.Any("error", err))
 			}
 			cancel()
 			s.reportHeld(time.Now())
@@ -279,9 +279,9 @@ func (s *Subscriber) reportHeld(now time.Time) {
 	for _, h := range held {
 		s.log.Warn("a record left unacknowledged holds its partition's committed offset: the records acknowledged after it are not committed, "+
 			"and a rebalance or restart delivers it and all of them again (the inbox absorbs those already stored)",
-			zap.String("topic", h.tp.topic), zap.Int32("partition", h.tp.partition), zap.Int64("offset", h.offset),
-			zap.Duration("unacknowledged_for", now.Sub(h.since).Round(time.Millisecond)),
-			zap.Int("acknowledged_after_it", h.ackedBehind), zap.Int64("committed_offset", h.committedNext))
+			slog.String("topic", h.tp.topic), slog.Any("partition", h.tp.partition), slog.Int64("offset", h.offset),
+			slog.Duration("unacknowledged_for", now.Sub(h.since).Round(time.Millisecond)),
+			slog.Int("acknowledged_after_it", h.ackedBehind), slog.Int64("committed_offset", h.committedNext))
 	}
 }
 
@@ -336,7 +336,7 @@ func (s *Subscriber) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := s.commit(cctx, set); err != nil {
-		s.log.Warn("commit on revocation failed; the next owner receives those records again", zap.Error(err))
+		s.log.Warn("commit on revocation failed; the next owner receives those records again", slog.Any("error", err))
 	}
 	s.drop(set)
 }

@@ -109,7 +109,7 @@ type Config struct {
 func (c Config) publisher() pubConfig {
 	return pubConfig{URL: c.URL, SubjectPrefix: c.SubjectPrefix, Stream: c.Stream, CreateStream: c.CreateStream,
 		DuplicateWindow: c.DuplicateWindow, StreamMaxAge: c.StreamMaxAge, StreamReplicas: c.StreamReplicas, AckTimeout: c.AckTimeout,
-		ReconnectWait: c.ReconnectWait, Logger: logbridge.Zap(c.Logger),
+		ReconnectWait: c.ReconnectWait, Logger: logbridge.Or(c.Logger),
 		WireFormat: c.WireFormat, CloudEventsSource: c.CloudEventsSource}
 }
 
@@ -118,7 +118,7 @@ func (c Config) subscriber() subConfig {
 		Durable: c.Durable, FilterSubject: c.FilterSubject, DedupWindow: c.DedupWindow,
 		AllowReplayBeyondDedupWindow: c.AllowReplayBeyondDedupWindow, AckWait: c.AckWait,
 		MaxAckPending: c.MaxAckPending, MaxPayloadBytes: c.MaxPayloadBytes, ReconnectWait: c.ReconnectWait,
-		Logger: logbridge.Zap(c.Logger)}
+		Logger: logbridge.Or(c.Logger)}
 }
 
 // ValidatePublisher checks the publisher's settings without connecting,

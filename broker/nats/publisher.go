@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -48,7 +48,7 @@ type pubConfig struct {
 	// reconnects forever. Default: 500ms.
 	ReconnectWait time.Duration
 	// Logger receives connection events. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// WireFormat and CloudEventsSource: see Config.
 	WireFormat        broker.WireFormat
 	CloudEventsSource string
@@ -72,7 +72,7 @@ func (c pubConfig) WithDefaults() pubConfig {
 		c.ReconnectWait = 500 * time.Millisecond
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -116,7 +116,7 @@ type Publisher struct {
 	cfg pubConfig
 	nc  *nats.Conn
 	js  jetstream.JetStream
-	log *zap.Logger
+	log *slog.Logger
 }
 
 // newPublisher connects to NATS and, when cfg.CreateStream is set, creates the
@@ -127,7 +127,7 @@ func newPublisher(ctx context.Context, cfg pubConfig) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger.Named("nats")
+	log := cfg.Logger.With(slog.String("logger", "nats"))
 	nc, err := nats.Connect(cfg.URL,
 		nats.Name("pgrelay-relay"),
 		nats.MaxReconnects(-1),
@@ -139,10 +139,10 @@ func newPublisher(ctx context.Context, cfg pubConfig) (*Publisher, error) {
 		// message of the same key sent from the buffer, breaking per-key order.
 		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("disconnected from NATS", zap.Error(err))
+			log.Warn("disconnected from NATS", slog.Any("error", err))
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info("reconnected to NATS", zap.String("url", c.ConnectedUrlRedacted()))
+			log.Info("reconnected to NATS", slog.String("url", c.ConnectedUrlRedacted()))
 		}),
 	)
 	if err != nil {

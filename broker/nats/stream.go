@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
@@ -93,12 +92,12 @@ func (s StreamSpec) Config() jetstream.StreamConfig {
 // each field with both values goes to log. It returns the stream's current
 // information (configuration, creation time).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, log *slog.Logger) (*jetstream.StreamInfo, error) {
-	return ensureStream(ctx, js, spec, logbridge.Zap(log))
+	return ensureStream(ctx, js, spec, logbridge.Or(log))
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, log *zap.Logger) (*jetstream.StreamInfo, error) {
+func ensureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, log *slog.Logger) (*jetstream.StreamInfo, error) {
 	if log == nil {
-		log = zap.NewNop()
+		log = slog.New(slog.DiscardHandler)
 	}
 	want := spec.Config()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -107,8 +106,8 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, 
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		s, err = js.CreateStream(ctx, want)
 		if err == nil {
-			log.Info("stream created", zap.String("stream", want.Name), zap.Strings("subjects", want.Subjects),
-				zap.Duration("max_age", want.MaxAge), zap.Duration("duplicate_window", want.Duplicates))
+			log.Info("stream created", slog.String("stream", want.Name), slog.Any("subjects", want.Subjects),
+				slog.Duration("max_age", want.MaxAge), slog.Duration("duplicate_window", want.Duplicates))
 			return s.CachedInfo(), nil
 		}
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
@@ -121,7 +120,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, spec StreamSpec, 
 	info := s.CachedInfo()
 	if diffs := StreamMismatches(want, info.Config); len(diffs) > 0 {
 		log.Warn("the existing stream differs from pgrelay's settings; it is left as it is",
-			zap.String("stream", want.Name), zap.Strings("fields", diffs))
+			slog.String("stream", want.Name), slog.Any("fields", diffs))
 	}
 	return info, nil
 }

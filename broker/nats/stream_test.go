@@ -5,17 +5,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
@@ -44,9 +43,9 @@ func TestCreateStreamLeavesAnExistingStreamAlone(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 
-	core, logs := observer.New(zap.WarnLevel)
+	core, logs := logtest.Observe(slog.LevelWarn)
 	p, err := nats.NewPublisher(ctx, nats.Config{URL: url, Stream: name, SubjectPrefix: prefix, CreateStream: true,
-		StreamMaxAge: 24 * time.Hour, Logger: logbridge.Slog(zap.New(core))})
+		StreamMaxAge: 24 * time.Hour, Logger: core})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 
@@ -74,14 +73,14 @@ func TestCreateStreamWhenMissing(t *testing.T) {
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	core, logs := observer.New(zap.WarnLevel)
+	core, logs := logtest.Observe(slog.LevelWarn)
 	spec := nats.StreamSpec{Name: name, SubjectPrefix: prefix}
-	info, err := nats.EnsureStream(ctx, js, spec, logbridge.Slog(zap.New(core)))
+	info, err := nats.EnsureStream(ctx, js, spec, core)
 	require.NoError(t, err)
 	require.Equal(t, nats.DefaultStreamMaxAge, info.Config.MaxAge)
 	require.Equal(t, nats.DefaultDuplicateWindow, info.Config.Duplicates)
 	require.Equal(t, []string{prefix + ".>"}, info.Config.Subjects)
-	again, err := nats.EnsureStream(ctx, js, spec, logbridge.Slog(zap.New(core)))
+	again, err := nats.EnsureStream(ctx, js, spec, core)
 	require.NoError(t, err)
 	require.Equal(t, info.Created, again.Created, "the same stream")
 	require.Zero(t, logs.Len(), "no mismatch to report")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strconv"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -69,7 +69,7 @@ type subConfig struct {
 	// reconnects forever once connected. Default 1s.
 	ReconnectWait time.Duration
 	// Logger receives connection and attach events. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // Defaults for subConfig.
@@ -108,7 +108,7 @@ func (c subConfig) WithDefaults() subConfig {
 		c.ReconnectWait = time.Second
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -152,7 +152,7 @@ func (c subConfig) Validate() error {
 // durable or its stream disappears.
 type Subscriber struct {
 	cfg subConfig
-	log *zap.Logger
+	log *slog.Logger
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
@@ -181,7 +181,7 @@ func newSubscriber(ctx context.Context, cfg subConfig) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	s := &Subscriber{cfg: cfg, log: cfg.Logger.Named("nats")}
+	s := &Subscriber{cfg: cfg, log: cfg.Logger.With(slog.String("logger", "nats"))}
 	timeout := nats.DefaultTimeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl), time.Millisecond)
@@ -194,10 +194,10 @@ func newSubscriber(ctx context.Context, cfg subConfig) (*Subscriber, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(cfg.ReconnectWait),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			s.log.Warn("disconnected from NATS", zap.Error(err))
+			s.log.Warn("disconnected from NATS", slog.Any("error", err))
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			s.log.Info("reconnected to NATS", zap.String("url", nc.ConnectedUrlRedacted()))
+			s.log.Info("reconnected to NATS", slog.String("url", nc.ConnectedUrlRedacted()))
 		}),
 	)
 	if err != nil {
@@ -361,7 +361,7 @@ func (s *Subscriber) deliveries(msgs []jetstream.Msg) []broker.Delivery {
 		d, err := decodeNATS(nm, s.cfg.SubjectPrefix, s.cfg.MaxPayloadBytes)
 		if err != nil {
 			s.log.Error("message without JetStream metadata left unacknowledged",
-				zap.String("subject", nm.Subject), zap.Error(err))
+				slog.String("subject", nm.Subject), slog.Any("error", err))
 			continue
 		}
 		d.Ack = func(context.Context) error { return m.Ack() }
@@ -444,8 +444,8 @@ func (s *Subscriber) attach(ctx context.Context) error {
 	cons, err := s.attachOnce(ctx)
 	if err == nil {
 		s.cons, s.checked = cons, time.Now()
-		s.log.Info("consuming", zap.String("stream", s.cfg.Stream), zap.String("durable", s.cfg.Durable),
-			zap.String("filter", s.cfg.FilterSubject))
+		s.log.Info("consuming", slog.String("stream", s.cfg.Stream), slog.String("durable", s.cfg.Durable),
+			slog.String("filter", s.cfg.FilterSubject))
 		return nil
 	}
 	var rw *ReplayWindowError
@@ -504,7 +504,7 @@ func (s *Subscriber) attachOnce(ctx context.Context) (jetstream.Consumer, error)
 		from := time.Now().Add(-s.cfg.DedupWindow)
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &from
 		s.log.Info("creating the durable consumer, delivering messages stored since now minus the dedup window",
-			zap.String("durable", s.cfg.Durable), zap.Time("from", from), zap.Duration("dedup_window", s.cfg.DedupWindow))
+			slog.String("durable", s.cfg.Durable), slog.Time("from", from), slog.Duration("dedup_window", s.cfg.DedupWindow))
 	default:
 		return nil, fmt.Errorf("durable consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
 	}
@@ -554,7 +554,7 @@ func (s *Subscriber) checkReplayWindow(sc jetstream.StreamConfig) error {
 	if !s.cfg.AllowReplayBeyondDedupWindow {
 		return err.fieldError()
 	}
-	s.log.Warn("replays beyond the dedup window allowed", zap.String("risk", err.Error()))
+	s.log.Warn("replays beyond the dedup window allowed", slog.String("risk", err.Error()))
 	return nil
 }
 

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -29,7 +29,7 @@ type Publisher struct {
 	cfg  Config
 	pool *pgxpool.Pool
 	own  bool
-	log  *zap.Logger
+	log  *slog.Logger
 }
 
 var _ broker.Publisher = (*Publisher)(nil)
@@ -42,7 +42,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, pool: cfg.Pool, log: logbridge.Zap(cfg.Logger).Named("postgres")}
+	p := &Publisher{cfg: cfg, pool: cfg.Pool, log: logbridge.Or(cfg.Logger).With(slog.String("logger", "postgres"))}
 	if p.pool == nil {
 		pc, err := pgxpool.ParseConfig(cfg.URL)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strconv"
 	"sync"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
@@ -30,7 +30,7 @@ import (
 // Duplicate is therefore never set.
 type Publisher struct {
 	cfg    Config
-	log    *zap.Logger
+	log    *slog.Logger
 	window chan struct{} // one token per message awaiting a confirm
 	// maxBytes is the body limit in force: Config.MaxMessageBytes, lowered
 	// to the server's max_message_size once a refusal names it.
@@ -59,7 +59,7 @@ func NewPublisher(ctx context.Context, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, log: logbridge.Zap(cfg.Logger).Named("rabbitmq"), window: make(chan struct{}, cfg.MaxInFlight), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait})}
+	p := &Publisher{cfg: cfg, log: logbridge.Or(cfg.Logger).With(slog.String("logger", "rabbitmq")), window: make(chan struct{}, cfg.MaxInFlight), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait})}
 	p.maxBytes.Store(int64(cfg.MaxMessageBytes))
 	s, err := p.connect(ctx)
 	if err != nil {
@@ -111,7 +111,7 @@ func (p *Publisher) connect(ctx context.Context) (*pubSession, error) {
 	go func() {
 		if e, ok := <-closes; ok && e != nil {
 			s.err.Store(e)
-			p.log.Warn("RabbitMQ channel closed", zap.Error(e))
+			p.log.Warn("RabbitMQ channel closed", slog.Any("error", e))
 		}
 		close(s.done)
 	}()
@@ -209,7 +209,7 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 		return nil, fmt.Errorf("rabbitmq: reconnect: %w", err)
 	}
 	p.reconnect.Reset()
-	p.log.Info("connected to RabbitMQ", zap.String("url", RedactURL(p.cfg.URL)))
+	p.log.Info("connected to RabbitMQ", slog.String("url", RedactURL(p.cfg.URL)))
 	p.sess = s
 	p.current.Store(s)
 	return s, nil
@@ -342,7 +342,7 @@ func (p *Publisher) nacked(s *pubSession, size int) error {
 		limit, _ := strconv.Atoi(sm[2])
 		if limit > 0 && int64(limit) < p.maxBytes.Load() {
 			p.maxBytes.Store(int64(limit))
-			p.log.Warn("the server's max_message_size is below Config.MaxMessageBytes: using the server's", zap.Int("max_message_size", limit))
+			p.log.Warn("the server's max_message_size is below Config.MaxMessageBytes: using the server's", slog.Int("max_message_size", limit))
 		}
 		if size > limit {
 			return broker.Terminalf("message too large for RabbitMQ: %s", e.Reason)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -31,7 +31,7 @@ import (
 // Fetch.
 type Subscriber struct {
 	cfg  Config
-	log  *zap.Logger
+	log  *slog.Logger
 	opts broker.DecodeOptions
 
 	mu        sync.Mutex // guards the fields below
@@ -60,7 +60,7 @@ func NewSubscriber(ctx context.Context, cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, log: logbridge.Zap(cfg.Logger).Named("rabbitmq"), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait}),
+	s := &Subscriber{cfg: cfg, log: logbridge.Or(cfg.Logger).With(slog.String("logger", "rabbitmq")), reconnect: wait.New(wait.Policy{Min: cfg.ReconnectWait, Max: cfg.ReconnectMaxWait}),
 		opts: broker.DecodeOptions{MaxPayloadBytes: cfg.MaxPayloadBytes}}
 	sess, err := s.connect(ctx)
 	if err != nil {
@@ -119,7 +119,7 @@ func (s *Subscriber) session(ctx context.Context, maxWait time.Duration) (*subSe
 		return nil, fmt.Errorf("rabbitmq: reconnect: %w", err)
 	}
 	s.reconnect.Reset()
-	s.log.Info("consuming from RabbitMQ again", zap.String("queue", s.cfg.Queue))
+	s.log.Info("consuming from RabbitMQ again", slog.String("queue", s.cfg.Queue))
 	s.sess = sess
 	return sess, nil
 }
@@ -138,7 +138,7 @@ func (s *Subscriber) lost(sess *subSession) error {
 		// a restarted server that is back already.
 		s.retryAt = time.Time{}
 	}
-	s.log.Warn("RabbitMQ channel closed; unacknowledged deliveries will come again", zap.String("queue", s.cfg.Queue))
+	s.log.Warn("RabbitMQ channel closed; unacknowledged deliveries will come again", slog.String("queue", s.cfg.Queue))
 	return errors.New("rabbitmq: channel closed; reconnecting (unacknowledged deliveries come again)")
 }
 
@@ -191,7 +191,7 @@ func (s *Subscriber) appendDelivery(out []broker.Delivery, sess *subSession, d a
 	if err != nil {
 		// Received always gives a stand-in id, so this does not happen;
 		// the delivery stays unacknowledged until the channel closes.
-		s.log.Error("delivery left unacknowledged", zap.String("ref", ref), zap.Error(err))
+		s.log.Error("delivery left unacknowledged", slog.String("ref", ref), slog.Any("error", err))
 		return out
 	}
 	dv.Ref = ref

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -33,7 +33,7 @@ func dial(cfg Config, name string) (*amqp.Connection, error) {
 // subscriber's queue too when subscriber is set) and opens a channel, for a
 // publisher's or a subscriber's (re)connection. On an error nothing stays
 // open.
-func openChannel(ctx context.Context, cfg Config, name string, subscriber bool, log *zap.Logger) (*amqp.Connection, *amqp.Channel, error) {
+func openChannel(ctx context.Context, cfg Config, name string, subscriber bool, log *slog.Logger) (*amqp.Connection, *amqp.Channel, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -100,7 +100,7 @@ func declareExchange(ch *amqp.Channel, cfg Config) error {
 // configured type. With SkipDeclare it only checks that the queue exists. It
 // returns the type it declared, or "existing". It opens its own channels (a
 // failed passive declaration closes the channel it ran on).
-func declareQueue(conn *amqp.Connection, cfg Config, log *zap.Logger) (string, error) {
+func declareQueue(conn *amqp.Connection, cfg Config, log *slog.Logger) (string, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return "", fmt.Errorf("open channel: %w", err)
@@ -134,7 +134,7 @@ func declareQueue(conn *amqp.Connection, cfg Config, log *zap.Logger) (string, e
 			}
 			return "", fmt.Errorf("declare %s queue %q: %w", declared, cfg.Queue, err)
 		}
-		log.Info("declared queue", zap.String("queue", cfg.Queue), zap.String("type", declared))
+		log.Info("declared queue", slog.String("queue", cfg.Queue), slog.String("type", declared))
 	default:
 		return "", fmt.Errorf("inspect queue %q: %w", cfg.Queue, err)
 	}
@@ -150,7 +150,7 @@ func declareQueue(conn *amqp.Connection, cfg Config, log *zap.Logger) (string, e
 // declareTopology declares the exchange, the queue and the binding on conn.
 // With SkipDeclare it only checks what the side needs: the publisher
 // (subscriber false) the exchange, the subscriber the queue.
-func declareTopology(conn *amqp.Connection, cfg Config, subscriber bool, log *zap.Logger) error {
+func declareTopology(conn *amqp.Connection, cfg Config, subscriber bool, log *slog.Logger) error {
 	if !cfg.SkipDeclare || !subscriber {
 		ch, err := conn.Channel()
 		if err != nil {

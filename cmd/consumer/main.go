@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -24,7 +25,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/consumer"
@@ -34,7 +34,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
 	"github.com/pgrelay/pgrelay/internal/pooler"
@@ -244,7 +243,6 @@ func runConsumer(parent context.Context, s settings) error {
 	if err != nil {
 		return err
 	}
-	defer log.Sync() //nolint:errcheck
 	// OTEL_* environment variables; none set: no tracing (docs/tracing.md).
 	tp, err := otelenv.New(parent, "pgrelay-consumer")
 	if err != nil {
@@ -339,7 +337,7 @@ func runConsumer(parent context.Context, s settings) error {
 		MetricsAddr:      s.ops.MetricsAddr,
 		AdminAddr:        s.ops.AdminAddr,
 		AdminToken:       s.ops.AdminToken,
-		Logger:           logbridge.Slog(log),
+		Logger:           log,
 	}
 	if d, ok := side.(cli.DirectSide); ok {
 		// The relay stores into this database's inbox: no subscriber.
@@ -456,7 +454,7 @@ func checkHandlerSettings(s settings) error {
 
 // newHandler builds the handler --handler selects; the sql handler's function
 // must exist in the database.
-func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *zap.Logger) (pgrelay.InboxHandler, error) {
+func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *slog.Logger) (pgrelay.InboxHandler, error) {
 	switch s.handler {
 	case "sql":
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -498,10 +496,10 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, dbs cli.DBSettings, 
 }
 
 // shutdownTracing flushes the spans still buffered, waiting 5s at most.
-func shutdownTracing(tp *otelenv.Provider, log *zap.Logger) {
+func shutdownTracing(tp *otelenv.Provider, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := tp.Shutdown(ctx); err != nil {
-		log.Warn("flush traces", zap.Error(err))
+		log.Warn("flush traces", slog.Any("error", err))
 	}
 }

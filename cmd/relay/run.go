@@ -3,18 +3,17 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
@@ -224,7 +223,7 @@ func runRelay(parent context.Context, s settings) error {
 		defer shutdownTracing(tp, log)
 	}
 	rcfg := relay.Config{
-		Logger: logbridge.Slog(log), NodeID: s.nodeID,
+		Logger: log, NodeID: s.nodeID,
 		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
 		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
 		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
@@ -250,7 +249,6 @@ func runRelay(parent context.Context, s settings) error {
 	if rcfg.NoListen && !s.pollIntervalSet {
 		rcfg.PollInterval = cli.PoolerPollInterval
 	}
-	defer log.Sync() //nolint:errcheck
 
 	ctx, stop := cli.SignalContext(parent)
 	defer stop()
@@ -314,10 +312,10 @@ func splitNames(list string) []string {
 }
 
 // shutdownTracing flushes the spans still buffered, waiting 5s at most.
-func shutdownTracing(tp *otelenv.Provider, log *zap.Logger) {
+func shutdownTracing(tp *otelenv.Provider, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := tp.Shutdown(ctx); err != nil {
-		log.Warn("flush traces", zap.Error(err))
+		log.Warn("flush traces", slog.Any("error", err))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -19,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/outbox"
@@ -50,7 +50,7 @@ type Config struct {
 	// Pool is the database the operations run against. Required.
 	Pool *pgxpool.Pool
 	// Logger receives one line per changing operation. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// QueryTimeout bounds each operation's database work. Default: 30s.
 	QueryTimeout time.Duration
 	// MaxRows caps how many events one list, requeue or purge touches; a
@@ -74,7 +74,7 @@ type Config struct {
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = 30 * time.Second
@@ -616,8 +616,8 @@ func (s *Service) finish(res *Result, actor, reason string) {
 		return
 	}
 	s.cfg.Logger.Info("dead letters "+res.Action+"d",
-		zap.String("source", string(res.Source)), zap.Int("count", res.Count),
-		zap.String("actor", actor), zap.String("reason", reason))
+		slog.String("source", string(res.Source)), slog.Int("count", res.Count),
+		slog.String("actor", actor), slog.String("reason", reason))
 }
 
 // inTx runs f in a transaction that commits, or rolls back when dryRun is set.

@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"go.uber.org/zap"
+	"log/slog"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -105,8 +104,8 @@ func (s *Service) SkipGap(ctx context.Context, r SkipRequest) (inbox.SkipResult,
 		return inbox.SkipGap(ctx, s.cfg.Pool, sk, r.Key)
 	})
 	if err == nil {
-		s.cfg.Logger.Info("ordered gap skipped", zap.String("handler", r.Handler), zap.String("key", r.Key),
-			zap.Int64("from_seq", res.From), zap.Int64("to_seq", res.To), zap.String("actor", r.Actor))
+		s.cfg.Logger.Info("ordered gap skipped", slog.String("handler", r.Handler), slog.String("key", r.Key),
+			slog.Int64("from_seq", res.From), slog.Int64("to_seq", res.To), slog.String("actor", r.Actor))
 	}
 	return res, err
 }
@@ -119,8 +118,8 @@ func (s *Service) SkipDead(ctx context.Context, r SkipRequest) (inbox.SkipResult
 		return inbox.SkipDead(ctx, s.cfg.Pool, sk, r.EventID)
 	})
 	if err == nil {
-		s.cfg.Logger.Info("ordered dead event skipped", zap.String("handler", r.Handler), zap.String("event_id", r.EventID),
-			zap.String("key", res.Key), zap.Int64("seq", res.From), zap.String("actor", r.Actor))
+		s.cfg.Logger.Info("ordered dead event skipped", slog.String("handler", r.Handler), slog.String("event_id", r.EventID),
+			slog.String("key", res.Key), slog.Int64("seq", res.From), slog.String("actor", r.Actor))
 	}
 	return res, err
 }

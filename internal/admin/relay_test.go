@@ -2,16 +2,16 @@ package admin_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -35,7 +35,7 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := relay.New(relay.Config{Pool: b.Pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), Lease: 3 * time.Second})
+		Logger: logtest.NewAt(t, slog.LevelWarn), Lease: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)

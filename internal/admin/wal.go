@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
@@ -92,7 +92,7 @@ func (s *Service) AcceptWALGap(ctx context.Context, r WALGapRequest) (WALGap, er
 	if err != nil {
 		return WALGap{}, fmt.Errorf("admin: accept the WAL gap: %w", err)
 	}
-	s.cfg.Logger.Info("WAL capture gap accepted", zap.String("slot", r.Slot), zap.String("from_lsn", row.FromLsn),
-		zap.String("to_lsn", row.ToLsn), zap.String("actor", r.Actor), zap.String("reason", r.Reason))
+	s.cfg.Logger.Info("WAL capture gap accepted", slog.String("slot", r.Slot), slog.String("from_lsn", row.FromLsn),
+		slog.String("to_lsn", row.ToLsn), slog.String("actor", r.Actor), slog.String("reason", r.Reason))
 	return WALGap{ID: row.ID, Slot: r.Slot, FromLSN: row.FromLsn, ToLSN: row.ToLsn, ConfirmedAt: row.ConfirmedAt, Cause: row.Cause}, nil
 }

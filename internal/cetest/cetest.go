@@ -7,18 +7,18 @@ package cetest
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // Row is one inbox row, as the tests check it.
@@ -47,7 +47,7 @@ func Consume(t *testing.T, pool *pgxpool.Pool, subscribe func(context.Context) (
 		_, err := tx.Exec(ctx, `INSERT INTO ce_applied (event_id, event_type, key, key_seq, payload) VALUES ($1, $2, $3, $4, $5)`, ev.EventID, ev.EventType, ev.Key, ev.KeySeq, ev.Payload)
 		return err
 	})
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	log := logtest.NewAt(t, slog.LevelWarn)
 	cfg := consumer.Config{
 		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,

@@ -3,12 +3,12 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 )
@@ -47,7 +47,7 @@ type RelaySide interface {
 	Check() error
 	// Open connects (starting whatever the broker runs in process) and
 	// returns the publisher; errors name the settings to fix.
-	Open(ctx context.Context, log *zap.Logger) (*RelayBroker, error)
+	Open(ctx context.Context, log *slog.Logger) (*RelayBroker, error)
 }
 
 // RelayBroker is an open relay side.
@@ -76,7 +76,7 @@ type SubscriberOptions struct {
 	// durable not set explicitly is named after it.
 	HandlerName string
 	// Logger receives the subscriber's logs.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // ConsumerSide builds the consumer's subscriber from a broker's settings.

@@ -2,15 +2,14 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/kafka"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -85,11 +84,11 @@ func bindKafkaConsumer(f *pflag.FlagSet) ConsumerSide {
 	return s
 }
 
-func (s *kafkaSettings) config(log *zap.Logger) kafka.Config {
+func (s *kafkaSettings) config(log *slog.Logger) kafka.Config {
 	return kafka.Config{
 		Brokers: splitList(s.brokers), TopicPrefix: s.topicPrefix, Group: s.group, Topics: splitList(s.topics),
 		MaxInFlight: s.maxInFlight, MaxMessageBytes: s.maxMessageBytes, DeliveryTimeout: s.deliveryTimeout,
-		SessionTimeout: s.sessionTimeout, AllowReplayBeyondDedupWindow: s.allowReplay, Logger: logbridge.Slog(log),
+		SessionTimeout: s.sessionTimeout, AllowReplayBeyondDedupWindow: s.allowReplay, Logger: log,
 		WireFormat: s.wireFormat, CloudEventsSource: s.ceSource,
 	}
 }
@@ -127,7 +126,7 @@ func unprefixed(err error) error {
 }
 
 // Open implements RelaySide.
-func (s *kafkaSettings) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, error) {
+func (s *kafkaSettings) Open(ctx context.Context, log *slog.Logger) (*RelayBroker, error) {
 	pub, err := kafka.NewPublisher(ctx, s.config(log))
 	if err != nil {
 		return nil, unprefixed(err)

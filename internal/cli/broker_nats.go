@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/natsserver"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -78,9 +77,9 @@ func bindNATSRelay(f *pflag.FlagSet) RelaySide {
 	return s
 }
 
-func (s *natsRelay) config(url string, createStream bool, log *zap.Logger) nats.Config {
+func (s *natsRelay) config(url string, createStream bool, log *slog.Logger) nats.Config {
 	return nats.Config{URL: url, SubjectPrefix: s.subjectPrefix, Stream: s.stream, CreateStream: createStream,
-		StreamMaxAge: s.streamMaxAge, StreamReplicas: s.streamReplicas, AckTimeout: s.ackTimeout, Logger: logbridge.Slog(log),
+		StreamMaxAge: s.streamMaxAge, StreamReplicas: s.streamReplicas, AckTimeout: s.ackTimeout, Logger: log,
 		WireFormat: s.wireFormat, CloudEventsSource: s.ceSource}
 }
 
@@ -98,7 +97,7 @@ func (s *natsRelay) Check() error {
 	return nil
 }
 
-func (s *natsRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, error) {
+func (s *natsRelay) Open(ctx context.Context, log *slog.Logger) (*RelayBroker, error) {
 	url, createStream := s.url, s.createStream
 	var stop func()
 	if url == "" {
@@ -110,7 +109,7 @@ func (s *natsRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, er
 			srv.Shutdown()
 			srv.WaitForShutdown()
 		}
-		log.Info("embedded NATS JetStream server started", zap.String("url", u), zap.String("store_dir", s.embeddedDir))
+		log.Info("embedded NATS JetStream server started", slog.String("url", u), slog.String("store_dir", s.embeddedDir))
 		url, createStream = u, true
 	}
 	pub, err := nats.NewPublisher(ctx, s.config(url, createStream, log))
@@ -202,7 +201,7 @@ func (s *natsConsumer) config(opts SubscriberOptions) nats.Config {
 	c := nats.Config{URL: s.url, Stream: s.stream, SubjectPrefix: s.subjectPrefix, CreateStream: s.createStream,
 		Durable: durable, FilterSubject: s.filterSubject, DedupWindow: opts.DedupWindow,
 		AllowReplayBeyondDedupWindow: s.allowReplay, AckWait: s.ackWait, MaxPayloadBytes: opts.MaxPayloadBytes,
-		Logger: logbridge.Slog(opts.Logger)}
+		Logger: opts.Logger}
 	if opts.BatchSize >= 1 { // derived from it: only once that is valid
 		c.MaxAckPending = 10 * opts.BatchSize
 	}

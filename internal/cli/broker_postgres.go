@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -72,10 +71,10 @@ func (s *postgresRelay) DefaultDatabase(url string) {
 	}
 }
 
-func (s *postgresRelay) config(log *zap.Logger) postgres.Config {
+func (s *postgresRelay) config(log *slog.Logger) postgres.Config {
 	c := s.cfg
 	c.MaxConns = int32(min(max(s.maxConns, 0), 10000))
-	c.Logger = logbridge.Slog(log)
+	c.Logger = log
 	return c.WithDefaults()
 }
 
@@ -92,7 +91,7 @@ func (s *postgresRelay) Check() error {
 	return nil
 }
 
-func (s *postgresRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, error) {
+func (s *postgresRelay) Open(ctx context.Context, log *slog.Logger) (*RelayBroker, error) {
 	pub, err := postgres.NewPublisher(ctx, s.config(log))
 	if err != nil {
 		if fe := (*setting.FieldError)(nil); errors.As(err, &fe) {

@@ -2,11 +2,11 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 )
 
 // TestPostgresFlagsNameTheSetting: --broker postgres defaults its target to
@@ -26,7 +26,7 @@ func TestPostgresFlagsNameTheSetting(t *testing.T) {
 	require.NoError(t, r.Check())
 	require.ErrorContains(t, relay("--pg-target-url", "postgres://h/db", "--pg-max-conns", "0").Check(), "--pg-max-conns (PG_MAX_CONNS)")
 	require.ErrorContains(t, relay("--pg-target-url", "postgres://h/db", "--pg-max-message-bytes", "-1").Check(), "--pg-max-message-bytes (PG_MAX_MESSAGE_BYTES)")
-	_, err := r.Open(context.Background(), zap.NewNop())
+	_, err := r.Open(context.Background(), slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, "--pg-target-url (PG_TARGET_URL)")
 
 	f := pflag.NewFlagSet("consumer", pflag.ContinueOnError)

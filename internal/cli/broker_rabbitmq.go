@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -81,9 +80,9 @@ func bindRabbitMQRelay(f *pflag.FlagSet) RelaySide {
 	return s
 }
 
-func (s *rabbitMQRelay) config(log *zap.Logger) rabbitmq.Config {
+func (s *rabbitMQRelay) config(log *slog.Logger) rabbitmq.Config {
 	c := s.cfg
-	c.Logger = logbridge.Slog(log)
+	c.Logger = log
 	return c.WithDefaults()
 }
 
@@ -100,7 +99,7 @@ func (s *rabbitMQRelay) Check() error {
 	return nil
 }
 
-func (s *rabbitMQRelay) Open(ctx context.Context, log *zap.Logger) (*RelayBroker, error) {
+func (s *rabbitMQRelay) Open(ctx context.Context, log *slog.Logger) (*RelayBroker, error) {
 	pub, err := rabbitmq.NewPublisher(ctx, s.config(log))
 	if err != nil {
 		return nil, rabbitMQOpenError(err)
@@ -129,7 +128,7 @@ func bindRabbitMQConsumer(f *pflag.FlagSet) ConsumerSide {
 
 func (s *rabbitMQConsumer) config(opts SubscriberOptions) rabbitmq.Config {
 	c := s.cfg
-	c.Logger = logbridge.Slog(opts.Logger)
+	c.Logger = opts.Logger
 	c.MaxPayloadBytes = opts.MaxPayloadBytes
 	if c.Queue == "" && handlerNamed(opts.HandlerName) {
 		// A named handler reads a queue of its own, bound like the default

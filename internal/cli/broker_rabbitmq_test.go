@@ -2,11 +2,11 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 )
 
 // TestRabbitMQFlagsNameTheSetting: bad RabbitMQ settings fail before any
@@ -27,7 +27,7 @@ func TestRabbitMQFlagsNameTheSetting(t *testing.T) {
 		require.NoError(t, f.Parse(args))
 		return side
 	}
-	opts := SubscriberOptions{BatchSize: 100, Logger: zap.NewNop()}
+	opts := SubscriberOptions{BatchSize: 100, Logger: slog.New(slog.DiscardHandler)}
 	require.ErrorContains(t, consumer().Check(opts), "--amqp-url (AMQP_URL) is required")
 	require.ErrorContains(t, consumer("--amqp-url", "amqp://h/", "--amqp-prefetch", "-1").Check(opts), "--amqp-prefetch (AMQP_PREFETCH)")
 	require.ErrorContains(t, consumer("--amqp-url", "amqp://h/", "--amqp-prefetch", "50").Check(opts), "is below --batch-size (CONSUMER_BATCH_SIZE)")
@@ -39,7 +39,7 @@ func TestRabbitMQFlagsNameTheSetting(t *testing.T) {
 	require.NoError(t, relay("--amqp-url", "amqp://h/", "--amqp-max-in-flight", "7", "--amqp-skip-declare").Check())
 	require.NoError(t, consumer("--amqp-url", "amqps://u:p@h:5671/v", "--amqp-prefetch", "100").Check(opts))
 
-	_, err := relay("--amqp-url", "amqp://guest:secret@127.0.0.1:1/").Open(context.Background(), zap.NewNop())
+	_, err := relay("--amqp-url", "amqp://guest:secret@127.0.0.1:1/").Open(context.Background(), slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, "--amqp-url (AMQP_URL)")
 	require.NotContains(t, err.Error(), "secret")
 }

@@ -6,12 +6,14 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -80,9 +82,9 @@ func ValidateEnv(kinds map[string]string) error {
 	return nil
 }
 
-// NewLogger builds a zap logger. level is debug, info, warn or error; format is
+// NewLogger builds the commands' logger: zap, seen as a *slog.Logger. level is debug, info, warn or error; format is
 // json or console.
-func NewLogger(level, format string) (*zap.Logger, error) {
+func NewLogger(level, format string) (*slog.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("invalid log level %q (--log-level / LOG_LEVEL): want debug, info, warn or error", level)
@@ -100,7 +102,11 @@ func NewLogger(level, format string) (*zap.Logger, error) {
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.Sampling = nil
 	cfg.DisableStacktrace = true
-	return cfg.Build()
+	z, err := cfg.Build()
+	if err != nil {
+		return nil, err
+	}
+	return logbridge.Slog(z), nil
 }
 
 // SignalContext returns a context cancelled on SIGTERM or SIGINT, which is how

@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -120,7 +120,7 @@ func TestHungBatchSessionIsEndedAndTakenOver(t *testing.T) {
 	unblock := make(chan struct{})
 	var hanging atomic.Bool
 	hung, err := inbox.NewWorker(inbox.Config{
-		Pool: hungPool, Logger: zaptest.NewLogger(t), Workers: 1, BatchSize: 10,
+		Pool: hungPool, Logger: logtest.New(t), Workers: 1, BatchSize: 10,
 		Lease: lease, HandlerTimeout: handlerTimeout, PollInterval: 50 * time.Millisecond,
 		Handler: inbox.HandlerFunc(func(_ context.Context, tx pgx.Tx, ev *inbox.Event) error {
 			if ev.EventID == "hung-2" {
@@ -141,7 +141,7 @@ func TestHungBatchSessionIsEndedAndTakenOver(t *testing.T) {
 	// A healthy worker takes over whatever the hung one lost.
 	var healthyRan atomic.Int32
 	healthy, err := inbox.NewWorker(inbox.Config{
-		Pool: plain, Logger: zaptest.NewLogger(t), Workers: 1, BatchSize: 10,
+		Pool: plain, Logger: logtest.New(t), Workers: 1, BatchSize: 10,
 		Lease: lease, HandlerTimeout: handlerTimeout, PollInterval: 50 * time.Millisecond,
 		Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, *inbox.Event) error {
 			healthyRan.Add(1)

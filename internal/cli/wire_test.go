@@ -2,11 +2,11 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
@@ -15,8 +15,8 @@ import (
 // plainSide is a relay side that cannot publish CloudEvents.
 type plainSide struct{}
 
-func (plainSide) Check() error                                            { return nil }
-func (plainSide) Open(context.Context, *zap.Logger) (*RelayBroker, error) { return nil, nil }
+func (plainSide) Check() error                                             { return nil }
+func (plainSide) Open(context.Context, *slog.Logger) (*RelayBroker, error) { return nil, nil }
 
 // TestApplyWire: the wire settings reach the side of every broker that
 // offers them, into its adapter's config; a broker that cannot publish

@@ -29,13 +29,13 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 )
@@ -78,7 +78,7 @@ type Config struct {
 	// Broker reads the broker's retention settings. Optional.
 	Broker func(ctx context.Context) (*BrokerSettings, error)
 	// Logger receives request errors. Default: none.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -112,7 +112,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("console: Config.SampleEvery must be positive, got %s", cfg.SampleEvery)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -183,7 +183,7 @@ func (c *Console) guard(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				c.cfg.Logger.Error("console handler panicked", zap.Any("panic", v), zap.String("path", r.URL.Path))
+				c.cfg.Logger.Error("console handler panicked", slog.Any("panic", v), slog.String("path", r.URL.Path))
 				http.Error(w, "internal error", http.StatusInternalServerError)
 			}
 		}()

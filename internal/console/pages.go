@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -66,7 +65,7 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int,
 	p.Actor = actor(r)
 	var buf bytes.Buffer
 	if err := c.tmpl.ExecuteTemplate(&buf, name, p); err != nil {
-		c.cfg.Logger.Error("console: render", zap.String("page", name), zap.Error(err))
+		c.cfg.Logger.Error("console: render", slog.String("page", name), slog.Any("error", err))
 		http.Error(w, "internal error: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -90,7 +89,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, admin.ErrUnsupported):
 		status = http.StatusNotImplemented
 	default:
-		c.cfg.Logger.Error("console request failed", zap.Error(err), zap.String("path", r.URL.Path))
+		c.cfg.Logger.Error("console request failed", slog.Any("error", err), slog.String("path", r.URL.Path))
 	}
 	c.render(w, r, status, "error", http.StatusText(status), errorData{Status: status, Message: err.Error()})
 }

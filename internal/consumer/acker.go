@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -29,7 +30,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 )
@@ -246,7 +246,7 @@ type acker struct {
 	done       chan struct{}
 	dial       func(ctx context.Context) (walSession, error)
 	ack        func(ds []broker.Delivery)
-	log        *zap.Logger
+	log        *slog.Logger
 	poll       time.Duration
 	flushAfter time.Duration
 	maxPending int
@@ -383,7 +383,7 @@ func (a *acker) settle(force bool) {
 	a.pending = kept
 	if unproven > 0 {
 		a.log.Warn("deliveries committed before the WAL position reader connected are left unacknowledged; "+
-			"the broker redelivers them and the inbox absorbs them", zap.Int("messages", unproven))
+			"the broker redelivers them and the inbox absorbs them", slog.Int("messages", unproven))
 	}
 	if len(a.pending) == 0 {
 		return
@@ -447,7 +447,7 @@ func (a *acker) dropAll(what string, err error) {
 	a.pending = a.pending[:0]
 	if n > 0 {
 		a.log.Warn(what+"; deliveries waiting for the flush of their asynchronous commit are left unacknowledged: "+
-			"the broker redelivers them and the inbox absorbs them", zap.Error(err), zap.Int("messages", n))
+			"the broker redelivers them and the inbox absorbs them", slog.Any("error", err), slog.Int("messages", n))
 	}
 }
 
@@ -459,7 +459,7 @@ func (c *Consumer) ackNow(ds []broker.Delivery) {
 		if err := d.Ack(ctx); err != nil {
 			// Harmless: the redelivery is absorbed by the inbox.
 			c.log.Warn("ack failed; the message will be redelivered and deduplicated",
-				zap.String("ref", d.Ref), zap.Error(err))
+				slog.String("ref", d.Ref), slog.Any("error", err))
 			continue
 		}
 		c.stats.acked.Add(1)

@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // fakeWAL is a walSession whose flushed position the test sets.
@@ -82,7 +82,7 @@ func testAcker(t *testing.T, w *fakeWAL, flushAfter time.Duration, maxPending in
 	a := &acker{
 		in: make(chan ackEntry), done: make(chan struct{}),
 		dial: func(context.Context) (walSession, error) { return w, nil },
-		ack:  log.ack, log: zaptest.NewLogger(t),
+		ack:  log.ack, log: logtest.New(t),
 		poll: time.Millisecond, flushAfter: flushAfter, maxPending: maxPending,
 		timeout: time.Second, retry: 10 * time.Millisecond, open: &atomic.Bool{},
 	}

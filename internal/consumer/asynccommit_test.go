@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
@@ -19,6 +18,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -71,7 +71,7 @@ func TestAsyncCommitLostInACrashIsRedelivered(t *testing.T) {
 			PollInterval: 50 * time.Millisecond, BackoffMin: 10 * time.Millisecond,
 			BackoffMax: 100 * time.Millisecond, DeferFallback: 200 * time.Millisecond,
 		},
-		Logger: zaptest.NewLogger(t),
+		Logger: logtest.New(t),
 	}}
 	c, err := New(b.config())
 	require.NoError(t, err)
@@ -205,7 +205,7 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 		StatsInterval: -1,
 		AsyncCommit:   true,
 		Inbox:         inbox.Config{Handler: ledgertest.Traced{Trips: trips}},
-		Logger:        zaptest.NewLogger(t),
+		Logger:        logtest.New(t),
 	})
 	require.NoError(t, err)
 	for i, apply := range []bool{false, true} {

@@ -3,11 +3,11 @@ package consumer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -129,7 +129,7 @@ type Config struct {
 	// Default 4.
 	AsyncMaxPending int
 	// Logger receives the consumer's logs. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // Defaults for Config.
@@ -197,7 +197,7 @@ func (c Config) WithDefaults() Config {
 		c.AsyncMaxPending = DefaultAsyncMaxPending
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Inbox.Pool == nil {
 		c.Inbox.Pool = c.Pool

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
@@ -35,7 +35,7 @@ import (
 // workers. Create it with New and start it with Run.
 type Consumer struct {
 	cfg    Config
-	log    *zap.Logger
+	log    *slog.Logger
 	worker *inbox.Worker // nil when Config.DisableWorkers
 	acks   *acker        // set while ingest runs with Config.AsyncCommit
 	// walReaderOpen tells whether the acker's connection is open.
@@ -113,7 +113,7 @@ func New(cfg Config) (*Consumer, error) {
 	if errs != nil {
 		return nil, fmt.Errorf("consumer: %w", errs)
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.Named("consumer"), worker: w}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w}
 	return c, nil
 }
 
@@ -187,12 +187,12 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	}
 	defer func() {
 		if err := sub.Close(); err != nil {
-			c.log.Warn("closing the subscriber failed", zap.Error(err))
+			c.log.Warn("closing the subscriber failed", slog.Any("error", err))
 		}
 	}()
 	defer c.ready.Store(false)
-	c.log.Info("ingest started", zap.Int("batch_size", c.cfg.BatchSize), zap.Duration("max_wait", c.cfg.MaxWait),
-		zap.Int("ingest_loops", c.cfg.IngestLoops))
+	c.log.Info("ingest started", slog.Int("batch_size", c.cfg.BatchSize), slog.Duration("max_wait", c.cfg.MaxWait),
+		slog.Int("ingest_loops", c.cfg.IngestLoops))
 	// With one ingest loop this goroutine fetches, stores, commits and
 	// acknowledges one batch at a time. With more, it only fetches
 	// (Subscriber.Fetch is never called concurrently) and IngestLoops
@@ -235,7 +235,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 				return fmt.Errorf("consumer: %w", perm.Err)
 			}
 			c.stats.fetchErrors.Add(1)
-			c.log.Warn("fetch failed; retrying", zap.Error(err), zap.Int("attempt", failures+1))
+			c.log.Warn("fetch failed; retrying", slog.Any("error", err), slog.Int("attempt", failures+1))
 		} else {
 			c.ready.Store(true)
 		}
@@ -266,8 +266,8 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	incoming := make([]inbox.Incoming, len(ds))
 	for i, d := range ds {
 		if d.DeadReason != "" {
-			c.log.Warn("malformed message stored dead", zap.String("event_id", d.Message.EventID),
-				zap.String("ref", d.Ref), zap.String("reason", d.DeadReason))
+			c.log.Warn("malformed message stored dead", slog.String("event_id", d.Message.EventID),
+				slog.String("ref", d.Ref), slog.String("reason", d.DeadReason))
 		}
 		incoming[i] = inbox.Incoming{Message: d.Message, DeadReason: d.DeadReason}
 	}
@@ -289,13 +289,13 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 		if isRefused(err) {
 			// One message the database refuses must not block the others:
 			// store the batch one by one, dead if need be.
-			c.log.Error("batch refused by the database; storing one by one", zap.Error(err))
+			c.log.Error("batch refused by the database; storing one by one", slog.Any("error", err))
 			incoming = c.storeEach(ctx, sctx, incoming, acks, &mark)
 			break
 		}
-		c.log.Warn("storing batch failed; retrying", zap.Error(err), zap.Int("messages", len(incoming)), zap.Int("attempt", attempt+1))
+		c.log.Warn("storing batch failed; retrying", slog.Any("error", err), slog.Int("messages", len(incoming)), slog.Int("attempt", attempt+1))
 		if ctx.Err() != nil {
-			c.log.Warn("stopping with a batch not stored; the broker will redeliver it", zap.Int("messages", len(incoming)))
+			c.log.Warn("stopping with a batch not stored; the broker will redeliver it", slog.Int("messages", len(incoming)))
 			return
 		}
 		c.inProgress(sctx, acks) // keep the broker from redelivering while we retry
@@ -415,12 +415,12 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 	}
 	c.stats.dead.Add(dead)
 	c.reportIdentity(res)
-	if ce := c.log.Check(zap.DebugLevel, "duplicate blocked"); ce != nil {
+	if c.log.Enabled(ctx, slog.LevelDebug) {
 		// The original's received_at is not logged: the insert that absorbs
 		// the duplicate does not return the stored row, and reading it would
 		// cost a query per batch.
 		for _, id := range res.Duplicates {
-			c.log.Debug("duplicate blocked", zap.String("event_id", id))
+			c.log.Debug("duplicate blocked", slog.String("event_id", id))
 		}
 	}
 	return nil
@@ -471,13 +471,13 @@ func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pendin
 				c.log.Error("message refused even as a dead letter; left unacknowledged: the broker delivers it again "+
 					"(NATS after its ack wait, RabbitMQ when the channel closes, Kafka after a rebalance or restart; "+
 					"until then its Kafka partition's committed offset stays before it)",
-					zap.String("event_id", in.EventID), zap.String("ref", ref(pending)), zap.Error(err))
+					slog.String("event_id", in.EventID), slog.String("ref", ref(pending)), slog.Any("error", err))
 				return false
 			}
 			continue
 		}
-		c.log.Warn("storing one message failed; retrying", zap.String("event_id", in.EventID),
-			zap.Error(err), zap.Int("attempt", attempt+1))
+		c.log.Warn("storing one message failed; retrying", slog.String("event_id", in.EventID),
+			slog.Any("error", err), slog.Int("attempt", attempt+1))
 		if ctx.Err() != nil {
 			return false
 		}
@@ -594,20 +594,20 @@ func (c *Consumer) closeRateInterval() {
 	c.hitRatio.Store(math.Float64bits(ratio))
 	if c.cfg.DupRateWarn > 0 && ratio > c.cfg.DupRateWarn {
 		c.log.Warn("high duplicate rate",
-			zap.Float64("rate", ratio), zap.Float64("threshold", c.cfg.DupRateWarn),
-			zap.Int64("duplicates", dd), zap.Int64("delivered", df),
-			zap.Duration("interval", c.cfg.RateInterval))
+			slog.Float64("rate", ratio), slog.Float64("threshold", c.cfg.DupRateWarn),
+			slog.Int64("duplicates", dd), slog.Int64("delivered", df),
+			slog.Duration("interval", c.cfg.RateInterval))
 	}
 }
 
-func (c *Consumer) statsFields() []zap.Field {
+func (c *Consumer) statsFields() []any {
 	s := c.Stats()
-	return []zap.Field{
-		zap.Int64("fetched", s.Fetched), zap.Int64("inserted", s.Inserted),
-		zap.Int64("duplicates", s.Duplicates), zap.Int64("dead_at_ingest", s.Dead),
-		zap.Int64("acked", s.Acked), zap.Int64("store_errors", s.StoreErrors),
-		zap.Int64("fetch_errors", s.FetchErrors), zap.Int64("applied_on_receive", s.AppliedOnReceive),
-		zap.Int64("unacked", s.Unacked),
+	return []any{
+		slog.Int64("fetched", s.Fetched), slog.Int64("inserted", s.Inserted),
+		slog.Int64("duplicates", s.Duplicates), slog.Int64("dead_at_ingest", s.Dead),
+		slog.Int64("acked", s.Acked), slog.Int64("store_errors", s.StoreErrors),
+		slog.Int64("fetch_errors", s.FetchErrors), slog.Int64("applied_on_receive", s.AppliedOnReceive),
+		slog.Int64("unacked", s.Unacked),
 	}
 }
 
@@ -632,7 +632,7 @@ func (c *Consumer) direct(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		c.log.Warn("registering the handlers in pgrelay.inbox_subscriptions failed; retrying", zap.Error(err), zap.Int("attempt", attempt+1))
+		c.log.Warn("registering the handlers in pgrelay.inbox_subscriptions failed; retrying", slog.Any("error", err), slog.Int("attempt", attempt+1))
 		if !c.sleep(ctx, attempt) {
 			return nil
 		}
@@ -641,8 +641,8 @@ func (c *Consumer) direct(ctx context.Context) error {
 	for i, s := range subs {
 		handlers[i] = s.Handler
 	}
-	c.log.Info("direct: the relay stores into this inbox; running the workers only", zap.Strings("handlers", handlers),
-		zap.Strings("topics", c.cfg.DirectTopics))
+	c.log.Info("direct: the relay stores into this inbox; running the workers only", slog.Any("handlers", handlers),
+		slog.Any("topics", c.cfg.DirectTopics))
 	c.ready.Store(true)
 	defer c.ready.Store(false)
 	<-ctx.Done()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"sync/atomic"
@@ -15,9 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
@@ -25,6 +23,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -85,7 +84,7 @@ func setup(t *testing.T) *testBundle {
 			BackoffMax:    100 * time.Millisecond,
 			DeferFallback: 200 * time.Millisecond,
 		},
-		Logger: zaptest.NewLogger(t),
+		Logger: logtest.New(t),
 	}}
 }
 
@@ -743,8 +742,8 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	core, logs := observer.New(zap.DebugLevel)
-	b.cfg.Logger = zap.New(core)
+	core, logs := logtest.Observe(slog.LevelDebug)
+	b.cfg.Logger = core
 	// The test closes the rate intervals itself; the watcher's own ticker
 	// never fires.
 	b.cfg.RateInterval = time.Hour
@@ -775,13 +774,13 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 	require.Len(t, blocked, 3)
 	var ids []string
 	for _, e := range blocked {
-		require.Equal(t, zap.DebugLevel, e.Level)
+		require.Equal(t, slog.LevelDebug, e.Level)
 		ids = append(ids, e.ContextMap()["event_id"].(string))
 	}
 	require.ElementsMatch(t, []string{"e-0", "e-1", "e-2"}, ids)
 
 	warn := logs.FilterMessage("high duplicate rate").All()[0]
-	require.Equal(t, zap.WarnLevel, warn.Level)
+	require.Equal(t, slog.LevelWarn, warn.Level)
 	require.InDelta(t, 1.0, warn.ContextMap()["rate"], 1e-9)
 	require.InDelta(t, 0.5, warn.ContextMap()["threshold"], 1e-9)
 	// Quiet intervals follow: the ratio stays the last one measured.
@@ -796,8 +795,8 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 func TestDupRateWarnDisabledAtZero(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	core, logs := observer.New(zap.DebugLevel)
-	b.cfg.Logger = zap.New(core)
+	core, logs := logtest.Observe(slog.LevelDebug)
+	b.cfg.Logger = core
 	b.cfg.RateInterval = time.Hour // the test closes the intervals itself
 	c, err := New(b.config())
 	require.NoError(t, err)

@@ -1,7 +1,7 @@
 package consumer
 
 import (
-	"go.uber.org/zap"
+	"log/slog"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
@@ -17,8 +17,8 @@ func (c *Consumer) reportIdentity(res inbox.ReceiveResult) {
 			continue
 		}
 		c.log.Warn("dedup key conflict: the key is stored with a different payload; the stored event's effect stands",
-			zap.String("handler", a.Handler), zap.String("dedup_key", a.DedupKey),
-			zap.String("stored_event_id", a.StoredEventID), zap.String("event_id", a.EventID))
+			slog.String("handler", a.Handler), slog.String("dedup_key", a.DedupKey),
+			slog.String("stored_event_id", a.StoredEventID), slog.String("event_id", a.EventID))
 		if perHandler == nil {
 			perHandler = map[string]int{}
 		}
@@ -32,7 +32,7 @@ func (c *Consumer) reportIdentity(res inbox.ReceiveResult) {
 	}
 	for _, f := range res.KeyFailures {
 		c.log.Warn("event stored dead: its dedup key could not be built",
-			zap.String("handler", f.Handler), zap.String("event_id", f.EventID), zap.String("reason", f.Reason))
+			slog.String("handler", f.Handler), slog.String("event_id", f.EventID), slog.String("reason", f.Reason))
 	}
 	c.stats.dead.Add(int64(len(res.KeyFailures)))
 }

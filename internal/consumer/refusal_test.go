@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -13,13 +14,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // ackedDeliveries wraps msgs as deliveries whose acknowledgements are
@@ -133,7 +132,7 @@ func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `CREATE TABLE applied (n bigserial PRIMARY KEY, event_id text NOT NULL)`)
 	require.NoError(t, err)
 	wcfg := b.cfg.Inbox
-	wcfg.Pool, wcfg.Logger, wcfg.Ordered = b.pool, zaptest.NewLogger(t), true
+	wcfg.Pool, wcfg.Logger, wcfg.Ordered = b.pool, logtest.New(t), true
 	wcfg.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (event_id) VALUES ($1)`, ev.EventID)
 		return err
@@ -213,8 +212,8 @@ func TestRefusedEvenDeadIsCountedAndLogged(t *testing.T) {
 		END $$;
 		CREATE TRIGGER refuse_poison BEFORE INSERT ON pgrelay.inbox FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
 	require.NoError(t, err)
-	core, logs := observer.New(zap.ErrorLevel)
-	b.cfg.DisableWorkers, b.cfg.Logger = true, zap.New(core)
+	core, logs := logtest.Observe(slog.LevelError)
+	b.cfg.DisableWorkers, b.cfg.Logger = true, core
 	c, err := New(b.config())
 	require.NoError(t, err)
 	var a ackedDeliveries

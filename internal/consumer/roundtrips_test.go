@@ -10,13 +10,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -44,7 +44,7 @@ func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 		BatchSize:     20,
 		StatsInterval: -1,
 		Inbox:         inbox.Config{Handler: ledgertest.Traced{Trips: trips}},
-		Logger:        zaptest.NewLogger(t),
+		Logger:        logtest.New(t),
 	})
 	require.NoError(t, err)
 

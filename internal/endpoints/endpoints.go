@@ -7,13 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
@@ -60,7 +60,7 @@ type Config struct {
 	// relay page. Default: nil, not shown.
 	Broker func(ctx context.Context) (*console.BrokerSettings, error)
 	// Logger receives the servers' logs. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// Struct, when set, is the configuration struct whose fields MetricsAddr
 	// and AdminAddr the errors name (as *setting.FieldErrors, "consumer.Config").
 	// Default: the command-line flags.
@@ -95,7 +95,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		return nil, errors.New("endpoints: Config.Pool and Config.Registry are required")
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	o := &Running{}
 	type runner func(context.Context) error
@@ -170,7 +170,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 	for _, run := range runners {
 		o.wg.Go(func() {
 			if err := run(ctx); err != nil && ctx.Err() == nil {
-				cfg.Logger.Error("operator endpoint stopped", zap.Error(err))
+				cfg.Logger.Error("operator endpoint stopped", slog.Any("error", err))
 				o.mu.Lock()
 				o.errs = append(o.errs, err)
 				o.mu.Unlock()

@@ -8,10 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // startWorker runs an inbox worker with h and short intervals until the test
@@ -24,7 +24,7 @@ func startWorker(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) {
 // testConfig is the worker configuration of startWorker.
 func testConfig(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) inbox.Config {
 	return inbox.Config{
-		Pool: pool, Handler: h, Logger: zaptest.NewLogger(t), Workers: 2, BatchSize: 20,
+		Pool: pool, Handler: h, Logger: logtest.New(t), Workers: 2, BatchSize: 20,
 		Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second, MaxAttempts: 5,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		PollInterval: 50 * time.Millisecond, DeferFallback: time.Hour, // only a release wakes a deferral

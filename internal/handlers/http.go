@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -39,7 +39,7 @@ type HTTPConfig struct {
 	// attempts are not recorded (their reason still names the status).
 	Recorder db.DBTX
 	// Logger receives the handler's logs. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // HTTP is an inbox handler that POSTs each event to a webhook: the payload as
@@ -53,7 +53,7 @@ type HTTPConfig struct {
 // (handler_status, handler_latency_ms).
 type HTTP struct {
 	cfg HTTPConfig
-	log *zap.Logger
+	log *slog.Logger
 }
 
 // ExternalEffects reports true: a webhook call is not undone by a rollback,
@@ -84,9 +84,9 @@ func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
 		cfg.Client = &http.Client{}
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &HTTP{cfg: cfg, log: cfg.Logger.Named("http-handler")}, nil
+	return &HTTP{cfg: cfg, log: cfg.Logger.With(slog.String("logger", "http-handler"))}, nil
 }
 
 // reservedHeaders are set by the handler itself; an event header of the same
@@ -171,7 +171,7 @@ func (h *HTTP) record(ctx context.Context, ev *inbox.Event, status *int32, ms fl
 	if err := db.New().RecordHandlerResponse(rctx, h.cfg.Recorder, db.RecordHandlerResponseParams{
 		Status: status, LatencyMs: ms, Handler: ev.Handler, DedupKey: ev.DedupKey, LockVersion: ev.LockVersion,
 	}); err != nil {
-		h.log.Warn("recording a failed webhook attempt", zap.String("event_id", ev.EventID), zap.Error(err))
+		h.log.Warn("recording a failed webhook attempt", slog.String("event_id", ev.EventID), slog.Any("error", err))
 	}
 }
 

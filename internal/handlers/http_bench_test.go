@@ -2,11 +2,10 @@ package handlers_test
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/inbox"
@@ -42,7 +41,7 @@ func BenchmarkHTTPDrain(b *testing.B) {
 						receive(b, pool, msgs[i:i+500]...)
 					}
 					cfg := testConfig(b, pool, h)
-					cfg.Workers, cfg.BatchSize, cfg.Logger = inbox.DefaultWorkers, inbox.DefaultBatchSize, zap.NewNop()
+					cfg.Workers, cfg.BatchSize, cfg.Logger = inbox.DefaultWorkers, inbox.DefaultBatchSize, slog.New(slog.DiscardHandler)
 					b.StartTimer()
 					start := time.Now()
 					startWorkerWith(b, cfg)

@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/handlers"
@@ -107,7 +107,7 @@ func TestHTTPHandlerPostsEachSuccessOnce(t *testing.T) {
 	msgs := webhookEvents(200)
 	receive(t, pool, msgs...) // all stored before the worker starts: full batches
 	cfg := testConfig(t, pool, h)
-	cfg.BatchSize, cfg.Logger = 50, zap.NewNop()
+	cfg.BatchSize, cfg.Logger = 50, slog.New(slog.DiscardHandler)
 	startWorkerWith(t, cfg)
 	waitProcessed(t, pool, len(msgs), time.Minute)
 

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/handlers"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -75,7 +75,7 @@ func TestHTTPHandlerOutcomes(t *testing.T) {
 	defer srv.Close()
 
 	h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: srv.URL + "/events", Timeout: time.Second,
-		Recorder: pool, Logger: zaptest.NewLogger(t)})
+		Recorder: pool, Logger: logtest.New(t)})
 	require.NoError(t, err)
 	startWorker(t, pool, h)
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
@@ -116,7 +116,7 @@ func (w *Worker) ReceiveApply(ctx context.Context, tx pgx.Tx, msgs []Incoming, o
 		return res, a, nil
 	}
 	w.log.Debug("applying stored events in their receiving transaction failed; the workers run them",
-		zap.Int("events", a.Len()), zap.String("reason", reason))
+		slog.Int("events", a.Len()), slog.String("reason", reason))
 	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+applySavepoint); err != nil {
 		return ReceiveResult{}, nil, fmt.Errorf("inbox: apply on receive: roll back savepoint: %w", err)
 	}

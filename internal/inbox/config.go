@@ -5,12 +5,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -35,7 +35,7 @@ type Config struct {
 	// dead letters. Default DefaultHandlerName ("default").
 	HandlerName string
 	// Logger receives the worker's logs. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// Observer is told about every state change, for metrics. Default: NopObserver.
 	Observer Observer
 	// WorkerID is recorded as locked_by on claimed rows. Default:
@@ -124,7 +124,7 @@ const (
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Observer == nil {
 		c.Observer = NopObserver{}
@@ -151,7 +151,7 @@ func (c Config) WithDefaults() Config {
 		c.Retention.Pool = c.Pool
 	}
 	if c.Retention.Logger == nil {
-		c.Retention.Logger = c.Logger.Named("inbox")
+		c.Retention.Logger = c.Logger.With(slog.String("logger", "inbox"))
 	}
 	setDefault(&c.Retention.ReleaseHorizon, releaseHorizon(c.Lease))
 	c.Retention = c.Retention.WithDefaults()

@@ -10,11 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // fastConfig returns a worker configuration with short intervals for tests.
@@ -22,7 +22,7 @@ func fastConfig(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) inbox.Config 
 	return inbox.Config{
 		Pool:           pool,
 		Handler:        h,
-		Logger:         zaptest.NewLogger(t),
+		Logger:         logtest.New(t),
 		Workers:        2,
 		BatchSize:      20,
 		Lease:          5 * time.Second,

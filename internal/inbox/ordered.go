@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -209,15 +209,15 @@ func (w *Worker) gate(ctx context.Context, tx pgx.Tx, evs []*Event) (gated, erro
 			// handed back, it is absorbed once the first committed, or
 			// applies in its place when the first fails or goes dead.
 			w.log.Info("inbox: another event with the same key sequence runs in this batch; handed back until it commits",
-				zap.String("event_id", ev.EventID), zap.String("key", ev.Key), zap.Int64("key_seq", ev.KeySeq))
+				slog.String("event_id", ev.EventID), slog.String("key", ev.Key), slog.Int64("key_seq", ev.KeySeq))
 			again = append(again, ev)
 		case ev.KeySeq == exp:
 			g.run = append(g.run, ev)
 			next[ev.Key] = exp + 1
 		default:
 			w.log.Warn("inbox: ordered event claimed before an earlier sequence of its key; handed back",
-				zap.String("event_id", ev.EventID),
-				zap.Error(&SequenceError{Outcome: SeqOutOfOrder, Key: ev.Key, Seq: ev.KeySeq, Expected: exp}))
+				slog.String("event_id", ev.EventID),
+				slog.Any("error", &SequenceError{Outcome: SeqOutOfOrder, Key: ev.Key, Seq: ev.KeySeq, Expected: exp}))
 			g.held = append(g.held, ev)
 			next[ev.Key] = -1 // nothing later of this key runs in this batch
 		}
@@ -312,7 +312,7 @@ func (w *Worker) scanOrdered(ctx context.Context) {
 			skipsSeen = w.countSkips(ctx, skipsSeen)
 		}
 		if err := w.scanOrderedOnce(ctx); err != nil && ctx.Err() == nil {
-			w.log.Warn("inbox: ordered scan", zap.Error(err))
+			w.log.Warn("inbox: ordered scan", slog.Any("error", err))
 		}
 		t := time.NewTimer(wait.Jitter(w.cfg.PollInterval, jitterSpread))
 		select {
@@ -354,7 +354,7 @@ func (w *Worker) scanOrderedOnce(ctx context.Context) error {
 		return fmt.Errorf("wake: %w", err)
 	}
 	if woken > 0 {
-		w.log.Info("inbox: waiting ordered events made due by the scan", zap.Int64("events", woken))
+		w.log.Info("inbox: waiting ordered events made due by the scan", slog.Int64("events", woken))
 		w.wake.broadcast()
 	}
 	held, err := w.q.HoldInboxOrdered(qctx, w.cfg.Pool, h)
@@ -371,8 +371,8 @@ func (w *Worker) scanOrderedOnce(ctx context.Context) error {
 	}
 	for _, g := range gaps {
 		w.log.Warn("inbox: ordered key waits for a missing sequence; later events are held until it arrives or is skipped (consumer gaps skip)",
-			zap.String("key", g.Key), zap.Int64("last_applied", g.LastApplied), zap.Int64("missing_seq", g.MissingSeq),
-			zap.Time("since", g.GapSince))
+			slog.String("key", g.Key), slog.Int64("last_applied", g.LastApplied), slog.Int64("missing_seq", g.MissingSeq),
+			slog.Time("since", g.GapSince))
 	}
 	w.sequence(SeqGapReported, len(gaps))
 	return nil
@@ -568,7 +568,7 @@ func (w *Worker) reportSequence(r result) {
 		}
 	case r.absorbed:
 		w.log.Info("inbox: duplicate key sequence absorbed without running the handler",
-			zap.String("event_id", ev.EventID), zap.String("key", ev.Key), zap.Int64("key_seq", ev.KeySeq))
+			slog.String("event_id", ev.EventID), slog.String("key", ev.Key), slog.Int64("key_seq", ev.KeySeq))
 		w.sequence(SeqDuplicate, 1)
 	case r.fenced:
 		w.sequence(SeqFenced, 1)
@@ -576,7 +576,7 @@ func (w *Worker) reportSequence(r result) {
 		w.sequence(SeqApplied, 1)
 	case r.d.outcome == outcomeDead:
 		w.log.Warn("inbox: ordered key parked behind a dead event; its later events wait until it is requeued or skipped",
-			zap.String("event_id", ev.EventID), zap.String("key", ev.Key), zap.Int64("key_seq", ev.KeySeq))
+			slog.String("event_id", ev.EventID), slog.String("key", ev.Key), slog.Int64("key_seq", ev.KeySeq))
 		w.sequence(SeqParked, 1)
 	}
 }

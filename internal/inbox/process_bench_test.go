@@ -2,10 +2,9 @@ package inbox_test
 
 import (
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -30,7 +29,7 @@ func BenchmarkProcess(b *testing.B) {
 					receive(b, pool, msgs[i:i+1000]...)
 				}
 				cfg := fastConfig(b, pool, ledger.Handler{})
-				cfg.Workers, cfg.BatchSize, cfg.Logger = workers, 50, zap.NewNop()
+				cfg.Workers, cfg.BatchSize, cfg.Logger = workers, 50, slog.New(slog.DiscardHandler)
 				b.StartTimer()
 				start := time.Now()
 				stop := startWorker(b, cfg)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -20,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
@@ -65,7 +65,7 @@ func runChild(role, dbURL string) int {
 		defer out.Unlock()
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 	}
-	logger, _ := zap.NewDevelopment(zap.IncreaseLevel(zap.WarnLevel))
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		if ev.EventID == "killer" && role != "worker" {
 			say("killing myself at attempt %d", ev.Attempts)
@@ -341,7 +341,7 @@ func TestConcurrentWorkers(t *testing.T) {
 	stats := &inbox.CountingObserver{}
 	cfg := fastConfig(t, pool, ledger.Handler{})
 	cfg.Workers, cfg.BatchSize, cfg.Observer = 8, 50, stats
-	cfg.Logger = zap.NewNop()
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	startWorker(t, cfg)
 
 	msgs, total := deliveries(10000)

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
@@ -64,7 +64,7 @@ type RetentionConfig struct {
 	Observer RetentionObserver
 	// Logger receives a line per run that deleted rows, and failures.
 	// Default: a no-op logger (a Worker passes its own).
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // RetentionObserver is told what the inbox upkeep does, for metrics.
@@ -119,7 +119,7 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 		c.Observer = nopRetentionObserver{}
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -158,7 +158,7 @@ func (c RetentionConfig) validate() error {
 type Cleaner struct {
 	cfg     RetentionConfig
 	q       *db.Queries
-	log     *zap.Logger
+	log     *slog.Logger
 	batches maintenance.Batches
 }
 
@@ -172,7 +172,7 @@ func NewCleaner(cfg RetentionConfig) (*Cleaner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Cleaner{cfg: cfg, q: db.New(), log: cfg.Logger.Named("retention"),
+	return &Cleaner{cfg: cfg, q: db.New(), log: cfg.Logger.With(slog.String("logger", "retention")),
 		batches: maintenance.Batches{Size: cfg.BatchSize, Pause: cfg.Pause, Timeout: cfg.QueryTimeout}}, nil
 }
 
@@ -202,7 +202,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 		return total, fmt.Errorf("inbox retention: delete old release records: %w", err)
 	}
 	if releases > 0 {
-		c.log.Debug("old release records deleted", zap.Int64("rows", releases))
+		c.log.Debug("old release records deleted", slog.Int64("rows", releases))
 	}
 	conflicts, err := c.batches.Delete(ctx, func(ctx context.Context, size int32) (int64, error) {
 		return c.q.DeleteExpiredInboxConflicts(ctx, pool, db.DeleteExpiredInboxConflictsParams{
@@ -213,7 +213,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 		return total, fmt.Errorf("inbox retention: delete expired key conflicts: %w", err)
 	}
 	if conflicts > 0 {
-		c.log.Debug("expired key conflicts deleted", zap.Int64("rows", conflicts))
+		c.log.Debug("expired key conflicts deleted", slog.Int64("rows", conflicts))
 	}
 	dups, err := c.batches.Delete(ctx, func(ctx context.Context, size int32) (int64, error) {
 		return c.q.ConsolePruneDuplicates(ctx, pool, db.ConsolePruneDuplicatesParams{
@@ -230,7 +230,7 @@ func (c *Cleaner) RunOnce(ctx context.Context) (int64, error) {
 		return total, fmt.Errorf("inbox retention: prune the receive counts: %w", err)
 	}
 	if dups > 0 || counts > 0 {
-		c.log.Debug("duplicate record pruned", zap.Int64("duplicates", dups), zap.Int64("minute_counts", counts))
+		c.log.Debug("duplicate record pruned", slog.Int64("duplicates", dups), slog.Int64("minute_counts", counts))
 	}
 	return total, nil
 }
@@ -245,11 +245,11 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 		case err != nil:
 			c.cfg.Observer.Failed(err)
-			c.log.Warn("inbox retention failed", zap.Error(err))
+			c.log.Warn("inbox retention failed", slog.Any("error", err))
 		default:
 			c.cfg.Observer.Deleted(n)
 			if n > 0 {
-				c.log.Info("expired inbox rows deleted", zap.Int64("rows", n), zap.Duration("window", c.cfg.Window))
+				c.log.Info("expired inbox rows deleted", slog.Int64("rows", n), slog.Duration("window", c.cfg.Window))
 			}
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
@@ -16,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -31,7 +31,7 @@ import (
 type Worker struct {
 	cfg     Config
 	q       *db.Queries
-	log     *zap.Logger
+	log     *slog.Logger
 	wake    *waker
 	running atomic.Bool
 
@@ -207,7 +207,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w := &Worker{
 		cfg:  cfg,
 		q:    db.New(),
-		log:  cfg.Logger.Named("inbox").With(zap.String("worker_id", cfg.WorkerID), zap.String("handler", cfg.HandlerName)),
+		log:  cfg.Logger.With(slog.String("logger", "inbox")).With(slog.String("worker_id", cfg.WorkerID), slog.String("handler", cfg.HandlerName)),
 		wake: newWaker(),
 	}
 	if cfg.NoListen {
@@ -253,7 +253,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("inbox: worker is already running")
 	}
 	defer w.running.Store(false)
-	w.log.Info("inbox worker starting", zap.Int("workers", w.cfg.Workers), zap.Int("batch_size", w.cfg.BatchSize))
+	w.log.Info("inbox worker starting", slog.Int("workers", w.cfg.Workers), slog.Int("batch_size", w.cfg.BatchSize))
 	var wg sync.WaitGroup
 	if w.notifier != nil {
 		wg.Go(func() { w.notifier.Run(ctx) })
@@ -295,7 +295,7 @@ func (w *Worker) loop(ctx context.Context) {
 		var err error
 		full, tookOver, err = w.runOnce(ctx, checkLost)
 		if err != nil && ctx.Err() == nil {
-			w.log.Warn("inbox batch failed", zap.Error(err))
+			w.log.Warn("inbox batch failed", slog.Any("error", err))
 		}
 		if full && err == nil {
 			continue
@@ -418,7 +418,7 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 	for i := range cs {
 		ev := &cs[i].ev
 		if cs[i].status == "dead" {
-			w.log.Warn("inbox event dead", zap.String("event_id", ev.EventID), zap.String("reason", ev.LastError))
+			w.log.Warn("inbox event dead", slog.String("event_id", ev.EventID), slog.String("reason", ev.LastError))
 			w.cfg.Observer.Dead(ev, ev.LastError)
 			if w.cfg.Ordered && ev.KeySeq > 0 {
 				w.sequence(SeqParked, 1)
@@ -427,7 +427,7 @@ func (w *Worker) claimedEvents(cs []claimed, takeover bool) []*Event {
 		}
 		if takeover {
 			w.log.Info("inbox event taken over from a lost worker",
-				zap.String("event_id", ev.EventID), zap.Int("attempt", ev.Attempts))
+				slog.String("event_id", ev.EventID), slog.Int("attempt", ev.Attempts))
 		}
 		evs = append(evs, ev)
 	}
@@ -601,7 +601,7 @@ func (w *Worker) runOptimistic(ctx context.Context, evs []*Event, stopEarly func
 		start := time.Now()
 		if herr := w.callBatchHandler(ctx, tx, bh, evs); herr != nil {
 			w.log.Debug("inbox batch handler failed; running the batch event by event",
-				zap.Int("events", len(evs)), zap.Error(herr))
+				slog.Int("events", len(evs)), slog.Any("error", herr))
 			return nil, nil, nil, false, nil
 		}
 		per := time.Since(start) / time.Duration(len(evs))
@@ -725,7 +725,7 @@ func (w *Worker) markAndCommit(ctx context.Context, tx pgx.Tx, ran []*Event, dur
 		// the isolated run records them fenced instead of running their
 		// handlers again (a rare path: two more round trips).
 		w.log.Debug("inbox batch mark failed; running the batch event by event",
-			zap.Int("events", len(ran)), zap.Error(err))
+			slog.Int("events", len(ran)), slog.Any("error", err))
 		return nil, nil, w.takenOver(ctx, conn, ran, p), false, nil
 	case err != nil:
 		// The commit failed, or its outcome is unknown (the connection
@@ -993,8 +993,8 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, ev *Event) (err err
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			w.log.Error("inbox handler panicked", zap.String("event_id", ev.EventID),
-				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			w.log.Error("inbox handler panicked", slog.String("event_id", ev.EventID),
+				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()
@@ -1016,8 +1016,8 @@ func (w *Worker) callBatchHandler(ctx context.Context, tx pgx.Tx, bh BatchHandle
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			w.log.Error("inbox batch handler panicked", zap.Int("events", len(evs)),
-				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			w.log.Error("inbox batch handler panicked", slog.Int("events", len(evs)),
+				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 			err = fmt.Errorf("batch handler panicked: %v", p)
 		}
 	}()
@@ -1042,19 +1042,19 @@ func (w *Worker) report(r result) {
 	switch {
 	case r.fenced:
 		w.log.Warn("inbox event fenced: another worker took it over; its side effect here was rolled back",
-			zap.String("event_id", ev.EventID), zap.Int64("lock_version", ev.LockVersion))
+			slog.String("event_id", ev.EventID), slog.Int64("lock_version", ev.LockVersion))
 		w.cfg.Observer.Fenced(ev)
 	case r.processed:
 		w.cfg.Observer.Processed(ev, r.dur)
 	case r.d.outcome == outcomeRetry:
-		w.log.Info("inbox event will be retried", zap.String("event_id", ev.EventID),
-			zap.Int("attempt", ev.Attempts), zap.Duration("delay", r.d.delay), zap.String("error", r.d.reason))
+		w.log.Info("inbox event will be retried", slog.String("event_id", ev.EventID),
+			slog.Int("attempt", ev.Attempts), slog.Duration("delay", r.d.delay), slog.String("error", r.d.reason))
 		w.cfg.Observer.Retried(ev, r.d.reason)
 	case r.d.outcome == outcomeDefer:
-		w.log.Debug("inbox event deferred", zap.String("event_id", ev.EventID), zap.String("waiting_for", r.d.waitingFor))
+		w.log.Debug("inbox event deferred", slog.String("event_id", ev.EventID), slog.String("waiting_for", r.d.waitingFor))
 		w.cfg.Observer.Deferred(ev)
 	case r.d.outcome == outcomeDead:
-		w.log.Warn("inbox event dead", zap.String("event_id", ev.EventID), zap.String("reason", r.d.reason))
+		w.log.Warn("inbox event dead", slog.String("event_id", ev.EventID), slog.String("reason", r.d.reason))
 		w.cfg.Observer.Dead(ev, r.d.reason)
 	}
 }
@@ -1070,7 +1070,7 @@ func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
 	defer cancel()
 	var broken *errBatchBroken
 	errors.As(batchErr, &broken)
-	w.log.Warn("inbox batch rolled back", zap.Error(batchErr), zap.Int("events", len(evs)))
+	w.log.Warn("inbox batch rolled back", slog.Any("error", batchErr), slog.Int("events", len(evs)))
 
 	var handBack []*Event
 	for _, ev := range evs {
@@ -1081,7 +1081,7 @@ func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
 			d := decide(w.cfg.policy(), broken.cause, ev.Attempts, ev.Deferrals, rand.Float64)
 			n, err := w.applyDecision(ctx, w.cfg.Pool, ev, d)
 			if err != nil {
-				w.log.Error("inbox: record failure", zap.String("event_id", ev.EventID), zap.Error(err))
+				w.log.Error("inbox: record failure", slog.String("event_id", ev.EventID), slog.Any("error", err))
 				continue
 			}
 			w.report(result{ev: ev, fenced: n == 0, d: d})
@@ -1095,7 +1095,7 @@ func (w *Worker) recover(evs []*Event, batchErr error, shutdown bool) {
 			}
 			n, err := w.applyDecision(ctx, w.cfg.Pool, ev, d)
 			if err != nil {
-				w.log.Error("inbox: record failure", zap.String("event_id", ev.EventID), zap.Error(err))
+				w.log.Error("inbox: record failure", slog.String("event_id", ev.EventID), slog.Any("error", err))
 				continue
 			}
 			w.report(result{ev: ev, fenced: n == 0, d: d})
@@ -1118,10 +1118,10 @@ func (w *Worker) unclaim(ctx context.Context, evs []*Event) {
 	}
 	n, err := w.q.UnclaimInbox(ctx, w.cfg.Pool, p)
 	if err != nil {
-		w.log.Error("inbox: hand back claims; they return when their lease expires", zap.Error(err))
+		w.log.Error("inbox: hand back claims; they return when their lease expires", slog.Any("error", err))
 		return
 	}
-	w.log.Info("inbox claims handed back", zap.Int64("events", n))
+	w.log.Info("inbox claims handed back", slog.Int64("events", n))
 	w.wake.broadcast()
 }
 
@@ -1140,7 +1140,7 @@ func (w *Worker) wakeReleased(ctx context.Context, keys []string, wake bool) {
 		n, err := w.q.WakeReleasedInbox(qctx, w.cfg.Pool, keys)
 		cancel()
 		if err != nil {
-			w.log.Warn("inbox: check releases after commit; the sweep will", zap.Error(err))
+			w.log.Warn("inbox: check releases after commit; the sweep will", slog.Any("error", err))
 		}
 		wake = wake || n > 0
 	}
@@ -1166,9 +1166,9 @@ func (w *Worker) sweepReleased(ctx context.Context) {
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
-			w.log.Warn("inbox: sweep released deferrals", zap.Error(err))
+			w.log.Warn("inbox: sweep released deferrals", slog.Any("error", err))
 		case n > 0:
-			w.log.Info("inbox: deferred events made due by the release sweep", zap.Int64("events", n))
+			w.log.Info("inbox: deferred events made due by the release sweep", slog.Int64("events", n))
 			w.wake.broadcast()
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,11 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -41,7 +42,7 @@ func raw(eventID, eventType, payload string) inbox.Incoming {
 
 func config(t *testing.T, pool *pgxpool.Pool, h inbox.Handler, workerID string) inbox.Config {
 	return inbox.Config{
-		Pool: pool, Handler: h, Logger: zaptest.NewLogger(t).Named(workerID), WorkerID: workerID,
+		Pool: pool, Handler: h, Logger: logtest.New(t).With(slog.String("logger", workerID)), WorkerID: workerID,
 		Workers: 1, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		PollInterval: 50 * time.Millisecond, DeferFallback: time.Minute,

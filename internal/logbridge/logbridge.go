@@ -1,90 +1,45 @@
-// Package logbridge lets the engine, which logs with zap, log to the
-// *slog.Logger a library user gives the public configs.
+// Package logbridge is the one place zap meets log/slog: the commands log
+// with zap and hand everything else a *slog.Logger writing to it (Slog); the
+// library and the engines log with *slog.Logger only.
 package logbridge
 
 import (
 	"context"
 	"log/slog"
-	"sort"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// Zap returns a zap logger writing to l's handler, or a no-op logger when l
-// is nil.
-func Zap(l *slog.Logger) *zap.Logger {
+// Or returns l, or a logger that discards everything when l is nil (a
+// configuration's unset Logger).
+func Or(l *slog.Logger) *slog.Logger {
 	if l == nil {
-		return zap.NewNop()
+		return slog.New(slog.DiscardHandler)
 	}
-	if h, ok := l.Handler().(*handler); ok { // a zap logger given as slog: unwrap
-		return zap.New(h.core)
-	}
-	return zap.New(&core{h: l.Handler()})
+	return l
 }
 
-// core is a zapcore.Core over a slog.Handler.
-type core struct {
-	h    slog.Handler
-	name string
+// AtLeast returns a logger writing l's records of level min and above only.
+func AtLeast(l *slog.Logger, min slog.Level) *slog.Logger {
+	return slog.New(minLevel{h: Or(l).Handler(), min: min})
 }
 
-func level(l zapcore.Level) slog.Level {
-	switch {
-	case l <= zapcore.DebugLevel:
-		return slog.LevelDebug
-	case l == zapcore.InfoLevel:
-		return slog.LevelInfo
-	case l == zapcore.WarnLevel:
-		return slog.LevelWarn
-	default:
-		return slog.LevelError
-	}
+type minLevel struct {
+	h   slog.Handler
+	min slog.Level
 }
 
-func attrs(fields []zapcore.Field) []slog.Attr {
-	if len(fields) == 0 {
-		return nil
-	}
-	enc := zapcore.NewMapObjectEncoder()
-	for _, f := range fields {
-		f.AddTo(enc)
-	}
-	keys := make([]string, 0, len(enc.Fields))
-	for k := range enc.Fields {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	out := make([]slog.Attr, 0, len(keys))
-	for _, k := range keys {
-		out = append(out, slog.Any(k, enc.Fields[k]))
-	}
-	return out
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.h.Enabled(ctx, l)
 }
-
-func (c *core) Enabled(l zapcore.Level) bool { return c.h.Enabled(context.Background(), level(l)) }
-
-func (c *core) With(fields []zapcore.Field) zapcore.Core {
-	return &core{h: c.h.WithAttrs(attrs(fields)), name: c.name}
+func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+func (m minLevel) WithAttrs(as []slog.Attr) slog.Handler {
+	return minLevel{h: m.h.WithAttrs(as), min: m.min}
 }
-
-func (c *core) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if c.Enabled(e.Level) {
-		return ce.AddCore(e, c)
-	}
-	return ce
+func (m minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h: m.h.WithGroup(name), min: m.min}
 }
-
-func (c *core) Write(e zapcore.Entry, fields []zapcore.Field) error {
-	r := slog.NewRecord(e.Time, level(e.Level), e.Message, 0)
-	if e.LoggerName != "" {
-		r.AddAttrs(slog.String("logger", e.LoggerName))
-	}
-	r.AddAttrs(attrs(fields)...)
-	return c.h.Handle(context.Background(), r)
-}
-
-func (c *core) Sync() error { return nil }
 
 // Slog returns a *slog.Logger writing to z (for a program that logs with zap
 // and hands a logger to the public configurations).

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -47,7 +47,7 @@ type Statistics struct {
 	// negative: Run does nothing.
 	Interval time.Duration
 	// Logger; nil: none.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // RunOnce analyzes the table if its statistics are stale and no other
@@ -99,7 +99,7 @@ func (s Statistics) Run(ctx context.Context) {
 		s.Interval = DefaultStatisticsInterval
 	}
 	if s.Logger == nil {
-		s.Logger = zap.NewNop()
+		s.Logger = slog.New(slog.DiscardHandler)
 	}
 	wait.Every(ctx, s.Interval, 0.2, func(ctx context.Context) {
 		began := time.Now()
@@ -107,9 +107,9 @@ func (s Statistics) Run(ctx context.Context) {
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:
-			s.Logger.Warn("keeping the table's planner statistics failed", zap.String("table", s.Table), zap.Error(err))
+			s.Logger.Warn("keeping the table's planner statistics failed", slog.String("table", s.Table), slog.Any("error", err))
 		case analyzed:
-			s.Logger.Debug("table analyzed: its statistics were stale", zap.String("table", s.Table), zap.Duration("took", time.Since(began)))
+			s.Logger.Debug("table analyzed: its statistics were stale", slog.String("table", s.Table), slog.Duration("took", time.Since(began)))
 		}
 	})
 }

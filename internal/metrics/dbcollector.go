@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
@@ -24,7 +24,7 @@ type DBCollectorConfig struct {
 	// several scrapers (or a fast scrape interval) cost one query. Default: 5s.
 	CacheFor time.Duration
 	// Logger receives query failures. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -36,7 +36,7 @@ func (c DBCollectorConfig) WithDefaults() DBCollectorConfig {
 		c.CacheFor = 5 * time.Second
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -101,7 +101,7 @@ func (c *cachedCollector) Collect(ch chan<- prometheus.Metric) {
 		c.at = time.Now()
 		c.ok = err == nil
 		if err != nil {
-			c.cfg.Logger.Warn("metrics: database gauges unavailable", zap.Error(err))
+			c.cfg.Logger.Warn("metrics: database gauges unavailable", slog.Any("error", err))
 		} else {
 			c.last = vals
 		}

@@ -18,10 +18,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -151,7 +151,7 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 		return nil
 	})
 	w, err := inbox.NewWorker(inbox.Config{
-		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: zaptest.NewLogger(t),
+		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: logtest.New(t),
 		Workers: 1, MaxAttempts: 2, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
 	})
@@ -443,7 +443,7 @@ func TestFencedAndTakeoverMetrics(t *testing.T) {
 		return nil
 	})
 	w, err := inbox.NewWorker(inbox.Config{
-		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: zaptest.NewLogger(t),
+		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: logtest.New(t),
 		Workers: 1, Lease: 30 * time.Second, HandlerTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)

@@ -3,15 +3,15 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker/nats"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -53,7 +53,7 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 	require.Zero(t, m["relay_published_total"])
 
 	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, Observer: obs,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), PollInterval: 20 * time.Millisecond,
+		Logger: logtest.NewAt(t, slog.LevelWarn), PollInterval: 20 * time.Millisecond,
 		Lease: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(context.Background())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sort"
@@ -14,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
 )
 
 // Check reports whether a dependency is reachable. It must honour ctx.
@@ -40,7 +40,7 @@ type ServerConfig struct {
 	// CheckTimeout bounds each readiness check. Default: 2s.
 	CheckTimeout time.Duration
 	// Logger receives serving errors. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// ShutdownTimeout bounds the graceful shutdown. Default: 5s.
 	ShutdownTimeout time.Duration
 }
@@ -54,7 +54,7 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 		c.CheckTimeout = 2 * time.Second
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 5 * time.Second
@@ -96,7 +96,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{
-		ErrorLog:      zap.NewStdLog(cfg.Logger),
+		ErrorLog:      slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError),
 		ErrorHandling: promhttp.ContinueOnError,
 		Timeout:       30 * time.Second,
 	}))
@@ -132,7 +132,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	s.cfg.Logger.Info("metrics and health endpoints listening", zap.String("addr", ln.Addr().String()))
+	s.cfg.Logger.Info("metrics and health endpoints listening", slog.String("addr", ln.Addr().String()))
 	select {
 	case err := <-errc:
 		return fmt.Errorf("metrics: serve: %w", err)
@@ -211,14 +211,14 @@ func runCheck(ctx context.Context, timeout time.Duration, f Check) error {
 	}
 }
 
-func recoverer(log *zap.Logger, next http.Handler) http.Handler {
+func recoverer(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				log.Error("metrics handler panicked", zap.Any("panic", v), zap.String("path", r.URL.Path))
+				log.Error("metrics handler panicked", slog.Any("panic", v), slog.String("path", r.URL.Path))
 				http.Error(w, "internal error", http.StatusInternalServerError)
 			}
 		}()

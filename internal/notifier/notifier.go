@@ -9,11 +9,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
@@ -67,7 +67,7 @@ type Config struct {
 	// QueryTimeout bounds the dial and each LISTEN. Default: 10s.
 	QueryTimeout time.Duration
 	// Logger receives a warning per lost connection. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // Defaults for Config.
@@ -97,7 +97,7 @@ func New(cfg Config) (*Notifier, error) {
 		cfg.QueryTimeout = defaultQueryTimeout
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	var errs []error
 	if cfg.Pool == nil {
@@ -131,7 +131,7 @@ func (n *Notifier) Run(ctx context.Context) {
 			bo.Reset()
 		}
 		d := bo.Next()
-		n.cfg.Logger.Warn("LISTEN connection lost; polling until it is back", zap.Error(err), zap.Duration("retry_in", d))
+		n.cfg.Logger.Warn("LISTEN connection lost; polling until it is back", slog.Any("error", err), slog.Duration("retry_in", d))
 		wait.Sleep(ctx, d)
 	}
 }

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -16,7 +15,7 @@ import (
 // read it for the worker) and marks it. It returns the number of rows read.
 // A failure advances bo, so that the retry time recorded on the rows is the
 // one the worker waits for.
-func (r *Relay) runBatch(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
+func (r *Relay) runBatch(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
 	n, err := r.runBatchOnce(w, log, bo, inflight, handed)
 	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
 		bo.Next()
@@ -34,14 +33,14 @@ type pendingMark struct {
 
 // awaitMark waits for the mark in flight, if any, and returns its error
 // (errFenced when the partition was taken over).
-func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
+func (r *Relay) awaitMark(w *worker, log *slog.Logger, m *pendingMark) error {
 	if m.done == nil {
 		return nil
 	}
 	err := <-m.done
 	m.done, m.ids = nil, nil
 	if err != nil && !errors.Is(err, errFenced) {
-		log.Warn("marking a published batch failed; it is published again (JetStream drops the duplicates)", zap.Int("rows", m.rows), zap.Error(err))
+		log.Warn("marking a published batch failed; it is published again (JetStream drops the duplicates)", slog.Int("rows", m.rows), slog.Any("error", err))
 	}
 	return err
 }
@@ -53,7 +52,7 @@ func (r *Relay) awaitMark(w *worker, log *zap.Logger, m *pendingMark) error {
 // one: the next batch holds only rows after it (each key's earlier rows are
 // acknowledged), and its own mark waits for this one, so a fenced or failed
 // mark stops the partition before anything later is marked.
-func (r *Relay) runBatchOnce(w *worker, log *zap.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
+func (r *Relay) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
 	var rows []db.PendingBatchRow
 	var readStart time.Time
 	if handed != nil {
@@ -132,7 +131,7 @@ func rowIDs(rows []db.PendingBatchRow) []int64 {
 // through the marker, which sends it in one statement with the marks of
 // other partitions handed to it meanwhile; it returns errFenced when another
 // relay owns the partition now.
-func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out outcomes) error {
+func (r *Relay) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, out outcomes) error {
 	if len(out.markIDs) == 0 {
 		return nil
 	}
@@ -149,7 +148,7 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 	// Marked, or fenced (the new owner publishes and marks them).
 	r.sent.remove(out.sentIDs)
 	if res.marked == 0 {
-		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", zap.Int("rows", len(out.markIDs)))
+		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", slog.Int("rows", len(out.markIDs)))
 		r.cfg.Observer.Fenced(int(w.partition))
 		return errFenced
 	}
@@ -166,14 +165,14 @@ func (r *Relay) mark(w *worker, log *zap.Logger, rows []db.PendingBatchRow, out 
 }
 
 // start runs mark in the background as the mark of the batch of ids.
-func (m *pendingMark) start(log *zap.Logger, ids []int64, mark func() error) {
+func (m *pendingMark) start(log *slog.Logger, ids []int64, mark func() error) {
 	done := make(chan error, 1)
 	m.done, m.ids, m.rows = done, ids, len(ids)
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {
 				// An Observer's panic, after the mark committed.
-				log.Error("panic while marking a batch", zap.Any("panic", p))
+				log.Error("panic while marking a batch", slog.Any("panic", p))
 				done <- fmt.Errorf("panic while marking: %v", p)
 			}
 		}()

@@ -4,13 +4,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -35,7 +35,7 @@ type Config struct {
 	// Publisher publishes the events. Required. The relay does not close it.
 	Publisher broker.Publisher
 	// Logger receives the relay's logs. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// Observer receives metrics events. Default: NopObserver.
 	Observer Observer
 	// NodeID names this relay in relay_partitions.owner; it must be unique
@@ -152,7 +152,7 @@ const (
 // WithDefaults returns the config with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Observer == nil {
 		c.Observer = NopObserver{}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -14,12 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -77,9 +77,9 @@ func (b *bundle) publisherB(t testing.TB) *nats.Publisher {
 // testConfig is a relay config with short timings for tests.
 // A nil t gives a silent logger.
 func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs Observer) Config {
-	log := zap.NewNop()
+	log := slog.New(slog.DiscardHandler)
 	if t != nil {
-		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+		log = logtest.NewAt(t, slog.LevelWarn)
 	}
 	return Config{
 		Pool:              b.pool,

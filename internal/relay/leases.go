@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sort"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
@@ -84,7 +83,7 @@ func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, de
 			continue
 		}
 		if e, ok := held[p]; !ok || e != w.epoch {
-			r.log.Warn("partition lease lost", zap.Int32("partition", p), zap.Int64("epoch", w.epoch))
+			r.log.Warn("partition lease lost", slog.Any("partition", p), slog.Int64("epoch", w.epoch))
 			r.cfg.Observer.LeaseLost(int(p))
 			w.stop(false)
 			continue
@@ -136,7 +135,7 @@ func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int, s
 		sort.Slice(owned, func(i, j int) bool { return owned[i] > owned[j] })
 		r.mu.Lock()
 		for _, p := range owned[:len(owned)-share] {
-			r.log.Info("releasing partition to rebalance", zap.Int32("partition", p), zap.Int("share", share))
+			r.log.Info("releasing partition to rebalance", slog.Any("partition", p), slog.Int("share", share))
 			r.workers[p].stop(true)
 		}
 		r.mu.Unlock()
@@ -152,7 +151,7 @@ func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int, s
 		}
 		for _, a := range got {
 			takenOver := a.PreviousOwner != nil
-			r.log.Info("partition acquired", zap.Int32("partition", a.Partition), zap.Int64("epoch", a.Epoch), zap.Bool("taken_over", takenOver))
+			r.log.Info("partition acquired", slog.Any("partition", a.Partition), slog.Int64("epoch", a.Epoch), slog.Bool("taken_over", takenOver))
 			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
 			r.startWorker(ctx, a.Partition, a.Epoch, deadline, s)
 		}
@@ -182,7 +181,7 @@ func (r *Relay) checkPoolSize(share int) {
 	}
 	r.poolWarnedShare = share
 	r.log.Warn("the database pool is smaller than the relay's partitions use at once; their reads and marks queue for connections (raise pool_max_conns)",
-		zap.Int("pool_max_conns", have), zap.Int("partitions", share), zap.Int("wanted_conns", want))
+		slog.Int("pool_max_conns", have), slog.Int("partitions", share), slog.Int("wanted_conns", want))
 }
 
 // errFenced reports a mark refused because the partition has a new owner.

@@ -2,14 +2,13 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRelayWarnsWhenPoolTooSmall: a pool with fewer connections than the
@@ -28,9 +27,9 @@ func TestRelayWarnsWhenPoolTooSmall(t *testing.T) {
 		pcfg.MaxConns = int32(tc.conns)
 		pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 		require.NoError(t, err)
-		core, logs := observer.New(zapcore.WarnLevel)
+		core, logs := logtest.Observe(slog.LevelWarn)
 		cfg := b.testConfig(t, b.publisher(t), nil)
-		cfg.Pool, cfg.Logger = pool, zap.New(core)
+		cfg.Pool, cfg.Logger = pool, core
 		_, stop := start(t, cfg)
 		// The first heartbeat computes the share and acquires it.
 		require.Eventually(t, func() bool {

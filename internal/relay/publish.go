@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -17,7 +16,7 @@ import (
 // publishBatch publishes rows while w's lease lasts and returns each row's
 // result; errLeaseExpired when the lease may have ended before publishing.
 // readStart is when the rows were read (see expiredRows).
-func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchRow, readStart time.Time) ([]broker.Result, error) {
+func (r *Relay) publishBatch(w *worker, log *slog.Logger, rows []db.PendingBatchRow, readStart time.Time) ([]broker.Result, error) {
 	if h := r.cfg.hooks.beforePublish; h != nil {
 		h(w.partition)
 	}
@@ -29,7 +28,7 @@ func (r *Relay) publishBatch(w *worker, log *zap.Logger, rows []db.PendingBatchR
 	// Publishing stops at the lease's end, too.
 	leaseEnd := r.leaseEnd(w)
 	if !time.Now().Before(leaseEnd) {
-		log.Warn("lease may have expired; the batch read before is not published", zap.Int("rows", len(rows)))
+		log.Warn("lease may have expired; the batch read before is not published", slog.Int("rows", len(rows)))
 		return nil, errLeaseExpired
 	}
 	// Likewise once the lock session is no longer confirmed: another relay
@@ -128,7 +127,7 @@ func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []br
 	defer cancelLease()
 	defer func() {
 		if p := recover(); p != nil {
-			r.log.Error("publisher panicked", zap.Any("panic", p))
+			r.log.Error("publisher panicked", slog.Any("panic", p))
 			results = make([]broker.Result, len(msgs))
 			for i := range results {
 				results[i].Err = fmt.Errorf("publisher panicked: %v", p)
@@ -160,7 +159,7 @@ type outcomes struct {
 }
 
 // outcomesOf sorts the batch's rows by their publishing's results.
-func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Result) outcomes {
+func outcomesOf(log *slog.Logger, rows []db.PendingBatchRow, results []broker.Result) outcomes {
 	// Mark every row with an outcome: published, or dead when rejected
 	// permanently. Rows that failed transiently stay pending and are retried
 	// after a backoff. They are always a suffix of their key's rows in the
@@ -186,7 +185,7 @@ func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Res
 			out.deadIDs = append(out.deadIDs, rows[i].ID)
 			out.reasons = append(out.reasons, res.Err.Error())
 			out.dead++
-			log.Warn("event rejected permanently; marked dead", zap.String("event_id", rows[i].EventID), zap.Error(res.Err))
+			log.Warn("event rejected permanently; marked dead", slog.String("event_id", rows[i].EventID), slog.Any("error", res.Err))
 			continue
 		}
 		if rows[i].ExpiresAt != nil {
@@ -202,7 +201,7 @@ func outcomesOf(log *zap.Logger, rows []db.PendingBatchRow, results []broker.Res
 
 // retryLater records a transient failure on the rows it left pending, to be
 // retried after the partition's next backoff, and returns it.
-func (r *Relay) retryLater(w *worker, log *zap.Logger, bo *retryBackoff, rest []int64, transient error) error {
+func (r *Relay) retryLater(w *worker, log *slog.Logger, bo *retryBackoff, rest []int64, transient error) error {
 	r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
 	retryAt := time.Now().Add(bo.Next())
 	bo.advanced = true
@@ -212,7 +211,7 @@ func (r *Relay) retryLater(w *worker, log *zap.Logger, bo *retryBackoff, rest []
 	})
 	cancel()
 	if err != nil {
-		log.Warn("record publish failure", zap.Error(err))
+		log.Warn("record publish failure", slog.Any("error", err))
 	}
 	return fmt.Errorf("publish: %w", transient)
 }

@@ -10,11 +10,11 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
@@ -26,7 +26,7 @@ import (
 type Relay struct {
 	cfg Config
 	q   *db.Queries
-	log *zap.Logger
+	log *slog.Logger
 
 	// notifier wakes the partition workers on outbox inserts and the
 	// heartbeat when a peer released partitions.
@@ -86,7 +86,7 @@ func New(cfg Config) (*Relay, error) {
 	r := &Relay{
 		cfg:     cfg,
 		q:       db.New(),
-		log:     cfg.Logger.Named("relay").With(zap.String("node", cfg.NodeID)),
+		log:     cfg.Logger.With(slog.String("logger", "relay")).With(slog.String("node", cfg.NodeID)),
 		workers: map[int32]*worker{},
 		clock:   time.Now(),
 		kick:    make(chan struct{}, 1),
@@ -129,7 +129,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkStandbys(ctx); err != nil {
 		return err
 	}
-	r.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize), zap.Duration("lease", r.cfg.Lease))
+	r.log.Info("relay starting", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)
 	go func() { defer bg.Done(); r.pollBusy(ctx) }()
@@ -181,7 +181,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			// pooled connection to the old server, and the partitions wait
 			// for the next success.
 			d := min(retry.Next(), r.cfg.HeartbeatInterval)
-			r.log.Warn("lease heartbeat failed", zap.Error(err), zap.Duration("retry_in", d))
+			r.log.Warn("lease heartbeat failed", slog.Any("error", err), slog.Duration("retry_in", d))
 			t.Reset(d)
 			continue
 		}
@@ -219,7 +219,7 @@ func (r *Relay) shutdown() {
 		return r.q.NotifyRelays(ctx, tx, "left "+r.cfg.NodeID)
 	})
 	if err != nil {
-		r.log.Warn("release leases and unregister; other relays take the partitions over when the leases expire", zap.Error(err))
+		r.log.Warn("release leases and unregister; other relays take the partitions over when the leases expire", slog.Any("error", err))
 	}
 }
 

@@ -2,8 +2,7 @@ package relay
 
 import (
 	"context"
-
-	"go.uber.org/zap"
+	"log/slog"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
@@ -19,12 +18,12 @@ import (
 type OutboxCleaner struct {
 	cfg     Config
 	q       *db.Queries
-	log     *zap.Logger
+	log     *slog.Logger
 	batches maintenance.Batches
 }
 
-func newOutboxCleaner(cfg Config, log *zap.Logger) *OutboxCleaner {
-	return &OutboxCleaner{cfg: cfg, q: db.New(), log: log.Named("retention"),
+func newOutboxCleaner(cfg Config, log *slog.Logger) *OutboxCleaner {
+	return &OutboxCleaner{cfg: cfg, q: db.New(), log: log.With(slog.String("logger", "retention")),
 		batches: maintenance.Batches{Size: cfg.RetentionBatchSize, Timeout: cfg.QueryTimeout}}
 }
 
@@ -50,9 +49,9 @@ func (c *OutboxCleaner) Run(ctx context.Context) {
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:
-			c.log.Warn("retention delete failed", zap.Error(err))
+			c.log.Warn("retention delete failed", slog.Any("error", err))
 		case n > 0:
-			c.log.Debug("deleted published rows past retention", zap.Int64("rows", n))
+			c.log.Debug("deleted published rows past retention", slog.Int64("rows", n))
 		}
 	})
 }

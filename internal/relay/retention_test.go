@@ -2,17 +2,16 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // TestOutboxCleanerOffWhenRetentionNegative: a negative Retention turns the
 // outbox upkeep off: Run returns at once without touching the database.
 func TestOutboxCleanerOffWhenRetentionNegative(t *testing.T) {
 	t.Parallel()
-	c := newOutboxCleaner(Config{Retention: -1}.WithDefaults(), zap.NewNop())
+	c := newOutboxCleaner(Config{Retention: -1}.WithDefaults(), slog.New(slog.DiscardHandler))
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(context.Background()) }()
 	select {

@@ -3,12 +3,12 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -133,7 +133,7 @@ func (r *Relay) keepLock(ctx context.Context) {
 			bo.Reset()
 		}
 		d := bo.Next()
-		r.log.Warn("lock connection lost: the partitions of its session are not worked until it is back", zap.Error(err), zap.Duration("retry_in", d))
+		r.log.Warn("lock connection lost: the partitions of its session are not worked until it is back", slog.Any("error", err), slog.Duration("retry_in", d))
 		wait.Sleep(ctx, d)
 	}
 }
@@ -171,7 +171,7 @@ func (r *Relay) holdLock(ctx context.Context) error {
 		return fmt.Errorf("register lock key: %w", err)
 	}
 	if released > 0 {
-		r.log.Info("released the leases of an earlier lock session", zap.Int64("partitions", released))
+		r.log.Info("released the leases of an earlier lock session", slog.Int64("partitions", released))
 		_ = r.q.NotifyRelays(cctx, conn, "released by "+r.cfg.NodeID)
 	}
 	cancel()
@@ -234,7 +234,7 @@ func (r *Relay) noteEnded(rows []db.EndedLockSessionsRow) {
 			continue
 		}
 		seen[o] = now
-		r.log.Info("a relay's lock session ended: its partitions move in "+lockValidFor.String(), zap.String("owner", o.node))
+		r.log.Info("a relay's lock session ended: its partitions move in "+lockValidFor.String(), slog.String("owner", o.node))
 		time.AfterFunc(lockValidFor, r.kickHeartbeat)
 	}
 	r.ended = seen

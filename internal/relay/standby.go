@@ -3,9 +3,8 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 )
@@ -23,7 +22,7 @@ const (
 // the commits of the batch read before: one wait per batch. It waits as
 // long as the partition's lease lasts (errLeaseExpired after it) and until
 // the worker stops; nothing is published meanwhile.
-func (r *Relay) awaitStandbys(w *worker, log *zap.Logger) error {
+func (r *Relay) awaitStandbys(w *worker, log *slog.Logger) error {
 	names := r.cfg.StandbyNames
 	if len(names) == 0 {
 		return nil
@@ -64,7 +63,7 @@ func (r *Relay) awaitStandbys(w *worker, log *zap.Logger) error {
 		if !warned && time.Since(since) >= standbyWarnAfter {
 			warned = true
 			log.Warn("publishing held: not every standby named has flushed the batch's commits (connected? see pg_stat_replication)",
-				zap.Strings("standby_names", names), zap.String("wal_position", *target), zap.Duration("waited", time.Since(since)))
+				slog.Any("standby_names", names), slog.String("wal_position", *target), slog.Duration("waited", time.Since(since)))
 		}
 		if !time.Now().Before(r.leaseEnd(w)) {
 			return errLeaseExpired
@@ -95,7 +94,7 @@ func (r *Relay) checkStandbys(ctx context.Context) error {
 		return bad("StandbyNames", "{}: the database role cannot see the standbys' positions in pg_stat_replication: "+
 			"GRANT pg_monitor (or pg_read_all_stats) TO the relay's role")
 	}
-	r.log.Info("publishing waits for the standbys named", zap.Strings("standby_names", r.cfg.StandbyNames),
-		zap.Strings("connected", row.Connected))
+	r.log.Info("publishing waits for the standbys named", slog.Any("standby_names", r.cfg.StandbyNames),
+		slog.Any("connected", row.Connected))
 	return nil
 }

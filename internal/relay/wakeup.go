@@ -3,11 +3,10 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -114,7 +113,7 @@ func (r *Relay) pollBusy(ctx context.Context) {
 		if err := r.readLingering(ctx, claimed, parts); err != nil && ctx.Err() == nil {
 			// The lingering workers read on their own at the end of
 			// their linger.
-			r.log.Debug("reading busy partitions failed", zap.Error(err))
+			r.log.Debug("reading busy partitions failed", slog.Any("error", err))
 			wait.Sleep(ctx, lingerFor)
 			continue
 		}

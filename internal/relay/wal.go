@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -90,7 +90,7 @@ type walTx struct {
 // walSource is the WAL capture of one relay.
 type walSource struct {
 	r       *Relay
-	log     *zap.Logger
+	log     *slog.Logger
 	connCfg *pgconn.Config
 	// senderTimeout is the server's wal_sender_timeout (0: none).
 	senderTimeout time.Duration
@@ -127,18 +127,18 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	w := &walSource{r: r, log: r.log.With(zap.String("capture", CaptureWAL), zap.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
+	w := &walSource{r: r, log: r.log.With(slog.String("capture", CaptureWAL), slog.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
 	r.walMu.Lock()
 	r.wal = w
 	r.walMu.Unlock()
-	w.log.Info("relay starting", zap.Int("batch_size", r.cfg.BatchSize))
+	w.log.Info("relay starting", slog.Int("batch_size", r.cfg.BatchSize))
 	for {
 		err := w.run(ctx)
 		if !errors.Is(err, errSlotGone) || ctx.Err() != nil {
 			w.log.Info("relay stopped")
 			return err
 		}
-		w.log.Error("the replication slot is gone; checking its history for a gap before going on", zap.Error(err))
+		w.log.Error("the replication slot is gone; checking its history for a gap before going on", slog.Any("error", err))
 	}
 }
 
@@ -206,7 +206,7 @@ func (w *walSource) setup(ctx context.Context) error {
 			// Refused, loudly, until an operator accepts the gap.
 			w.reportGap(err.Error())
 			if err.Error() != reported {
-				w.log.Error("the WAL capture streams nothing: its slot has a gap no operator accepted", zap.Error(err))
+				w.log.Error("the WAL capture streams nothing: its slot has a gap no operator accepted", slog.Any("error", err))
 				reported = err.Error()
 			}
 			if !wait.Sleep(ctx, w.r.cfg.WAL.StandbyPoll) {
@@ -214,7 +214,7 @@ func (w *walSource) setup(ctx context.Context) error {
 			}
 			continue
 		}
-		w.log.Warn("WAL capture set-up failed; retrying", zap.Error(err))
+		w.log.Warn("WAL capture set-up failed; retrying", slog.Any("error", err))
 		if !wait.Sleep(ctx, bo.Next()) {
 			return ctx.Err()
 		}
@@ -316,7 +316,7 @@ func (w *walSource) createSlot(ctx context.Context, keep string, version int) er
 	if err != nil && !isCode(err, "42710") {
 		return fmt.Errorf("create replication slot %s: %w", cfg.WAL.Slot, err)
 	}
-	w.log.Info("created the replication slot", zap.String("max_slot_wal_keep_size", keep), zap.Bool("failover", version >= 170000))
+	w.log.Info("created the replication slot", slog.String("max_slot_wal_keep_size", keep), slog.Bool("failover", version >= 170000))
 	return nil
 }
 
@@ -373,7 +373,7 @@ func (w *walSource) checkGap(ctx context.Context, exists bool, id serverID, crea
 			cause = fmt.Sprintf("the slot is missing on this server (timeline %d): it was dropped", id.timeline)
 		default:
 			if h.Timeline != id.timeline {
-				w.log.Info("the slot followed the server's promotion (a failover slot)", zap.Int32("from_timeline", h.Timeline), zap.Int32("timeline", id.timeline))
+				w.log.Info("the slot followed the server's promotion (a failover slot)", slog.Any("from_timeline", h.Timeline), slog.Any("timeline", id.timeline))
 			}
 			return nil
 		}
@@ -475,7 +475,7 @@ func (w *walSource) loop(ctx context.Context) error {
 			}
 			continue
 		case err != nil:
-			w.log.Warn("WAL capture session ended; reconnecting", zap.Error(err))
+			w.log.Warn("WAL capture session ended; reconnecting", slog.Any("error", err))
 		}
 		standby = false
 		if !wait.Sleep(ctx, bo.Next()) {
@@ -537,7 +537,7 @@ func (w *walSource) session(ctx context.Context) error {
 		w.cur = nil
 		w.mu.Unlock()
 	}()
-	w.log.Info("streaming the slot", zap.Duration("wal_sender_timeout", w.senderTimeout))
+	w.log.Info("streaming the slot", slog.Duration("wal_sender_timeout", w.senderTimeout))
 
 	pubErr := make(chan error, 1)
 	go func() {
@@ -550,7 +550,7 @@ func (w *walSource) session(ctx context.Context) error {
 	if ctx.Err() != nil && readErr == nil && perr == nil && !s.stale.Load() {
 		// A graceful stop: confirm what the last batch acknowledged.
 		if err := s.sendStatus(true); err != nil {
-			w.log.Debug("final standby status", zap.Error(err))
+			w.log.Debug("final standby status", slog.Any("error", err))
 		}
 	}
 	if readErr != nil {
@@ -632,7 +632,7 @@ func (s *walSession) checkFresh() error {
 	if s.staleAfter > 0 && time.Since(time.Unix(0, s.lastSent.Load())) > s.staleAfter {
 		s.stale.Store(true)
 		s.w.log.Warn("this relay went silent past half of wal_sender_timeout (paused?): dropping the session without publishing or confirming what it read",
-			zap.Duration("wal_sender_timeout", s.w.senderTimeout))
+			slog.Duration("wal_sender_timeout", s.w.senderTimeout))
 		return errStale
 	}
 	return nil
@@ -758,7 +758,7 @@ func (s *walSession) read(ctx context.Context) error {
 				}
 				if err != nil {
 					s.w.log.Error("a pgrelay message in the WAL cannot be decoded; it is skipped (written with pg_logical_emit_message by hand?)",
-						zap.String("lsn", lm.LSN.String()), zap.Error(err))
+						slog.String("lsn", lm.LSN.String()), slog.Any("error", err))
 					cur.dead++
 					continue
 				}
@@ -772,7 +772,7 @@ func (s *walSession) read(ctx context.Context) error {
 				}
 				m, err := decodeWALRow(s.types, rel, lm.Tuple)
 				if err != nil {
-					s.w.log.Error("a row inserted into "+walTable+" cannot be read as an event; it is skipped", zap.Error(err))
+					s.w.log.Error("a row inserted into "+walTable+" cannot be read as an event; it is skipped", slog.Any("error", err))
 					cur.dead++
 					continue
 				}
@@ -782,7 +782,7 @@ func (s *walSession) read(ctx context.Context) error {
 					continue
 				}
 				cur.end, cur.commit = lm.TransactionEndLSN, lm.CommitTime
-				s.w.log.Debug("transaction read", zap.Int("events", len(cur.msgs)), zap.Stringer("end", cur.end))
+				s.w.log.Debug("transaction read", slog.Int("events", len(cur.msgs)), slog.Any("end", cur.end))
 				if err := s.hand(ctx, cur, &next); err != nil {
 					return err
 				}
@@ -846,7 +846,7 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 			return err
 		}
 		last := batch[len(batch)-1]
-		s.w.log.Debug("batch acknowledged", zap.Int("transactions", len(batch)), zap.Stringer("end", last.end))
+		s.w.log.Debug("batch acknowledged", slog.Int("transactions", len(batch)), slog.Any("end", last.end))
 		s.confirmed.Store(uint64(last.end))
 		if s.confirmed.Load() == s.handed.Load() {
 			s.oldest.Store(0)
@@ -900,7 +900,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				if serverStopping(err) {
 					return fmt.Errorf("%w: %w", errServerStopping, err)
 				}
-				log.Warn("numbering key sequences failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(err))
+				log.Warn("numbering key sequences failed; retrying the batch", slog.Int("events", len(chunk)), slog.Any("error", err))
 				if !wait.Sleep(ctx, bo.Next()) {
 					return ctx.Err()
 				}
@@ -928,7 +928,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 					}
 				case res.Err != nil:
 					terminal++
-					log.Error("event rejected permanently by the broker; skipped", zap.String("event_id", chunk[i].EventID), zap.Error(res.Err))
+					log.Error("event rejected permanently by the broker; skipped", slog.String("event_id", chunk[i].EventID), slog.Any("error", res.Err))
 				default:
 					published++
 					if res.Duplicate {
@@ -940,7 +940,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				// Republish the whole chunk after a pause: in order, and the
 				// events acknowledged already are absorbed as duplicates.
 				r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
-				log.Warn("publish failed; retrying the batch", zap.Int("events", len(chunk)), zap.Error(transient))
+				log.Warn("publish failed; retrying the batch", slog.Int("events", len(chunk)), slog.Any("error", transient))
 				if !wait.Sleep(ctx, bo.Next()) {
 					return ctx.Err()
 				}
@@ -977,11 +977,11 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 		w.mu.Unlock()
 		if s != nil {
 			if err := w.r.q.WALHeartbeat(qctx, w.r.cfg.Pool); err != nil && ctx.Err() == nil {
-				w.log.Warn("WAL heartbeat", zap.Error(err))
+				w.log.Warn("WAL heartbeat", slog.Any("error", err))
 			}
 			if err := w.r.q.RecordWALSlotHistory(qctx, w.r.cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: s.id.system, Timeline: s.id.timeline,
 				Slot: w.r.cfg.WAL.Slot}); err != nil && ctx.Err() == nil {
-				w.log.Warn("record the slot's history", zap.Error(err))
+				w.log.Warn("record the slot's history", slog.Any("error", err))
 			}
 			w.pruneKeySeqs(qctx)
 		}
@@ -989,12 +989,12 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 		qcancel()
 		if err != nil {
 			if ctx.Err() == nil {
-				w.log.Warn("read the slot's status", zap.Error(err))
+				w.log.Warn("read the slot's status", slog.Any("error", err))
 			}
 			if s != nil && serverStopping(err) {
 				// The publisher may be retrying a broker that is down:
 				// the server's shutdown must not wait for it.
-				w.log.Warn("the server is shutting down: dropping the WAL capture session", zap.Error(err))
+				w.log.Warn("the server is shutting down: dropping the WAL capture session", slog.Any("error", err))
 				s.end()
 			}
 		} else {
@@ -1015,7 +1015,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 			switch {
 			case row.walStatus == "lost":
 				err := w.slotLostError("")
-				w.log.Error("the replication slot is lost; the relay stops", zap.Error(err))
+				w.log.Error("the replication slot is lost; the relay stops", slog.Any("error", err))
 				cancel(err)
 				return
 			case !row.exists:

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pglogrepl"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/walmsg"
 )
@@ -55,16 +55,16 @@ func (s *walSession) verify(ctx context.Context, lm *pglogrepl.LogicalDecodingMe
 	if err == nil {
 		return body, nil
 	}
-	fields := []zap.Field{zap.String("reason", err.Error()), zap.String("lsn", lm.LSN.String())}
+	fields := []any{slog.String("reason", err.Error()), slog.String("lsn", lm.LSN.String())}
 	hint := "it was written with pg_logical_emit_message, which any role may call, or by a producer of a release before migration 00116: " +
 		"producers write with pgrelay.Emit or pgrelay.emit, their role granted EXECUTE (docs/wal.md#who-can-publish)"
 	if errors.Is(err, walmsg.ErrUnsigned) {
 		// What it claims to be, to find its writer.
 		if m, derr := walmsg.Decode(lm.Content); derr == nil {
-			fields = append(fields, zap.String("event_id", m.EventID), zap.String("topic", m.Topic), zap.String("event_type", m.EventType))
+			fields = append(fields, slog.String("event_id", m.EventID), slog.String("topic", m.Topic), slog.String("event_type", m.EventType))
 		}
 	} else {
-		fields = append(fields, zap.Int32("key_id", kid))
+		fields = append(fields, slog.Any("key_id", kid))
 		hint = "its signature does not match a key of pgrelay.wal_keys: forged, altered, or signed with a key deleted before the relay read it"
 	}
 	s.w.log.Error("a pgrelay message in the WAL is not signed by an allowed producer: skipped, never published; "+hint, fields...)

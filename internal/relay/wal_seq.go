@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -87,7 +87,7 @@ func (s *walSession) numberKeySeqs(ctx context.Context, msgs []broker.Message, e
 			// The same event id emitted again with another key: numbered
 			// with the key it was first read with; this copy goes without.
 			s.w.log.Warn("an event id read again with another key is published without a key sequence",
-				zap.String("event_id", msgs[i].EventID), zap.String("key", msgs[i].Key))
+				slog.String("event_id", msgs[i].EventID), slog.String("key", msgs[i].Key))
 			continue
 		}
 		msgs[i].KeySeq = seq
@@ -105,8 +105,8 @@ func (s *walSession) dropExpired(msgs []broker.Message, ends []pglogrepl.LSN) ([
 	for i := range msgs {
 		m := &msgs[i]
 		if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt) {
-			s.w.log.Warn("event expired before it was published; dropped", zap.String("event_id", m.EventID),
-				zap.String("topic", m.Topic), zap.Time("expires_at", m.ExpiresAt), zap.Stringer("commit_end", ends[i]))
+			s.w.log.Warn("event expired before it was published; dropped", slog.String("event_id", m.EventID),
+				slog.String("topic", m.Topic), slog.Time("expires_at", m.ExpiresAt), slog.Any("commit_end", ends[i]))
 			continue
 		}
 		msgs[kept], ends[kept] = msgs[i], ends[i]
@@ -124,11 +124,11 @@ func (w *walSource) pruneKeySeqs(ctx context.Context) {
 	n, err := w.r.q.PruneWALKeySeqs(ctx, w.r.cfg.Pool, w.r.cfg.WAL.Slot)
 	if err != nil {
 		if ctx.Err() == nil {
-			w.log.Warn("prune the WAL capture's key sequence records", zap.Error(err))
+			w.log.Warn("prune the WAL capture's key sequence records", slog.Any("error", err))
 		}
 		return
 	}
 	if n > 0 {
-		w.log.Debug("pruned key sequence records", zap.Int64("rows", n))
+		w.log.Debug("pruned key sequence records", slog.Int64("rows", n))
 	}
 }

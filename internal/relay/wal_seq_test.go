@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,14 +12,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // seqOf returns m's Pgrelay-Key-Seq header as a number (0: none).
@@ -217,7 +217,7 @@ func TestWALOrderedApplyEndToEnd(t *testing.T) {
 			PollInterval: 50 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 			DeferFallback: 200 * time.Millisecond,
 		},
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		Logger: logtest.NewAt(t, slog.LevelWarn),
 	})
 	require.NoError(t, err)
 	cctx, cancel := context.WithCancel(ctx)

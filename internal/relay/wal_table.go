@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/outbox"
@@ -123,7 +123,7 @@ func (w *walSource) maintainTable(ctx context.Context, truncate bool) (truncated
 		return nil
 	})
 	if errors.Is(err, errLeftPublication) {
-		w.log.Debug(walTable+" left the publication before its TRUNCATE; kept for the next adoption", zap.String("publication", pub))
+		w.log.Debug(walTable+" left the publication before its TRUNCATE; kept for the next adoption", slog.String("publication", pub))
 		return false, nil
 	}
 	return truncated, err
@@ -155,8 +155,8 @@ func (w *walSource) adopt(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("re-insert the rows of %s: %w", walTable, err)
 	}
-	w.log.Info("added "+walTable+" to the publication", zap.String("publication", w.r.cfg.WAL.Publication),
-		zap.Int64("rows_reinserted", tag.RowsAffected()))
+	w.log.Info("added "+walTable+" to the publication", slog.String("publication", w.r.cfg.WAL.Publication),
+		slog.Int64("rows_reinserted", tag.RowsAffected()))
 	return nil
 }
 
@@ -171,7 +171,7 @@ func (w *walSource) setupTable(ctx context.Context) error {
 	if _, err := w.maintainTable(ctx, false); err != nil {
 		if isCode(err, "42501") {
 			w.log.Error("cannot add "+walTable+" to the publication: rows inserted there are not published; "+
-				"give the relay's role ownership of the table (docs/wal.md)", zap.Error(err))
+				"give the relay's role ownership of the table (docs/wal.md)", slog.Any("error", err))
 			return nil
 		}
 		return err
@@ -214,9 +214,9 @@ func (w *walSource) truncateLoop(ctx context.Context) {
 		switch {
 		case err == nil || ctx.Err() != nil:
 		case isCode(err, "55P03"): // lock_not_available: producers hold it; next time
-			w.log.Debug("emptying "+walTable+" gave way to the producers; retrying later", zap.Error(err))
+			w.log.Debug("emptying "+walTable+" gave way to the producers; retrying later", slog.Any("error", err))
 		default:
-			w.log.Warn("empty "+walTable, zap.Error(err))
+			w.log.Warn("empty "+walTable, slog.Any("error", err))
 		}
 	}
 }

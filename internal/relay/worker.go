@@ -3,12 +3,12 @@ package relay
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -96,7 +96,7 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseU
 			})
 			cancel()
 			if err != nil {
-				r.log.Warn("release lease", zap.Int32("partition", p), zap.Error(err))
+				r.log.Warn("release lease", slog.Any("partition", p), slog.Any("error", err))
 			}
 		}
 		r.mu.Lock()
@@ -113,7 +113,7 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseU
 func (r *Relay) workSafely(w *worker) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.log.Error("partition worker panicked; restarting it at the next heartbeat", zap.Int32("partition", w.partition), zap.Any("panic", p))
+			r.log.Error("partition worker panicked; restarting it at the next heartbeat", slog.Any("partition", w.partition), slog.Any("panic", p))
 			w.cancel()
 		}
 	}()
@@ -121,7 +121,7 @@ func (r *Relay) workSafely(w *worker) {
 }
 
 func (r *Relay) work(w *worker) {
-	log := r.log.With(zap.Int32("partition", w.partition), zap.Int64("epoch", w.epoch))
+	log := r.log.With(slog.Any("partition", w.partition), slog.Int64("epoch", w.epoch))
 	bo := r.newBackoff()
 	// armed is set once this worker armed the partition's wake-up and then
 	// found nothing: the next insert into the partition notifies it.
@@ -152,7 +152,7 @@ func (r *Relay) work(w *worker) {
 				return
 			}
 			d := bo.Last()
-			log.Warn("publishing failed; the partition backs off and retries in order", zap.Error(err), zap.Duration("backoff", d))
+			log.Warn("publishing failed; the partition backs off and retries in order", slog.Any("error", err), slog.Duration("backoff", d))
 			wait.Sleep(w.ctx, d)
 			continue
 		}
@@ -196,7 +196,7 @@ func (r *Relay) work(w *worker) {
 			switch {
 			case err != nil:
 				if w.ctx.Err() == nil {
-					log.Warn("arming the partition's wake-up failed; polling", zap.Error(err))
+					log.Warn("arming the partition's wake-up failed; polling", slog.Any("error", err))
 				}
 			case nudged:
 				continue // the notification disarmed the partition
@@ -216,7 +216,7 @@ func (r *Relay) work(w *worker) {
 // probe of the pending index, NextDue). A row due far in the future thus
 // costs nothing while it waits: no claim reads it, and the worker polls at
 // its usual pace.
-func (r *Relay) idleFor(w *worker, log *zap.Logger) time.Duration {
+func (r *Relay) idleFor(w *worker, log *slog.Logger) time.Duration {
 	d := wait.Jitter(r.cfg.PollInterval, jitterSpread)
 	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
 	dueUs, err := r.q.NextDue(qctx, r.cfg.Pool, w.partition)
@@ -224,7 +224,7 @@ func (r *Relay) idleFor(w *worker, log *zap.Logger) time.Duration {
 	switch {
 	case err != nil:
 		if w.ctx.Err() == nil {
-			log.Warn("reading the partition's next due time failed; polling", zap.Error(err))
+			log.Warn("reading the partition's next due time failed; polling", slog.Any("error", err))
 		}
 	case dueUs >= 0:
 		// A millisecond past the due time, so that the claim's now() has

@@ -8,14 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 )
@@ -32,7 +31,7 @@ type ServerConfig struct {
 	// set, it is required on loopback too. Default: empty.
 	Token string
 	// Logger receives request errors. Default: a no-op logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// ShutdownTimeout bounds the graceful shutdown. Default: 10s.
 	ShutdownTimeout time.Duration
 	// Console, when set, is served under /console/ (and / redirects to
@@ -47,7 +46,7 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 		c.Addr = "127.0.0.1:9091"
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 10 * time.Second
@@ -131,7 +130,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	s.cfg.Logger.Info("admin API listening", zap.String("addr", ln.Addr().String()))
+	s.cfg.Logger.Info("admin API listening", slog.String("addr", ln.Addr().String()))
 	select {
 	case err := <-errc:
 		return fmt.Errorf("admin: serve: %w", err)
@@ -224,8 +223,8 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				s.cfg.Logger.Error("admin API handler panicked", zap.Any("panic", v),
-					zap.String("method", r.Method), zap.String("path", r.URL.Path))
+				s.cfg.Logger.Error("admin API handler panicked", slog.Any("panic", v),
+					slog.String("method", r.Method), slog.String("path", r.URL.Path))
 				writeError(w, http.StatusInternalServerError, "internal error")
 			}
 		}()
@@ -260,8 +259,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, admin.ErrUnsupported):
 		writeError(w, http.StatusNotImplemented, err.Error())
 	default:
-		s.cfg.Logger.Error("admin API request failed", zap.Error(err),
-			zap.String("method", r.Method), zap.String("path", r.URL.Path))
+		s.cfg.Logger.Error("admin API request failed", slog.Any("error", err),
+			slog.String("method", r.Method), slog.String("path", r.URL.Path))
 		writeError(w, http.StatusInternalServerError, err.Error())
 	}
 }

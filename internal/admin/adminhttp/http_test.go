@@ -14,12 +14,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // TestServerRefusesToStartOffLoopbackWithoutToken: any address that is not
@@ -220,7 +220,7 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 		return err
 	})
 	stats := &inbox.CountingObserver{}
-	w, err := inbox.NewWorker(inbox.Config{Pool: b.Pool, Handler: handler, Observer: stats, Logger: zaptest.NewLogger(t),
+	w, err := inbox.NewWorker(inbox.Config{Pool: b.Pool, Handler: handler, Observer: stats, Logger: logtest.New(t),
 		Workers: 1, PollInterval: 20 * time.Millisecond, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	wctx, cancel := context.WithCancel(ctx)
