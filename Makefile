@@ -4,15 +4,23 @@ GO    ?= go
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 
+## MODULES: the library's module (the root) and the modules that require it
+## through `replace github.com/pgrelay/pgrelay => ../` (docs/architecture.md,
+## "Modules and dependencies"): the integration suite, the fault suite and the
+## benchmark. unit, lint and tidy-check run in each.
+MODULES := . integration integration/chaos bench
+
 .PHONY: test check unit generate lint fmt tidy-check sqlc-check build containers compose-check images
 
 ## test: every check CI runs, then the whole suite with the race detector,
 ## the container path (testcontainers) and the docker compose check.
 test: check fuzz unit rabbitmq-restart containers compose-check
 
-## unit: go test -race over every package (needs PostgreSQL, see README).
+## unit: go test -race over every package of every module (needs PostgreSQL,
+## see README).
 unit:
-	$(GO) test -race -count=1 -timeout 30m ./...
+	@set -e; for m in $(MODULES); do echo "go test ./... ($$m)"; \
+		$(GO) -C $$m test -race -count=1 -timeout 30m ./...; done
 
 ## rabbitmq-restart: the RabbitMQ tests that restart the server (rabbitmqctl
 ## stop_app / start_app) or change its max_message_size, run alone so that no
@@ -30,7 +38,7 @@ rabbitmq-restart:
 CONTAINER_TESTS := ^(TestContainers|TestEndToEnd|TestMalformedInputGoesDead)$$
 containers:
 	env -u TEST_DATABASE_URL -u NATS_URL PGRELAY_CONTAINER_TESTS=1 \
-		$(GO) test -race -count=1 -v -timeout 15m -run '$(CONTAINER_TESTS)' ./integration/
+		$(GO) -C integration test -race -count=1 -v -timeout 15m -run '$(CONTAINER_TESTS)' .
 
 ## compose-check: docker-compose.yml end to end (deploy/compose-check.sh):
 ## every health check, an outbox row written with psql reaches the ledger,
@@ -50,9 +58,11 @@ fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+## lint: go vet and staticcheck in every module; staticcheck is the root
+## module's tool (go.mod's tool directive), run by path in the others.
 lint:
-	$(GO) vet ./...
-	$(GO) tool staticcheck ./...
+	@set -e; staticcheck=$$($(GO) tool -n staticcheck); for m in $(MODULES); do \
+		echo "go vet, staticcheck ./... ($$m)"; $(GO) -C $$m vet ./...; (cd $$m && $$staticcheck ./...); done
 
 ## generate: regenerate internal/db from queries/*.sql, migrations/ and the
 ## example schema (internal/ledger/migrations).
@@ -62,26 +72,30 @@ generate:
 sqlc-check:
 	$(GO) tool sqlc diff
 
+## tidy-check: go mod tidy changes no module's go.mod or go.sum.
 tidy-check:
-	@cp go.mod /tmp/pgrelay-go.mod.bak; cp go.sum /tmp/pgrelay-go.sum.bak; \
-	$(GO) mod tidy; \
-	if ! git diff --quiet -- go.mod go.sum; then \
-		echo "go mod tidy changed go.mod/go.sum:"; git --no-pager diff -- go.mod go.sum; \
-		cp /tmp/pgrelay-go.mod.bak go.mod; cp /tmp/pgrelay-go.sum.bak go.sum; exit 1; fi
+	@bak=$$(mktemp -d /tmp/pgrelay-tidy.XXXXXX); status=0; for m in $(MODULES); do \
+		mkdir -p "$$bak/$$m"; cp $$m/go.mod $$m/go.sum "$$bak/$$m/"; \
+		$(GO) -C $$m mod tidy || status=1; \
+		if ! git diff --quiet -- $$m/go.mod $$m/go.sum; then \
+			echo "go mod tidy changed $$m/go.mod or go.sum:"; git --no-pager diff -- $$m/go.mod $$m/go.sum; \
+			cp "$$bak/$$m/go.mod" "$$bak/$$m/go.sum" $$m/; status=1; fi; \
+	done; rm -rf "$$bak"; exit $$status
 
 build:
 	$(GO) build -o bin/ ./cmd/...
 
 ## bench: the full benchmark (about ten minutes): floors, relay, inbox, end to
-## end, scale and cost; table on stdout, JSON/SVG in bench-results/.
+## end, scale and cost; table on stdout, JSON/SVG in bench-results/. The
+## benchmark is the module bench/ (run from there; results at the root).
 .PHONY: bench bench-quick
 BENCH_NATS_URL ?= nats://127.0.0.1:4222
 bench:
-	$(GO) run ./bench -nats-url "$(BENCH_NATS_URL)" -out bench-results
+	$(GO) -C bench run . -nats-url "$(BENCH_NATS_URL)" -out "$(CURDIR)/bench-results"
 
 ## bench-quick: a small run that only proves the benchmark works (well under 2 minutes).
 bench-quick:
-	$(GO) run ./bench -quick -nats-url "$(BENCH_NATS_URL)" -out bench-results
+	$(GO) -C bench run . -quick -nats-url "$(BENCH_NATS_URL)" -out "$(CURDIR)/bench-results"
 
 .PHONY: demo demo-short
 ## demo: build the binaries and run the end-to-end demo with crashes, duplicates
@@ -105,12 +119,12 @@ demo-short: build
 ## PostgreSQL as the broker: one shorter run each; about five minutes); `make chaos DURATION=20m` runs one long
 ## run, SEED=n replays one, BROKER=nats|rabbitmq|postgres picks the broker of every run
 ## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
-## the local server).
+## the local server). The suite is the module integration/chaos.
 DURATION ?=
 SEED     ?=
 BROKER   ?=
 chaos:
-	$(GO) test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' ./integration/chaos/ \
+	$(GO) -C integration/chaos test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' . \
 		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(BROKER),-chaos.broker=$(BROKER))
 
 ## fuzz: a bounded run of every fuzz target over untrusted input (their seed

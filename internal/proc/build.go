@@ -11,27 +11,27 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 )
 
-// ModuleRoot returns the directory holding pgrelay's go.mod: found with
-// `go env GOMOD` from the working directory (the tests, the benchmark and the
-// fault suite all run inside the module).
+// ModuleRoot returns the directory holding pgrelay's go.mod, the library's
+// module: `go list -m` from the working directory finds it both inside that
+// module (the library's tests) and inside the modules that require it with a
+// replace directive to a directory (integration/, integration/chaos, bench).
 func ModuleRoot(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/pgrelay/pgrelay").Output()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		return "", fmt.Errorf("go list -m github.com/pgrelay/pgrelay: %w", err)
 	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside the pgrelay module")
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", errors.New("not inside the pgrelay module or a module that replaces it with a directory")
 	}
-	return filepath.Dir(gomod), nil
+	return dir, nil
 }
 
 // BuildSpec is one go build.
