@@ -10,7 +10,16 @@ export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 ## benchmark. unit, lint and tidy-check run in each.
 MODULES := . integration integration/chaos bench
 
-.PHONY: test check unit generate lint fmt tidy-check sqlc-check build containers compose-check images
+.PHONY: test check unit generate lint fmt tidy-check sqlc-check build size-check containers compose-check images
+
+## The binaries are built as the Dockerfile builds them. grpcnotrace keeps
+## grpc (the OTLP/gRPC trace exporter) from linking golang.org/x/net/trace,
+## whose html/template pages would turn off the linker's dead-code
+## elimination of methods (see docs/architecture.md, "Binary size").
+BUILD_TAGS    := grpcnotrace
+BUILD_FLAGS   := -trimpath -tags $(BUILD_TAGS)
+LDFLAGS       := -s -w
+MAX_BIN_BYTES := 40000000
 
 ## test: every check CI runs, then the whole suite with the race detector,
 ## the container path (testcontainers) and the docker compose check.
@@ -51,8 +60,9 @@ compose-check:
 images:
 	bash deploy/images/build.sh
 
-## check: formatting, vet, staticcheck, generated code and go.mod up to date.
-check: fmt lint sqlc-check tidy-check
+## check: formatting, vet, staticcheck, generated code, go.mod up to date and
+## the binaries' size.
+check: fmt lint sqlc-check tidy-check size-check
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -83,7 +93,26 @@ tidy-check:
 	done; rm -rf "$$bak"; exit $$status
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -tags $(BUILD_TAGS) -o bin/ ./cmd/...
+
+## size-check: relay and consumer, built as shipped, are at most
+## MAX_BIN_BYTES each; neither links golang.org/x/net/trace nor anything
+## that calls reflect's Method/MethodByName (the linker's -dumpdep marks
+## such a function <ReflectMethod>; one keeps every exported method of every
+## reachable type, about a sixth of a binary).
+size-check:
+	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	if CGO_ENABLED=0 $(GO) list -deps -tags $(BUILD_TAGS) ./cmd/relay ./cmd/consumer | grep -qx 'golang.org/x/net/trace'; then \
+		echo "size-check: golang.org/x/net/trace is linked:"; \
+		CGO_ENABLED=0 $(GO) list -deps -tags $(BUILD_TAGS) -f '{{.ImportPath}}: {{join .Imports " "}}' ./cmd/relay ./cmd/consumer | grep -w 'golang.org/x/net/trace'; exit 1; fi; \
+	for cmd in relay consumer; do \
+		CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -ldflags="$(LDFLAGS) -dumpdep" -o "$$out/$$cmd" ./cmd/$$cmd > "$$out/$$cmd.dep" 2>&1 || { tail -20 "$$out/$$cmd.dep"; exit 1; }; \
+		size=$$(stat -c %s "$$out/$$cmd"); echo "$$cmd: $$size bytes (at most $(MAX_BIN_BYTES))"; \
+		if grep -q '<ReflectMethod>' "$$out/$$cmd.dep"; then \
+			echo "size-check: $$cmd reaches reflect Method/MethodByName (dead-code elimination of methods is off):"; \
+			grep '<ReflectMethod>' "$$out/$$cmd.dep" | head -5; exit 1; fi; \
+		if [ "$$size" -gt $(MAX_BIN_BYTES) ]; then echo "size-check: $$cmd is over $(MAX_BIN_BYTES) bytes"; exit 1; fi; \
+	done
 
 ## bench: the full benchmark (about ten minutes): floors, relay, inbox, end to
 ## end, scale and cost; table on stdout, JSON/SVG in bench-results/. The

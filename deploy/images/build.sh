@@ -93,7 +93,7 @@ if ! have "$PGRELAY_PROMETHEUS_IMAGE"; then
 fi
 
 log "relay and consumer -> $PGRELAY_RELAY_IMAGE, $PGRELAY_CONSUMER_IMAGE"
-CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/bin/" ./cmd/relay ./cmd/consumer
+CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags='-s -w' -o "$work/bin/" ./cmd/relay ./cmd/consumer
 for svc in relay consumer; do
 	ctx="$work/$svc"
 	mkdir -p "$ctx/bin" "$ctx/tmp"

@@ -1,6 +1,7 @@
 // Package console is pgrelay's web console: server-rendered HTML pages
-// (html/template, assets embedded with go:embed, charts drawn as inline SVG
-// on the server, no JavaScript) served on the relay's and the consumer's
+// (written by typed functions in render.go, escaped as html/template
+// escapes; the stylesheet embedded with go:embed; charts drawn as inline SVG
+// on the server; no JavaScript) served on the relay's and the consumer's
 // admin address next to the admin API, under the same token rules. Every
 // read and every action calls the same admin.Service operations as the
 // admin API, the CLI and the TUI.
@@ -27,7 +28,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"html/template"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -40,7 +40,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 )
 
-//go:embed templates/*.html static/*
+//go:embed static/*
 var assets embed.FS
 
 // BrokerSettings are the broker's retention settings as the process reads
@@ -88,7 +88,6 @@ type Console struct {
 	cfg     Config
 	secret  []byte
 	tokHash [32]byte
-	tmpl    *template.Template
 	static  http.Handler
 	samples *sampler
 	handler http.Handler
@@ -121,15 +120,11 @@ func New(cfg Config) (*Console, error) {
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("console: secret: %w", err)
 	}
-	tmpl, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/*.html")
-	if err != nil {
-		return nil, fmt.Errorf("console: templates: %w", err)
-	}
 	static, err := fs.Sub(assets, "static")
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, secret: secret, tokHash: sha256.Sum256([]byte(cfg.Token)), tmpl: tmpl,
+	c := &Console{cfg: cfg, secret: secret, tokHash: sha256.Sum256([]byte(cfg.Token)),
 		static:  http.StripPrefix(Prefix+"static/", http.FileServerFS(static)),
 		samples: newSampler(cfg.Gatherer, cfg.SampleEvery, time.Hour)}
 	c.handler = c.routes()

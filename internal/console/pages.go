@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"html/template"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -17,27 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
-var funcs = template.FuncMap{
-	"ago":    ago,
-	"dur":    fmtDur,
-	"secs":   func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) },
-	"bytes":  admin.HumanBytes,
-	"pct":    func(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + "%" },
-	"stamp":  stamp,
-	"pretty": prettyPayload,
-	"path":   url.PathEscape,
-	"query":  url.QueryEscape,
-	"chart":  barChart,
-	"counts": func(m []admin.ThroughputMinute) []int64 { return throughputCounts(m) },
-	"statuses": func(src string) []string {
-		if src == "outbox" {
-			return admin.OutboxStatuses
-		}
-		return admin.InboxStatuses
-	},
-}
-
-// page is what every template gets.
+// page is what every page gets.
 type page struct {
 	Title   string
 	Program string
@@ -63,8 +43,8 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int,
 	p.Signed = c.cfg.Token != "" && c.authenticated(r)
 	p.Now = c.cfg.Now()
 	p.Actor = actor(r)
-	var buf bytes.Buffer
-	if err := c.tmpl.ExecuteTemplate(&buf, name, p); err != nil {
+	var buf hw
+	if err := writePage(&buf, name, p); err != nil {
 		c.cfg.Logger.Error("console: render", slog.String("page", name), slog.Any("error", err))
 		http.Error(w, "internal error: "+err.Error(), http.StatusInternalServerError)
 		return
@@ -72,7 +52,7 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int,
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = buf.WriteTo(w)
+	_, _ = io.WriteString(w, buf.String())
 }
 
 // fail renders an operation's error: a bad request, a missing event, or
