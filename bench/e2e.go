@@ -25,7 +25,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // observePoll is how often the observer looks for new ledger credits in the
@@ -151,7 +151,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		rpool.Close()
 		return err
 	}
-	r, err := relay.New(relay.Config{Pool: rpool, Publisher: pub, Logger: b.log.Named("relay")})
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: pub, Logger: logbridge.Slog(b.log.Named("relay"))})
 	if err != nil {
 		pub.Close()
 		rpool.Close()

@@ -10,7 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 const (
@@ -119,7 +120,7 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 			return 0, err
 		}
 		cfg := relay.Config{
-			Pool: rpool, Publisher: pub, Logger: b.log.Named("relay"), BatchSize: cmp.Or(opts.batchSize, b.cfg.BatchSize),
+			Pool: rpool, Publisher: pub, Logger: logbridge.Slog(b.log.Named("relay")), BatchSize: cmp.Or(opts.batchSize, b.cfg.BatchSize),
 			NodeID: fmt.Sprintf("bench-relay-%d", i),
 			// Short leases so that several relays share the partitions within
 			// a second or two of starting.

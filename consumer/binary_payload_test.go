@@ -16,9 +16,10 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestBinaryPayloadEndToEnd enqueues protobuf-like bytes (NUL, 0xff, invalid
@@ -55,7 +56,7 @@ func TestBinaryPayloadEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
+		Logger: logbridge.Slog(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))})
 	require.NoError(t, err)
 
 	var mu sync.Mutex

@@ -19,10 +19,11 @@ import (
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestUpgradeFromPublicInstallation (issue 25): a database made by the
@@ -126,7 +127,7 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 	pub, err := pgnats.NewPublisher(ctx, pgnats.Config{URL: natsURL, SubjectPrefix: prefix, Stream: stream})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: log})
+	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: logbridge.Slog(log)})
 	require.NoError(t, err)
 	nc := pgnats.Config{URL: natsURL, Stream: stream, SubjectPrefix: prefix, Durable: "upgrade",
 		AckWait: 10 * time.Second, MaxAckPending: 200, MaxPayloadBytes: 1 << 20}

@@ -27,8 +27,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/outbox"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestEndToEndThroughKafka: OrderCreated/OrderPaid events committed to the
@@ -51,7 +51,7 @@ func TestEndToEndThroughKafka(t *testing.T) {
 	pub, err := kafka.NewPublisher(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: log})
+	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: logbridge.Slog(log)})
 	require.NoError(t, err)
 	newConsumer := func() *consumer.Consumer {
 		c, err := consumer.New(consumer.Config{

@@ -12,8 +12,9 @@ import (
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestRequeuedOutboxRowIsPublishedOnce: a dead outbox row requeued by an
@@ -35,7 +36,7 @@ func TestRequeuedOutboxRowIsPublishedOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	r, err := relay.New(relay.Config{Pool: b.Pool, Publisher: pub, PollInterval: 20 * time.Millisecond,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), Lease: 3 * time.Second})
+		Logger: logbridge.Slog(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))), Lease: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)

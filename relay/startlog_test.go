@@ -65,7 +65,7 @@ func TestStartupLogLineHasEachKeyOnce(t *testing.T) {
 			var sink lockedBuffer
 			cfg := b.testConfig(t, b.publisher(t), nil)
 			cfg.Capture = capture
-			cfg.Logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zap.InfoLevel))
+			cfg.log = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zap.InfoLevel))
 			r, err := New(cfg)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())

@@ -30,7 +30,7 @@ func TestRelayWarnsWhenPoolTooSmall(t *testing.T) {
 		require.NoError(t, err)
 		core, logs := observer.New(zapcore.WarnLevel)
 		cfg := b.testConfig(t, b.publisher(t), nil)
-		cfg.Pool, cfg.Logger = pool, zap.New(core)
+		cfg.Pool, cfg.log = pool, zap.New(core)
 		_, stop := start(t, cfg)
 		// The first heartbeat computes the share and acquires it.
 		require.Eventually(t, func() bool {

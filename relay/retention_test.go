@@ -12,7 +12,7 @@ import (
 // outbox upkeep off: Run returns at once without touching the database.
 func TestOutboxCleanerOffWhenRetentionNegative(t *testing.T) {
 	t.Parallel()
-	c := newOutboxCleaner(Config{Retention: -1}.WithDefaults(), zap.NewNop())
+	c := newOutboxCleaner(Config{Retention: -1}.withDefaults(), zap.NewNop())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(context.Background()) }()
 	select {

@@ -32,7 +32,7 @@ func (r *Relay) awaitStandbys(w *worker, log *zap.Logger) error {
 	var since time.Time
 	defer func() {
 		if !since.IsZero() {
-			r.cfg.Observer.StandbyWait(int(w.partition), time.Time{})
+			r.cfg.obs.StandbyWait(int(w.partition), time.Time{})
 		}
 	}()
 	pause, warned, flushed := standbyPollMin, false, false
@@ -48,7 +48,7 @@ func (r *Relay) awaitStandbys(w *worker, log *zap.Logger) error {
 		}
 		if target == nil {
 			target, since = &row.Target, time.Now()
-			r.cfg.Observer.StandbyWait(int(w.partition), since)
+			r.cfg.obs.StandbyWait(int(w.partition), since)
 		}
 		if !row.FlushedHere && !flushed && pause == standbyPollMax {
 			// Still unflushed here after the first polls: no commit came to
