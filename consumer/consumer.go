@@ -36,6 +36,7 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
@@ -300,6 +301,7 @@ func New(cfg Config) (*Consumer, error) {
 		Subscribe:        subscribe,
 		Direct:           cfg.Direct,
 		DirectTopics:     cfg.DirectTopics,
+		Register:         register(cfg.Pool, engineTargets, cfg.DirectTopics),
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
 		IngestLoops:      cfg.IngestLoops,
@@ -513,4 +515,20 @@ func (c *Consumer) AdminAddr() net.Addr {
 	default:
 		return nil
 	}
+}
+
+// register records targets, taking topics, in pgrelay.inbox_subscriptions
+// for a relay that stores into pool's inbox (broker/postgres).
+func register(pool *pgxpool.Pool, targets []inbox.Target, topics []string) func(context.Context) error {
+	subs := make([]postgres.Subscription, len(targets))
+	for i, t := range targets {
+		subs[i] = postgres.Subscription{Handler: t.Handler, DedupKey: t.Strategy.String(), Topics: topics}
+		for topic, s := range t.ByTopic {
+			if subs[i].DedupKeyByTopic == nil {
+				subs[i].DedupKeyByTopic = map[string]string{}
+			}
+			subs[i].DedupKeyByTopic[topic] = s.String()
+		}
+	}
+	return func(ctx context.Context) error { return postgres.Register(ctx, pool, subs...) }
 }
