@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -47,7 +46,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/internal/setting"
-	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Defaults for Config.
@@ -439,21 +437,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) checkDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
 	defer cancel()
-	if err := c.cfg.Pool.Ping(ctx); err != nil {
-		if p := pooler.RefusedParameter(err); p != "" {
-			return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
-				"leave it out of the pool's RuntimeParams (docs/pooler.md): %w", p, err)
-		}
-		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: cannot reach PostgreSQL: %w", err)
-	}
-	sqlDB := stdlib.OpenDBFromPool(c.cfg.Pool)
-	defer sqlDB.Close()
-	if err := migrations.Check(ctx, sqlDB); err != nil {
-		if pooler.StatementClash(err) {
-			return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w: a connection pooler in transaction mode shares server connections: "+
-				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
-		}
-		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w; apply the migrations first", err)
+	if err := pooler.CheckStart(ctx, c.cfg.Pool); err != nil {
+		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w", err)
 	}
 	return nil
 }

@@ -22,12 +22,9 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pooler"
-	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Run checks the database (reachable and migrated), binds MetricsAddr and
@@ -64,25 +61,12 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // checkDatabase fails start-up when the database cannot be reached or lacks
-// the migrations: relaying on a partial schema would only loop on errors.
+// the migrations.
 func (r *Relay) checkDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
 	defer cancel()
-	if err := r.cfg.Pool.Ping(ctx); err != nil {
-		if p := pooler.RefusedParameter(err); p != "" {
-			return bad("Pool", "{}: the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
-				"leave it out of the pool's RuntimeParams (docs/pooler.md): %w", p, err)
-		}
-		return bad("Pool", "{}: cannot reach PostgreSQL: %w", err)
-	}
-	sqlDB := stdlib.OpenDBFromPool(r.cfg.Pool)
-	defer sqlDB.Close()
-	if err := migrations.Check(ctx, sqlDB); err != nil {
-		if pooler.StatementClash(err) {
-			return bad("Pool", "{}: %w: a connection pooler in transaction mode shares server connections: "+
-				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
-		}
-		return bad("Pool", "{}: %w; apply the migrations first", err)
+	if err := pooler.CheckStart(ctx, r.cfg.Pool); err != nil {
+		return bad("Pool", "{}: %w", err)
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -19,7 +18,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/otelenv"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
-	"github.com/pgrelay/pgrelay/migrations"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
 	"github.com/pgrelay/pgrelay/relay"
 )
@@ -286,13 +284,6 @@ func runRelay(parent context.Context, s settings, opts []option, pollIntervalSet
 			return err
 		}
 	}
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	err = migrations.Check(startCtx, sqlDB)
-	_ = sqlDB.Close()
-	if err != nil {
-		// Relaying on a partial schema would only loop on errors.
-		return cli.SchemaError(err, "apply the migrations first: relay migrate up (or relay run --migrate)")
-	}
 
 	bc, err := side.Open(startCtx, log)
 	if err != nil {
@@ -310,7 +301,8 @@ func runRelay(parent context.Context, s settings, opts []option, pollIntervalSet
 		return nameSettings(err, opts)
 	}
 	cancel()
-	return nameSettings(r.Run(ctx), opts)
+	// Run checks the database (reachable, migrated) once, then relays.
+	return cli.SchemaAdvice(nameSettings(r.Run(ctx), opts), "relay migrate up (or relay run --migrate)")
 }
 
 // splitNames splits a comma-separated list, each name trimmed; "" is none.
