@@ -25,7 +25,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // observePoll is how often the observer looks for new ledger credits in the

@@ -7,7 +7,7 @@ import (
 	"runtime/debug"
 	"strconv"
 
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // declareFigures lists every figure of the selected groups up front, so that

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgrelay/pgrelay/internal/relay"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 const (

@@ -21,8 +21,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // The wal group measures the WAL capture (docs/wal.md) against the table
@@ -266,7 +266,7 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 	}
 	cleanups = append(cleanups, func() { _ = pub.Close() })
 	clock := newAckClock(pub)
-	r, err := relay.New(relay.Config{Pool: rpool, Publisher: clock, Logger: b.log.With(slog.String("logger", "relay")), Capture: capture, WAL: relay.WALConfig{Slot: walSlot(url)}})
+	r, err := relay.New(relay.Config{Pool: rpool, Publisher: clock, Logger: b.log.With(slog.String("logger", "relay")), Capture: capture, WALSlot: walSlot(url)})
 	if err != nil {
 		return fail(err)
 	}
@@ -412,7 +412,7 @@ func (b *bench) walDrain(ctx context.Context, dbs *databases, n int) (time.Durat
 	var acked atomic.Int64
 	counter := &countingPublisher{Publisher: pub, acked: &acked}
 	r, err := relay.New(relay.Config{Pool: rpool, Publisher: counter, Logger: b.log.With(slog.String("logger", "relay")), BatchSize: b.cfg.BatchSize,
-		Capture: relay.CaptureWAL, NodeID: "bench-wal-relay", WAL: relay.WALConfig{Slot: walSlot(url)}})
+		Capture: relay.CaptureWAL, NodeID: "bench-wal-relay", WALSlot: walSlot(url)})
 	if err != nil {
 		return 0, err
 	}

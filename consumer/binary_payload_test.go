@@ -16,9 +16,9 @@ import (
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/logtest"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestBinaryPayloadEndToEnd enqueues protobuf-like bytes (NUL, 0xff, invalid

@@ -30,11 +30,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
@@ -45,7 +45,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/internal/setting"
-	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Defaults for Config.
@@ -299,6 +298,7 @@ func New(cfg Config) (*Consumer, error) {
 		Subscribe:        subscribe,
 		Direct:           cfg.Direct,
 		DirectTopics:     cfg.DirectTopics,
+		Register:         register(cfg.Pool, engineTargets, cfg.DirectTopics),
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
 		IngestLoops:      cfg.IngestLoops,
@@ -436,21 +436,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) checkDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
 	defer cancel()
-	if err := c.cfg.Pool.Ping(ctx); err != nil {
-		if p := pooler.RefusedParameter(err); p != "" {
-			return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
-				"leave it out of the pool's RuntimeParams (docs/pooler.md): %w", p, err)
-		}
-		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: cannot reach PostgreSQL: %w", err)
-	}
-	sqlDB := stdlib.OpenDBFromPool(c.cfg.Pool)
-	defer sqlDB.Close()
-	if err := migrations.Check(ctx, sqlDB); err != nil {
-		if pooler.StatementClash(err) {
-			return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w: a connection pooler in transaction mode shares server connections: "+
-				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
-		}
-		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w; apply the migrations first", err)
+	if err := pooler.CheckStart(ctx, c.cfg.Pool); err != nil {
+		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w", err)
 	}
 	return nil
 }
@@ -512,4 +499,20 @@ func (c *Consumer) AdminAddr() net.Addr {
 	default:
 		return nil
 	}
+}
+
+// register records targets, taking topics, in pgrelay.inbox_subscriptions
+// for a relay that stores into pool's inbox (broker/postgres).
+func register(pool *pgxpool.Pool, targets []inbox.Target, topics []string) func(context.Context) error {
+	subs := make([]postgres.Subscription, len(targets))
+	for i, t := range targets {
+		subs[i] = postgres.Subscription{Handler: t.Handler, DedupKey: t.Strategy.String(), Topics: topics}
+		for topic, s := range t.ByTopic {
+			if subs[i].DedupKeyByTopic == nil {
+				subs[i].DedupKeyByTopic = map[string]string{}
+			}
+			subs[i].DedupKeyByTopic[topic] = s.String()
+		}
+	}
+	return func(ctx context.Context) error { return postgres.Register(ctx, pool, subs...) }
 }

@@ -19,10 +19,10 @@ import (
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestUpgradeFromPublicInstallation (issue 25): a database made by the

@@ -1,19 +1,3 @@
-// Package relay runs pgrelay's relay as a library: it publishes the events
-// committed to the outbox (pgrelay.Enqueue) to a broker, each key's events in
-// commit order, and marks them published. Several relays may run against one
-// database: they share the outbox partitions through leases, and a crashed
-// relay's partitions are taken over once its leases expire. Prometheus
-// metrics, health checks and the admin API are opt-in (Config.MetricsAddr,
-// Config.AdminAddr).
-//
-// The broker is the Publisher given, so a program carries only the client of
-// the broker it uses:
-//
-//	pub, err := nats.NewPublisher(ctx, nats.Config{URL: "nats://127.0.0.1:4222", CreateStream: true})
-//	...
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub})
-//	...
-//	err = r.Run(ctx)
 package relay
 
 import (
@@ -21,355 +5,252 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
+	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/maintenance"
 	"github.com/pgrelay/pgrelay/internal/metrics"
-	"github.com/pgrelay/pgrelay/internal/pooler"
-	engine "github.com/pgrelay/pgrelay/internal/relay"
-	"github.com/pgrelay/pgrelay/internal/setting"
-	"github.com/pgrelay/pgrelay/migrations"
+	"github.com/pgrelay/pgrelay/internal/notifier"
+	"github.com/pgrelay/pgrelay/internal/wait"
 )
-
-// Defaults for Config.
-const (
-	DefaultBatchSize          = engine.DefaultBatchSize
-	DefaultLease              = engine.DefaultLease
-	DefaultPollInterval       = engine.DefaultPollInterval
-	DefaultPublishTimeout     = engine.DefaultPublishTimeout
-	DefaultQueryTimeout       = engine.DefaultQueryTimeout
-	DefaultBackoffMin         = engine.DefaultBackoffMin
-	DefaultBackoffMax         = engine.DefaultBackoffMax
-	DefaultRetention          = engine.DefaultRetention
-	DefaultRetentionInterval  = engine.DefaultRetentionInterval
-	DefaultRetentionBatchSize = engine.DefaultRetentionBatchSize
-	DefaultStartupTimeout     = 30 * time.Second
-)
-
-// PoolConns is the pool size a relay needs to serve partitions outbox
-// partitions at full speed (16 in a default install): its partition workers
-// read and mark at once. A smaller pool makes them queue for connections.
-func PoolConns(partitions int) int { return engine.PoolConns(partitions) }
-
-// Config configures a Relay. The zero value of every optional field means
-// the default it documents. Errors name the fields as relay.Config.<Field>.
-type Config struct {
-	// Pool is the PostgreSQL database holding the outbox (migrated). Required.
-	// Give it PoolConns(partitions) connections; the relay dials two more,
-	// for LISTEN and for its lock session (unless NoListen).
-	Pool *pgxpool.Pool
-	// Publisher publishes the events, for example nats.NewPublisher's,
-	// kafka.NewPublisher's or rabbitmq.NewPublisher's. Required. The relay
-	// does not close it.
-	Publisher broker.Publisher
-	// BrokerCheck, when set, is /readyz's check of the broker (for example
-	// that the publisher is connected). Default: none.
-	BrokerCheck func(context.Context) error
-	// NodeID names this relay among the partitions' owners; unique among
-	// running relays. Default: "<hostname>-<pid>-<random>".
-	NodeID string
-	// BatchSize is the most rows read, published and marked at once per
-	// partition. Default DefaultBatchSize (500); at most 10,000.
-	BatchSize int
-	// Lease is how long a partition lease lasts without renewal; a crashed
-	// relay's partitions are taken over about a second after its lock
-	// session ended (docs/relay.md, "Crash takeover"), or after the lease
-	// where that cannot be told (NoListen). Default DefaultLease (15s); at
-	// least 100ms.
-	Lease time.Duration
-	// HeartbeatInterval is how often leases are renewed and partitions
-	// rebalanced; at most half of Lease. Default: Lease/3.
-	HeartbeatInterval time.Duration
-	// PollInterval is how often an idle partition looks for rows when no
-	// notification arrives (LISTEN/NOTIFY is the fast path). Default
-	// DefaultPollInterval (1s).
-	PollInterval time.Duration
-	// ListenConnConfig, when set, is the connection LISTEN and the lock
-	// session are dialled with instead of Pool's settings: a direct
-	// connection to PostgreSQL when Pool goes through a connection pooler in
-	// transaction mode (docs/pooler.md). Default: Pool's.
-	ListenConnConfig *pgx.ConnConfig
-	// NoListen turns LISTEN/NOTIFY wake-ups and the lock session off: idle
-	// partitions look for rows every PollInterval, partitions another relay
-	// released are taken at the next heartbeat, and a crashed relay's when
-	// their leases expire. For a Pool behind a pooler in transaction mode,
-	// where LISTEN and session locks do not work, without ListenConnConfig.
-	NoListen bool
-	// PublishTimeout bounds publishing one batch and awaiting its
-	// acknowledgements. Default DefaultPublishTimeout (30s).
-	PublishTimeout time.Duration
-	// QueryTimeout bounds each database statement. Default 10s.
-	QueryTimeout time.Duration
-	// BackoffMin is the first pause of a partition after a transient
-	// failure; it doubles up to BackoffMax, with jitter. Defaults 100ms and
-	// 30s.
-	BackoffMin, BackoffMax time.Duration
-	// Retention is how long published rows are kept before deletion; dead
-	// rows are never deleted; negative disables deletion. Default
-	// DefaultRetention (24h).
-	Retention time.Duration
-	// RetentionInterval is how often published rows past Retention are
-	// deleted. Default 1m.
-	RetentionInterval time.Duration
-	// RetentionBatchSize is how many rows one delete statement removes.
-	// Default 1,000.
-	RetentionBatchSize int
-	// StatisticsInterval is how often Run checks whether the outbox's
-	// planner statistics went stale and analyzes it then. Default 5s;
-	// negative: never.
-	StatisticsInterval time.Duration
-	// AsyncMarks lets each batch's mark commit without waiting for its WAL
-	// flush (synchronous_commit off for the mark's own transaction only): a
-	// mark a server crash loses leaves its rows pending, and they are
-	// published again and deduplicated (by the broker's dedup id, then the
-	// inbox), exactly as after a relay crash between publish and mark.
-	// Default false: on a slow-flushing disk it made other commits wait.
-	AsyncMarks bool
-	// StandbyNames, when set, holds each batch until every standby named
-	// (its application_name in pg_stat_replication) has flushed the WAL
-	// past the batch's commits: a failover to one of them then never leaves
-	// an event published for a commit the promoted server lacks. No such
-	// standby connected: nothing is published. The role needs pg_monitor or
-	// pg_read_all_stats. Table capture only (docs/operations.md, "Failover").
-	StandbyNames []string
-
-	// Capture is where events are read from: "table" (the default), the
-	// outbox table, or "wal", the events producers write with pgrelay.Emit
-	// (or the SQL function pgrelay.emit), read from a logical replication
-	// slot; the server needs wal_level = logical (docs/wal.md).
-	Capture string
-	// WALSlot names the replication slot of Capture "wal". Default
-	// "pgrelay". One relay streams it at a time; the others wait as
-	// standbys and take over when it stops or is cut off.
-	WALSlot string
-	// WALAllowUnboundedSlot lets the relay create its slot while the
-	// server's max_slot_wal_keep_size is -1 (unlimited). Default false: it
-	// refuses, because a relay stopped for long would keep WAL until the
-	// disk fills.
-	WALAllowUnboundedSlot bool
-	// WALTruncateInterval is how often the streaming relay of Capture "wal"
-	// empties pgrelay.outbox_wal with TRUNCATE (docs/wal.md). Default 1m;
-	// negative: never.
-	WALTruncateInterval time.Duration
-
-	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9090".
-	// Default "": not served.
-	MetricsAddr string
-	// AdminAddr serves the admin API (outbox stats, dead events, retry), for
-	// example "127.0.0.1:9190". Default "": not served.
-	AdminAddr string
-	// AdminToken is the bearer token the admin API requires: at least 16
-	// characters; required when AdminAddr is not a loopback address.
-	AdminToken string
-	// StartupTimeout bounds the database check at start-up. Default
-	// DefaultStartupTimeout (30s).
-	StartupTimeout time.Duration
-	// Logger receives the logs. Default: none.
-	Logger *slog.Logger
-}
-
-// configError is a *setting.FieldError of a Config field.
-func configError(field, format string, args ...any) error {
-	return setting.Errorf("relay", "relay.Config", field, format, args...)
-}
-
-// publicError names the engine's fields (the same names) as relay.Config's.
-func publicError(err error) error {
-	return setting.Map(err, func(fe *setting.FieldError) error {
-		if fe.Struct != "Config" { // not the engine's: a subscriber's, a publisher's, already ours
-			return fe
-		}
-		return fe.Renamed("relay.Config", func(f string) string {
-			if rest, ok := strings.CutPrefix(f, "WAL."); ok {
-				return "WAL" + rest // engine.Config.WAL.Slot is relay.Config.WALSlot
-			}
-			return f
-		})
-	})
-}
 
 // Relay publishes the outbox; create it with New and run it with Run.
 type Relay struct {
-	cfg     Config
-	log     *slog.Logger
-	r       *engine.Relay
+	cfg Config
+	q   *db.Queries
+	log *slog.Logger
+
+	// reg holds the metrics MetricsAddr serves; ops runs the operator
+	// endpoints once started is closed.
 	reg     *prometheus.Registry
 	running atomic.Bool
 	started chan struct{}
 	ops     *endpoints.Running
+
+	// notifier wakes the partition workers on outbox inserts and the
+	// heartbeat when a peer released partitions.
+	notifier *notifier.Notifier
+	// cleaner deletes published rows past the retention.
+	cleaner *outboxCleaner
+
+	mu      sync.Mutex
+	workers map[int32]*worker
+	wg      sync.WaitGroup
+
+	// clock is the origin of lease deadlines: they are kept as durations
+	// since it, on the process's monotonic clock, so a wall-clock step can
+	// neither extend nor shorten a lease.
+	clock time.Time
+	// kick asks Run for a heartbeat now (a peer released partitions).
+	kick chan struct{}
+	// busy wakes pollBusy when a worker starts lingering.
+	busy chan struct{}
+	// marker sends the workers' marks, coalesced.
+	marker *marker
+	// sent holds the rows the broker confirmed and no mark has recorded yet
+	// (the mark failed, or the worker stopped first): read again, they are
+	// published again, never marked expired (sent.go).
+	sent sentRows
+	// poolWarnedShare is the share last warned about as too large for the
+	// pool (0: none); touched by Run's goroutine only.
+	poolWarnedShare int
+
+	// lockMu guards sess, the current lock session (nil: none now, or lease
+	// only), and ended, the other relays' lock sessions seen ended by the
+	// last check, with when each was first seen (session.go).
+	lockMu sync.Mutex
+	sess   *lockSession
+	ended  map[endedOwner]time.Time
+
+	// wal is the WAL capture (Config.Capture CaptureWAL), once Run started it.
+	walMu sync.Mutex
+	wal   *walSource
 }
 
-// engine converts c to the engine's configuration.
-func (c Config) engine(log *slog.Logger, observer engine.Observer) engine.Config {
-	return engine.Config{
-		Pool: c.Pool, Publisher: c.Publisher, Logger: log, Observer: observer,
-		NodeID: c.NodeID, BatchSize: c.BatchSize, Lease: c.Lease, HeartbeatInterval: c.HeartbeatInterval,
-		PollInterval: c.PollInterval, PublishTimeout: c.PublishTimeout, QueryTimeout: c.QueryTimeout,
-		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
-		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, Retention: c.Retention,
-		RetentionInterval: c.RetentionInterval, RetentionBatchSize: c.RetentionBatchSize,
-		StatisticsInterval: c.StatisticsInterval,
-		Capture:            c.Capture,
-		WAL:                engine.WALConfig{Slot: c.WALSlot, AllowUnboundedSlot: c.WALAllowUnboundedSlot, TruncateInterval: c.WALTruncateInterval},
-		AsyncMarks:         c.AsyncMarks,
-		StandbyNames:       c.StandbyNames,
-	}
-}
-
-// Validate checks every setting but Pool and Publisher (which New
-// requires), without connecting to anything; each error names its Config
-// field.
-func (c Config) Validate() error {
-	var errs []error
-	if err := c.engine(nil, nil).WithDefaults().Validate(); err != nil {
-		errs = append(errs, publicError(err))
-	}
-	if c.StartupTimeout < 0 {
-		errs = append(errs, configError("StartupTimeout", "{} %s must be positive", c.StartupTimeout))
-	}
-	for _, f := range []struct{ field, addr string }{{"MetricsAddr", c.MetricsAddr}, {"AdminAddr", c.AdminAddr}} {
-		if f.addr == "" {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(f.addr); err != nil {
-			errs = append(errs, configError(f.field, "{} %q: %w", f.addr, err))
-		}
-	}
-	if c.AdminAddr != "" {
-		if loopback, err := adminhttp.IsLoopback(c.AdminAddr); err == nil && !loopback && c.AdminToken == "" {
-			errs = append(errs, configError("AdminToken", "{} is required: {AdminAddr} %q is not a loopback address", c.AdminAddr))
-		}
-	}
-	if c.AdminToken != "" && len(c.AdminToken) < 16 {
-		errs = append(errs, configError("AdminToken", "{} must be at least 16 characters"))
-	}
-	return errors.Join(errs...)
-}
+// PoolConns is how many connections a relay owning partitions uses at most
+// at once: per partition the read of its next batch and the mark of the
+// previous one, which run at the same time, plus the heartbeat, the
+// retention delete, the statistics check and the poll of busy partitions.
+// (The LISTEN and lock connections are dialled beside the pool.) A
+// smaller pool makes partition workers queue for connections: with 16
+// partitions on a 6-connection pool the relay drained 40–80 % slower.
+func PoolConns(partitions int) int { return 2*partitions + 4 }
 
 // New checks cfg and builds a relay; it connects to nothing until Run.
 // Every invalid setting is reported, each naming its Config field.
 func New(cfg Config) (*Relay, error) {
-	if cfg.StartupTimeout == 0 {
-		cfg.StartupTimeout = DefaultStartupTimeout
-	}
-	var errs []error
+	err := cfg.Validate()
 	if cfg.Pool == nil {
-		errs = append(errs, configError("Pool", "{} is required"))
+		err = errors.Join(bad("Pool", "{} is required"), err)
 	}
 	if cfg.Publisher == nil {
-		errs = append(errs, configError("Publisher", "{} is required"))
+		err = errors.Join(bad("Publisher", "{} is required"), err)
 	}
-	if err := cfg.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	log := logbridge.Or(cfg.Logger)
-	reg := metrics.NewRegistry()
-	ecfg := cfg.engine(log, metrics.NewRelayObserver(reg))
-	ecfg.WAL.Observer = metrics.NewWALObserver(reg)
-	r, err := engine.New(ecfg)
 	if err != nil {
-		return nil, publicError(err)
+		return nil, err
 	}
-	return &Relay{cfg: cfg, log: log, r: r, reg: reg, started: make(chan struct{})}, nil
+	reg := metrics.NewRegistry()
+	if cfg.obs == nil {
+		cfg.obs = metrics.NewRelayObserver(reg)
+	}
+	if cfg.walObs == nil {
+		cfg.walObs = metrics.NewWALObserver(reg)
+	}
+	cfg = cfg.withDefaults()
+	r := &Relay{
+		cfg:     cfg,
+		q:       db.New(),
+		log:     cfg.log.With(slog.String("logger", "relay")).With(slog.String("node", cfg.NodeID)),
+		reg:     reg,
+		started: make(chan struct{}),
+		workers: map[int32]*worker{},
+		clock:   time.Now(),
+		kick:    make(chan struct{}, 1),
+		busy:    make(chan struct{}, 1),
+	}
+	r.marker = &marker{r: r}
+	if cfg.NoListen || cfg.Capture == CaptureWAL {
+		r.cleaner = newOutboxCleaner(cfg, r.log)
+		return r, nil
+	}
+	n, err := notifier.New(notifier.Config{
+		Pool: cfg.Pool, ConnConfig: cfg.ListenConnConfig,
+		Topics: []notifier.Topic{
+			{Channel: notifier.OutboxChannel, Notify: r.wakePartitions},
+			{Channel: notifier.RelaysChannel, Notify: func(string) { r.kickHeartbeat() }},
+		},
+		OnListen:     r.wakeAll, // notifications sent while not listening are lost
+		Backoff:      r.backoffPolicy(),
+		QueryTimeout: cfg.QueryTimeout,
+		Logger:       r.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	r.notifier = n
+	r.cleaner = newOutboxCleaner(cfg, r.log)
+	return r, nil
 }
 
 // NodeID returns the name this relay owns partitions under.
-func (r *Relay) NodeID() string { return r.r.NodeID() }
+func (r *Relay) NodeID() string { return r.cfg.NodeID }
 
-// Run checks the database (reachable and migrated), binds MetricsAddr and
-// AdminAddr, then relays until ctx is cancelled and stops gracefully: the
-// batches in flight are published and marked, the partition leases released
-// so that other relays take them over at once. It returns nil after a
-// graceful stop. Broker and database outages while running are retried.
-func (r *Relay) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return errors.New("relay: Run was already called; create another Relay")
+// run relays until ctx is cancelled, then finishes the batches in flight,
+// releases its leases and returns nil. Database and broker failures are
+// retried with backoff; they never end run.
+func (r *Relay) run(ctx context.Context) error {
+	if r.cfg.Capture == CaptureWAL {
+		return r.runWAL(ctx)
 	}
-	if err := r.checkDatabase(ctx); err != nil {
+	if err := r.checkStandbys(ctx); err != nil {
 		return err
 	}
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	checks := map[string]metrics.Check{"database": metrics.PingCheck(r.cfg.Pool)}
-	if r.cfg.BrokerCheck != nil {
-		checks["broker"] = r.cfg.BrokerCheck
+	r.log.Info("relay starting", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
+	var bg sync.WaitGroup
+	bg.Add(4)
+	go func() { defer bg.Done(); r.pollBusy(ctx) }()
+	go func() {
+		defer bg.Done()
+		if r.notifier != nil {
+			r.notifier.Run(ctx)
+		}
+	}()
+	go func() { defer bg.Done(); r.cleaner.Run(ctx) }()
+	stats := maintenance.Statistics{Pool: r.cfg.Pool, Table: "outbox", Interval: r.cfg.StatisticsInterval, Logger: r.log}
+	go func() { defer bg.Done(); stats.Run(ctx) }()
+	// The lock session outlives the shutdown: the batches in flight are
+	// published under it, and the leases released, before it ends.
+	lockCtx, stopLock := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLock()
+	lockDone := make(chan struct{})
+	go func() {
+		defer close(lockDone)
+		if r.locking() {
+			r.keepLock(lockCtx)
+		}
+	}()
+
+	retry := wait.New(r.backoffPolicy())
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.shutdown()
+			stopLock()
+			<-lockDone
+			bg.Wait()
+			r.log.Info("relay stopped")
+			return nil
+		case <-t.C:
+		case <-r.kick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+		}
+		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
+			// A failed heartbeat is retried with backoff, not a whole
+			// interval later: after a failover the first one often meets a
+			// pooled connection to the old server, and the partitions wait
+			// for the next success.
+			d := min(retry.Next(), r.cfg.HeartbeatInterval)
+			r.log.Warn("lease heartbeat failed", slog.Any("error", err), slog.Duration("retry_in", d))
+			t.Reset(d)
+			continue
+		}
+		retry.Reset()
+		t.Reset(wait.Jitter(r.cfg.HeartbeatInterval, jitterSpread))
 	}
-	ops, err := endpoints.Start(ctx, endpoints.Config{
-		Flags:  endpoints.Flags{MetricsAddr: r.cfg.MetricsAddr, AdminAddr: r.cfg.AdminAddr, AdminToken: r.cfg.AdminToken},
-		Struct: "relay.Config",
-		Pool:   r.cfg.Pool, Registry: r.reg, Outbox: true, Logger: r.log, Checks: checks,
+}
+
+// shutdown stops every worker, waits for the batches in flight, and releases
+// the leases so that other relays take the partitions over at once.
+func (r *Relay) shutdown() {
+	r.mu.Lock()
+	var parts []int32
+	for p, w := range r.workers {
+		if !w.stopping() {
+			parts = append(parts, p)
+		}
+		w.stop(false)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	defer cancel()
+	// One transaction, so that a peer woken by the notification already
+	// counts one relay fewer when it computes its share.
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if len(parts) > 0 {
+			if _, err := r.q.ReleasePartitions(ctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
+				return fmt.Errorf("release leases: %w", err)
+			}
+		}
+		if err := r.q.DeleteNode(ctx, tx, r.cfg.NodeID); err != nil {
+			return fmt.Errorf("unregister: %w", err)
+		}
+		return r.q.NotifyRelays(ctx, tx, "left "+r.cfg.NodeID)
 	})
 	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
-	r.ops = ops
-	close(r.started)
-	runErr := r.r.Run(ctx)
-	stop() // Run returned on its own: stop the operator endpoints too
-	return errors.Join(runErr, ops.Wait())
-}
-
-// checkDatabase fails start-up when the database cannot be reached or lacks
-// the migrations: relaying on a partial schema would only loop on errors.
-func (r *Relay) checkDatabase(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
-	defer cancel()
-	if err := r.cfg.Pool.Ping(ctx); err != nil {
-		if p := pooler.RefusedParameter(err); p != "" {
-			return configError("Pool", "{}: the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
-				"leave it out of the pool's RuntimeParams (docs/pooler.md): %w", p, err)
-		}
-		return configError("Pool", "{}: cannot reach PostgreSQL: %w", err)
-	}
-	sqlDB := stdlib.OpenDBFromPool(r.cfg.Pool)
-	defer sqlDB.Close()
-	if err := migrations.Check(ctx, sqlDB); err != nil {
-		if pooler.StatementClash(err) {
-			return configError("Pool", "{}: %w: a connection pooler in transaction mode shares server connections: "+
-				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
-		}
-		return configError("Pool", "{}: %w; apply the migrations first", err)
-	}
-	return nil
-}
-
-// WALStatus returns the replication slot's status (lag, wal_status, whether
-// this relay streams it) as of the last heartbeat, and false when Capture is
-// not "wal" or the relay has not looked yet.
-func (r *Relay) WALStatus() (engine.WALSlotStatus, bool) { return r.r.WALStatus() }
-
-// MetricsAddr returns the address the metrics server listens on once Run has
-// started it (useful with port 0), or nil.
-func (r *Relay) MetricsAddr() net.Addr {
-	select {
-	case <-r.started:
-		return r.ops.MetricsAddr()
-	default:
-		return nil
+		r.log.Warn("release leases and unregister; other relays take the partitions over when the leases expire", slog.Any("error", err))
 	}
 }
 
-// AdminAddr returns the address the admin API listens on once Run has started
-// it, or nil.
-func (r *Relay) AdminAddr() net.Addr {
-	select {
-	case <-r.started:
-		return r.ops.AdminAddr()
-	default:
-		return nil
-	}
+// backoffPolicy is the relay's backoff: from BackoffMin, doubling up to
+// BackoffMax, ±10%.
+func (r *Relay) backoffPolicy() wait.Policy {
+	return wait.Policy{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Spread: jitterSpread}
 }
+
+// jitterSpread is the relay's jitter on its polls, heartbeats and backoffs:
+// ±10%.
+const jitterSpread = 0.1

@@ -26,8 +26,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/outbox"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestEndToEndThroughKafka: OrderCreated/OrderPaid events committed to the

@@ -22,9 +22,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/outbox"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // receiveSDK runs a CloudEvents SDK client over protocol p until the test

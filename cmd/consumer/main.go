@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
 	"github.com/pgrelay/pgrelay"
@@ -39,7 +38,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
-	"github.com/pgrelay/pgrelay/migrations"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
 )
 
@@ -367,8 +365,9 @@ func runConsumer(parent context.Context, s settings) error {
 	if err != nil {
 		return nameSettings(err)
 	}
+	// Run checks the database (reachable, migrated) once, then consumes.
 	if err := c.Run(ctx); err != nil {
-		return nameSettings(err)
+		return cli.SchemaAdvice(nameSettings(err), "consumer migrate up")
 	}
 	return nil
 }
@@ -475,19 +474,14 @@ func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *slog.L
 	}
 }
 
-// checkDatabase fails start-up when the database cannot be reached or lacks
-// migrations: consuming into a partial schema would only loop on errors while
-// looking alive. The ledger handler also needs the example schema.
+// checkDatabase fails start-up when the database cannot be reached (the
+// consumer's Run checks the migrations). The ledger handler also needs the
+// example schema.
 func checkDatabase(ctx context.Context, pool *pgxpool.Pool, dbs cli.DBSettings, ledgerHandler bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := dbs.Reach(ctx, pool); err != nil {
 		return err
-	}
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	defer sqlDB.Close()
-	if err := migrations.Check(ctx, sqlDB); err != nil {
-		return cli.SchemaError(err, "apply the migrations first: consumer migrate up")
 	}
 	if !ledgerHandler {
 		return nil

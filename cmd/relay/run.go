@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
@@ -17,39 +17,24 @@ import (
 	"github.com/pgrelay/pgrelay/internal/otelenv"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
-	"github.com/pgrelay/pgrelay/migrations"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
 	"github.com/pgrelay/pgrelay/relay"
 )
 
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
-	databaseURL  string
-	broker       string
-	brokers      map[string]cli.RelaySide
-	wire         cli.Wire
-	nodeID       string
-	batchSize    int
-	lease        time.Duration
-	heartbeat    time.Duration
-	pollInterval time.Duration
-	// pollIntervalSet: --poll-interval or RELAY_POLL_INTERVAL was given.
-	pollIntervalSet    bool
-	publishTimeout     time.Duration
-	retention          time.Duration
-	retentionInterval  time.Duration
-	retentionBatchSize int
-	capture            string
-	walSlot            string
-	walUnbounded       bool
-	walTruncate        time.Duration
-	migrate            bool
-	asyncMarks         bool
-	standbyNames       string
-	logLevel           string
-	logFormat          string
-	ops                endpoints.Flags
-	db                 cli.DBSettings
+	databaseURL string
+	broker      string
+	brokers     map[string]cli.RelaySide
+	wire        cli.Wire
+	// cfg holds the relay.Config fields the options set.
+	cfg          relay.Config
+	migrate      bool
+	standbyNames string
+	logLevel     string
+	logFormat    string
+	ops          endpoints.Flags
+	db           cli.DBSettings
 }
 
 // The operator endpoints' default addresses (the consumer's are one above).
@@ -58,52 +43,102 @@ const (
 	defaultAdminAddr   = "127.0.0.1:9190"
 )
 
-// envKinds lists the typed environment variables, checked at start-up.
-var envKinds = map[string]string{
-	"RELAY_BATCH_SIZE":               "int",
-	"RELAY_LEASE":                    "duration",
-	"RELAY_HEARTBEAT":                "duration",
-	"RELAY_POLL_INTERVAL":            "duration",
-	"RELAY_PUBLISH_TIMEOUT":          "duration",
-	"RELAY_RETENTION":                "duration",
-	"RELAY_RETENTION_INTERVAL":       "duration",
-	"RELAY_RETENTION_BATCH":          "int",
-	"RELAY_MIGRATE":                  "bool",
-	"RELAY_WAL_ALLOW_UNBOUNDED_SLOT": "bool",
-	"RELAY_WAL_TRUNCATE_INTERVAL":    "duration",
-	"RELAY_ASYNC_MARKS":              "bool",
+// option is one setting of relay run: its flag, the environment variable
+// that defaults it, the relay.Config field it fills (errors about the field
+// name the flag), and where it is stored (nil: bound elsewhere, by the cli
+// package).
+type option struct {
+	flag, env, field string
+	ptr              any // *string, *int, *bool or *time.Duration
+	def              any
+	usage            string
 }
 
-// flagOf names the flag and environment variable that fill each relay.Config
-// field, so that validation errors name what the user sets.
-var flagOf = map[string]string{
-	"BatchSize":             "--batch-size (RELAY_BATCH_SIZE)",
-	"Lease":                 "--lease (RELAY_LEASE)",
-	"HeartbeatInterval":     "--heartbeat (RELAY_HEARTBEAT)",
-	"PollInterval":          "--poll-interval (RELAY_POLL_INTERVAL)",
-	"PublishTimeout":        "--publish-timeout (RELAY_PUBLISH_TIMEOUT)",
-	"RetentionInterval":     "--retention-interval (RELAY_RETENTION_INTERVAL)",
-	"RetentionBatchSize":    "--retention-batch (RELAY_RETENTION_BATCH)",
-	"MetricsAddr":           "--metrics-addr (METRICS_ADDR)",
-	"AdminAddr":             "--admin-addr (ADMIN_ADDR)",
-	"AdminToken":            "--admin-token (ADMIN_TOKEN)",
-	"Pool":                  "--database-url (DATABASE_URL)",
-	"Capture":               "--capture (RELAY_CAPTURE)",
-	"WALSlot":               "--wal-slot (RELAY_WAL_SLOT)",
-	"WALAllowUnboundedSlot": "--wal-allow-unbounded-slot (RELAY_WAL_ALLOW_UNBOUNDED_SLOT)",
-	"WALTruncateInterval":   "--wal-truncate-interval (RELAY_WAL_TRUNCATE_INTERVAL)",
-	"StandbyNames":          "--standby-names (RELAY_STANDBY_NAMES)",
+// options lists the settings of relay run: every flag name and environment
+// variable is written here once.
+func options(s *settings) []option {
+	c := &s.cfg
+	return []option{
+		{"database-url", "DATABASE_URL", "Pool", &s.databaseURL, "", "PostgreSQL URL of the database holding the outbox; required"},
+		{"node-id", "RELAY_NODE_ID", "NodeID", &c.NodeID, "", "unique name of this relay in the lease table; default <hostname>-<pid>-<random>"},
+		{"batch-size", "RELAY_BATCH_SIZE", "BatchSize", &c.BatchSize, relay.DefaultBatchSize, "rows published and marked at once per partition, 1-10000"},
+		{"lease", "RELAY_LEASE", "Lease", &c.Lease, relay.DefaultLease, "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md)"},
+		{"heartbeat", "RELAY_HEARTBEAT", "HeartbeatInterval", &c.HeartbeatInterval, time.Duration(0), "lease renewal and rebalancing interval, at most lease/2; default lease/3"},
+		{"poll-interval", "RELAY_POLL_INTERVAL", "PollInterval", &c.PollInterval, relay.DefaultPollInterval, "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner"},
+		{"publish-timeout", "RELAY_PUBLISH_TIMEOUT", "PublishTimeout", &c.PublishTimeout, relay.DefaultPublishTimeout, "longest time to publish one batch and collect its acknowledgements"},
+		{"retention", "RELAY_RETENTION", "Retention", &c.Retention, relay.DefaultRetention, "how long published rows are kept; negative keeps them forever; dead rows are always kept"},
+		{"retention-interval", "RELAY_RETENTION_INTERVAL", "RetentionInterval", &c.RetentionInterval, relay.DefaultRetentionInterval, "how often expired published rows are deleted"},
+		{"retention-batch", "RELAY_RETENTION_BATCH", "RetentionBatchSize", &c.RetentionBatchSize, relay.DefaultRetentionBatchSize, "rows deleted per retention statement"},
+		{"capture", "RELAY_CAPTURE", "Capture", &c.Capture, relay.CaptureTable, "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md)"},
+		{"wal-slot", "RELAY_WAL_SLOT", "WALSlot", &c.WALSlot, relay.DefaultWALSlot, "replication slot of --capture wal; one relay streams it, the others wait as standbys"},
+		{"wal-allow-unbounded-slot", "RELAY_WAL_ALLOW_UNBOUNDED_SLOT", "WALAllowUnboundedSlot", &c.WALAllowUnboundedSlot, false, "create the slot even while max_slot_wal_keep_size is -1 (unlimited)"},
+		{"wal-truncate-interval", "RELAY_WAL_TRUNCATE_INTERVAL", "WALTruncateInterval", &c.WALTruncateInterval, time.Duration(0), "how often the streaming relay of --capture wal empties pgrelay.outbox_wal with TRUNCATE; negative: never; default 1m"},
+		{"async-marks", "RELAY_ASYNC_MARKS", "AsyncMarks", &c.AsyncMarks, false, "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated"},
+		{"standby-names", "RELAY_STANDBY_NAMES", "StandbyNames", &s.standbyNames, "", "publish a row only once every standby named (application_name, comma-separated) has flushed its commit: no event from a commit a failover loses; none connected, nothing is published (docs/operations.md, Failover)"},
+		{"migrate", "RELAY_MIGRATE", "", &s.migrate, false, "apply pending database migrations before relaying"},
+		{"log-level", "LOG_LEVEL", "", &s.logLevel, "info", "debug, info, warn or error"},
+		{"log-format", "LOG_FORMAT", "", &s.logFormat, "json", "json or console"},
+		// Bound by the cli package.
+		{"metrics-addr", "METRICS_ADDR", "MetricsAddr", nil, nil, ""},
+		{"admin-addr", "ADMIN_ADDR", "AdminAddr", nil, nil, ""},
+		{"admin-token", "ADMIN_TOKEN", "AdminToken", nil, nil, ""},
+	}
+}
+
+// bind registers the options on f, each defaulted from its environment
+// variable, and returns the typed variables' kinds for cli.ValidateEnv.
+func bind(f *pflag.FlagSet, opts []option) map[string]string {
+	kinds := map[string]string{}
+	for _, o := range opts {
+		usage := o.usage + " (env " + o.env + ")"
+		switch p := o.ptr.(type) {
+		case *string:
+			f.StringVar(p, o.flag, cli.EnvString(o.env, o.def.(string)), usage)
+		case *int:
+			f.IntVar(p, o.flag, cli.EnvInt(o.env, o.def.(int)), usage)
+			kinds[o.env] = "int"
+		case *bool:
+			f.BoolVar(p, o.flag, cli.EnvBool(o.env, o.def.(bool)), usage)
+			kinds[o.env] = "bool"
+		case *time.Duration:
+			f.DurationVar(p, o.flag, cli.EnvDuration(o.env, o.def.(time.Duration)), usage)
+			kinds[o.env] = "duration"
+		}
+	}
+	return kinds
+}
+
+// nameOf spells the option that fills field: "--flag (ENV)".
+func nameOf(opts []option, field string) string {
+	for _, o := range opts {
+		if o.field == field {
+			return "--" + o.flag + " (" + o.env + ")"
+		}
+	}
+	return ""
+}
+
+// given reports whether the option that fills field was set, by its flag or
+// its environment variable.
+func given(f *pflag.FlagSet, opts []option, field string) bool {
+	for _, o := range opts {
+		if o.field == field {
+			_, env := os.LookupEnv(o.env)
+			return env || f.Changed(o.flag)
+		}
+	}
+	return false
 }
 
 // nameSettings spells the relay.Config fields of err's *setting.FieldErrors
-// as the settings the user sets, without the relay package's prefix: main
+// as the options the user sets, without the relay package's prefix: main
 // prefixes the command's name ("relay: relay: ..." would say it twice).
-func nameSettings(err error) error {
+func nameSettings(err error, opts []option) error {
 	return setting.Map(err, func(fe *setting.FieldError) error {
 		if fe.Struct != "relay.Config" {
 			return fe // a broker adapter's, named by its side already
 		}
-		return setting.Name(fe, func(field string) string { return flagOf[field] })
+		return setting.Name(fe, func(field string) string { return nameOf(opts, field) })
 	})
 }
 
@@ -127,7 +162,9 @@ Pgrelay-* headers.`,
 		// main prints the error once, prefixed with the command's name.
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&s.databaseURL, "database-url", cli.EnvString("DATABASE_URL", ""), "PostgreSQL URL of the database holding the outbox (env DATABASE_URL); required")
+	opts := options(&s)
+	bind(root.PersistentFlags(), opts[:1]) // --database-url, for every command
+	var envKinds map[string]string
 
 	run := &cobra.Command{
 		Use:   "run",
@@ -142,9 +179,10 @@ listening on --embedded-nats-listen) and the stream is created, so a first run
 needs only PostgreSQL.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, env := os.LookupEnv("RELAY_POLL_INTERVAL")
-			s.pollIntervalSet = env || cmd.Flags().Changed("poll-interval")
-			return runRelay(cmd.Context(), s)
+			if err := cli.ValidateEnv(envKinds); err != nil {
+				return err
+			}
+			return runRelay(cmd.Context(), s, opts, given(cmd.Flags(), opts, "PollInterval"))
 		},
 	}
 	f := run.Flags()
@@ -152,25 +190,7 @@ needs only PostgreSQL.`,
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindRelaySides(f, brokers)
 	cli.BindWireFlags(f, &s.wire)
-	f.StringVar(&s.nodeID, "node-id", cli.EnvString("RELAY_NODE_ID", ""), "unique name of this relay in the lease table (env RELAY_NODE_ID); default <hostname>-<pid>-<random>")
-	f.IntVar(&s.batchSize, "batch-size", cli.EnvInt("RELAY_BATCH_SIZE", relay.DefaultBatchSize), "rows published and marked at once per partition, 1-10000 (env RELAY_BATCH_SIZE)")
-	f.DurationVar(&s.lease, "lease", cli.EnvDuration("RELAY_LEASE", relay.DefaultLease), "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md) (env RELAY_LEASE)")
-	f.DurationVar(&s.heartbeat, "heartbeat", cli.EnvDuration("RELAY_HEARTBEAT", 0), "lease renewal and rebalancing interval, at most lease/2 (env RELAY_HEARTBEAT); default lease/3")
-	f.DurationVar(&s.pollInterval, "poll-interval", cli.EnvDuration("RELAY_POLL_INTERVAL", relay.DefaultPollInterval), "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner (env RELAY_POLL_INTERVAL)")
-	f.DurationVar(&s.publishTimeout, "publish-timeout", cli.EnvDuration("RELAY_PUBLISH_TIMEOUT", relay.DefaultPublishTimeout), "longest time to publish one batch and collect its acknowledgements (env RELAY_PUBLISH_TIMEOUT)")
-	f.DurationVar(&s.retention, "retention", cli.EnvDuration("RELAY_RETENTION", relay.DefaultRetention), "how long published rows are kept; negative keeps them forever; dead rows are always kept (env RELAY_RETENTION)")
-	f.DurationVar(&s.retentionInterval, "retention-interval", cli.EnvDuration("RELAY_RETENTION_INTERVAL", relay.DefaultRetentionInterval), "how often expired published rows are deleted (env RELAY_RETENTION_INTERVAL)")
-	f.IntVar(&s.retentionBatchSize, "retention-batch", cli.EnvInt("RELAY_RETENTION_BATCH", relay.DefaultRetentionBatchSize), "rows deleted per retention statement (env RELAY_RETENTION_BATCH)")
-	f.StringVar(&s.capture, "capture", cli.EnvString("RELAY_CAPTURE", "table"), "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md) (env RELAY_CAPTURE)")
-	f.StringVar(&s.walSlot, "wal-slot", cli.EnvString("RELAY_WAL_SLOT", "pgrelay"), "replication slot of --capture wal; one relay streams it, the others wait as standbys (env RELAY_WAL_SLOT)")
-	f.BoolVar(&s.walUnbounded, "wal-allow-unbounded-slot", cli.EnvBool("RELAY_WAL_ALLOW_UNBOUNDED_SLOT", false), "create the slot even while max_slot_wal_keep_size is -1 (unlimited) (env RELAY_WAL_ALLOW_UNBOUNDED_SLOT)")
-	f.DurationVar(&s.walTruncate, "wal-truncate-interval", cli.EnvDuration("RELAY_WAL_TRUNCATE_INTERVAL", 0), "how often the streaming relay of --capture wal empties pgrelay.outbox_wal with TRUNCATE; negative: never (env RELAY_WAL_TRUNCATE_INTERVAL); default 1m")
-	f.BoolVar(&s.asyncMarks, "async-marks", cli.EnvBool("RELAY_ASYNC_MARKS", false), "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated (env RELAY_ASYNC_MARKS)")
-	f.StringVar(&s.standbyNames, "standby-names", cli.EnvString("RELAY_STANDBY_NAMES", ""), "publish a row only once every standby named (application_name, comma-separated) has flushed its commit: no event from a commit a failover loses; none connected, nothing is published (docs/operations.md, Failover) (env RELAY_STANDBY_NAMES)")
-	f.BoolVar(&s.migrate, "migrate", cli.EnvBool("RELAY_MIGRATE", false), "apply pending database migrations before relaying (env RELAY_MIGRATE)")
-	f.StringVar(&s.logLevel, "log-level", cli.EnvString("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
-	f.StringVar(&s.logFormat, "log-format", cli.EnvString("LOG_FORMAT", "json"), "json or console (env LOG_FORMAT)")
-
+	envKinds = bind(f, opts[1:])
 	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
@@ -186,15 +206,12 @@ needs only PostgreSQL.`,
 // (pgrelay.outbox_partition_count()).
 const defaultPartitions = 16
 
-func runRelay(parent context.Context, s settings) error {
-	if err := cli.ValidateEnv(envKinds); err != nil {
-		return err
-	}
+func runRelay(parent context.Context, s settings, opts []option, pollIntervalSet bool) error {
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
 	if s.databaseURL == "" {
-		return errors.New("--database-url (DATABASE_URL) is required")
+		return errors.New(nameOf(opts, "Pool") + " is required")
 	}
 	side, err := cli.SelectBroker(s.broker, s.brokers)
 	if err != nil {
@@ -222,18 +239,11 @@ func runRelay(parent context.Context, s settings) error {
 		// Flushed at exit, after the relay stopped publishing.
 		defer shutdownTracing(tp, log)
 	}
-	rcfg := relay.Config{
-		Logger: log, NodeID: s.nodeID,
-		BatchSize: s.batchSize, Lease: s.lease, HeartbeatInterval: s.heartbeat,
-		PollInterval: s.pollInterval, PublishTimeout: s.publishTimeout,
-		Retention: s.retention, RetentionInterval: s.retentionInterval, RetentionBatchSize: s.retentionBatchSize,
-		AsyncMarks: s.asyncMarks, StandbyNames: splitNames(s.standbyNames),
-		MetricsAddr: s.ops.MetricsAddr, AdminAddr: s.ops.AdminAddr, AdminToken: s.ops.AdminToken,
-		Capture: s.capture, WALSlot: s.walSlot, WALAllowUnboundedSlot: s.walUnbounded,
-		WALTruncateInterval: s.walTruncate,
-	}
+	rcfg := s.cfg
+	rcfg.Logger, rcfg.StandbyNames = log, splitNames(s.standbyNames)
+	rcfg.MetricsAddr, rcfg.AdminAddr, rcfg.AdminToken = s.ops.MetricsAddr, s.ops.AdminAddr, s.ops.AdminToken
 	if err := rcfg.Validate(); err != nil {
-		return nameSettings(err)
+		return nameSettings(err, opts)
 	}
 	lease := rcfg.Lease
 	if lease == 0 {
@@ -246,7 +256,7 @@ func runRelay(parent context.Context, s settings) error {
 	if rcfg.ListenConnConfig, rcfg.NoListen, err = dbs.Listen(); err != nil {
 		return err
 	}
-	if rcfg.NoListen && !s.pollIntervalSet {
+	if rcfg.NoListen && !pollIntervalSet {
 		rcfg.PollInterval = cli.PoolerPollInterval
 	}
 
@@ -272,13 +282,6 @@ func runRelay(parent context.Context, s settings) error {
 			return err
 		}
 	}
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	err = migrations.Check(startCtx, sqlDB)
-	_ = sqlDB.Close()
-	if err != nil {
-		// Relaying on a partial schema would only loop on errors.
-		return cli.SchemaError(err, "apply the migrations first: relay migrate up (or relay run --migrate)")
-	}
 
 	bc, err := side.Open(startCtx, log)
 	if err != nil {
@@ -293,10 +296,11 @@ func runRelay(parent context.Context, s settings) error {
 	rcfg.Pool, rcfg.Publisher, rcfg.BrokerCheck = pool, pub, bc.Healthy
 	r, err := relay.New(rcfg)
 	if err != nil {
-		return nameSettings(err)
+		return nameSettings(err, opts)
 	}
 	cancel()
-	return nameSettings(r.Run(ctx))
+	// Run checks the database (reachable, migrated) once, then relays.
+	return cli.SchemaAdvice(nameSettings(r.Run(ctx), opts), "relay migrate up (or relay run --migrate)")
 }
 
 // splitNames splits a comma-separated list, each name trimmed; "" is none.

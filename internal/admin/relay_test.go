@@ -12,8 +12,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/logtest"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // TestRequeuedOutboxRowIsPublishedOnce: a dead outbox row requeued by an

@@ -184,8 +184,8 @@ func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
 	defer cancel()
 	c, err := pool.Acquire(ctx)
 	if err != nil {
-		if p := pooler.RefusedParameter(err); p != "" {
-			return fmt.Errorf("%s; the server refused the start-up parameter %s, as a pooler does: %w", direct, p, err)
+		if r := pooler.Refused(err, direct); r != nil {
+			return r
 		}
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // DBSettings are the session settings of a service's database connections.
@@ -240,18 +242,14 @@ func OpenPool(ctx context.Context, databaseURL string, s DBSettings, minConns in
 // between after all: the backend process id PostgreSQL gave at start-up is
 // the one serving the connection. Errors name --database-url.
 func (s DBSettings) Reach(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := pool.Ping(ctx); err != nil {
-		if p := pooler.RefusedParameter(err); p != "" {
-			return fmt.Errorf("--database-url (DATABASE_URL): the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: "+
-				"set --pooler (DB_POOLER) to its pool mode, transaction or session (see docs/pooler.md): %w", p, err)
-		}
-		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
-	}
 	if s.Pooler != "" && s.Pooler != pooler.None {
-		return nil
+		return nil // the service's start-up check reaches the server
 	}
 	behind, err := pooler.PoolBehind(ctx, pool)
 	if err != nil {
+		if r := pooler.Refused(err, "set --pooler (DB_POOLER) to its pool mode, transaction or session (see docs/pooler.md)"); r != nil {
+			return fmt.Errorf("--database-url (DATABASE_URL): %w", r)
+		}
 		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
 	}
 	if behind {
@@ -261,15 +259,14 @@ func (s DBSettings) Reach(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// SchemaError words a failed schema check: a prepared statement that already
-// exists (SQLSTATE 42P05) is a pooler in transaction mode sharing server
-// connections, not a missing migration; anything else gets advice (how to
-// apply the migrations).
-func SchemaError(err error, advice string) error {
-	if pooler.StatementClash(err) {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w: a connection pooler in transaction mode hands this service other clients' server connections: set --pooler (DB_POOLER) transaction (see docs/pooler.md)", err)
+// SchemaAdvice adds to err, when it says migrations are missing
+// (*migrations.SchemaError), how the command applies them.
+func SchemaAdvice(err error, advice string) error {
+	var se *migrations.SchemaError
+	if errors.As(err, &se) {
+		return fmt.Errorf("%w: %s", err, advice)
 	}
-	return fmt.Errorf("--database-url (DATABASE_URL): %w; %s", err, advice)
+	return err
 }
 
 // PoolerPollInterval is the relay's poll of idle partitions by default

@@ -89,10 +89,14 @@ type Config struct {
 	DisableWorkers bool
 	// Direct runs the consumer without a subscriber, for a relay that stores
 	// events straight into this database's inbox (broker/postgres): Run
-	// registers Targets in pgrelay.inbox_subscriptions (postgres.Register),
-	// for DirectTopics, and runs the inbox workers only, woken by the
-	// relay's NOTIFY. Subscribe must be nil. Default false.
+	// calls Register, then runs the inbox workers only, woken by the relay's
+	// NOTIFY. Subscribe must be nil. Default false.
 	Direct bool
+	// Register, with Direct, records Targets for DirectTopics in
+	// pgrelay.inbox_subscriptions, for the relay that stores into this
+	// inbox (the consumer package passes broker/postgres's Register); Run
+	// retries it while the database is down. Default: none.
+	Register func(ctx context.Context) error
 	// DirectTopics are the topics a Direct consumer's targets take. Default
 	// (nil): every topic.
 	DirectTopics []string

@@ -24,7 +24,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -615,19 +614,9 @@ func (c *Consumer) statsFields() []any {
 // database's inbox (Config.Direct), retrying while the database is down,
 // then waits for ctx to end: the workers do the rest.
 func (c *Consumer) direct(ctx context.Context) error {
-	subs := make([]postgres.Subscription, len(c.cfg.Targets))
-	for i, t := range c.cfg.Targets {
-		subs[i] = postgres.Subscription{Handler: t.Handler, DedupKey: t.Strategy.String(), Topics: c.cfg.DirectTopics}
-		for topic, s := range t.ByTopic {
-			if subs[i].DedupKeyByTopic == nil {
-				subs[i].DedupKeyByTopic = map[string]string{}
-			}
-			subs[i].DedupKeyByTopic[topic] = s.String()
-		}
-	}
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; c.cfg.Register != nil; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
-		err := postgres.Register(rctx, c.cfg.Pool, subs...)
+		err := c.cfg.Register(rctx)
 		cancel()
 		if err == nil {
 			break
@@ -637,9 +626,9 @@ func (c *Consumer) direct(ctx context.Context) error {
 			return nil
 		}
 	}
-	handlers := make([]string, len(subs))
-	for i, s := range subs {
-		handlers[i] = s.Handler
+	handlers := make([]string, len(c.cfg.Targets))
+	for i, t := range c.cfg.Targets {
+		handlers[i] = t.Handler
 	}
 	c.log.Info("direct: the relay stores into this inbox; running the workers only", slog.Any("handlers", handlers),
 		slog.Any("topics", c.cfg.DirectTopics))

@@ -78,7 +78,7 @@ func (c Config) addrError(field, addr string, err error) error {
 
 // Running is a service's operator endpoints: the metrics and health server and
 // the admin API. Table upkeep is the services' own (the inbox worker's
-// inbox.Cleaner, the relay's OutboxCleaner).
+// inbox.Cleaner, the relay's outbox cleaner).
 type Running struct {
 	wg          sync.WaitGroup
 	mu          sync.Mutex

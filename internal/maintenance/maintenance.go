@@ -2,7 +2,7 @@
 // table's upkeep lives beside the service that owns the table and starts
 // with it: the inbox worker cleans the inbox and its side tables
 // (inbox.Cleaner), the relay deletes published outbox rows
-// (relay.OutboxCleaner). Both delete in bounded batches (Batches) and run
+// (the relay's outbox cleaner). Both delete in bounded batches (Batches) and run
 // on a jittered interval (wait.Every).
 package maintenance
 

@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// RelayObserver implements relay.Observer with Prometheus collectors. Pass it
-// as relay.Config.Observer.
+// RelayObserver is the relay's observer, with Prometheus collectors; the
+// relay package passes it to its engine.
 type RelayObserver struct {
 	published     prometheus.Counter
 	duplicates    prometheus.Counter

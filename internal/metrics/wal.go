@@ -1,16 +1,12 @@
 package metrics
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/pgrelay/pgrelay/internal/relay"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 // walStatuses are pg_replication_slots.wal_status's values, each a series of
 // relay_wal_slot_status (1 for the current one).
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
-// WALObserver implements relay.WALObserver with Prometheus gauges: the slot
+// WALObserver is the relay's WAL observer, with Prometheus gauges: the slot
 // lag in bytes and seconds, its wal_status, and whether this relay streams
 // it.
 type WALObserver struct {
@@ -67,29 +63,30 @@ func NewWALObserver(reg prometheus.Registerer) *WALObserver {
 	return o
 }
 
-// WALRejected implements relay.WALObserver.
+// WALRejected implements the relay's WAL observer.
 func (o *WALObserver) WALRejected(reason string) { o.rejected.WithLabelValues(reason).Inc() }
 
-// WALSlot implements relay.WALObserver.
-func (o *WALObserver) WALSlot(s relay.WALSlotStatus) {
+// WALSlot implements the relay's WAL observer: the slot's status as of a
+// heartbeat (relay.WALSlotStatus).
+func (o *WALObserver) WALSlot(lagBytes int64, lagSeconds float64, reading bool, walStatus string, gap bool) {
 	o.capture.Set(1)
-	o.lagBytes.Set(float64(s.LagBytes))
-	o.lagSeconds.Set(s.LagSeconds)
-	if s.Reading {
-		o.reading.Set(1)
-	} else {
-		o.reading.Set(0)
-	}
-	if s.Gap != "" {
-		o.gap.Set(1)
-	} else {
-		o.gap.Set(0)
-	}
+	o.lagBytes.Set(float64(lagBytes))
+	o.lagSeconds.Set(lagSeconds)
+	o.reading.Set(one(reading))
+	o.gap.Set(one(gap))
 	for _, st := range walStatuses {
 		v := 0.0
-		if st == s.WALStatus {
+		if st == walStatus {
 			v = 1
 		}
 		o.status.WithLabelValues(st).Set(v)
 	}
+}
+
+// one is 1 for true, 0 for false.
+func one(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -6,8 +6,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgrelay/pgrelay/internal/relay"
 )
 
 // TestWALGapGauge: relay_wal_gap is 1 while the relay reports a gap that
@@ -28,9 +26,9 @@ func TestWALGapGauge(t *testing.T) {
 		return 0
 	}
 	require.Zero(t, gap())
-	o.WALSlot(relay.WALSlotStatus{Slot: "pgrelay", Exists: true, Gap: "events committed after 0/3001810 ... and before 0/3001EE0"})
+	o.WALSlot(0, 0, false, "", true)
 	require.Equal(t, 1.0, gap())
 	require.Equal(t, 1.0, testutil.ToFloat64(o.gap))
-	o.WALSlot(relay.WALSlotStatus{Slot: "pgrelay", Exists: true, Reading: true, WALStatus: "reserved"})
+	o.WALSlot(0, 0, true, "reserved", false)
 	require.Zero(t, gap())
 }

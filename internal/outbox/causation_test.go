@@ -21,9 +21,9 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/outbox"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // The test binary re-executes itself as a consumer process (hopChildEnv=1)

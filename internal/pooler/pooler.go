@@ -14,8 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgrelay/pgrelay/internal/pgurl"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Mode is how the services' database connections reach PostgreSQL.
@@ -123,4 +125,38 @@ func NewPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// Refused returns err worded for a start-up parameter the server refused,
+// with advice on what to change, or nil when err is not that.
+func Refused(err error, advice string) error {
+	p := RefusedParameter(err)
+	if p == "" {
+		return nil
+	}
+	return fmt.Errorf("the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: %s: %w", p, advice, err)
+}
+
+// CheckStart is the relay's and the consumer's one start-up check: pool
+// reaches PostgreSQL and its database has every migration (running on a
+// partial schema would only loop on errors). Its errors say what to change
+// in the pool's settings; a *migrations.SchemaError is among them when
+// migrations are missing.
+func CheckStart(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pool.Ping(ctx); err != nil {
+		if r := Refused(err, "leave it out of the pool's RuntimeParams (docs/pooler.md)"); r != nil {
+			return r
+		}
+		return fmt.Errorf("cannot reach PostgreSQL: %w", err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	if err := migrations.Check(ctx, sqlDB); err != nil {
+		if StatementClash(err) {
+			return fmt.Errorf("%w: a connection pooler in transaction mode shares server connections: "+
+				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
+		}
+		return fmt.Errorf("%w; apply the migrations first", err)
+	}
+	return nil
 }

@@ -76,18 +76,6 @@ func (e *FieldError) Unwrap() []error {
 	return errs
 }
 
-// Fields returns the fields e names: Field first, then the others its
-// message refers to.
-func (e *FieldError) Fields() []string {
-	out := []string{e.Field}
-	for _, ref := range fieldRef.FindAllString(e.Format, -1) {
-		if f := ref[1 : len(ref)-1]; f != "" && f != e.Field {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // Renamed returns a copy of e in structName whose fields are renamed by
 // rename (a field it returns unchanged keeps its name). A new name may be an
 // expression of fields in braces, as "10 × {FetchBatchSize}".

@@ -110,7 +110,7 @@ type serverID struct {
 // runWAL runs the WAL capture until ctx ends (nil) or the slot is lost or
 // misconfigured (an error).
 func (r *Relay) runWAL(ctx context.Context) error {
-	cfg := r.cfg.WAL.ConnConfig
+	cfg := r.cfg.walConnConfig
 	if cfg == nil && r.cfg.ListenConnConfig != nil {
 		cfg = &r.cfg.ListenConnConfig.Config
 	}
@@ -127,7 +127,7 @@ func (r *Relay) runWAL(ctx context.Context) error {
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	w := &walSource{r: r, log: r.log.With(slog.String("capture", CaptureWAL), slog.String("slot", r.cfg.WAL.Slot)), connCfg: cfg}
+	w := &walSource{r: r, log: r.log.With(slog.String("capture", CaptureWAL), slog.String("slot", r.cfg.WALSlot)), connCfg: cfg}
 	r.walMu.Lock()
 	r.wal = w
 	r.walMu.Unlock()
@@ -173,7 +173,7 @@ func (w *walSource) run(ctx context.Context) error {
 func (w *walSource) slotLostError(detail string) error {
 	return fmt.Errorf("relay: %w: slot %q is invalidated (wal_status lost%s): the WAL it needed was removed and cannot be read; "+
 		"keep the relays stopped and recover as docs/wal.md#a-lost-slot says: note the slot's confirmed_flush_lsn, drop the slot, "+
-		"start one relay (it creates a new slot) and re-emit the window's events from the WAL archive (or the producers' own records)", errSlotLost, w.r.cfg.WAL.Slot, detail)
+		"start one relay (it creates a new slot) and re-emit the window's events from the WAL archive (or the producers' own records)", errSlotLost, w.r.cfg.WALSlot, detail)
 }
 
 // reportLost records and reports the slot as lost when the replication
@@ -182,12 +182,10 @@ func (w *walSource) slotLostError(detail string) error {
 func (w *walSource) reportLost() {
 	w.mu.Lock()
 	st := w.status
-	st.Slot, st.Exists, st.Reading, st.WALStatus, st.At = w.r.cfg.WAL.Slot, true, false, "lost", time.Now()
+	st.Slot, st.Exists, st.Reading, st.WALStatus, st.At = w.r.cfg.WALSlot, true, false, "lost", time.Now()
 	w.status = st
 	w.mu.Unlock()
-	if o := w.r.cfg.WAL.Observer; o != nil {
-		o.WALSlot(st)
-	}
+	w.r.observeSlot(st)
 }
 
 // setup checks the server's settings and creates the publication and the
@@ -209,7 +207,7 @@ func (w *walSource) setup(ctx context.Context) error {
 				w.log.Error("the WAL capture streams nothing: its slot has a gap no operator accepted", slog.Any("error", err))
 				reported = err.Error()
 			}
-			if !wait.Sleep(ctx, w.r.cfg.WAL.StandbyPoll) {
+			if !wait.Sleep(ctx, w.r.cfg.walStandbyPoll) {
 				return ctx.Err()
 			}
 			continue
@@ -253,8 +251,8 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	}
 	// The publication publishes inserts only: pgrelay.outbox_wal's, added
 	// by setupTable; its TRUNCATE is not sent.
-	if _, err := cfg.Pool.Exec(qctx, "CREATE PUBLICATION "+pgx.Identifier{cfg.WAL.Publication}.Sanitize()+" WITH (publish = 'insert')"); err != nil && !isCode(err, "42710") {
-		return fmt.Errorf("create publication %s: %w", cfg.WAL.Publication, err)
+	if _, err := cfg.Pool.Exec(qctx, "CREATE PUBLICATION "+pgx.Identifier{cfg.walPublication}.Sanitize()+" WITH (publish = 'insert')"); err != nil && !isCode(err, "42710") {
+		return fmt.Errorf("create publication %s: %w", cfg.walPublication, err)
 	}
 	id, err := w.identify(qctx)
 	if err != nil {
@@ -267,9 +265,9 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 	if st.exists {
 		switch {
 		case st.plugin != "pgoutput":
-			return &setupError{bad("WAL.Slot", "{}: slot %q uses the plugin %q, not pgoutput: name another slot", cfg.WAL.Slot, st.plugin)}
+			return &setupError{bad("WALSlot", "{}: slot %q uses the plugin %q, not pgoutput: name another slot", cfg.WALSlot, st.plugin)}
 		case st.database != database:
-			return &setupError{bad("WAL.Slot", "{}: slot %q belongs to the database %q, not %q: name another slot", cfg.WAL.Slot, st.database, database)}
+			return &setupError{bad("WALSlot", "{}: slot %q belongs to the database %q, not %q: name another slot", cfg.WALSlot, st.database, database)}
 		case st.walStatus == "lost":
 			w.reportLost()
 			return w.slotLostError("")
@@ -284,7 +282,7 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := w.r.q.RecordWALSlotHistory(qctx, cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: id.system, Timeline: id.timeline, Slot: cfg.WAL.Slot}); err != nil {
+	if err := w.r.q.RecordWALSlotHistory(qctx, cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: id.system, Timeline: id.timeline, Slot: cfg.WALSlot}); err != nil {
 		return fmt.Errorf("record the slot's history: %w", err)
 	}
 	return w.setupTable(qctx)
@@ -295,8 +293,8 @@ func (w *walSource) setupOnce(ctx context.Context) error {
 // it survives a promotion.
 func (w *walSource) createSlot(ctx context.Context, keep string, version int) error {
 	cfg := w.r.cfg
-	if keep == "-1" && !cfg.WAL.AllowUnboundedSlot {
-		return &setupError{bad("WAL.AllowUnboundedSlot", "the server's max_slot_wal_keep_size is -1 (unlimited): a relay stopped for long would make "+
+	if keep == "-1" && !cfg.WALAllowUnboundedSlot {
+		return &setupError{bad("WALAllowUnboundedSlot", "the server's max_slot_wal_keep_size is -1 (unlimited): a relay stopped for long would make "+
 			"the slot keep WAL until the disk fills; set max_slot_wal_keep_size (docs/wal.md), or set {} to create the slot anyway")}
 	}
 	// A new slot lacks the rows committed before it: out of the
@@ -309,12 +307,12 @@ func (w *walSource) createSlot(ctx context.Context, keep string, version int) er
 	if version >= 170000 {
 		// sqlc's catalog lacks the failover argument (PostgreSQL 17): the
 		// statement stays here.
-		_, err = cfg.Pool.Exec(ctx, `SELECT pg_catalog.pg_create_logical_replication_slot($1::text, 'pgoutput', false, false, true)`, cfg.WAL.Slot)
+		_, err = cfg.Pool.Exec(ctx, `SELECT pg_catalog.pg_create_logical_replication_slot($1::text, 'pgoutput', false, false, true)`, cfg.WALSlot)
 	} else {
-		_, err = w.r.q.CreateWALSlot(ctx, cfg.Pool, cfg.WAL.Slot)
+		_, err = w.r.q.CreateWALSlot(ctx, cfg.Pool, cfg.WALSlot)
 	}
 	if err != nil && !isCode(err, "42710") {
-		return fmt.Errorf("create replication slot %s: %w", cfg.WAL.Slot, err)
+		return fmt.Errorf("create replication slot %s: %w", cfg.WALSlot, err)
 	}
 	w.log.Info("created the replication slot", slog.String("max_slot_wal_keep_size", keep), slog.Bool("failover", version >= 170000))
 	return nil
@@ -348,13 +346,13 @@ func (w *walSource) identify(ctx context.Context) (serverID, error) {
 // history (a first start) is no gap.
 func (w *walSource) checkGap(ctx context.Context, exists bool, id serverID, create func() error) error {
 	cfg, q := w.r.cfg, w.r.q
-	gap, err := q.OpenWALGap(ctx, cfg.Pool, cfg.WAL.Slot)
+	gap, err := q.OpenWALGap(ctx, cfg.Pool, cfg.WALSlot)
 	open := err == nil
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read the slot's gaps: %w", err)
 	}
 	if !open {
-		h, err := q.WALSlotHistory(ctx, cfg.Pool, cfg.WAL.Slot)
+		h, err := q.WALSlotHistory(ctx, cfg.Pool, cfg.WALSlot)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -377,10 +375,10 @@ func (w *walSource) checkGap(ctx context.Context, exists bool, id serverID, crea
 			}
 			return nil
 		}
-		if err := q.InsertWALGap(ctx, cfg.Pool, db.InsertWALGapParams{Slot: cfg.WAL.Slot, FromLsn: h.ConfirmedLsn, ConfirmedAt: h.ConfirmedAt, Cause: cause}); err != nil {
+		if err := q.InsertWALGap(ctx, cfg.Pool, db.InsertWALGapParams{Slot: cfg.WALSlot, FromLsn: h.ConfirmedLsn, ConfirmedAt: h.ConfirmedAt, Cause: cause}); err != nil {
 			return fmt.Errorf("record the slot's gap: %w", err)
 		}
-		if gap, err = q.OpenWALGap(ctx, cfg.Pool, cfg.WAL.Slot); err != nil {
+		if gap, err = q.OpenWALGap(ctx, cfg.Pool, cfg.WALSlot); err != nil {
 			return fmt.Errorf("read the slot's gaps: %w", err)
 		}
 	}
@@ -391,18 +389,18 @@ func (w *walSource) checkGap(ctx context.Context, exists bool, id serverID, crea
 		}
 	}
 	if gap.ToLsn == "" || !exists {
-		if err := q.SetWALGapEnd(ctx, cfg.Pool, cfg.WAL.Slot); err != nil {
+		if err := q.SetWALGapEnd(ctx, cfg.Pool, cfg.WALSlot); err != nil {
 			return fmt.Errorf("record the slot's gap: %w", err)
 		}
-		if gap, err = q.OpenWALGap(ctx, cfg.Pool, cfg.WAL.Slot); err != nil {
+		if gap, err = q.OpenWALGap(ctx, cfg.Pool, cfg.WALSlot); err != nil {
 			return fmt.Errorf("read the slot's gaps: %w", err)
 		}
 	}
 	// The history names this server and the new slot from now on.
-	if err := q.RecordWALSlotHistory(ctx, cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: id.system, Timeline: id.timeline, Slot: cfg.WAL.Slot}); err != nil {
+	if err := q.RecordWALSlotHistory(ctx, cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: id.system, Timeline: id.timeline, Slot: cfg.WALSlot}); err != nil {
 		return fmt.Errorf("record the slot's history: %w", err)
 	}
-	slot := cfg.WAL.Slot
+	slot := cfg.WALSlot
 	return fmt.Errorf("relay: %w: slot %q: %s. The events committed after %s (the slot's last confirmed position, recorded at %s) and before %s (the new slot's start) "+
 		"were read from no slot. The relay streams nothing until an operator accepts the gap: re-emit those events (deploy/wal-rescan.sh <wal-archive> %s %s, "+
 		"or from the producers' own records), then run: relay wal accept-gap --slot %s --actor NAME --reason TEXT (docs/wal.md#failover)",
@@ -412,12 +410,10 @@ func (w *walSource) checkGap(ctx context.Context, exists bool, id serverID, crea
 // reportGap records and reports the unaccepted gap that stops the capture.
 func (w *walSource) reportGap(msg string) {
 	w.mu.Lock()
-	st := WALSlotStatus{Slot: w.r.cfg.WAL.Slot, Exists: true, Gap: msg, At: time.Now()}
+	st := WALSlotStatus{Slot: w.r.cfg.WALSlot, Exists: true, Gap: msg, At: time.Now()}
 	w.status = st
 	w.mu.Unlock()
-	if o := w.r.cfg.WAL.Observer; o != nil {
-		o.WALSlot(st)
-	}
+	w.r.observeSlot(st)
 }
 
 type slotRow struct {
@@ -432,12 +428,12 @@ func (w *walSource) slotStatus(ctx context.Context) (slotRow, error) {
 	var s slotRow
 	err := w.r.cfg.Pool.QueryRow(ctx, `SELECT plugin::text, database::text, coalesce(wal_status, ''), active,
 		coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, w.r.cfg.WAL.Slot).Scan(&s.plugin, &s.database, &s.walStatus, &s.active, &s.lagBytes)
+		FROM pg_replication_slots WHERE slot_name = $1`, w.r.cfg.WALSlot).Scan(&s.plugin, &s.database, &s.walStatus, &s.active, &s.lagBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
 	if err != nil {
-		return s, fmt.Errorf("read replication slot %s: %w", w.r.cfg.WAL.Slot, err)
+		return s, fmt.Errorf("read replication slot %s: %w", w.r.cfg.WALSlot, err)
 	}
 	s.exists = true
 	return s, nil
@@ -470,7 +466,7 @@ func (w *walSource) loop(ctx context.Context) error {
 				w.log.Info("standby: another relay streams the slot; waiting to take over")
 				standby = true
 			}
-			if !wait.Sleep(ctx, wait.Jitter(w.r.cfg.WAL.StandbyPoll, jitterSpread)) {
+			if !wait.Sleep(ctx, wait.Jitter(w.r.cfg.walStandbyPoll, jitterSpread)) {
 				return nil
 			}
 			continue
@@ -508,9 +504,9 @@ func (w *walSource) session(ctx context.Context) error {
 		cancel()
 		return fmt.Errorf("IDENTIFY_SYSTEM: %w", err)
 	}
-	err = pglogrepl.StartReplication(cctx, conn, w.r.cfg.WAL.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+	err = pglogrepl.StartReplication(cctx, conn, w.r.cfg.WALSlot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
 		"proto_version '1'",
-		"publication_names '" + w.r.cfg.WAL.Publication + "'", // validated: [a-z0-9_]
+		"publication_names '" + w.r.cfg.walPublication + "'", // validated: [a-z0-9_]
 		"messages 'true'",
 		"binary 'true'", // pgrelay.outbox_wal's rows: no DateStyle or bytea_output to follow
 	}})
@@ -874,7 +870,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 		dead += tx.dead
 	}
 	if dead > 0 {
-		r.cfg.Observer.MarkedDead(walPartition, dead)
+		r.cfg.obs.MarkedDead(walPartition, dead)
 	}
 	bo := r.newBackoff()
 	for start := 0; start < len(msgs); start += r.cfg.BatchSize {
@@ -917,7 +913,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 			}
 			t0 := time.Now()
 			results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
-			r.cfg.Observer.PublishDuration(walPartition, len(chunk), time.Since(t0))
+			r.cfg.obs.PublishDuration(walPartition, len(chunk), time.Since(t0))
 			var transient error
 			published, dups, terminal := 0, 0, 0
 			for i, res := range results {
@@ -939,7 +935,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 			if transient != nil {
 				// Republish the whole chunk after a pause: in order, and the
 				// events acknowledged already are absorbed as duplicates.
-				r.cfg.Observer.PublishFailed(walPartition, len(chunk), transient)
+				r.cfg.obs.PublishFailed(walPartition, len(chunk), transient)
 				log.Warn("publish failed; retrying the batch", slog.Int("events", len(chunk)), slog.Any("error", transient))
 				if !wait.Sleep(ctx, bo.Next()) {
 					return ctx.Err()
@@ -947,10 +943,10 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				continue
 			}
 			if terminal > 0 {
-				r.cfg.Observer.MarkedDead(walPartition, terminal)
+				r.cfg.obs.MarkedDead(walPartition, terminal)
 			}
 			if published > 0 {
-				r.cfg.Observer.Published(walPartition, published, dups, time.Since(batch[0].commit))
+				r.cfg.obs.Published(walPartition, published, dups, time.Since(batch[0].commit))
 			}
 			break
 		}
@@ -980,7 +976,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 				w.log.Warn("WAL heartbeat", slog.Any("error", err))
 			}
 			if err := w.r.q.RecordWALSlotHistory(qctx, w.r.cfg.Pool, db.RecordWALSlotHistoryParams{SystemIdentifier: s.id.system, Timeline: s.id.timeline,
-				Slot: w.r.cfg.WAL.Slot}); err != nil && ctx.Err() == nil {
+				Slot: w.r.cfg.WALSlot}); err != nil && ctx.Err() == nil {
 				w.log.Warn("record the slot's history", slog.Any("error", err))
 			}
 			w.pruneKeySeqs(qctx)
@@ -998,7 +994,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 				s.end()
 			}
 		} else {
-			st := WALSlotStatus{Slot: w.r.cfg.WAL.Slot, Exists: row.exists, Active: row.active, WALStatus: row.walStatus, LagBytes: row.lagBytes, At: time.Now()}
+			st := WALSlotStatus{Slot: w.r.cfg.WALSlot, Exists: row.exists, Active: row.active, WALStatus: row.walStatus, LagBytes: row.lagBytes, At: time.Now()}
 			if s != nil {
 				st.Reading = true
 				st.ConfirmedLSN = pglogrepl.LSN(s.confirmed.Load()).String()
@@ -1009,9 +1005,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 			w.mu.Lock()
 			w.status = st
 			w.mu.Unlock()
-			if o := w.r.cfg.WAL.Observer; o != nil {
-				o.WALSlot(st)
-			}
+			w.r.observeSlot(st)
 			switch {
 			case row.walStatus == "lost":
 				err := w.slotLostError("")
@@ -1019,7 +1013,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 				cancel(err)
 				return
 			case !row.exists:
-				cancel(fmt.Errorf("relay: %w: slot %q is missing (dropped, or a failover reached a server without it)", errSlotGone, w.r.cfg.WAL.Slot))
+				cancel(fmt.Errorf("relay: %w: slot %q is missing (dropped, or a failover reached a server without it)", errSlotGone, w.r.cfg.WALSlot))
 				return
 			}
 		}
@@ -1040,4 +1034,11 @@ func (r *Relay) WALStatus() (WALSlotStatus, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.status, !w.status.At.IsZero()
+}
+
+// observeSlot reports st to Config's walObs, if any.
+func (r *Relay) observeSlot(st WALSlotStatus) {
+	if o := r.cfg.walObs; o != nil {
+		o.WALSlot(st.LagBytes, st.LagSeconds, st.Reading, st.WALStatus, st.Gap != "")
+	}
 }

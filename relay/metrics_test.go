@@ -1,27 +1,26 @@
-package metrics
+package relay_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
-	"log/slog"
-	"net/http/httptest"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/logtest"
-	"github.com/pgrelay/pgrelay/internal/relay"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
-var _ relay.Observer = (*RelayObserver)(nil)
-
-// TestMetricsFollowTheRealRelay runs the real relay against JetStream and
-// reads /metrics over HTTP until the published counter, the lag histogram,
-// the lease counters and the outbox gauges say what happened.
+// TestMetricsFollowTheRealRelay runs the relay against JetStream and reads
+// its /metrics over HTTP until the published counter, the lag histogram, the
+// lease counters and the outbox gauges say what happened.
 func TestMetricsFollowTheRealRelay(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -33,36 +32,23 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 
-	reg := NewRegistry()
-	obs := NewRelayObserver(reg)
-	coll, err := NewOutboxCollector(DBCollectorConfig{Pool: pool, CacheFor: time.Nanosecond})
-	require.NoError(t, err)
-	reg.MustRegister(coll)
-	srv, err := NewServer(ServerConfig{Registry: reg})
-	require.NoError(t, err)
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-
 	for i := range 5 {
 		_, err := pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type) VALUES ($1, 'orders', $2, 'OrderPaid')`,
 			fmt.Sprintf("evt-%d", i), fmt.Sprintf("order-%d", i%2))
 		require.NoError(t, err)
 	}
-	m := scrape(t, hs.URL+"/metrics")
-	require.Equal(t, 5.0, m["outbox_pending_rows"])
-	require.Zero(t, m["relay_published_total"])
-
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, Observer: obs,
-		Logger: logtest.NewAt(t, slog.LevelWarn), PollInterval: 20 * time.Millisecond,
-		Lease: 3 * time.Second})
+	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, MetricsAddr: "127.0.0.1:0",
+		PollInterval: 20 * time.Millisecond, Lease: 3 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
 	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return r.MetricsAddr() != nil }, 10*time.Second, 10*time.Millisecond)
 
+	var m map[string]float64
 	require.Eventually(t, func() bool {
-		m = scrape(t, hs.URL+"/metrics")
+		m = scrape(t, "http://"+r.MetricsAddr().String()+"/metrics")
 		return m["relay_published_total"] == 5 && m["outbox_pending_rows"] == 0
 	}, 20*time.Second, 20*time.Millisecond, "the relay never published the 5 rows")
 	require.GreaterOrEqual(t, m["relay_outbox_lag_seconds_count"], 1.0)
@@ -71,4 +57,28 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 	require.Zero(t, m["relay_publish_duplicates_total"])
 	require.Zero(t, m["relay_fenced_total"])
 	require.Zero(t, m["outbox_oldest_pending_age_seconds"])
+}
+
+// scrape reads the series of a /metrics page.
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, line)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	require.NoError(t, sc.Err())
+	return out
 }

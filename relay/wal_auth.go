@@ -68,7 +68,7 @@ func (s *walSession) verify(ctx context.Context, lm *pglogrepl.LogicalDecodingMe
 		hint = "its signature does not match a key of pgrelay.wal_keys: forged, altered, or signed with a key deleted before the relay read it"
 	}
 	s.w.log.Error("a pgrelay message in the WAL is not signed by an allowed producer: skipped, never published; "+hint, fields...)
-	if o := s.w.r.cfg.WAL.Observer; o != nil {
+	if o := s.w.r.cfg.walObs; o != nil {
 		o.WALRejected(err.Error())
 	}
 	return nil, errRejected

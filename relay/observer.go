@@ -2,9 +2,9 @@ package relay
 
 import "time"
 
-// Observer receives the relay's metrics events. Implementations must be safe
+// relayObserver receives the relay's metrics events. Implementations must be safe
 // for concurrent use and return quickly.
-type Observer interface {
+type relayObserver interface {
 	// Published reports n events acknowledged by the broker and marked
 	// published, duplicates of them reported as such by the broker, and the
 	// lag between the oldest one's commit and its publication.
@@ -36,35 +36,35 @@ type Observer interface {
 	StandbyWait(partition int, since time.Time)
 }
 
-// NopObserver is an Observer that ignores everything.
-type NopObserver struct{}
+// nopObserver is an observer that ignores everything.
+type nopObserver struct{}
 
-// Published implements Observer.
-func (NopObserver) Published(int, int, int, time.Duration) {}
+// Published implements relayObserver.
+func (nopObserver) Published(int, int, int, time.Duration) {}
 
-// PublishDuration implements Observer.
-func (NopObserver) PublishDuration(int, int, time.Duration) {}
+// PublishDuration implements relayObserver.
+func (nopObserver) PublishDuration(int, int, time.Duration) {}
 
-// PublishFailed implements Observer.
-func (NopObserver) PublishFailed(int, int, error) {}
+// PublishFailed implements relayObserver.
+func (nopObserver) PublishFailed(int, int, error) {}
 
-// MarkedDead implements Observer.
-func (NopObserver) MarkedDead(int, int) {}
+// MarkedDead implements relayObserver.
+func (nopObserver) MarkedDead(int, int) {}
 
-// Expired implements Observer.
-func (NopObserver) Expired(int, int) {}
+// Expired implements relayObserver.
+func (nopObserver) Expired(int, int) {}
 
-// Fenced implements Observer.
-func (NopObserver) Fenced(int) {}
+// Fenced implements relayObserver.
+func (nopObserver) Fenced(int) {}
 
-// LeaseAcquired implements Observer.
-func (NopObserver) LeaseAcquired(int, int64, bool) {}
+// LeaseAcquired implements relayObserver.
+func (nopObserver) LeaseAcquired(int, int64, bool) {}
 
-// LeaseLost implements Observer.
-func (NopObserver) LeaseLost(int) {}
+// LeaseLost implements relayObserver.
+func (nopObserver) LeaseLost(int) {}
 
-// PartitionsHeld implements Observer.
-func (NopObserver) PartitionsHeld(int) {}
+// PartitionsHeld implements relayObserver.
+func (nopObserver) PartitionsHeld(int) {}
 
-// StandbyWait implements Observer.
-func (NopObserver) StandbyWait(int, time.Time) {}
+// StandbyWait implements relayObserver.
+func (nopObserver) StandbyWait(int, time.Time) {}

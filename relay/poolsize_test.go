@@ -29,7 +29,7 @@ func TestRelayWarnsWhenPoolTooSmall(t *testing.T) {
 		require.NoError(t, err)
 		core, logs := logtest.Observe(slog.LevelWarn)
 		cfg := b.testConfig(t, b.publisher(t), nil)
-		cfg.Pool, cfg.Logger = pool, core
+		cfg.Pool, cfg.log = pool, core
 		_, stop := start(t, cfg)
 		// The first heartbeat computes the share and acquires it.
 		require.Eventually(t, func() bool {

@@ -69,7 +69,7 @@ func walTableMember(ctx context.Context, q interface {
 // creates a slot: the rows committed before the slot are not in it, and the
 // adoption that adds the table back re-inserts them.
 func (w *walSource) leavePublication(ctx context.Context) error {
-	pub := w.r.cfg.WAL.Publication
+	pub := w.r.cfg.walPublication
 	if ok, err := walTableMember(ctx, w.r.cfg.Pool, pub); err != nil || !ok {
 		return err
 	}
@@ -86,9 +86,9 @@ func (w *walSource) leavePublication(ctx context.Context) error {
 // truncated.
 func (w *walSource) maintainTable(ctx context.Context, truncate bool) (truncated bool, err error) {
 	cfg := w.r.cfg
-	pub := cfg.WAL.Publication
+	pub := cfg.walPublication
 	err = pgx.BeginFunc(ctx, cfg.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", cfg.WAL.LockTimeout.Milliseconds())); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", cfg.walLockTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		member, err := walTableMember(ctx, tx, pub)
@@ -141,21 +141,21 @@ var errLeftPublication = errors.New(walTable + " left the publication")
 // producers' open inserts, which would otherwise commit invisible to the
 // copy and decoded under the old publication.
 func (w *walSource) adopt(ctx context.Context, tx pgx.Tx) error {
-	pub := pgx.Identifier{w.r.cfg.WAL.Publication}.Sanitize()
+	pub := pgx.Identifier{w.r.cfg.walPublication}.Sanitize()
 	if _, err := tx.Exec(ctx, `LOCK TABLE `+walTable+` IN SHARE MODE`); err != nil {
 		return fmt.Errorf("lock %s: %w", walTable, err)
 	}
 	if _, err := tx.Exec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+walTable); err != nil {
-		return fmt.Errorf("add %s to publication %s: %w", walTable, w.r.cfg.WAL.Publication, err)
+		return fmt.Errorf("add %s to publication %s: %w", walTable, w.r.cfg.walPublication, err)
 	}
 	if _, err := tx.Exec(ctx, `ALTER PUBLICATION `+pub+` SET (publish = 'insert')`); err != nil {
-		return fmt.Errorf("publication %s: %w", w.r.cfg.WAL.Publication, err)
+		return fmt.Errorf("publication %s: %w", w.r.cfg.walPublication, err)
 	}
 	tag, err := tx.Exec(ctx, `WITH d AS (DELETE FROM `+walTable+` RETURNING *) INSERT INTO `+walTable+` SELECT * FROM d`)
 	if err != nil {
 		return fmt.Errorf("re-insert the rows of %s: %w", walTable, err)
 	}
-	w.log.Info("added "+walTable+" to the publication", slog.String("publication", w.r.cfg.WAL.Publication),
+	w.log.Info("added "+walTable+" to the publication", slog.String("publication", w.r.cfg.walPublication),
 		slog.Int64("rows_reinserted", tag.RowsAffected()))
 	return nil
 }
@@ -182,7 +182,7 @@ func (w *walSource) setupTable(ctx context.Context) error {
 // truncateLoop empties the table every WAL.TruncateInterval while this relay
 // streams the slot (standbys leave it to the reader).
 func (w *walSource) truncateLoop(ctx context.Context) {
-	every := w.r.cfg.WAL.TruncateInterval
+	every := w.r.cfg.WALTruncateInterval
 	if every < 0 {
 		return
 	}

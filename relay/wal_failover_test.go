@@ -79,7 +79,7 @@ func TestWALFailoverRefusesTheGap(t *testing.T) {
 
 	rec := &walStatusRecorder{}
 	cfg := b.walConfig(t, b.publisher(t), nil)
-	cfg.WAL.Observer = rec
+	cfg.walObs = rec
 	r2, _ := start(t, cfg)
 	gap := waitGap(t, r2)
 	t.Log(gap)

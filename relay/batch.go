@@ -149,17 +149,17 @@ func (r *Relay) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, out
 	r.sent.remove(out.sentIDs)
 	if res.marked == 0 {
 		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", slog.Int("rows", len(out.markIDs)))
-		r.cfg.Observer.Fenced(int(w.partition))
+		r.cfg.obs.Fenced(int(w.partition))
 		return errFenced
 	}
 	if out.published > 0 {
-		r.cfg.Observer.Published(int(w.partition), out.published, out.dups, time.Since(rows[0].CreatedAt))
+		r.cfg.obs.Published(int(w.partition), out.published, out.dups, time.Since(rows[0].CreatedAt))
 	}
 	if out.dead > 0 {
-		r.cfg.Observer.MarkedDead(int(w.partition), out.dead)
+		r.cfg.obs.MarkedDead(int(w.partition), out.dead)
 	}
 	if out.expired > 0 {
-		r.cfg.Observer.Expired(int(w.partition), out.expired)
+		r.cfg.obs.Expired(int(w.partition), out.expired)
 	}
 	return nil
 }

@@ -31,7 +31,7 @@ func TestWALPublishesOnlyAllowedProducers(t *testing.T) {
 	ch := b.subscribe(t)
 	rec := &walStatusRecorder{}
 	cfg := b.walConfig(t, b.publisher(t), nil)
-	cfg.WAL.Observer = rec
+	cfg.walObs = rec
 	r, _ := start(t, cfg)
 	waitReading(t, r)
 

@@ -9,27 +9,27 @@ import (
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// OutboxCleaner is the outbox's upkeep, run by the relay beside its
+// outboxCleaner is the outbox's upkeep, run by the relay beside its
 // partition workers: it deletes published rows older than Config.Retention,
 // every Config.RetentionInterval (jittered ±10%, the first run at start-up),
 // in batches of Config.RetentionBatchSize picked with FOR UPDATE SKIP LOCKED
 // through the published rows' index, so that deletion never waits on, or
 // stalls, publishing. Dead rows are kept.
-type OutboxCleaner struct {
+type outboxCleaner struct {
 	cfg     Config
 	q       *db.Queries
 	log     *slog.Logger
 	batches maintenance.Batches
 }
 
-func newOutboxCleaner(cfg Config, log *slog.Logger) *OutboxCleaner {
-	return &OutboxCleaner{cfg: cfg, q: db.New(), log: log.With(slog.String("logger", "retention")),
+func newOutboxCleaner(cfg Config, log *slog.Logger) *outboxCleaner {
+	return &outboxCleaner{cfg: cfg, q: db.New(), log: log.With(slog.String("logger", "retention")),
 		batches: maintenance.Batches{Size: cfg.RetentionBatchSize, Timeout: cfg.QueryTimeout}}
 }
 
-// RunOnce deletes every published row past the retention, batch by batch,
+// runOnce deletes every published row past the retention, batch by batch,
 // and returns how many it deleted.
-func (c *OutboxCleaner) RunOnce(ctx context.Context) (int64, error) {
+func (c *outboxCleaner) runOnce(ctx context.Context) (int64, error) {
 	return c.batches.Delete(ctx, func(ctx context.Context, size int32) (int64, error) {
 		return c.q.DeletePublished(ctx, c.cfg.Pool, db.DeletePublishedParams{
 			RetentionSeconds: c.cfg.Retention.Seconds(), BatchSize: size,
@@ -37,15 +37,15 @@ func (c *OutboxCleaner) RunOnce(ctx context.Context) (int64, error) {
 	})
 }
 
-// Run calls RunOnce at once and then every RetentionInterval until ctx ends;
+// Run calls runOnce at once and then every RetentionInterval until ctx ends;
 // a failure is logged and retried at the next interval. It does nothing when
 // Config.Retention is negative.
-func (c *OutboxCleaner) Run(ctx context.Context) {
+func (c *outboxCleaner) Run(ctx context.Context) {
 	if c.cfg.Retention < 0 {
 		return
 	}
 	wait.Every(ctx, c.cfg.RetentionInterval, jitterSpread, func(ctx context.Context) {
-		n, err := c.RunOnce(ctx)
+		n, err := c.runOnce(ctx)
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:

@@ -66,7 +66,7 @@ func TestStartupLogLineHasEachKeyOnce(t *testing.T) {
 			var sink lockedBuffer
 			cfg := b.testConfig(t, b.publisher(t), nil)
 			cfg.Capture = capture
-			cfg.Logger = logbridge.Slog(zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zapcore.InfoLevel))) // the commands' JSON logger
+			cfg.log = logbridge.Slog(zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zapcore.InfoLevel))) // the commands' JSON logger
 			r, err := New(cfg)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())

@@ -84,7 +84,7 @@ func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, de
 		}
 		if e, ok := held[p]; !ok || e != w.epoch {
 			r.log.Warn("partition lease lost", slog.Any("partition", p), slog.Int64("epoch", w.epoch))
-			r.cfg.Observer.LeaseLost(int(p))
+			r.cfg.obs.LeaseLost(int(p))
 			w.stop(false)
 			continue
 		}
@@ -152,7 +152,7 @@ func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int, s
 		for _, a := range got {
 			takenOver := a.PreviousOwner != nil
 			r.log.Info("partition acquired", slog.Any("partition", a.Partition), slog.Int64("epoch", a.Epoch), slog.Bool("taken_over", takenOver))
-			r.cfg.Observer.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
+			r.cfg.obs.LeaseAcquired(int(a.Partition), a.Epoch, takenOver)
 			r.startWorker(ctx, a.Partition, a.Epoch, deadline, s)
 		}
 	}
@@ -169,7 +169,7 @@ func (r *Relay) reportHeld() {
 		}
 	}
 	r.mu.Unlock()
-	r.cfg.Observer.PartitionsHeld(working)
+	r.cfg.obs.PartitionsHeld(working)
 }
 
 // checkPoolSize warns, once per share, when the pool is too small for the

@@ -42,10 +42,10 @@ func walSetup(t *testing.T, conf string) (*bundle, *testcluster.Cluster) {
 	return &bundle{pool: pool, dbURL: c.URL(), natsURL: natsURL, stream: stream, prefix: prefix, js: js}, c
 }
 
-func (b *bundle) walConfig(t *testing.T, pub broker.Publisher, obs Observer) Config {
+func (b *bundle) walConfig(t *testing.T, pub broker.Publisher, obs relayObserver) Config {
 	cfg := b.testConfig(t, pub, obs)
 	cfg.Capture = CaptureWAL
-	cfg.WAL.StandbyPoll = 100 * time.Millisecond
+	cfg.walStandbyPoll = 100 * time.Millisecond
 	return cfg
 }
 
@@ -196,12 +196,12 @@ func TestWALRefusesUnboundedSlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	err = r.Run(ctx)
-	require.ErrorContains(t, err, "WAL.AllowUnboundedSlot")
+	require.ErrorContains(t, err, "WALAllowUnboundedSlot")
 	_, err = b.slotStatusRow(t)
 	require.ErrorIs(t, err, pgx.ErrNoRows)
 
 	cfg := b.walConfig(t, b.publisher(t), nil)
-	cfg.WAL.AllowUnboundedSlot = true
+	cfg.WALAllowUnboundedSlot = true
 	start(t, cfg)
 	require.Eventually(t, func() bool { _, err := b.slotStatusRow(t); return err == nil }, 10*time.Second, 20*time.Millisecond)
 }

@@ -61,7 +61,7 @@ func (s *walSession) numberKeySeqs(ctx context.Context, msgs []broker.Message, e
 	}
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	rows, err := r.q.AssignWALKeySeqs(qctx, r.cfg.Pool, db.AssignWALKeySeqsParams{
-		SlotName: r.cfg.WAL.Slot, Pid: int32(s.conn.PID()), EventIds: ids, Keys: keys, Lsns: lsns,
+		SlotName: r.cfg.WALSlot, Pid: int32(s.conn.PID()), EventIds: ids, Keys: keys, Lsns: lsns,
 	})
 	cancel()
 	if err != nil {
@@ -113,7 +113,7 @@ func (s *walSession) dropExpired(msgs []broker.Message, ends []pglogrepl.LSN) ([
 		kept++
 	}
 	if n := len(msgs) - kept; n > 0 {
-		s.w.r.cfg.Observer.Expired(walPartition, n)
+		s.w.r.cfg.obs.Expired(walPartition, n)
 	}
 	return msgs[:kept], ends[:kept]
 }
@@ -121,7 +121,7 @@ func (s *walSession) dropExpired(msgs []broker.Message, ends []pglogrepl.LSN) ([
 // pruneKeySeqs deletes the recorded numbers the slot can no longer hand out
 // again (their transaction ended before the slot's restart_lsn).
 func (w *walSource) pruneKeySeqs(ctx context.Context) {
-	n, err := w.r.q.PruneWALKeySeqs(ctx, w.r.cfg.Pool, w.r.cfg.WAL.Slot)
+	n, err := w.r.q.PruneWALKeySeqs(ctx, w.r.cfg.Pool, w.r.cfg.WALSlot)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("prune the WAL capture's key sequence records", slog.Any("error", err))

@@ -11,7 +11,7 @@ import (
 // outbox upkeep off: Run returns at once without touching the database.
 func TestOutboxCleanerOffWhenRetentionNegative(t *testing.T) {
 	t.Parallel()
-	c := newOutboxCleaner(Config{Retention: -1}.WithDefaults(), slog.New(slog.DiscardHandler))
+	c := newOutboxCleaner(Config{Retention: -1}.withDefaults(), slog.New(slog.DiscardHandler))
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(context.Background()) }()
 	select {

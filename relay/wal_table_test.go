@@ -49,7 +49,7 @@ func TestWALTablePublishesCommittedInserts(t *testing.T) {
 	ch := b.subscribe(t)
 	obs := &countingObserver{}
 	cfg := b.walConfig(t, b.publisher(t), obs)
-	cfg.WAL.TruncateInterval = 200 * time.Millisecond
+	cfg.WALTruncateInterval = 200 * time.Millisecond
 	r, _ := start(t, cfg)
 	waitReading(t, r)
 	ctx := context.Background()
@@ -137,7 +137,7 @@ func TestWALTableEmptiedBeforeAcknowledgedLosesNothing(t *testing.T) {
 	flaky := &flakyPublisher{Publisher: b.publisher(t)}
 	flaky.failing.Store(true)
 	cfg := b.walConfig(t, flaky, nil)
-	cfg.WAL.TruncateInterval = 100 * time.Millisecond
+	cfg.WALTruncateInterval = 100 * time.Millisecond
 	r, stop := start(t, cfg)
 	waitReading(t, r)
 
@@ -164,7 +164,7 @@ func TestWALTableAdoptsRowsFromBeforeTheSlot(t *testing.T) {
 	ch := b.subscribe(t)
 	b.insertWAL(t, "early", "1", "2", "3")
 	cfg := b.walConfig(t, b.publisher(t), nil)
-	cfg.WAL.TruncateInterval = 100 * time.Millisecond
+	cfg.WALTruncateInterval = 100 * time.Millisecond
 	r, _ := start(t, cfg)
 	waitReading(t, r)
 	got := readAll(t, ch, 3, 20*time.Second)
@@ -174,7 +174,7 @@ func TestWALTableAdoptsRowsFromBeforeTheSlot(t *testing.T) {
 	require.Eventually(t, func() bool { return b.walRows(t) == 0 }, 10*time.Second, 50*time.Millisecond)
 	var member bool
 	require.NoError(t, b.pool.QueryRow(context.Background(),
-		`SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'outbox_wal')`, DefaultWALPublication).Scan(&member))
+		`SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND tablename = 'outbox_wal')`, defaultWALPublication).Scan(&member))
 	require.True(t, member)
 }
 
@@ -186,8 +186,8 @@ func TestWALTableTruncateGivesWayToProducers(t *testing.T) {
 	b, _ := walSetup(t, walConf)
 	ch := b.subscribe(t)
 	cfg := b.walConfig(t, b.publisher(t), nil)
-	cfg.WAL.TruncateInterval = 50 * time.Millisecond
-	cfg.WAL.LockTimeout = 50 * time.Millisecond
+	cfg.WALTruncateInterval = 50 * time.Millisecond
+	cfg.walLockTimeout = 50 * time.Millisecond
 	truncating := make(chan struct{}, 1000)
 	cfg.hooks.walBeforeTruncate = func() { truncating <- struct{}{} }
 	r, _ := start(t, cfg)
@@ -235,7 +235,7 @@ func TestWALTableTruncateKeepsRowsWhenTheTableLeftThePublication(t *testing.T) {
 	b, _ := walSetup(t, walConf)
 	ch := b.subscribe(t)
 	cfg := b.walConfig(t, b.publisher(t), nil)
-	cfg.WAL.TruncateInterval = 100 * time.Millisecond
+	cfg.WALTruncateInterval = 100 * time.Millisecond
 	var armed atomic.Bool
 	armed.Store(true)
 	gap := make(chan error, 1)
@@ -245,7 +245,7 @@ func TestWALTableTruncateKeepsRowsWhenTheTableLeftThePublication(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := b.pool.Exec(ctx, `ALTER PUBLICATION `+DefaultWALPublication+` DROP TABLE pgrelay.outbox_wal`)
+		_, err := b.pool.Exec(ctx, `ALTER PUBLICATION `+defaultWALPublication+` DROP TABLE pgrelay.outbox_wal`)
 		if err == nil {
 			_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox_wal (event_id, topic, key, payload) VALUES ('gap-1', 'orders', 'k', '\x32')`)
 		}

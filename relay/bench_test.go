@@ -14,7 +14,7 @@ import (
 
 // BenchmarkRelayThroughput measures one relay publishing a backlog of 20,000
 // committed rows (64 keys) to JetStream, acknowledgements awaited, marks
-// committed. Run: go test -run '^$' -bench RelayThroughput -benchtime 1x ./internal/relay/
+// committed. Run: go test -run '^$' -bench RelayThroughput -benchtime 1x ./relay/
 func BenchmarkRelayThroughput(b *testing.B) {
 	const rows = 20000
 	for range b.N {

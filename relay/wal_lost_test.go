@@ -49,9 +49,13 @@ func (o *walStatusRecorder) rejections() map[string]int {
 	return maps.Clone(o.rejected)
 }
 
-func (o *walStatusRecorder) WALSlot(s WALSlotStatus) {
+func (o *walStatusRecorder) WALSlot(lagBytes int64, lagSeconds float64, reading bool, walStatus string, gap bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	s := WALSlotStatus{LagBytes: lagBytes, LagSeconds: lagSeconds, Reading: reading, WALStatus: walStatus}
+	if gap {
+		s.Gap = "a gap"
+	}
 	o.all = append(o.all, s)
 }
 
@@ -119,7 +123,7 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 	flaky := &flakyPublisher{Publisher: b.publisher(t)}
 	rec := &walStatusRecorder{}
 	cfg := b.walConfig(t, flaky, nil)
-	cfg.WAL.Observer = rec
+	cfg.walObs = rec
 	r, err := New(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay/internal/exampleenv"
+	"github.com/pgrelay/pgrelay/internal/logtest"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,7 +22,6 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -32,7 +34,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(walChildEnv) == "1" {
 		os.Exit(runWALChild())
 	}
-	os.Exit(m.Run())
+	// The Example functions get a migrated database of their own and a
+	// NATS server (internal/exampleenv).
+	exampleenv.Main(m, true)
 }
 
 // bundle is what most relay tests need: a fresh database, a NATS server and
@@ -76,7 +80,7 @@ func (b *bundle) publisherB(t testing.TB) *nats.Publisher {
 
 // testConfig is a relay config with short timings for tests.
 // A nil t gives a silent logger.
-func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs Observer) Config {
+func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs relayObserver) Config {
 	log := slog.New(slog.DiscardHandler)
 	if t != nil {
 		log = logtest.NewAt(t, slog.LevelWarn)
@@ -84,8 +88,8 @@ func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs Observer) Co
 	return Config{
 		Pool:              b.pool,
 		Publisher:         pub,
-		Logger:            log,
-		Observer:          obs,
+		log:               log,
+		obs:               obs,
 		Lease:             time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		PollInterval:      200 * time.Millisecond,

@@ -47,7 +47,7 @@ func runWALChild() int {
 	r, err := New(Config{
 		Pool: pool, Publisher: pub, NodeID: os.Getenv("CHILD_NAME"), Capture: CaptureWAL,
 		HeartbeatInterval: 300 * time.Millisecond, Lease: time.Second, BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
-		WAL: WALConfig{ConnConfig: conn, StandbyPoll: 100 * time.Millisecond},
+		walConnConfig: conn, walStandbyPoll: 100 * time.Millisecond,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

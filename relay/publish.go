@@ -48,7 +48,7 @@ func (r *Relay) publishBatch(w *worker, log *slog.Logger, rows []db.PendingBatch
 		for j, res := range r.publish(msgs, leaseEnd) {
 			results[idx[j]] = res
 		}
-		r.cfg.Observer.PublishDuration(int(w.partition), len(msgs), time.Since(start))
+		r.cfg.obs.PublishDuration(int(w.partition), len(msgs), time.Since(start))
 	}
 	return results, nil
 }
@@ -202,7 +202,7 @@ func outcomesOf(log *slog.Logger, rows []db.PendingBatchRow, results []broker.Re
 // retryLater records a transient failure on the rows it left pending, to be
 // retried after the partition's next backoff, and returns it.
 func (r *Relay) retryLater(w *worker, log *slog.Logger, bo *retryBackoff, rest []int64, transient error) error {
-	r.cfg.Observer.PublishFailed(int(w.partition), len(rest), transient)
+	r.cfg.obs.PublishFailed(int(w.partition), len(rest), transient)
 	retryAt := time.Now().Add(bo.Next())
 	bo.advanced = true
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)

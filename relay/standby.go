@@ -31,7 +31,7 @@ func (r *Relay) awaitStandbys(w *worker, log *slog.Logger) error {
 	var since time.Time
 	defer func() {
 		if !since.IsZero() {
-			r.cfg.Observer.StandbyWait(int(w.partition), time.Time{})
+			r.cfg.obs.StandbyWait(int(w.partition), time.Time{})
 		}
 	}()
 	pause, warned, flushed := standbyPollMin, false, false
@@ -47,7 +47,7 @@ func (r *Relay) awaitStandbys(w *worker, log *slog.Logger) error {
 		}
 		if target == nil {
 			target, since = &row.Target, time.Now()
-			r.cfg.Observer.StandbyWait(int(w.partition), since)
+			r.cfg.obs.StandbyWait(int(w.partition), since)
 		}
 		if !row.FlushedHere && !flushed && pause == standbyPollMax {
 			// Still unflushed here after the first polls: no commit came to

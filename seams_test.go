@@ -1,0 +1,94 @@
+package pgrelay_test
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const mod = "github.com/pgrelay/pgrelay"
+
+// engines are the packages that do the work behind the public surface: the
+// relay engine (now package relay itself), the inbox engine (internal/inbox,
+// or the root package once it holds it), the consumer's ingest engine, and the
+// packages the services are built as.
+var engines = []string{mod + "/internal/inbox", mod + "/internal/relay", mod + "/relay", mod + "/internal/consumer", mod + "/consumer"}
+
+// goListImports returns, for each package pattern matches, the packages it
+// imports itself (not its tests').
+func goListImports(t *testing.T, pattern string) map[string][]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, pattern).CombinedOutput()
+	require.NoError(t, err, "go list %s: %s", pattern, out)
+	imports := map[string][]string{}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		imports[f[0]] = f[1:]
+	}
+	return imports
+}
+
+// assertNoImports fails for each package of pattern that imports one of
+// forbidden, unless allowed[pkg] lists it.
+func assertNoImports(t *testing.T, pattern string, forbidden []string, allowed map[string][]string) {
+	t.Helper()
+	for pkg, imps := range goListImports(t, pattern) {
+		for _, imp := range imps {
+			for _, f := range forbidden {
+				if imp == f && !contains(allowed[pkg], imp) {
+					t.Errorf("%s imports %s", pkg, imp)
+				}
+			}
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSeams: the arrows between the parts point one way. Broker adapters
+// implement the broker seam and import no engine (broker/postgres, which
+// stores events into the inbox, uses the inbox's receive path only; the root
+// package is the public types and is fine for all); metrics implement the
+// engines' observers structurally and import none; the consumer's ingest
+// engine imports no broker adapter; a consumer program does not link WAL
+// capture.
+func TestSeams(t *testing.T) {
+	t.Parallel()
+	t.Run("broker imports no engine", func(t *testing.T) {
+		assertNoImports(t, mod+"/broker/...", engines, map[string][]string{
+			mod + "/broker/postgres": {mod + "/internal/inbox"}, // inbox.Receive
+		})
+	})
+	t.Run("metrics import no engine", func(t *testing.T) {
+		// The inbox engine's observers name its *inbox.Event: the metrics
+		// still import it until that engine's types move to the root
+		// package, which metrics must not import either then.
+		assertNoImports(t, mod+"/internal/metrics", append(engines, mod), map[string][]string{
+			mod + "/internal/metrics": {mod + "/internal/inbox"},
+		})
+	})
+	t.Run("consumer engine imports no broker adapter", func(t *testing.T) {
+		adapters := []string{mod + "/broker/nats", mod + "/broker/kafka", mod + "/broker/rabbitmq", mod + "/broker/postgres"}
+		assertNoImports(t, mod+"/internal/consumer", adapters, nil)
+	})
+	t.Run("a consumer does not link WAL capture", func(t *testing.T) {
+		for _, pkg := range []string{mod + "/cmd/consumer", mod + "/consumer"} {
+			for _, d := range goListDeps(t, pkg) {
+				require.NotEqual(t, "github.com/jackc/pglogrepl", d, "%s links WAL capture", pkg)
+			}
+		}
+	})
+}
