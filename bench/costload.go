@@ -55,11 +55,39 @@ const benchAppName = "pgrelay-bench"
 // the total the targets name.
 var costComponents = []string{"relay", "consumer", "pg", "nats"}
 
-func costLoadsFor(quick bool) []int {
-	if quick {
+func (b *bench) costLoads() []int {
+	switch {
+	case len(b.cfg.CostLoads) > 0:
+		return b.cfg.CostLoads
+	case b.cfg.Quick:
 		return []int{200}
 	}
 	return costLoads
+}
+
+// costStatements lists the run's statements of the last load
+// (pg_stat_statements, reset before it): sqlc's "-- name:" comment or the
+// statement's start, calls and execution time per event.
+const costStatements = `SELECT coalesce(substring(query from '^-- name: (\S+)'), left(regexp_replace(query, '\s+', ' ', 'g'), 70)), sum(calls)::bigint, sum(total_exec_time)::float8
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+GROUP BY 1 ORDER BY 3 DESC LIMIT 20`
+
+func (p *costPipeline) printStatements(ctx context.Context, out *os.File, events int) error {
+	rows, err := p.pool.Query(ctx, costStatements)
+	if err != nil {
+		return fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var calls int64
+		var total float64
+		if err := rows.Scan(&name, &calls, &total); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "    %-70s calls/event %6.3f  exec ms/event %.4f\n", name, float64(calls)/float64(max(1, events)), total/float64(max(1, events)))
+	}
+	return rows.Err()
 }
 
 // declareCostFigures adds the cost group's figures.
@@ -74,7 +102,7 @@ func (b *bench) declareCostFigures(add func(id, group, name, unit, mode, floor s
 			add("cost_"+m+"_idle_"+c, "cost", m+" capture, idle: "+names[c], "cpu-s/s", "process", "", nil, "")
 		}
 		add("cost_"+m+"_idle_total", "cost", m+" capture, idle: total", "cpu-s/s", "process", "", nil, "")
-		for _, l := range costLoadsFor(b.cfg.Quick) {
+		for _, l := range b.costLoads() {
 			ls := itoa(l)
 			pre := "cost_" + m + "_" + ls
 			for _, c := range costComponents {
@@ -148,7 +176,11 @@ func freePort() (int, error) {
 func (b *bench) startCostEnv(ctx context.Context) (*costEnv, error) {
 	e := &costEnv{}
 	var err error
-	e.cluster, err = testcluster.New(ctx, walClusterConf+"\ntrack_commit_timestamp = on")
+	conf := walClusterConf + "\ntrack_commit_timestamp = on"
+	if b.cfg.CostStatements {
+		conf += "\nshared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = 'all'"
+	}
+	e.cluster, err = testcluster.New(ctx, conf)
 	if err != nil {
 		e.close()
 		return nil, fmt.Errorf("private cluster: %w", err)
@@ -251,6 +283,26 @@ func (b *bench) startCostPipeline(ctx context.Context, env *costEnv, capture str
 		p.close()
 		return nil, err
 	}
+	// A service in its steady state: tables holding recent finished rows,
+	// analyzed, so that no ANALYZE of a young table growing by the load's
+	// rows (maintenance.Statistics: 20 % changed) lands in the windows.
+	for _, q := range []string{"ALTER TABLE pgrelay.outbox DISABLE TRIGGER USER", costPrefillOutbox, "ALTER TABLE pgrelay.outbox ENABLE TRIGGER USER",
+		costPrefillInbox, "VACUUM (ANALYZE) pgrelay.outbox", "VACUUM (ANALYZE) pgrelay.inbox"} {
+		var args []any
+		if strings.Contains(q, "$1") {
+			args = append(args, costPrefill)
+		}
+		if _, err := p.pool.Exec(ctx, q, args...); err != nil {
+			p.close()
+			return nil, fmt.Errorf("prefill: %w", err)
+		}
+	}
+	if b.cfg.CostStatements {
+		if _, err := p.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			p.close()
+			return nil, err
+		}
+	}
 	stream, prefix, err := env.nats.stream(ctx)
 	if err != nil {
 		p.close()
@@ -301,6 +353,25 @@ func (b *bench) startCostPipeline(ctx context.Context, env *costEnv, capture str
 	}
 	return p, nil
 }
+
+// costPrefill is how many finished rows the outbox and the inbox hold
+// before a cost run: the last hour of a service at about 30 events/s.
+const costPrefill = 100_000
+
+const costPrefillOutbox = `INSERT INTO pgrelay.outbox (id, event_id, topic, key, partition, event_type, payload, status, attempts, published_at, created_at, occurred_at)
+SELECT nextval('pgrelay.outbox_id_seq'), 'done-' || i, 'orders', 'order-' || (i % 1000), pgrelay.outbox_partition('order-' || (i % 1000)), 'OrderPaid',
+       convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900, 'currency', 'EUR')::text, 'UTF8'),
+       'published', 1, t, t, t
+FROM generate_series(0, $1::int - 1) AS i,
+     LATERAL (SELECT now() - interval '1 hour' + i * interval '30 ms') AS x(t)`
+
+const costPrefillInbox = `INSERT INTO pgrelay.inbox (event_id, topic, key, event_type, payload, status, attempts,
+                   lock_version, started_at, finished_at, received_at, occurred_at)
+SELECT 'done-' || i, 'orders', 'order-' || (i % 1000), 'OrderPaid',
+       convert_to(json_build_object('order_id', 'order-' || (i % 1000), 'amount_cents', 100 + i % 900, 'currency', 'EUR')::text, 'UTF8'),
+       'processed', 1, 1, t, t, t, t
+FROM generate_series(0, $1::int - 1) AS i,
+     LATERAL (SELECT now() - interval '1 hour' + i * interval '30 ms') AS x(t)`
 
 // costCPU is one reading of every component's CPU seconds.
 type costCPU struct {
@@ -370,6 +441,8 @@ type costUse struct {
 	dur   time.Duration
 	lost  int
 	xacts int64
+	// lostApps are the application names of the backends lost.
+	lostApps []string
 }
 
 func (to costCPU) since(from costCPU) costUse {
@@ -389,9 +462,10 @@ func (to costCPU) since(from costCPU) costUse {
 			pg += d
 		}
 	}
-	for pid := range from.backends {
+	for pid, e := range from.backends {
 		if _, ok := to.backends[pid]; !ok {
 			u.lost++
+			u.lostApps = append(u.lostApps, e.app)
 		}
 	}
 	u.secs["pg"], u.secs["producer"] = pg, prod
@@ -598,6 +672,9 @@ func (b *bench) runCostGroup(ctx context.Context) {
 	for rep := range b.cfg.Repeats {
 		// The combined floor on the same cluster, in the same sitting.
 		b.attempt(ctx, "cost floor", []string{"cost_floor_one"}, func(ctx context.Context) error {
+			if b.cfg.CostNoFloor {
+				return errors.New("skipped (-cost-floor=false)")
+			}
 			saved := b.dbs
 			b.dbs = env.dbs
 			defer func() { b.dbs = saved }()
@@ -612,6 +689,9 @@ func (b *bench) runCostGroup(ctx context.Context) {
 			return nil
 		})
 		for _, m := range []string{relay.CaptureTable, relay.CaptureWAL} {
+			if b.cfg.CostCapture != "" && b.cfg.CostCapture != m {
+				continue
+			}
 			var ids []string
 			for _, id := range all {
 				if strings.HasPrefix(id, "cost_"+m+"_") {
@@ -659,7 +739,12 @@ func (b *bench) costRun(ctx context.Context, env *costEnv, m string, out *os.Fil
 	b.sample("cost_"+m+"_idle_total", u.total()/secs)
 	fmt.Fprintf(out, "cost %s idle: cpu-s/s relay %.4f consumer %.4f pg %.4f nats %.4f total %.4f (pg rest %.4f)  [load %s]\n",
 		m, u.secs["relay"]/secs, u.secs["consumer"]/secs, u.secs["pg"]/secs, u.secs["nats"]/secs, u.total()/secs, u.secs["pgrest"]/secs, loadAvg())
-	for _, l := range costLoadsFor(b.cfg.Quick) {
+	for _, l := range b.costLoads() {
+		if b.cfg.CostStatements {
+			if _, err := p.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+				return err
+			}
+		}
 		r, err := p.load(ctx, l, 0, 16, b.cfg.LoadDuration)
 		if err != nil {
 			return fmt.Errorf("%d/s: %w", l, err)
@@ -675,9 +760,14 @@ func (b *bench) costRun(ctx context.Context, env *costEnv, m string, out *os.Fil
 		b.sample(pre+"_achieved", ev/r.window.Seconds())
 		b.sample(pre+"_p50", ms(percentile(r.latencies, 50)))
 		b.sample(pre+"_p99", ms(percentile(r.latencies, 99)))
-		fmt.Fprintf(out, "cost %s %d/s: reached %.0f/s; cpu-ms/event relay %.3f consumer %.3f pg %.3f nats %.3f total %.3f (producer backends %.3f, pg rest %.3f); p50 %.2f ms p99 %.2f ms; commits/event %.2f; lost backends %d  [load %s]\n",
+		fmt.Fprintf(out, "cost %s %d/s: reached %.0f/s; cpu-ms/event relay %.3f consumer %.3f pg %.3f nats %.3f total %.3f (producer backends %.3f, pg rest %.3f); p50 %.2f ms p99 %.2f ms; commits/event %.2f; lost backends %d %v  [load %s]\n",
 			m, l, ev/r.window.Seconds(), per(r.use.secs["relay"]), per(r.use.secs["consumer"]), per(r.use.secs["pg"]), per(r.use.secs["nats"]), per(r.use.total()),
-			per(r.use.secs["producer"]), per(r.use.secs["pgrest"]), ms(percentile(r.latencies, 50)), ms(percentile(r.latencies, 99)), float64(r.use.xacts)/ev, r.use.lost, loadAvg())
+			per(r.use.secs["producer"]), per(r.use.secs["pgrest"]), ms(percentile(r.latencies, 50)), ms(percentile(r.latencies, 99)), float64(r.use.xacts)/ev, r.use.lost, r.use.lostApps, loadAvg())
+		if b.cfg.CostStatements {
+			if err := p.printStatements(ctx, out, r.produced); err != nil {
+				return err
+			}
+		}
 	}
 	r, err := p.load(ctx, 0, b.cfg.Events, 8, 0)
 	if err != nil {
