@@ -290,7 +290,7 @@ func (b *bench) startCostPipeline(ctx context.Context, env *costEnv, capture str
 		costPrefillInbox, "VACUUM (ANALYZE) pgrelay.outbox", "VACUUM (ANALYZE) pgrelay.inbox"} {
 		var args []any
 		if strings.Contains(q, "$1") {
-			args = append(args, costPrefill)
+			args = append(args, min(costPrefill, b.cfg.Prefill))
 		}
 		if _, err := p.pool.Exec(ctx, q, args...); err != nil {
 			p.close()
@@ -355,7 +355,8 @@ func (b *bench) startCostPipeline(ctx context.Context, env *costEnv, capture str
 }
 
 // costPrefill is how many finished rows the outbox and the inbox hold
-// before a cost run: the last hour of a service at about 30 events/s.
+// before a cost run (at most Config.Prefill): the last hour of a service at
+// about 30 events/s.
 const costPrefill = 100_000
 
 const costPrefillOutbox = `INSERT INTO pgrelay.outbox (id, event_id, topic, key, partition, event_type, payload, status, attempts, published_at, created_at, occurred_at)
@@ -715,13 +716,17 @@ func (b *bench) costRun(ctx context.Context, env *costEnv, m string, out *os.Fil
 	}
 	defer p.close()
 	// Idle.
-	time.Sleep(2 * time.Second)
+	idle := costIdle
+	if b.cfg.Quick {
+		idle = 2 * time.Second
+	}
+	time.Sleep(idle / 5)
 	from, err := p.readCPU(ctx)
 	if err != nil {
 		return err
 	}
 	select {
-	case <-time.After(costIdle):
+	case <-time.After(idle):
 	case <-ctx.Done():
 		return ctx.Err()
 	case err := <-p.failed:
