@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,6 +32,8 @@ func TestQuick(t *testing.T) {
 		Quick:       true,
 		Events:      500,
 		Prefill:     2_000,
+		// The cost group starts a private cluster: TestQuickCost.
+		Only: []string{"floor", "producer", "relay", "inbox", "inbox-ordered", "e2e", "scale"},
 		// A short fetch wait can strand a message until the consumer's
 		// AckWait (30 s); the full run measures it, the test need not.
 		TunedMaxWait: -1,
@@ -123,6 +126,43 @@ func TestQuickWAL(t *testing.T) {
 	require.Contains(t, ids, "wal_producer_emit")
 	require.Contains(t, ids, "wal_pub_wal_p50")
 	require.Contains(t, ids, "wal_relay_wal")
+}
+
+// TestQuickCost runs the cost group's quick mode (a private cluster and
+// nats-server, the binaries) and checks that it measured every figure.
+func TestQuickCost(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(filepath.Join(testcluster.BinDir(), "initdb")); err != nil {
+		t.Skipf("no PostgreSQL server binaries for a private cluster: %v", err)
+	}
+	if _, err := exec.LookPath("nats-server"); err != nil && os.Getenv("BENCH_NATS_SERVER") == "" {
+		t.Skipf("no nats-server for the cost group: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Config{
+		DatabaseURL: testdb.ServerURL(t), NATSURL: os.Getenv("NATS_URL"), OutDir: t.TempDir(),
+		Quick: true, Events: 500, Prefill: 2_000, LoadDuration: time.Second, Only: []string{"cost"},
+		Logger: logtest.NewAt(t, slog.LevelWarn),
+	})
+	require.NoError(t, err)
+	var ids []string
+	for _, f := range res.Figures {
+		require.Equal(t, "cost", f.Group, "figure %s", f.ID)
+		require.Empty(t, f.Error, "figure %s", f.ID)
+		require.NotEmpty(t, f.Samples, "figure %s has no sample", f.ID)
+		if f.Unit == unitCPUEvent || f.Unit == "cpu-s/s" {
+			// One process alone may stay below the clock tick of /proc
+			// (10 ms) in a quick run's short windows.
+			require.GreaterOrEqual(t, f.Median, 0.0, "figure %s", f.ID)
+		} else {
+			require.Greater(t, f.Median, 0.0, "figure %s", f.ID)
+		}
+		ids = append(ids, f.ID)
+	}
+	require.Contains(t, ids, "cost_table_200_total")
+	require.Contains(t, ids, "cost_wal_idle_total")
+	require.Contains(t, ids, "cost_wal_flat")
 }
 
 // TestQuickHorizon runs the horizon group with a held horizon of a few

@@ -85,6 +85,18 @@ type Config struct {
 	// commit-ts when the server has track_commit_timestamp = on and runs on
 	// this machine, poll otherwise. Default "auto".
 	Observer string
+	// CostLoads are the cost group's offered loads, events/s. Default 500,
+	// 2,000 and 5,000 (quick mode: 200).
+	CostLoads []int
+	// CostStatements loads pg_stat_statements in the cost group's cluster
+	// and prints each load's statements per event (it costs the server
+	// some CPU: off for the figures). Default false.
+	CostStatements bool
+	// CostCapture limits the cost group to one capture mode, table or wal.
+	// Default "": both.
+	CostCapture string
+	// CostNoFloor skips the cost group's floor (before/after comparisons).
+	CostNoFloor bool
 	// HorizonRate is the steady load of the horizon group, in events/s.
 	// Default 1,000 (quick mode: 200).
 	HorizonRate int

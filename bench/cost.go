@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 )
 
 // startProcesses runs the relay and the consumer binaries against the
@@ -57,49 +55,4 @@ func (p *pipeline) startProcesses(ctx context.Context) error {
 		}()
 	}
 	return nil
-}
-
-// runCostGroup measures the services' peak RSS and CPU per 10,000 events,
-// from /proc, over a flat-out batched run of cfg.Events events.
-func (b *bench) runCostGroup(ctx context.Context) {
-	ids := []string{"rss_relay", "rss_consumer", "cpu_relay", "cpu_consumer"}
-	if b.bins == nil {
-		b.fail(ids, errors.New("needs the relay and consumer binaries: "+fmt.Sprint(b.res.Settings["services"])))
-		return
-	}
-	n := b.cfg.Events
-	for range b.cfg.Repeats {
-		b.attempt(ctx, "cost", ids, func(ctx context.Context) error {
-			p, err := b.startPipeline(ctx, 0)
-			if err != nil {
-				return err
-			}
-			defer p.close()
-			before := map[string]float64{}
-			for name, proc := range p.procs {
-				if before[name], err = proc.cpuSeconds(); err != nil {
-					return err
-				}
-			}
-			if _, err := p.run(ctx, n, b.cfg.BatchSize, b.cfg.Workers, 0, 0); err != nil {
-				return err
-			}
-			for name, proc := range p.procs {
-				cpu, err := proc.cpuSeconds()
-				if err != nil {
-					return err
-				}
-				rss, err := proc.peakRSS()
-				if err != nil {
-					return err
-				}
-				b.sample("cpu_"+name, (cpu-before[name])/float64(n)*10_000)
-				b.sample("rss_"+name, rss)
-			}
-			return nil
-		})
-	}
-	for _, id := range ids {
-		b.note(id, fmt.Sprintf("binaries with default settings; %d events at %d/tx flat out from %d producers; /proc/<pid>/status VmHWM, /proc/<pid>/stat utime+stime", n, b.cfg.BatchSize, b.cfg.Workers))
-	}
 }

@@ -159,10 +159,7 @@ func (b *bench) declareFigures() {
 	add("horizon_recovery", "horizon", "  recovery after the release", unitMs, "in-process", "", atMost(60_000, "≤ 1 min"), "")
 	add("horizon_drain_after", "horizon", "  applied rate, first sample after the release", unitRate, "in-process", "", nil, "")
 
-	add("rss_relay", "cost", "relay peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
-	add("rss_consumer", "cost", "consumer peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
-	add("cpu_relay", "cost", "relay CPU per 10k events", unitCPU, "process", "", nil, "")
-	add("cpu_consumer", "cost", "consumer CPU per 10k events", unitCPU, "process", "", nil, "")
+	b.declareCostFigures(add)
 }
 
 // runGroup measures one group, cfg.Repeats times.

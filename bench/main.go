@@ -42,7 +42,7 @@ func mainErr() error {
 		return err
 	}
 	var cfg Config
-	var loads, relays, only, logLevel, cpuProfile string
+	var loads, costLoads, relays, only, logLevel, cpuProfile string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.EnvString("BENCH_DATABASE_URL", cli.EnvString("DATABASE_URL", os.Getenv("TEST_DATABASE_URL"))),
 		"PostgreSQL server (maintenance database) where the run creates and drops its databases (BENCH_DATABASE_URL, else DATABASE_URL, else TEST_DATABASE_URL)")
@@ -60,6 +60,10 @@ func mainErr() error {
 	fs.DurationVar(&cfg.LoadDuration, "load-duration", 0, "duration of each fixed-load latency run (default 10s, quick 2s)")
 	fs.DurationVar(&cfg.TunedMaxWait, "tuned-max-wait", 0, "consumer fetch wait of the extra latency run at the first load (default 10ms, quick: skipped; a negative duration such as -1s skips it)")
 	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,5000; quick 200)")
+	fs.StringVar(&costLoads, "cost-loads", "", "comma-separated offered loads of the cost group in events/s (default 500,2000,5000; quick 200)")
+	fs.BoolVar(&cfg.CostStatements, "cost-statements", false, "cost group: load pg_stat_statements and print each load's statements per event (costs the server CPU)")
+	fs.StringVar(&cfg.CostCapture, "cost-capture", "", "cost group: only this capture mode, table or wal (default both)")
+	costFloor := fs.Bool("cost-floor", true, "cost group: measure the combined floor on its cluster first")
 	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, producer, relay, inbox, inbox-ordered, e2e, scale, cost (default all), and wal and horizon (only when named: each starts a private cluster)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
@@ -77,6 +81,10 @@ func mainErr() error {
 	}
 	var err error
 	if cfg.Loads, err = parseInts("-loads", loads); err != nil {
+		return err
+	}
+	cfg.CostNoFloor = !*costFloor
+	if cfg.CostLoads, err = parseInts("-cost-loads", costLoads); err != nil {
 		return err
 	}
 	if cfg.RelayInstances, err = parseInts("-relays", relays); err != nil {
