@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/relay"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
+	"github.com/pgrelay/pgrelay/relay"
 )
 
 // The cost group: what an event costs the machine at the loads real services
