@@ -8,8 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/ledger"
+	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
 // Fixture statements. Backlogs and finished rows are generated in the server
@@ -88,8 +89,8 @@ func (b *bench) inboxDrainWith(ctx context.Context, pool *pgxpool.Pool, n int, d
 	if _, err := pool.Exec(ctx, "ANALYZE pgrelay.inbox"); err != nil {
 		return 0, fmt.Errorf("analyze inbox: %w", err)
 	}
-	w, err := inbox.NewWorker(inbox.Config{
-		Pool: pool, Handler: ledger.Handler{}, Logger: b.log.Named("inbox"),
+	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{
+		Pool: pool, Handler: ledger.Handler{}, Logger: logbridge.Slog(b.log.Named("inbox")),
 		Workers: b.cfg.Workers, BatchSize: b.cfg.BatchSize, Ordered: ordered,
 	})
 	if err != nil {

@@ -40,8 +40,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
-	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/inboxadapt"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pooler"
@@ -267,7 +265,7 @@ func New(cfg Config) (*Consumer, error) {
 		targets = []pgrelay.Target{{Handler: cfg.Inbox.HandlerName, DedupKey: cfg.DedupKey, DedupKeyByTopic: cfg.DedupKeyByTopic}}
 		field = ""
 	}
-	engineTargets, names, terrs := parseTargets(field, targets)
+	names, terrs := checkTargets(field, targets)
 	errs = append(errs, terrs...)
 
 	log := logbridge.Zap(cfg.Logger)
@@ -282,8 +280,8 @@ func New(cfg Config) (*Consumer, error) {
 				Unacked: st.Unacked, HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
-	inboxCfg := engineInbox(cfg.Inbox)
-	inboxCfg.Observer = inboxadapt.Tee(observer, inboxCfg.Observer)
+	inboxCfg := cfg.Inbox
+	inboxCfg.Observer = teeObserver(observer, inboxCfg.Observer)
 	if o := inboxCfg.Retention.Observer; o != nil {
 		inboxCfg.Retention.Observer = retentionTee{metrics.NewRetentionObserver(pc.reg), o}
 	} else {
@@ -307,7 +305,7 @@ func New(cfg Config) (*Consumer, error) {
 		DupRateWarn:      cfg.DupRateWarn,
 		ObserveReceive:   observer.ObserveReceive,
 		ObserveConflicts: observer.KeyConflicts,
-		Targets:          engineTargets,
+		Targets:          targets,
 		NoApplyOnReceive: cfg.NoApplyOnReceive,
 		AsyncCommit:      cfg.AsyncCommit,
 		AsyncFlushAfter:  cfg.AsyncFlushAfter,
@@ -328,11 +326,10 @@ func New(cfg Config) (*Consumer, error) {
 	return pc, nil
 }
 
-// parseTargets parses the targets' key strategy specs; errors name
-// field[i].DedupKey, or DedupKey and DedupKeyByTopic for the default target
-// (field empty).
-func parseTargets(field string, targets []pgrelay.Target) ([]inbox.Target, []string, []error) {
-	out := make([]inbox.Target, len(targets))
+// checkTargets checks the targets' key strategy specs and returns their
+// handler names; errors name field[i].DedupKey, or DedupKey and
+// DedupKeyByTopic for the default target (field empty).
+func checkTargets(field string, targets []pgrelay.Target) ([]string, []error) {
 	names := make([]string, len(targets))
 	var errs []error
 	for i, t := range targets {
@@ -340,25 +337,17 @@ func parseTargets(field string, targets []pgrelay.Target) ([]inbox.Target, []str
 		if field != "" {
 			prefix = fmt.Sprintf("%s[%d].", field, i)
 		}
-		out[i].Handler, names[i] = t.Handler, t.Handler
-		s, err := inbox.ParseKeyStrategy(t.DedupKey)
-		if err != nil {
+		names[i] = t.Handler
+		if err := pgrelay.ValidateKeyStrategy(t.DedupKey); err != nil {
 			errs = append(errs, configError(prefix+"DedupKey", "{}: %w", err))
 		}
-		out[i].Strategy = s
 		for topic, spec := range t.DedupKeyByTopic {
-			s, err := inbox.ParseKeyStrategy(spec)
-			if err != nil {
+			if err := pgrelay.ValidateKeyStrategy(spec); err != nil {
 				errs = append(errs, configError(prefix+"DedupKeyByTopic", "{}[%q]: %w", topic, err))
-				continue
 			}
-			if out[i].ByTopic == nil {
-				out[i].ByTopic = map[string]inbox.KeyStrategy{}
-			}
-			out[i].ByTopic[topic] = s
 		}
 	}
-	return out, names, errs
+	return names, errs
 }
 
 // checkOps checks the operator endpoints' settings, naming the Config

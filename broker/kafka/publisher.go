@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -125,7 +126,7 @@ func (p *Publisher) Ping(ctx context.Context) error { return p.cl.Ping(ctx) }
 // partition, but a record handed over in the instant after that failure and
 // before its report would start a fresh buffer and be stored ahead of the
 // failed one.
-func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	results := make([]broker.Result, len(msgs))
 	byKey := make(map[string][]int)
 	var keys []string
@@ -156,7 +157,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 
 // publishKey publishes msgs[idx...] (one key's events, in order), each once
 // the previous one is acknowledged, and writes their outcomes into results.
-func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
+func (p *Publisher) publishKey(ctx context.Context, msgs []pgrelay.Message, idx []int, results []broker.Result) {
 	done := make(chan error, 1)
 	for n, i := range idx {
 		rec, err := p.wireRecord(msgs[i])

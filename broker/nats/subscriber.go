@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -77,7 +77,7 @@ const (
 	DefaultDurable = "pgrelay-consumer"
 	// DefaultDedupWindow is the inbox's default dedup window: inbox
 	// retention's default window.
-	DefaultDedupWindow = inbox.DefaultDedupWindow
+	DefaultDedupWindow = pgrelay.DefaultDedupWindow
 	DefaultAckWait     = 30 * time.Second
 )
 

@@ -14,8 +14,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 var funcs = template.FuncMap{
@@ -369,7 +369,7 @@ type deadDetailData struct {
 	Audit   []admin.AuditEntry
 	Payload string
 	Headers []kv
-	Waiting *inbox.WaitingKey
+	Waiting *pgrelay.WaitingKey
 }
 
 type kv struct{ K, V string }
@@ -397,7 +397,7 @@ func (c *Console) deadDetail(w http.ResponseWriter, r *http.Request) {
 
 type orderedData struct {
 	Handler string
-	Keys    []inbox.WaitingKey
+	Keys    []pgrelay.WaitingKey
 }
 
 func (c *Console) ordered(w http.ResponseWriter, r *http.Request) {

@@ -1,16 +1,15 @@
 package consumer
 
 import (
+	"github.com/pgrelay/pgrelay"
 	"go.uber.org/zap"
-
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // reportIdentity logs and counts what a stored batch's dedup keys revealed:
 // key conflicts (the same key stored with another payload; the stored
 // event's effect stands) and events stored dead because their key could not
 // be built.
-func (c *Consumer) reportIdentity(res inbox.ReceiveResult) {
+func (c *Consumer) reportIdentity(res pgrelay.ReceiveResult) {
 	var perHandler map[string]int
 	for _, a := range res.Absorbed {
 		if !a.Conflict {
