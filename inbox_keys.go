@@ -73,9 +73,6 @@ type keyStrategy struct {
 	header string
 }
 
-// messageIDStrategy is the default strategy: the event id is the key.
-var messageIDStrategy = keyStrategy{}
-
 // Kind returns the strategy's kind.
 func (s keyStrategy) Kind() strategyKind {
 	if s.kind == "" {
