@@ -432,6 +432,11 @@ func (a *absorbedSeqs) add(handler, key string, seq int64, dedupKey string, same
 	*a = append(*a, absorbedSeq{handler: handler, key: key, seq: seq, dedupKey: dedupKey, sameKey: sameKey})
 }
 
+// txBeginner starts a transaction: a pool or a connection.
+type txBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // record writes the absorbed sequences in q (Receive's transaction): it locks
 // their keys' state rows in one order, moves an absorbing row of the same key
 // to an earlier absorbed sequence (MoveInboxKeySeq: its effect belongs at the

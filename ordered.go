@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -81,13 +82,6 @@ type SequenceObserver interface {
 	Sequence(o SeqOutcome, n int)
 }
 
-// Typed sequence errors, matched with errors.Is on a *sequenceError.
-var (
-	errDuplicateSeq  = errors.New("duplicate key sequence")
-	errOutOfOrderSeq = errors.New("out-of-order key sequence")
-	errSeqFenced     = errors.New("fenced: taken over by another worker")
-)
-
 // sequenceError says why ordered mode did not apply an event: its key, its
 // sequence and the one the key expected.
 type sequenceError struct {
@@ -98,19 +92,6 @@ type sequenceError struct {
 
 func (e *sequenceError) Error() string {
 	return fmt.Sprintf("%s: key %q sequence %d, expected %d", e.Outcome, e.Key, e.Seq, e.Expected)
-}
-
-// Is matches the sentinel of the error's outcome.
-func (e *sequenceError) Is(target error) bool {
-	switch e.Outcome {
-	case SeqDuplicate:
-		return target == errDuplicateSeq
-	case SeqOutOfOrder:
-		return target == errOutOfOrderSeq
-	case SeqFenced:
-		return target == errSeqFenced
-	}
-	return false
 }
 
 // sequence reports n events of outcome o to the observer, when it listens.
@@ -459,7 +440,7 @@ func (s Skip) check() error {
 // dead: see SkipDead) or nothing is held. A skipped event that arrives later
 // is absorbed as a duplicate. The skip is audited (replay_audit, action
 // skip_gap, event_id "<key>#<from>-<to>").
-func SkipGap(ctx context.Context, pool txBeginner, s Skip, key string) (SkipResult, error) {
+func SkipGap(ctx context.Context, pool *pgxpool.Pool, s Skip, key string) (SkipResult, error) {
 	if err := s.check(); err != nil {
 		return SkipResult{}, err
 	}
@@ -508,7 +489,7 @@ func SkipGap(ctx context.Context, pool txBeginner, s Skip, key string) (SkipResu
 // duplicate: absorbed). It refuses (ErrNotParked) for an event that is not
 // dead, has no sequence, or is not the key's next sequence. Audited
 // (replay_audit, action skip_dead).
-func SkipDead(ctx context.Context, pool txBeginner, s Skip, eventID string) (SkipResult, error) {
+func SkipDead(ctx context.Context, pool *pgxpool.Pool, s Skip, eventID string) (SkipResult, error) {
 	if err := s.check(); err != nil {
 		return SkipResult{}, err
 	}
@@ -548,11 +529,6 @@ func SkipDead(ctx context.Context, pool txBeginner, s Skip, eventID string) (Ski
 		})
 	})
 	return res, err
-}
-
-// txBeginner starts a transaction: a pool or a connection.
-type txBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // reportSequence counts the sequence outcome of a committed result.

@@ -101,7 +101,7 @@ func New(cfg Config) (*Consumer, error) {
 	if !cfg.DisableWorkers {
 		var err error
 		if w, err = pgrelay.NewInboxWorker(cfg.Inbox); err != nil {
-			// The inbox names its own fields "inbox: Config.X"; here they
+			// The inbox names its own fields "pgrelay: InboxConfig.X"; here they
 			// are Config.Inbox.X, which tells them from the consumer's own.
 			errs = errors.Join(errs, setting.Map(err, func(fe *setting.FieldError) error {
 				c := fe.Renamed("Config", func(f string) string { return "Inbox." + f })
