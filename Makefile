@@ -166,9 +166,9 @@ FUZZTIME ?= 20000x
 FUZZ_TARGETS := FuzzDecode:./broker/nats FuzzNATSRoundTrip:./broker/nats FuzzRabbitMQRoundTrip:./broker/rabbitmq FuzzKafkaRoundTrip:./broker/kafka \
 	FuzzValidateEventID:./internal/event \
 	FuzzDecodePayload:./internal/ledger FuzzEnv:./internal/cli FuzzNewLogger:./internal/cli \
-	FuzzToNATS:./broker/nats FuzzValidate:./internal/outbox \
+	FuzzToNATS:./broker/nats FuzzValidate:. \
 	FuzzFingerprint:./httpidem FuzzParseKey:./httpidem \
-	FuzzKeyStrategy:./internal/inbox FuzzCanonicalJSON:./internal/inbox
+	FuzzKeyStrategy:. FuzzCanonicalJSON:.
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} ($${t#*:}, $(FUZZTIME))"; \

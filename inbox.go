@@ -10,11 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/inboxadapt"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
-	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // DBTX is what Receive, ReceiveFor, Release, NotifyInbox and ListWaiting run
@@ -47,6 +42,13 @@ type ReceiveResult struct {
 	// KeyFailures lists the rows stored dead because their target's
 	// key strategy could not build a key.
 	KeyFailures []KeyFailure
+	// SeqsWoken counts the events of ordered handlers made due because a
+	// delivery absorbed by a row of another sequence of their key filled
+	// the sequence they waited for: like Inserted, a reason to wake the
+	// workers (InboxWorker.Wake, NotifyInbox).
+	SeqsWoken int64
+
+	stored []storedRow // the rows this call inserted, dead ones included
 }
 
 // Absorbed is a delivery the inbox did not store for a handler because the
@@ -78,17 +80,6 @@ func (r ReceiveResult) Conflicts() []Absorbed {
 	return out
 }
 
-func fromReceiveResult(r inbox.ReceiveResult) ReceiveResult {
-	out := ReceiveResult{Inserted: r.Inserted, Duplicates: r.Duplicates}
-	for _, a := range r.Absorbed {
-		out.Absorbed = append(out.Absorbed, Absorbed(a))
-	}
-	for _, f := range r.KeyFailures {
-		out.KeyFailures = append(out.KeyFailures, KeyFailure(f))
-	}
-	return out
-}
-
 // InvalidMessageError reports a message Receive refused; nothing of its batch
 // was stored. The caller can store it as dead instead (Incoming.DeadReason).
 type InvalidMessageError struct {
@@ -107,22 +98,10 @@ func (e *InvalidMessageError) Error() string {
 // Unwrap returns Err.
 func (e *InvalidMessageError) Unwrap() error { return e.Err }
 
-// receiveError converts the engine's refusal of a message to the public type.
-func receiveError(err error) error {
-	var ie *inbox.InvalidMessageError
-	if errors.As(err, &ie) {
-		return &InvalidMessageError{Index: ie.Index, EventID: ie.EventID, Err: ie.Err}
-	}
-	return err
-}
-
-func toIncoming(msgs []Incoming) []inbox.Incoming {
-	out := make([]inbox.Incoming, len(msgs))
-	for i, m := range msgs {
-		out[i] = inbox.Incoming{Message: toEvent(m.Message), DeadReason: m.DeadReason}
-	}
-	return out
-}
+// Validate reports why Receive would refuse m (the Err of its
+// *InvalidMessageError), or nil: an invalid event id, a NUL byte or invalid
+// UTF-8 in a text field, a key or trace context too long.
+func (m Incoming) Validate() error { return validateIncoming(m) }
 
 // Receive stores a batch of received messages in the inbox in one statement,
 // for the default handler (DefaultHandlerName), deduplicated by event id, on a
@@ -130,8 +109,7 @@ func toIncoming(msgs []Incoming) []inbox.Incoming {
 // it committed. A message that cannot be stored fails the whole batch with an
 // *InvalidMessageError.
 func Receive(ctx context.Context, q DBTX, msgs []Incoming) (ReceiveResult, error) {
-	r, err := inbox.Receive(ctx, q, toIncoming(msgs))
-	return fromReceiveResult(r), receiveError(err)
+	return ReceiveWith(ctx, q, msgs, ReceiveOptions{})
 }
 
 // Target is one handler ReceiveFor (and a consumer) stores rows for: a
@@ -151,36 +129,53 @@ type Target struct {
 	DedupKeyByTopic map[string]string
 }
 
-// engineTargets parses targets' key strategies; an error names
-// targets[i].DedupKey (or DedupKeyByTopic[topic]).
-func engineTargets(field string, targets []Target) ([]inbox.Target, error) {
-	out := make([]inbox.Target, len(targets))
+// parseTargets parses targets' key strategies; an error names
+// targets[i].DedupKey (or DedupKeyByTopic[topic]) under field.
+func parseTargets(field string, targets []Target) ([]target, error) {
+	out := make([]target, len(targets))
 	var errs []error
 	for i, t := range targets {
-		out[i].Handler = t.Handler
-		s, err := inbox.ParseKeyStrategy(t.DedupKey)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s[%d].DedupKey: %w", field, i, err))
-		}
-		out[i].Strategy = s
-		for topic, spec := range t.DedupKeyByTopic {
-			s, err := inbox.ParseKeyStrategy(spec)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s[%d].DedupKeyByTopic[%q]: %w", field, i, topic, err))
-				continue
-			}
-			if out[i].ByTopic == nil {
-				out[i].ByTopic = map[string]inbox.KeyStrategy{}
-			}
-			out[i].ByTopic[topic] = s
+		var err error
+		if out[i], err = t.parse(); err != nil {
+			errs = append(errs, fmt.Errorf("%s[%d].%w", field, i, err))
 		}
 	}
 	return out, errors.Join(errs...)
 }
 
-// DefaultHandlerName is the handler name used when none is given; inbox rows
-// stored before handlers were named belong to it.
-const DefaultHandlerName = inbox.DefaultHandlerName
+// parse parses t's key strategies; an error names the field.
+func (t Target) parse() (target, error) {
+	out := target{Handler: t.Handler}
+	var errs []error
+	s, err := parseKeyStrategy(t.DedupKey)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("DedupKey: %w", err))
+	}
+	out.Strategy = s
+	for topic, spec := range t.DedupKeyByTopic {
+		s, err := parseKeyStrategy(spec)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("DedupKeyByTopic[%q]: %w", topic, err))
+			continue
+		}
+		if out.ByTopic == nil {
+			out.ByTopic = map[string]keyStrategy{}
+		}
+		out.ByTopic[topic] = s
+	}
+	return out, errors.Join(errs...)
+}
+
+// ValidateTargets checks targets as ReceiveFor does: handler names (see
+// ValidateHandlerName), no handler named twice, and the key strategy specs
+// (an error names targets[i].DedupKey or DedupKeyByTopic).
+func ValidateTargets(targets []Target) error {
+	ts, err := parseTargets("targets", targets)
+	if err != nil {
+		return err
+	}
+	return validateTargets(ts)
+}
 
 // ReceiveFor stores a batch of received messages in one statement, one inbox
 // row per message and target, each deduplicated by (handler, dedup key). A
@@ -188,37 +183,53 @@ const DefaultHandlerName = inbox.DefaultHandlerName
 // inbox_conflicts and reported in the result; the stored event stands. A bad
 // key strategy spec is reported naming targets[i].DedupKey.
 func ReceiveFor(ctx context.Context, q DBTX, targets []Target, msgs []Incoming) (ReceiveResult, error) {
-	ts, err := engineTargets("pgrelay: targets", targets)
+	return ReceiveWith(ctx, q, msgs, ReceiveOptions{Targets: targets})
+}
+
+// ReceiveOptions tunes ReceiveWith. The zero value is Receive's behaviour.
+type ReceiveOptions struct {
+	// Targets are the handlers rows are stored for. Default: the default
+	// handler, keyed by event id.
+	Targets []Target
+	// NoDuplicateRecord skips recording duplicates in inbox_duplicates and
+	// counting the batch in inbox_receive_counts (the console's dedup feed
+	// and hit rate). Default false: both are written by the insert statement
+	// itself, with the handler each duplicate was absorbed for.
+	NoDuplicateRecord bool
+}
+
+func (o ReceiveOptions) parse() (receiveOptions, error) {
+	ts, err := parseTargets("pgrelay: targets", o.Targets)
+	return receiveOptions{targets: ts, noDuplicateRecord: o.NoDuplicateRecord}, err
+}
+
+// ReceiveWith stores a batch of messages in the inbox in one statement: one
+// row per message and target, deduplicated by (handler, dedup key) (INSERT
+// ... ON CONFLICT DO NOTHING); when some rows were not inserted, one more
+// statement reads their stored fingerprints. q is a pool or the caller's transaction; the
+// broker should be acknowledged only once it committed, and a redelivery after
+// a crash between commit and ack is reported as absorbed. A delivery whose key
+// is already stored with another payload (fingerprint) is a conflict: it is
+// recorded in inbox_conflicts in the same transaction (a second statement,
+// only when there are conflicts) and reported; the stored event stands. A
+// message whose key cannot be built (a payload lacking a named field) is
+// stored dead for that target with the reason, under the reserved key
+// '!'+event id. A message that cannot be stored at all (invalid event id, NUL
+// bytes or invalid UTF-8 in a text field) fails the whole call with an
+// *InvalidMessageError and nothing is stored. Unless opts.NoDuplicateRecord,
+// the insert statement itself records the duplicates it refused in
+// inbox_duplicates and counts the batch in inbox_receive_counts. A delivery
+// with a key sequence absorbed by a row of another sequence (a content-hash
+// or business key matched another event of the key) has its sequence
+// recorded as delivered for ordered apply, in more statements (only then):
+// see docs/architecture.md, "Ordered apply".
+func ReceiveWith(ctx context.Context, q DBTX, msgs []Incoming, opts ReceiveOptions) (ReceiveResult, error) {
+	po, err := opts.parse()
 	if err != nil {
 		return ReceiveResult{}, err
 	}
-	r, err := inbox.ReceiveFor(ctx, q, ts, toIncoming(msgs))
-	return fromReceiveResult(r), receiveError(err)
-}
-
-// NotifyInbox wakes the inbox workers of every process when q's transaction
-// commits. Receive does not wake anyone: a process running its workers itself
-// calls InboxWorker.Wake after its commit; one storing events for workers
-// elsewhere calls NotifyInbox in the transaction. Otherwise the workers find
-// the events at their next poll (InboxConfig.PollInterval).
-func NotifyInbox(ctx context.Context, q DBTX) error { return inbox.Notify(ctx, q) }
-
-// Permanent marks a handler error as permanent: the event goes dead with the
-// error as its reason instead of being retried.
-func Permanent(err error) error { return inbox.Permanent(err) }
-
-// Defer is returned by a handler whose event must wait for a dependency (for
-// example "order:42"); the event runs again once Release is called with the
-// same key (or after InboxConfig.DeferFallback), without using up an attempt.
-// An event deferred more than InboxConfig.MaxDeferrals times goes dead.
-func Defer(waitingFor string) error { return inbox.Defer(waitingFor) }
-
-// Release makes the events deferred on each of waitingFor due at once, in one
-// statement; call it from a handler, with its transaction, when it creates what
-// they wait for. It takes no lock beyond the rows it writes, so it never waits
-// for another batch's deferral.
-func Release(ctx context.Context, q DBTX, waitingFor ...string) error {
-	return inbox.Release(ctx, q, waitingFor...)
+	res, _, err := receive(ctx, q, msgs, po, storedProcessed{})
+	return res, err
 }
 
 // InboxEvent is a claimed inbox event, as a handler sees it.
@@ -239,13 +250,8 @@ type InboxEvent struct {
 	LockVersion int64
 	// LastError is the error recorded by the previous attempt, if any.
 	LastError string
-}
 
-// fromInboxEvent converts a claimed engine event for a handler.
-func fromInboxEvent(ev *inbox.Event) *InboxEvent {
-	return &InboxEvent{Message: Message(ev.Message), Handler: ev.Handler, DedupKey: ev.DedupKey,
-		ReceivedAt: ev.ReceivedAt, Attempts: ev.Attempts, Deferrals: ev.Deferrals,
-		LockVersion: ev.LockVersion, LastError: ev.LastError}
+	heldBack bool // ordered mode: handed back out of order by this claim
 }
 
 // InboxHandler runs an event's side effect. It must do all its database work
@@ -333,23 +339,6 @@ type InboxRetentionObserver interface {
 	// Failed reports a failed run.
 	Failed(err error)
 }
-
-// Defaults of InboxConfig.
-const (
-	DefaultWorkers        = inbox.DefaultWorkers
-	DefaultBatchSize      = inbox.DefaultBatchSize
-	MaxBatchSize          = inbox.MaxBatchSize
-	DefaultLease          = inbox.DefaultLease
-	DefaultHandlerTimeout = inbox.DefaultHandlerTimeout
-	DefaultMaxAttempts    = inbox.DefaultMaxAttempts
-	DefaultBackoffMin     = inbox.DefaultBackoffMin
-	DefaultBackoffMax     = inbox.DefaultBackoffMax
-	DefaultPollInterval   = inbox.DefaultPollInterval
-	DefaultGapTimeout     = inbox.DefaultGapTimeout
-	DefaultDedupWindow    = inbox.DefaultDedupWindow
-	// MinDedupWindow is the shortest InboxRetentionConfig.Window accepted.
-	MinDedupWindow = inbox.MinDedupWindow
-)
 
 // InboxConfig configures an InboxWorker. The zero value of every optional
 // field means the default it documents.
@@ -467,59 +456,3 @@ type InboxRetentionConfig struct {
 	// Observer is told how many rows each run deleted. Default: none.
 	Observer InboxRetentionObserver
 }
-
-// engine converts c to the engine's configuration.
-func (c InboxConfig) engine() inbox.Config {
-	r := c.Retention
-	cfg := inbox.Config{
-		Pool: c.Pool, Handler: inboxadapt.NewHandler[InboxEvent](c.Handler, fromInboxEvent),
-		HandlerName: c.HandlerName, WorkerID: c.WorkerID, Workers: c.Workers, BatchSize: c.BatchSize,
-		Lease: c.Lease, HandlerTimeout: c.HandlerTimeout, MaxAttempts: c.MaxAttempts,
-		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, MaxDeferrals: c.MaxDeferrals,
-		DeferFallback: c.DeferFallback, PollInterval: c.PollInterval, QueryTimeout: c.QueryTimeout,
-		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
-		ShutdownTimeout: c.ShutdownTimeout, Ordered: c.Ordered, GapTimeout: c.GapTimeout,
-		StatisticsInterval: c.StatisticsInterval,
-		Observer:           inboxadapt.NewObserver[InboxEvent, SeqOutcome](c.Observer, fromInboxEvent),
-		Retention: inbox.RetentionConfig{
-			Disabled: r.Disabled, Window: r.Window, ReleaseHorizon: r.ReleaseHorizon, BatchSize: r.BatchSize,
-			DuplicatesMax: r.DuplicatesMax, Interval: r.Interval, Pause: r.Pause, QueryTimeout: r.QueryTimeout,
-		},
-	}
-	if c.Logger != nil {
-		cfg.Logger = logbridge.Or(c.Logger)
-	}
-	if r.Observer != nil {
-		cfg.Retention.Observer = r.Observer
-	}
-	return cfg
-}
-
-// InboxWorker runs a handler over the inbox; see NewInboxWorker.
-type InboxWorker struct{ w *inbox.Worker }
-
-// NewInboxWorker returns a worker that processes the inbox with cfg.Handler
-// once Run is called. It fails if cfg is invalid, naming the InboxConfig
-// field.
-func NewInboxWorker(cfg InboxConfig) (*InboxWorker, error) {
-	w, err := inbox.NewWorker(cfg.engine())
-	if err != nil {
-		return nil, setting.Map(err, func(fe *setting.FieldError) error {
-			fe = fe.Renamed("InboxConfig", func(f string) string { return f })
-			fe.Pkg = "pgrelay"
-			return fe
-		})
-	}
-	return &InboxWorker{w: w}, nil
-}
-
-// Run processes events until ctx is cancelled, then stops gracefully: batches
-// in flight finish within InboxConfig.ShutdownTimeout or are rolled back and
-// their claims handed back. Beside the workers it runs the inbox's upkeep
-// (InboxConfig.Retention, unless Disabled) and its LISTEN connection. It
-// returns nil after a graceful stop.
-func (w *InboxWorker) Run(ctx context.Context) error { return w.w.Run(ctx) }
-
-// Wake makes the worker poll for due events now, for a process that stored
-// events (Receive) and runs its workers itself.
-func (w *InboxWorker) Wake() { w.w.Wake() }

@@ -25,6 +25,7 @@
 package pgrelay
 
 import (
+	"context"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -112,28 +113,164 @@ const (
 
 // CausationID returns the event id of the event whose handling produced m
 // (its HeaderCausationID header), or "" when m has no recorded cause.
-func (m Message) CausationID() string { return event.Message(m).CausationID() }
+func (m Message) CausationID() string { return m.Headers[HeaderCausationID] }
 
 // CorrelationID returns the id of the chain of events m belongs to: its
 // HeaderCorrelationID header, or its own event id when it has none (m then
 // starts a chain).
-func (m Message) CorrelationID() string { return event.Message(m).CorrelationID() }
-
-// toEvents converts messages to the engine's type (the same fields).
-func toEvents(msgs []Message) []event.Message {
-	out := make([]event.Message, len(msgs))
-	for i, m := range msgs {
-		out[i] = event.Message(m)
+func (m Message) CorrelationID() string {
+	if c := m.Headers[HeaderCorrelationID]; c != "" {
+		return c
 	}
-	return out
+	return m.EventID
 }
 
-func fromEvents(msgs []event.Message) []Message {
+func withCause(m Message, causation, correlation string) Message {
+	if causation == "" {
+		return m
+	}
+	_, hasCausation := m.Headers[HeaderCausationID]
+	_, hasCorrelation := m.Headers[HeaderCorrelationID]
+	if hasCausation && hasCorrelation {
+		return m
+	}
+	h := make(map[string]string, len(m.Headers)+2)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	if !hasCausation {
+		h[HeaderCausationID] = causation
+	}
+	if !hasCorrelation {
+		h[HeaderCorrelationID] = correlation
+	}
+	m.Headers = h
+	return m
+}
+
+type causeKey struct{}
+
+type cause struct{ causation, correlation string }
+
+// contextWithCause returns a context that makes the outbox record cause as the
+// origin of every message enqueued with it (see CausedBy). The inbox worker
+// gives each handler such a context for the event it handles, so a handler
+// that enqueues with its ctx links its output to its input without asking.
+func contextWithCause(ctx context.Context, c Message) context.Context {
+	if c.EventID == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, causeKey{}, cause{causation: c.EventID, correlation: c.CorrelationID()})
+}
+
+// causeFromContext applies the cause contextWithCause put in ctx, if any, to
+// copies of msgs, as CausedBy does; without one it returns msgs as they are.
+func causeFromContext(ctx context.Context, msgs []Message) []Message {
+	c, ok := ctx.Value(causeKey{}).(cause)
+	if !ok {
+		return msgs
+	}
 	out := make([]Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = Message(m)
+		out[i] = withCause(m, c.causation, c.correlation)
 	}
 	return out
 }
 
-func toEvent(m Message) event.Message { return event.Message(m) }
+// storedHeaders returns the headers to store for m: its Headers, plus its
+// ContentType under HeaderContentType when set. It returns m.Headers itself
+// when there is no content type to add.
+func (m Message) storedHeaders() map[string]string {
+	if m.ContentType == "" {
+		return m.Headers
+	}
+	h := make(map[string]string, len(m.Headers)+1)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h[HeaderContentType] = m.ContentType
+	return h
+}
+
+// inboxHeaders returns the headers the inbox stores for m: storedHeaders',
+// plus the trace context (event.HeaderTraceParent, event.HeaderTraceState) and the expiry
+// (HeaderExpiresAt), which the outbox keeps in columns of its own and the
+// inbox keeps with the headers (liftTrace and liftExpiresAt undo it). It
+// returns m.Headers itself when there is nothing to add, one copy otherwise.
+func (m Message) inboxHeaders() map[string]string {
+	if m.ContentType == "" && m.TraceParent == "" && m.TraceState == "" && m.ExpiresAt.IsZero() {
+		return m.Headers
+	}
+	h := make(map[string]string, len(m.Headers)+4)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	if m.ContentType != "" {
+		h[HeaderContentType] = m.ContentType
+	}
+	if m.TraceParent != "" {
+		h[event.HeaderTraceParent] = m.TraceParent
+	}
+	if m.TraceState != "" {
+		h[event.HeaderTraceState] = m.TraceState
+	}
+	if !m.ExpiresAt.IsZero() {
+		h[HeaderExpiresAt] = m.ExpiresAt.UTC().Format(time.RFC3339Nano)
+	}
+	return h
+}
+
+// expired reports whether m has an expiry and now is at or past it.
+func (m Message) expired(now time.Time) bool {
+	return !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt)
+}
+
+// liftExpiresAt moves an expiry stored under HeaderExpiresAt in m.Headers
+// (the inbox's headers column) into m.ExpiresAt, unless ExpiresAt is set
+// already. A value that is not RFC 3339 stays in the headers.
+func (m *Message) liftExpiresAt() {
+	v, ok := m.Headers[HeaderExpiresAt]
+	if !ok {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return
+	}
+	if m.ExpiresAt.IsZero() {
+		m.ExpiresAt = t
+	}
+	delete(m.Headers, HeaderExpiresAt)
+}
+
+// liftContentType moves a content type stored under HeaderContentType in
+// m.Headers into m.ContentType (storedHeaders' inverse), unless ContentType
+// is set already.
+func (m *Message) liftContentType() {
+	ct, ok := m.Headers[HeaderContentType]
+	if !ok {
+		return
+	}
+	if m.ContentType == "" {
+		m.ContentType = ct
+	}
+	delete(m.Headers, HeaderContentType)
+}
+
+// liftTrace moves a trace context kept under event.HeaderTraceParent and
+// event.HeaderTraceState in m.Headers into m.TraceParent and m.TraceState
+// (inboxHeaders' inverse for them), unless they are set already.
+func (m *Message) liftTrace() {
+	if tp, ok := m.Headers[event.HeaderTraceParent]; ok {
+		if m.TraceParent == "" {
+			m.TraceParent = tp
+		}
+		delete(m.Headers, event.HeaderTraceParent)
+	}
+	if ts, ok := m.Headers[event.HeaderTraceState]; ok {
+		if m.TraceState == "" {
+			m.TraceState = ts
+		}
+		delete(m.Headers, event.HeaderTraceState)
+	}
+}

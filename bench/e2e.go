@@ -22,7 +22,6 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/relay"
@@ -157,7 +156,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		rpool.Close()
 		return err
 	}
-	cpool, err := openTracedPool(ctx, p.url, inbox.DefaultWorkers+consumer.DefaultIngestLoops+2, ctrace)
+	cpool, err := openTracedPool(ctx, p.url, pgrelay.DefaultWorkers+consumer.DefaultIngestLoops+2, ctrace)
 	if err != nil {
 		pub.Close()
 		rpool.Close()
@@ -167,7 +166,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 		Pool: cpool, MaxWait: p.maxWait,
 		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix,
 			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
-		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: inbox.Config{Handler: ledger.Handler{}},
+		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: pgrelay.InboxConfig{Handler: ledger.Handler{}},
 	})
 	if err != nil {
 		pub.Close()

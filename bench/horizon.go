@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 )
 
@@ -434,8 +433,8 @@ func (b *bench) horizonExplain(ctx context.Context, p *pipeline, when string) {
 	for _, q := range []struct {
 		what, sql string
 		args      []any
-	}{{"inbox claim scan", horizonExplainInbox, []any{inbox.DefaultHandlerName}},
-		{"inbox claim scan from a second back", horizonExplainBounded, []any{inbox.DefaultHandlerName}}, {"relay claim scan (partition 0)", horizonExplainOutbox, nil}} {
+	}{{"inbox claim scan", horizonExplainInbox, []any{pgrelay.DefaultHandlerName}},
+		{"inbox claim scan from a second back", horizonExplainBounded, []any{pgrelay.DefaultHandlerName}}, {"relay claim scan (partition 0)", horizonExplainOutbox, nil}} {
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		rows, err := p.pool.Query(qctx, q.sql, q.args...)
 		var lines []string

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
 
@@ -89,7 +89,7 @@ func (b *bench) inboxDrainWith(ctx context.Context, pool *pgxpool.Pool, n int, d
 	if _, err := pool.Exec(ctx, "ANALYZE pgrelay.inbox"); err != nil {
 		return 0, fmt.Errorf("analyze inbox: %w", err)
 	}
-	w, err := inbox.NewWorker(inbox.Config{
+	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{
 		Pool: pool, Handler: ledger.Handler{}, Logger: b.log.With(slog.String("logger", "inbox")),
 		Workers: b.cfg.Workers, BatchSize: b.cfg.BatchSize, Ordered: ordered,
 	})

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 )
 
 // runPipelineGroup measures the groups that run pgrelay itself.
@@ -113,13 +112,13 @@ func (b *bench) runScaleGroup(ctx context.Context) {
 		deletedNote = fmt.Sprintf("; %d expired rows deleted over the drains", before+int64(b.cfg.Repeats*n)-after)
 		return nil
 	})
-	b.note("scale_inbox_retention", "inbox.Cleaner (7-day window, 1,000 rows/batch, 10 ms pause) started every 100 ms on "+itoa(prefill)+" rows processed eight days ago"+deletedNote)
+	b.note("scale_inbox_retention", "pgrelay.InboxCleaner (7-day window, 1,000 rows/batch, 10 ms pause) started every 100 ms on "+itoa(prefill)+" rows processed eight days ago"+deletedNote)
 }
 
 // inboxRetention runs pgrelay's inbox retention (a seven-day dedup window,
 // default batches and pause), starting a run every 100 ms, until ctx ends.
 func (b *bench) inboxRetention(ctx context.Context, pool *pgxpool.Pool) error {
-	c, err := inbox.NewCleaner(inbox.RetentionConfig{Pool: pool, Interval: 100 * time.Millisecond, Logger: b.log})
+	c, err := pgrelay.NewInboxCleaner(pool, pgrelay.InboxRetentionConfig{Interval: 100 * time.Millisecond}, b.log)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
@@ -204,7 +203,7 @@ func newAckClock(p broker.Publisher) *ackClock {
 	return &ackClock{Publisher: p, at: map[string]int64{}}
 }
 
-func (a *ackClock) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (a *ackClock) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	res := a.Publisher.Publish(ctx, msgs)
 	now := time.Now().UnixNano()
 	a.mu.Lock()
@@ -270,7 +269,7 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 	if err != nil {
 		return fail(err)
 	}
-	cpool, err := openPool(ctx, url, inbox.DefaultWorkers+consumer.DefaultIngestLoops+2)
+	cpool, err := openPool(ctx, url, pgrelay.DefaultWorkers+consumer.DefaultIngestLoops+2)
 	if err != nil {
 		return fail(err)
 	}
@@ -279,7 +278,7 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 		Pool: cpool,
 		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: stream, SubjectPrefix: prefix,
 			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
-		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: inbox.Config{Handler: ledger.Handler{}},
+		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: pgrelay.InboxConfig{Handler: ledger.Handler{}},
 	})
 	if err != nil {
 		return fail(err)
@@ -457,7 +456,7 @@ type countingPublisher struct {
 	acked *atomic.Int64
 }
 
-func (c *countingPublisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (c *countingPublisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	res := c.Publisher.Publish(ctx, msgs)
 	for _, r := range res {
 		if r.Err == nil {

@@ -22,7 +22,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 )
 
 // Publisher publishes batches of events to a broker.
@@ -32,7 +32,7 @@ type Publisher interface {
 	// Result per message, in order. Messages of one key are sent in slice
 	// order, and none of a key's later messages is stored once an earlier one
 	// failed transiently.
-	Publish(ctx context.Context, msgs []Message) []Result
+	Publish(ctx context.Context, msgs []pgrelay.Message) []Result
 	// Close releases the publisher's connections.
 	Close() error
 }
@@ -98,7 +98,7 @@ type Delivery struct {
 	// Message is the event, always storable: text fields valid UTF-8 without
 	// NUL, event id valid (event.ValidateEventID), even when DeadReason is
 	// set.
-	Message event.Message
+	Message pgrelay.Message
 	// DeadReason is empty for a usable message; otherwise the inbox stores it
 	// dead with this reason.
 	DeadReason string

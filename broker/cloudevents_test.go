@@ -7,12 +7,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
-func ceMessage() broker.Message {
-	return broker.Message{EventID: "e-1", Topic: "orders", Key: "order-7", KeySeq: 3, EventType: "OrderPaid",
+func ceMessage() pgrelay.Message {
+	return pgrelay.Message{EventID: "e-1", Topic: "orders", Key: "order-7", KeySeq: 3, EventType: "OrderPaid",
 		Payload: []byte(`{"a":1}`), ContentType: "application/json",
 		Headers:    map[string]string{"tenant": "acme", event.HeaderCausationID: "e-0", event.HeaderCorrelationID: "e-00"},
 		OccurredAt: time.Date(2026, 11, 25, 10, 0, 0, 123456789, time.UTC)}
@@ -56,7 +57,7 @@ func TestCloudEventsHeadersPerBinding(t *testing.T) {
 			require.Equal(t, want, h)
 		})
 	}
-	_, err := broker.CloudEventsHeaders(broker.EncodeHeaders(broker.Message{EventID: "x", Topic: "t"}), "", broker.CloudEventsNATS)
+	_, err := broker.CloudEventsHeaders(broker.EncodeHeaders(pgrelay.Message{EventID: "x", Topic: "t"}), "", broker.CloudEventsNATS)
 	require.ErrorContains(t, err, "no event type")
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
@@ -78,7 +79,7 @@ type DecodeOptions struct {
 // EncodeHeaders returns pgrelay's logical headers for m: the ones Decode
 // reads back. An adapter maps them onto its broker (or carries some, such as
 // the event id, in a field of its own and puts them back before Decode).
-func EncodeHeaders(m Message) map[string]string {
+func EncodeHeaders(m pgrelay.Message) map[string]string {
 	h := make(map[string]string, len(m.Headers)+6)
 	h[event.HeaderEventID] = m.EventID
 	h[event.HeaderTopic] = m.Topic
@@ -128,7 +129,7 @@ func EncodeHeaders(m Message) map[string]string {
 // 1.0, or no id, source or type, adds a reason), so every adapter reads both
 // wire formats.
 func Decode(r Received, opts DecodeOptions) (Delivery, error) {
-	d := &decoder{r: r, m: event.Message{Payload: r.Payload, Headers: map[string]string{}}}
+	d := &decoder{r: r, m: pgrelay.Message{Payload: r.Payload, Headers: map[string]string{}}}
 	if ce := detectCloudEvent(r.Headers); ce != nil {
 		d.fromCloudEvent(ce)
 	}
@@ -151,7 +152,7 @@ func Decode(r Received, opts DecodeOptions) (Delivery, error) {
 // storing it dead.
 type decoder struct {
 	r       Received
-	m       event.Message
+	m       pgrelay.Message
 	reasons []string
 	// ce is the CloudEvent the delivery carries in binary mode, nil for
 	// pgrelay's own format; dead reasons then name its attributes.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -12,7 +13,7 @@ import (
 // message that cannot be used is still delivered, with a dead reason, so that
 // the inbox stores it instead of losing it.
 func ExampleDecode() {
-	sent := broker.Message{EventID: "evt-1", Topic: "orders", Key: "order-1", EventType: "OrderCreated",
+	sent := pgrelay.Message{EventID: "evt-1", Topic: "orders", Key: "order-1", EventType: "OrderCreated",
 		Payload: []byte(`{"order_id":"order-1"}`), OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	headers := map[string][]string{}
 	for k, v := range broker.EncodeHeaders(sent) {

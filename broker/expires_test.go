@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -14,12 +15,12 @@ import (
 // dropping the expiry.
 func TestExpiresAtHeader(t *testing.T) {
 	exp := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
-	m := event.Message{EventID: "e1", Topic: "orders", EventType: "T", ExpiresAt: exp}
+	m := pgrelay.Message{EventID: "e1", Topic: "orders", EventType: "T", ExpiresAt: exp}
 	h := broker.EncodeHeaders(m)
 	if h[event.HeaderExpiresAt] != "2030-01-02T03:04:05.678901Z" {
 		t.Fatalf("header %q", h[event.HeaderExpiresAt])
 	}
-	if _, ok := broker.EncodeHeaders(event.Message{EventID: "e2", Topic: "orders"})[event.HeaderExpiresAt]; ok {
+	if _, ok := broker.EncodeHeaders(pgrelay.Message{EventID: "e2", Topic: "orders"})[event.HeaderExpiresAt]; ok {
 		t.Fatal("a message without expiry carries the header")
 	}
 	r := broker.Received{Headers: map[string][]string{}}

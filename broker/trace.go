@@ -1,6 +1,9 @@
 package broker
 
-import "github.com/pgrelay/pgrelay/internal/event"
+import (
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/internal/event"
+)
 
 // Trace context headers: the W3C Trace Context names
 // (https://www.w3.org/TR/trace-context/), under which every adapter carries
@@ -13,7 +16,7 @@ const (
 
 // encodeTraceHeaders adds m's trace context, when it has one, to the logical
 // headers h.
-func encodeTraceHeaders(h map[string]string, m Message) {
+func encodeTraceHeaders(h map[string]string, m pgrelay.Message) {
 	if m.TraceParent != "" {
 		h[HeaderTraceParent] = m.TraceParent
 	}

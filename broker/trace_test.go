@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -46,11 +47,11 @@ func TestDecodeTraceContext(t *testing.T) {
 			t.Fatalf("%s: headers %v: the trace context is no header of the message's own", c.name, d.Message.Headers)
 		}
 	}
-	h := broker.EncodeHeaders(broker.Message{EventID: "e1", Topic: "orders"})
+	h := broker.EncodeHeaders(pgrelay.Message{EventID: "e1", Topic: "orders"})
 	if _, ok := h[broker.HeaderTraceParent]; ok {
 		t.Fatal("traceparent written for a message without a trace context")
 	}
-	h = broker.EncodeHeaders(broker.Message{EventID: "e1", Topic: "orders", TraceParent: tp, TraceState: "a=1"})
+	h = broker.EncodeHeaders(pgrelay.Message{EventID: "e1", Topic: "orders", TraceParent: tp, TraceState: "a=1"})
 	if h["traceparent"] != tp || h["tracestate"] != "a=1" {
 		t.Fatalf("headers %v", h)
 	}

@@ -39,8 +39,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/console"
 	engine "github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
-	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/inboxadapt"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pooler"
@@ -265,7 +263,7 @@ func New(cfg Config) (*Consumer, error) {
 		targets = []pgrelay.Target{{Handler: cfg.Inbox.HandlerName, DedupKey: cfg.DedupKey, DedupKeyByTopic: cfg.DedupKeyByTopic}}
 		field = ""
 	}
-	engineTargets, names, terrs := parseTargets(field, targets)
+	names, terrs := checkTargets(field, targets)
 	errs = append(errs, terrs...)
 
 	log := logbridge.Or(cfg.Logger)
@@ -280,8 +278,8 @@ func New(cfg Config) (*Consumer, error) {
 				Unacked: st.Unacked, HitRatio: pc.c.DedupHitRatio()}
 		},
 	})
-	inboxCfg := engineInbox(cfg.Inbox)
-	inboxCfg.Observer = inboxadapt.Tee(observer, inboxCfg.Observer)
+	inboxCfg := cfg.Inbox
+	inboxCfg.Observer = teeObserver(observer, inboxCfg.Observer)
 	if o := inboxCfg.Retention.Observer; o != nil {
 		inboxCfg.Retention.Observer = retentionTee{metrics.NewRetentionObserver(pc.reg), o}
 	} else {
@@ -298,7 +296,7 @@ func New(cfg Config) (*Consumer, error) {
 		Subscribe:        subscribe,
 		Direct:           cfg.Direct,
 		DirectTopics:     cfg.DirectTopics,
-		Register:         register(cfg.Pool, engineTargets, cfg.DirectTopics),
+		Register:         register(cfg.Pool, targets, cfg.DirectTopics),
 		BatchSize:        cfg.FetchBatchSize,
 		MaxWait:          cfg.MaxWait,
 		IngestLoops:      cfg.IngestLoops,
@@ -306,7 +304,7 @@ func New(cfg Config) (*Consumer, error) {
 		DupRateWarn:      cfg.DupRateWarn,
 		ObserveReceive:   observer.ObserveReceive,
 		ObserveConflicts: observer.KeyConflicts,
-		Targets:          engineTargets,
+		Targets:          targets,
 		NoApplyOnReceive: cfg.NoApplyOnReceive,
 		AsyncCommit:      cfg.AsyncCommit,
 		AsyncFlushAfter:  cfg.AsyncFlushAfter,
@@ -327,11 +325,10 @@ func New(cfg Config) (*Consumer, error) {
 	return pc, nil
 }
 
-// parseTargets parses the targets' key strategy specs; errors name
-// field[i].DedupKey, or DedupKey and DedupKeyByTopic for the default target
-// (field empty).
-func parseTargets(field string, targets []pgrelay.Target) ([]inbox.Target, []string, []error) {
-	out := make([]inbox.Target, len(targets))
+// checkTargets checks the targets' key strategy specs and returns their
+// handler names; errors name field[i].DedupKey, or DedupKey and
+// DedupKeyByTopic for the default target (field empty).
+func checkTargets(field string, targets []pgrelay.Target) ([]string, []error) {
 	names := make([]string, len(targets))
 	var errs []error
 	for i, t := range targets {
@@ -339,25 +336,17 @@ func parseTargets(field string, targets []pgrelay.Target) ([]inbox.Target, []str
 		if field != "" {
 			prefix = fmt.Sprintf("%s[%d].", field, i)
 		}
-		out[i].Handler, names[i] = t.Handler, t.Handler
-		s, err := inbox.ParseKeyStrategy(t.DedupKey)
-		if err != nil {
+		names[i] = t.Handler
+		if err := pgrelay.ValidateKeyStrategy(t.DedupKey); err != nil {
 			errs = append(errs, configError(prefix+"DedupKey", "{}: %w", err))
 		}
-		out[i].Strategy = s
 		for topic, spec := range t.DedupKeyByTopic {
-			s, err := inbox.ParseKeyStrategy(spec)
-			if err != nil {
+			if err := pgrelay.ValidateKeyStrategy(spec); err != nil {
 				errs = append(errs, configError(prefix+"DedupKeyByTopic", "{}[%q]: %w", topic, err))
-				continue
 			}
-			if out[i].ByTopic == nil {
-				out[i].ByTopic = map[string]inbox.KeyStrategy{}
-			}
-			out[i].ByTopic[topic] = s
 		}
 	}
-	return out, names, errs
+	return names, errs
 }
 
 // checkOps checks the operator endpoints' settings, naming the Config
@@ -503,16 +492,10 @@ func (c *Consumer) AdminAddr() net.Addr {
 
 // register records targets, taking topics, in pgrelay.inbox_subscriptions
 // for a relay that stores into pool's inbox (broker/postgres).
-func register(pool *pgxpool.Pool, targets []inbox.Target, topics []string) func(context.Context) error {
+func register(pool *pgxpool.Pool, targets []pgrelay.Target, topics []string) func(context.Context) error {
 	subs := make([]postgres.Subscription, len(targets))
 	for i, t := range targets {
-		subs[i] = postgres.Subscription{Handler: t.Handler, DedupKey: t.Strategy.String(), Topics: topics}
-		for topic, s := range t.ByTopic {
-			if subs[i].DedupKeyByTopic == nil {
-				subs[i].DedupKeyByTopic = map[string]string{}
-			}
-			subs[i].DedupKeyByTopic[topic] = s.String()
-		}
+		subs[i] = postgres.Subscription{Handler: t.Handler, DedupKey: t.DedupKey, DedupKeyByTopic: t.DedupKeyByTopic, Topics: topics}
 	}
 	return func(ctx context.Context) error { return postgres.Register(ctx, pool, subs...) }
 }

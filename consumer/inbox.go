@@ -1,49 +1,50 @@
 package consumer
 
 import (
+	"time"
+
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/inboxadapt"
-	"github.com/pgrelay/pgrelay/internal/logbridge"
 )
 
-// engineInbox converts the public inbox worker configuration to the
-// engine's, as pgrelay.NewInboxWorker does.
-func engineInbox(c pgrelay.InboxConfig) inbox.Config {
-	r := c.Retention
-	cfg := inbox.Config{
-		Pool: c.Pool, Handler: inboxadapt.NewHandler[pgrelay.InboxEvent](c.Handler, fromInboxEvent),
-		HandlerName: c.HandlerName, WorkerID: c.WorkerID, Workers: c.Workers, BatchSize: c.BatchSize,
-		Lease: c.Lease, HandlerTimeout: c.HandlerTimeout, MaxAttempts: c.MaxAttempts,
-		BackoffMin: c.BackoffMin, BackoffMax: c.BackoffMax, MaxDeferrals: c.MaxDeferrals,
-		DeferFallback: c.DeferFallback, PollInterval: c.PollInterval, QueryTimeout: c.QueryTimeout,
-		ListenConnConfig: c.ListenConnConfig, NoListen: c.NoListen,
-		ShutdownTimeout: c.ShutdownTimeout, Ordered: c.Ordered, GapTimeout: c.GapTimeout,
-		StatisticsInterval: c.StatisticsInterval,
-		Observer:           inboxadapt.NewObserver[pgrelay.InboxEvent, pgrelay.SeqOutcome](c.Observer, fromInboxEvent),
-		Retention: inbox.RetentionConfig{
-			Disabled: r.Disabled, Window: r.Window, ReleaseHorizon: r.ReleaseHorizon, BatchSize: r.BatchSize,
-			DuplicatesMax: r.DuplicatesMax, Interval: r.Interval, Pause: r.Pause, QueryTimeout: r.QueryTimeout,
-		},
+// teeObserver tells a and b (when not nil) every state change of the
+// inbox, and the sequence outcomes to those that listen.
+func teeObserver(a, b pgrelay.InboxObserver) pgrelay.InboxObserver {
+	if b == nil {
+		return a
 	}
-	if c.Logger != nil {
-		cfg.Logger = logbridge.Or(c.Logger)
-	}
-	if r.Observer != nil {
-		cfg.Retention.Observer = r.Observer
-	}
-	return cfg
+	return tee{a, b}
 }
 
-// fromInboxEvent converts a claimed engine event for a handler.
-func fromInboxEvent(ev *inbox.Event) *pgrelay.InboxEvent {
-	return &pgrelay.InboxEvent{Message: pgrelay.Message(ev.Message), Handler: ev.Handler, DedupKey: ev.DedupKey,
-		ReceivedAt: ev.ReceivedAt, Attempts: ev.Attempts, Deferrals: ev.Deferrals,
-		LockVersion: ev.LockVersion, LastError: ev.LastError}
+type tee struct{ a, b pgrelay.InboxObserver }
+
+func (t tee) Received(inserted, duplicates int) {
+	t.a.Received(inserted, duplicates)
+	t.b.Received(inserted, duplicates)
+}
+func (t tee) Claimed(n, takeovers int) { t.a.Claimed(n, takeovers); t.b.Claimed(n, takeovers) }
+func (t tee) Processed(ev *pgrelay.InboxEvent, d time.Duration) {
+	t.a.Processed(ev, d)
+	t.b.Processed(ev, d)
+}
+func (t tee) Retried(ev *pgrelay.InboxEvent, reason string) {
+	t.a.Retried(ev, reason)
+	t.b.Retried(ev, reason)
+}
+func (t tee) Deferred(ev *pgrelay.InboxEvent)            { t.a.Deferred(ev); t.b.Deferred(ev) }
+func (t tee) Dead(ev *pgrelay.InboxEvent, reason string) { t.a.Dead(ev, reason); t.b.Dead(ev, reason) }
+func (t tee) Fenced(ev *pgrelay.InboxEvent)              { t.a.Fenced(ev); t.b.Fenced(ev) }
+func (t tee) Sequence(o pgrelay.SeqOutcome, n int) {
+	for _, x := range []pgrelay.InboxObserver{t.a, t.b} {
+		if s, ok := x.(pgrelay.SequenceObserver); ok {
+			s.Sequence(o, n)
+		}
+	}
 }
 
 // retentionTee tells both observers what the inbox's upkeep did.
-type retentionTee struct{ a, b inbox.RetentionObserver }
+type retentionTee struct {
+	a, b pgrelay.InboxRetentionObserver
+}
 
 func (t retentionTee) Deleted(n int64)  { t.a.Deleted(n); t.b.Deleted(n) }
 func (t retentionTee) Failed(err error) { t.a.Failed(err); t.b.Failed(err) }

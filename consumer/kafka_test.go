@@ -33,9 +33,9 @@ func TestConsumerFromKafka(t *testing.T) {
 	pub, err := kafka.NewPublisher(ctx, kafka.Config{Brokers: c.ListenAddrs(), TopicPrefix: "shop"})
 	require.NoError(t, err)
 	defer pub.Close()
-	var msgs []broker.Message
+	var msgs []pgrelay.Message
 	for i := range 5 {
-		msgs = append(msgs, broker.Message{EventID: fmt.Sprintf("k-%d", i), Topic: "orders", Key: "k",
+		msgs = append(msgs, pgrelay.Message{EventID: fmt.Sprintf("k-%d", i), Topic: "orders", Key: "k",
 			EventType: "OrderCreated", Payload: []byte(`{}`)})
 	}
 	for _, r := range pub.Publish(ctx, msgs) {

@@ -34,9 +34,9 @@ func TestConsumerOnRabbitMQ(t *testing.T) {
 	var pub *rabbitmq.Publisher
 	require.NoError(t, testamqp.Retry(time.Minute, func() (err error) { pub, err = rabbitmq.NewPublisher(ctx, cfg); return err }))
 	defer func() { _ = pub.Close() }()
-	var msgs []broker.Message
+	var msgs []pgrelay.Message
 	for i := range 10 {
-		msgs = append(msgs, broker.Message{EventID: fmt.Sprintf("r-%d", i), Topic: "orders", Key: "k",
+		msgs = append(msgs, pgrelay.Message{EventID: fmt.Sprintf("r-%d", i), Topic: "orders", Key: "k",
 			EventType: "OrderCreated", Payload: []byte(`{}`), OccurredAt: time.Now()})
 	}
 	for range 2 { // the publish, then the re-publish

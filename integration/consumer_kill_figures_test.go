@@ -14,9 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -48,7 +47,7 @@ func TestConsumerKillFigures(t *testing.T) {
 	consumerBin := filepath.Join(dir, "consumer")
 	startService(t, consumerBin, env, "run")
 
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -61,7 +60,7 @@ func TestConsumerKillFigures(t *testing.T) {
 			<-tick.C
 			id := fmt.Sprintf("o-%06d", i)
 			b, _ := json.Marshal(ledger.OrderCreated{OrderID: id, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
-			m := event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: b}
+			m := pgrelay.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: b}
 			_ = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error { return ob.Enqueue(context.Background(), tx, m) })
 		}
 	}()

@@ -15,11 +15,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -50,7 +50,7 @@ func TestEndToEnd(t *testing.T) {
 	cons := startService(t, consumerBin, env, "run")
 
 	const orders, perTx = 5000, 250
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	var expected int64
 	produce := func(from, to int) {
@@ -58,7 +58,7 @@ func TestEndToEnd(t *testing.T) {
 		defer cancel()
 		for start := from; start < to; start += perTx {
 			for _, typ := range []string{ledger.EventOrderCreated, ledger.EventOrderPaid} {
-				var msgs []event.Message
+				var msgs []pgrelay.Message
 				for i := start; i < min(start+perTx, to); i++ {
 					id, amount := fmt.Sprintf("o-%05d", i), int64(100+i%977)
 					var payload any = ledger.OrderPaid{OrderID: id, AmountCents: amount, Currency: "EUR"}
@@ -69,7 +69,7 @@ func TestEndToEnd(t *testing.T) {
 					}
 					b, err := json.Marshal(payload)
 					require.NoError(t, err)
-					msgs = append(msgs, event.Message{Topic: "orders", Key: id, EventType: typ, Payload: b})
+					msgs = append(msgs, pgrelay.Message{Topic: "orders", Key: id, EventType: typ, Payload: b})
 				}
 				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
 			}

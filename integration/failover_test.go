@@ -15,9 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -111,7 +110,7 @@ func enqueueOrder(ctx context.Context, pool *pgxpool.Pool, i int) error {
 
 // enqueueOrderTx enqueues order i created and paid in tx.
 func enqueueOrderTx(ctx context.Context, tx pgx.Tx, i int) error {
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	if err != nil {
 		return err
 	}
@@ -119,6 +118,6 @@ func enqueueOrderTx(ctx context.Context, tx pgx.Tx, i int) error {
 	created, _ := json.Marshal(ledger.OrderCreated{OrderID: id, CustomerID: "c", AmountCents: amount, Currency: "EUR"})
 	paid, _ := json.Marshal(ledger.OrderPaid{OrderID: id, AmountCents: amount, Currency: "EUR"})
 	return ob.Enqueue(ctx, tx,
-		event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: created},
-		event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderPaid, Payload: paid})
+		pgrelay.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: created},
+		pgrelay.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderPaid, Payload: paid})
 }

@@ -16,10 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 	"github.com/pgrelay/pgrelay/internal/testpgbouncer"
@@ -30,13 +29,13 @@ import (
 // paid.
 func produceOrders(t *testing.T, pool *pgxpool.Pool, from, to, perTx int) int64 {
 	t.Helper()
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var paid int64
 	for start := from; start < to; start += perTx {
-		var msgs []event.Message
+		var msgs []pgrelay.Message
 		for i := start; i < min(start+perTx, to); i++ {
 			id, amount := fmt.Sprintf("o-%05d", i), int64(100+i%977)
 			created, err := json.Marshal(ledger.OrderCreated{OrderID: id, CustomerID: "c", AmountCents: amount, Currency: "EUR"})
@@ -44,8 +43,8 @@ func produceOrders(t *testing.T, pool *pgxpool.Pool, from, to, perTx int) int64 
 			pay, err := json.Marshal(ledger.OrderPaid{OrderID: id, AmountCents: amount, Currency: "EUR"})
 			require.NoError(t, err)
 			msgs = append(msgs,
-				event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: created},
-				event.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderPaid, Payload: pay})
+				pgrelay.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: created},
+				pgrelay.Message{Topic: "orders", Key: id, EventType: ledger.EventOrderPaid, Payload: pay})
 			paid += amount
 		}
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))

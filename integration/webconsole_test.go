@@ -20,10 +20,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -194,14 +194,14 @@ func TestWebConsoleInChromium(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
-	var msgs []event.Message
+	var msgs []pgrelay.Message
 	for i := range 5 {
 		id := fmt.Sprintf("order-%d", i)
 		b, err := json.Marshal(ledger.OrderCreated{OrderID: id, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
 		require.NoError(t, err)
-		msgs = append(msgs, event.Message{EventID: "created-" + id, Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: b})
+		msgs = append(msgs, pgrelay.Message{EventID: "created-" + id, Topic: "orders", Key: id, EventType: ledger.EventOrderCreated, Payload: b})
 	}
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }))
 	require.Eventually(t, func() bool {

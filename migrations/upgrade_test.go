@@ -14,10 +14,10 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -134,8 +134,8 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Subscribe: func(ctx context.Context) (broker.Subscriber, error) { return pgnats.NewSubscriber(ctx, nc) },
-		Inbox: inbox.Config{
-			Handler: inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		Inbox: pgrelay.InboxConfig{
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 				_, err := tx.Exec(ctx, `INSERT INTO public.applied (event_id, times) VALUES ($1, 1)
 					ON CONFLICT (event_id) DO UPDATE SET times = applied.times + 1`, ev.EventID)
 				return err

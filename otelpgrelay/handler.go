@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // NewHandler returns an inbox handler that runs h under a process span per
@@ -122,7 +121,7 @@ func setError(span trace.Span, err error) {
 	if err == nil {
 		return
 	}
-	var d *inbox.DeferError
+	var d *pgrelay.DeferError
 	if errors.As(err, &d) {
 		span.SetAttributes(attribute.Bool("pgrelay.deferred", true))
 		return

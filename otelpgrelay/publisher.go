@@ -8,6 +8,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -30,7 +31,7 @@ type publisher struct {
 	tracer trace.Tracer
 }
 
-func (p *publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	spans := make([]trace.Span, len(msgs))
 	for i, m := range msgs {
 		spans[i] = p.startSend(ctx, m)
@@ -51,7 +52,7 @@ func (p *publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 }
 
 // startSend starts m's send span.
-func (p *publisher) startSend(ctx context.Context, m broker.Message) trace.Span {
+func (p *publisher) startSend(ctx context.Context, m pgrelay.Message) trace.Span {
 	attrs := p.cfg.systemAttrs(make([]attribute.KeyValue, 0, 6))
 	attrs = append(attrs,
 		semconv.MessagingOperationTypeSend,

@@ -7,9 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgrelay/pgrelay"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // BenchmarkRelayThroughput measures one relay publishing a backlog of 20,000
@@ -21,9 +20,9 @@ func BenchmarkRelayThroughput(b *testing.B) {
 		b.StopTimer()
 		bt := setupB(b)
 		for i := 0; i < rows; i += 1000 {
-			batch := make([]event.Message, 1000)
+			batch := make([]pgrelay.Message, 1000)
 			for j := range batch {
-				batch[j] = event.Message{EventID: fmt.Sprintf("b-%d", i+j), Topic: "orders", Key: fmt.Sprintf("key-%d", (i+j)%64), Payload: []byte(`{"order_id":"12345","amount_cents":1999,"currency":"EUR"}`)}
+				batch[j] = pgrelay.Message{EventID: fmt.Sprintf("b-%d", i+j), Topic: "orders", Key: fmt.Sprintf("key-%d", (i+j)%64), Payload: []byte(`{"order_id":"12345","amount_cents":1999,"currency":"EUR"}`)}
 			}
 			bt.enqueue(b, batch...)
 		}
@@ -58,11 +57,11 @@ func BenchmarkEnqueue(b *testing.B) {
 			require.NoError(b, err)
 			n := 0
 			for b.Loop() {
-				msgs := make([]event.Message, 100)
+				msgs := make([]pgrelay.Message, 100)
 				rows := make([][]any, 100)
 				for j := range msgs {
 					n++
-					msgs[j] = event.Message{EventID: fmt.Sprintf("%s-%d", mode, n), Topic: "orders", Key: fmt.Sprintf("key-%d", n%64), Payload: []byte(`{"order_id":"12345"}`)}
+					msgs[j] = pgrelay.Message{EventID: fmt.Sprintf("%s-%d", mode, n), Topic: "orders", Key: fmt.Sprintf("key-%d", n%64), Payload: []byte(`{"order_id":"12345"}`)}
 					rows[j] = []any{msgs[j].EventID, "orders", msgs[j].Key, msgs[j].Payload}
 				}
 				err := pgx.BeginFunc(ctx, bt.pool, func(tx pgx.Tx) error {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -57,12 +58,12 @@ func TestDelayedEventIsPublishedAtItsTime(t *testing.T) {
 	start(t, cfg)
 	// An event at once first: the worker is then idle, armed, with a
 	// minute to its next poll.
-	b.enqueue(t, event.Message{EventID: "now", Topic: "orders", Key: "k-now"})
+	b.enqueue(t, pgrelay.Message{EventID: "now", Topic: "orders", Key: "k-now"})
 	b.waitCount(t, "published", 1, 10*time.Second)
 
 	b.enqueue(t,
-		event.Message{EventID: "delay", Topic: "orders", Key: "k-delay", Delay: 1500 * time.Millisecond},
-		event.Message{EventID: "not-before", Topic: "orders", Key: "k-nb", NotBefore: b.dbNow(t).Add(2 * time.Second)})
+		pgrelay.Message{EventID: "delay", Topic: "orders", Key: "k-delay", Delay: 1500 * time.Millisecond},
+		pgrelay.Message{EventID: "not-before", Topic: "orders", Key: "k-nb", NotBefore: b.dbNow(t).Add(2 * time.Second)})
 	time.Sleep(500 * time.Millisecond) // inside the delays: nothing may be published yet
 	require.Equal(t, 2, b.count(t, "pending"), "published before its time")
 	b.waitCount(t, "published", 3, 10*time.Second)
@@ -82,10 +83,10 @@ func TestDelayedEventHoldsItsKey(t *testing.T) {
 	b := setup(t)
 	key := "held"
 	other := b.keysIn(t, b.partitionOf(t, key), "other", 1)[0]
-	b.enqueue(t, event.Message{EventID: "held-1", Topic: "orders", Key: key, Payload: []byte("1")})
-	b.enqueue(t, event.Message{EventID: "held-2", Topic: "orders", Key: key, Payload: []byte("2"), Delay: 2 * time.Second})
-	b.enqueue(t, event.Message{EventID: "held-3", Topic: "orders", Key: key, Payload: []byte("3")})
-	b.enqueue(t, event.Message{EventID: "other-1", Topic: "orders", Key: other, Payload: []byte("1")})
+	b.enqueue(t, pgrelay.Message{EventID: "held-1", Topic: "orders", Key: key, Payload: []byte("1")})
+	b.enqueue(t, pgrelay.Message{EventID: "held-2", Topic: "orders", Key: key, Payload: []byte("2"), Delay: 2 * time.Second})
+	b.enqueue(t, pgrelay.Message{EventID: "held-3", Topic: "orders", Key: key, Payload: []byte("3")})
+	b.enqueue(t, pgrelay.Message{EventID: "other-1", Topic: "orders", Key: other, Payload: []byte("1")})
 	sub := b.subscribe(t)
 	start(t, b.testConfig(t, b.publisher(t), &countingObserver{}))
 
@@ -147,10 +148,10 @@ func TestFarFutureEventCostsNothing(t *testing.T) {
 	}
 	// The far-future event, then events of the same partition at once: the
 	// worker has had rows (it lingers) and then goes idle.
-	b.enqueue(t, event.Message{EventID: "far", Topic: "orders", Key: key, NotBefore: time.Now().Add(365 * 24 * time.Hour)})
+	b.enqueue(t, pgrelay.Message{EventID: "far", Topic: "orders", Key: key, NotBefore: time.Now().Add(365 * 24 * time.Hour)})
 	others := b.keysIn(t, p, "near", 3)
 	for _, k := range others {
-		b.enqueue(t, event.Message{Topic: "orders", Key: k})
+		b.enqueue(t, pgrelay.Message{Topic: "orders", Key: k})
 	}
 	start(t, cfg)
 	b.waitCount(t, "published", len(others), 10*time.Second)
@@ -177,9 +178,9 @@ func TestExpiredEventEndsDead(t *testing.T) {
 	now := b.dbNow(t)
 	later := now.Add(time.Hour).Round(time.Microsecond)
 	b.enqueue(t,
-		event.Message{EventID: "gone", Topic: "orders", Key: "e", ExpiresAt: now.Add(-time.Second)},
-		event.Message{EventID: "kept", Topic: "orders", Key: "e", ExpiresAt: later},
-		event.Message{EventID: "late", Topic: "orders", Key: "l", Delay: time.Second, ExpiresAt: now.Add(500 * time.Millisecond)})
+		pgrelay.Message{EventID: "gone", Topic: "orders", Key: "e", ExpiresAt: now.Add(-time.Second)},
+		pgrelay.Message{EventID: "kept", Topic: "orders", Key: "e", ExpiresAt: later},
+		pgrelay.Message{EventID: "late", Topic: "orders", Key: "l", Delay: time.Second, ExpiresAt: now.Add(500 * time.Millisecond)})
 	sub := b.subscribe(t)
 	obs := &countingObserver{}
 	start(t, b.testConfig(t, b.publisher(t), obs))
@@ -216,10 +217,10 @@ func TestExpiredDelayedEventReleasesItsKey(t *testing.T) {
 	b := setup(t)
 	now := b.dbNow(t)
 	b.enqueue(t,
-		event.Message{EventID: "hour-1", Topic: "orders", Key: "hour", NotBefore: now.Add(time.Hour), ExpiresAt: now.Add(time.Second)},
-		event.Message{EventID: "hour-2", Topic: "orders", Key: "hour"},
-		event.Message{EventID: "soon-1", Topic: "orders", Key: "soon", NotBefore: now.Add(5 * time.Second), ExpiresAt: now.Add(time.Second)},
-		event.Message{EventID: "soon-2", Topic: "orders", Key: "soon"})
+		pgrelay.Message{EventID: "hour-1", Topic: "orders", Key: "hour", NotBefore: now.Add(time.Hour), ExpiresAt: now.Add(time.Second)},
+		pgrelay.Message{EventID: "hour-2", Topic: "orders", Key: "hour"},
+		pgrelay.Message{EventID: "soon-1", Topic: "orders", Key: "soon", NotBefore: now.Add(5 * time.Second), ExpiresAt: now.Add(time.Second)},
+		pgrelay.Message{EventID: "soon-2", Topic: "orders", Key: "soon"})
 	sub := b.subscribe(t)
 	obs := &countingObserver{}
 	start(t, b.testConfig(t, b.publisher(t), obs))
@@ -317,7 +318,7 @@ func TestSentEventIsNotMarkedExpired(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	expires := b.dbNow(t).Add(time.Second)
-	b.enqueue(t, event.Message{EventID: "sent-1", Topic: "orders", Key: "k", ExpiresAt: expires})
+	b.enqueue(t, pgrelay.Message{EventID: "sent-1", Topic: "orders", Key: "k", ExpiresAt: expires})
 	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 	pool, err := pgxpool.New(context.Background(), b.dbURL+"&application_name=relay_under_test")
 	require.NoError(t, err)

@@ -12,9 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgrelay/pgrelay"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // readTracer counts, while on, the statements reading pending rows
@@ -99,10 +98,10 @@ func TestLingeringPartitionsReadInOneStatement(t *testing.T) {
 	cfg.hooks.lingerFor = 10 * time.Second
 	r, _ := start(t, cfg)
 	keys, parts := b.distinctPartitionKeys(t, k)
-	one := func(prefix string) []event.Message {
-		ms := make([]event.Message, k)
+	one := func(prefix string) []pgrelay.Message {
+		ms := make([]pgrelay.Message, k)
 		for i, key := range keys {
-			ms[i] = event.Message{EventID: fmt.Sprintf("%s-%d", prefix, i), Topic: "orders", Key: key}
+			ms[i] = pgrelay.Message{EventID: fmt.Sprintf("%s-%d", prefix, i), Topic: "orders", Key: key}
 		}
 		return ms
 	}
@@ -209,14 +208,14 @@ func TestStoppedWorkerNeverPublishesPolledRows(t *testing.T) {
 			t.Cleanup(func() { ended.Store(true) }) // before the relay stops
 			published := 0
 			for attempt := range 20 {
-				b.enqueue(t, event.Message{EventID: fmt.Sprintf("warm-%d", attempt), Topic: "orders", Key: "victim"})
+				b.enqueue(t, pgrelay.Message{EventID: fmt.Sprintf("warm-%d", attempt), Topic: "orders", Key: "victim"})
 				published++
 				b.waitCount(t, "published", published, 10*time.Second)
 				if !b.lingering(r, p) {
 					continue
 				}
 				armed.Store(true)
-				b.enqueue(t, event.Message{EventID: fmt.Sprintf("victim-%d", attempt), Topic: "orders", Key: "victim"})
+				b.enqueue(t, pgrelay.Message{EventID: fmt.Sprintf("victim-%d", attempt), Topic: "orders", Key: "victim"})
 				require.Eventually(t, func() bool { return fired.Load() || b.count(t, "published") > published },
 					10*time.Second, time.Millisecond, "the row was neither read by pollBusy nor published")
 				if !fired.Load() {
@@ -264,9 +263,9 @@ func TestLingeringWorkersSleepThroughEmptyPolls(t *testing.T) {
 	r, _ := start(t, cfg)
 	keys, parts := b.distinctPartitionKeys(t, k)
 	for round := range 2 {
-		ms := make([]event.Message, k)
+		ms := make([]pgrelay.Message, k)
 		for i, key := range keys {
-			ms[i] = event.Message{EventID: fmt.Sprintf("warm%d-%d", round, i), Topic: "orders", Key: key}
+			ms[i] = pgrelay.Message{EventID: fmt.Sprintf("warm%d-%d", round, i), Topic: "orders", Key: key}
 		}
 		b.enqueue(t, ms...)
 		b.waitCount(t, "published", (round+1)*k, 10*time.Second)

@@ -19,10 +19,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -124,9 +124,9 @@ func start(t *testing.T, cfg Config) (r *Relay, stop func()) {
 	return r, stop
 }
 
-func (b *bundle) enqueue(t testing.TB, msgs ...event.Message) {
+func (b *bundle) enqueue(t testing.TB, msgs ...pgrelay.Message) {
 	t.Helper()
-	o, err := outbox.New(outbox.Config{})
+	o, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -226,12 +226,12 @@ func (b *bundle) owner(t *testing.T, p int32) (string, int64) {
 	return *owner, epoch
 }
 
-func msgs(n int, key string, prefix string) []event.Message {
-	out := make([]event.Message, n)
+func msgs(n int, key string, prefix string) []pgrelay.Message {
+	out := make([]pgrelay.Message, n)
 	for i := range out {
-		out[i] = event.Message{EventID: fmt.Sprintf("%s-%d", prefix, i), Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte(strconv.Itoa(i + 1))}
+		out[i] = pgrelay.Message{EventID: fmt.Sprintf("%s-%d", prefix, i), Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte(strconv.Itoa(i + 1))}
 	}
 	return out
 }
 
-func newOutboxForTest() (*outbox.Outbox, error) { return outbox.New(outbox.Config{}) }
+func newOutboxForTest() (*pgrelay.Outbox, error) { return pgrelay.NewOutbox(pgrelay.OutboxConfig{}) }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -18,7 +19,7 @@ type countingPublisher struct {
 	calls atomic.Int64
 }
 
-func (c *countingPublisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (c *countingPublisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	c.calls.Add(1)
 	return c.Publisher.Publish(ctx, msgs)
 }

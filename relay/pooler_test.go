@@ -24,7 +24,7 @@ type recordingPublisher struct {
 	seen map[string]int
 }
 
-func (p *recordingPublisher) Publish(_ context.Context, msgs []broker.Message) []broker.Result {
+func (p *recordingPublisher) Publish(_ context.Context, msgs []pgrelay.Message) []broker.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {

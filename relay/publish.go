@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -83,17 +84,17 @@ func expiredRows(rows []db.PendingBatchRow, readStart time.Time, sent func(int64
 // rows[idx[j]]) and a result per row, already failed for the rows that
 // cannot be published: expired ones (expired[i], nil for none) and those
 // whose headers cannot be carried.
-func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker.Result, msgs []broker.Message, idx []int) {
+func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker.Result, msgs []pgrelay.Message, idx []int) {
 	// Rows whose headers cannot be carried are dead before publishing.
 	results = make([]broker.Result, len(rows))
-	msgs = make([]broker.Message, 0, len(rows))
+	msgs = make([]pgrelay.Message, 0, len(rows))
 	idx = make([]int, 0, len(rows))
 	for i, row := range rows {
 		if expired != nil && expired[i] {
 			results[i].Err = errExpired
 			continue
 		}
-		m := event.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
+		m := pgrelay.Message{EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType, Payload: row.Payload, OccurredAt: row.OccurredAt}
 		if row.KeySeq != nil {
 			m.KeySeq = *row.KeySeq
 		}
@@ -120,7 +121,7 @@ func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker
 
 // publish calls the Publisher until leaseEnd, turning a panic into a
 // transient failure of the whole batch.
-func (r *Relay) publish(msgs []broker.Message, leaseEnd time.Time) (results []broker.Result) {
+func (r *Relay) publish(msgs []pgrelay.Message, leaseEnd time.Time) (results []broker.Result) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
 	defer cancel()
 	ctx, cancelLease := context.WithDeadline(ctx, leaseEnd)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -187,7 +188,7 @@ type gatedPublisher struct {
 	gate chan struct{}
 }
 
-func (g *gatedPublisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (g *gatedPublisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	select {
 	case <-g.gate:
 	case <-ctx.Done():
@@ -268,9 +269,9 @@ func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 					if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 						return err
 					}
-					ms := make([]event.Message, n)
+					ms := make([]pgrelay.Message, n)
 					for j := range ms {
-						ms[j] = event.Message{EventID: fmt.Sprintf("w%d-%d-%d", w, i, j), Topic: "orders", Key: key}
+						ms[j] = pgrelay.Message{EventID: fmt.Sprintf("w%d-%d-%d", w, i, j), Topic: "orders", Key: key}
 					}
 					if err := enqueueTx(ctx, tx, ms); err != nil {
 						return err
@@ -334,7 +335,7 @@ func TestPerKeyCommitOrderWithThreeRelays(t *testing.T) {
 	require.Positive(t, polled.Load(), "the busy poll read rows for lingering workers")
 }
 
-func enqueueTx(ctx context.Context, tx pgx.Tx, ms []event.Message) error {
+func enqueueTx(ctx context.Context, tx pgx.Tx, ms []pgrelay.Message) error {
 	o, err := newOutboxForTest()
 	if err != nil {
 		return err
@@ -350,7 +351,7 @@ func TestPermanentRejectionGoesDead(t *testing.T) {
 	ctx := context.Background()
 	obs := &countingObserver{}
 	// Same key: ok-1, too large, bad headers, ok-2.
-	b.enqueue(t, event.Message{EventID: "ok-1", Topic: "orders", Key: "k", Payload: []byte("1")})
+	b.enqueue(t, pgrelay.Message{EventID: "ok-1", Topic: "orders", Key: "k", Payload: []byte("1")})
 	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, payload) VALUES ('big', 'orders', 'k', $1)`, make([]byte, 2<<20))
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, headers) VALUES ('bad-headers', 'orders', 'k', '{"n": 1}')`)
@@ -359,7 +360,7 @@ func TestPermanentRejectionGoesDead(t *testing.T) {
 	// refuses it (outbox_topic_valid, the rule Enqueue applies).
 	_, err = b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ('bad subject', 'orders x', 'k')`)
 	require.ErrorContains(t, err, "outbox_topic_valid")
-	b.enqueue(t, event.Message{EventID: "ok-2", Topic: "orders", Key: "k", Payload: []byte("2")})
+	b.enqueue(t, pgrelay.Message{EventID: "ok-2", Topic: "orders", Key: "k", Payload: []byte("2")})
 	start(t, b.testConfig(t, b.publisher(t), obs))
 
 	b.waitCount(t, "published", 2, 10*time.Second)

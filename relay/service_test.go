@@ -42,8 +42,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 // nopPublisher publishes nothing, for checks that never publish.
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(context.Context, []broker.Message) []broker.Result { return nil }
-func (nopPublisher) Close() error                                              { return nil }
+func (nopPublisher) Publish(context.Context, []pgrelay.Message) []broker.Result { return nil }
+func (nopPublisher) Close() error                                               { return nil }
 
 // ExampleNew relays an event enqueued in the application's transaction to
 // NATS JetStream: the whole of a relay's main function, with a JetStream

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 )
 
@@ -70,7 +70,7 @@ func TestStandbyWaitFigures(t *testing.T) {
 		tick := time.NewTicker(time.Second / rate)
 		for i, end := 0, time.Now().Add(round); time.Now().Before(end); i++ {
 			<-tick.C
-			b.enqueue(t, event.Message{EventID: fmt.Sprintf("r%d-%d", r, i), Topic: "orders", Key: fmt.Sprintf("key-%d", i%997),
+			b.enqueue(t, pgrelay.Message{EventID: fmt.Sprintf("r%d-%d", r, i), Topic: "orders", Key: fmt.Sprintf("key-%d", i%997),
 				EventType: "OrderCreated", Payload: []byte("1")})
 		}
 		tick.Stop()
@@ -127,7 +127,7 @@ func TestStandbyWaitOnAQuietServer(t *testing.T) {
 	defer stop()
 	for i := range 5 {
 		id := fmt.Sprintf("quiet-%d", i)
-		b.enqueue(t, event.Message{EventID: id, Topic: "orders", Key: "k", EventType: "OrderCreated", Payload: []byte("1")})
+		b.enqueue(t, pgrelay.Message{EventID: id, Topic: "orders", Key: "k", EventType: "OrderCreated", Payload: []byte("1")})
 		require.Eventually(t, func() bool { return b.count(t, "pending") == 0 }, time.Minute, 10*time.Millisecond)
 		var waited float64
 		require.NoError(t, pool.QueryRow(ctx, `SELECT extract(epoch FROM published_at - created_at) FROM pgrelay.outbox WHERE event_id = $1`, id).Scan(&waited))

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/zapslog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -66,7 +66,7 @@ func TestStartupLogLineHasEachKeyOnce(t *testing.T) {
 			var sink lockedBuffer
 			cfg := b.testConfig(t, b.publisher(t), nil)
 			cfg.Capture = capture
-			cfg.log = logbridge.Slog(zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zapcore.InfoLevel))) // the commands' JSON logger
+			cfg.log = zapslog.New(zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zapcore.InfoLevel))) // the commands' JSON logger
 			r, err := New(cfg)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // stuckKeyPublisher fails every message of one key transiently, as a full
@@ -21,9 +21,9 @@ type stuckKeyPublisher struct {
 	key string
 }
 
-func (s *stuckKeyPublisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (s *stuckKeyPublisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	out := make([]broker.Result, len(msgs))
-	var pass []broker.Message
+	var pass []pgrelay.Message
 	var idx []int
 	for i, m := range msgs {
 		if m.Key == s.key {
@@ -54,11 +54,11 @@ func TestStuckKeyDoesNotBlockItsPartition(t *testing.T) {
 		}
 	}
 	// The stuck key's event comes first in the partition.
-	b.enqueue(t, event.Message{EventID: "stuck-0", Topic: "orders", Key: stuck})
+	b.enqueue(t, pgrelay.Message{EventID: "stuck-0", Topic: "orders", Key: stuck})
 	for _, k := range others {
 		b.enqueue(t, msgs(2, k, k)...)
 	}
-	b.enqueue(t, event.Message{EventID: "stuck-1", Topic: "orders", Key: stuck})
+	b.enqueue(t, pgrelay.Message{EventID: "stuck-1", Topic: "orders", Key: stuck})
 
 	obs := &countingObserver{}
 	start(t, b.testConfig(t, &stuckKeyPublisher{Publisher: b.publisher(t), key: stuck}, obs))

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // TestTakeoverFigures measures commit → published across relay SIGKILLs
@@ -43,7 +42,7 @@ func TestTakeoverFigures(t *testing.T) {
 		for i := 0; ctx.Err() == nil; i++ {
 			<-tick.C
 			key := fmt.Sprintf("key-%d", i%997)
-			b.enqueue(t, event.Message{EventID: fmt.Sprintf("e-%d", i), Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte("1")})
+			b.enqueue(t, pgrelay.Message{EventID: fmt.Sprintf("e-%d", i), Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte("1")})
 		}
 	}()
 

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // TestKilledRelayPartitionsMoveAtOnce: two relays with 15 s leases share the
@@ -52,14 +52,14 @@ func TestKilledRelayPartitionsMoveAtOnce(t *testing.T) {
 
 	// One key in each of the child's partitions.
 	childParts := owned("child")
-	var events []event.Message
+	var events []pgrelay.Message
 	for i := 0; len(events) < len(childParts); i++ {
 		key := fmt.Sprintf("key-%d", i)
 		p := b.partitionOf(t, key)
-		if !slices.Contains(childParts, p) || slices.ContainsFunc(events, func(m event.Message) bool { return b.partitionOf(t, m.Key) == p }) {
+		if !slices.Contains(childParts, p) || slices.ContainsFunc(events, func(m pgrelay.Message) bool { return b.partitionOf(t, m.Key) == p }) {
 			continue
 		}
-		events = append(events, event.Message{EventID: "after-kill-" + key, Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte("1")})
+		events = append(events, pgrelay.Message{EventID: "after-kill-" + key, Topic: "orders", Key: key, EventType: "OrderCreated", Payload: []byte("1")})
 	}
 
 	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no shutdown, no release
@@ -129,7 +129,7 @@ type hangingPublisher struct {
 	cancelled chan time.Time
 }
 
-func (h *hangingPublisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (h *hangingPublisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	first := false
 	h.once.Do(func() { first = true })
 	if !first {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -81,7 +82,7 @@ func serverStopping(err error) bool {
 
 // walTx is one committed transaction's events.
 type walTx struct {
-	msgs   []broker.Message
+	msgs   []pgrelay.Message
 	dead   int // pgrelay messages that could not be decoded
 	end    pglogrepl.LSN
 	commit time.Time
@@ -748,7 +749,8 @@ func (s *walSession) read(ctx context.Context) error {
 					}
 					continue
 				}
-				m, err := walmsg.Decode(body)
+				we, err := walmsg.Decode(body)
+				m := walMessage(we)
 				if err == nil {
 					err = checkWALEvent(m)
 				}
@@ -859,7 +861,7 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 	r := s.w.r
 	log := s.w.log
-	var msgs []broker.Message
+	var msgs []pgrelay.Message
 	var ends []pglogrepl.LSN
 	dead := 0
 	for _, tx := range batch {

@@ -12,8 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/walmsg"
 )
 
@@ -50,7 +49,7 @@ func TestWALPublishesOnlyAllowedProducers(t *testing.T) {
 	forger, producer := as("forger"), as("producer")
 
 	body := func(id string) []byte {
-		b, err := walmsg.Encode(event.Message{EventID: id, Topic: "payments", Key: "acct-1", EventType: "PaymentReceived",
+		b, err := walmsg.Encode(walmsg.Event{EventID: id, Topic: "payments", Key: "acct-1", EventType: "PaymentReceived",
 			OccurredAt: time.Now().UTC(), Payload: []byte(`{"amount":1000000}`)})
 		require.NoError(t, err)
 		return b
@@ -84,10 +83,10 @@ func TestWALPublishesOnlyAllowedProducers(t *testing.T) {
 	require.Equal(t, "42501", pgErr.Code)
 
 	// The allowed producer, with Emit and with pgrelay.emit.
-	o, err := outbox.New(outbox.Config{})
+	o, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error {
-		return o.Emit(ctx, tx, event.Message{EventID: "allowed-1", Topic: "payments", Key: "acct-1", EventType: "PaymentReceived", Payload: []byte("1")})
+		return o.Emit(ctx, tx, pgrelay.Message{EventID: "allowed-1", Topic: "payments", Key: "acct-1", EventType: "PaymentReceived", Payload: []byte("1")})
 	}))
 	_, err = producer.Exec(ctx, `SELECT pgrelay.emit('payments', convert_to('2', 'UTF8'), key => 'acct-1', event_id => 'allowed-2')`)
 	require.NoError(t, err)

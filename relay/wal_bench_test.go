@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 )
 
 // TestWALFigures measures, on one private cluster in one run, the
@@ -28,7 +28,7 @@ func TestWALFigures(t *testing.T) {
 	}
 	b, _ := walSetup(t, walConf)
 	ctx := context.Background()
-	o, err := outbox.New(outbox.Config{})
+	o, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	// The slot must exist for Emit's messages to be decoded; not for the
 	// commit timing, but the WAL it keeps is part of the cost.
@@ -42,7 +42,7 @@ func TestWALFigures(t *testing.T) {
 	for r := range rounds {
 		for _, kind := range []string{"enqueue", "emit"} {
 			for i := range perRound {
-				m := event.Message{Topic: "orders", Key: fmt.Sprintf("k%d", i%50), EventType: "OrderPaid", ContentType: "application/json", Payload: payload}
+				m := pgrelay.Message{Topic: "orders", Key: fmt.Sprintf("k%d", i%50), EventType: "OrderPaid", ContentType: "application/json", Payload: payload}
 				t0 := time.Now()
 				err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 					if kind == "emit" {
@@ -77,7 +77,7 @@ func TestWALFigures(t *testing.T) {
 	}
 }
 
-func latencyAt500(t *testing.T, b *bundle, o *outbox.Outbox, capture string) []time.Duration {
+func latencyAt500(t *testing.T, b *bundle, o *pgrelay.Outbox, capture string) []time.Duration {
 	ctx := context.Background()
 	cfg := b.walConfig(t, b.publisher(t), nil)
 	cfg.Capture = capture
@@ -122,7 +122,7 @@ func latencyAt500(t *testing.T, b *bundle, o *outbox.Outbox, capture string) []t
 	for i := range n {
 		<-tick.C
 		id := fmt.Sprintf("%s-%d-%d", capture, time.Now().UnixNano(), i)
-		m := event.Message{EventID: id, Topic: "orders", Key: fmt.Sprintf("k%d", i%50), Payload: []byte("x")}
+		m := pgrelay.Message{EventID: id, Topic: "orders", Key: fmt.Sprintf("k%d", i%50), Payload: []byte("x")}
 		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			if capture == CaptureWAL {
 				return o.Emit(ctx, tx, m)

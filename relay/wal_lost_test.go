@@ -16,9 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 )
 
@@ -93,9 +92,9 @@ func (b *bundle) slotRowOf(t *testing.T, ctx context.Context, slot string) (walS
 // emitAt writes msgs with Emit in one transaction and returns the WAL
 // insert position just before its commit record (a lower bound of the
 // commit's position), as a number.
-func (b *bundle) emitAt(t *testing.T, msgs ...event.Message) int64 {
+func (b *bundle) emitAt(t *testing.T, msgs ...pgrelay.Message) int64 {
 	t.Helper()
-	o, err := outbox.New(outbox.Config{})
+	o, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -217,11 +216,11 @@ func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 	flaky.failing.Store(true)
 	calls := flaky.calls.Load()
 	b.emit(t, msgs(5, "k", "b")...)
-	o, err := outbox.New(outbox.Config{})
+	o, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, o.Emit(ctx, tx, event.Message{EventID: "rolled-back", Topic: "orders", Key: "k", Payload: []byte("x")}))
+	require.NoError(t, o.Emit(ctx, tx, pgrelay.Message{EventID: "rolled-back", Topic: "orders", Key: "k", Payload: []byte("x")}))
 	require.NoError(t, tx.Rollback(ctx))
 	require.Eventually(t, func() bool { return flaky.calls.Load() > calls+1 }, 20*time.Second, 10*time.Millisecond)
 	b.loseSlot(t, ctx)

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -31,6 +31,6 @@ func TestWALThroughMultiHostURL(t *testing.T) {
 	ch := b.subscribe(t)
 	r, _ := start(t, b.walConfig(t, b.publisher(t), &countingObserver{}))
 	waitReading(t, r)
-	b.emit(t, event.Message{EventID: "e1", Topic: "orders", Key: "k", Payload: []byte("1")})
+	b.emit(t, pgrelay.Message{EventID: "e1", Topic: "orders", Key: "k", Payload: []byte("1")})
 	require.Equal(t, "e1", readAll(t, ch, 1, 20*time.Second)[0].eventID)
 }

@@ -15,9 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 )
 
 // walChildEnv makes the test binary a WAL-capture relay process (runWALChild)
@@ -122,12 +121,12 @@ func TestWALProcessFaults(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		o, _ := outbox.New(outbox.Config{})
+		o, _ := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 		next := map[string]int{}
 		for i := 0; ctx.Err() == nil; i++ {
 			key := fmt.Sprintf("k%d", i%10)
 			id := fmt.Sprintf("%s-%d", key, next[key]+1)
-			m := event.Message{EventID: id, Topic: "orders", Key: key, Payload: []byte(strconv.Itoa(next[key] + 1))}
+			m := pgrelay.Message{EventID: id, Topic: "orders", Key: key, Payload: []byte(strconv.Itoa(next[key] + 1))}
 			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err := pgx.BeginFunc(tctx, b.pool, func(tx pgx.Tx) error { return o.Emit(tctx, tx, m) })
 			cancel()

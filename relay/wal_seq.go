@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
 )
 
@@ -25,7 +25,7 @@ import (
 // checks that the slot's active_pid is this session's walsender), so a
 // relay the server cut off cannot number, from its stale read, events whose
 // numbers were pruned already. The numbering works on the relay's event
-// struct (broker.Message), whichever source decoded it.
+// struct (pgrelay.Message), whichever source decoded it.
 
 // errNotHolder: the numbering statement found that this session's
 // connection no longer streams the slot (or raced one that did).
@@ -33,12 +33,12 @@ var errNotHolder = errors.New("numbering key sequences refused: this session no 
 
 // takesKeySeq reports whether m gets a per-key sequence: it has an explicit
 // key, not its own event id (the default key), as in the table capture.
-func takesKeySeq(m *broker.Message) bool { return m.Key != "" && m.Key != m.EventID }
+func takesKeySeq(m *pgrelay.Message) bool { return m.Key != "" && m.Key != m.EventID }
 
 // numberKeySeqs sets KeySeq on the keyed events of msgs, ends[i] being the
 // end of msgs[i]'s transaction in the WAL. An error wrapping errNotHolder
 // ends the session; another error is transient (retry the batch).
-func (s *walSession) numberKeySeqs(ctx context.Context, msgs []broker.Message, ends []pglogrepl.LSN) error {
+func (s *walSession) numberKeySeqs(ctx context.Context, msgs []pgrelay.Message, ends []pglogrepl.LSN) error {
 	r := s.w.r
 	var ids, keys []string
 	var lsns []int64
@@ -99,7 +99,7 @@ func (s *walSession) numberKeySeqs(ctx context.Context, msgs []broker.Message, e
 // ExpiresAt is at or before now on the relay's clock: they are not
 // published. Each is logged and counted (Observer.Expired, as the table
 // relay counts the rows it marks dead as expired).
-func (s *walSession) dropExpired(msgs []broker.Message, ends []pglogrepl.LSN) ([]broker.Message, []pglogrepl.LSN) {
+func (s *walSession) dropExpired(msgs []pgrelay.Message, ends []pglogrepl.LSN) ([]pgrelay.Message, []pglogrepl.LSN) {
 	now := time.Now()
 	kept := 0
 	for i := range msgs {

@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
@@ -61,8 +61,8 @@ func TestWALKeySeqsInCommitOrder(t *testing.T) {
 	r, _ := start(t, b.walConfig(t, b.publisher(t), nil))
 	waitReading(t, r)
 
-	ev := func(id, key string) event.Message {
-		return event.Message{EventID: id, Topic: "orders", Key: key, Payload: []byte(id)}
+	ev := func(id, key string) pgrelay.Message {
+		return pgrelay.Message{EventID: id, Topic: "orders", Key: key, Payload: []byte(id)}
 	}
 	b.emit(t, ev("a1", "a"), ev("b1", "b"), ev("a2", "a"), ev("none", ""))
 	b.emit(t, ev("own", "own"), ev("b2", "b"), ev("t4", "t"))
@@ -178,9 +178,9 @@ func TestWALDropsExpiredEvents(t *testing.T) {
 	waitReading(t, r)
 
 	later := time.Now().Add(time.Hour)
-	b.emit(t, event.Message{EventID: "gone", Topic: "orders", Key: "k", Payload: []byte("x"), ExpiresAt: time.Now().Add(-time.Second)},
-		event.Message{EventID: "e1", Topic: "orders", Key: "k", Payload: []byte("1")})
-	b.emit(t, event.Message{EventID: "e2", Topic: "orders", Key: "k", Payload: []byte("2"), ExpiresAt: later})
+	b.emit(t, pgrelay.Message{EventID: "gone", Topic: "orders", Key: "k", Payload: []byte("x"), ExpiresAt: time.Now().Add(-time.Second)},
+		pgrelay.Message{EventID: "e1", Topic: "orders", Key: "k", Payload: []byte("1")})
+	b.emit(t, pgrelay.Message{EventID: "e2", Topic: "orders", Key: "k", Payload: []byte("2"), ExpiresAt: later})
 	got := readAll(t, ch, 2, 20*time.Second)
 	require.Equal(t, []string{"e1", "e2"}, []string{got[0].eventID, got[1].eventID})
 	require.Equal(t, []int64{1, 2}, []int64{seqOf(t, got[0]), seqOf(t, got[1])}, "an expired event takes no sequence")
@@ -208,9 +208,9 @@ func TestWALOrderedApplyEndToEnd(t *testing.T) {
 				AckWait: 10 * time.Second, MaxAckPending: 200, MaxPayloadBytes: 1 << 20})
 		},
 		BatchSize: 20, MaxWait: 100 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond, StatsInterval: -1,
-		Inbox: inbox.Config{
+		Inbox: pgrelay.InboxConfig{
 			Ordered: true,
-			Handler: inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 				_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq, event_id) VALUES ($1, $2, $3)`, ev.Key, ev.KeySeq, ev.EventID)
 				return err
 			}),
@@ -236,9 +236,9 @@ func TestWALOrderedApplyEndToEnd(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := range txs {
-					var ms []event.Message
+					var ms []pgrelay.Message
 					for j, k := range keys[:1+(p+i)%len(keys)] {
-						ms = append(ms, event.Message{EventID: fmt.Sprintf("r%d-p%d-%d-%d", round, p, i, j), Topic: "orders", Key: k, EventType: "Step", Payload: []byte("{}")})
+						ms = append(ms, pgrelay.Message{EventID: fmt.Sprintf("r%d-p%d-%d-%d", round, p, i, j), Topic: "orders", Key: k, EventType: "Step", Payload: []byte("{}")})
 					}
 					// The commit order of a key's events is the order of
 					// their rows in emitted: the key's row lock orders them.

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/walmsg"
 )
 
@@ -236,9 +236,9 @@ func isWALTable(rel *pglogrepl.RelationMessage) bool {
 // event. Columns are found by name (one the relay does not know is
 // ignored); their values come in the binary format (the replication
 // option binary 'true') or, for a type without one, in text.
-func decodeWALRow(tm *pgtype.Map, rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (event.Message, error) {
+func decodeWALRow(tm *pgtype.Map, rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (pgrelay.Message, error) {
 	if tuple == nil {
-		return event.Message{}, errors.New("insert without a row")
+		return pgrelay.Message{}, errors.New("insert without a row")
 	}
 	var r walmsg.Row
 	for i, col := range tuple.Columns {
@@ -280,25 +280,33 @@ func decodeWALRow(tm *pgtype.Map, rel *pglogrepl.RelationMessage, tuple *pglogre
 		case pglogrepl.TupleDataTypeText:
 			format = pgtype.TextFormatCode
 		default:
-			return event.Message{}, fmt.Errorf("column %s: unexpected tuple data type %q", rc.Name, col.DataType)
+			return pgrelay.Message{}, fmt.Errorf("column %s: unexpected tuple data type %q", rc.Name, col.DataType)
 		}
 		if err := tm.Scan(rc.DataType, format, col.Data, dst); err != nil {
-			return event.Message{}, fmt.Errorf("column %s: %w", rc.Name, err)
+			return pgrelay.Message{}, fmt.Errorf("column %s: %w", rc.Name, err)
 		}
 	}
-	m, err := walmsg.FromRow(r)
+	we, err := walmsg.FromRow(r)
+	m := walMessage(we)
 	if err != nil {
 		return m, err
 	}
 	return m, checkWALEvent(m)
 }
 
+// walMessage is the message an event read from the WAL publishes.
+func walMessage(e walmsg.Event) pgrelay.Message {
+	return pgrelay.Message{EventID: e.EventID, Topic: e.Topic, Key: e.Key, EventType: e.EventType,
+		ContentType: e.ContentType, Headers: e.Headers, OccurredAt: e.OccurredAt, Payload: e.Payload,
+		ExpiresAt: e.ExpiresAt, TraceParent: e.TraceParent, TraceState: e.TraceState}
+}
+
 // checkWALEvent applies to an event read from the WAL (a row of
 // pgrelay.outbox_wal, which has no CHECK, or an emitted message) the rules
 // Enqueue applies that decoding does not: the topic rule, the key's length,
 // occurred-at's range.
-func checkWALEvent(m event.Message) error {
-	if !outbox.ValidTopic(m.Topic) {
+func checkWALEvent(m pgrelay.Message) error {
+	if !event.ValidTopic(m.Topic) {
 		return fmt.Errorf("event %s: topic %q is invalid: letters, digits, '-', '_' and '.' between non-empty parts, at most 255 bytes", m.EventID, m.Topic)
 	}
 	if err := event.ValidateKey(m.Key); err != nil {

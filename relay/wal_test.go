@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -50,9 +50,9 @@ func (b *bundle) walConfig(t *testing.T, pub broker.Publisher, obs relayObserver
 }
 
 // emit writes msgs with Emit in one transaction.
-func (b *bundle) emit(t testing.TB, msgs ...event.Message) {
+func (b *bundle) emit(t testing.TB, msgs ...pgrelay.Message) {
 	t.Helper()
-	o, err := outbox.New(outbox.Config{})
+	o, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -102,14 +102,14 @@ func TestWALCapturePublishesCommittedEmits(t *testing.T) {
 	r, _ := start(t, b.walConfig(t, b.publisher(t), obs))
 	waitReading(t, r)
 
-	b.emit(t, event.Message{EventID: "e1", Topic: "orders", Key: "k", EventType: "Created", Payload: []byte("1"),
+	b.emit(t, pgrelay.Message{EventID: "e1", Topic: "orders", Key: "k", EventType: "Created", Payload: []byte("1"),
 		ContentType: "text/plain", Headers: map[string]string{"X-Trace": "t1"}},
-		event.Message{EventID: "e2", Topic: "orders", Key: "k", Payload: []byte("2")})
+		pgrelay.Message{EventID: "e2", Topic: "orders", Key: "k", Payload: []byte("2")})
 	ctx := context.Background()
-	o, _ := outbox.New(outbox.Config{})
+	o, _ := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, o.Emit(ctx, tx, event.Message{EventID: "rolled-back", Topic: "orders", Key: "k", Payload: []byte("x")}))
+	require.NoError(t, o.Emit(ctx, tx, pgrelay.Message{EventID: "rolled-back", Topic: "orders", Key: "k", Payload: []byte("x")}))
 	require.NoError(t, tx.Rollback(ctx))
 	var id string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pgrelay.emit('orders', convert_to('3', 'UTF8'), key => 'k', event_id => 'e3',
@@ -140,7 +140,7 @@ type flakyPublisher struct {
 	calls   atomic.Int64
 }
 
-func (p *flakyPublisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *flakyPublisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	p.calls.Add(1)
 	if p.failing.Load() {
 		res := make([]broker.Result, len(msgs))
@@ -277,7 +277,7 @@ func TestWALSurvivesPostgresRestart(t *testing.T) {
 		require.NoError(t, c.Restart(ctx, mode))
 		require.Eventually(t, func() bool {
 			return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-				o, _ := outbox.New(outbox.Config{})
+				o, _ := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 				return o.Emit(ctx, tx, msgs(10, "k-"+mode, mode)...)
 			}) == nil
 		}, 30*time.Second, 100*time.Millisecond)

@@ -12,8 +12,8 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // publishRetrying publishes msgs the way the relay does: after a transient
@@ -21,7 +21,7 @@ import (
 // every message is confirmed or d passes. It checks on every round that no
 // key has a later message confirmed after an earlier one failed, and returns
 // how many publishes failed.
-func publishRetrying(t *testing.T, p broker.Publisher, msgs []event.Message, d time.Duration) (failures int) {
+func publishRetrying(t *testing.T, p broker.Publisher, msgs []pgrelay.Message, d time.Duration) (failures int) {
 	t.Helper()
 	end := time.Now().Add(d)
 	pending := msgs
@@ -31,7 +31,7 @@ func publishRetrying(t *testing.T, p broker.Publisher, msgs []event.Message, d t
 		}
 		res := p.Publish(timeout(t, 15*time.Second), pending)
 		failed := map[string]bool{}
-		var next []event.Message
+		var next []pgrelay.Message
 		for i, r := range res {
 			m := pending[i]
 			if r.Err == nil {
@@ -90,8 +90,8 @@ func addLatency(t *testing.T, px *toxiproxy.Proxy, name string, d time.Duration)
 
 // interleaved returns n messages of each of keys a, b and c, interleaved as
 // an outbox would hold them.
-func interleaved(ns string, n int) []event.Message {
-	var msgs []event.Message
+func interleaved(ns string, n int) []pgrelay.Message {
+	var msgs []pgrelay.Message
 	for i := range n {
 		for _, k := range []string{"a", "b", "c"} {
 			msgs = append(msgs, message(ns, k, i))
@@ -102,7 +102,7 @@ func interleaved(ns string, n int) []event.Message {
 
 // checkKeyOrder fails unless, for every key, the first deliveries of its
 // events come in publish order.
-func checkKeyOrder(t *testing.T, msgs []event.Message, got []broker.Delivery) {
+func checkKeyOrder(t *testing.T, msgs []pgrelay.Message, got []broker.Delivery) {
 	t.Helper()
 	want := map[string][]string{}
 	for _, m := range msgs {
@@ -133,7 +133,7 @@ func testPerKeyOrder(t *testing.T, h Harness) {
 	ph, px := h.Proxied(t)
 	ns := Namespace("order")
 	p, s := newPair(t, ph, ns, "c")
-	var all []event.Message
+	var all []pgrelay.Message
 
 	// The connection cut while a slow batch is in flight (each key's
 	// messages, confirmed one after another, take about a second). An
@@ -159,7 +159,7 @@ func testPerKeyOrder(t *testing.T, h Harness) {
 	if failures == 0 {
 		t.Fatal("no publish failed although the connection was cut during four batches")
 	}
-	var msgs []event.Message
+	var msgs []pgrelay.Message
 
 	// Acknowledgements held back past the ack timeout, then let through.
 	if h.AckTimeout > 0 {
@@ -190,7 +190,7 @@ func testPerKeyOrder(t *testing.T, h Harness) {
 func reconnects(t *testing.T, h Harness, p broker.Publisher, s broker.Subscriber, ns string, fault func()) {
 	t.Helper()
 	before := message(ns, "k", 0)
-	publishOK(t, p, []event.Message{before})
+	publishOK(t, p, []pgrelay.Message{before})
 	got := fetchUntil(t, s, h.RedeliveryTimeout, haveAll([]string{before.EventID}))
 	ackAll(t, got)
 	fault()

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -18,13 +19,13 @@ import (
 // Whatever the event, the delivery must be storable (valid event id, text
 // valid UTF-8 without NUL) and never panic; a well-formed event must come
 // back unchanged and usable.
-func FuzzRoundTrip(f *testing.F, roundTrip func(t *testing.T, m broker.Message) broker.Delivery) {
+func FuzzRoundTrip(f *testing.F, roundTrip func(t *testing.T, m pgrelay.Message) broker.Delivery) {
 	f.Add("evt-1", "orders", "order-1", "OrderPaid", "application/json", "Trace-Id", "abc", []byte(`{"a":1}`), int64(1700000000), int64(5))
 	f.Add("", "", "", "", "", "", "", []byte(nil), int64(0), int64(0))
 	f.Add("e\x00", "a.b", "k\r\nNats-Msg-Id: forged", "T\xff", "text/plain", "Event-Id", "x\r\ny", []byte{0, 0xff}, int64(-1), int64(-1))
 	f.Add(strings.Repeat("é", 300), "t", "'; DROP TABLE pgrelay.outbox; --", "\"", "application/octet-stream", "Pgrelay-Causation-Id", "v", []byte{0xff}, int64(1<<40), int64(999999999))
 	f.Fuzz(func(t *testing.T, id, topic, key, typ, ct, hname, hval string, payload []byte, unix, nanos int64) {
-		m := event.Message{EventID: id, Topic: topic, Key: key, EventType: typ, ContentType: ct, Payload: payload,
+		m := pgrelay.Message{EventID: id, Topic: topic, Key: key, EventType: typ, ContentType: ct, Payload: payload,
 			OccurredAt: time.Unix(unix, nanos%1e9).UTC()}
 		if hname != "" {
 			m.Headers = map[string]string{hname: hval}
@@ -71,7 +72,7 @@ func FuzzRoundTrip(f *testing.F, roundTrip func(t *testing.T, m broker.Message) 
 
 // wellFormed reports whether m is an event the relay publishes and the
 // consumer must accept unchanged.
-func wellFormed(m event.Message) bool {
+func wellFormed(m pgrelay.Message) bool {
 	clean := func(s string) bool {
 		if !utf8.ValidString(s) {
 			return false

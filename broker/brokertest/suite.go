@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // message returns the i-th test event of key.
-func message(ns, key string, i int) event.Message {
-	return event.Message{
+func message(ns, key string, i int) pgrelay.Message {
+	return pgrelay.Message{
 		EventID:     fmt.Sprintf("%s-%s-%d", ns, key, i),
 		Topic:       "orders",
 		Key:         key,
@@ -28,8 +29,8 @@ func message(ns, key string, i int) event.Message {
 	}
 }
 
-func messages(ns, key string, n int) []event.Message {
-	out := make([]event.Message, n)
+func messages(ns, key string, n int) []pgrelay.Message {
+	out := make([]pgrelay.Message, n)
 	for i := range out {
 		out[i] = message(ns, key, i)
 	}
@@ -37,7 +38,7 @@ func messages(ns, key string, n int) []event.Message {
 }
 
 // publishOK publishes msgs and fails the test unless every one is confirmed.
-func publishOK(t *testing.T, p broker.Publisher, msgs []event.Message) []broker.Result {
+func publishOK(t *testing.T, p broker.Publisher, msgs []pgrelay.Message) []broker.Result {
 	t.Helper()
 	res := p.Publish(timeout(t, 30*time.Second), msgs)
 	if len(res) != len(msgs) {
@@ -102,7 +103,7 @@ func distinctIDs(ds []broker.Delivery) []string {
 	return ids
 }
 
-func ids(msgs []event.Message) []string {
+func ids(msgs []pgrelay.Message) []string {
 	out := make([]string, len(msgs))
 	for i, m := range msgs {
 		out[i] = m.EventID
@@ -146,7 +147,7 @@ func newPair(t *testing.T, h Harness, ns, consumer string) (broker.Publisher, br
 
 // sameMessage fails unless got is want as received: every field pgrelay
 // carries, compared exactly (the occurred-at as an instant).
-func sameMessage(t *testing.T, want, got event.Message) {
+func sameMessage(t *testing.T, want, got pgrelay.Message) {
 	t.Helper()
 	switch {
 	case got.EventID != want.EventID:
@@ -210,7 +211,7 @@ func testPublishAndConfirm(t *testing.T, h Harness) {
 func testRoundTrip(t *testing.T, h Harness) {
 	ns := Namespace("rt")
 	p, s := newPair(t, h, ns, "c")
-	odd := []event.Message{
+	odd := []pgrelay.Message{
 		{EventID: ns + "-binary", Topic: "orders", Key: "", EventType: "Blob", Payload: []byte{0, 1, 0xff, 0xfe},
 			ContentType: "application/octet-stream", OccurredAt: time.Unix(0, 1000).UTC()},
 		{EventID: ns + "-unicode-éü", Topic: "orders", Key: "clé ключ", EventType: "Événement", Payload: []byte(`"ß"`),
@@ -315,7 +316,7 @@ func testPermanentErrors(t *testing.T, h Harness) {
 		big.Payload = bytes.Repeat([]byte("x"), h.MaxMessageBytes+1)
 		big.ContentType = "text/plain"
 		small := message(ns, "small", 0)
-		res := p.Publish(timeout(t, 30*time.Second), []event.Message{big, small})
+		res := p.Publish(timeout(t, 30*time.Second), []pgrelay.Message{big, small})
 		if !broker.IsTerminal(res[0].Err) {
 			t.Fatalf("a message over MaxMessageBytes: got %v, want a permanent error", res[0].Err)
 		}
@@ -333,7 +334,7 @@ func testPermanentErrors(t *testing.T, h Harness) {
 	if h.UnknownDestination != nil {
 		p := h.UnknownDestination(t, ns+"_missing")
 		t.Cleanup(func() { _ = p.Close() })
-		res := p.Publish(timeout(t, 30*time.Second), []event.Message{message(ns, "k", 1)})
+		res := p.Publish(timeout(t, 30*time.Second), []pgrelay.Message{message(ns, "k", 1)})
 		if !broker.IsTerminal(res[0].Err) {
 			t.Fatalf("publishing to a missing destination: got %v, want a permanent error", res[0].Err)
 		}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -14,7 +15,7 @@ import (
 // record key is the event key in both formats, which is also the
 // partitionkey attribute (the Kafka binding's key mapping). Its error is
 // permanent (an event CloudEvents cannot carry).
-func (p *Publisher) wireRecord(m broker.Message) (*kgo.Record, error) {
+func (p *Publisher) wireRecord(m pgrelay.Message) (*kgo.Record, error) {
 	rec := toRecord(p.cfg.TopicPrefix, m)
 	if p.cfg.WireFormat != broker.WireCloudEvents {
 		return rec, nil

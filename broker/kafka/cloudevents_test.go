@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/kafka"
@@ -54,7 +55,7 @@ func TestCloudEventsKafkaReadBySDK(t *testing.T) {
 	t.Cleanup(func() { _ = pub.Close() })
 
 	at := time.Date(2026, 11, 25, 10, 0, 0, 123456000, time.UTC)
-	res := pub.Publish(ctx, []broker.Message{
+	res := pub.Publish(ctx, []pgrelay.Message{
 		{EventID: "e-1", Topic: "orders", Key: "order-7", KeySeq: 4, EventType: "OrderPaid", ContentType: "application/json",
 			Payload: []byte(`{"order_id":"order-7"}`), Headers: map[string]string{"tenant": "acme"}, OccurredAt: at},
 		{EventID: "e-2", Topic: "orders", EventType: "Blob", ContentType: "application/octet-stream",

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -13,7 +14,7 @@ import (
 // event's key as the record key (so a key stays on one partition, in order),
 // the payload as the value, and pgrelay's headers (broker.EncodeHeaders) as
 // record headers, under the same names as on every other broker.
-func toRecord(prefix string, m broker.Message) *kgo.Record {
+func toRecord(prefix string, m pgrelay.Message) *kgo.Record {
 	eh := broker.EncodeHeaders(m)
 	names := make([]string, 0, len(eh))
 	for k := range eh {

@@ -17,15 +17,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/kafka"
 	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logtest"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/relay"
 )
@@ -57,7 +55,7 @@ func TestEndToEndThroughKafka(t *testing.T) {
 			Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 			RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 			Subscribe: func(ctx context.Context) (broker.Subscriber, error) { return kafka.NewSubscriber(ctx, cfg) },
-			Inbox: inbox.Config{Handler: ledger.Handler{}, PollInterval: 50 * time.Millisecond,
+			Inbox: pgrelay.InboxConfig{Handler: ledger.Handler{}, PollInterval: 50 * time.Millisecond,
 				BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
 			Logger: log,
 		})
@@ -65,7 +63,7 @@ func TestEndToEndThroughKafka(t *testing.T) {
 		return c
 	}
 
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	const orders = 150
 	var total int64
@@ -78,8 +76,8 @@ func TestEndToEndThroughKafka(t *testing.T) {
 			paid, _ := json.Marshal(ledger.OrderPaid{OrderID: order, AmountCents: amount, Currency: "EUR"})
 			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				return ob.Enqueue(ctx, tx,
-					event.Message{EventID: "created-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderCreated, Payload: created},
-					event.Message{EventID: "paid-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderPaid, Payload: paid})
+					pgrelay.Message{EventID: "created-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderCreated, Payload: created},
+					pgrelay.Message{EventID: "paid-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderPaid, Payload: paid})
 			}))
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -23,11 +24,11 @@ import (
 
 // events returns n events for each key, interleaved as an outbox would hold
 // them.
-func events(ns string, keys []string, n int) []broker.Message {
-	var out []broker.Message
+func events(ns string, keys []string, n int) []pgrelay.Message {
+	var out []pgrelay.Message
 	for i := range n {
 		for _, k := range keys {
-			out = append(out, broker.Message{
+			out = append(out, pgrelay.Message{
 				EventID: fmt.Sprintf("%s-%s-%d", ns, k, i), Topic: "orders", Key: k, EventType: "OrderPaid",
 				Payload: fmt.Appendf(nil, `{"n":%d}`, i), OccurredAt: time.Unix(1700000000+int64(i), 0).UTC(),
 			})
@@ -40,7 +41,7 @@ func events(ns string, keys []string, n int) []broker.Message {
 // publishes again from each key's first failed event. It fails the test if a
 // key ever has an event confirmed after an earlier one failed. It returns how
 // many events failed transiently along the way.
-func publishAll(t *testing.T, p *Publisher, msgs []broker.Message) (failures int) {
+func publishAll(t *testing.T, p *Publisher, msgs []pgrelay.Message) (failures int) {
 	t.Helper()
 	pending := msgs
 	for round := 0; len(pending) > 0; round++ {
@@ -51,7 +52,7 @@ func publishAll(t *testing.T, p *Publisher, msgs []broker.Message) (failures int
 		res := p.Publish(ctx, pending)
 		cancel()
 		failed := map[string]bool{}
-		var next []broker.Message
+		var next []pgrelay.Message
 		for i, r := range res {
 			m := pending[i]
 			switch {
@@ -107,7 +108,7 @@ func (ib *inbox) has(ids []string) bool {
 
 // drain fetches, stores and acknowledges until the inbox has every one of
 // msgs, or fails the test after d.
-func drain(t *testing.T, s *Subscriber, ib *inbox, msgs []broker.Message, d time.Duration) {
+func drain(t *testing.T, s *Subscriber, ib *inbox, msgs []pgrelay.Message, d time.Duration) {
 	t.Helper()
 	want := make([]string, len(msgs))
 	for i, m := range msgs {
@@ -135,7 +136,7 @@ func drain(t *testing.T, s *Subscriber, ib *inbox, msgs []broker.Message, d time
 
 // checkOrder fails unless every key's events arrived, each first delivered in
 // publish order.
-func checkOrder(t *testing.T, ib *inbox, msgs []broker.Message) {
+func checkOrder(t *testing.T, ib *inbox, msgs []pgrelay.Message) {
 	t.Helper()
 	want := map[string][]string{}
 	for _, m := range msgs {
@@ -405,7 +406,7 @@ func TestRebalanceRedeliversOnlyUnacked(t *testing.T) {
 	}
 }
 
-func idsOf(msgs []broker.Message) []string {
+func idsOf(msgs []pgrelay.Message) []string {
 	out := make([]string, len(msgs))
 	for i, m := range msgs {
 		out[i] = m.EventID
@@ -546,7 +547,7 @@ func TestConfigValidationNamesFields(t *testing.T) {
 
 // FuzzKafkaRoundTrip: the publisher's record mapping decoded by the subscriber.
 func FuzzKafkaRoundTrip(f *testing.F) {
-	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
+	brokertest.FuzzRoundTrip(f, func(t *testing.T, m pgrelay.Message) broker.Delivery {
 		r := toRecord("pgrelay", m)
 		r.Partition, r.Offset, r.Timestamp = 2, 7, time.Unix(1700000000, 0)
 		return decodeRecord("pgrelay", r, broker.DecodeOptions{})

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -89,7 +90,7 @@ func commonOpts(cfg Config, log *slog.Logger) []kgo.Opt {
 		// Refreshes may come as often as every second: an unknown topic is
 		// looked up again UnknownTopicRetries times before it is refused.
 		kgo.MetadataMinAge(min(time.Second, cfg.MetadataMaxAge)),
-		kgo.WithLogger(zapLogger{log}),
+		kgo.WithLogger(kgoLogger{log}),
 	}
 	if cfg.Dial != nil {
 		opts = append(opts, kgo.Dialer(cfg.Dial))
@@ -125,7 +126,7 @@ func (p *Publisher) Ping(ctx context.Context) error { return p.cl.Ping(ctx) }
 // partition, but a record handed over in the instant after that failure and
 // before its report would start a fresh buffer and be stored ahead of the
 // failed one.
-func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	results := make([]broker.Result, len(msgs))
 	byKey := make(map[string][]int)
 	var keys []string
@@ -156,7 +157,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 
 // publishKey publishes msgs[idx...] (one key's events, in order), each once
 // the previous one is acknowledged, and writes their outcomes into results.
-func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
+func (p *Publisher) publishKey(ctx context.Context, msgs []pgrelay.Message, idx []int, results []broker.Result) {
 	done := make(chan error, 1)
 	for n, i := range idx {
 		rec, err := p.wireRecord(msgs[i])
@@ -242,12 +243,12 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// zapLogger passes franz-go's warnings and errors to zap.
-type zapLogger struct{ l *slog.Logger }
+// kgoLogger passes franz-go's warnings and errors to the logger.
+type kgoLogger struct{ l *slog.Logger }
 
-func (z zapLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+func (z kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
-func (z zapLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+func (z kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	fields := make([]any, 0, len(keyvals)/2)
 	for i := 0; i+1 < len(keyvals); i += 2 {
 		k, _ := keyvals[i].(string)

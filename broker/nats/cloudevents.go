@@ -3,6 +3,7 @@ package nats
 import (
 	"github.com/nats-io/nats.go"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -11,7 +12,7 @@ import (
 // attributes, broker.CloudEventsHeaders) under broker.WireCloudEvents. The
 // Nats-Msg-Id dedup id is the event id in both formats. Its error is
 // permanent (an event CloudEvents cannot carry).
-func (p *Publisher) wireMessage(m broker.Message) (*nats.Msg, error) {
+func (p *Publisher) wireMessage(m pgrelay.Message) (*nats.Msg, error) {
 	nm := p.toNATS(m)
 	if p.cfg.WireFormat != broker.WireCloudEvents {
 		return nm, nil

@@ -15,13 +15,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/cetest"
 	"github.com/pgrelay/pgrelay/internal/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 	"github.com/pgrelay/pgrelay/relay"
@@ -72,7 +72,7 @@ func TestCloudEventsNATSReadBySDK(t *testing.T) {
 	t.Cleanup(func() { _ = p.Close() })
 
 	at := time.Date(2026, 11, 25, 10, 0, 0, 123456000, time.UTC)
-	res := p.Publish(ctx, []broker.Message{
+	res := p.Publish(ctx, []pgrelay.Message{
 		{EventID: "e-1", Topic: "orders", Key: "order-7", KeySeq: 4, EventType: "OrderPaid", ContentType: "application/json",
 			Payload: []byte(`{"order_id":"order-7"}`), Headers: map[string]string{"tenant": "acme"}, OccurredAt: at},
 		{EventID: "e-2", Topic: "orders", EventType: "Blob", ContentType: "application/octet-stream",
@@ -233,13 +233,13 @@ func TestCloudEventsNATSRelayOrderedApply(t *testing.T) {
 	defer func() { stop(); wg.Wait() }()
 	wg.Go(func() { _ = r.Run(runCtx) })
 
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := pgrelay.NewOutbox(pgrelay.OutboxConfig{})
 	require.NoError(t, err)
 	const keys, perKey = 3, 10
 	for i := range perKey {
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			for k := range keys {
-				if err := ob.Enqueue(ctx, tx, event.Message{EventID: fmt.Sprintf("k%d-%d", k, i), Topic: "orders",
+				if err := ob.Enqueue(ctx, tx, pgrelay.Message{EventID: fmt.Sprintf("k%d-%d", k, i), Topic: "orders",
 					Key: fmt.Sprintf("k%d", k), EventType: "Step", Payload: []byte("{}")}); err != nil {
 					return err
 				}
@@ -298,7 +298,7 @@ func TestCloudEventsNATSConformance(t *testing.T) {
 // as in pgrelay's format.
 func FuzzCloudEventsNATSRoundTrip(f *testing.F) {
 	p := nats.CloudEventsPublisherForTest("pgrelay")
-	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
+	brokertest.FuzzRoundTrip(f, func(t *testing.T, m pgrelay.Message) broker.Delivery {
 		return nats.RoundTripWireForTest(t, p, m)
 	})
 }

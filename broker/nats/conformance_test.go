@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
@@ -125,7 +126,7 @@ func TestNATSConformance(t *testing.T) {
 // subscriber does, is the event it was made from.
 func FuzzNATSRoundTrip(f *testing.F) {
 	p := pgnats.PublisherForTest("pgrelay")
-	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
+	brokertest.FuzzRoundTrip(f, func(t *testing.T, m pgrelay.Message) broker.Delivery {
 		return pgnats.RoundTripForTest(t, p, m)
 	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
@@ -50,7 +51,7 @@ func TestDecodeGoodMessage(t *testing.T) {
 	d := goodDelivery()
 	got := decode(t, d)
 	require.Empty(t, got.DeadReason)
-	require.Equal(t, event.Message{
+	require.Equal(t, pgrelay.Message{
 		EventID:    "evt-1",
 		Topic:      "orders",
 		Key:        "order-1",
@@ -296,7 +297,7 @@ func TestDecodeBinaryPayload(t *testing.T) {
 	}
 }
 
-// TestDecodeKeySeq: Pgrelay-Key-Seq comes back as broker.Message.KeySeq, and
+// TestDecodeKeySeq: Pgrelay-Key-Seq comes back as pgrelay.Message.KeySeq, and
 // broker.EncodeHeaders writes it only when set; a sequence the consumer cannot read
 // stores the delivery dead with the reason.
 func TestDecodeKeySeq(t *testing.T) {
@@ -307,8 +308,8 @@ func TestDecodeKeySeq(t *testing.T) {
 	require.Empty(t, got.DeadReason)
 	require.EqualValues(t, 17, got.Message.KeySeq)
 
-	require.Equal(t, "17", broker.EncodeHeaders(event.Message{Key: "k", KeySeq: 17})[event.HeaderKeySeq])
-	require.NotContains(t, broker.EncodeHeaders(event.Message{Key: "k"}), event.HeaderKeySeq)
+	require.Equal(t, "17", broker.EncodeHeaders(pgrelay.Message{Key: "k", KeySeq: 17})[event.HeaderKeySeq])
+	require.NotContains(t, broker.EncodeHeaders(pgrelay.Message{Key: "k"}), event.HeaderKeySeq)
 
 	for _, bad := range []string{"", "0", "-3", "x1", "1.5", "99999999999999999999"} {
 		d := goodDelivery()

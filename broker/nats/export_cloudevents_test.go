@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -14,7 +15,7 @@ func CloudEventsPublisherForTest(subjectPrefix string) *Publisher {
 }
 
 // RoundTripWireForTest is RoundTripForTest in p's wire format.
-func RoundTripWireForTest(t *testing.T, p *Publisher, m broker.Message) broker.Delivery {
+func RoundTripWireForTest(t *testing.T, p *Publisher, m pgrelay.Message) broker.Delivery {
 	t.Helper()
 	msg, err := p.wireMessage(m)
 	if err != nil && m.EventType == "" && broker.IsTerminal(err) {

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 )
 
@@ -15,7 +16,7 @@ func PublisherForTest(subjectPrefix string) *Publisher {
 
 // RoundTripForTest encodes m as p publishes it (with its Nats-Msg-Id)
 // and decodes it as the NATS subscriber does, stored at stream "S" seq 1.
-func RoundTripForTest(t *testing.T, p *Publisher, m broker.Message) broker.Delivery {
+func RoundTripForTest(t *testing.T, p *Publisher, m pgrelay.Message) broker.Delivery {
 	t.Helper()
 	msg := p.toNATS(m)
 	msg.Header[MsgIDHeader] = []string{m.EventID}

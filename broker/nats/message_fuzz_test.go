@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
@@ -21,7 +21,7 @@ func FuzzToNATS(f *testing.F) {
 	f.Add(strings.Repeat("é", 300), "t", "'; DROP TABLE pgrelay.outbox; --", "\"", "Msg-Id", "v", bytes.Repeat([]byte("x"), 70000), int64(1<<40))
 	p := &Publisher{cfg: pubConfig{SubjectPrefix: "pgrelay"}}
 	f.Fuzz(func(t *testing.T, id, topic, key, typ, hname, hval string, payload []byte, unix int64) {
-		m := broker.Message{EventID: id, Topic: topic, Key: key, EventType: typ, Payload: payload, OccurredAt: time.Unix(unix, 0)}
+		m := pgrelay.Message{EventID: id, Topic: topic, Key: key, EventType: typ, Payload: payload, OccurredAt: time.Unix(unix, 0)}
 		if hname != "" {
 			m.Headers = map[string]string{hname: hval}
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
@@ -35,9 +36,9 @@ func TestNATSPublishAcksAndDuplicates(t *testing.T) {
 	p, s := newNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	msgs := make([]broker.Message, 50)
+	msgs := make([]pgrelay.Message, 50)
 	for i := range msgs {
-		msgs[i] = broker.Message{EventID: fmt.Sprintf("e-%d", i), Topic: "orders", Key: "k", EventType: "OrderPaid",
+		msgs[i] = pgrelay.Message{EventID: fmt.Sprintf("e-%d", i), Topic: "orders", Key: "k", EventType: "OrderPaid",
 			Payload: []byte{byte(i)}, Headers: map[string]string{"trace-id": "t"}, OccurredAt: time.Unix(1, 5).UTC()}
 	}
 	for _, r := range p.Publish(ctx, msgs) {
@@ -70,7 +71,7 @@ func TestNATSPermanentAndTransientErrors(t *testing.T) {
 	p, _ := newNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res := p.Publish(ctx, []broker.Message{
+	res := p.Publish(ctx, []pgrelay.Message{
 		{EventID: "big", Topic: "orders", Payload: make([]byte, 2<<20)},
 		{EventID: "bad", Topic: "orders x"},
 		{EventID: "ok", Topic: "orders"},
@@ -82,7 +83,7 @@ func TestNATSPermanentAndTransientErrors(t *testing.T) {
 
 	done, cancelDone := context.WithCancel(context.Background())
 	cancelDone()
-	res = p.Publish(done, []broker.Message{{EventID: "late", Topic: "orders"}})
+	res = p.Publish(done, []pgrelay.Message{{EventID: "late", Topic: "orders"}})
 	if res[0].Err != nil {
 		require.False(t, broker.IsTerminal(res[0].Err), "a cancelled wait is transient: %v", res[0].Err)
 	}
@@ -110,8 +111,8 @@ func TestNATSKeyNotSentAfterTransientFailure(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 
-	require.NoError(t, p.Publish(ctx, []broker.Message{{EventID: "filler", Topic: "full", Key: "x"}})[0].Err)
-	res := p.Publish(ctx, []broker.Message{
+	require.NoError(t, p.Publish(ctx, []pgrelay.Message{{EventID: "filler", Topic: "full", Key: "x"}})[0].Err)
+	res := p.Publish(ctx, []pgrelay.Message{
 		{EventID: "k-1", Topic: "full", Key: "k"},
 		{EventID: "k-2", Topic: "roomy", Key: "k"},
 		{EventID: "j-1", Topic: "other", Key: "j"},
@@ -146,7 +147,7 @@ func TestNATSTooLargeNamesTheLimit(t *testing.T) {
 	t.Cleanup(func() { _ = p.Close() })
 
 	server := nc.MaxPayload()
-	res := p.Publish(ctx, []broker.Message{
+	res := p.Publish(ctx, []pgrelay.Message{
 		{EventID: "over-stream", Topic: "orders", Key: "a", Payload: make([]byte, 2000)},
 		{EventID: "over-server", Topic: "orders", Key: "b", Payload: make([]byte, server+1)},
 	})

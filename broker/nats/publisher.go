@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -185,7 +186,7 @@ func (p *Publisher) Conn() *nats.Conn { return p.nc }
 // the previous one is acknowledged, and a key's remaining messages are not sent
 // after a transient failure. So a later event of a key is never stored while an
 // earlier one failed: the relay retries from the failed one, in order.
-func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	results := make([]broker.Result, len(msgs))
 	if oneKey(msgs) {
 		// The common batch of a steady trickle (one or a few events of
@@ -218,7 +219,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 }
 
 // oneKey reports whether msgs share one key.
-func oneKey(msgs []broker.Message) bool {
+func oneKey(msgs []pgrelay.Message) bool {
 	for i := 1; i < len(msgs); i++ {
 		if msgs[i].Key != msgs[0].Key {
 			return false
@@ -229,7 +230,7 @@ func oneKey(msgs []broker.Message) bool {
 
 // publishKey publishes msgs[idx...] (one key's messages, in order) and writes
 // their outcomes into results.
-func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
+func (p *Publisher) publishKey(ctx context.Context, msgs []pgrelay.Message, idx []int, results []broker.Result) {
 	for n, i := range idx {
 		nm, err := p.wireMessage(msgs[i])
 		if err != nil {
@@ -261,7 +262,7 @@ func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx [
 	}
 }
 
-func (p *Publisher) toNATS(m broker.Message) *nats.Msg {
+func (p *Publisher) toNATS(m pgrelay.Message) *nats.Msg {
 	enc := broker.EncodeHeaders(m)
 	h := make(nats.Header, len(enc))
 	// One backing array for every header's single value.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
+
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -86,8 +88,15 @@ func stored(t *testing.T, pool *pgxpool.Pool) []broker.Delivery {
 		if err := json.Unmarshal(headers, &m.Headers); err != nil {
 			t.Fatal(err)
 		}
-		m.LiftContentType()
-		m.LiftTrace() // as the inbox reads its rows: the trace context is kept with the headers
+		// As the inbox reads its rows: the content type and the trace
+		// context are kept with the headers.
+		for name, field := range map[string]*string{pgrelay.HeaderContentType: &m.ContentType,
+			"traceparent": &m.TraceParent, "tracestate": &m.TraceState} {
+			if v, ok := m.Headers[name]; ok {
+				*field = v
+				delete(m.Headers, name)
+			}
+		}
 		m.OccurredAt = m.OccurredAt.UTC()
 		d.Ref = fmt.Sprintf("inbox %s/%s", handler, key)
 		out = append(out, d)

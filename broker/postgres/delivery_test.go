@@ -12,11 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -31,18 +30,18 @@ func uuid() string {
 // keyedEvents returns n events of each of keys, interleaved as an outbox
 // holds them, with key sequences 1..n and random event ids (so that their
 // order in the inbox's unique index is not their publish order).
-func keyedEvents(keys []string, n int) []broker.Message {
-	var out []broker.Message
+func keyedEvents(keys []string, n int) []pgrelay.Message {
+	var out []pgrelay.Message
 	for i := range n {
 		for _, k := range keys {
-			out = append(out, event.Message{EventID: uuid(), Topic: "orders", Key: k, KeySeq: int64(i + 1),
+			out = append(out, pgrelay.Message{EventID: uuid(), Topic: "orders", Key: k, KeySeq: int64(i + 1),
 				EventType: "Step", Payload: fmt.Appendf(nil, `{"key":%q,"seq":%d}`, k, i+1), OccurredAt: time.Now()})
 		}
 	}
 	return out
 }
 
-func mustPublish(t *testing.T, p broker.Publisher, msgs []broker.Message) []broker.Result {
+func mustPublish(t *testing.T, p broker.Publisher, msgs []pgrelay.Message) []broker.Result {
 	t.Helper()
 	res := p.Publish(ctxT(t, 30*time.Second), msgs)
 	for i, r := range res {
@@ -71,10 +70,10 @@ func TestDeliveryIdempotentAndInKeyOrder(t *testing.T) {
 	}
 	c, err := consumer.New(consumer.Config{
 		Pool: pool, Direct: true,
-		Targets: []inbox.Target{{Handler: "a"}, {Handler: "b"}},
-		Inbox: inbox.Config{HandlerName: "a", Workers: 4, BatchSize: 7, Ordered: true,
+		Targets: []pgrelay.Target{{Handler: "a"}, {Handler: "b"}},
+		Inbox: pgrelay.InboxConfig{HandlerName: "a", Workers: 4, BatchSize: 7, Ordered: true,
 			PollInterval: 200 * time.Millisecond,
-			Handler: inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 				// The sequence as the payload carries it: the order the
 				// events are applied in, whatever key_seq the inbox holds.
 				_, err := tx.Exec(ctx, `INSERT INTO applied (event_id, key, seq) VALUES ($1, $2, ($3::jsonb->>'seq')::bigint)`,
@@ -265,11 +264,11 @@ func TestRegisteredTopicsAndKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	order := event.Message{EventID: uuid(), Topic: "orders", EventType: "OrderCreated", Payload: []byte(`{"order_id":"o1"}`)}
-	pay := event.Message{EventID: uuid(), Topic: "payments", EventType: "OrderPaid", Payload: []byte(`{"order_id":"o1"}`)}
+	order := pgrelay.Message{EventID: uuid(), Topic: "orders", EventType: "OrderCreated", Payload: []byte(`{"order_id":"o1"}`)}
+	pay := pgrelay.Message{EventID: uuid(), Topic: "payments", EventType: "OrderPaid", Payload: []byte(`{"order_id":"o1"}`)}
 	// Another event id, the same business key: absorbed for "all" only.
-	payAgain := event.Message{EventID: uuid(), Topic: "payments", EventType: "OrderPaid", Payload: []byte(`{"order_id":"o1"}`)}
-	res := mustPublish(t, p, []broker.Message{order, pay, payAgain})
+	payAgain := pgrelay.Message{EventID: uuid(), Topic: "payments", EventType: "OrderPaid", Payload: []byte(`{"order_id":"o1"}`)}
+	res := mustPublish(t, p, []pgrelay.Message{order, pay, payAgain})
 	if res[0].Duplicate || res[1].Duplicate || res[2].Duplicate {
 		t.Fatalf("results %+v: nothing was stored for every handler before", res)
 	}
@@ -304,8 +303,8 @@ func TestRegisteredTopicsAndKeys(t *testing.T) {
 	if err := postgres.Register(ctxT(t, 10*time.Second), pool, postgres.Subscription{Handler: "pay"}); err != nil {
 		t.Fatal(err)
 	}
-	order2 := event.Message{EventID: uuid(), Topic: "orders", EventType: "OrderCreated", Payload: []byte(`{}`)}
-	mustPublish(t, p, []broker.Message{order2})
+	order2 := pgrelay.Message{EventID: uuid(), Topic: "orders", EventType: "OrderCreated", Payload: []byte(`{}`)}
+	mustPublish(t, p, []pgrelay.Message{order2})
 	var n int
 	if err := pool.QueryRow(ctxT(t, 10*time.Second), `SELECT count(*) FROM pgrelay.inbox WHERE event_id = $1`, order2.EventID).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("the order after re-registering is stored %d times (%v), want 2", n, err)

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
@@ -100,7 +100,7 @@ func (p *Publisher) Close() error {
 // invalid UTF-8), a topic no registered handler takes. Anything else (the
 // database unreachable, no handler registered at all) fails every other
 // message of the batch transiently: the transaction stored none of them.
-func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	res := make([]broker.Result, len(msgs))
 	todo := make([]int, 0, len(msgs))
 	for i, m := range msgs {
@@ -108,7 +108,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			res[i].Err = broker.Terminalf("payload of %d bytes exceeds postgres.Config.MaxMessageBytes (%d)", len(m.Payload), p.cfg.MaxMessageBytes)
 			continue
 		}
-		if err := inbox.ValidateIncoming(inbox.Incoming{Message: m}); err != nil {
+		if err := (pgrelay.Incoming{Message: m}).Validate(); err != nil {
 			res[i].Err = broker.Terminalf("the inbox cannot store it: %v", err)
 			continue
 		}
@@ -150,7 +150,7 @@ func remove(s []int, v int) []int {
 	return out
 }
 
-// refusedError is a message ReceiveWith refused (*inbox.InvalidMessageError),
+// refusedError is a message ReceiveWith refused (*pgrelay.InvalidMessageError),
 // by its index in the published batch.
 type refusedError struct {
 	index int
@@ -161,14 +161,14 @@ func (e *refusedError) Error() string { return e.err.Error() }
 
 // group is the messages stored for one set of targets.
 type group struct {
-	targets []inbox.Target
+	targets []pgrelay.Target
 	idx     []int
 }
 
 // store stores msgs[todo] in tx, setting res[i].Duplicate for the messages
 // every handler already held and a permanent error for those no handler
 // takes.
-func (p *Publisher) store(ctx context.Context, tx pgx.Tx, msgs []broker.Message, todo []int, res []broker.Result) error {
+func (p *Publisher) store(ctx context.Context, tx pgx.Tx, msgs []pgrelay.Message, todo []int, res []broker.Result) error {
 	subs, err := Registered(ctx, tx)
 	if err != nil {
 		return err
@@ -177,7 +177,7 @@ func (p *Publisher) store(ctx context.Context, tx pgx.Tx, msgs []broker.Message,
 		return ErrNoSubscriptions
 	}
 	type sub struct {
-		t      inbox.Target
+		t      pgrelay.Target
 		topics map[string]bool
 	}
 	parsed := make([]sub, len(subs))
@@ -193,7 +193,7 @@ func (p *Publisher) store(ctx context.Context, tx pgx.Tx, msgs []broker.Message,
 	var order []string
 	for _, i := range todo {
 		var names []string
-		var targets []inbox.Target
+		var targets []pgrelay.Target
 		for _, s := range parsed {
 			if s.topics == nil || s.topics[msgs[i].Topic] {
 				names = append(names, s.t.Handler)
@@ -216,13 +216,13 @@ func (p *Publisher) store(ctx context.Context, tx pgx.Tx, msgs []broker.Message,
 	stored := false
 	for _, k := range order {
 		g := groups[k]
-		in := make([]inbox.Incoming, len(g.idx))
+		in := make([]pgrelay.Incoming, len(g.idx))
 		for j, i := range g.idx {
-			in[j] = inbox.Incoming{Message: msgs[i]}
+			in[j] = pgrelay.Incoming{Message: msgs[i]}
 		}
-		rr, err := inbox.ReceiveWith(ctx, tx, in, inbox.ReceiveOptions{Targets: g.targets})
+		rr, err := pgrelay.ReceiveWith(ctx, tx, in, pgrelay.ReceiveOptions{Targets: g.targets})
 		if err != nil {
-			if bad := (*inbox.InvalidMessageError)(nil); errors.As(err, &bad) {
+			if bad := (*pgrelay.InvalidMessageError)(nil); errors.As(err, &bad) {
 				return &refusedError{index: g.idx[bad.Index], err: bad.Err}
 			}
 			return err

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // DB is what Register, Unregister and Registered run their statements on: a
@@ -41,27 +42,21 @@ type Subscription struct {
 
 // target parses s into the inbox's target and its topic filter (nil: every
 // topic).
-func (s Subscription) target() (inbox.Target, map[string]bool, error) {
-	t := inbox.Target{Handler: s.Handler}
+func (s Subscription) target() (pgrelay.Target, map[string]bool, error) {
+	t := pgrelay.Target{Handler: s.Handler, DedupKey: s.DedupKey, DedupKeyByTopic: s.DedupKeyByTopic}
 	if t.Handler == "" {
-		t.Handler = inbox.DefaultHandlerName
+		t.Handler = pgrelay.DefaultHandlerName
 	}
-	if err := inbox.ValidateHandlerName(t.Handler); err != nil {
+	if err := pgrelay.ValidateHandlerName(t.Handler); err != nil {
 		return t, nil, err
 	}
-	var err error
-	if t.Strategy, err = inbox.ParseKeyStrategy(s.DedupKey); err != nil {
+	if err := pgrelay.ValidateKeyStrategy(s.DedupKey); err != nil {
 		return t, nil, fmt.Errorf("handler %q: %w", t.Handler, err)
 	}
 	for topic, spec := range s.DedupKeyByTopic {
-		ks, err := inbox.ParseKeyStrategy(spec)
-		if err != nil {
+		if err := pgrelay.ValidateKeyStrategy(spec); err != nil {
 			return t, nil, fmt.Errorf("handler %q, topic %q: %w", t.Handler, topic, err)
 		}
-		if t.ByTopic == nil {
-			t.ByTopic = map[string]inbox.KeyStrategy{}
-		}
-		t.ByTopic[topic] = ks
 	}
 	if s.Topics == nil {
 		return t, nil, nil
@@ -105,7 +100,7 @@ func Register(ctx context.Context, q DB, subs ...Subscription) error {
 		if s.Topics != nil {
 			topics = slices.Sorted(maps.Keys(setOf(s.Topics)))
 		}
-		params = append(params, db.UpsertInboxSubscriptionParams{Handler: t.Handler, DedupKey: t.Strategy.String(),
+		params = append(params, db.UpsertInboxSubscriptionParams{Handler: t.Handler, DedupKey: cmp.Or(t.DedupKey, "message-id"),
 			DedupKeyByTopic: bt, Topics: topics})
 	}
 	tx, err := beginner(q)

@@ -3,8 +3,8 @@ package rabbitmq
 import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // wireEncode is encode in the publisher's wire format. Under
@@ -17,7 +17,7 @@ import (
 // AppPropertiesHeader, which RabbitMQ 3.x's AMQP 1.0 plugin hands to AMQP
 // 1.0 consumers as their application-properties (it drops the 0-9-1
 // headers). Its errors are permanent.
-func (p *Publisher) wireEncode(m event.Message, frameMax, maxBytes int) (amqp.Publishing, string, error) {
+func (p *Publisher) wireEncode(m pgrelay.Message, frameMax, maxBytes int) (amqp.Publishing, string, error) {
 	if p.cfg.WireFormat != broker.WireCloudEvents {
 		return encode(m, frameMax, maxBytes)
 	}

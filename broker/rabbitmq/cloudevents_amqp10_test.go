@@ -15,6 +15,7 @@ import (
 	ceevent "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/cetest"
@@ -113,7 +114,7 @@ func TestCloudEventsRabbitMQReadBySDKAMQP10(t *testing.T) {
 	p := newPublisher(t, cfg)
 	ctx := ctxT(t, 30*time.Second)
 	at := time.Date(2026, 11, 25, 10, 0, 0, 123456000, time.UTC)
-	res := p.Publish(ctx, []broker.Message{
+	res := p.Publish(ctx, []pgrelay.Message{
 		{EventID: "e-1", Topic: "orders", Key: "order-7", KeySeq: 4, EventType: "OrderPaid", ContentType: "application/json",
 			Payload: []byte(`{"order_id":"order-7"}`), Headers: map[string]string{"tenant": "acme"}, OccurredAt: at},
 	})
@@ -137,7 +138,7 @@ func TestCloudEventsRabbitMQReadBySDKAMQP10(t *testing.T) {
 	cfg2 := testConfig(t)
 	cfg2.WireFormat = broker.WireCloudEvents
 	p2 := newPublisher(t, cfg2)
-	res = p2.Publish(ctx, []broker.Message{{EventID: "e-2", Topic: "orders", EventType: "OrderPaid", Payload: []byte("{}")}})
+	res = p2.Publish(ctx, []pgrelay.Message{{EventID: "e-2", Topic: "orders", EventType: "OrderPaid", Payload: []byte("{}")}})
 	require.NoError(t, res[0].Err)
 	_, err = sdkReceive(t, ctx, cfg2.URL, cfg2.Queue)
 	require.ErrorIs(t, err, binding.ErrUnknownEncoding)

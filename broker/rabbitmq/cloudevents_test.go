@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
@@ -165,7 +166,7 @@ func TestCloudEventsRabbitMQReadBySDK(t *testing.T) {
 	p := newPublisher(t, cfg)
 	ctx := ctxT(t, 30*time.Second)
 	at := time.Date(2026, 11, 25, 10, 0, 0, 123456000, time.UTC)
-	res := p.Publish(ctx, []broker.Message{
+	res := p.Publish(ctx, []pgrelay.Message{
 		{EventID: "e-1", Topic: "orders", Key: "order-7", KeySeq: 4, EventType: "OrderPaid", ContentType: "application/json",
 			Payload: []byte(`{"order_id":"order-7"}`), Headers: map[string]string{"tenant": "acme"}, OccurredAt: at},
 		{EventID: "e-2", Topic: "orders", EventType: "Blob", ContentType: "application/octet-stream",

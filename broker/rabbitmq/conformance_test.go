@@ -12,10 +12,10 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 )
 
@@ -202,7 +202,7 @@ func TestConformance(t *testing.T) {
 // FuzzRabbitMQRoundTrip: an event encoded as the publisher does and decoded as the
 // subscriber does comes back unchanged, and anything comes back storable.
 func FuzzRabbitMQRoundTrip(f *testing.F) {
-	brokertest.FuzzRoundTrip(f, func(t *testing.T, m event.Message) broker.Delivery {
+	brokertest.FuzzRoundTrip(f, func(t *testing.T, m pgrelay.Message) broker.Delivery {
 		return rabbitmq.RoundTrip(t, m)
 	})
 }

@@ -5,8 +5,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // appID is the AMQP app-id property of every message pgrelay publishes.
@@ -25,7 +25,7 @@ const headerFrameOverhead = 64
 // (broker.EncodeHeaders: Pgrelay-Event-Id, -Topic, -Key, -Event-Type,
 // -Occurred-At, -Content-Type, causation and correlation under their own
 // names, the message's own headers as Pgrelay-H-<name>), all long strings.
-func Headers(m event.Message) amqp.Table {
+func Headers(m pgrelay.Message) amqp.Table {
 	h := broker.EncodeHeaders(m)
 	t := make(amqp.Table, len(h))
 	for k, v := range h {
@@ -37,13 +37,13 @@ func Headers(m event.Message) amqp.Table {
 // encode turns m into an AMQP publishing and its routing key. Its errors are
 // permanent: no retry changes the message. frameMax is the connection's
 // negotiated frame size (0: unknown), maxBytes the largest body accepted.
-func encode(m event.Message, frameMax, maxBytes int) (amqp.Publishing, string, error) {
+func encode(m pgrelay.Message, frameMax, maxBytes int) (amqp.Publishing, string, error) {
 	return encodeTable(m, Headers(m), frameMax, maxBytes)
 }
 
 // encodeTable is encode with the headers table h (Headers(m), or its
 // CloudEvents form).
-func encodeTable(m event.Message, h amqp.Table, frameMax, maxBytes int) (amqp.Publishing, string, error) {
+func encodeTable(m pgrelay.Message, h amqp.Table, frameMax, maxBytes int) (amqp.Publishing, string, error) {
 	if len(m.Payload) > maxBytes {
 		return amqp.Publishing{}, "", broker.Terminalf("message too large for RabbitMQ: payload of %d bytes, the limit is %d (Config.MaxMessageBytes or the server's max_message_size)", len(m.Payload), maxBytes)
 	}

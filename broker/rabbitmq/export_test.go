@@ -5,15 +5,15 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // RoundTrip encodes m as the publisher does and decodes it as the subscriber
 // does, the AMQP delivery built from the publishing's fields (the timestamp
 // property at the second, as AMQP carries it). A message the publisher
 // refuses permanently is skipped: it never reaches the broker.
-func RoundTrip(t *testing.T, m event.Message) broker.Delivery {
+func RoundTrip(t *testing.T, m pgrelay.Message) broker.Delivery {
 	p, rk, err := encode(m, 0, DefaultMaxMessageBytes)
 	if err != nil {
 		if !broker.IsTerminal(err) {

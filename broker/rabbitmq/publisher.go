@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/wait"
@@ -231,7 +232,7 @@ func (p *Publisher) discard(s *pubSession) {
 // confirmed, and a key's remaining messages are not sent after a transient
 // failure. So a later event of a key is never stored while an earlier one
 // failed: the relay retries from the failed one, in order.
-func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
 	results := make([]broker.Result, len(msgs))
 	byKey := make(map[string][]int)
 	var keys []string
@@ -251,7 +252,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 
 // publishKey publishes msgs[idx...] (one key's messages, in order) and writes
 // their outcomes into results.
-func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx []int, results []broker.Result) {
+func (p *Publisher) publishKey(ctx context.Context, msgs []pgrelay.Message, idx []int, results []broker.Result) {
 	for n, i := range idx {
 		err := p.publishOne(ctx, msgs[i])
 		if err == nil || broker.IsTerminal(err) {
@@ -269,7 +270,7 @@ func (p *Publisher) publishKey(ctx context.Context, msgs []broker.Message, idx [
 }
 
 // publishOne publishes m and waits for its confirm.
-func (p *Publisher) publishOne(ctx context.Context, m broker.Message) error {
+func (p *Publisher) publishOne(ctx context.Context, m pgrelay.Message) error {
 	s, err := p.session(ctx)
 	if err != nil {
 		return err

@@ -13,14 +13,15 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 )
 
-func sample(id, topic, key string) event.Message {
-	return event.Message{EventID: id, Topic: topic, Key: key, EventType: "OrderPaid", ContentType: "application/json",
+func sample(id, topic, key string) pgrelay.Message {
+	return pgrelay.Message{EventID: id, Topic: topic, Key: key, EventType: "OrderPaid", ContentType: "application/json",
 		Payload: []byte(`{"amount":5}`), Headers: map[string]string{"Trace-Id": "t-1", event.HeaderCausationID: "cause"},
 		OccurredAt: time.Date(2026, 11, 23, 1, 2, 3, 456789000, time.UTC)}
 }
@@ -70,7 +71,7 @@ func TestPublishedMessageAsOnTheWire(t *testing.T) {
 	cfg := testConfig(t)
 	p := newPublisher(t, cfg)
 	m := sample("evt-wire-1", "orders", "order-1")
-	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{m})
+	res := p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{m})
 	require.NoError(t, res[0].Err)
 	require.False(t, res[0].Duplicate)
 
@@ -122,7 +123,7 @@ func TestUnroutableIsPermanent(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.BindingKey = "orders"
 	p := newPublisher(t, cfg)
-	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{
+	res := p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{
 		sample("evt-unroutable", "nowhere", "k1"),
 		sample("evt-routable", "orders", "k2"),
 		sample("evt-unroutable-2", "nowhere", "k1"),
@@ -144,7 +145,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	p := newPublisher(t, cfg)
 	big := sample("evt-big", "orders", "k1")
 	big.Payload = bytes.Repeat([]byte("x"), 1001)
-	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{big, sample("evt-small", "orders", "k2")})
+	res := p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{big, sample("evt-small", "orders", "k2")})
 	require.True(t, broker.IsTerminal(res[0].Err), "too large: %v", res[0].Err)
 	require.NoError(t, res[1].Err)
 	require.Equal(t, 1, testamqp.Count(t, cfg.URL, cfg.Queue))
@@ -180,7 +181,7 @@ func TestServerMaxMessageSizeIsPermanent(t *testing.T) {
 	p := newPublisher(t, cfg) // its channel opens with the 200000 limit
 	big := sample("evt-server-big", "orders", "k1")
 	big.Payload = bytes.Repeat([]byte("x"), 300000)
-	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{big})
+	res := p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{big})
 	require.True(t, broker.IsTerminal(res[0].Err), "over the server's limit: %v", res[0].Err)
 	require.Contains(t, res[0].Err.Error(), "larger than configured max size")
 
@@ -189,10 +190,10 @@ func TestServerMaxMessageSizeIsPermanent(t *testing.T) {
 	big2 := big
 	big2.EventID = "evt-server-big-2"
 	big2.Payload = bytes.Repeat([]byte("y"), 250000)
-	res = p.Publish(ctxT(t, 30*time.Second), []event.Message{big2})
+	res = p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{big2})
 	require.True(t, broker.IsTerminal(res[0].Err), "over the learned limit: %v", res[0].Err)
 	require.Contains(t, res[0].Err.Error(), "the limit is 200000")
-	res = p.Publish(ctxT(t, 30*time.Second), []event.Message{sample("evt-after-big", "orders", "k2")})
+	res = p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{sample("evt-after-big", "orders", "k2")})
 	require.NoError(t, res[0].Err)
 	require.Equal(t, 1, testamqp.Count(t, cfg.URL, cfg.Queue))
 }
@@ -253,7 +254,7 @@ func TestPrefetchBoundsUnacked(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Prefetch = 3
 	p := newPublisher(t, cfg)
-	var msgs []event.Message
+	var msgs []pgrelay.Message
 	for i := range 10 {
 		msgs = append(msgs, sample(fmt.Sprintf("evt-prefetch-%d", i), "orders", "k"))
 	}
@@ -346,7 +347,7 @@ func TestSubscriberSurvivesQueueDeletion(t *testing.T) {
 		return err == nil
 	}, 20*time.Second, 50*time.Millisecond)
 	p := newPublisher(t, cfg)
-	res := p.Publish(ctxT(t, 30*time.Second), []event.Message{sample("evt-after-delete", "orders", "k")})
+	res := p.Publish(ctxT(t, 30*time.Second), []pgrelay.Message{sample("evt-after-delete", "orders", "k")})
 	require.NoError(t, res[0].Err)
 	got := fetchN(t, s, 1)
 	require.Equal(t, "evt-after-delete", got[0].Message.EventID)

@@ -11,9 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker/kafka"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -48,11 +47,11 @@ func TestRunWithKafka(t *testing.T) {
 	pub, err := kafka.NewPublisher(ctx, kafka.Config{Brokers: []string{brokers}, TopicPrefix: "shop"})
 	require.NoError(t, err)
 	defer pub.Close()
-	var msgs []broker.Message
+	var msgs []pgrelay.Message
 	for i := range 5 {
 		order := fmt.Sprintf("o-%d", i)
 		payload, _ := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
-		msgs = append(msgs, event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+		msgs = append(msgs, pgrelay.Message{EventID: "created-" + order, Topic: "orders", Key: order,
 			EventType: ledger.EventOrderCreated, Payload: payload, ContentType: "application/json"})
 	}
 	for range 2 {

@@ -31,7 +31,6 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/handlers"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
@@ -198,7 +197,7 @@ the reason and acknowledged, never dropped.`,
 	f.StringVar(&s.httpURL, "url", cli.EnvString("CONSUMER_HTTP_URL", ""), "with --handler http: the webhook each event is POSTed to (CONSUMER_HTTP_URL)")
 	f.DurationVar(&s.httpTimeout, "http-timeout", cli.EnvDuration("CONSUMER_HTTP_TIMEOUT", handlers.DefaultHTTPTimeout), "with --handler http: bound on one webhook request; must be shorter than --handler-timeout (CONSUMER_HTTP_TIMEOUT)")
 	f.BoolVar(&s.ordered, "ordered", cli.EnvBool("CONSUMER_ORDERED", false), "apply each key's events strictly in their per-key sequence (Pgrelay-Key-Seq): later events wait for a missing, retrying or dead earlier one; duplicates are absorbed (CONSUMER_ORDERED)")
-	f.DurationVar(&s.gapTimeout, "gap-timeout", cli.EnvDuration("CONSUMER_GAP_TIMEOUT", inbox.DefaultGapTimeout), "with --ordered: how long a key waits for a missing sequence before the gap is reported (consumer gaps list/skip) (CONSUMER_GAP_TIMEOUT)")
+	f.DurationVar(&s.gapTimeout, "gap-timeout", cli.EnvDuration("CONSUMER_GAP_TIMEOUT", pgrelay.DefaultGapTimeout), "with --ordered: how long a key waits for a missing sequence before the gap is reported (consumer gaps list/skip) (CONSUMER_GAP_TIMEOUT)")
 	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, true)
 	cli.BindDBFlags(f, &s.db, "--lease")
 
@@ -259,10 +258,10 @@ func runConsumer(parent context.Context, s settings) error {
 	// its events can be taken over.
 	lease, handlerTimeout := s.lease, s.handlerTimeout
 	if lease <= 0 {
-		lease = inbox.DefaultLease
+		lease = pgrelay.DefaultLease
 	}
 	if handlerTimeout <= 0 {
-		handlerTimeout = inbox.DefaultHandlerTimeout
+		handlerTimeout = pgrelay.DefaultHandlerTimeout
 	}
 	dbs, err := s.db.Resolve(lease, handlerTimeout)
 	if err != nil {
@@ -309,7 +308,7 @@ func runConsumer(parent context.Context, s settings) error {
 		Pool:      pool,
 		Subscribe: side.Subscribe(opts),
 		Inbox: pgrelay.InboxConfig{
-			Handler:        fromEngine(ledger.Handler{}), // replaced below once the database is checked
+			Handler:        ledger.Handler{}, // replaced below once the database is checked
 			HandlerName:    s.handlerName,
 			Workers:        s.workers,
 			BatchSize:      s.workerBatchSize,
@@ -436,7 +435,7 @@ func checkHandlerSettings(s settings) error {
 		}
 		handlerTimeout := s.handlerTimeout
 		if handlerTimeout <= 0 {
-			handlerTimeout = inbox.DefaultHandlerTimeout
+			handlerTimeout = pgrelay.DefaultHandlerTimeout
 		}
 		if s.httpTimeout <= 0 || s.httpTimeout >= handlerTimeout {
 			return fmt.Errorf("--http-timeout (CONSUMER_HTTP_TIMEOUT) %s must be positive and shorter than --handler-timeout (CONSUMER_HANDLER_TIMEOUT) %s",
@@ -462,15 +461,15 @@ func newHandler(ctx context.Context, s settings, pool *pgxpool.Pool, log *slog.L
 		if err != nil {
 			return nil, fmt.Errorf("--sql-function (CONSUMER_SQL_FUNCTION): %w", err)
 		}
-		return fromEngine(h), nil
+		return h, nil
 	case "http":
 		h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout, Recorder: pool, Logger: log})
 		if err != nil {
 			return nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", "--url (CONSUMER_HTTP_URL)", 1))
 		}
-		return fromEngine(h), nil
+		return h, nil
 	default:
-		return fromEngine(ledger.Handler{}), nil
+		return ledger.Handler{}, nil
 	}
 }
 

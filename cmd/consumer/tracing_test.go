@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker/kafka"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -73,7 +73,7 @@ func TestRunExportsProcessSpans(t *testing.T) {
 	defer pub.Close()
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	payload, _ := json.Marshal(ledger.OrderCreated{OrderID: "o-1", CustomerID: "c", AmountCents: 100, Currency: "EUR"})
-	for _, r := range pub.Publish(ctx, []broker.Message{{EventID: "created-o-1", Topic: "orders", Key: "o-1",
+	for _, r := range pub.Publish(ctx, []pgrelay.Message{{EventID: "created-o-1", Topic: "orders", Key: "o-1",
 		EventType: ledger.EventOrderCreated, Payload: payload, ContentType: "application/json",
 		TraceParent: "00-" + traceID + "-00f067aa0ba902b7-01"}}) {
 		require.NoError(t, r.Err)

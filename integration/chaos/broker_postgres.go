@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // BrokerPostgres runs the services with PostgreSQL as the broker: the relay
@@ -82,7 +82,7 @@ func (e *postgresEnv) publisher(ctx context.Context) (*postgres.Publisher, error
 	return e.pub, nil
 }
 
-func (e *postgresEnv) store(ctx context.Context, msgs []broker.Message) ([]broker.Result, error) {
+func (e *postgresEnv) store(ctx context.Context, msgs []pgrelay.Message) ([]broker.Result, error) {
 	p, err := e.publisher(ctx)
 	if err != nil {
 		return nil, err
@@ -97,7 +97,7 @@ func (e *postgresEnv) store(ctx context.Context, msgs []broker.Message) ([]broke
 }
 
 func (e *postgresEnv) publishRaw(ctx context.Context, id, typ, key string, payload []byte) error {
-	_, err := e.store(ctx, []broker.Message{{EventID: id, Topic: "orders", Key: key, EventType: typ, Payload: payload,
+	_, err := e.store(ctx, []pgrelay.Message{{EventID: id, Topic: "orders", Key: key, EventType: typ, Payload: payload,
 		OccurredAt: time.Now()}})
 	return err
 }
@@ -110,9 +110,9 @@ func (e *postgresEnv) injectDuplicates(ctx context.Context, rng *mrand.Rand, _ u
 	if err != nil {
 		return "", 0, err
 	}
-	var msgs []broker.Message
+	var msgs []pgrelay.Message
 	for rows.Next() {
-		var m event.Message
+		var m pgrelay.Message
 		if err := rows.Scan(&m.EventID, &m.Topic, &m.Key, &m.KeySeq, &m.EventType, &m.Payload, &m.OccurredAt); err != nil {
 			rows.Close()
 			return "", 0, err

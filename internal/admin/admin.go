@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/outbox"
+	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 // Source names the table a dead letter lives in.
@@ -470,7 +470,7 @@ func (s *Service) explainTopicRefusal(ctx context.Context, ids []int64, err erro
 	var bad []string
 	rows, lerr := s.q.AdminOutboxTopics(qctx, s.cfg.Pool, ids)
 	for _, r := range rows {
-		if !outbox.ValidTopic(r.Topic) && len(bad) < 5 {
+		if !event.ValidTopic(r.Topic) && len(bad) < 5 {
 			bad = append(bad, fmt.Sprintf("%s (topic %q)", r.EventID, r.Topic))
 		}
 	}

@@ -9,11 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // TestHandlersInOperations: dead letters, show, requeue, purge and stats name
@@ -74,11 +73,9 @@ func TestHandlersInOperations(t *testing.T) {
 	require.Equal(t, int64(1), st.Inbox.Handlers[1].ByStatus["processed"])
 	require.Equal(t, []string{"message-id"}, st.Inbox.Handlers[1].KeyStrategies)
 
-	s, err := inbox.ParseKeyStrategy("business:pay:{order_id}")
-	require.NoError(t, err)
-	targets := []inbox.Target{{Handler: "pay", Strategy: s}}
+	targets := []pgrelay.Target{{Handler: "pay", DedupKey: "business:pay:{order_id}"}}
 	for _, p := range []string{`{"order_id":"o1","n":1}`, `{"order_id":"o1","n":2}`} {
-		_, err := inbox.ReceiveFor(ctx, b.Pool, targets, []inbox.Incoming{{Message: event.Message{
+		_, err := pgrelay.ReceiveFor(ctx, b.Pool, targets, []pgrelay.Incoming{{Message: pgrelay.Message{
 			EventID: "x" + p[len(p)-2:len(p)-1], EventType: "Pay", Payload: []byte(p)}}})
 		require.NoError(t, err)
 	}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 )
 
 // Operations of ordered apply (inbox handlers run with --ordered): the keys
@@ -31,7 +31,7 @@ type OrderedStats struct {
 const orderedStatsLimit = 10000
 
 func (s *Service) orderedStats(ctx context.Context) (OrderedStats, error) {
-	keys, err := inbox.ListWaiting(ctx, s.cfg.Pool, "", orderedStatsLimit)
+	keys, err := pgrelay.ListWaiting(ctx, s.cfg.Pool, "", orderedStatsLimit)
 	if err != nil {
 		return OrderedStats{}, fmt.Errorf("admin: stats: %w", err)
 	}
@@ -55,9 +55,9 @@ func (s *Service) orderedStats(ctx context.Context) (OrderedStats, error) {
 
 // Waiting lists up to limit keys of ordered handlers whose events wait (of
 // handler, or of every handler when it is empty).
-func (s *Service) Waiting(ctx context.Context, handler string, limit int) ([]inbox.WaitingKey, error) {
+func (s *Service) Waiting(ctx context.Context, handler string, limit int) ([]pgrelay.WaitingKey, error) {
 	if handler != "" {
-		if err := inbox.ValidateHandlerName(handler); err != nil {
+		if err := pgrelay.ValidateHandlerName(handler); err != nil {
 			return nil, fmt.Errorf("%w: handler: %v", ErrInvalid, err)
 		}
 	}
@@ -66,7 +66,7 @@ func (s *Service) Waiting(ctx context.Context, handler string, limit int) ([]inb
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	return inbox.ListWaiting(ctx, s.cfg.Pool, handler, limit)
+	return pgrelay.ListWaiting(ctx, s.cfg.Pool, handler, limit)
 }
 
 // SkipRequest names what to skip and who asks.
@@ -83,7 +83,7 @@ func (r SkipRequest) check() error {
 	if err := validateActor(r.Actor, r.Reason, true); err != nil {
 		return err
 	}
-	if err := inbox.ValidateHandlerName(r.Handler); err != nil {
+	if err := pgrelay.ValidateHandlerName(r.Handler); err != nil {
 		return fmt.Errorf("%w: handler: %v", ErrInvalid, err)
 	}
 	return nil
@@ -91,17 +91,17 @@ func (r SkipRequest) check() error {
 
 // skipError maps the inbox's refusals onto ErrInvalid.
 func skipError(err error) error {
-	if errors.Is(err, inbox.ErrNoGap) || errors.Is(err, inbox.ErrNotParked) {
+	if errors.Is(err, pgrelay.ErrNoGap) || errors.Is(err, pgrelay.ErrNotParked) {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return err
 }
 
-// SkipGap gives up on the missing sequences of an ordered key (inbox.SkipGap):
+// SkipGap gives up on the missing sequences of an ordered key (pgrelay.SkipGap):
 // its held events run. Audited; the reason is required.
-func (s *Service) SkipGap(ctx context.Context, r SkipRequest) (inbox.SkipResult, error) {
-	res, err := s.skip(ctx, r, "key", r.Key, func(ctx context.Context, sk inbox.Skip) (inbox.SkipResult, error) {
-		return inbox.SkipGap(ctx, s.cfg.Pool, sk, r.Key)
+func (s *Service) SkipGap(ctx context.Context, r SkipRequest) (pgrelay.SkipResult, error) {
+	res, err := s.skip(ctx, r, "key", r.Key, func(ctx context.Context, sk pgrelay.Skip) (pgrelay.SkipResult, error) {
+		return pgrelay.SkipGap(ctx, s.cfg.Pool, sk, r.Key)
 	})
 	if err == nil {
 		s.cfg.Logger.Info("ordered gap skipped", slog.String("handler", r.Handler), slog.String("key", r.Key),
@@ -111,11 +111,11 @@ func (s *Service) SkipGap(ctx context.Context, r SkipRequest) (inbox.SkipResult,
 }
 
 // SkipDead gives up on a dead event that parks its ordered key
-// (inbox.SkipDead): the key's later events run; the event stays dead.
+// (pgrelay.SkipDead): the key's later events run; the event stays dead.
 // Audited; the reason is required.
-func (s *Service) SkipDead(ctx context.Context, r SkipRequest) (inbox.SkipResult, error) {
-	res, err := s.skip(ctx, r, "event_id", r.EventID, func(ctx context.Context, sk inbox.Skip) (inbox.SkipResult, error) {
-		return inbox.SkipDead(ctx, s.cfg.Pool, sk, r.EventID)
+func (s *Service) SkipDead(ctx context.Context, r SkipRequest) (pgrelay.SkipResult, error) {
+	res, err := s.skip(ctx, r, "event_id", r.EventID, func(ctx context.Context, sk pgrelay.Skip) (pgrelay.SkipResult, error) {
+		return pgrelay.SkipDead(ctx, s.cfg.Pool, sk, r.EventID)
 	})
 	if err == nil {
 		s.cfg.Logger.Info("ordered dead event skipped", slog.String("handler", r.Handler), slog.String("event_id", r.EventID),
@@ -127,16 +127,16 @@ func (s *Service) SkipDead(ctx context.Context, r SkipRequest) (inbox.SkipResult
 // skip checks r and its target (field names it for the error), then runs
 // the inbox's skip with the query timeout.
 func (s *Service) skip(ctx context.Context, r SkipRequest, field, target string,
-	run func(context.Context, inbox.Skip) (inbox.SkipResult, error)) (inbox.SkipResult, error) {
+	run func(context.Context, pgrelay.Skip) (pgrelay.SkipResult, error)) (pgrelay.SkipResult, error) {
 	if err := r.check(); err != nil {
-		return inbox.SkipResult{}, err
+		return pgrelay.SkipResult{}, err
 	}
 	if target == "" {
-		return inbox.SkipResult{}, fmt.Errorf("%w: %s is required", ErrInvalid, field)
+		return pgrelay.SkipResult{}, fmt.Errorf("%w: %s is required", ErrInvalid, field)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	res, err := run(ctx, inbox.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason})
+	res, err := run(ctx, pgrelay.Skip{Handler: r.Handler, Actor: r.Actor, Reason: r.Reason})
 	if err != nil {
 		return res, skipError(err)
 	}

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/consumer"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
@@ -43,7 +43,7 @@ func Consume(t *testing.T, pool *pgxpool.Pool, subscribe func(context.Context) (
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	h := pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ce_applied (event_id, event_type, key, key_seq, payload) VALUES ($1, $2, $3, $4, $5)`, ev.EventID, ev.EventType, ev.Key, ev.KeySeq, ev.Payload)
 		return err
 	})
@@ -52,7 +52,7 @@ func Consume(t *testing.T, pool *pgxpool.Pool, subscribe func(context.Context) (
 		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Subscribe: subscribe,
-		Inbox: inbox.Config{Handler: h, PollInterval: 50 * time.Millisecond,
+		Inbox: pgrelay.InboxConfig{Handler: h, PollInterval: 50 * time.Millisecond,
 			BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
 		Logger: log,
 	}

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/zapslog"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -106,7 +106,7 @@ func NewLogger(level, format string) (*slog.Logger, error) {
 	if err != nil {
 		return nil, err
 	}
-	return logbridge.Slog(z), nil
+	return zapslog.New(z), nil
 }
 
 // SignalContext returns a context cancelled on SIGTERM or SIGINT, which is how

@@ -14,9 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -108,21 +107,21 @@ func TestHungBatchSessionIsEndedAndTakenOver(t *testing.T) {
 	defer plain.Close()
 
 	ids := []string{"hung-1", "hung-2", "hung-3"}
-	var msgs []inbox.Incoming
+	var msgs []pgrelay.Incoming
 	for _, id := range ids {
-		msgs = append(msgs, inbox.Incoming{Message: event.Message{EventID: id, Topic: "t", Key: id, EventType: "E", Payload: []byte("{}")}})
+		msgs = append(msgs, pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "t", Key: id, EventType: "E", Payload: []byte("{}")}})
 	}
-	_, err = inbox.Receive(ctx, plain, msgs)
+	_, err = pgrelay.Receive(ctx, plain, msgs)
 	require.NoError(t, err)
 
 	// The hung worker: processes hung-1 (its processed mark row-locks it
 	// inside the batch transaction), then hangs in hung-2's handler.
 	unblock := make(chan struct{})
 	var hanging atomic.Bool
-	hung, err := inbox.NewWorker(inbox.Config{
+	hung, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{
 		Pool: hungPool, Logger: logtest.New(t), Workers: 1, BatchSize: 10,
 		Lease: lease, HandlerTimeout: handlerTimeout, PollInterval: 50 * time.Millisecond,
-		Handler: inbox.HandlerFunc(func(_ context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		Handler: pgrelay.HandlerFunc(func(_ context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 			if ev.EventID == "hung-2" {
 				hanging.Store(true)
 				<-unblock // ignores its context: a hung process
@@ -140,10 +139,10 @@ func TestHungBatchSessionIsEndedAndTakenOver(t *testing.T) {
 
 	// A healthy worker takes over whatever the hung one lost.
 	var healthyRan atomic.Int32
-	healthy, err := inbox.NewWorker(inbox.Config{
+	healthy, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{
 		Pool: plain, Logger: logtest.New(t), Workers: 1, BatchSize: 10,
 		Lease: lease, HandlerTimeout: handlerTimeout, PollInterval: 50 * time.Millisecond,
-		Handler: inbox.HandlerFunc(func(context.Context, pgx.Tx, *inbox.Event) error {
+		Handler: pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error {
 			healthyRan.Add(1)
 			return nil
 		}),

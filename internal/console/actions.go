@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // The actions. Each is reviewed first (requeue and purge as a dry run, the
@@ -95,7 +95,7 @@ type confirmData struct {
 	What    string
 	Result  *admin.Result
 	Event   *admin.DeadLetter
-	Key     *inbox.WaitingKey
+	Key     *pgrelay.WaitingKey
 	Confirm string
 	Back    string
 }
@@ -104,7 +104,7 @@ type doneData struct {
 	Req    actRequest
 	Verb   string
 	Result *admin.Result
-	Skip   *inbox.SkipResult
+	Skip   *pgrelay.SkipResult
 	Back   string
 	Audit  string
 }
@@ -181,7 +181,7 @@ func (a actRequest) olderThan() (*time.Duration, error) {
 }
 
 // exec runs the action, as a dry run or for real.
-func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.Result, *inbox.SkipResult, error) {
+func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.Result, *pgrelay.SkipResult, error) {
 	src := admin.Source(a.Filter.Source)
 	switch a.Op {
 	case opRequeue, opPurge:
@@ -206,7 +206,7 @@ func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.R
 			return nil, nil, nil
 		}
 		req := admin.SkipRequest{Handler: a.Filter.Handler, Actor: a.Actor, Reason: a.Reason}
-		var res inbox.SkipResult
+		var res pgrelay.SkipResult
 		var err error
 		if a.Op == opSkipDead {
 			req.EventID = a.Filter.EventID
@@ -289,7 +289,7 @@ func (c *Console) run(w http.ResponseWriter, r *http.Request, a actRequest) {
 }
 
 // gapRange names the sequences a gap skip gives up on.
-func gapRange(k *inbox.WaitingKey) string {
+func gapRange(k *pgrelay.WaitingKey) string {
 	return fmt.Sprintf("%d…%d", k.WaitingFor, k.FirstHeld)
 }
 

@@ -17,11 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/console"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 type client struct {
@@ -363,10 +362,10 @@ func TestOrderedSkipsInTheConsole(t *testing.T) {
 	t.Parallel()
 	b, srv := start(t, "")
 	ctx := context.Background()
-	msg := func(id, key string, seq int64) inbox.Incoming {
-		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	msg := func(id, key string, seq int64) pgrelay.Incoming {
+		return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
 	}
-	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
+	_, err := pgrelay.Receive(ctx, b.Pool, []pgrelay.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
 	require.NoError(t, err)
 	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.inbox SET status = 'dead', last_error = 'poison', finished_at = now() WHERE event_id = 'p-1'`)
 	require.NoError(t, err)
@@ -412,10 +411,10 @@ func TestGapSkipBoundToTheReviewedGap(t *testing.T) {
 	now.Store(time.Now().UnixNano())
 	b, srv := startWith(t, "", admintest.Setup(t), func() time.Time { return time.Unix(0, now.Load()) })
 	ctx := context.Background()
-	msg := func(id string, seq int64) inbox.Incoming {
-		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: "h", KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	msg := func(id string, seq int64) pgrelay.Incoming {
+		return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "orders", Key: "h", KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
 	}
-	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("h-3", 3)})
+	_, err := pgrelay.Receive(ctx, b.Pool, []pgrelay.Incoming{msg("h-3", 3)})
 	require.NoError(t, err)
 	c := newClient(t, srv.URL)
 	_, page := c.get("/console/ordered")
@@ -432,7 +431,7 @@ func TestGapSkipBoundToTheReviewedGap(t *testing.T) {
 	require.Contains(t, body, "expired")
 	now.Add(-int64(2 * time.Minute))
 
-	_, err = inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("h-2", 2)})
+	_, err = pgrelay.Receive(ctx, b.Pool, []pgrelay.Incoming{msg("h-2", 2)})
 	require.NoError(t, err)
 	before := admintest.Snapshot(t, b.Pool)
 	code, body, _ = c.do(http.MethodPost, "/console/act", form)

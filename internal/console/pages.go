@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // page is what every page gets.
@@ -348,7 +348,7 @@ type deadDetailData struct {
 	Audit   []admin.AuditEntry
 	Payload string
 	Headers []kv
-	Waiting *inbox.WaitingKey
+	Waiting *pgrelay.WaitingKey
 }
 
 type kv struct{ K, V string }
@@ -376,7 +376,7 @@ func (c *Console) deadDetail(w http.ResponseWriter, r *http.Request) {
 
 type orderedData struct {
 	Handler string
-	Keys    []inbox.WaitingKey
+	Keys    []pgrelay.WaitingKey
 }
 
 func (c *Console) ordered(w http.ResponseWriter, r *http.Request) {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // TestRenderEscapes checks that values with markup and URL metacharacters
@@ -56,7 +56,7 @@ func TestRenderEscapes(t *testing.T) {
 		t.Errorf("event link %q: path %q, handler %q", u, u.Path, u.Query().Get("handler"))
 	}
 
-	p = &page{Title: "Ordered keys", Now: now, Data: orderedData{Keys: []inbox.WaitingKey{{Handler: odd, Key: odd, State: "parked", Oldest: at}}}}
+	p = &page{Title: "Ordered keys", Now: now, Data: orderedData{Keys: []pgrelay.WaitingKey{{Handler: odd, Key: odd, State: "parked", Oldest: at}}}}
 	w = hw{}
 	if err := writePage(&w, "ordered", p); err != nil {
 		t.Fatal(err)

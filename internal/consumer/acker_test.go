@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
@@ -240,7 +240,7 @@ func TestAsyncCommitSettingsValidated(t *testing.T) {
 	require.ErrorContains(t, err, "Config.AsyncFlushAfter -1ms must be positive")
 	require.ErrorContains(t, err, "Config.AsyncPollInterval 1µs must be at least 100µs")
 	require.ErrorContains(t, err, "Config.AsyncMaxPending -1 must be positive")
-	handler := inbox.HandlerFunc(func(context.Context, pgx.Tx, *inbox.Event) error { return nil })
-	_, err = New(Config{Pool: pool, Direct: true, AsyncCommit: true, Inbox: inbox.Config{Handler: handler}})
+	handler := pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error { return nil })
+	_, err = New(Config{Pool: pool, Direct: true, AsyncCommit: true, Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.ErrorContains(t, err, "Config.AsyncCommit is for the batches")
 }

@@ -13,9 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 )
 
@@ -61,7 +60,7 @@ func TestApplyOnReceiveFailureLeavesTheEventToTheWorkers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var calls atomic.Int64
-	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	b.cfg.Inbox.Handler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		if err := (ledger.Handler{}).Handle(ctx, tx, ev); err != nil {
 			return err
 		}
@@ -124,7 +123,7 @@ func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
 		require.NoError(t, err)
 		var acked atomic.Bool
 		sub := &oneShotSubscriber{ds: []broker.Delivery{{
-			Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+			Message: pgrelay.Message{EventID: "created-" + order, Topic: "orders", Key: order,
 				EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
 			Ref:           "test",
 			FirstDelivery: first,
@@ -161,7 +160,7 @@ func orderCreated(t *testing.T, order string, first bool, acked *atomic.Int64) b
 	payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
 	require.NoError(t, err)
 	return broker.Delivery{
-		Message: event.Message{EventID: "created-" + order, Topic: "orders", Key: order,
+		Message: pgrelay.Message{EventID: "created-" + order, Topic: "orders", Key: order,
 			EventType: ledger.EventOrderCreated, Payload: payload, OccurredAt: time.Now()},
 		Ref:           "test",
 		FirstDelivery: first,
@@ -211,7 +210,7 @@ func TestApplyOnReceiveWhileWorkersAreBusy(t *testing.T) {
 	b := setup(t)
 	blocked, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	b.cfg.Inbox.Handler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		if ev.EventID == "created-slow" {
 			once.Do(func() { close(blocked) })
 			select {

@@ -12,10 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
 	"github.com/pgrelay/pgrelay/internal/logtest"
@@ -63,8 +62,8 @@ func TestAsyncCommitLostInACrashIsRedelivered(t *testing.T) {
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond, StatsInterval: -1,
 		AsyncCommit:     true,
 		AsyncFlushAfter: time.Hour, // never forced: only the server's own flushes count
-		Inbox: inbox.Config{
-			Handler: inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+		Inbox: pgrelay.InboxConfig{
+			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 				_, err := tx.Exec(ctx, `INSERT INTO async_credits VALUES ($1, 100)`, ev.EventID)
 				return err
 			}),
@@ -204,7 +203,7 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		StatsInterval: -1,
 		AsyncCommit:   true,
-		Inbox:         inbox.Config{Handler: ledgertest.Traced{Trips: trips}},
+		Inbox:         pgrelay.InboxConfig{Handler: ledgertest.Traced{Trips: trips}},
 		Logger:        logtest.New(t),
 	})
 	require.NoError(t, err)
@@ -212,7 +211,7 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 		order := fmt.Sprintf("o-%d", i)
 		payload, err := json.Marshal(ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"})
 		require.NoError(t, err)
-		batch := []inbox.Incoming{{Message: event.Message{EventID: "created-" + order, Topic: "orders", EventType: ledger.EventOrderCreated,
+		batch := []pgrelay.Incoming{{Message: pgrelay.Message{EventID: "created-" + order, Topic: "orders", EventType: ledger.EventOrderCreated,
 			Payload: payload, OccurredAt: time.Now()}}}
 		trips.Reset()
 		var m commitMark

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -60,21 +60,14 @@ type Config struct {
 	// writes in its statement. Default false: recorded.
 	NoDuplicateRecord bool
 	// ObserveReceive, when set, is called with the duration of every
-	// inbox.Receive statement (the dedup check and insert of one batch).
+	// pgrelay.Receive statement (the dedup check and insert of one batch).
 	ObserveReceive func(time.Duration)
-	// KeyStrategy builds the dedup key of the rows stored for the handler the
-	// workers run (Inbox.HandlerName) when Targets is empty. Default: the
-	// message-id strategy.
-	KeyStrategy inbox.KeyStrategy
-	// KeyStrategyByTopic overrides KeyStrategy for the messages of the named
-	// topics (for the default target). Default: none.
-	KeyStrategyByTopic map[string]inbox.KeyStrategy
 	// Targets are the handlers each received message is stored for: one
 	// inbox row per handler, all in the batch's one Receive statement, each
-	// deduplicated by its own key strategy. Default: Inbox.HandlerName with
-	// KeyStrategy. Unless DisableWorkers is set, Inbox.HandlerName must be
+	// deduplicated by its own key strategy. Default: Inbox.HandlerName keyed
+	// by event id. Unless DisableWorkers is set, Inbox.HandlerName must be
 	// among them.
-	Targets []inbox.Target
+	Targets []pgrelay.Target
 	// ObserveConflicts, when set, is called with the number of key conflicts
 	// (same dedup key, different payload fingerprint) each stored batch had,
 	// per handler.
@@ -82,10 +75,10 @@ type Config struct {
 	// Inbox configures the inbox workers that run the handler in the same
 	// process. Its Handler is required; its Pool and Logger default to this
 	// Config's.
-	Inbox inbox.Config
+	Inbox pgrelay.InboxConfig
 	// DisableWorkers runs only the ingest side (broker into the inbox),
 	// for deployments that run the inbox workers, and with them the inbox's
-	// upkeep (inbox.Config.Retention), elsewhere. Default false.
+	// upkeep (pgrelay.InboxConfig.Retention), elsewhere. Default false.
 	DisableWorkers bool
 	// Direct runs the consumer without a subscriber, for a relay that stores
 	// events straight into this database's inbox (broker/postgres): Run
@@ -102,7 +95,7 @@ type Config struct {
 	DirectTopics []string
 	// NoApplyOnReceive turns off applying on receive: by default every
 	// fetched batch of first deliveries has its events stored and their
-	// handler run in one transaction (inbox.Worker.ReceiveApply), and only
+	// handler run in one transaction (pgrelay.InboxWorker.ReceiveApply), and only
 	// what fails there is left to the workers. With this set the workers
 	// take every event. Default false.
 	NoApplyOnReceive bool
@@ -159,10 +152,10 @@ const (
 // default.
 func (c Config) WithDefaults() Config {
 	if c.Inbox.HandlerName == "" {
-		c.Inbox.HandlerName = inbox.DefaultHandlerName
+		c.Inbox.HandlerName = pgrelay.DefaultHandlerName
 	}
 	if len(c.Targets) == 0 {
-		c.Targets = []inbox.Target{{Handler: c.Inbox.HandlerName, Strategy: c.KeyStrategy, ByTopic: c.KeyStrategyByTopic}}
+		c.Targets = []pgrelay.Target{{Handler: c.Inbox.HandlerName}}
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
@@ -263,15 +256,15 @@ func (c Config) validate() error {
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
 		bad("RetryMin", "{} %s and {RetryMax} %s must be positive with RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
 	}
-	if err := inbox.ValidateHandlerName(c.Inbox.HandlerName); err != nil {
+	if err := pgrelay.ValidateHandlerName(c.Inbox.HandlerName); err != nil {
 		// Reported by the inbox worker's own validation (Config.Inbox.HandlerName).
 		if c.DisableWorkers {
 			bad("Inbox.HandlerName", "{}: %v", err)
 		}
-	} else if err := inbox.ValidateTargets(c.Targets); err != nil {
+	} else if err := pgrelay.ValidateTargets(c.Targets); err != nil {
 		bad("Targets", "{}: %v", err)
-	} else if !c.DisableWorkers && !slices.ContainsFunc(c.Targets, func(t inbox.Target) bool {
-		return t.Handler == c.Inbox.HandlerName || (t.Handler == "" && c.Inbox.HandlerName == inbox.DefaultHandlerName)
+	} else if !c.DisableWorkers && !slices.ContainsFunc(c.Targets, func(t pgrelay.Target) bool {
+		return t.Handler == c.Inbox.HandlerName || (t.Handler == "" && c.Inbox.HandlerName == pgrelay.DefaultHandlerName)
 	}) {
 		bad("Targets", "{} does not store rows for the handler the workers run ({Inbox.HandlerName} %q)", c.Inbox.HandlerName)
 	}

@@ -23,9 +23,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
@@ -35,8 +35,8 @@ import (
 type Consumer struct {
 	cfg    Config
 	log    *slog.Logger
-	worker *inbox.Worker // nil when Config.DisableWorkers
-	acks   *acker        // set while ingest runs with Config.AsyncCommit
+	worker *pgrelay.InboxWorker // nil when Config.DisableWorkers
+	acks   *acker               // set while ingest runs with Config.AsyncCommit
 	// walReaderOpen tells whether the acker's connection is open.
 	walReaderOpen atomic.Bool
 	stats         counters
@@ -54,7 +54,7 @@ type Consumer struct {
 	crashAfterCommit func() bool
 	// beforeStore, when set (tests only), is called before each attempt to
 	// store messages, so a test can break the database connection there.
-	beforeStore func([]inbox.Incoming)
+	beforeStore func([]pgrelay.Incoming)
 }
 
 // IngestCounts are the consumer's running counters since it started.
@@ -96,10 +96,10 @@ type counters struct {
 func New(cfg Config) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
 	errs := cfg.validate()
-	var w *inbox.Worker
+	var w *pgrelay.InboxWorker
 	if !cfg.DisableWorkers {
 		var err error
-		if w, err = inbox.NewWorker(cfg.Inbox); err != nil {
+		if w, err = pgrelay.NewInboxWorker(cfg.Inbox); err != nil {
 			// The inbox names its own fields "inbox: Config.X"; here they
 			// are Config.Inbox.X, which tells them from the consumer's own.
 			errs = errors.Join(errs, setting.Map(err, func(fe *setting.FieldError) error {
@@ -262,13 +262,13 @@ func (c *Consumer) ingest(ctx context.Context) error {
 // retried until it succeeds or the consumer stops; unacknowledged deliveries
 // are redelivered by the broker.
 func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
-	incoming := make([]inbox.Incoming, len(ds))
+	incoming := make([]pgrelay.Incoming, len(ds))
 	for i, d := range ds {
 		if d.DeadReason != "" {
 			c.log.Warn("malformed message stored dead", slog.String("event_id", d.Message.EventID),
 				slog.String("ref", d.Ref), slog.String("reason", d.DeadReason))
 		}
-		incoming[i] = inbox.Incoming{Message: d.Message, DeadReason: d.DeadReason}
+		incoming[i] = pgrelay.Incoming{Message: d.Message, DeadReason: d.DeadReason}
 	}
 	acks := ds
 
@@ -357,11 +357,11 @@ func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
 
 // store writes one batch into the inbox in one transaction. With apply, the
 // same transaction runs the handler on the events it stored
-// (inbox.Worker.ReceiveApply); the workers take whatever that leaves pending.
+// (pgrelay.InboxWorker.ReceiveApply); the workers take whatever that leaves pending.
 //
 // With Config.AsyncCommit the transaction commits without waiting for the
 // WAL flush and adds its commit to mark (see beginFunc).
-func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply bool, mark *commitMark) error {
+func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply bool, mark *commitMark) error {
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
 	}
@@ -372,23 +372,23 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 		// workers' claims must not start their scan past them.
 		defer c.worker.HoldClaimBound()()
 	}
-	var res inbox.ReceiveResult
-	var applied *inbox.Applied
+	var res pgrelay.ReceiveResult
+	var applied *pgrelay.Applied
 	err := c.beginFunc(ctx, mark, func(tx pgx.Tx) error {
 		var err error
-		opts := inbox.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord}
+		opts := pgrelay.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord}
 		if apply {
 			res, applied, err = c.worker.ReceiveApply(ctx, tx, incoming, opts, c.cfg.ObserveReceive)
 		} else {
 			start := time.Now()
-			res, err = inbox.ReceiveWith(ctx, tx, incoming, opts)
+			res, err = pgrelay.ReceiveWith(ctx, tx, incoming, opts)
 			if c.cfg.ObserveReceive != nil {
 				c.cfg.ObserveReceive(time.Since(start))
 			}
 		}
 		if err == nil && (res.Inserted > 0 || res.SeqsWoken > 0) && c.worker == nil {
 			// The inbox workers run elsewhere: wake them at the commit.
-			err = inbox.Notify(ctx, tx)
+			err = pgrelay.NotifyInbox(ctx, tx)
 		}
 		return err
 	})
@@ -433,8 +433,8 @@ func (c *Consumer) store(ctx context.Context, incoming []inbox.Incoming, apply b
 // succeeds or the consumer stops. It returns incoming with the EventID of any
 // message that was not stored cleared, so that it is left unacknowledged and
 // the broker redelivers it.
-func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incoming, acks []broker.Delivery, mark *commitMark) []inbox.Incoming {
-	out := make([]inbox.Incoming, len(incoming))
+func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incoming, acks []broker.Delivery, mark *commitMark) []pgrelay.Incoming {
+	out := make([]pgrelay.Incoming, len(incoming))
 	copy(out, incoming)
 	for i, in := range incoming {
 		if !c.storeOne(ctx, sctx, in, acks[i:], mark) {
@@ -447,11 +447,11 @@ func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []inbox.Incomin
 // storeOne stores one message of a refused batch, dead if the database refuses
 // it as data, and reports whether it was stored. ctx ends the retries of
 // transient failures (a stop); sctx is the store's own context.
-func (c *Consumer) storeOne(ctx, sctx context.Context, in inbox.Incoming, pending []broker.Delivery, mark *commitMark) bool {
+func (c *Consumer) storeOne(ctx, sctx context.Context, in pgrelay.Incoming, pending []broker.Delivery, mark *commitMark) bool {
 	msg := in
 	refusals := 0
 	for attempt := 0; ; {
-		err := c.store(sctx, []inbox.Incoming{msg}, false, mark)
+		err := c.store(sctx, []pgrelay.Incoming{msg}, false, mark)
 		if err == nil {
 			return true
 		}
@@ -500,12 +500,12 @@ func ref(pending []broker.Delivery) string {
 // With keepFields, every field is kept, its text made storable (invalid UTF-8
 // and NUL bytes replaced by U+FFFD); without, only the id, payload and
 // occurred-at are.
-func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming {
+func deadCopy(in pgrelay.Incoming, refusal error, keepFields bool) pgrelay.Incoming {
 	reason := "refused at ingest: " + refusal.Error()
 	if in.DeadReason != "" {
 		reason = in.DeadReason + "; " + reason
 	}
-	m := event.Message{EventID: in.EventID, Payload: in.Payload, OccurredAt: in.OccurredAt, Headers: map[string]string{}}
+	m := pgrelay.Message{EventID: in.EventID, Payload: in.Payload, OccurredAt: in.OccurredAt, Headers: map[string]string{}}
 	if keepFields {
 		clean := func(s string) string { s, _ = broker.StorableText(s); return s }
 		m.Topic, m.Key, m.EventType = clean(in.Topic), clean(in.Key), clean(in.EventType)
@@ -525,16 +525,16 @@ func deadCopy(in inbox.Incoming, refusal error, keepFields bool) inbox.Incoming 
 			m.KeySeq = in.KeySeq
 		}
 	}
-	return inbox.Incoming{Message: m, DeadReason: broker.Printable(broker.Truncate(reason, 2000))}
+	return pgrelay.Incoming{Message: m, DeadReason: broker.Printable(broker.Truncate(reason, 2000))}
 }
 
-// isRefused reports whether the batch itself was refused, by inbox.Receive's
+// isRefused reports whether the batch itself was refused, by pgrelay.Receive's
 // checks or by the database as data (class 22 data exception, class 23
 // constraint violation, class 54 program limit exceeded: an index entry too
 // large for its btree, say), as opposed to the database being unreachable:
 // retrying would not help.
 func isRefused(err error) bool {
-	var inv *inbox.InvalidMessageError
+	var inv *pgrelay.InvalidMessageError
 	if errors.As(err, &inv) {
 		return true
 	}

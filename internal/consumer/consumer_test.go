@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -77,7 +77,7 @@ func setup(t *testing.T) *testBundle {
 		RetryMin:      10 * time.Millisecond,
 		RetryMax:      200 * time.Millisecond,
 		StatsInterval: -1,
-		Inbox: inbox.Config{
+		Inbox: pgrelay.InboxConfig{
 			Handler:       ledger.Handler{},
 			PollInterval:  50 * time.Millisecond,
 			BackoffMin:    10 * time.Millisecond,
@@ -255,14 +255,14 @@ func TestConfigValidation(t *testing.T) {
 	require.NoError(t, err)
 
 	// Direct: no subscriber, and workers to run.
-	handler := inbox.HandlerFunc(func(context.Context, pgx.Tx, *inbox.Event) error { return nil })
-	_, err = New(Config{Pool: pool, Direct: true, Subscribe: sub, Inbox: inbox.Config{Handler: handler}})
+	handler := pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error { return nil })
+	_, err = New(Config{Pool: pool, Direct: true, Subscribe: sub, Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.ErrorContains(t, err, "Config.Subscribe must be nil with Config.Direct")
 	_, err = New(Config{Pool: pool, Direct: true, DisableWorkers: true})
 	require.ErrorContains(t, err, "Config.Direct with Config.DisableWorkers would run nothing")
-	_, err = New(Config{Pool: pool, Subscribe: sub, DirectTopics: []string{"orders"}, Inbox: inbox.Config{Handler: handler}})
+	_, err = New(Config{Pool: pool, Subscribe: sub, DirectTopics: []string{"orders"}, Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.ErrorContains(t, err, "Config.DirectTopics is set without Config.Direct")
-	_, err = New(Config{Pool: pool, Direct: true, DirectTopics: []string{"orders"}, Inbox: inbox.Config{Handler: handler}})
+	_, err = New(Config{Pool: pool, Direct: true, DirectTopics: []string{"orders"}, Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.NoError(t, err)
 }
 
@@ -378,10 +378,10 @@ func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	b := setup(t)
 	c, err := New(b.config())
 	require.NoError(t, err)
-	msg := func(id, topic string) inbox.Incoming {
-		return inbox.Incoming{Message: event.Message{EventID: id, Topic: topic, EventType: "T", Payload: []byte("raw"), OccurredAt: time.Now()}}
+	msg := func(id, topic string) pgrelay.Incoming {
+		return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: topic, EventType: "T", Payload: []byte("raw"), OccurredAt: time.Now()}}
 	}
-	batch := []inbox.Incoming{msg("a", "orders"), msg("b", "bad\x00topic"), msg("c", "orders")}
+	batch := []pgrelay.Incoming{msg("a", "orders"), msg("b", "bad\x00topic"), msg("c", "orders")}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = c.store(ctx, batch, false, nil)
@@ -424,7 +424,7 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 	require.NoError(t, err)
 
 	var terminated atomic.Bool
-	c.beforeStore = func(in []inbox.Incoming) {
+	c.beforeStore = func(in []pgrelay.Incoming) {
 		if len(in) != 1 || in[0].EventID != "good" || !terminated.CompareAndSwap(false, true) {
 			return
 		}
@@ -440,10 +440,10 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 			return n == 0
 		}, 5*time.Second, 10*time.Millisecond)
 	}
-	good := inbox.Incoming{Message: event.Message{EventID: "good", Topic: "orders", Key: "o-1", EventType: "OrderCreated",
+	good := pgrelay.Incoming{Message: pgrelay.Message{EventID: "good", Topic: "orders", Key: "o-1", EventType: "OrderCreated",
 		Payload: []byte(`{}`), Headers: map[string]string{"trace": "t-1"}, OccurredAt: time.Now()}}
-	bad := inbox.Incoming{Message: event.Message{EventID: "bad", Topic: "orders", Key: "k\x00", EventType: "T", Payload: []byte("raw")}}
-	batch := []inbox.Incoming{bad, good}
+	bad := pgrelay.Incoming{Message: pgrelay.Message{EventID: "bad", Topic: "orders", Key: "k\x00", EventType: "T", Payload: []byte("raw")}}
+	batch := []pgrelay.Incoming{bad, good}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -601,7 +601,7 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 	defer cancel()
 	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (event_id text NOT NULL)`)
 	require.NoError(t, err)
-	b.cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	b.cfg.Inbox.Handler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.EventID)
 		return err
 	})

@@ -3,14 +3,14 @@ package consumer
 import (
 	"log/slog"
 
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 )
 
 // reportIdentity logs and counts what a stored batch's dedup keys revealed:
 // key conflicts (the same key stored with another payload; the stored
 // event's effect stands) and events stored dead because their key could not
 // be built.
-func (c *Consumer) reportIdentity(res inbox.ReceiveResult) {
+func (c *Consumer) reportIdentity(res pgrelay.ReceiveResult) {
 	var perHandler map[string]int
 	for _, a := range res.Absorbed {
 		if !a.Conflict {

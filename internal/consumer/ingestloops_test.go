@@ -12,9 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // queueSubscriber hands out its batches one per Fetch, then nothing.
@@ -63,9 +62,9 @@ func TestIngestLoopsStoreAtOnceWithoutDeadlocks(t *testing.T) {
 	acks := &ackedDeliveries{}
 	sub := &queueSubscriber{}
 	for p := range pairs {
-		var msgs []event.Message
+		var msgs []pgrelay.Message
 		for i := range ids {
-			msgs = append(msgs, event.Message{EventID: fmt.Sprintf("p%d-ev-%03d", p, i), Topic: "orders", EventType: "Step",
+			msgs = append(msgs, pgrelay.Message{EventID: fmt.Sprintf("p%d-ev-%03d", p, i), Topic: "orders", EventType: "Step",
 				Payload: []byte(`{}`), OccurredAt: time.Now()})
 		}
 		desc := slices.Clone(msgs)
@@ -85,7 +84,7 @@ func TestIngestLoopsStoreAtOnceWithoutDeadlocks(t *testing.T) {
 	partner := map[string]chan struct{}{}
 	seen := map[string]int{}
 	var together atomic.Int64
-	c.beforeStore = func(in []inbox.Incoming) {
+	c.beforeStore = func(in []pgrelay.Incoming) {
 		pair := in[0].EventID[:strings.IndexByte(in[0].EventID, '-')]
 		mu.Lock()
 		seen[pair]++

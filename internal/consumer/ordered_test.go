@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // publishSeq sends one event of key with sequence seq (raw: the header as
@@ -53,7 +53,7 @@ func TestOrderedThroughTheBroker(t *testing.T) {
 	require.NoError(t, err)
 	cfg := b.config()
 	cfg.Inbox.Ordered = true
-	cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	cfg.Inbox.Handler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq) VALUES ($1, $2)`, ev.Key, ev.KeySeq)
 		return err
 	})
@@ -105,9 +105,8 @@ func TestOrderedWithContentHashThroughTheBroker(t *testing.T) {
 	require.NoError(t, err)
 	cfg := b.config()
 	cfg.Inbox.Ordered = true
-	cfg.KeyStrategy, err = inbox.ParseKeyStrategy("content-hash")
-	require.NoError(t, err)
-	cfg.Inbox.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	cfg.Targets = []pgrelay.Target{{Handler: cfg.Inbox.HandlerName, DedupKey: "content-hash"}}
+	cfg.Inbox.Handler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq) VALUES ($1, $2)`, ev.Key, ev.KeySeq)
 		return err
 	})

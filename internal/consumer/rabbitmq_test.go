@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/rabbitmq"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testamqp"
 )
@@ -37,7 +37,7 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 	defer func() { _ = pub.Close() }()
 
 	const orders = 20
-	var msgs []event.Message
+	var msgs []pgrelay.Message
 	var total int64
 	at := time.Now().UTC()
 	for i := range orders {
@@ -49,9 +49,9 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 		paid, err := json.Marshal(ledger.OrderPaid{OrderID: order, AmountCents: amount, Currency: "EUR"})
 		require.NoError(t, err)
 		msgs = append(msgs,
-			event.Message{EventID: "created-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderCreated,
+			pgrelay.Message{EventID: "created-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderCreated,
 				ContentType: "application/json", Payload: created, OccurredAt: at},
-			event.Message{EventID: "paid-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderPaid,
+			pgrelay.Message{EventID: "paid-" + order, Topic: "orders", Key: order, EventType: ledger.EventOrderPaid,
 				ContentType: "application/json", Payload: paid, OccurredAt: at})
 	}
 	for range 2 { // the publish, then the re-publish

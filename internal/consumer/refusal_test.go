@@ -15,9 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
@@ -28,7 +27,7 @@ type ackedDeliveries struct {
 	acked []string
 }
 
-func (a *ackedDeliveries) deliveries(msgs ...event.Message) []broker.Delivery {
+func (a *ackedDeliveries) deliveries(msgs ...pgrelay.Message) []broker.Delivery {
 	ds := make([]broker.Delivery, len(msgs))
 	for i, m := range msgs {
 		id := m.EventID
@@ -50,8 +49,8 @@ func (a *ackedDeliveries) ids() []string {
 	return append([]string(nil), a.acked...)
 }
 
-func keyed(id, key string, seq int64) event.Message {
-	return event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "Step",
+func keyed(id, key string, seq int64) pgrelay.Message {
+	return pgrelay.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "Step",
 		Payload: []byte(`{}`), OccurredAt: time.Now()}
 }
 
@@ -133,11 +132,11 @@ func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 	require.NoError(t, err)
 	wcfg := b.cfg.Inbox
 	wcfg.Pool, wcfg.Logger, wcfg.Ordered = b.pool, logtest.New(t), true
-	wcfg.Handler = inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	wcfg.Handler = pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (event_id) VALUES ($1)`, ev.EventID)
 		return err
 	})
-	w, err := inbox.NewWorker(wcfg)
+	w, err := pgrelay.NewInboxWorker(wcfg)
 	require.NoError(t, err)
 	wctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -151,9 +150,9 @@ func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	var parked inbox.WaitingKey
+	var parked pgrelay.WaitingKey
 	require.Eventually(t, func() bool {
-		ks, err := inbox.ListWaiting(ctx, b.pool, inbox.DefaultHandlerName, 10)
+		ks, err := pgrelay.ListWaiting(ctx, b.pool, pgrelay.DefaultHandlerName, 10)
 		require.NoError(t, err)
 		for _, k := range ks {
 			if k.Key == "s" && k.Held == 1 && k.WaitingFor == 2 {
@@ -166,7 +165,7 @@ func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 	require.Equal(t, "parked", parked.State, "the dead event must park its key, not show as a gap")
 	require.Equal(t, []string{"s-1"}, applied())
 
-	res, err := inbox.SkipDead(ctx, b.pool, inbox.Skip{Handler: inbox.DefaultHandlerName, Actor: "test", Reason: "refused at ingest"}, "s-2")
+	res, err := pgrelay.SkipDead(ctx, b.pool, pgrelay.Skip{Handler: pgrelay.DefaultHandlerName, Actor: "test", Reason: "refused at ingest"}, "s-2")
 	require.NoError(t, err)
 	require.EqualValues(t, 2, res.From)
 	require.Eventually(t, func() bool { return len(applied()) == 2 }, 10*time.Second, 20*time.Millisecond)

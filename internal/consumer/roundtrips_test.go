@@ -11,9 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/ledger/ledgertest"
 	"github.com/pgrelay/pgrelay/internal/logtest"
@@ -43,20 +42,20 @@ func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		BatchSize:     20,
 		StatsInterval: -1,
-		Inbox:         inbox.Config{Handler: ledgertest.Traced{Trips: trips}},
+		Inbox:         pgrelay.InboxConfig{Handler: ledgertest.Traced{Trips: trips}},
 		Logger:        logtest.New(t),
 	})
 	require.NoError(t, err)
 
-	msg := func(id, typ string, v any) inbox.Incoming {
+	msg := func(id, typ string, v any) pgrelay.Incoming {
 		b, err := json.Marshal(v)
 		require.NoError(t, err)
-		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: "o", EventType: typ, Payload: b,
+		return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "orders", Key: "o", EventType: typ, Payload: b,
 			OccurredAt: time.Now()}}
 	}
 	for round := range 3 {
 		order := fmt.Sprintf("o-%d", round)
-		batch := []inbox.Incoming{
+		batch := []pgrelay.Incoming{
 			msg("created-"+order, ledger.EventOrderCreated, ledger.OrderCreated{OrderID: order, CustomerID: "c", AmountCents: 100, Currency: "EUR"}),
 		}
 		if round > 0 {

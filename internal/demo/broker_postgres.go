@@ -8,10 +8,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // BrokerPostgres runs the demo with PostgreSQL as the broker: the relay
@@ -40,7 +39,7 @@ func startPostgresBroker(ctx context.Context, pool *pgxpool.Pool, say func(strin
 	}
 	// The consumer registers its handler when it starts; registering it here
 	// too lets the injected messages in before that.
-	if err := postgres.Register(ctx, pool, postgres.Subscription{Handler: inbox.DefaultHandlerName}); err != nil {
+	if err := postgres.Register(ctx, pool, postgres.Subscription{Handler: pgrelay.DefaultHandlerName}); err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	say("using PostgreSQL as the broker: the relay stores into the demo database's inbox")
@@ -52,7 +51,7 @@ func (b *postgresBroker) serviceEnv() (relay, consumer []string) {
 }
 
 func (b *postgresBroker) publish(ctx context.Context, eventID, _, eventType string, payload []byte, key string) (bool, error) {
-	m := event.Message{EventID: eventID, Topic: "orders", Key: key, EventType: eventType, Payload: payload, OccurredAt: time.Now()}
+	m := pgrelay.Message{EventID: eventID, Topic: "orders", Key: key, EventType: eventType, Payload: payload, OccurredAt: time.Now()}
 	dead := ""
 	switch {
 	case eventID == "":
@@ -61,10 +60,10 @@ func (b *postgresBroker) publish(ctx context.Context, eventID, _, eventType stri
 		dead = fmt.Sprintf("%s: %d bytes, over %d", broker.ReasonPayloadTooLarge, len(payload), demoMaxPayload)
 	}
 	if dead != "" {
-		_, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{{Message: m, DeadReason: dead}})
+		_, err := pgrelay.Receive(ctx, b.pool, []pgrelay.Incoming{{Message: m, DeadReason: dead}})
 		return false, err
 	}
-	r := b.pub.Publish(ctx, []broker.Message{m})[0]
+	r := b.pub.Publish(ctx, []pgrelay.Message{m})[0]
 	if r.Err != nil {
 		return false, fmt.Errorf("demo: store into the inbox: %w", r.Err)
 	}
@@ -78,7 +77,7 @@ func (b *postgresBroker) publish(ctx context.Context, eventID, _, eventType stri
 // duplicates it absorbed.
 func (b *postgresBroker) stored(ctx context.Context) (int64, error) {
 	var n int64
-	err := b.pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE handler = $1`, inbox.DefaultHandlerName).Scan(&n)
+	err := b.pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pgrelay.inbox WHERE handler = $1`, pgrelay.DefaultHandlerName).Scan(&n)
 	return n + b.absorbed, err
 }
 

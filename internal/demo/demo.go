@@ -24,10 +24,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/ledger"
-	"github.com/pgrelay/pgrelay/internal/outbox"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/proc"
 )
@@ -196,7 +195,7 @@ type run struct {
 	out      io.Writer
 	pool     *pgxpool.Pool
 	broker   demoBroker
-	ob       *outbox.Outbox
+	ob       *pgrelay.Outbox
 	relay    *proc.Process
 	consumer *proc.Process
 	report   Report
@@ -272,7 +271,7 @@ func (r *run) run(ctx context.Context) error {
 		return fmt.Errorf("demo: connect to %s: %w", r.cfg.Database, err)
 	}
 	defer r.pool.Close()
-	if r.ob, err = outbox.New(outbox.Config{}); err != nil {
+	if r.ob, err = pgrelay.NewOutbox(pgrelay.OutboxConfig{}); err != nil {
 		return err
 	}
 
@@ -481,7 +480,7 @@ func (r *run) order(ctx context.Context, o orderSpec, pay bool) error {
 		}); err != nil {
 			return err
 		}
-		return r.put(ctx, tx, event.Message{
+		return r.put(ctx, tx, pgrelay.Message{
 			Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
 		})
@@ -493,7 +492,7 @@ func (r *run) order(ctx context.Context, o orderSpec, pay bool) error {
 		if _, err := db.New().MarkShopOrderPaid(ctx, tx, o.id); err != nil {
 			return err
 		}
-		return r.put(ctx, tx, event.Message{
+		return r.put(ctx, tx, pgrelay.Message{
 			Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 		})

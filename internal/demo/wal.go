@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 )
@@ -128,7 +128,7 @@ func (r *run) dropSlot() {
 }
 
 // put writes one event in tx: Enqueue into the outbox, or Emit to the WAL.
-func (r *run) put(ctx context.Context, tx pgx.Tx, m event.Message) error {
+func (r *run) put(ctx context.Context, tx pgx.Tx, m pgrelay.Message) error {
 	if r.wal == nil {
 		return r.ob.Enqueue(ctx, tx, m)
 	}

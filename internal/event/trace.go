@@ -22,24 +22,6 @@ const (
 	MaxTraceStateLen  = 4096
 )
 
-// LiftTrace moves a trace context kept under HeaderTraceParent and
-// HeaderTraceState in m.Headers into m.TraceParent and m.TraceState
-// (InboxHeaders' inverse for them), unless they are set already.
-func (m *Message) LiftTrace() {
-	if tp, ok := m.Headers[HeaderTraceParent]; ok {
-		if m.TraceParent == "" {
-			m.TraceParent = tp
-		}
-		delete(m.Headers, HeaderTraceParent)
-	}
-	if ts, ok := m.Headers[HeaderTraceState]; ok {
-		if m.TraceState == "" {
-			m.TraceState = ts
-		}
-		delete(m.Headers, HeaderTraceState)
-	}
-}
-
 // ValidTraceContext reports why a trace context cannot be stored and carried
 // as broker headers: too long, or not text without NUL and line breaks; ""
 // when it can.

@@ -6,24 +6,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/internal/logtest"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
-	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
 // startWorker runs an inbox worker with h and short intervals until the test
 // ends.
-func startWorker(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) {
+func startWorker(t testing.TB, pool *pgxpool.Pool, h pgrelay.InboxHandler) {
 	t.Helper()
 	startWorkerWith(t, testConfig(t, pool, h))
 }
 
 // testConfig is the worker configuration of startWorker.
-func testConfig(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) inbox.Config {
-	return inbox.Config{
+func testConfig(t testing.TB, pool *pgxpool.Pool, h pgrelay.InboxHandler) pgrelay.InboxConfig {
+	return pgrelay.InboxConfig{
 		Pool: pool, Handler: h, Logger: logtest.New(t), Workers: 2, BatchSize: 20,
 		Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second, MaxAttempts: 5,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
@@ -32,9 +31,9 @@ func testConfig(t testing.TB, pool *pgxpool.Pool, h inbox.Handler) inbox.Config 
 }
 
 // startWorkerWith runs an inbox worker with cfg until the test ends.
-func startWorkerWith(t testing.TB, cfg inbox.Config) {
+func startWorkerWith(t testing.TB, cfg pgrelay.InboxConfig) {
 	t.Helper()
-	w, err := inbox.NewWorker(cfg)
+	w, err := pgrelay.NewInboxWorker(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -54,20 +53,20 @@ func startWorkerWith(t testing.TB, cfg inbox.Config) {
 }
 
 // receive stores messages in the inbox and notifies the workers.
-func receive(t testing.TB, pool *pgxpool.Pool, msgs ...event.Message) {
+func receive(t testing.TB, pool *pgxpool.Pool, msgs ...pgrelay.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	in := make([]inbox.Incoming, len(msgs))
+	in := make([]pgrelay.Incoming, len(msgs))
 	for i, m := range msgs {
 		if m.OccurredAt.IsZero() {
 			m.OccurredAt = time.Now()
 		}
-		in[i] = inbox.Incoming{Message: m}
+		in[i] = pgrelay.Incoming{Message: m}
 	}
-	_, err := inbox.Receive(ctx, pool, in)
+	_, err := pgrelay.Receive(ctx, pool, in)
 	require.NoError(t, err)
-	require.NoError(t, inbox.Notify(ctx, pool))
+	require.NoError(t, pgrelay.NotifyInbox(ctx, pool))
 }
 
 // row is an inbox row's state.

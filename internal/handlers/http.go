@@ -15,9 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // DefaultHTTPTimeout bounds one webhook request.
@@ -58,10 +58,10 @@ type HTTP struct {
 
 // ExternalEffects reports true: a webhook call is not undone by a rollback,
 // so the inbox worker commits each event on its own and never repeats a call
-// that answered 2xx because another event failed (inbox.ExternalHandler).
+// that answered 2xx because another event failed (pgrelay.ExternalHandler).
 func (h *HTTP) ExternalEffects() bool { return true }
 
-var _ inbox.ExternalHandler = (*HTTP)(nil)
+var _ pgrelay.ExternalHandler = (*HTTP)(nil)
 
 // NewHTTP checks cfg and returns the handler; errors name the field.
 func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
@@ -98,12 +98,12 @@ var reservedHeaders = map[string]bool{
 }
 
 // Handle POSTs ev and maps the answer to the inbox's outcome.
-func (h *HTTP) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+func (h *HTTP) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 	rctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, h.cfg.URL, strings.NewReader(string(ev.Payload)))
 	if err != nil {
-		return inbox.Permanent(fmt.Errorf("webhook request: %w", err))
+		return pgrelay.Permanent(fmt.Errorf("webhook request: %w", err))
 	}
 	for k, v := range ev.Headers {
 		name := textproto.CanonicalMIMEHeaderKey(k)
@@ -153,7 +153,7 @@ func (h *HTTP) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		return nil
 	case code >= 400 && code < 500 && code != 408 && code != 409 && code != 425 && code != 429:
 		h.record(ctx, ev, &status, ms)
-		return inbox.Permanent(fmt.Errorf("webhook answered %s after %.0fms: %s", resp.Status, ms, snippet(body)))
+		return pgrelay.Permanent(fmt.Errorf("webhook answered %s after %.0fms: %s", resp.Status, ms, snippet(body)))
 	default:
 		h.record(ctx, ev, &status, ms)
 		return fmt.Errorf("webhook answered %s after %.0fms: %s", resp.Status, ms, snippet(body))
@@ -162,7 +162,7 @@ func (h *HTTP) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 
 // record stores a failed attempt's response outside its transaction, which is
 // about to roll back. Best effort: a failure is logged, never returned.
-func (h *HTTP) record(ctx context.Context, ev *inbox.Event, status *int32, ms float64) {
+func (h *HTTP) record(ctx context.Context, ev *pgrelay.InboxEvent, status *int32, ms float64) {
 	if h.cfg.Recorder == nil {
 		return
 	}
@@ -177,7 +177,7 @@ func (h *HTTP) record(ctx context.Context, ev *inbox.Event, status *int32, ms fl
 
 // contentType is the request's Content-Type: the event's own when it has
 // one, else JSON for a JSON payload and raw bytes otherwise.
-func contentType(ev *inbox.Event) string {
+func contentType(ev *pgrelay.InboxEvent) string {
 	if ct := ev.ContentType; ct != "" && validHeaderValue(ct) {
 		return ct
 	}

@@ -2,13 +2,12 @@ package handlers_test
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/handlers"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -16,7 +15,7 @@ import (
 // 4 workers, batches of 50) drain 2,000 stored events into a local webhook
 // answering 204, at once or after a delay, with no failure or with 1.5 % of
 // the events failing once. Each event costs a transaction of its own
-// (inbox.ExternalHandler).
+// (pgrelay.ExternalHandler).
 func BenchmarkHTTPDrain(b *testing.B) {
 	const events = 2000
 	for _, delay := range []time.Duration{0, 5 * time.Millisecond} {
@@ -41,7 +40,7 @@ func BenchmarkHTTPDrain(b *testing.B) {
 						receive(b, pool, msgs[i:i+500]...)
 					}
 					cfg := testConfig(b, pool, h)
-					cfg.Workers, cfg.BatchSize, cfg.Logger = inbox.DefaultWorkers, inbox.DefaultBatchSize, slog.New(slog.DiscardHandler)
+					cfg.Workers, cfg.BatchSize, cfg.Logger = pgrelay.DefaultWorkers, pgrelay.DefaultBatchSize, nil
 					b.StartTimer()
 					start := time.Now()
 					startWorkerWith(b, cfg)

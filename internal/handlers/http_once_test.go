@@ -3,7 +3,6 @@ package handlers_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -15,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -67,11 +66,11 @@ func (c *countingReceiver) requests() map[string][]int {
 }
 
 // webhookEvents returns n events with ids e000, e001, ...
-func webhookEvents(n int) []event.Message {
-	msgs := make([]event.Message, n)
+func webhookEvents(n int) []pgrelay.Message {
+	msgs := make([]pgrelay.Message, n)
 	for i := range msgs {
 		id := fmt.Sprintf("e%03d", i)
-		msgs[i] = event.Message{EventID: id, Topic: "orders", Key: "k-" + id, EventType: "OrderPaid",
+		msgs[i] = pgrelay.Message{EventID: id, Topic: "orders", Key: "k-" + id, EventType: "OrderPaid",
 			Payload: []byte(`{"id":"` + id + `"}`)}
 	}
 	return msgs
@@ -107,7 +106,7 @@ func TestHTTPHandlerPostsEachSuccessOnce(t *testing.T) {
 	msgs := webhookEvents(200)
 	receive(t, pool, msgs...) // all stored before the worker starts: full batches
 	cfg := testConfig(t, pool, h)
-	cfg.BatchSize, cfg.Logger = 50, slog.New(slog.DiscardHandler)
+	cfg.BatchSize, cfg.Logger = 50, nil
 	startWorkerWith(t, cfg)
 	waitProcessed(t, pool, len(msgs), time.Minute)
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/logtest"
@@ -79,8 +80,8 @@ func TestHTTPHandlerOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	startWorker(t, pool, h)
 
-	msg := func(id, typ string) event.Message {
-		return event.Message{EventID: id, Topic: "orders", Key: "k-" + id, EventType: typ,
+	msg := func(id, typ string) pgrelay.Message {
+		return pgrelay.Message{EventID: id, Topic: "orders", Key: "k-" + id, EventType: typ,
 			Payload: []byte(`{"id":"` + id + `"}`), Headers: map[string]string{"Traceparent": "00-abc-" + id, "bad\nname": "x"}}
 	}
 	sequenced := msg("ok", "Ok")
@@ -136,7 +137,7 @@ func TestHTTPHandlerConnectionRefused(t *testing.T) {
 	h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: url, Timeout: time.Second, Recorder: pool})
 	require.NoError(t, err)
 	startWorker(t, pool, h)
-	receive(t, pool, event.Message{EventID: "refused", Topic: "t", EventType: "X", Payload: []byte(`{}`)})
+	receive(t, pool, pgrelay.Message{EventID: "refused", Topic: "t", EventType: "X", Payload: []byte(`{}`)})
 	dead := waitStatus(t, pool, "refused", "dead")
 	require.Equal(t, 5, dead.Attempts, "a connection error is transient: retried until the attempts run out")
 	require.Contains(t, dead.LastError, "attempts exhausted: 5 of 5: webhook POST failed")

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // SQLSignature is the argument list a SQL handler function takes: event id,
@@ -77,10 +77,10 @@ func NewSQL(ctx context.Context, q db.DBTX, function string) (*SQL, error) {
 }
 
 // Handle calls the function with ev in tx and maps its error by SQLSTATE.
-func (h *SQL) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+func (h *SQL) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 	hj, err := json.Marshal(sqlHeaders(ev))
 	if err != nil {
-		return inbox.Permanent(fmt.Errorf("headers: %w", err))
+		return pgrelay.Permanent(fmt.Errorf("headers: %w", err))
 	}
 	args := []any{ev.EventID, ev.Topic, ev.Key, ev.EventType, ev.Payload, hj, int32(ev.Attempts)}
 	if !h.releases {
@@ -97,17 +97,19 @@ func (h *SQL) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 			keys = append(keys, *k)
 		}
 	}
-	return inbox.Release(ctx, tx, keys...)
+	return pgrelay.Release(ctx, tx, keys...)
 }
 
 // sqlHeaders is the function's headers argument: the event's headers, with
 // Pgrelay-Content-Type when the event has a content type and Pgrelay-Key-Seq
 // (decimal) when it has a per-key sequence. ev is not modified.
-func sqlHeaders(ev *inbox.Event) map[string]string {
-	stored := ev.StoredHeaders() // with Pgrelay-Content-Type, when the event has one
-	h := make(map[string]string, len(stored)+1)
-	for k, v := range stored {
+func sqlHeaders(ev *pgrelay.InboxEvent) map[string]string {
+	h := make(map[string]string, len(ev.Headers)+2)
+	for k, v := range ev.Headers {
 		h[k] = v
+	}
+	if ev.ContentType != "" {
+		h[event.HeaderContentType] = ev.ContentType
 	}
 	if ev.KeySeq > 0 {
 		h[event.HeaderKeySeq] = strconv.FormatInt(ev.KeySeq, 10)
@@ -133,9 +135,9 @@ func (h *SQL) mapError(err error) error {
 		if dep == "" {
 			dep = pgErr.Message
 		}
-		return inbox.Defer(dep)
+		return pgrelay.Defer(dep)
 	case strings.HasPrefix(code, SQLStatePermanent), strings.HasPrefix(code, "22"), strings.HasPrefix(code, "23"):
-		return inbox.Permanent(fmt.Errorf("%s: SQLSTATE %s: %s", h.name, code, pgErr.Message))
+		return pgrelay.Permanent(fmt.Errorf("%s: SQLSTATE %s: %s", h.name, code, pgErr.Message))
 	default:
 		return fmt.Errorf("%s: SQLSTATE %s: %s", h.name, code, pgErr.Message)
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -63,8 +63,8 @@ func TestSQLHandlerOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	startWorker(t, pool, h)
 
-	msg := func(id, typ, key string, payload string) event.Message {
-		return event.Message{EventID: id, Topic: "orders", Key: key, EventType: typ, Payload: []byte(payload),
+	msg := func(id, typ, key string, payload string) pgrelay.Message {
+		return pgrelay.Message{EventID: id, Topic: "orders", Key: key, EventType: typ, Payload: []byte(payload),
 			Headers: map[string]string{"trace": id}}
 	}
 	// The payment arrives before its order: deferred, then released by the
@@ -128,9 +128,9 @@ func TestSQLHandlerHeadersCarryKeySeq(t *testing.T) {
 	startWorker(t, pool, h)
 
 	receive(t, pool,
-		event.Message{EventID: "seq-7", Topic: "orders", Key: "o7", KeySeq: 7, EventType: "Noted",
+		pgrelay.Message{EventID: "seq-7", Topic: "orders", Key: "o7", KeySeq: 7, EventType: "Noted",
 			Payload: []byte(`{}`), ContentType: "application/json", Headers: map[string]string{"trace": "t7"}},
-		event.Message{EventID: "unsequenced", Topic: "orders", Key: "o8", EventType: "Noted",
+		pgrelay.Message{EventID: "unsequenced", Topic: "orders", Key: "o8", EventType: "Noted",
 			Payload: []byte(`{}`), Headers: map[string]string{"trace": "t8", "Pgrelay-Key-Seq": "99"}})
 	waitStatus(t, pool, "seq-7", "processed")
 	waitStatus(t, pool, "unsequenced", "processed")

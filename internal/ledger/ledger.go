@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // Event types the ledger handles.
@@ -48,10 +48,10 @@ func DependencyKey(orderID string) string { return "order:" + orderID }
 // reason); an OrderPaid for an order not created yet is deferred until it is.
 type Handler struct{}
 
-var _ inbox.BatchHandler = Handler{}
+var _ pgrelay.InboxBatchHandler = Handler{}
 
 // errNotInBulk makes the worker run a batch event by event (see
-// inbox.BatchHandler): something in it needs a per-event decision.
+// pgrelay.InboxBatchHandler): something in it needs a per-event decision.
 var errNotInBulk = errors.New("ledger: batch needs per-event handling")
 
 // HandleBatch applies a batch of events with one statement per event type:
@@ -59,7 +59,7 @@ var errNotInBulk = errors.New("ledger: batch needs per-event handling")
 // per-event decision (a malformed or unknown event, an OrderPaid whose order
 // does not exist yet) fails the batch, which the worker then runs through
 // Handle event by event.
-func (Handler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
+func (Handler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*pgrelay.InboxEvent) error {
 	var orders db.CreateLedgerOrdersParams
 	var credits db.CreditLedgerBatchParams
 	var released []string
@@ -94,7 +94,7 @@ func (Handler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) e
 		if _, err := q.CreateLedgerOrders(ctx, tx, orders); err != nil {
 			return fmt.Errorf("ledger: create %d orders: %w", len(orders.OrderIds), err)
 		}
-		if err := inbox.Release(ctx, tx, released...); err != nil {
+		if err := pgrelay.Release(ctx, tx, released...); err != nil {
 			return err
 		}
 	}
@@ -111,15 +111,15 @@ func (Handler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) e
 }
 
 // Handle applies one event to the ledger inside tx.
-func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 	switch ev.EventType {
 	case EventOrderCreated:
 		var p OrderCreated
 		if err := decode(ev.Payload, &p, "order_id", "customer_id", "amount_cents", "currency"); err != nil {
-			return inbox.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
+			return pgrelay.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
 		}
 		if p.AmountCents < 0 {
-			return inbox.Permanent(fmt.Errorf("%s payload: amount_cents is negative (%d)", ev.EventType, p.AmountCents))
+			return pgrelay.Permanent(fmt.Errorf("%s payload: amount_cents is negative (%d)", ev.EventType, p.AmountCents))
 		}
 		if _, err := db.New().CreateLedgerOrder(ctx, tx, db.CreateLedgerOrderParams{
 			OrderID: p.OrderID, CustomerID: p.CustomerID, AmountCents: p.AmountCents,
@@ -127,15 +127,15 @@ func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		}); err != nil {
 			return fmt.Errorf("ledger: create order %s: %w", p.OrderID, err)
 		}
-		return inbox.Release(ctx, tx, DependencyKey(p.OrderID))
+		return pgrelay.Release(ctx, tx, DependencyKey(p.OrderID))
 	case EventOrderPaid:
 		var p OrderPaid
 		if err := decode(ev.Payload, &p, "order_id", "amount_cents", "currency"); err != nil {
-			return inbox.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
+			return pgrelay.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
 		}
 		order, err := db.New().GetLedgerOrder(ctx, tx, p.OrderID)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return inbox.Defer(DependencyKey(p.OrderID))
+			return pgrelay.Defer(DependencyKey(p.OrderID))
 		}
 		if err != nil {
 			return fmt.Errorf("ledger: get order %s: %w", p.OrderID, err)
@@ -148,7 +148,7 @@ func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
 		}
 		return nil
 	default:
-		return inbox.Permanent(fmt.Errorf("unknown event type %q", ev.EventType))
+		return pgrelay.Permanent(fmt.Errorf("unknown event type %q", ev.EventType))
 	}
 }
 

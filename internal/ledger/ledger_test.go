@@ -12,36 +12,37 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgrelay/pgrelay"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/inboxtest"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
-func created(eventID, orderID string) inbox.Incoming {
+func created(eventID, orderID string) pgrelay.Incoming {
 	b, _ := json.Marshal(ledger.OrderCreated{OrderID: orderID, CustomerID: "cust-7", AmountCents: 4200, Currency: "EUR"})
-	return inbox.Incoming{Message: event.Message{EventID: eventID, Topic: "orders", Key: orderID,
+	return pgrelay.Incoming{Message: pgrelay.Message{EventID: eventID, Topic: "orders", Key: orderID,
 		EventType: ledger.EventOrderCreated, Payload: b}}
 }
 
-func paid(eventID, orderID string) inbox.Incoming {
+func paid(eventID, orderID string) pgrelay.Incoming {
 	b, _ := json.Marshal(ledger.OrderPaid{OrderID: orderID, AmountCents: 4200, Currency: "EUR"})
-	return inbox.Incoming{Message: event.Message{EventID: eventID, Topic: "orders", Key: orderID,
+	return pgrelay.Incoming{Message: pgrelay.Message{EventID: eventID, Topic: "orders", Key: orderID,
 		EventType: ledger.EventOrderPaid, Payload: b}}
 }
 
-func raw(eventID, eventType, payload string) inbox.Incoming {
-	return inbox.Incoming{Message: event.Message{EventID: eventID, EventType: eventType, Payload: []byte(payload)}}
+func raw(eventID, eventType, payload string) pgrelay.Incoming {
+	return pgrelay.Incoming{Message: pgrelay.Message{EventID: eventID, EventType: eventType, Payload: []byte(payload)}}
 }
 
-func config(t *testing.T, pool *pgxpool.Pool, h inbox.Handler, workerID string) inbox.Config {
-	return inbox.Config{
+func config(t *testing.T, pool *pgxpool.Pool, h pgrelay.InboxHandler, workerID string) pgrelay.InboxConfig {
+	return pgrelay.InboxConfig{
 		Pool: pool, Handler: h, Logger: logtest.New(t).With(slog.String("logger", workerID)), WorkerID: workerID,
 		Workers: 1, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
@@ -49,8 +50,8 @@ func config(t *testing.T, pool *pgxpool.Pool, h inbox.Handler, workerID string) 
 	}
 }
 
-func run(t *testing.T, cfg inbox.Config) {
-	w, err := inbox.NewWorker(cfg)
+func run(t *testing.T, cfg pgrelay.InboxConfig) {
+	w, err := pgrelay.NewInboxWorker(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -58,9 +59,9 @@ func run(t *testing.T, cfg inbox.Config) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func receive(t *testing.T, pool *pgxpool.Pool, msgs ...inbox.Incoming) {
+func receive(t *testing.T, pool *pgxpool.Pool, msgs ...pgrelay.Incoming) {
 	t.Helper()
-	_, err := inbox.Receive(context.Background(), pool, msgs)
+	_, err := pgrelay.Receive(context.Background(), pool, msgs)
 	require.NoError(t, err)
 }
 
@@ -129,9 +130,9 @@ func TestReleaseDuringDeferral(t *testing.T) {
 	inHandler := make(chan struct{})
 	createdCommitted := make(chan struct{})
 	var once sync.Once
-	slowPaid := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	slowPaid := pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		err := ledger.Handler{}.Handle(ctx, tx, ev)
-		var d *inbox.DeferError
+		var d *pgrelay.DeferError
 		if errors.As(err, &d) {
 			once.Do(func() {
 				close(inHandler)
@@ -144,7 +145,7 @@ func TestReleaseDuringDeferral(t *testing.T) {
 	receive(t, pool, paid("pay-1", "o1"))
 	<-inHandler
 
-	stats := &inbox.CountingObserver{}
+	stats := &inboxtest.CountingObserver{}
 	cfgB := config(t, pool, ledger.Handler{}, "B")
 	cfgB.Observer = stats
 	run(t, cfgB)
@@ -164,7 +165,7 @@ func TestMalformedEventsAreDead(t *testing.T) {
 	pool := testdb.New(t)
 	run(t, config(t, pool, ledger.Handler{}, "w"))
 	cases := map[string]struct {
-		msg    inbox.Incoming
+		msg    pgrelay.Incoming
 		reason string
 	}{
 		"json":     {raw("json", ledger.EventOrderPaid, `{"order_id": `), "permanent: OrderPaid payload: not a JSON object: unexpected end of JSON input"},
@@ -191,7 +192,7 @@ type countingHandler struct {
 	bulk, bulkRefused, single atomic.Int32
 }
 
-func (h *countingHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
+func (h *countingHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*pgrelay.InboxEvent) error {
 	err := h.Handler.HandleBatch(ctx, tx, evs)
 	if err != nil {
 		h.bulkRefused.Add(1)
@@ -201,7 +202,7 @@ func (h *countingHandler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inb
 	return err
 }
 
-func (h *countingHandler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+func (h *countingHandler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 	h.single.Add(1)
 	return h.Handler.Handle(ctx, tx, ev)
 }
@@ -214,7 +215,7 @@ func (h *countingHandler) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event
 func TestBatchPath(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	var msgs []inbox.Incoming
+	var msgs []pgrelay.Incoming
 	for i := range 20 {
 		msgs = append(msgs, created(fmt.Sprintf("c%d", i), fmt.Sprintf("o%d", i)), paid(fmt.Sprintf("p%d", i), fmt.Sprintf("o%d", i)))
 	}
@@ -256,8 +257,8 @@ func TestCreditUniqueEventIDIsTheSecondLineOfDefence(t *testing.T) {
 	pool := testdb.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	handle := func(in inbox.Incoming) error {
-		ev := &inbox.Event{Message: in.Message, Attempts: 1}
+	handle := func(in pgrelay.Incoming) error {
+		ev := &pgrelay.InboxEvent{Message: in.Message, Attempts: 1}
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ledger.Handler{}.Handle(ctx, tx, ev) })
 	}
 	require.NoError(t, handle(created("c-1", "o-unique")))

@@ -3,13 +3,12 @@ package metrics
 import (
 	"time"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
-// InboxObserver implements inbox.Observer with Prometheus collectors. Pass it
-// as inbox.Config.Observer (consumer.Config.Inbox.Observer).
+// InboxObserver implements pgrelay.InboxObserver with Prometheus collectors. Pass it
+// as pgrelay.InboxConfig.Observer (consumer.Config.Inbox.Observer).
 type InboxObserver struct {
 	received   prometheus.Counter
 	dedup      prometheus.Counter
@@ -27,8 +26,8 @@ type InboxObserver struct {
 }
 
 var (
-	_ inbox.Observer         = (*InboxObserver)(nil)
-	_ inbox.SequenceObserver = (*InboxObserver)(nil)
+	_ pgrelay.InboxObserver    = (*InboxObserver)(nil)
+	_ pgrelay.SequenceObserver = (*InboxObserver)(nil)
 )
 
 // InboxObserverOptions configures NewInboxObserver.
@@ -41,7 +40,7 @@ type InboxObserverOptions struct {
 	// Handler is the name of the handler the process's inbox workers run:
 	// the handler label of the worker-side series (claimed, processed,
 	// retries, deferrals, dead letters, fenced, handler duration). Default
-	// inbox.DefaultHandlerName.
+	// pgrelay.DefaultHandlerName.
 	Handler string
 	// Handlers lists the handlers the ingest side stores rows for, whose
 	// consumer_key_conflicts_total series exist from start-up. Default:
@@ -78,7 +77,7 @@ type IngestStats struct {
 // the observer that drives them.
 func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *InboxObserver {
 	if opts.Handler == "" {
-		opts.Handler = inbox.DefaultHandlerName
+		opts.Handler = pgrelay.DefaultHandlerName
 	}
 	if len(opts.Handlers) == 0 {
 		opts.Handlers = []string{opts.Handler}
@@ -186,7 +185,8 @@ func NewInboxObserver(reg prometheus.Registerer, opts InboxObserverOptions) *Inb
 	for _, h := range opts.Handlers {
 		o.conflicts.WithLabelValues(h)
 	}
-	for _, out := range inbox.SeqOutcomes {
+	for _, out := range []pgrelay.SeqOutcome{pgrelay.SeqApplied, pgrelay.SeqDuplicate, pgrelay.SeqOutOfOrder, pgrelay.SeqHeld,
+		pgrelay.SeqGapReported, pgrelay.SeqGapSkipped, pgrelay.SeqDeadSkipped, pgrelay.SeqParked, pgrelay.SeqFenced, pgrelay.SeqUnsequenced} {
 		o.sequence.WithLabelValues(string(out))
 	}
 	reg.MustRegister(o.claimed, o.takeovers, o.processed, o.retries, o.deferrals, o.dead, o.fenced, o.handlerDur, o.receiveDur,
@@ -204,7 +204,7 @@ func (o *InboxObserver) Received(inserted, duplicates int) {
 	o.dedup.Add(float64(duplicates))
 }
 
-// ObserveReceive observes the duration of one inbox.Receive statement
+// ObserveReceive observes the duration of one pgrelay.Receive statement
 // (consumer_receive_duration_seconds).
 func (o *InboxObserver) ObserveReceive(d time.Duration) { o.receiveDur.Observe(seconds(d)) }
 
@@ -215,31 +215,31 @@ func (o *InboxObserver) Claimed(n, takeovers int) {
 }
 
 // Processed counts a processed event and observes its handler's duration.
-func (o *InboxObserver) Processed(_ *inbox.Event, d time.Duration) {
+func (o *InboxObserver) Processed(_ *pgrelay.InboxEvent, d time.Duration) {
 	o.processed.Inc()
 	o.handlerDur.Observe(seconds(d))
 }
 
 // Retried counts a retry by its classified reason.
-func (o *InboxObserver) Retried(_ *inbox.Event, reason string) {
+func (o *InboxObserver) Retried(_ *pgrelay.InboxEvent, reason string) {
 	o.retries.WithLabelValues(ClassifyRetry(reason)).Inc()
 }
 
 // Deferred counts a deferral.
-func (o *InboxObserver) Deferred(*inbox.Event) { o.deferrals.Inc() }
+func (o *InboxObserver) Deferred(*pgrelay.InboxEvent) { o.deferrals.Inc() }
 
 // Dead counts a dead letter by its classified reason.
-func (o *InboxObserver) Dead(_ *inbox.Event, reason string) {
+func (o *InboxObserver) Dead(_ *pgrelay.InboxEvent, reason string) {
 	o.dead.WithLabelValues(ClassifyDead(reason)).Inc()
 }
 
 // Sequence counts n ordered-apply outcomes.
-func (o *InboxObserver) Sequence(out inbox.SeqOutcome, n int) {
+func (o *InboxObserver) Sequence(out pgrelay.SeqOutcome, n int) {
 	o.sequence.WithLabelValues(string(out)).Add(float64(n))
 }
 
 // Fenced counts a fenced commit.
-func (o *InboxObserver) Fenced(*inbox.Event) { o.fenced.Inc() }
+func (o *InboxObserver) Fenced(*pgrelay.InboxEvent) { o.fenced.Inc() }
 
 // KeyConflicts counts n key conflicts of a handler
 // (consumer_key_conflicts_total{handler}).

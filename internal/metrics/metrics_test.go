@@ -19,8 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -105,8 +104,8 @@ func TestSeriesPresentFromStartUp(t *testing.T) {
 	require.Contains(t, m, "go_goroutines", "runtime collectors are registered")
 }
 
-func msg(id string) inbox.Incoming {
-	return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: id, EventType: "OrderPaid", Payload: []byte(`{}`)}}
+func msg(id string) pgrelay.Incoming {
+	return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "orders", Key: id, EventType: "OrderPaid", Payload: []byte(`{}`)}}
 }
 
 // TestMetricsFollowTheRealInbox drives duplicates, retries and dead letters
@@ -121,8 +120,8 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 	// come from the consumer's ingest loop: cmd/consumer's
 	// TestIngestCountersAndHitRateFromTheRealPath drives them through
 	// JetStream. Here the inbox worker alone drives the counters.
-	receive := func(msgs ...inbox.Incoming) {
-		_, err := inbox.Receive(ctx, b.pool, msgs)
+	receive := func(msgs ...pgrelay.Incoming) {
+		_, err := pgrelay.Receive(ctx, b.pool, msgs)
 		require.NoError(t, err)
 	}
 	receive(msg("ok"), msg("flaky"), msg("poison"), msg("hopeless"))
@@ -133,7 +132,7 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 
 	var mu sync.Mutex
 	calls := map[string]int{}
-	handler := inbox.HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *inbox.Event) error {
+	handler := pgrelay.HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *pgrelay.InboxEvent) error {
 		mu.Lock()
 		calls[ev.EventID]++
 		n := calls[ev.EventID]
@@ -144,13 +143,13 @@ func TestMetricsFollowTheRealInbox(t *testing.T) {
 				return errors.New("ledger unavailable")
 			}
 		case "poison":
-			return inbox.Permanent(errors.New("unknown order"))
+			return pgrelay.Permanent(errors.New("unknown order"))
 		case "hopeless":
 			return errors.New("still broken")
 		}
 		return nil
 	})
-	w, err := inbox.NewWorker(inbox.Config{
+	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{
 		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: logtest.New(t),
 		Workers: 1, MaxAttempts: 2, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
@@ -427,12 +426,12 @@ func TestFencedAndTakeoverMetrics(t *testing.T) {
 	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.inbox (event_id, status, attempts, lock_version, locked_by, locked_until)
 		VALUES ('orphan', 'processing', 1, 1, 'dead-worker', now() - interval '1 minute')`)
 	require.NoError(t, err)
-	res, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{msg("overtaken")})
+	res, err := pgrelay.Receive(ctx, b.pool, []pgrelay.Incoming{msg("overtaken")})
 	require.NoError(t, err)
 	b.obs.Received(res.Inserted, len(res.Duplicates))
 
 	var once sync.Once
-	handler := inbox.HandlerFunc(func(ctx context.Context, _ pgx.Tx, ev *inbox.Event) error {
+	handler := pgrelay.HandlerFunc(func(ctx context.Context, _ pgx.Tx, ev *pgrelay.InboxEvent) error {
 		if ev.EventID == "overtaken" {
 			once.Do(func() {
 				// Another worker takes the claim over while this one runs.
@@ -442,7 +441,7 @@ func TestFencedAndTakeoverMetrics(t *testing.T) {
 		}
 		return nil
 	})
-	w, err := inbox.NewWorker(inbox.Config{
+	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{
 		Pool: b.pool, Handler: handler, Observer: b.obs, Logger: logtest.New(t),
 		Workers: 1, Lease: 30 * time.Second, HandlerTimeout: 2 * time.Second, PollInterval: 20 * time.Millisecond,
 	})

@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
@@ -51,8 +51,8 @@ screens.`,
 			if *databaseURL == "" {
 				return errors.New("--database-url (DATABASE_URL) is required")
 			}
-			if window < inbox.MinDedupWindow {
-				return fmt.Errorf("--dedup-window (DEDUP_WINDOW) must be at least %s, got %s", inbox.MinDedupWindow, window)
+			if window < pgrelay.MinDedupWindow {
+				return fmt.Errorf("--dedup-window (DEDUP_WINDOW) must be at least %s, got %s", pgrelay.MinDedupWindow, window)
 			}
 			if refresh < 100*time.Millisecond {
 				return fmt.Errorf("--refresh (TUI_REFRESH) must be at least 100ms, got %s", refresh)
@@ -75,7 +75,7 @@ screens.`,
 			if err != nil {
 				return err
 			}
-			cleaner, err := inbox.NewCleaner(inbox.RetentionConfig{Pool: pool, Window: window, DuplicatesMax: recordMax})
+			cleaner, err := pgrelay.NewInboxCleaner(pool, pgrelay.InboxRetentionConfig{Window: window, DuplicatesMax: recordMax}, nil)
 			if err != nil {
 				return err
 			}
@@ -129,8 +129,8 @@ screens.`,
 	}
 	f := cmd.Flags()
 	f.DurationVar(&refresh, "refresh", cli.EnvDuration("TUI_REFRESH", 2*time.Second), "how often the console reloads (TUI_REFRESH)")
-	f.DurationVar(&window, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", inbox.DefaultDedupWindow), "the inbox's dedup window, as the consumer runs it: retention deadlines, advice and f (DEDUP_WINDOW)")
-	f.IntVar(&recordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", inbox.DefaultDuplicatesMax), "the duplicate record's cap, as the consumer runs it (DEDUP_RECORD_MAX)")
+	f.DurationVar(&window, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", pgrelay.DefaultDedupWindow), "the inbox's dedup window, as the consumer runs it: retention deadlines, advice and f (DEDUP_WINDOW)")
+	f.IntVar(&recordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", pgrelay.DefaultDuplicatesMax), "the duplicate record's cap, as the consumer runs it (DEDUP_RECORD_MAX)")
 	f.StringVar(&metricsURL, "metrics-url", "", "a consumer's /metrics URL, for its process counters (for example http://127.0.0.1:9090/metrics)")
 	f.StringVar(&natsURL, "nats-url", "", "NATS server, to read the stream's MaxAge and duplicate window for the advice (NATS_URL is not read: pass it)")
 	f.StringVar(&stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "the JetStream stream (CONSUMER_STREAM)")

@@ -14,9 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -33,7 +32,7 @@ func setup(t *testing.T) *bundle {
 	pool := testdb.New(t)
 	svc, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	cleaner, err := inbox.NewCleaner(inbox.RetentionConfig{Pool: pool, Window: 2 * time.Hour, DuplicatesMax: 100})
+	cleaner, err := pgrelay.NewInboxCleaner(pool, pgrelay.InboxRetentionConfig{Window: 2 * time.Hour, DuplicatesMax: 100}, nil)
 	require.NoError(t, err)
 	return &bundle{pool: pool, svc: svc, cfg: Config{Service: "consumer", Admin: svc, Actor: actor,
 		DedupWindow: 2 * time.Hour, DedupRecordMax: 100, Retention: cleaner.RunOnce, ExportDir: t.TempDir(),
@@ -217,8 +216,8 @@ func TestHelpOverlay(t *testing.T) {
 
 func storeDead(t *testing.T, pool *pgxpool.Pool, id string) {
 	t.Helper()
-	_, err := inbox.Receive(context.Background(), pool, []inbox.Incoming{{
-		Message: event.Message{EventID: id, Topic: "orders", EventType: "OrderPaid"}, DeadReason: "malformed"}})
+	_, err := pgrelay.Receive(context.Background(), pool, []pgrelay.Incoming{{
+		Message: pgrelay.Message{EventID: id, Topic: "orders", EventType: "OrderPaid"}, DeadReason: "malformed"}})
 	require.NoError(t, err)
 }
 
@@ -242,7 +241,7 @@ func auditRows(t *testing.T, pool *pgxpool.Pool, action string) []string {
 func TestPurgeAsksFirstAndAudits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := inbox.Receive(context.Background(), b.pool, []inbox.Incoming{{Message: event.Message{EventID: "evt-live-1"}}})
+	_, err := pgrelay.Receive(context.Background(), b.pool, []pgrelay.Incoming{{Message: pgrelay.Message{EventID: "evt-live-1"}}})
 	require.NoError(t, err)
 	storeDead(t, b.pool, "evt-dead-1") // the newest: listed first
 	m := refresh(t, newModel(t, b.cfg, 80, 24))
@@ -311,7 +310,7 @@ func TestResetCountersAsksFirstAndAudits(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for range 2 {
-		_, err := inbox.Receive(ctx, b.pool, []inbox.Incoming{{Message: event.Message{EventID: "e1"}}})
+		_, err := pgrelay.Receive(ctx, b.pool, []pgrelay.Incoming{{Message: pgrelay.Message{EventID: "e1"}}})
 		require.NoError(t, err)
 	}
 	m := refresh(t, newModel(t, b.cfg, 80, 24))

@@ -29,6 +29,18 @@ import (
 	"github.com/pgrelay/pgrelay/internal/event"
 )
 
+// Event is an event as the WAL carries it: the fields of pgrelay.Message
+// that an emitted event has (no sequence, no delay). The relay turns it into
+// the message it publishes.
+type Event struct {
+	EventID, Topic, Key, EventType, ContentType string
+	Headers                                     map[string]string
+	OccurredAt                                  time.Time
+	Payload                                     []byte
+	ExpiresAt                                   time.Time // zero: none
+	TraceParent, TraceState                     string
+}
+
 // Prefix is the logical decoding message prefix of pgrelay's events.
 const Prefix = "pgrelay"
 
@@ -61,7 +73,7 @@ type wire struct {
 
 // Encode returns m's content for pg_logical_emit_message. m must be
 // validated and complete (event id, key, occurred at set).
-func Encode(m event.Message) ([]byte, error) {
+func Encode(m Event) ([]byte, error) {
 	w := wire{
 		V: Version, ID: m.EventID, Topic: m.Topic, Key: m.Key, Type: m.EventType, CT: m.ContentType,
 		Headers: m.Headers, At: m.OccurredAt.UTC(), Payload: m.Payload,
@@ -79,21 +91,21 @@ var ErrVersion = errors.New("walmsg: unknown format version")
 
 // Decode parses a message written by Encode or pgrelay.emit. A message
 // without an event id or a topic is refused.
-func Decode(b []byte) (event.Message, error) {
+func Decode(b []byte) (Event, error) {
 	var w wire
 	if err := json.Unmarshal(b, &w); err != nil {
-		return event.Message{}, fmt.Errorf("walmsg: %w", err)
+		return Event{}, fmt.Errorf("walmsg: %w", err)
 	}
 	if w.V != Version {
-		return event.Message{}, fmt.Errorf("%w: %d", ErrVersion, w.V)
+		return Event{}, fmt.Errorf("%w: %d", ErrVersion, w.V)
 	}
 	if err := event.ValidateEventID(w.ID); err != nil {
-		return event.Message{}, fmt.Errorf("walmsg: %w", err)
+		return Event{}, fmt.Errorf("walmsg: %w", err)
 	}
 	if w.Topic == "" {
-		return event.Message{}, errors.New("walmsg: topic is missing")
+		return Event{}, errors.New("walmsg: topic is missing")
 	}
-	m := event.Message{
+	m := Event{
 		EventID: w.ID, Topic: w.Topic, Key: w.Key, EventType: w.Type, ContentType: w.CT,
 		Headers: w.Headers, OccurredAt: w.At.UTC(), Payload: w.Payload,
 		TraceParent: w.TraceParent, TraceState: w.TraceState,
@@ -121,14 +133,14 @@ type Row struct {
 // context lifted from the headers), so that both reach the publisher alike.
 // An event without an event id or a topic, or with headers that are not a
 // JSON object of strings, is refused.
-func FromRow(r Row) (event.Message, error) {
+func FromRow(r Row) (Event, error) {
 	if err := event.ValidateEventID(r.EventID); err != nil {
-		return event.Message{}, fmt.Errorf("walmsg: %w", err)
+		return Event{}, fmt.Errorf("walmsg: %w", err)
 	}
 	if r.Topic == "" {
-		return event.Message{}, errors.New("walmsg: topic is missing")
+		return Event{}, errors.New("walmsg: topic is missing")
 	}
-	m := event.Message{
+	m := Event{
 		EventID: r.EventID, Topic: r.Topic, Key: r.Key, EventType: r.EventType, Payload: r.Payload,
 		OccurredAt: r.OccurredAt.UTC(), TraceParent: r.TraceParent, TraceState: r.TraceState,
 	}
@@ -137,14 +149,14 @@ func FromRow(r Row) (event.Message, error) {
 	}
 	if len(r.Headers) > 0 && string(r.Headers) != "{}" {
 		if err := json.Unmarshal(r.Headers, &m.Headers); err != nil {
-			return event.Message{}, fmt.Errorf("walmsg: headers must be a JSON object of strings: %w", err)
+			return Event{}, fmt.Errorf("walmsg: headers must be a JSON object of strings: %w", err)
 		}
 	}
 	return complete(m), nil
 }
 
 // complete fills in what a producer may leave out, as the outbox does.
-func complete(m event.Message) event.Message {
+func complete(m Event) Event {
 	if m.Key == "" {
 		m.Key = m.EventID
 	}
@@ -153,10 +165,22 @@ func complete(m event.Message) event.Message {
 	}
 	// A producer writing plain SQL may put the content type among the
 	// headers, as the outbox stores it.
-	m.LiftContentType()
+	if ct, ok := m.Headers[event.HeaderContentType]; ok {
+		if m.ContentType == "" {
+			m.ContentType = ct
+		}
+		delete(m.Headers, event.HeaderContentType)
+	}
 	// The trace context: its own fields, or (pgrelay.emit, which has no
 	// parameter for it) the traceparent and tracestate headers.
-	m.LiftTrace()
+	for name, field := range map[string]*string{event.HeaderTraceParent: &m.TraceParent, event.HeaderTraceState: &m.TraceState} {
+		if v, ok := m.Headers[name]; ok {
+			if *field == "" {
+				*field = v
+			}
+			delete(m.Headers, name)
+		}
+	}
 	if m.TraceParent == "" || event.ValidTraceContext(m.TraceParent, m.TraceState) != "" {
 		m.TraceParent, m.TraceState = "", ""
 	}

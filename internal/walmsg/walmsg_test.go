@@ -9,13 +9,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgrelay/pgrelay/internal/event"
 )
 
 func TestRoundTrip(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC)
-	m := event.Message{EventID: "e1", Topic: "orders", Key: "k", EventType: "Created", ContentType: "application/json",
+	m := Event{EventID: "e1", Topic: "orders", Key: "k", EventType: "Created", ContentType: "application/json",
 		Headers: map[string]string{"X-A": "1"}, OccurredAt: at, Payload: []byte(`{"a":1}`)}
 	b, err := Encode(m)
 	if err != nil {
@@ -67,7 +65,7 @@ func TestDecodeRefuses(t *testing.T) {
 // no "exp" and decodes with none.
 func TestExpiryRoundTrip(t *testing.T) {
 	exp := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
-	b, err := Encode(event.Message{EventID: "e1", Topic: "orders", Key: "e1", ExpiresAt: exp, Payload: []byte{}})
+	b, err := Encode(Event{EventID: "e1", Topic: "orders", Key: "e1", ExpiresAt: exp, Payload: []byte{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +73,7 @@ func TestExpiryRoundTrip(t *testing.T) {
 	if err != nil || !got.ExpiresAt.Equal(exp) {
 		t.Fatalf("ExpiresAt %s, %v; want %s", got.ExpiresAt, err, exp)
 	}
-	b, err = Encode(event.Message{EventID: "e2", Topic: "orders", Key: "e2", Payload: []byte{}})
+	b, err = Encode(Event{EventID: "e2", Topic: "orders", Key: "e2", Payload: []byte{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +90,7 @@ func TestExpiryRoundTrip(t *testing.T) {
 // without one (older producers, pgrelay.emit) has none.
 func TestTraceContextRoundTrip(t *testing.T) {
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	m := event.Message{EventID: "e1", Topic: "orders", Key: "k", OccurredAt: time.Unix(1, 0).UTC(), TraceParent: tp, TraceState: "a=1"}
+	m := Event{EventID: "e1", Topic: "orders", Key: "k", OccurredAt: time.Unix(1, 0).UTC(), TraceParent: tp, TraceState: "a=1"}
 	b, err := Encode(m)
 	if err != nil {
 		t.Fatal(err)

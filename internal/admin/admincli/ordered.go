@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // The subcommands of ordered apply (inbox handlers run with --ordered).
@@ -73,7 +73,7 @@ event that arrives later is absorbed without running. Refused when the next
 sequence is in the inbox (dead: use "dead skip"). Recorded in the audit table.`,
 		Args: cobra.ExactArgs(1),
 	}
-	skip.Flags().StringVar(&req.Handler, "handler", inbox.DefaultHandlerName, "the ordered handler")
+	skip.Flags().StringVar(&req.Handler, "handler", pgrelay.DefaultHandlerName, "the ordered handler")
 	skip.Flags().StringVar(&req.Actor, "actor", defaultActor(), "who skips (recorded in the audit table)")
 	skip.Flags().StringVar(&req.Reason, "reason", "", "why (required; recorded in the audit table)")
 	skip.RunE = c.run(func(cmd *cobra.Command, args []string, svc *admin.Service) error {
@@ -102,7 +102,7 @@ absorbed as a duplicate sequence). Refused for an event that is not the next
 sequence of its key. Recorded in the audit table.`,
 		Args: cobra.ExactArgs(1),
 	}
-	cmd.Flags().StringVar(&req.Handler, "handler", inbox.DefaultHandlerName, "the ordered handler")
+	cmd.Flags().StringVar(&req.Handler, "handler", pgrelay.DefaultHandlerName, "the ordered handler")
 	cmd.Flags().StringVar(&req.Actor, "actor", defaultActor(), "who skips (recorded in the audit table)")
 	cmd.Flags().StringVar(&req.Reason, "reason", "", "why (required; recorded in the audit table)")
 	cmd.RunE = c.run(func(cmd *cobra.Command, args []string, svc *admin.Service) error {

@@ -15,10 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay/internal/inboxtest"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
@@ -209,18 +210,18 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	// The handler fails permanently until it is "fixed".
 	var mu sync.Mutex
 	fixed := false
-	handler := inbox.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+	handler := pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 		mu.Lock()
 		ok := fixed
 		mu.Unlock()
 		if !ok {
-			return inbox.Permanent(io.ErrUnexpectedEOF)
+			return pgrelay.Permanent(io.ErrUnexpectedEOF)
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.EventID)
 		return err
 	})
-	stats := &inbox.CountingObserver{}
-	w, err := inbox.NewWorker(inbox.Config{Pool: b.Pool, Handler: handler, Observer: stats, Logger: logtest.New(t),
+	stats := &inboxtest.CountingObserver{}
+	w, err := pgrelay.NewInboxWorker(pgrelay.InboxConfig{Pool: b.Pool, Handler: handler, Observer: stats, Logger: logtest.New(t),
 		Workers: 1, PollInterval: 20 * time.Millisecond, Lease: 5 * time.Second, HandlerTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	wctx, cancel := context.WithCancel(ctx)
@@ -228,9 +229,9 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	go func() { done <- w.Run(wctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	in := inbox.Incoming{}
+	in := pgrelay.Incoming{}
 	in.EventID, in.Topic, in.EventType, in.Payload = "evt-42", "orders", "OrderPaid", []byte(`{}`)
-	_, err = inbox.Receive(ctx, b.Pool, []inbox.Incoming{in})
+	_, err = pgrelay.Receive(ctx, b.Pool, []pgrelay.Incoming{in})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { st, _, _ := admintest.StatusOf(t, b.Pool, "evt-42"); return st == "dead" },
 		10*time.Second, 10*time.Millisecond)
@@ -252,7 +253,7 @@ func TestRequeuedEventIsProcessedOnce(t *testing.T) {
 	res, err := b.Svc.Requeue(ctx, admin.SourceInbox, admin.RequeueRequest{Filter: admin.Filter{EventID: "evt-42"}, Actor: "ops", Reason: "again"})
 	require.NoError(t, err)
 	require.Zero(t, res.Count)
-	rr, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{in})
+	rr, err := pgrelay.Receive(ctx, b.Pool, []pgrelay.Incoming{in})
 	require.NoError(t, err)
 	require.Equal(t, []string{"evt-42"}, rr.Duplicates)
 

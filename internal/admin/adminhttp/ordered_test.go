@@ -9,11 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 )
 
 // TestOrderedGapsAndSkipsOverHTTP: the API lists a parked key and a gap,
@@ -23,10 +22,10 @@ func TestOrderedGapsAndSkipsOverHTTP(t *testing.T) {
 	t.Parallel()
 	b := admintest.Setup(t)
 	ctx := context.Background()
-	msg := func(id, key string, seq int64) inbox.Incoming {
-		return inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
+	msg := func(id, key string, seq int64) pgrelay.Incoming {
+		return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "orders", Key: key, KeySeq: seq, EventType: "T", Payload: []byte(`{}`)}}
 	}
-	_, err := inbox.Receive(ctx, b.Pool, []inbox.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
+	_, err := pgrelay.Receive(ctx, b.Pool, []pgrelay.Incoming{msg("p-1", "p", 1), msg("p-2", "p", 2), msg("g-2", "g", 2)})
 	require.NoError(t, err)
 	_, err = b.Pool.Exec(ctx, `UPDATE pgrelay.inbox SET status = 'dead', last_error = 'poison', finished_at = now() WHERE event_id = 'p-1'`)
 	require.NoError(t, err)
@@ -38,7 +37,7 @@ func TestOrderedGapsAndSkipsOverHTTP(t *testing.T) {
 
 	code, body := admintest.Do(t, "GET", hs.URL+"/v1/inbox/gaps", "", nil)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var keys []inbox.WaitingKey
+	var keys []pgrelay.WaitingKey
 	require.NoError(t, json.Unmarshal(body, &keys))
 	states := map[string]string{}
 	for _, k := range keys {
@@ -60,14 +59,14 @@ func TestOrderedGapsAndSkipsOverHTTP(t *testing.T) {
 	skipDead.Reason = "known bad payload"
 	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/dead/skip", "", skipDead)
 	require.Equal(t, http.StatusOK, code, string(body))
-	var res inbox.SkipResult
+	var res pgrelay.SkipResult
 	require.NoError(t, json.Unmarshal(body, &res))
-	require.Equal(t, inbox.SkipResult{Key: "p", From: 1, To: 1, Woken: 0}, res)
+	require.Equal(t, pgrelay.SkipResult{Key: "p", From: 1, To: 1, Woken: 0}, res)
 
 	code, body = admintest.Do(t, "POST", hs.URL+"/v1/inbox/gaps/skip", "", admin.SkipRequest{Handler: "default", Key: "g", Actor: "ops", Reason: "lost upstream"})
 	require.Equal(t, http.StatusOK, code, string(body))
 	require.NoError(t, json.Unmarshal(body, &res))
-	require.Equal(t, inbox.SkipResult{Key: "g", From: 1, To: 1, Woken: 0}, res)
+	require.Equal(t, pgrelay.SkipResult{Key: "g", From: 1, To: 1, Woken: 0}, res)
 
 	var n int
 	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.replay_audit WHERE action IN ('skip_dead', 'skip_gap') AND actor = 'ops'`).Scan(&n))

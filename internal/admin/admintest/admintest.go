@@ -15,9 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
-	"github.com/pgrelay/pgrelay/internal/event"
-	"github.com/pgrelay/pgrelay/internal/inbox"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -165,11 +164,11 @@ func SnapshotOutbox(t *testing.T, pool *pgxpool.Pool) string {
 // "ledger".
 func ReceiveIDs(t *testing.T, b *Bundle, ids ...string) {
 	t.Helper()
-	msgs := make([]inbox.Incoming, 0, len(ids))
+	msgs := make([]pgrelay.Incoming, 0, len(ids))
 	for _, id := range ids {
-		msgs = append(msgs, inbox.Incoming{Message: event.Message{EventID: id, Topic: "orders", EventType: "OrderPaid"}})
+		msgs = append(msgs, pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: "orders", EventType: "OrderPaid"}})
 	}
-	_, err := inbox.ReceiveWith(context.Background(), b.Pool, msgs, inbox.ReceiveOptions{Targets: []inbox.Target{{Handler: "ledger"}}})
+	_, err := pgrelay.ReceiveWith(context.Background(), b.Pool, msgs, pgrelay.ReceiveOptions{Targets: []pgrelay.Target{{Handler: "ledger"}}})
 	require.NoError(t, err)
 }
 

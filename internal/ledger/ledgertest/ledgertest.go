@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgrelay/pgrelay/internal/inbox"
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -20,17 +20,17 @@ type Traced struct {
 	Trips *testdb.RoundTrips
 }
 
-var _ inbox.BatchHandler = Traced{}
+var _ pgrelay.InboxBatchHandler = Traced{}
 
-// Handle implements inbox.Handler.
-func (h Traced) Handle(ctx context.Context, tx pgx.Tx, ev *inbox.Event) error {
+// Handle implements pgrelay.InboxHandler.
+func (h Traced) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
 	h.Trips.Handler.Store(true)
 	defer h.Trips.Handler.Store(false)
 	return h.Handler.Handle(ctx, tx, ev)
 }
 
-// HandleBatch implements inbox.BatchHandler.
-func (h Traced) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*inbox.Event) error {
+// HandleBatch implements pgrelay.InboxBatchHandler.
+func (h Traced) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*pgrelay.InboxEvent) error {
 	h.Trips.Handler.Store(true)
 	defer h.Trips.Handler.Store(false)
 	return h.Handler.HandleBatch(ctx, tx, evs)
