@@ -34,7 +34,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 		done := make(chan error, 1)
 		b.StartTimer()
 		began := time.Now()
-		go func() { done <- r.Run(ctx) }()
+		go func() { done <- r.run(ctx) }()
 		for bt.count(b, "published") < rows {
 			time.Sleep(5 * time.Millisecond) // polling a benchmark's end condition
 		}

@@ -62,6 +62,6 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	_ = r.Run(ctx)
+	_ = r.run(ctx)
 	return 0
 }

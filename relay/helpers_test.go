@@ -107,7 +107,7 @@ func start(t *testing.T, cfg Config) (r *Relay, stop func()) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() { done <- r.run(ctx) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

@@ -35,7 +35,7 @@ func TestStandbyNamesNeedsTheStatsRole(t *testing.T) {
 	cfg.Pool, cfg.StandbyNames = pool, []string{"standby"}
 	r, err := New(cfg)
 	require.NoError(t, err)
-	err = r.Run(ctx)
+	err = r.run(ctx)
 	require.ErrorContains(t, err, "StandbyNames: the database role cannot see the standbys' positions in pg_stat_replication")
 	require.ErrorContains(t, err, "GRANT pg_monitor (or pg_read_all_stats)")
 

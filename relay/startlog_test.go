@@ -71,7 +71,7 @@ func TestStartupLogLineHasEachKeyOnce(t *testing.T) {
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
-			go func() { defer close(done); _ = r.Run(ctx) }()
+			go func() { defer close(done); _ = r.run(ctx) }()
 			defer func() { cancel(); <-done }()
 			require.Eventually(t, func() bool { return sink.line("relay starting") != "" }, 10*time.Second, 10*time.Millisecond)
 			line := sink.line("relay starting")

@@ -132,7 +132,7 @@ func TestWALRelayNeedsTheKeys(t *testing.T) {
 	cfg.Pool = pool
 	r, err := New(cfg)
 	require.NoError(t, err)
-	err = r.Run(ctx)
+	err = r.run(ctx)
 	require.ErrorContains(t, err, "pgrelay.wal_keys; the relay's role needs SELECT on it")
 	require.ErrorContains(t, err, "permission denied")
 }

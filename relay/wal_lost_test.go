@@ -130,7 +130,7 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	go func() { done <- r.run(runCtx) }()
 	waitReading(t, r)
 
 	b.emit(t, msgs(5, "k", "a")...)
@@ -171,7 +171,7 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 	// nothing and leaves the lost slot in place for the recovery.
 	r2, err := New(b.walConfig(t, b.publisher(t), nil))
 	require.NoError(t, err)
-	err = r2.Run(ctx)
+	err = r2.run(ctx)
 	require.ErrorIs(t, err, errSlotLost)
 	select {
 	case m := <-ch:
@@ -208,7 +208,7 @@ func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 	r, err := New(b.walConfig(t, flaky, nil))
 	require.NoError(t, err)
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	go func() { done <- r.run(ctx) }()
 	waitReading(t, r)
 	b.emit(t, msgs(5, "k", "a")...)
 	readAll(t, ch, 5, 20*time.Second)
@@ -255,7 +255,7 @@ func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 	require.Eventually(t, func() bool { _, err := os.Stat(filepath.Join(archive, segment)); return err == nil }, 30*time.Second, 50*time.Millisecond,
 		"segment %s not archived", segment)
 
-	script, err := filepath.Abs("../../deploy/wal-rescan.sh")
+	script, err := filepath.Abs("../deploy/wal-rescan.sh")
 	require.NoError(t, err)
 	cmd := exec.CommandContext(ctx, "sh", script, archive, from, to)
 	cmd.Env = append(os.Environ(), "PG_WALDUMP="+filepath.Join(testcluster.BinDir(), "pg_waldump"))

@@ -52,7 +52,7 @@ func runWALChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	if err := r.Run(ctx); err != nil {
+	if err := r.run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -195,7 +195,7 @@ func TestWALRefusesUnboundedSlot(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err = r.Run(ctx)
+	err = r.run(ctx)
 	require.ErrorContains(t, err, "WALAllowUnboundedSlot")
 	_, err = b.slotStatusRow(t)
 	require.ErrorIs(t, err, pgx.ErrNoRows)
@@ -306,7 +306,7 @@ func TestWALLostSlotFailsLoudly(t *testing.T) {
 
 	r, err := New(b.walConfig(t, b.publisher(t), nil))
 	require.NoError(t, err)
-	err = r.Run(ctx)
+	err = r.run(ctx)
 	require.ErrorIs(t, err, errSlotLost)
 	require.True(t, strings.Contains(err.Error(), "docs/wal.md"), err.Error())
 }
