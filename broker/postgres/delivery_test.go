@@ -70,6 +70,9 @@ func TestDeliveryIdempotentAndInKeyOrder(t *testing.T) {
 	}
 	c, err := consumer.New(consumer.Config{
 		Pool: pool, Direct: true,
+		Register: func(ctx context.Context) error {
+			return postgres.Register(ctx, pool, postgres.Subscription{Handler: "a"}, postgres.Subscription{Handler: "b"})
+		},
 		Targets: []pgrelay.Target{{Handler: "a"}, {Handler: "b"}},
 		Inbox: pgrelay.InboxConfig{HandlerName: "a", Workers: 4, BatchSize: 7, Ordered: true,
 			PollInterval: 200 * time.Millisecond,
