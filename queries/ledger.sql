@@ -38,6 +38,8 @@ JOIN ledger_orders o ON o.order_id = p.order_id;
 
 -- name: LedgerSchemaPresent :one
 -- LedgerSchemaPresent says whether the ledger handler's tables exist (the
--- example schema, internal/ledger/migrations), through the search_path.
+-- example schema, internal/ledger/migrations), through the search_path, and
+-- whether pgrelay's own schema does (its inbox).
 SELECT (pg_catalog.to_regclass('ledger_orders') IS NOT NULL)::boolean AS orders,
-       (pg_catalog.to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries;
+       (pg_catalog.to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries,
+       (pg_catalog.to_regclass('pgrelay.inbox') IS NOT NULL)::boolean AS pgrelay;

@@ -113,9 +113,15 @@ func runExampleSchema(cmd *cobra.Command, op, databaseURL string) error {
 
 // checkExampleSchema fails start-up when the ledger handler's tables are
 // missing, saying how to create them: every event would otherwise fail in
-// the handler and go dead after its attempts.
+// the handler and go dead after its attempts. A database without pgrelay's
+// schema either is left to the consumer's start-up check, which says how to
+// migrate it first.
 func checkExampleSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := ledgermigrations.Check(ctx, pool); err != nil {
+	err := ledgermigrations.Check(ctx, pool)
+	if missing := (*ledgermigrations.MissingError)(nil); errors.As(err, &missing) && missing.NoPgrelay {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
 	return nil

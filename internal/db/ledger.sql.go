@@ -150,20 +150,23 @@ func (q *Queries) GetLedgerOrder(ctx context.Context, db DBTX, orderID string) (
 
 const ledgerSchemaPresent = `-- name: LedgerSchemaPresent :one
 SELECT (pg_catalog.to_regclass('ledger_orders') IS NOT NULL)::boolean AS orders,
-       (pg_catalog.to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries
+       (pg_catalog.to_regclass('ledger_entries') IS NOT NULL)::boolean AS entries,
+       (pg_catalog.to_regclass('pgrelay.inbox') IS NOT NULL)::boolean AS pgrelay
 `
 
 type LedgerSchemaPresentRow struct {
 	Orders  bool
 	Entries bool
+	Pgrelay bool
 }
 
 // LedgerSchemaPresent says whether the ledger handler's tables exist (the
-// example schema, internal/ledger/migrations), through the search_path.
+// example schema, internal/ledger/migrations), through the search_path, and
+// whether pgrelay's own schema does (its inbox).
 func (q *Queries) LedgerSchemaPresent(ctx context.Context, db DBTX) (LedgerSchemaPresentRow, error) {
 	row := db.QueryRow(ctx, ledgerSchemaPresent)
 	var i LedgerSchemaPresentRow
-	err := row.Scan(&i.Orders, &i.Entries)
+	err := row.Scan(&i.Orders, &i.Entries, &i.Pgrelay)
 	return i, err
 }
 

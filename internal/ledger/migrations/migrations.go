@@ -70,6 +70,9 @@ func Up(ctx context.Context, sqlDB *sql.DB) error {
 type MissingError struct {
 	// Tables lists the missing tables.
 	Tables []string
+	// NoPgrelay: pgrelay's own schema is missing too (an unmigrated
+	// database), which the services' start-up check reports first.
+	NoPgrelay bool
 }
 
 func (e *MissingError) Error() string {
@@ -95,7 +98,7 @@ func Check(ctx context.Context, q db.DBTX) error {
 		missing = append(missing, "ledger_entries")
 	}
 	if len(missing) > 0 {
-		return &MissingError{Tables: missing}
+		return &MissingError{Tables: missing, NoPgrelay: !present.Pgrelay}
 	}
 	return nil
 }
