@@ -269,7 +269,7 @@ func (c *Console) review(w http.ResponseWriter, r *http.Request, a actRequest) {
 	if res == nil || res.Count > 0 {
 		d.Confirm = c.token(d.Req, c.cfg.Now().Add(c.cfg.Service.ConfirmTTL()).Unix())
 	}
-	c.render(w, r, http.StatusOK, "confirm", "Confirm "+d.Verb, d)
+	c.render(w, r, http.StatusOK, "confirm", "Confirm "+d.Verb, show(confirmPage, d))
 }
 
 func (c *Console) run(w http.ResponseWriter, r *http.Request, a actRequest) {
@@ -285,7 +285,7 @@ func (c *Console) run(w http.ResponseWriter, r *http.Request, a actRequest) {
 	if a.Filter.EventID != "" {
 		d.Audit += "?event_id=" + url.QueryEscape(a.Filter.EventID)
 	}
-	c.render(w, r, http.StatusOK, "done", "Done", d)
+	c.render(w, r, http.StatusOK, "done", "Done", show(donePage, d))
 }
 
 // gapRange names the sequences a gap skip gives up on.

@@ -267,7 +267,7 @@ func (c *Console) checkPost(r *http.Request) string {
 }
 
 func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	c.render(w, r, status, "error", "Refused", errorData{Status: status, Message: msg})
+	c.render(w, r, status, "error", "Refused", show(errorPage, errorData{Status: status, Message: msg}))
 }
 
 type errorData struct {
@@ -281,7 +281,7 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, safeNext(next), http.StatusSeeOther)
 		return
 	}
-	c.render(w, r, http.StatusOK, "login", "Sign in", loginData{Next: next})
+	c.render(w, r, http.StatusOK, "login", "Sign in", show(loginPage, loginData{Next: next}))
 }
 
 type loginData struct {
@@ -297,7 +297,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	h := sha256.Sum256([]byte(r.PostForm.Get("token")))
 	if subtle.ConstantTimeCompare(h[:], c.tokHash[:]) != 1 {
-		c.render(w, r, http.StatusUnauthorized, "login", "Sign in", loginData{Next: next, Error: "wrong token"})
+		c.render(w, r, http.StatusUnauthorized, "login", "Sign in", show(loginPage, loginData{Next: next, Error: "wrong token"}))
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: c.session(), Path: Prefix, HttpOnly: true,

@@ -29,11 +29,12 @@ type page struct {
 	Refresh int
 	Now     time.Time
 	Errors  []string
-	Data    any
+	// write writes the whole page (show binds a page function to its data).
+	write func(*hw, *page)
 }
 
-func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	c.renderPage(w, r, status, name, &page{Title: title, Data: data})
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name, title string, write func(*hw, *page)) {
+	c.renderPage(w, r, status, name, &page{Title: title, write: write})
 }
 
 func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, p *page) {
@@ -44,11 +45,7 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int,
 	p.Now = c.cfg.Now()
 	p.Actor = actor(r)
 	var buf hw
-	if err := writePage(&buf, name, p); err != nil {
-		c.cfg.Logger.Error("console: render", slog.String("page", name), slog.Any("error", err))
-		http.Error(w, "internal error: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
+	p.write(&buf, p)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
@@ -71,7 +68,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	default:
 		c.cfg.Logger.Error("console request failed", slog.Any("error", err), slog.String("path", r.URL.Path))
 	}
-	c.render(w, r, status, "error", http.StatusText(status), errorData{Status: status, Message: err.Error()})
+	c.render(w, r, status, "error", http.StatusText(status), show(errorPage, errorData{Status: status, Message: err.Error()}))
 }
 
 // ---- overview
@@ -171,7 +168,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			d.Handlers = append(d.Handlers, row)
 		}
 	}
-	p.Data = d
+	p.write = show(overviewPage, d)
 	c.renderPage(w, r, http.StatusOK, "overview", p)
 }
 
@@ -331,7 +328,7 @@ func (c *Console) deadList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := &deadListData{Filter: f, List: list}
-	p := &page{Title: "Dead letters", Data: d}
+	p := &page{Title: "Dead letters", write: show(deadPage, d)}
 	if st, err := c.cfg.Service.Stats(r.Context()); err == nil {
 		d.Counts = map[string]int64{"inbox": st.Inbox.ByStatus["dead"], "outbox": st.Outbox.ByStatus["dead"]}
 		for _, h := range st.Inbox.Handlers {
@@ -365,7 +362,7 @@ func (c *Console) deadDetail(w http.ResponseWriter, r *http.Request) {
 		d.Headers = append(d.Headers, kv{k, v})
 	}
 	sortKV(d.Headers)
-	p := &page{Title: "Event " + ev.EventID, Data: d}
+	p := &page{Title: "Event " + ev.EventID, write: show(eventPage, d)}
 	if d.Audit, err = c.cfg.Service.Audit(r.Context(), ev.EventID, src, 50); err != nil {
 		p.Errors = append(p.Errors, "audit: "+err.Error())
 	}
@@ -386,7 +383,7 @@ func (c *Console) ordered(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "ordered", "Ordered keys", orderedData{Handler: h, Keys: keys})
+	c.render(w, r, http.StatusOK, "ordered", "Ordered keys", show(orderedPage, orderedData{Handler: h, Keys: keys}))
 }
 
 type conflictRow struct {
@@ -419,7 +416,7 @@ func (c *Console) conflicts(w http.ResponseWriter, r *http.Request) {
 		}
 		d.List = append(d.List, row)
 	}
-	c.render(w, r, http.StatusOK, "conflicts", "Key conflicts", d)
+	c.render(w, r, http.StatusOK, "conflicts", "Key conflicts", show(conflictsPage, d))
 }
 
 // ---- relay
@@ -452,7 +449,7 @@ func (c *Console) relay(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	d.Advice = advise(d.Broker, d.DedupWindow)
-	c.render(w, r, http.StatusOK, "relay", "Relay", d)
+	c.render(w, r, http.StatusOK, "relay", "Relay", show(relayPage, d))
 }
 
 // advise compares the broker's retention with the dedup window.
@@ -500,7 +497,7 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.List = list
-	c.render(w, r, http.StatusOK, "audit", "Audit", d)
+	c.render(w, r, http.StatusOK, "audit", "Audit", show(auditPage, d))
 }
 
 // ---- formatting

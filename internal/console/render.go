@@ -89,77 +89,18 @@ func (w *hw) chart(t string, v []int64, class string) { w.raw(barChart(t, v, cla
 
 func pct(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + "%" }
 
-// writePage writes page name with p's data; an error when the data is not
-// the page's.
-func writePage(w *hw, name string, p *page) error {
-	var ok bool
-	switch name {
-	case "overview":
-		var d *overviewData
-		if d, ok = p.Data.(*overviewData); ok {
-			overviewPage(w, p, d)
-		}
-	case "dead":
-		var d *deadListData
-		if d, ok = p.Data.(*deadListData); ok {
-			deadPage(w, p, d)
-		}
-	case "event":
-		var d *deadDetailData
-		if d, ok = p.Data.(*deadDetailData); ok {
-			eventPage(w, p, d)
-		}
-	case "ordered":
-		var d orderedData
-		if d, ok = p.Data.(orderedData); ok {
-			orderedPage(w, p, d)
-		}
-	case "conflicts":
-		var d conflictsData
-		if d, ok = p.Data.(conflictsData); ok {
-			conflictsPage(w, p, d)
-		}
-	case "relay":
-		var d relayData
-		if d, ok = p.Data.(relayData); ok {
-			relayPage(w, p, d)
-		}
-	case "audit":
-		var d auditData
-		if d, ok = p.Data.(auditData); ok {
-			auditPage(w, p, d)
-		}
-	case "confirm":
-		var d confirmData
-		if d, ok = p.Data.(confirmData); ok {
-			confirmPage(w, p, d)
-		}
-	case "done":
-		var d doneData
-		if d, ok = p.Data.(doneData); ok {
-			donePage(w, p, d)
-		}
-	case "error":
-		var d errorData
-		if d, ok = p.Data.(errorData); ok {
-			head(w, p)
-			w.raw("\n", `<p class="err" id="error">`)
-			w.esc(d.Message)
-			w.raw("</p>\n", `<p><a href="/console/">Back to the overview</a></p>`, "\n")
-			foot(w, p)
-		}
-	case "login":
-		var d loginData
-		if d, ok = p.Data.(loginData); ok {
-			loginPage(w, p, d)
-		}
-	default:
-		return fmt.Errorf("no page %q", name)
-	}
-	if !ok {
-		return fmt.Errorf("page %q: unexpected data %T", name, p.Data)
-	}
-	return nil
+// show binds a page function to its data: the page's body, written between
+// head and foot by the page function itself.
+func show[T any](f func(*hw, *page, T), d T) func(*hw, *page) {
+	return func(w *hw, p *page) { f(w, p, d) }
+}
+
+func errorPage(w *hw, p *page, d errorData) {
+	head(w, p)
+	w.raw("\n", `<p class="err" id="error">`)
+	w.esc(d.Message)
+	w.raw("</p>\n", `<p><a href="/console/">Back to the overview</a></p>`, "\n")
+	foot(w, p)
 }
 
 func head(w *hw, p *page) {
