@@ -51,7 +51,7 @@ func (s *kafkaSettings) SetWire(f broker.WireFormat, source string) {
 func bindKafkaCommon(f *pflag.FlagSet, s *kafkaSettings) {
 	d := kafka.Config{}.WithDefaults()
 	f.StringVar(&s.brokers, "kafka-brokers", EnvString("KAFKA_BROKERS", ""),
-		"--broker kafka: seed brokers, host:port,... (env KAFKA_BROKERS); required")
+		"--broker kafka: seed brokers, host:port,...; required (env KAFKA_BROKERS)")
 	f.StringVar(&s.topicPrefix, "kafka-topic-prefix", EnvString("KAFKA_TOPIC_PREFIX", d.TopicPrefix),
 		"--broker kafka: an event of topic orders is in Kafka topic <prefix>.orders (env KAFKA_TOPIC_PREFIX)")
 }

@@ -54,7 +54,7 @@ var rabbitMQEnvKinds = map[string]string{
 // bindRabbitMQCommon binds the settings both sides have: the server and the
 // topology.
 func bindRabbitMQCommon(f *pflag.FlagSet, c *rabbitmq.Config) {
-	f.StringVar(&c.URL, "amqp-url", EnvString("AMQP_URL", ""), "--broker rabbitmq: RabbitMQ URL, amqp://user:password@host:5672/vhost (env AMQP_URL); required")
+	f.StringVar(&c.URL, "amqp-url", EnvString("AMQP_URL", ""), "--broker rabbitmq: RabbitMQ URL, amqp://user:password@host:5672/vhost; required (env AMQP_URL)")
 	f.StringVar(&c.Exchange, "amqp-exchange", EnvString("AMQP_EXCHANGE", "pgrelay"), "--broker rabbitmq: durable topic exchange events are published to, routing key = topic (env AMQP_EXCHANGE)")
 	f.StringVar(&c.Queue, "amqp-queue", EnvString("AMQP_QUEUE", ""), "--broker rabbitmq: durable queue bound to the exchange, read by the consumer and declared by both (default pgrelay; a named handler's consumer: pgrelay-<handler-name>) (env AMQP_QUEUE)")
 	f.StringVar(&c.BindingKey, "amqp-binding-key", EnvString("AMQP_BINDING_KEY", "#"), "--broker rabbitmq: binding of the queue to the exchange; # takes every topic (env AMQP_BINDING_KEY)")
