@@ -230,7 +230,8 @@ func runConsumer(parent context.Context, s *settings, opts cli.Options) error {
 	cfg.MetricsAddr, cfg.AdminAddr, cfg.AdminToken = s.ops.MetricsAddr, s.ops.AdminAddr, s.ops.AdminToken
 	if d, ok := side.(cli.DirectSide); ok {
 		// The relay stores into this database's inbox: no subscriber.
-		cfg.Subscribe, cfg.Direct, cfg.DirectTopics = nil, true, d.DirectTopics()
+		cfg.Subscribe, cfg.Direct = nil, true
+		cfg.Register = d.Register(pool, pgrelay.Target{Handler: cfg.Inbox.HandlerName, DedupKey: cfg.DedupKey, DedupKeyByTopic: cfg.DedupKeyByTopic})
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.

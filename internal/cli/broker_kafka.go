@@ -122,7 +122,7 @@ func unprefixed(err error) error {
 	if err == nil {
 		return nil
 	}
-	return setting.Name(err, func(f string) string { return kafkaFlags[f] })
+	return setting.Name(err, "", func(f string) string { return kafkaFlags[f] })
 }
 
 // Open implements RelaySide.

@@ -60,7 +60,7 @@ var natsRelayFlags = map[string]string{
 }
 
 func natsRelayNames(err error) error {
-	return setting.Name(err, func(f string) string { return natsRelayFlags[f] })
+	return setting.Name(err, "", func(f string) string { return natsRelayFlags[f] })
 }
 
 func bindNATSRelay(f *pflag.FlagSet) RelaySide {
@@ -172,7 +172,7 @@ var natsConsumerFlags = map[string]string{
 }
 
 func natsConsumerNames(err error) error {
-	return setting.Name(err, func(f string) string { return natsConsumerFlags[f] })
+	return setting.Name(err, "", func(f string) string { return natsConsumerFlags[f] })
 }
 
 func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {

@@ -40,7 +40,7 @@ var rabbitMQFlags = map[string]string{
 // rabbitMQNames spells the rabbitmq.Config fields of err's
 // *setting.FieldErrors as the flags that set them.
 func rabbitMQNames(err error) error {
-	return setting.Name(err, func(f string) string { return rabbitMQFlags[f] })
+	return setting.Name(err, "", func(f string) string { return rabbitMQFlags[f] })
 }
 
 var rabbitMQEnvKinds = map[string]string{

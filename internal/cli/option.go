@@ -104,12 +104,7 @@ func (opts Options) Given(f *pflag.FlagSet, field string) bool {
 // prints its own name); other FieldErrors (a broker adapter's, named by its
 // side already) are kept.
 func (opts Options) NameErrors(err error, structName string) error {
-	return setting.Map(err, func(fe *setting.FieldError) error {
-		if fe.Struct != structName {
-			return fe
-		}
-		return setting.Name(fe, opts.Name)
-	})
+	return setting.Name(err, structName, opts.Name)
 }
 
 // envList splits the environment variable name on ';' (empty entries

@@ -10,7 +10,7 @@ import (
 // key conflicts (the same key stored with another payload; the stored
 // event's effect stands) and events stored dead because their key could not
 // be built.
-func (c *Consumer) reportIdentity(res pgrelay.ReceiveResult) {
+func (c *engine) reportIdentity(res pgrelay.ReceiveResult) {
 	var perHandler map[string]int
 	for _, a := range res.Absorbed {
 		if !a.Conflict {
@@ -26,8 +26,8 @@ func (c *Consumer) reportIdentity(res pgrelay.ReceiveResult) {
 	}
 	for h, n := range perHandler {
 		c.stats.conflicts.Add(int64(n))
-		if c.cfg.ObserveConflicts != nil {
-			c.cfg.ObserveConflicts(h, n)
+		if c.cfg.observeConflicts != nil {
+			c.cfg.observeConflicts(h, n)
 		}
 	}
 	for _, f := range res.KeyFailures {

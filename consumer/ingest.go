@@ -1,13 +1,11 @@
-// Package consumer is the consumer service: it fetches deliveries from a
-// broker.Subscriber (NATS JetStream, Kafka, RabbitMQ), stores each fetched
-// batch in the inbox in one transaction (deduplicated by event id), commits,
-// and only then acknowledges the batch. The inbox workers, running in the
-// same process, then apply each event's side effect exactly once.
-//
-// A crash between the commit and the acknowledgement only causes a
-// redelivery, which the inbox absorbs. A message the consumer cannot use is
-// never dropped: it is stored dead with the reason and its raw bytes, then
-// acknowledged.
+// The consumer's engine: it fetches deliveries from the subscriber, stores
+// each fetched batch in the inbox in one transaction (deduplicated), commits,
+// and only then acknowledges the batch; the inbox workers, in the same
+// process, apply each event's side effect exactly once. A crash between the
+// commit and the acknowledgement only causes a redelivery, which the inbox
+// absorbs. A message the consumer cannot use is never dropped: it is stored
+// dead with the reason and its raw bytes, then acknowledged.
+
 package consumer
 
 import (
@@ -30,13 +28,14 @@ import (
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// Consumer moves deliveries from its subscriber into the inbox and runs the inbox
-// workers. Create it with New and start it with Run.
-type Consumer struct {
-	cfg    Config
-	log    *slog.Logger
-	worker *pgrelay.InboxWorker // nil when Config.DisableWorkers
-	acks   *acker               // set while ingest runs with Config.AsyncCommit
+// engine moves deliveries from its subscriber into the inbox and runs the
+// inbox workers.
+type engine struct {
+	cfg     Config
+	targets []pgrelay.Target // cfg.targets()
+	log     *slog.Logger
+	worker  *pgrelay.InboxWorker // nil when cfg.disableWorkers
+	acks    *acker               // set while ingest runs with Config.AsyncCommit
 	// walReaderOpen tells whether the acker's connection is open.
 	walReaderOpen atomic.Bool
 	stats         counters
@@ -57,68 +56,37 @@ type Consumer struct {
 	beforeStore func([]pgrelay.Incoming)
 }
 
-// IngestCounts are the consumer's running counters since it started.
-type IngestCounts struct {
-	// Fetched counts deliveries fetched from the broker, redeliveries included.
-	Fetched int64 `json:"fetched"`
-	// Inserted counts messages stored as new inbox rows (dead ones included).
-	Inserted int64 `json:"inserted"`
-	// Duplicates counts fetched messages whose event id the inbox already held.
-	Duplicates int64 `json:"duplicates"`
-	// Dead counts new inbox rows stored dead at ingest (malformed input).
-	Dead int64 `json:"dead"`
-	// Acked counts messages acknowledged after their batch committed.
-	Acked int64 `json:"acked"`
-	// StoreErrors counts failed attempts to store a batch.
-	StoreErrors int64 `json:"store_errors"`
-	// FetchErrors counts failed fetches (broker unreachable, for example).
-	FetchErrors int64 `json:"fetch_errors"`
-	// Conflicts counts deliveries whose dedup key was stored with a
-	// different payload (every handler together).
-	Conflicts int64 `json:"conflicts"`
-	// AppliedOnReceive counts events whose handler ran in the transaction
-	// that stored them (Config.NoApplyOnReceive).
-	AppliedOnReceive int64 `json:"applied_on_receive"`
-	// Unacked counts deliveries left unacknowledged while the consumer runs:
-	// the database refused them even as dead letters. The broker delivers
-	// them again (NATS after its ack wait, RabbitMQ when the channel closes,
-	// Kafka after a rebalance or restart; until then a Kafka partition's
-	// committed offset stays before the record).
-	Unacked int64 `json:"unacked"`
-}
-
 type counters struct {
 	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive, unacked atomic.Int64
 }
 
-// New validates cfg (after WithDefaults) and builds a consumer. It does not
+// newEngine defaults and validates cfg and builds the engine; every
+// invalid setting is reported, each naming its Config field. It does not
 // connect to anything yet: Run does, and keeps retrying.
-func New(cfg Config) (*Consumer, error) {
-	cfg = cfg.WithDefaults()
+func newEngine(cfg Config) (*engine, error) {
+	cfg = cfg.withDefaults()
 	errs := cfg.validate()
 	var w *pgrelay.InboxWorker
-	if !cfg.DisableWorkers {
+	if !cfg.disableWorkers {
 		var err error
 		if w, err = pgrelay.NewInboxWorker(cfg.Inbox); err != nil {
-			// The inbox names its own fields "inbox: Config.X"; here they
-			// are Config.Inbox.X, which tells them from the consumer's own.
-			errs = errors.Join(errs, setting.Map(err, func(fe *setting.FieldError) error {
-				c := fe.Renamed("Config", func(f string) string { return "Inbox." + f })
-				c.Pkg = ""
-				return c
-			}))
+			// The inbox names its fields InboxConfig.X; here they are
+			// consumer.Config.Inbox.X.
+			setting.Each(err, func(fe *setting.FieldError) {
+				fe.Pkg, fe.Struct, fe.Path = "", "consumer.Config", "Inbox."
+			})
+			errs = append(errs, err)
 		}
 	}
 	if errs != nil {
-		return nil, fmt.Errorf("consumer: %w", errs)
+		return nil, fmt.Errorf("consumer: %w", errors.Join(errs...))
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w}
-	return c, nil
+	return &engine{cfg: cfg, targets: cfg.targets(), log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w}, nil
 }
 
 // Stats returns a snapshot of the consumer's counters.
-func (c *Consumer) Stats() IngestCounts {
-	return IngestCounts{
+func (c *engine) Stats() Stats {
+	return Stats{
 		Fetched:     c.stats.fetched.Load(),
 		Inserted:    c.stats.inserted.Load(),
 		Duplicates:  c.stats.duplicates.Load(),
@@ -137,11 +105,11 @@ func (c *Consumer) Stats() IngestCounts {
 // the last completed rate interval (Config.RateInterval) in which anything
 // arrived: duplicates divided by messages stored or absorbed in it; 0 until
 // then. A quiet interval keeps the last value rather than reading as 0.
-func (c *Consumer) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
+func (c *engine) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
 
 // Ready reports whether the consumer's last fetch succeeded: it is attached
 // to its broker and fetching.
-func (c *Consumer) Ready() bool { return c.ready.Load() }
+func (c *engine) Ready() bool { return c.ready.Load() }
 
 // Run consumes until ctx is cancelled, then shuts down gracefully: it stops
 // fetching, stores and acknowledges the batches in hand, and stops the inbox
@@ -151,7 +119,7 @@ func (c *Consumer) Ready() bool { return c.ready.Load() }
 // that cannot be reached at start-up is reported with its cause) and a
 // permanent fetch error (broker.IsTerminal: a setting to fix, such as a
 // stream that outlives the dedup window).
-func (c *Consumer) Run(ctx context.Context) error {
+func (c *engine) Run(ctx context.Context) error {
 	// A fatal ingest error (a refused setting) stops the workers too.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -176,7 +144,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // ingest subscribes and moves batches into the inbox until ctx ends.
-func (c *Consumer) ingest(ctx context.Context) error {
+func (c *engine) ingest(ctx context.Context) error {
 	if c.cfg.Direct {
 		return c.direct(ctx)
 	}
@@ -190,7 +158,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		}
 	}()
 	defer c.ready.Store(false)
-	c.log.Info("ingest started", slog.Int("batch_size", c.cfg.BatchSize), slog.Duration("max_wait", c.cfg.MaxWait),
+	c.log.Info("ingest started", slog.Int("batch_size", c.cfg.FetchBatchSize), slog.Duration("max_wait", c.cfg.MaxWait),
 		slog.Int("ingest_loops", c.cfg.IngestLoops))
 	// With one ingest loop this goroutine fetches, stores, commits and
 	// acknowledges one batch at a time. With more, it only fetches
@@ -225,7 +193,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		ds, err := sub.Fetch(ctx, c.cfg.BatchSize, c.cfg.MaxWait)
+		ds, err := sub.Fetch(ctx, c.cfg.FetchBatchSize, c.cfg.MaxWait)
 		c.stats.fetched.Add(int64(len(ds)))
 		if err != nil {
 			c.ready.Store(false)
@@ -261,7 +229,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 // acker, which acknowledges it once the commit is flushed). Storing is
 // retried until it succeeds or the consumer stops; unacknowledged deliveries
 // are redelivered by the broker.
-func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
+func (c *engine) handle(ctx context.Context, ds []broker.Delivery) {
 	incoming := make([]pgrelay.Incoming, len(ds))
 	for i, d := range ds {
 		if d.DeadReason != "" {
@@ -320,8 +288,8 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 }
 
 // inProgress postpones the redelivery of ds while storing them is retried.
-func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+func (c *engine) inProgress(ctx context.Context, ds []broker.Delivery) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 	defer cancel()
 	for _, d := range ds {
 		_ = d.InProgress(ctx) // best effort: a redelivery is absorbed anyway
@@ -343,7 +311,7 @@ func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 // redelivered, is stored for the workers, and from then on each run is a
 // counted attempt: a poison message reaches the dead letters after at most
 // one uncounted run instead of killing the consumer forever.
-func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
+func (c *engine) applyOnReceive(ds []broker.Delivery) bool {
 	if c.cfg.NoApplyOnReceive || c.worker == nil {
 		return false
 	}
@@ -361,11 +329,11 @@ func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
 //
 // With Config.AsyncCommit the transaction commits without waiting for the
 // WAL flush and adds its commit to mark (see beginFunc).
-func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply bool, mark *commitMark) error {
+func (c *engine) store(ctx context.Context, incoming []pgrelay.Incoming, apply bool, mark *commitMark) error {
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 	defer cancel()
 	if c.worker != nil {
 		// The rows stored are stamped with the transaction's start: the
@@ -376,14 +344,14 @@ func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply
 	var applied *pgrelay.Applied
 	err := c.beginFunc(ctx, mark, func(tx pgx.Tx) error {
 		var err error
-		opts := pgrelay.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord}
+		opts := pgrelay.ReceiveOptions{Targets: c.targets, NoDuplicateRecord: c.cfg.noDuplicateRecord}
 		if apply {
-			res, applied, err = c.worker.ReceiveApply(ctx, tx, incoming, opts, c.cfg.ObserveReceive)
+			res, applied, err = c.worker.ReceiveApply(ctx, tx, incoming, opts, c.cfg.observeReceive)
 		} else {
 			start := time.Now()
 			res, err = pgrelay.ReceiveWith(ctx, tx, incoming, opts)
-			if c.cfg.ObserveReceive != nil {
-				c.cfg.ObserveReceive(time.Since(start))
+			if c.cfg.observeReceive != nil {
+				c.cfg.observeReceive(time.Since(start))
 			}
 		}
 		if err == nil && (res.Inserted > 0 || res.SeqsWoken > 0) && c.worker == nil {
@@ -433,7 +401,7 @@ func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply
 // succeeds or the consumer stops. It returns incoming with the EventID of any
 // message that was not stored cleared, so that it is left unacknowledged and
 // the broker redelivers it.
-func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incoming, acks []broker.Delivery, mark *commitMark) []pgrelay.Incoming {
+func (c *engine) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incoming, acks []broker.Delivery, mark *commitMark) []pgrelay.Incoming {
 	out := make([]pgrelay.Incoming, len(incoming))
 	copy(out, incoming)
 	for i, in := range incoming {
@@ -447,7 +415,7 @@ func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incom
 // storeOne stores one message of a refused batch, dead if the database refuses
 // it as data, and reports whether it was stored. ctx ends the retries of
 // transient failures (a stop); sctx is the store's own context.
-func (c *Consumer) storeOne(ctx, sctx context.Context, in pgrelay.Incoming, pending []broker.Delivery, mark *commitMark) bool {
+func (c *engine) storeOne(ctx, sctx context.Context, in pgrelay.Incoming, pending []broker.Delivery, mark *commitMark) bool {
 	msg := in
 	refusals := 0
 	for attempt := 0; ; {
@@ -552,12 +520,12 @@ func isRefused(err error) bool {
 // sleep waits for the attempt's backoff (attempt from 0: exponential from
 // RetryMin, capped at RetryMax, ×0.5–1.5) or until ctx ends, and reports
 // whether ctx is still live.
-func (c *Consumer) sleep(ctx context.Context, attempt int) bool {
+func (c *engine) sleep(ctx context.Context, attempt int) bool {
 	p := wait.Policy{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Spread: 0.5}
 	return wait.Sleep(ctx, p.Delay(attempt+1))
 }
 
-func (c *Consumer) logStats(ctx context.Context) {
+func (c *engine) logStats(ctx context.Context) {
 	_ = wait.Tick(ctx, c.cfg.StatsInterval, func() error {
 		c.log.Info("consumer stats", c.statsFields()...)
 		return nil
@@ -566,8 +534,8 @@ func (c *Consumer) logStats(ctx context.Context) {
 
 // watchDupRate computes the dedup hit ratio every rate interval and warns
 // when it is above Config.DupRateWarn.
-func (c *Consumer) watchDupRate(ctx context.Context) {
-	_ = wait.Tick(ctx, c.cfg.RateInterval, func() error {
+func (c *engine) watchDupRate(ctx context.Context) {
+	_ = wait.Tick(ctx, c.cfg.rateInterval, func() error {
 		c.closeRateInterval()
 		return nil
 	})
@@ -581,7 +549,7 @@ type rateCounts struct{ stored, dups int64 }
 // closeRateInterval ends a rate interval: it sets the hit ratio from what
 // arrived since the last one (keeping the last ratio when nothing did) and
 // warns when it is above Config.DupRateWarn. Only watchDupRate calls it.
-func (c *Consumer) closeRateInterval() {
+func (c *engine) closeRateInterval() {
 	stored, dups := c.stats.inserted.Load(), c.stats.duplicates.Load()
 	dd := dups - c.rateLast.dups
 	df := stored - c.rateLast.stored + dd
@@ -595,11 +563,11 @@ func (c *Consumer) closeRateInterval() {
 		c.log.Warn("high duplicate rate",
 			slog.Float64("rate", ratio), slog.Float64("threshold", c.cfg.DupRateWarn),
 			slog.Int64("duplicates", dd), slog.Int64("delivered", df),
-			slog.Duration("interval", c.cfg.RateInterval))
+			slog.Duration("interval", c.cfg.rateInterval))
 	}
 }
 
-func (c *Consumer) statsFields() []any {
+func (c *engine) statsFields() []any {
 	s := c.Stats()
 	return []any{
 		slog.Int64("fetched", s.Fetched), slog.Int64("inserted", s.Inserted),
@@ -613,9 +581,9 @@ func (c *Consumer) statsFields() []any {
 // direct registers the targets for the relay that stores into this
 // database's inbox (Config.Direct), retrying while the database is down,
 // then waits for ctx to end: the workers do the rest.
-func (c *Consumer) direct(ctx context.Context) error {
-	for attempt := 0; c.cfg.Register != nil; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+func (c *engine) direct(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 		err := c.cfg.Register(rctx)
 		cancel()
 		if err == nil {
@@ -626,12 +594,11 @@ func (c *Consumer) direct(ctx context.Context) error {
 			return nil
 		}
 	}
-	handlers := make([]string, len(c.cfg.Targets))
-	for i, t := range c.cfg.Targets {
+	handlers := make([]string, len(c.targets))
+	for i, t := range c.targets {
 		handlers[i] = t.Handler
 	}
-	c.log.Info("direct: the relay stores into this inbox; running the workers only", slog.Any("handlers", handlers),
-		slog.Any("topics", c.cfg.DirectTopics))
+	c.log.Info("direct: the relay stores into this inbox; running the workers only", slog.Any("handlers", handlers))
 	c.ready.Store(true)
 	defer c.ready.Store(false)
 	<-ctx.Done()

@@ -111,7 +111,7 @@ func parseLSN(s string) (uint64, error) {
 // beginFunc runs fn in a transaction of the pool, as pgx.BeginFunc does.
 // With Config.AsyncCommit and a mark, the transaction commits with
 // synchronous_commit off and adds its commit to mark.
-func (c *Consumer) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.Tx) error) error {
+func (c *engine) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.Tx) error) error {
 	if !c.cfg.AsyncCommit || mark == nil {
 		return pgx.BeginFunc(ctx, c.cfg.Pool, fn)
 	}
@@ -261,17 +261,17 @@ type acker struct {
 	failed  time.Time // when dialling last failed
 }
 
-func newAcker(c *Consumer) *acker {
+func newAcker(c *engine) *acker {
 	return &acker{
 		in:         make(chan ackEntry),
 		done:       make(chan struct{}),
 		dial:       dialWAL(c.cfg.Pool),
 		ack:        c.ackNow,
 		log:        c.log,
-		poll:       c.cfg.AsyncPollInterval,
+		poll:       c.cfg.asyncPollInterval,
 		flushAfter: c.cfg.AsyncFlushAfter,
-		maxPending: c.cfg.AsyncMaxPending,
-		timeout:    c.cfg.StoreTimeout,
+		maxPending: c.cfg.asyncMaxPending,
+		timeout:    c.cfg.storeTimeout,
 		retry:      c.cfg.RetryMin,
 		open:       &c.walReaderOpen,
 	}
@@ -452,8 +452,8 @@ func (a *acker) dropAll(what string, err error) {
 }
 
 // ackNow acknowledges stored deliveries.
-func (c *Consumer) ackNow(ds []broker.Delivery) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StoreTimeout)
+func (c *engine) ackNow(ds []broker.Delivery) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.storeTimeout)
 	defer cancel()
 	for _, d := range ds {
 		if err := d.Ack(ctx); err != nil {
