@@ -208,8 +208,12 @@ func runConsumer(parent context.Context, s *settings, opts cli.Options) error {
 	}
 	defer pool.Close()
 
-	if err := checkHandlerSettings(s, opts); err != nil {
+	handler, resolve, err := newHandler(s, opts, pool, log)
+	if err != nil {
 		return err
+	}
+	if tp != nil {
+		handler = otelpgrelay.NewHandler(handler, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(s.broker))
 	}
 	if s.ops.DedupRecordMax < 1 {
 		return fmt.Errorf("%s must be at least 1, got %d", opts.Name("Inbox.Retention.DuplicatesMax"), s.ops.DedupRecordMax)
@@ -221,10 +225,12 @@ func runConsumer(parent context.Context, s *settings, opts cli.Options) error {
 	if cfg.DedupKeyByTopic, err = parseDedupKeyTopics(s.dedupKeyTopics, opts.Name("DedupKeyByTopic")); err != nil {
 		return err
 	}
+	if cfg.Inbox.ListenConnConfig, cfg.Inbox.NoListen, err = dbs.Listen(); err != nil {
+		return err
+	}
 	sopts := cli.SubscriberOptions{BatchSize: cfg.FetchBatchSize, DedupWindow: s.ops.DedupWindow,
 		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: cfg.Inbox.HandlerName, Logger: log}
-	cfg.Pool, cfg.Subscribe, cfg.Logger = pool, side.Subscribe(sopts), log
-	cfg.Inbox.Handler = ledger.Handler{} // replaced below once the database is checked
+	cfg.Pool, cfg.Subscribe, cfg.Logger, cfg.Inbox.Handler = pool, side.Subscribe(sopts), log, handler
 	cfg.Inbox.Retention.Window, cfg.Inbox.Retention.DuplicatesMax = s.ops.DedupWindow, s.ops.DedupRecordMax
 	cfg.NoApplyOnReceive = !s.applyOnReceive
 	cfg.MetricsAddr, cfg.AdminAddr, cfg.AdminToken = s.ops.MetricsAddr, s.ops.AdminAddr, s.ops.AdminToken
@@ -235,27 +241,18 @@ func runConsumer(parent context.Context, s *settings, opts cli.Options) error {
 	}
 	// Settings first (no database needed), so that a bad flag is reported
 	// even when the database is down.
-	if _, err := consumer.New(cfg); err != nil {
+	c, err := consumer.New(cfg)
+	if err != nil {
 		return opts.NameErrors(err, "consumer.Config")
 	}
 	if err := side.Check(sopts); err != nil {
 		return err
 	}
-	if cfg.Inbox.ListenConnConfig, cfg.Inbox.NoListen, err = dbs.Listen(); err != nil {
-		return err
-	}
 	if err := checkDatabase(ctx, pool, dbs, s.handler == "ledger", opts.Name("Pool")); err != nil {
 		return err
 	}
-	if cfg.Inbox.Handler, err = newHandler(ctx, s, opts, pool, log); err != nil {
+	if err := resolve(ctx); err != nil {
 		return err
-	}
-	if tp != nil {
-		cfg.Inbox.Handler = otelpgrelay.NewHandler(cfg.Inbox.Handler, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(s.broker))
-	}
-	c, err := consumer.New(cfg)
-	if err != nil {
-		return opts.NameErrors(err, "consumer.Config")
 	}
 	// Run checks the database (reachable, migrated) once, then consumes.
 	if err := c.Run(ctx); err != nil {
@@ -286,61 +283,57 @@ func parseDedupKeyTopics(vals []string, name string) (map[string]string, error) 
 	return out, nil
 }
 
-// checkHandlerSettings checks the handler options that need no database.
-func checkHandlerSettings(s *settings, opts cli.Options) error {
+// newHandler checks the handler options and builds the handler --handler
+// selects. The sql handler's function must exist in the database: resolve
+// looks it up once the database is reachable (the settings are checked
+// before, the database down or not).
+func newHandler(s *settings, opts cli.Options, pool *pgxpool.Pool, log *slog.Logger) (pgrelay.InboxHandler, func(context.Context) error, error) {
 	handler, sqlFn, url := opts.Of(&s.handler), opts.Of(&s.sqlFunction), opts.Of(&s.httpURL)
+	none := func(context.Context) error { return nil }
 	if s.sqlFunction != "" && s.handler != "sql" {
-		return fmt.Errorf("%s is set but %s is %s: add --handler sql", sqlFn, handler, s.handler)
+		return nil, nil, fmt.Errorf("%s is set but %s is %s: add --handler sql", sqlFn, handler, s.handler)
 	}
 	if s.httpURL != "" && s.handler != "http" {
-		return fmt.Errorf("%s is set but %s is %s: add --handler http", url, handler, s.handler)
+		return nil, nil, fmt.Errorf("%s is set but %s is %s: add --handler http", url, handler, s.handler)
 	}
 	switch s.handler {
 	case "ledger":
+		return ledger.Handler{}, none, nil
 	case "sql":
 		if s.sqlFunction == "" {
-			return fmt.Errorf("%s is required with --handler sql", sqlFn)
+			return nil, nil, fmt.Errorf("%s is required with --handler sql", sqlFn)
 		}
+		h := &sqlHandler{}
+		return h, func(ctx context.Context) (err error) {
+			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if h.InboxHandler, err = handlers.NewSQL(ctx, pool, s.sqlFunction); err != nil {
+				return fmt.Errorf("%s: %w", sqlFn, err)
+			}
+			return nil
+		}, nil
 	case "http":
 		if s.httpURL == "" {
-			return fmt.Errorf("%s is required with --handler http", url)
+			return nil, nil, fmt.Errorf("%s is required with --handler http", url)
 		}
 		handlerTimeout := cmp.Or(max(s.cfg.Inbox.HandlerTimeout, 0), pgrelay.DefaultHandlerTimeout)
 		if s.httpTimeout <= 0 || s.httpTimeout >= handlerTimeout {
-			return fmt.Errorf("%s %s must be positive and shorter than %s %s",
+			return nil, nil, fmt.Errorf("%s %s must be positive and shorter than %s %s",
 				opts.Of(&s.httpTimeout), s.httpTimeout, opts.Name("Inbox.HandlerTimeout"), handlerTimeout)
 		}
-		if _, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout}); err != nil {
-			return errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", url, 1))
-		}
-	default:
-		return fmt.Errorf("%s %q: want ledger, sql or http", handler, s.handler)
-	}
-	return nil
-}
-
-// newHandler builds the handler --handler selects; the sql handler's function
-// must exist in the database.
-func newHandler(ctx context.Context, s *settings, opts cli.Options, pool *pgxpool.Pool, log *slog.Logger) (pgrelay.InboxHandler, error) {
-	switch s.handler {
-	case "sql":
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		h, err := handlers.NewSQL(ctx, pool, s.sqlFunction)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", opts.Of(&s.sqlFunction), err)
-		}
-		return h, nil
-	case "http":
 		h, err := handlers.NewHTTP(handlers.HTTPConfig{URL: s.httpURL, Timeout: s.httpTimeout, Recorder: pool, Logger: log})
 		if err != nil {
-			return nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", opts.Of(&s.httpURL), 1))
+			return nil, nil, errors.New(strings.Replace(err.Error(), "HTTPConfig.URL", url, 1))
 		}
-		return h, nil
+		return h, none, nil
 	default:
-		return ledger.Handler{}, nil
+		return nil, nil, fmt.Errorf("%s %q: want ledger, sql or http", handler, s.handler)
 	}
 }
+
+// sqlHandler is the sql handler, set once its function is found (Run
+// calls it only after).
+type sqlHandler struct{ pgrelay.InboxHandler }
 
 // checkDatabase fails start-up when the database cannot be reached (the
 // consumer's Run checks the migrations). The ledger handler also needs the
