@@ -85,7 +85,7 @@ func options(s *settings) cli.Options {
 		cli.Opt("batch-size", "CONSUMER_BATCH_SIZE", "FetchBatchSize", &c.FetchBatchSize, consumer.DefaultFetchBatchSize, "messages per fetch, stored in one transaction"),
 		cli.Opt("ingest-loops", "CONSUMER_INGEST_LOOPS", "IngestLoops", &c.IngestLoops, consumer.DefaultIngestLoops, "fetched batches stored at once, each in its own transaction and acknowledged after its own commit, while the next is fetched; 1 fetches, stores, commits and acknowledges one at a time"),
 		cli.Opt("max-wait", "CONSUMER_MAX_WAIT", "MaxWait", &c.MaxWait, consumer.DefaultMaxWait, "longest wait of an idle fetch for a first message; also bounds shutdown"),
-		cli.Opt("max-payload-bytes", "CONSUMER_MAX_PAYLOAD_BYTES", "", &s.maxPayloadBytes, consumer.DefaultMaxPayloadBytes, "larger payloads are stored dead"),
+		cli.Opt("max-payload-bytes", "CONSUMER_MAX_PAYLOAD_BYTES", "MaxPayloadBytes", &s.maxPayloadBytes, consumer.DefaultMaxPayloadBytes, "larger payloads are stored dead"),
 		cli.Opt("workers", "CONSUMER_WORKERS", "Inbox.Workers", &in.Workers, pgrelay.DefaultWorkers, "concurrent inbox worker batches"),
 		cli.Opt("worker-batch-size", "CONSUMER_WORKER_BATCH_SIZE", "Inbox.BatchSize", &in.BatchSize, pgrelay.DefaultBatchSize, "events per inbox worker transaction"),
 		cli.Opt("max-attempts", "CONSUMER_MAX_ATTEMPTS", "Inbox.MaxAttempts", &in.MaxAttempts, pgrelay.DefaultMaxAttempts, "handler attempts before an event goes dead"),
@@ -229,7 +229,7 @@ func runConsumer(parent context.Context, s *settings, opts cli.Options) error {
 		return err
 	}
 	sopts := cli.SubscriberOptions{BatchSize: cfg.FetchBatchSize, DedupWindow: s.ops.DedupWindow,
-		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: cfg.Inbox.HandlerName, Logger: log}
+		MaxPayloadBytes: s.maxPayloadBytes, HandlerName: cfg.Inbox.HandlerName, Logger: log, Options: opts}
 	cfg.Pool, cfg.Subscribe, cfg.Logger, cfg.Inbox.Handler = pool, side.Subscribe(sopts), log, handler
 	cfg.Inbox.Retention.Window, cfg.Inbox.Retention.DuplicatesMax = s.ops.DedupWindow, s.ops.DedupRecordMax
 	cfg.NoApplyOnReceive = !s.applyOnReceive

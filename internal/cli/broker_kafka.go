@@ -111,8 +111,6 @@ var kafkaFlags = map[string]string{
 	"MaxMessageBytes":              "--kafka-max-message-bytes (KAFKA_MAX_MESSAGE_BYTES)",
 	"DeliveryTimeout":              "--kafka-delivery-timeout (KAFKA_DELIVERY_TIMEOUT)",
 	"SessionTimeout":               "--kafka-session-timeout (KAFKA_SESSION_TIMEOUT)",
-	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
 	"AllowReplayBeyondDedupWindow": "--kafka-allow-replay-beyond-dedup-window (KAFKA_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
 }
 
@@ -152,7 +150,7 @@ func (s kafkaConsumerSide) Check(opts SubscriberOptions) error {
 	if err := ValidateEnv(kafkaEnvKinds); err != nil {
 		return err
 	}
-	return unprefixed(s.consumerConfig(opts).Validate())
+	return opts.names(s.consumerConfig(opts).Validate(), kafkaFlags)
 }
 
 func (s kafkaConsumerSide) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
@@ -160,7 +158,7 @@ func (s kafkaConsumerSide) Subscribe(opts SubscriberOptions) func(context.Contex
 	return func(ctx context.Context) (broker.Subscriber, error) {
 		sub, err := kafka.NewSubscriber(ctx, cfg)
 		if err != nil {
-			return nil, unprefixed(err)
+			return nil, opts.names(err, kafkaFlags)
 		}
 		return sub, nil
 	}

@@ -165,14 +165,7 @@ var natsConsumerFlags = map[string]string{
 	"SubjectPrefix":                "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
 	"Durable":                      "--durable (CONSUMER_DURABLE)",
 	"AckWait":                      "--ack-wait (CONSUMER_ACK_WAIT)",
-	"MaxAckPending":                "10 × --batch-size (CONSUMER_BATCH_SIZE)",
-	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
 	"AllowReplayBeyondDedupWindow": "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
-}
-
-func natsConsumerNames(err error) error {
-	return setting.Name(err, "", func(f string) string { return natsConsumerFlags[f] })
 }
 
 func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
@@ -213,19 +206,20 @@ func (s *natsConsumer) Check(opts SubscriberOptions) error {
 		return err
 	}
 	if err := s.config(opts).ValidateSubscriber(); err != nil {
-		return natsConsumerNames(err)
+		return opts.names(err, natsConsumerFlags)
 	}
 	return nil
 }
 
 func (s *natsConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
 	cfg := s.config(opts)
+	names := func(err error) error { return opts.names(err, natsConsumerFlags) }
 	return func(ctx context.Context) (broker.Subscriber, error) {
 		sub, err := nats.NewSubscriber(ctx, cfg)
 		if err != nil {
-			return nil, natsConsumerNames(err)
+			return nil, names(err)
 		}
-		return &namedSubscriber{Subscriber: sub, names: natsConsumerNames}, nil
+		return &namedSubscriber{Subscriber: sub, names: names}, nil
 	}
 }
 

@@ -148,7 +148,7 @@ func (s *rabbitMQConsumer) Check(opts SubscriberOptions) error {
 		return rabbitMQNames(err)
 	}
 	if opts.BatchSize > 0 && c.Prefetch < opts.BatchSize {
-		return fmt.Errorf("--amqp-prefetch (AMQP_PREFETCH) %d is below --batch-size (CONSUMER_BATCH_SIZE) %d: a fetched batch could never fill", c.Prefetch, opts.BatchSize)
+		return fmt.Errorf("%s %d is below %s %d: a fetched batch could never fill", rabbitMQFlags["Prefetch"], c.Prefetch, opts.Options.Name("FetchBatchSize"), opts.BatchSize)
 	}
 	return nil
 }
