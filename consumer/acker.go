@@ -111,7 +111,7 @@ func parseLSN(s string) (uint64, error) {
 // beginFunc runs fn in a transaction of the pool, as pgx.BeginFunc does.
 // With Config.AsyncCommit and a mark, the transaction commits with
 // synchronous_commit off and adds its commit to mark.
-func (c *engine) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.Tx) error) error {
+func (c *Consumer) beginFunc(ctx context.Context, mark *commitMark, fn func(pgx.Tx) error) error {
 	if !c.cfg.AsyncCommit || mark == nil {
 		return pgx.BeginFunc(ctx, c.cfg.Pool, fn)
 	}
@@ -261,7 +261,7 @@ type acker struct {
 	failed  time.Time // when dialling last failed
 }
 
-func newAcker(c *engine) *acker {
+func newAcker(c *Consumer) *acker {
 	return &acker{
 		in:         make(chan ackEntry),
 		done:       make(chan struct{}),
@@ -452,7 +452,7 @@ func (a *acker) dropAll(what string, err error) {
 }
 
 // ackNow acknowledges stored deliveries.
-func (c *engine) ackNow(ds []broker.Delivery) {
+func (c *Consumer) ackNow(ds []broker.Delivery) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.storeTimeout)
 	defer cancel()
 	for _, d := range ds {

@@ -233,12 +233,12 @@ func TestAsyncCommitSettingsValidated(t *testing.T) {
 	t.Parallel()
 	pool := &pgxpool.Pool{}
 	sub := func(context.Context) (broker.Subscriber, error) { return nil, nil }
-	_, err := newEngine(Config{Pool: pool, Subscribe: sub, disableWorkers: true, AsyncCommit: true})
+	_, err := newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, AsyncCommit: true})
 	require.NoError(t, err)
-	_, err = newEngine(Config{Pool: pool, Subscribe: sub, disableWorkers: true, AsyncCommit: true, AsyncFlushAfter: -time.Millisecond})
+	_, err = newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, AsyncCommit: true, AsyncFlushAfter: -time.Millisecond})
 	require.ErrorContains(t, err, "Config.AsyncFlushAfter -1ms must be positive")
 	handler := pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error { return nil })
-	_, err = newEngine(Config{Pool: pool, Direct: true, Register: func(context.Context) error { return nil }, AsyncCommit: true,
+	_, err = newConsumer(Config{Pool: pool, Direct: true, Register: func(context.Context) error { return nil }, AsyncCommit: true,
 		Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.ErrorContains(t, err, "Config.AsyncCommit is for the batches")
 }

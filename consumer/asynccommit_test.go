@@ -72,7 +72,7 @@ func TestAsyncCommitLostInACrashIsRedelivered(t *testing.T) {
 		},
 		Logger: logtest.New(t),
 	}}
-	c, err := newEngine(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -120,7 +120,7 @@ func TestAsyncCommitSettles(t *testing.T) {
 		b := setup(t)
 		b.cfg.AsyncCommit = true
 		b.cfg.IngestLoops = loops
-		c, err := newEngine(b.config())
+		c, err := newConsumer(b.config())
 		require.NoError(t, err)
 		stop := b.start(t, c)
 		const orders = 40
@@ -151,7 +151,7 @@ func TestWALSessionForcesTheFlush(t *testing.T) {
 	t.Cleanup(pool.Close)
 	_, err = pool.Exec(ctx, `CREATE TABLE async_rows (n int)`)
 	require.NoError(t, err)
-	c := &engine{cfg: Config{Pool: pool, AsyncCommit: true}}
+	c := &Consumer{cfg: Config{Pool: pool, AsyncCommit: true}}
 
 	sess, err := dialWAL(pool)(ctx)
 	require.NoError(t, err)
@@ -198,7 +198,7 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, trips := testdb.RoundTripPool(t, 0)
-	c, err := newEngine(Config{
+	c, err := newConsumer(Config{
 		Pool:          pool,
 		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		StatsInterval: -1,

@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync/atomic"
 	"time"
@@ -44,13 +45,36 @@ import (
 // retention and, when configured, metrics, health checks and the admin API.
 // Create it with New and run it with Run.
 type Consumer struct {
-	e       *engine
+	cfg     Config
+	targets []pgrelay.Target // cfg.targets()
+	log     *slog.Logger
+	worker  *pgrelay.InboxWorker // nil when cfg.disableWorkers
+	acks    *acker               // set while ingest runs with Config.AsyncCommit
+	// walReaderOpen tells whether the acker's connection is open.
+	walReaderOpen atomic.Bool
+	stats         counters
+	ready         atomic.Bool
+	// hitRatio holds the float64 bits of the dedup hit ratio over the last
+	// completed rate interval (see dedupHitRatio).
+	hitRatio atomic.Uint64
+	// rateLast is closeRateInterval's state (the counts at the last interval's
+	// end); only the rate watcher touches it.
+	rateLast rateCounts
+
 	reg     *prometheus.Registry
 	running atomic.Bool
 	started chan struct{}
 	ops     *endpoints.Running
 	// sub is the subscriber Run created, for the console's broker page.
 	sub atomic.Pointer[broker.Subscriber]
+
+	// crashAfterCommit, when set (tests only), is called after a batch
+	// committed and before it is acknowledged; returning true abandons the
+	// batch unacknowledged, as a process crash at that point would.
+	crashAfterCommit func() bool
+	// beforeStore, when set (tests only), is called before each attempt to
+	// store messages, so a test can break the database connection there.
+	beforeStore func([]pgrelay.Incoming)
 }
 
 // retention reads the broker's retention for the web console, when the
@@ -76,27 +100,28 @@ func (c *Consumer) retention(ctx context.Context) (*console.BrokerSettings, erro
 // New checks cfg and builds a consumer; it does not connect to anything
 // until Run. Every invalid setting is reported, each naming its Config field.
 func New(cfg Config) (*Consumer, error) {
-	pc := &Consumer{reg: metrics.NewRegistry(), started: make(chan struct{})}
+	reg := metrics.NewRegistry()
+	var pc *Consumer // set below; the observer reads it only once running
 	targets := cfg.withDefaults().targets()
 	names := make([]string, len(targets))
 	for i, t := range targets {
 		names[i] = t.Handler
 	}
-	observer := metrics.NewInboxObserver(pc.reg, metrics.InboxObserverOptions{
+	observer := metrics.NewInboxObserver(reg, metrics.InboxObserverOptions{
 		Handler:  cmp.Or(cfg.Inbox.HandlerName, pgrelay.DefaultHandlerName),
 		Handlers: names,
 		IngestStats: func() metrics.IngestStats {
-			st := pc.e.Stats()
+			st := pc.Stats()
 			return metrics.IngestStats{Received: st.Fetched, Duplicates: st.Duplicates, Dead: st.Dead,
 				StoreErrors: st.StoreErrors, FetchErrors: st.FetchErrors, AppliedOnReceive: st.AppliedOnReceive,
-				Unacked: st.Unacked, HitRatio: pc.e.DedupHitRatio()}
+				Unacked: st.Unacked, HitRatio: pc.dedupHitRatio()}
 		},
 	})
 	cfg.Inbox.Observer = teeObserver(observer, cfg.Inbox.Observer)
 	if o := cfg.Inbox.Retention.Observer; o != nil {
-		cfg.Inbox.Retention.Observer = retentionTee{metrics.NewRetentionObserver(pc.reg), o}
+		cfg.Inbox.Retention.Observer = retentionTee{metrics.NewRetentionObserver(reg), o}
 	} else {
-		cfg.Inbox.Retention.Observer = metrics.NewRetentionObserver(pc.reg)
+		cfg.Inbox.Retention.Observer = metrics.NewRetentionObserver(reg)
 	}
 	cfg.observeReceive, cfg.observeConflicts = observer.ObserveReceive, observer.KeyConflicts
 	if subscribe := cfg.Subscribe; subscribe != nil {
@@ -110,9 +135,10 @@ func New(cfg Config) (*Consumer, error) {
 		}
 	}
 	var err error
-	if pc.e, err = newEngine(cfg); err != nil {
+	if pc, err = newConsumer(cfg); err != nil {
 		return nil, err
 	}
+	pc.reg = reg
 	return pc, nil
 }
 
@@ -133,7 +159,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	cfg := c.e.cfg
+	cfg := c.cfg
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags: endpoints.Flags{MetricsAddr: cfg.MetricsAddr, AdminAddr: cfg.AdminAddr,
 			AdminToken: cfg.AdminToken, DedupWindow: cmp.Or(cfg.Inbox.Retention.Window, pgrelay.DefaultDedupWindow)},
@@ -142,7 +168,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		Checks: map[string]metrics.Check{
 			"database": metrics.PingCheck(cfg.Pool),
 			"broker": func(context.Context) error {
-				if !c.e.Ready() {
+				if !c.Ready() {
 					return errors.New("not fetching from the broker")
 				}
 				return nil
@@ -150,7 +176,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		},
 		Broker: c.retention,
 		Counters: func() (float64, float64, bool) {
-			st := c.e.Stats()
+			st := c.Stats()
 			return float64(st.Fetched), float64(st.Duplicates), true
 		},
 	})
@@ -159,7 +185,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.ops = ops
 	close(c.started)
-	runErr := c.e.Run(ctx)
+	runErr := c.consume(ctx)
 	stop() // Run returned on its own: stop the operator endpoints too
 	return errors.Join(runErr, ops.Wait())
 }
@@ -168,17 +194,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 // the migrations: consuming into a partial schema would only loop on errors
 // while looking alive.
 func (c *Consumer) checkDatabase(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, c.e.cfg.StartupTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StartupTimeout)
 	defer cancel()
-	if err := pooler.CheckStart(ctx, c.e.cfg.Pool); err != nil {
+	if err := pooler.CheckStart(ctx, c.cfg.Pool); err != nil {
 		return setting.Errorf("consumer", "consumer.Config", "Pool", "{}: %w", err)
 	}
 	return nil
 }
-
-// Ready reports whether the consumer is fetching: its last fetch from the
-// broker succeeded.
-func (c *Consumer) Ready() bool { return c.e.Ready() }
 
 // Stats are a consumer's ingest counters since it started.
 type Stats struct {
@@ -209,9 +231,6 @@ type Stats struct {
 	// until then a Kafka partition's committed offset stays before the record).
 	Unacked int64 `json:"unacked"`
 }
-
-// Stats returns a snapshot of the ingest counters.
-func (c *Consumer) Stats() Stats { return c.e.Stats() }
 
 // MetricsAddr returns the address the metrics server listens on once Run has
 // started it (useful with port 0), or nil.

@@ -10,7 +10,7 @@ import (
 // key conflicts (the same key stored with another payload; the stored
 // event's effect stands) and events stored dead because their key could not
 // be built.
-func (c *engine) reportIdentity(res pgrelay.ReceiveResult) {
+func (c *Consumer) reportIdentity(res pgrelay.ReceiveResult) {
 	var perHandler map[string]int
 	for _, a := range res.Absorbed {
 		if !a.Conflict {

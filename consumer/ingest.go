@@ -28,42 +28,14 @@ import (
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// engine moves deliveries from its subscriber into the inbox and runs the
-// inbox workers.
-type engine struct {
-	cfg     Config
-	targets []pgrelay.Target // cfg.targets()
-	log     *slog.Logger
-	worker  *pgrelay.InboxWorker // nil when cfg.disableWorkers
-	acks    *acker               // set while ingest runs with Config.AsyncCommit
-	// walReaderOpen tells whether the acker's connection is open.
-	walReaderOpen atomic.Bool
-	stats         counters
-	ready         atomic.Bool
-	// hitRatio holds the float64 bits of the dedup hit ratio over the last
-	// completed rate interval (see DedupHitRatio).
-	hitRatio atomic.Uint64
-	// rateLast is closeRateInterval's state (the counts at the last interval's
-	// end); only the rate watcher touches it.
-	rateLast rateCounts
-
-	// crashAfterCommit, when set (tests only), is called after a batch
-	// committed and before it is acknowledged; returning true abandons the
-	// batch unacknowledged, as a process crash at that point would.
-	crashAfterCommit func() bool
-	// beforeStore, when set (tests only), is called before each attempt to
-	// store messages, so a test can break the database connection there.
-	beforeStore func([]pgrelay.Incoming)
-}
-
 type counters struct {
 	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive, unacked atomic.Int64
 }
 
-// newEngine defaults and validates cfg and builds the engine; every
-// invalid setting is reported, each naming its Config field. It does not
-// connect to anything yet: Run does, and keeps retrying.
-func newEngine(cfg Config) (*engine, error) {
+// newConsumer defaults and validates cfg and builds the consumer without
+// its metrics (New adds them); every invalid setting is reported, each
+// naming its Config field. It does not connect to anything yet.
+func newConsumer(cfg Config) (*Consumer, error) {
 	cfg = cfg.withDefaults()
 	errs := cfg.validate()
 	var w *pgrelay.InboxWorker
@@ -81,11 +53,12 @@ func newEngine(cfg Config) (*engine, error) {
 	if errs != nil {
 		return nil, fmt.Errorf("consumer: %w", errors.Join(errs...))
 	}
-	return &engine{cfg: cfg, targets: cfg.targets(), log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w}, nil
+	return &Consumer{cfg: cfg, targets: cfg.targets(), log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w,
+		started: make(chan struct{})}, nil
 }
 
 // Stats returns a snapshot of the consumer's counters.
-func (c *engine) Stats() Stats {
+func (c *Consumer) Stats() Stats {
 	return Stats{
 		Fetched:     c.stats.fetched.Load(),
 		Inserted:    c.stats.inserted.Load(),
@@ -101,25 +74,26 @@ func (c *engine) Stats() Stats {
 	}
 }
 
-// DedupHitRatio returns the share of deliveries absorbed as duplicates over
+// dedupHitRatio returns the share of deliveries absorbed as duplicates over
 // the last completed rate interval (Config.RateInterval) in which anything
 // arrived: duplicates divided by messages stored or absorbed in it; 0 until
 // then. A quiet interval keeps the last value rather than reading as 0.
-func (c *engine) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
+func (c *Consumer) dedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
 
 // Ready reports whether the consumer's last fetch succeeded: it is attached
 // to its broker and fetching.
-func (c *engine) Ready() bool { return c.ready.Load() }
+func (c *Consumer) Ready() bool { return c.ready.Load() }
 
-// Run consumes until ctx is cancelled, then shuts down gracefully: it stops
-// fetching, stores and acknowledges the batches in hand, and stops the inbox
-// workers. It returns nil after a graceful shutdown. Broker and database
-// outages are retried with backoff, never returned; what a retry cannot fix
-// is: a subscriber that cannot be created (Config.Subscribe fails: a broker
-// that cannot be reached at start-up is reported with its cause) and a
-// permanent fetch error (broker.IsTerminal: a setting to fix, such as a
-// stream that outlives the dedup window).
-func (c *engine) Run(ctx context.Context) error {
+// consume runs the ingest and the inbox workers until ctx is cancelled,
+// then shuts down gracefully: it stops fetching, stores and acknowledges the
+// batches in hand, and stops the inbox workers. It returns nil after a
+// graceful shutdown. Broker and database outages are retried with backoff,
+// never returned; what a retry cannot fix is: a subscriber that cannot be
+// created (Config.Subscribe fails: a broker that cannot be reached at
+// start-up is reported with its cause) and a permanent fetch error
+// (broker.IsTerminal: a setting to fix, such as a stream that outlives the
+// dedup window).
+func (c *Consumer) consume(ctx context.Context) error {
 	// A fatal ingest error (a refused setting) stops the workers too.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -144,7 +118,7 @@ func (c *engine) Run(ctx context.Context) error {
 }
 
 // ingest subscribes and moves batches into the inbox until ctx ends.
-func (c *engine) ingest(ctx context.Context) error {
+func (c *Consumer) ingest(ctx context.Context) error {
 	if c.cfg.Direct {
 		return c.direct(ctx)
 	}
@@ -229,7 +203,7 @@ func (c *engine) ingest(ctx context.Context) error {
 // acker, which acknowledges it once the commit is flushed). Storing is
 // retried until it succeeds or the consumer stops; unacknowledged deliveries
 // are redelivered by the broker.
-func (c *engine) handle(ctx context.Context, ds []broker.Delivery) {
+func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 	incoming := make([]pgrelay.Incoming, len(ds))
 	for i, d := range ds {
 		if d.DeadReason != "" {
@@ -288,7 +262,7 @@ func (c *engine) handle(ctx context.Context, ds []broker.Delivery) {
 }
 
 // inProgress postpones the redelivery of ds while storing them is retried.
-func (c *engine) inProgress(ctx context.Context, ds []broker.Delivery) {
+func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 	defer cancel()
 	for _, d := range ds {
@@ -311,7 +285,7 @@ func (c *engine) inProgress(ctx context.Context, ds []broker.Delivery) {
 // redelivered, is stored for the workers, and from then on each run is a
 // counted attempt: a poison message reaches the dead letters after at most
 // one uncounted run instead of killing the consumer forever.
-func (c *engine) applyOnReceive(ds []broker.Delivery) bool {
+func (c *Consumer) applyOnReceive(ds []broker.Delivery) bool {
 	if c.cfg.NoApplyOnReceive || c.worker == nil {
 		return false
 	}
@@ -329,7 +303,7 @@ func (c *engine) applyOnReceive(ds []broker.Delivery) bool {
 //
 // With Config.AsyncCommit the transaction commits without waiting for the
 // WAL flush and adds its commit to mark (see beginFunc).
-func (c *engine) store(ctx context.Context, incoming []pgrelay.Incoming, apply bool, mark *commitMark) error {
+func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply bool, mark *commitMark) error {
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
 	}
@@ -401,7 +375,7 @@ func (c *engine) store(ctx context.Context, incoming []pgrelay.Incoming, apply b
 // succeeds or the consumer stops. It returns incoming with the EventID of any
 // message that was not stored cleared, so that it is left unacknowledged and
 // the broker redelivers it.
-func (c *engine) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incoming, acks []broker.Delivery, mark *commitMark) []pgrelay.Incoming {
+func (c *Consumer) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incoming, acks []broker.Delivery, mark *commitMark) []pgrelay.Incoming {
 	out := make([]pgrelay.Incoming, len(incoming))
 	copy(out, incoming)
 	for i, in := range incoming {
@@ -415,7 +389,7 @@ func (c *engine) storeEach(ctx, sctx context.Context, incoming []pgrelay.Incomin
 // storeOne stores one message of a refused batch, dead if the database refuses
 // it as data, and reports whether it was stored. ctx ends the retries of
 // transient failures (a stop); sctx is the store's own context.
-func (c *engine) storeOne(ctx, sctx context.Context, in pgrelay.Incoming, pending []broker.Delivery, mark *commitMark) bool {
+func (c *Consumer) storeOne(ctx, sctx context.Context, in pgrelay.Incoming, pending []broker.Delivery, mark *commitMark) bool {
 	msg := in
 	refusals := 0
 	for attempt := 0; ; {
@@ -520,12 +494,12 @@ func isRefused(err error) bool {
 // sleep waits for the attempt's backoff (attempt from 0: exponential from
 // RetryMin, capped at RetryMax, ×0.5–1.5) or until ctx ends, and reports
 // whether ctx is still live.
-func (c *engine) sleep(ctx context.Context, attempt int) bool {
+func (c *Consumer) sleep(ctx context.Context, attempt int) bool {
 	p := wait.Policy{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Spread: 0.5}
 	return wait.Sleep(ctx, p.Delay(attempt+1))
 }
 
-func (c *engine) logStats(ctx context.Context) {
+func (c *Consumer) logStats(ctx context.Context) {
 	_ = wait.Tick(ctx, c.cfg.StatsInterval, func() error {
 		c.log.Info("consumer stats", c.statsFields()...)
 		return nil
@@ -534,7 +508,7 @@ func (c *engine) logStats(ctx context.Context) {
 
 // watchDupRate computes the dedup hit ratio every rate interval and warns
 // when it is above Config.DupRateWarn.
-func (c *engine) watchDupRate(ctx context.Context) {
+func (c *Consumer) watchDupRate(ctx context.Context) {
 	_ = wait.Tick(ctx, c.cfg.rateInterval, func() error {
 		c.closeRateInterval()
 		return nil
@@ -549,7 +523,7 @@ type rateCounts struct{ stored, dups int64 }
 // closeRateInterval ends a rate interval: it sets the hit ratio from what
 // arrived since the last one (keeping the last ratio when nothing did) and
 // warns when it is above Config.DupRateWarn. Only watchDupRate calls it.
-func (c *engine) closeRateInterval() {
+func (c *Consumer) closeRateInterval() {
 	stored, dups := c.stats.inserted.Load(), c.stats.duplicates.Load()
 	dd := dups - c.rateLast.dups
 	df := stored - c.rateLast.stored + dd
@@ -567,7 +541,7 @@ func (c *engine) closeRateInterval() {
 	}
 }
 
-func (c *engine) statsFields() []any {
+func (c *Consumer) statsFields() []any {
 	s := c.Stats()
 	return []any{
 		slog.Int64("fetched", s.Fetched), slog.Int64("inserted", s.Inserted),
@@ -581,7 +555,7 @@ func (c *engine) statsFields() []any {
 // direct registers the targets for the relay that stores into this
 // database's inbox (Config.Direct), retrying while the database is down,
 // then waits for ctx to end: the workers do the rest.
-func (c *engine) direct(ctx context.Context) error {
+func (c *Consumer) direct(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 		err := c.cfg.Register(rctx)

@@ -76,7 +76,7 @@ func TestIngestLoopsStoreAtOnceWithoutDeadlocks(t *testing.T) {
 	cfg.disableWorkers = true
 	cfg.FetchBatchSize = ids
 	cfg.IngestLoops = 4
-	c, err := newEngine(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	// Each pair's two stores start together: the first waits for the
 	// second, which only a concurrent loop can start.

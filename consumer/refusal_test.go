@@ -64,7 +64,7 @@ func TestOversizedKeyGoesDeadAndTheBatchGoesThrough(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.cfg.disableWorkers = true
-	c, err := newEngine(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	long := incompressible(3000)
 	var a ackedDeliveries
@@ -114,7 +114,7 @@ func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.cfg.disableWorkers = true
-	c, err := newEngine(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	bad := keyed("s-2", "s", 2)
 	bad.EventType = "Step\x00" // refused by Receive: stored dead, the text cleaned
@@ -213,7 +213,7 @@ func TestRefusedEvenDeadIsCountedAndLogged(t *testing.T) {
 	require.NoError(t, err)
 	core, logs := logtest.Observe(slog.LevelError)
 	b.cfg.disableWorkers, b.cfg.Logger = true, core
-	c, err := newEngine(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	var a ackedDeliveries
 	c.handle(ctx, a.deliveries(keyed("ok-1", "k", 1), keyed("poison", "k", 2), keyed("ok-3", "k", 3)))

@@ -37,7 +37,7 @@ func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 	defer cancel()
 	pool, trips := testdb.RoundTripPool(t, mode)
 
-	c, err := newEngine(Config{
+	c, err := newConsumer(Config{
 		Pool:           pool,
 		Subscribe:      func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		FetchBatchSize: 20,
