@@ -18,7 +18,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"

@@ -14,10 +14,9 @@ const mod = "github.com/pgrelay/pgrelay"
 
 // engines are the packages that do the work behind the public surface and
 // that an adapter or the metrics must not pull in: the relay (its engine and
-// WAL capture), the consumer's ingest engine and the consumer service. The
-// inbox and outbox engines live in the root package, the public types every
-// part imports.
-var engines = []string{mod + "/relay", mod + "/internal/consumer", mod + "/consumer"}
+// WAL capture) and the consumer (its ingest engine). The inbox and outbox
+// engines live in the root package, the public types every part imports.
+var engines = []string{mod + "/relay", mod + "/consumer"}
 
 // goListImports returns, for each package pattern matches, the packages it
 // imports itself (not its tests').
@@ -63,7 +62,8 @@ func contains(list []string, s string) bool {
 // implement the broker seam and import no engine (broker/postgres stores into
 // the inbox through the root package's receive path); metrics implement the
 // engines' observers structurally and import none; the consumer's ingest
-// engine imports no broker adapter; a consumer program does not link WAL
+// (package consumer) imports no broker adapter: a direct consumer is given
+// its registration (Config.Register); a consumer program does not link WAL
 // capture.
 func TestSeams(t *testing.T) {
 	t.Parallel()
@@ -78,7 +78,7 @@ func TestSeams(t *testing.T) {
 	})
 	t.Run("consumer engine imports no broker adapter", func(t *testing.T) {
 		adapters := []string{mod + "/broker/nats", mod + "/broker/kafka", mod + "/broker/rabbitmq", mod + "/broker/postgres"}
-		assertNoImports(t, mod+"/internal/consumer", adapters, nil)
+		assertNoImports(t, mod+"/consumer", adapters, nil)
 	})
 	t.Run("a consumer does not link WAL capture", func(t *testing.T) {
 		for _, pkg := range []string{mod + "/cmd/consumer", mod + "/consumer"} {

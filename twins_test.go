@@ -18,11 +18,7 @@ var publicPackages = []string{".", "relay", "consumer", "broker", "broker/*", "g
 
 // knownTwins are the twins not yet retired, internal name → public name,
 // each with its reason. Add none: define the type once instead.
-var knownTwins = map[string]string{
-	// internal/consumer is the consumer package's engine until the two are
-	// one package; its counters are copied into consumer.Stats.
-	"consumer.IngestCounts": "consumer.Stats",
-}
+var knownTwins = map[string]string{}
 
 // structType is an exported struct type of one package: its exported
 // fields as "name type", sorted, package qualifiers dropped.

@@ -21,7 +21,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/relay"
@@ -165,7 +165,7 @@ func (p *pipeline) startInProcess(ctx context.Context) error {
 	c, err := consumer.New(consumer.Config{
 		Pool: cpool, MaxWait: p.maxWait,
 		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: p.stream, SubjectPrefix: p.prefix,
-			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
+			Durable: "bench", MaxAckPending: 10 * consumer.DefaultFetchBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
 		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: pgrelay.InboxConfig{Handler: ledger.Handler{}},
 	})
 	if err != nil {

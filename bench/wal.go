@@ -17,7 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
 	"github.com/pgrelay/pgrelay/internal/testcluster"
@@ -277,7 +277,7 @@ func (b *bench) startWALPipeline(ctx context.Context, dbs *databases, capture st
 	c, err := consumer.New(consumer.Config{
 		Pool: cpool,
 		Subscribe: broker.Subscribe(nats.NewSubscriber, nats.Config{URL: b.nats.url, Stream: stream, SubjectPrefix: prefix,
-			Durable: "bench", MaxAckPending: 10 * consumer.DefaultBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
+			Durable: "bench", MaxAckPending: 10 * consumer.DefaultFetchBatchSize, MaxPayloadBytes: consumer.DefaultMaxPayloadBytes}),
 		StatsInterval: -1, Logger: b.log.With(slog.String("logger", "consumer")), Inbox: pgrelay.InboxConfig{Handler: ledger.Handler{}},
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
@@ -131,7 +131,7 @@ func TestUpgradeFromPublicInstallation(t *testing.T) {
 	nc := pgnats.Config{URL: natsURL, Stream: stream, SubjectPrefix: prefix, Durable: "upgrade",
 		AckWait: 10 * time.Second, MaxAckPending: 200, MaxPayloadBytes: 1 << 20}
 	c, err := consumer.New(consumer.Config{
-		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
+		Pool: pool, FetchBatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Subscribe: func(ctx context.Context) (broker.Subscriber, error) { return pgnats.NewSubscriber(ctx, nc) },
 		Inbox: pgrelay.InboxConfig{

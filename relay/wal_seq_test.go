@@ -16,7 +16,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	pgnats "github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/event"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
@@ -207,7 +207,7 @@ func TestWALOrderedApplyEndToEnd(t *testing.T) {
 			return pgnats.NewSubscriber(ctx, pgnats.Config{URL: b.natsURL, Stream: b.stream, SubjectPrefix: b.prefix, Durable: "ordered",
 				AckWait: 10 * time.Second, MaxAckPending: 200, MaxPayloadBytes: 1 << 20})
 		},
-		BatchSize: 20, MaxWait: 100 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond, StatsInterval: -1,
+		FetchBatchSize: 20, MaxWait: 100 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond, StatsInterval: -1,
 		Inbox: pgrelay.InboxConfig{
 			Ordered: true,
 			Handler: pgrelay.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {

@@ -21,7 +21,7 @@ import (
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/brokertest"
 	"github.com/pgrelay/pgrelay/broker/kafka"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
@@ -52,7 +52,7 @@ func TestEndToEndThroughKafka(t *testing.T) {
 	require.NoError(t, err)
 	newConsumer := func() *consumer.Consumer {
 		c, err := consumer.New(consumer.Config{
-			Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
+			Pool: pool, FetchBatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 			RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 			Subscribe: func(ctx context.Context) (broker.Subscriber, error) { return kafka.NewSubscriber(ctx, cfg) },
 			Inbox: pgrelay.InboxConfig{Handler: ledger.Handler{}, PollInterval: 50 * time.Millisecond,

@@ -15,7 +15,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 

@@ -71,11 +71,21 @@ func (s Subscription) target() (pgrelay.Target, map[string]bool, error) {
 	return t, topics, nil
 }
 
+// RegisterTargets returns Register of targets, each taking topics (nil:
+// every topic), for consumer.Config.Register: a direct consumer
+// (consumer.Config.Direct) registers its targets at start-up.
+func RegisterTargets(q DB, topics []string, targets ...pgrelay.Target) func(context.Context) error {
+	subs := make([]Subscription, len(targets))
+	for i, t := range targets {
+		subs[i] = Subscription{Handler: t.Handler, DedupKey: t.DedupKey, DedupKeyByTopic: t.DedupKeyByTopic, Topics: topics}
+	}
+	return func(ctx context.Context) error { return Register(ctx, q, subs...) }
+}
+
 // Register records subs in the target database's pgrelay.inbox_subscriptions
 // (replacing the settings of a handler registered before), in one
 // transaction: every event the publisher stores after it commits is stored
-// for them. A direct consumer (consumer.Config.Direct) registers its targets
-// at start-up.
+// for them.
 func Register(ctx context.Context, q DB, subs ...Subscription) error {
 	seen := map[string]bool{}
 	params := make([]db.UpsertInboxSubscriptionParams, 0, len(subs))

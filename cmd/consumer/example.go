@@ -22,7 +22,7 @@ import (
 // no longer create in a user's database: up applies it after pgrelay's
 // migrations, down rolls back its most recent migration instead of
 // pgrelay's, status lists it after pgrelay's.
-func addExampleSchemaFlag(migrate *cobra.Command, databaseURL *string) {
+func addExampleSchemaFlag(migrate *cobra.Command, databaseURL *string, urlName string) {
 	for _, sub := range migrate.Commands() {
 		name := sub.Name()
 		if name != "up" && name != "down" && name != "status" {
@@ -45,27 +45,27 @@ func addExampleSchemaFlag(migrate *cobra.Command, databaseURL *string) {
 					return err
 				}
 			}
-			return runExampleSchema(cmd, name, *databaseURL)
+			return runExampleSchema(cmd, name, *databaseURL, urlName)
 		}
 	}
 }
 
-func runExampleSchema(cmd *cobra.Command, op, databaseURL string) error {
+func runExampleSchema(cmd *cobra.Command, op, databaseURL, urlName string) error {
 	if databaseURL == "" {
-		return errors.New("--database-url (DATABASE_URL) is required")
+		return errors.New(urlName + " is required")
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 	defer cancel()
 	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return fmt.Errorf("%s: %w", urlName, err)
 	}
 	if force, _ := cmd.Flags().GetBool("force"); force {
 		cfg.ConnConfig.RuntimeParams["pgrelay.force_down"] = "on"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return fmt.Errorf("%s: %w", urlName, err)
 	}
 	defer pool.Close()
 	sqlDB := stdlib.OpenDBFromPool(pool)
@@ -116,13 +116,13 @@ func runExampleSchema(cmd *cobra.Command, op, databaseURL string) error {
 // the handler and go dead after its attempts. A database without pgrelay's
 // schema either is left to the consumer's start-up check, which says how to
 // migrate it first.
-func checkExampleSchema(ctx context.Context, pool *pgxpool.Pool) error {
+func checkExampleSchema(ctx context.Context, pool *pgxpool.Pool, urlName string) error {
 	err := ledgermigrations.Check(ctx, pool)
 	if missing := (*ledgermigrations.MissingError)(nil); errors.As(err, &missing) && missing.NoPgrelay {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return fmt.Errorf("%s: %w", urlName, err)
 	}
 	return nil
 }

@@ -125,3 +125,22 @@ func TestRunHandlerHTTP(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.inbox WHERE handler_status = 200 AND handler_latency_ms >= 0`).Scan(&withStatus))
 	require.Equal(t, 5, withStatus, "the response is recorded on each inbox row")
 }
+
+// TestRunDirectRegistersItsHandler: `consumer run --broker postgres` records
+// its handler, key strategy and --pg-topics for the relay that stores into
+// its inbox (consumer.Config.Register), then runs the workers.
+func TestRunDirectRegistersItsHandler(t *testing.T) {
+	dbURL := testdb.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	startConsumerCommand(t, "run", "--database-url", dbURL, "--broker", "postgres", "--pg-topics", "orders",
+		"--handler", "http", "--url", "http://127.0.0.1:1/hook", "--handler-name", "direct-h",
+		"--dedup-key", "business:payment:{order_id}", "--metrics-addr", "", "--admin-addr", "")
+	require.Eventually(t, func() bool {
+		var key string
+		var topics []string
+		err := pool.QueryRow(context.Background(), `SELECT dedup_key, topics FROM pgrelay.inbox_subscriptions WHERE handler = 'direct-h'`).Scan(&key, &topics)
+		return err == nil && key == "business:payment:{order_id}" && len(topics) == 1 && topics[0] == "orders"
+	}, 20*time.Second, 50*time.Millisecond)
+}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay/internal/cli/clitest"
 )
 
 // run executes the command line and returns its error.
@@ -59,7 +61,7 @@ func TestBadSettingsNameTheSetting(t *testing.T) {
 	require.ErrorContains(t, run(t, "run", "--dup-rate-warn", "1.5"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN) 1.5 must be between 0 and 1")
 	require.ErrorContains(t, run(t, "run", "--dup-rate-warn", "-0.1"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN)")
 	t.Setenv("CONSUMER_DUP_RATE_WARN", "half")
-	require.ErrorContains(t, run(t, "run"), `CONSUMER_DUP_RATE_WARN "half"`)
+	require.ErrorContains(t, run(t, "run"), `invalid CONSUMER_DUP_RATE_WARN="half"`)
 	t.Setenv("CONSUMER_DUP_RATE_WARN", "2")
 	require.ErrorContains(t, run(t, "run"), "--dup-rate-warn (CONSUMER_DUP_RATE_WARN) 2 must be between 0 and 1")
 	t.Setenv("CONSUMER_DUP_RATE_WARN", "0.5")
@@ -85,4 +87,10 @@ func TestSettingErrorsReadOnce(t *testing.T) {
 	require.NotContains(t, err.Error(), "inbox worker")
 	require.NotContains(t, err.Error(), "inbox: ")
 	require.NotContains(t, err.Error(), "--batch-size (CONSUMER_BATCH_SIZE)", "the worker batch size is not the fetch batch size")
+}
+
+// TestEachSettingWrittenOnce: every flag's help ends with its environment
+// variable, none is bound twice, and the sources spell each once.
+func TestEachSettingWrittenOnce(t *testing.T) {
+	clitest.CheckFlags(t, newRootCommand(), ".")
 }

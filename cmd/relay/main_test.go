@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/cli/clitest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -147,4 +148,10 @@ func TestSettingErrorsCarryNoPackagePrefix(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	err := execute(context.Background(), "run", "--database-url", "postgres://x", "--batch-size", "-1")
 	require.EqualError(t, err, "--batch-size (RELAY_BATCH_SIZE) must be between 1 and 10000, got -1")
+}
+
+// TestEachSettingWrittenOnce: every flag's help ends with its environment
+// variable, none is bound twice, and the sources spell each once.
+func TestEachSettingWrittenOnce(t *testing.T) {
+	clitest.CheckFlags(t, newRootCommand(), ".")
 }

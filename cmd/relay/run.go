@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
-	"github.com/pgrelay/pgrelay/internal/setting"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
 	"github.com/pgrelay/pgrelay/relay"
@@ -43,103 +40,31 @@ const (
 	defaultAdminAddr   = "127.0.0.1:9190"
 )
 
-// option is one setting of relay run: its flag, the environment variable
-// that defaults it, the relay.Config field it fills (errors about the field
-// name the flag), and where it is stored (nil: bound elsewhere, by the cli
-// package).
-type option struct {
-	flag, env, field string
-	ptr              any // *string, *int, *bool or *time.Duration
-	def              any
-	usage            string
-}
-
 // options lists the settings of relay run: every flag name and environment
 // variable is written here once.
-func options(s *settings) []option {
+func options(s *settings) cli.Options {
 	c := &s.cfg
-	return []option{
-		{"database-url", "DATABASE_URL", "Pool", &s.databaseURL, "", "PostgreSQL URL of the database holding the outbox; required"},
-		{"node-id", "RELAY_NODE_ID", "NodeID", &c.NodeID, "", "unique name of this relay in the lease table; default <hostname>-<pid>-<random>"},
-		{"batch-size", "RELAY_BATCH_SIZE", "BatchSize", &c.BatchSize, relay.DefaultBatchSize, "rows published and marked at once per partition, 1-10000"},
-		{"lease", "RELAY_LEASE", "Lease", &c.Lease, relay.DefaultLease, "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md)"},
-		{"heartbeat", "RELAY_HEARTBEAT", "HeartbeatInterval", &c.HeartbeatInterval, time.Duration(0), "lease renewal and rebalancing interval, at most lease/2; default lease/3"},
-		{"poll-interval", "RELAY_POLL_INTERVAL", "PollInterval", &c.PollInterval, relay.DefaultPollInterval, "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner"},
-		{"publish-timeout", "RELAY_PUBLISH_TIMEOUT", "PublishTimeout", &c.PublishTimeout, relay.DefaultPublishTimeout, "longest time to publish one batch and collect its acknowledgements"},
-		{"retention", "RELAY_RETENTION", "Retention", &c.Retention, relay.DefaultRetention, "how long published rows are kept; negative keeps them forever; dead rows are always kept"},
-		{"retention-interval", "RELAY_RETENTION_INTERVAL", "RetentionInterval", &c.RetentionInterval, relay.DefaultRetentionInterval, "how often expired published rows are deleted"},
-		{"retention-batch", "RELAY_RETENTION_BATCH", "RetentionBatchSize", &c.RetentionBatchSize, relay.DefaultRetentionBatchSize, "rows deleted per retention statement"},
-		{"capture", "RELAY_CAPTURE", "Capture", &c.Capture, relay.CaptureTable, "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md)"},
-		{"wal-slot", "RELAY_WAL_SLOT", "WALSlot", &c.WALSlot, relay.DefaultWALSlot, "replication slot of --capture wal; one relay streams it, the others wait as standbys"},
-		{"wal-allow-unbounded-slot", "RELAY_WAL_ALLOW_UNBOUNDED_SLOT", "WALAllowUnboundedSlot", &c.WALAllowUnboundedSlot, false, "create the slot even while max_slot_wal_keep_size is -1 (unlimited)"},
-		{"wal-truncate-interval", "RELAY_WAL_TRUNCATE_INTERVAL", "WALTruncateInterval", &c.WALTruncateInterval, time.Duration(0), "how often the streaming relay of --capture wal empties pgrelay.outbox_wal with TRUNCATE; negative: never; default 1m"},
-		{"async-marks", "RELAY_ASYNC_MARKS", "AsyncMarks", &c.AsyncMarks, false, "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated"},
-		{"standby-names", "RELAY_STANDBY_NAMES", "StandbyNames", &s.standbyNames, "", "publish a row only once every standby named (application_name, comma-separated) has flushed its commit: no event from a commit a failover loses; none connected, nothing is published (docs/operations.md, Failover)"},
-		{"migrate", "RELAY_MIGRATE", "", &s.migrate, false, "apply pending database migrations before relaying"},
-		{"log-level", "LOG_LEVEL", "", &s.logLevel, "info", "debug, info, warn or error"},
-		{"log-format", "LOG_FORMAT", "", &s.logFormat, "json", "json or console"},
-		// Bound by the cli package.
-		{"metrics-addr", "METRICS_ADDR", "MetricsAddr", nil, nil, ""},
-		{"admin-addr", "ADMIN_ADDR", "AdminAddr", nil, nil, ""},
-		{"admin-token", "ADMIN_TOKEN", "AdminToken", nil, nil, ""},
-	}
-}
-
-// bind registers the options on f, each defaulted from its environment
-// variable, and returns the typed variables' kinds for cli.ValidateEnv.
-func bind(f *pflag.FlagSet, opts []option) map[string]string {
-	kinds := map[string]string{}
-	for _, o := range opts {
-		usage := o.usage + " (env " + o.env + ")"
-		switch p := o.ptr.(type) {
-		case *string:
-			f.StringVar(p, o.flag, cli.EnvString(o.env, o.def.(string)), usage)
-		case *int:
-			f.IntVar(p, o.flag, cli.EnvInt(o.env, o.def.(int)), usage)
-			kinds[o.env] = "int"
-		case *bool:
-			f.BoolVar(p, o.flag, cli.EnvBool(o.env, o.def.(bool)), usage)
-			kinds[o.env] = "bool"
-		case *time.Duration:
-			f.DurationVar(p, o.flag, cli.EnvDuration(o.env, o.def.(time.Duration)), usage)
-			kinds[o.env] = "duration"
-		}
-	}
-	return kinds
-}
-
-// nameOf spells the option that fills field: "--flag (ENV)".
-func nameOf(opts []option, field string) string {
-	for _, o := range opts {
-		if o.field == field {
-			return "--" + o.flag + " (" + o.env + ")"
-		}
-	}
-	return ""
-}
-
-// given reports whether the option that fills field was set, by its flag or
-// its environment variable.
-func given(f *pflag.FlagSet, opts []option, field string) bool {
-	for _, o := range opts {
-		if o.field == field {
-			_, env := os.LookupEnv(o.env)
-			return env || f.Changed(o.flag)
-		}
-	}
-	return false
-}
-
-// nameSettings spells the relay.Config fields of err's *setting.FieldErrors
-// as the options the user sets, without the relay package's prefix: main
-// prefixes the command's name ("relay: relay: ..." would say it twice).
-func nameSettings(err error, opts []option) error {
-	return setting.Map(err, func(fe *setting.FieldError) error {
-		if fe.Struct != "relay.Config" {
-			return fe // a broker adapter's, named by its side already
-		}
-		return setting.Name(fe, func(field string) string { return nameOf(opts, field) })
-	})
+	return append(cli.Options{
+		cli.Opt("database-url", "DATABASE_URL", "Pool", &s.databaseURL, "", "PostgreSQL URL of the database holding the outbox; required"),
+		cli.Opt("node-id", "RELAY_NODE_ID", "NodeID", &c.NodeID, "", "unique name of this relay in the lease table; default <hostname>-<pid>-<random>"),
+		cli.Opt("batch-size", "RELAY_BATCH_SIZE", "BatchSize", &c.BatchSize, relay.DefaultBatchSize, "rows published and marked at once per partition, 1-10000"),
+		cli.Opt("lease", "RELAY_LEASE", "Lease", &c.Lease, relay.DefaultLease, "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md)"),
+		cli.Opt("heartbeat", "RELAY_HEARTBEAT", "HeartbeatInterval", &c.HeartbeatInterval, time.Duration(0), "lease renewal and rebalancing interval, at most lease/2; default lease/3"),
+		cli.Opt("poll-interval", "RELAY_POLL_INTERVAL", "PollInterval", &c.PollInterval, relay.DefaultPollInterval, "fallback poll of idle partitions; LISTEN/NOTIFY wakes them sooner"),
+		cli.Opt("publish-timeout", "RELAY_PUBLISH_TIMEOUT", "PublishTimeout", &c.PublishTimeout, relay.DefaultPublishTimeout, "longest time to publish one batch and collect its acknowledgements"),
+		cli.Opt("retention", "RELAY_RETENTION", "Retention", &c.Retention, relay.DefaultRetention, "how long published rows are kept; negative keeps them forever; dead rows are always kept"),
+		cli.Opt("retention-interval", "RELAY_RETENTION_INTERVAL", "RetentionInterval", &c.RetentionInterval, relay.DefaultRetentionInterval, "how often expired published rows are deleted"),
+		cli.Opt("retention-batch", "RELAY_RETENTION_BATCH", "RetentionBatchSize", &c.RetentionBatchSize, relay.DefaultRetentionBatchSize, "rows deleted per retention statement"),
+		cli.Opt("capture", "RELAY_CAPTURE", "Capture", &c.Capture, relay.CaptureTable, "where events are read from: table (the outbox table) or wal (events written with pgrelay.Emit, read from a logical replication slot; docs/wal.md)"),
+		cli.Opt("wal-slot", "RELAY_WAL_SLOT", "WALSlot", &c.WALSlot, relay.DefaultWALSlot, "replication slot of --capture wal; one relay streams it, the others wait as standbys"),
+		cli.Opt("wal-allow-unbounded-slot", "RELAY_WAL_ALLOW_UNBOUNDED_SLOT", "WALAllowUnboundedSlot", &c.WALAllowUnboundedSlot, false, "create the slot even while max_slot_wal_keep_size is -1 (unlimited)"),
+		cli.Opt("wal-truncate-interval", "RELAY_WAL_TRUNCATE_INTERVAL", "WALTruncateInterval", &c.WALTruncateInterval, time.Duration(0), "how often the streaming relay of --capture wal empties pgrelay.outbox_wal with TRUNCATE; negative: never; default 1m"),
+		cli.Opt("async-marks", "RELAY_ASYNC_MARKS", "AsyncMarks", &c.AsyncMarks, false, "let each batch's published mark commit without waiting for its WAL flush; a mark a server crash loses only republishes its rows, deduplicated"),
+		cli.Opt("standby-names", "RELAY_STANDBY_NAMES", "StandbyNames", &s.standbyNames, "", "publish a row only once every standby named (application_name, comma-separated) has flushed its commit: no event from a commit a failover loses; none connected, nothing is published (docs/operations.md, Failover)"),
+		cli.Opt("migrate", "RELAY_MIGRATE", "", &s.migrate, false, "apply pending database migrations before relaying"),
+		cli.Opt("log-level", "LOG_LEVEL", "", &s.logLevel, "info", "debug, info, warn or error"),
+		cli.Opt("log-format", "LOG_FORMAT", "", &s.logFormat, "json", "json or console"),
+	}, cli.EndpointOptions(&s.ops, defaultMetricsAddr, defaultAdminAddr, false)...)
 }
 
 func newRootCommand() *cobra.Command {
@@ -163,7 +88,7 @@ Pgrelay-* headers.`,
 		SilenceErrors: true,
 	}
 	opts := options(&s)
-	bind(root.PersistentFlags(), opts[:1]) // --database-url, for every command
+	cli.Bind(root.PersistentFlags(), opts[:1]) // --database-url, for every command
 	var envKinds map[string]string
 
 	run := &cobra.Command{
@@ -182,7 +107,7 @@ needs only PostgreSQL.`,
 			if err := cli.ValidateEnv(envKinds); err != nil {
 				return err
 			}
-			return runRelay(cmd.Context(), s, opts, given(cmd.Flags(), opts, "PollInterval"))
+			return runRelay(cmd.Context(), s, opts, opts.Given(cmd.Flags(), "PollInterval"))
 		},
 	}
 	f := run.Flags()
@@ -190,11 +115,10 @@ needs only PostgreSQL.`,
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindRelaySides(f, brokers)
 	cli.BindWireFlags(f, &s.wire)
-	envKinds = bind(f, opts[1:])
-	cli.BindEndpointFlags(f, &s.ops, defaultMetricsAddr, defaultAdminAddr, false)
-	cli.BindDBFlags(f, &s.db, "--lease")
+	envKinds = cli.Bind(f, opts[1:])
+	cli.BindDBFlags(f, &s.db, opts.Name("Lease"))
 
-	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), healthCommand())
+	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), cli.HealthCommand("relay", defaultMetricsAddr))
 	root.AddCommand(admincli.Commands(&s.databaseURL)...)
 	root.AddCommand(tui.Command("relay", &s.databaseURL))
 	return root
@@ -206,12 +130,12 @@ needs only PostgreSQL.`,
 // (pgrelay.outbox_partition_count()).
 const defaultPartitions = 16
 
-func runRelay(parent context.Context, s settings, opts []option, pollIntervalSet bool) error {
+func runRelay(parent context.Context, s settings, opts cli.Options, pollIntervalSet bool) error {
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
 	if s.databaseURL == "" {
-		return errors.New(nameOf(opts, "Pool") + " is required")
+		return errors.New(opts.Name("Pool") + " is required")
 	}
 	side, err := cli.SelectBroker(s.broker, s.brokers)
 	if err != nil {
@@ -243,7 +167,7 @@ func runRelay(parent context.Context, s settings, opts []option, pollIntervalSet
 	rcfg.Logger, rcfg.StandbyNames = log, splitNames(s.standbyNames)
 	rcfg.MetricsAddr, rcfg.AdminAddr, rcfg.AdminToken = s.ops.MetricsAddr, s.ops.AdminAddr, s.ops.AdminToken
 	if err := rcfg.Validate(); err != nil {
-		return nameSettings(err, opts)
+		return opts.NameErrors(err, "relay.Config")
 	}
 	lease := rcfg.Lease
 	if lease == 0 {
@@ -296,11 +220,11 @@ func runRelay(parent context.Context, s settings, opts []option, pollIntervalSet
 	rcfg.Pool, rcfg.Publisher, rcfg.BrokerCheck = pool, pub, bc.Healthy
 	r, err := relay.New(rcfg)
 	if err != nil {
-		return nameSettings(err, opts)
+		return opts.NameErrors(err, "relay.Config")
 	}
 	cancel()
 	// Run checks the database (reachable, migrated) once, then relays.
-	return cli.SchemaAdvice(nameSettings(r.Run(ctx), opts), "relay migrate up (or relay run --migrate)")
+	return cli.SchemaAdvice(opts.NameErrors(r.Run(ctx), "relay.Config"), "relay migrate up (or relay run --migrate)")
 }
 
 // splitNames splits a comma-separated list, each name trimmed; "" is none.

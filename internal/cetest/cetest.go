@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
-	"github.com/pgrelay/pgrelay/internal/consumer"
+	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/logtest"
 )
 
@@ -49,7 +49,7 @@ func Consume(t *testing.T, pool *pgxpool.Pool, subscribe func(context.Context) (
 	})
 	log := logtest.NewAt(t, slog.LevelWarn)
 	cfg := consumer.Config{
-		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
+		Pool: pool, FetchBatchSize: 20, MaxWait: 100 * time.Millisecond, StatsInterval: -1,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Subscribe: subscribe,
 		Inbox: pgrelay.InboxConfig{Handler: h, PollInterval: 50 * time.Millisecond,

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
 // BrokerEnv is the environment variable behind --broker.
@@ -77,6 +78,26 @@ type SubscriberOptions struct {
 	HandlerName string
 	// Logger receives the subscriber's logs.
 	Logger *slog.Logger
+	// Options are the consumer's, naming BatchSize (FetchBatchSize),
+	// DedupWindow (Inbox.Retention.Window) and MaxPayloadBytes in errors.
+	Options Options
+}
+
+// names spells the subscriber settings err's *setting.FieldErrors name:
+// those SubscriberOptions carry as the consumer's options, the others by
+// flags.
+func (o SubscriberOptions) names(err error, flags map[string]string) error {
+	return setting.Name(err, "", func(f string) string {
+		switch f {
+		case "MaxAckPending":
+			return "10 × " + o.Options.Name("FetchBatchSize")
+		case "DedupWindow":
+			return o.Options.Name("Inbox.Retention.Window")
+		case "MaxPayloadBytes":
+			return o.Options.Name("MaxPayloadBytes")
+		}
+		return flags[f]
+	})
 }
 
 // ConsumerSide builds the consumer's subscriber from a broker's settings.

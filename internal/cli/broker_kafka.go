@@ -51,7 +51,7 @@ func (s *kafkaSettings) SetWire(f broker.WireFormat, source string) {
 func bindKafkaCommon(f *pflag.FlagSet, s *kafkaSettings) {
 	d := kafka.Config{}.WithDefaults()
 	f.StringVar(&s.brokers, "kafka-brokers", EnvString("KAFKA_BROKERS", ""),
-		"--broker kafka: seed brokers, host:port,... (env KAFKA_BROKERS); required")
+		"--broker kafka: seed brokers, host:port,...; required (env KAFKA_BROKERS)")
 	f.StringVar(&s.topicPrefix, "kafka-topic-prefix", EnvString("KAFKA_TOPIC_PREFIX", d.TopicPrefix),
 		"--broker kafka: an event of topic orders is in Kafka topic <prefix>.orders (env KAFKA_TOPIC_PREFIX)")
 }
@@ -111,8 +111,6 @@ var kafkaFlags = map[string]string{
 	"MaxMessageBytes":              "--kafka-max-message-bytes (KAFKA_MAX_MESSAGE_BYTES)",
 	"DeliveryTimeout":              "--kafka-delivery-timeout (KAFKA_DELIVERY_TIMEOUT)",
 	"SessionTimeout":               "--kafka-session-timeout (KAFKA_SESSION_TIMEOUT)",
-	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
 	"AllowReplayBeyondDedupWindow": "--kafka-allow-replay-beyond-dedup-window (KAFKA_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
 }
 
@@ -122,7 +120,7 @@ func unprefixed(err error) error {
 	if err == nil {
 		return nil
 	}
-	return setting.Name(err, func(f string) string { return kafkaFlags[f] })
+	return setting.Name(err, "", func(f string) string { return kafkaFlags[f] })
 }
 
 // Open implements RelaySide.
@@ -152,7 +150,7 @@ func (s kafkaConsumerSide) Check(opts SubscriberOptions) error {
 	if err := ValidateEnv(kafkaEnvKinds); err != nil {
 		return err
 	}
-	return unprefixed(s.consumerConfig(opts).Validate())
+	return opts.names(s.consumerConfig(opts).Validate(), kafkaFlags)
 }
 
 func (s kafkaConsumerSide) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
@@ -160,7 +158,7 @@ func (s kafkaConsumerSide) Subscribe(opts SubscriberOptions) func(context.Contex
 	return func(ctx context.Context) (broker.Subscriber, error) {
 		sub, err := kafka.NewSubscriber(ctx, cfg)
 		if err != nil {
-			return nil, unprefixed(err)
+			return nil, opts.names(err, kafkaFlags)
 		}
 		return sub, nil
 	}

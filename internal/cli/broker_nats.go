@@ -60,12 +60,12 @@ var natsRelayFlags = map[string]string{
 }
 
 func natsRelayNames(err error) error {
-	return setting.Name(err, func(f string) string { return natsRelayFlags[f] })
+	return setting.Name(err, "", func(f string) string { return natsRelayFlags[f] })
 }
 
 func bindNATSRelay(f *pflag.FlagSet) RelaySide {
 	s := &natsRelay{}
-	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", ""), "--broker nats: NATS server URL (env NATS_URL); empty starts an embedded NATS server")
+	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", ""), "--broker nats: NATS server URL; empty starts an embedded NATS server (env NATS_URL)")
 	f.StringVar(&s.embeddedDir, "embedded-nats-dir", EnvString("RELAY_EMBEDDED_NATS_DIR", "./.pgrelay/nats"), "--broker nats: JetStream data directory of the embedded NATS server (env RELAY_EMBEDDED_NATS_DIR)")
 	f.StringVar(&s.embeddedListen, "embedded-nats-listen", EnvString("RELAY_EMBEDDED_NATS_LISTEN", "127.0.0.1:4222"), "--broker nats: host:port the embedded NATS server listens on (env RELAY_EMBEDDED_NATS_LISTEN)")
 	f.StringVar(&s.stream, "stream", EnvString("RELAY_STREAM", nats.DefaultStream), "--broker nats: JetStream stream storing the subjects (env RELAY_STREAM)")
@@ -165,26 +165,19 @@ var natsConsumerFlags = map[string]string{
 	"SubjectPrefix":                "--subject-prefix (CONSUMER_SUBJECT_PREFIX)",
 	"Durable":                      "--durable (CONSUMER_DURABLE)",
 	"AckWait":                      "--ack-wait (CONSUMER_ACK_WAIT)",
-	"MaxAckPending":                "10 × --batch-size (CONSUMER_BATCH_SIZE)",
-	"MaxPayloadBytes":              "--max-payload-bytes (CONSUMER_MAX_PAYLOAD_BYTES)",
-	"DedupWindow":                  "--dedup-window (DEDUP_WINDOW)",
 	"AllowReplayBeyondDedupWindow": "--allow-replay-beyond-dedup-window (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)",
-}
-
-func natsConsumerNames(err error) error {
-	return setting.Name(err, func(f string) string { return natsConsumerFlags[f] })
 }
 
 func bindNATSConsumer(f *pflag.FlagSet) ConsumerSide {
 	s := &natsConsumer{}
-	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", "nats://127.0.0.1:4222"), "--broker nats: NATS server URL(s), comma-separated (NATS_URL)")
-	f.StringVar(&s.stream, "stream", EnvString("CONSUMER_STREAM", nats.DefaultStream), "--broker nats: JetStream stream to consume (CONSUMER_STREAM)")
-	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("CONSUMER_SUBJECT_PREFIX", nats.DefaultSubjectPrefix), "--broker nats: subject prefix the relay publishes under (CONSUMER_SUBJECT_PREFIX)")
-	f.BoolVar(&s.createStream, "create-stream", EnvBool("CONSUMER_CREATE_STREAM", false), "--broker nats: create the stream when missing instead of waiting for the relay (CONSUMER_CREATE_STREAM)")
-	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", ""), "--broker nats: durable consumer name; instances sharing it share the work (default "+nats.DefaultDurable+", or "+nats.DefaultDurable+"-<handler-name> for a named handler) (CONSUMER_DURABLE)")
-	f.StringVar(&s.filterSubject, "filter-subject", EnvString("CONSUMER_FILTER_SUBJECT", ""), "--broker nats: subjects to consume (default <subject-prefix>.>) (CONSUMER_FILTER_SUBJECT)")
-	f.DurationVar(&s.ackWait, "ack-wait", EnvDuration("CONSUMER_ACK_WAIT", nats.DefaultAckWait), "--broker nats: JetStream redelivers a message not acknowledged within this (CONSUMER_ACK_WAIT)")
-	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "--broker nats: run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
+	f.StringVar(&s.url, "nats-url", EnvString("NATS_URL", "nats://127.0.0.1:4222"), "--broker nats: NATS server URL(s), comma-separated (env NATS_URL)")
+	f.StringVar(&s.stream, "stream", EnvString("CONSUMER_STREAM", nats.DefaultStream), "--broker nats: JetStream stream to consume (env CONSUMER_STREAM)")
+	f.StringVar(&s.subjectPrefix, "subject-prefix", EnvString("CONSUMER_SUBJECT_PREFIX", nats.DefaultSubjectPrefix), "--broker nats: subject prefix the relay publishes under (env CONSUMER_SUBJECT_PREFIX)")
+	f.BoolVar(&s.createStream, "create-stream", EnvBool("CONSUMER_CREATE_STREAM", false), "--broker nats: create the stream when missing instead of waiting for the relay (env CONSUMER_CREATE_STREAM)")
+	f.StringVar(&s.durable, "durable", EnvString("CONSUMER_DURABLE", ""), "--broker nats: durable consumer name; instances sharing it share the work (default "+nats.DefaultDurable+", or "+nats.DefaultDurable+"-<handler-name> for a named handler) (env CONSUMER_DURABLE)")
+	f.StringVar(&s.filterSubject, "filter-subject", EnvString("CONSUMER_FILTER_SUBJECT", ""), "--broker nats: subjects to consume (default <subject-prefix>.>) (env CONSUMER_FILTER_SUBJECT)")
+	f.DurationVar(&s.ackWait, "ack-wait", EnvDuration("CONSUMER_ACK_WAIT", nats.DefaultAckWait), "--broker nats: JetStream redelivers a message not acknowledged within this (env CONSUMER_ACK_WAIT)")
+	f.BoolVar(&s.allowReplay, "allow-replay-beyond-dedup-window", EnvBool("CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW", false), "--broker nats: run on a stream keeping messages longer than --dedup-window (or forever), where a replay could apply an event twice (env CONSUMER_ALLOW_REPLAY_BEYOND_DEDUP_WINDOW)")
 	return s
 }
 
@@ -213,19 +206,20 @@ func (s *natsConsumer) Check(opts SubscriberOptions) error {
 		return err
 	}
 	if err := s.config(opts).ValidateSubscriber(); err != nil {
-		return natsConsumerNames(err)
+		return opts.names(err, natsConsumerFlags)
 	}
 	return nil
 }
 
 func (s *natsConsumer) Subscribe(opts SubscriberOptions) func(context.Context) (broker.Subscriber, error) {
 	cfg := s.config(opts)
+	names := func(err error) error { return opts.names(err, natsConsumerFlags) }
 	return func(ctx context.Context) (broker.Subscriber, error) {
 		sub, err := nats.NewSubscriber(ctx, cfg)
 		if err != nil {
-			return nil, natsConsumerNames(err)
+			return nil, names(err)
 		}
-		return &namedSubscriber{Subscriber: sub, names: natsConsumerNames}, nil
+		return &namedSubscriber{Subscriber: sub, names: names}, nil
 	}
 }
 

@@ -28,7 +28,9 @@ func TestNATSSubscriberRefusalNamesTheFlags(t *testing.T) {
 	t.Parallel()
 	refusal := setting.Errorf("", "nats.Config", "DedupWindow",
 		"stream keeps messages longer than {} %s; raise {} or set {AllowReplayBeyondDedupWindow}", time.Hour)
-	sub := &namedSubscriber{Subscriber: failingSubscriber{err: broker.Terminal(refusal)}, names: natsConsumerNames}
+	opts := SubscriberOptions{Options: Options{{Flag: "dedup-window", Env: "DEDUP_WINDOW", Field: "Inbox.Retention.Window"}}}
+	names := func(err error) error { return opts.names(err, natsConsumerFlags) }
+	sub := &namedSubscriber{Subscriber: failingSubscriber{err: broker.Terminal(refusal)}, names: names}
 	_, err := sub.Fetch(context.Background(), 1, time.Millisecond)
 	require.True(t, broker.IsTerminal(err))
 	require.EqualError(t, err, "permanent: stream keeps messages longer than --dedup-window (DEDUP_WINDOW) 1h0m0s; raise "+

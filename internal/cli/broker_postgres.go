@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/broker/postgres"
 	"github.com/pgrelay/pgrelay/internal/setting"
@@ -31,8 +32,9 @@ type DatabaseDefault interface {
 // DirectSide is a consumer side without a subscriber: the relay stores into
 // the consumer's inbox (consumer.Config.Direct).
 type DirectSide interface {
-	// DirectTopics returns the topics the handlers take (nil: every topic).
-	DirectTopics() []string
+	// Register records target, taking the topics --pg-topics names, in
+	// pool's pgrelay.inbox_subscriptions (consumer.Config.Register).
+	Register(pool postgres.DB, target pgrelay.Target) func(context.Context) error
 }
 
 var postgresFlags = map[string]string{
@@ -48,7 +50,7 @@ var postgresEnvKinds = map[string]string{
 }
 
 func postgresNames(err error) error {
-	return setting.Name(err, func(f string) string { return postgresFlags[f] })
+	return setting.Name(err, "", func(f string) string { return postgresFlags[f] })
 }
 
 // postgresRelay is the relay's settings for --broker postgres.
@@ -103,17 +105,22 @@ func (s *postgresRelay) Open(ctx context.Context, log *slog.Logger) (*RelayBroke
 }
 
 // postgresConsumer is the consumer's settings for --broker postgres.
-type postgresConsumer struct{ topics string }
+type postgresConsumer struct{ topicList string }
 
 func bindPostgresConsumer(f *pflag.FlagSet) ConsumerSide {
 	s := &postgresConsumer{}
-	f.StringVar(&s.topics, "pg-topics", EnvString("PG_TOPICS", ""), "--broker postgres: comma-separated topics the handler takes; empty: every topic (env PG_TOPICS)")
+	f.StringVar(&s.topicList, "pg-topics", EnvString("PG_TOPICS", ""), "--broker postgres: comma-separated topics the handler takes; empty: every topic (env PG_TOPICS)")
 	return s
 }
 
-func (s *postgresConsumer) DirectTopics() []string {
+func (s *postgresConsumer) Register(pool postgres.DB, target pgrelay.Target) func(context.Context) error {
+	return postgres.RegisterTargets(pool, s.topics(), target)
+}
+
+// topics are the topics --pg-topics names (nil: every topic).
+func (s *postgresConsumer) topics() []string {
 	var out []string
-	for t := range strings.SplitSeq(s.topics, ",") {
+	for t := range strings.SplitSeq(s.topicList, ",") {
 		if t = strings.TrimSpace(t); t != "" {
 			out = append(out, t)
 		}

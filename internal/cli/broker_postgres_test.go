@@ -34,5 +34,5 @@ func TestPostgresFlagsNameTheSetting(t *testing.T) {
 	require.NoError(t, f.Parse([]string{"--pg-topics", "orders, payments,"}))
 	require.NoError(t, c.Check(SubscriberOptions{}))
 	require.Nil(t, c.Subscribe(SubscriberOptions{}))
-	require.Equal(t, []string{"orders", "payments"}, c.(DirectSide).DirectTopics())
+	require.Equal(t, []string{"orders", "payments"}, c.(*postgresConsumer).topics())
 }

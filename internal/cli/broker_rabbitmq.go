@@ -40,7 +40,7 @@ var rabbitMQFlags = map[string]string{
 // rabbitMQNames spells the rabbitmq.Config fields of err's
 // *setting.FieldErrors as the flags that set them.
 func rabbitMQNames(err error) error {
-	return setting.Name(err, func(f string) string { return rabbitMQFlags[f] })
+	return setting.Name(err, "", func(f string) string { return rabbitMQFlags[f] })
 }
 
 var rabbitMQEnvKinds = map[string]string{
@@ -54,7 +54,7 @@ var rabbitMQEnvKinds = map[string]string{
 // bindRabbitMQCommon binds the settings both sides have: the server and the
 // topology.
 func bindRabbitMQCommon(f *pflag.FlagSet, c *rabbitmq.Config) {
-	f.StringVar(&c.URL, "amqp-url", EnvString("AMQP_URL", ""), "--broker rabbitmq: RabbitMQ URL, amqp://user:password@host:5672/vhost (env AMQP_URL); required")
+	f.StringVar(&c.URL, "amqp-url", EnvString("AMQP_URL", ""), "--broker rabbitmq: RabbitMQ URL, amqp://user:password@host:5672/vhost; required (env AMQP_URL)")
 	f.StringVar(&c.Exchange, "amqp-exchange", EnvString("AMQP_EXCHANGE", "pgrelay"), "--broker rabbitmq: durable topic exchange events are published to, routing key = topic (env AMQP_EXCHANGE)")
 	f.StringVar(&c.Queue, "amqp-queue", EnvString("AMQP_QUEUE", ""), "--broker rabbitmq: durable queue bound to the exchange, read by the consumer and declared by both (default pgrelay; a named handler's consumer: pgrelay-<handler-name>) (env AMQP_QUEUE)")
 	f.StringVar(&c.BindingKey, "amqp-binding-key", EnvString("AMQP_BINDING_KEY", "#"), "--broker rabbitmq: binding of the queue to the exchange; # takes every topic (env AMQP_BINDING_KEY)")
@@ -148,7 +148,7 @@ func (s *rabbitMQConsumer) Check(opts SubscriberOptions) error {
 		return rabbitMQNames(err)
 	}
 	if opts.BatchSize > 0 && c.Prefetch < opts.BatchSize {
-		return fmt.Errorf("--amqp-prefetch (AMQP_PREFETCH) %d is below --batch-size (CONSUMER_BATCH_SIZE) %d: a fetched batch could never fill", c.Prefetch, opts.BatchSize)
+		return fmt.Errorf("%s %d is below %s %d: a fetched batch could never fill", rabbitMQFlags["Prefetch"], c.Prefetch, opts.Options.Name("FetchBatchSize"), opts.BatchSize)
 	}
 	return nil
 }

@@ -27,7 +27,8 @@ func TestRabbitMQFlagsNameTheSetting(t *testing.T) {
 		require.NoError(t, f.Parse(args))
 		return side
 	}
-	opts := SubscriberOptions{BatchSize: 100, Logger: slog.New(slog.DiscardHandler)}
+	opts := SubscriberOptions{BatchSize: 100, Logger: slog.New(slog.DiscardHandler),
+		Options: Options{{Flag: "batch-size", Env: "CONSUMER_BATCH_SIZE", Field: "FetchBatchSize"}}}
 	require.ErrorContains(t, consumer().Check(opts), "--amqp-url (AMQP_URL) is required")
 	require.ErrorContains(t, consumer("--amqp-url", "amqp://h/", "--amqp-prefetch", "-1").Check(opts), "--amqp-prefetch (AMQP_PREFETCH)")
 	require.ErrorContains(t, consumer("--amqp-url", "amqp://h/", "--amqp-prefetch", "50").Check(opts), "is below --batch-size (CONSUMER_BATCH_SIZE)")

@@ -58,8 +58,18 @@ func EnvBool(name string, def bool) bool {
 	return def
 }
 
+// EnvFloat is EnvString for numbers.
+func EnvFloat(name string, def float64) float64 {
+	if v, ok := os.LookupEnv(name); ok {
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			return f
+		}
+	}
+	return def
+}
+
 // ValidateEnv checks that each named environment variable, when set, parses as
-// its kind ("int", "duration" or "bool"), and names the first one that does not.
+// its kind ("int", "number", "duration" or "bool"), and names the first one that does not.
 func ValidateEnv(kinds map[string]string) error {
 	for name, kind := range kinds {
 		v, ok := os.LookupEnv(name)
@@ -70,6 +80,8 @@ func ValidateEnv(kinds map[string]string) error {
 		switch kind {
 		case "int":
 			_, err = strconv.Atoi(v)
+		case "number":
+			_, err = strconv.ParseFloat(v, 64)
 		case "duration":
 			_, err = time.ParseDuration(v)
 		case "bool":

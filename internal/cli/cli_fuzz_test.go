@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ func FuzzEnv(f *testing.F) {
 			t.Skip("the environment cannot hold NUL bytes")
 		}
 		t.Setenv(name, v)
-		for _, kind := range []string{"int", "duration", "bool"} {
+		for _, kind := range []string{"int", "number", "duration", "bool"} {
 			err := ValidateEnv(map[string]string{name: kind})
 			var parseErr error
 			switch kind {
@@ -32,6 +33,13 @@ func FuzzEnv(f *testing.F) {
 				got := EnvInt(name, -7)
 				if parseErr == nil && got != n || parseErr != nil && got != -7 {
 					t.Fatalf("EnvInt(%q) = %d", v, got)
+				}
+			case "number":
+				var x float64
+				x, parseErr = strconv.ParseFloat(v, 64)
+				got := EnvFloat(name, -7)
+				if parseErr == nil && got != x && !math.IsNaN(x) || parseErr != nil && got != -7 {
+					t.Fatalf("EnvFloat(%q) = %g", v, got)
 				}
 			case "duration":
 				var d time.Duration

@@ -58,6 +58,9 @@ const (
 	keepaliveProbes         = 3
 )
 
+// PoolerFlag names --pooler and its environment variable.
+const PoolerFlag = "--pooler (DB_POOLER)"
+
 // DBEnvKinds lists the DBSettings environment variables for ValidateEnv.
 var DBEnvKinds = map[string]string{
 	"DB_STATEMENT_TIMEOUT":           "duration",
@@ -108,7 +111,7 @@ func (s DBSettings) Resolve(defaultIdle, minIdle time.Duration) (DBSettings, err
 	if s.Pooler == "" {
 		m, err := pooler.Parse(os.Getenv("DB_POOLER"))
 		if err != nil {
-			return s, fmt.Errorf("--pooler (DB_POOLER) %w", err)
+			return s, fmt.Errorf("%s %w", PoolerFlag, err)
 		}
 		s.Pooler = m
 	}

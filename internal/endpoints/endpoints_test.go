@@ -33,7 +33,7 @@ func TestOpsServeAndStop(t *testing.T) {
 	pool := testdb.New(t)
 	var f endpoints.Flags
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-	cli.BindEndpointFlags(fs, &f, "127.0.0.1:0", "127.0.0.1:0", true)
+	cli.Bind(fs, cli.EndpointOptions(&f, "127.0.0.1:0", "127.0.0.1:0", true))
 	require.NoError(t, fs.Parse(nil))
 	require.Equal(t, 7*24*time.Hour, f.DedupWindow)
 

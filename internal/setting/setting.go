@@ -1,11 +1,12 @@
 // Package setting holds FieldError, the configuration error that names the
 // field it is about. Validation returns it instead of a sentence with the
 // field's name spelled inside, so that a caller exposing the field under
-// another name (the public ConsumerConfig over the internal configs, a
-// command's flag and environment variable) renames the field, not text.
+// another name (a command's flag and environment variable) names the field,
+// not text.
 package setting
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
@@ -20,8 +21,11 @@ type FieldError struct {
 	Pkg string
 	// Struct is the configuration struct's name: "Config", "ConsumerConfig".
 	Struct string
-	// Field is the field at fault, its path in Struct: "BatchSize",
-	// "Inbox.Lease".
+	// Path, when set, is where in Struct the fields named are: "Inbox." for
+	// the fields of consumer.Config.Inbox. A field F is spelled as Path+F.
+	Path string
+	// Field is the field at fault, its path in Struct (after Path):
+	// "BatchSize", "Retention.Window".
 	Field string
 	// Format and Args are the message, as for fmt.Errorf: "{}" in Format
 	// stands for Field and "{Name}" for the field Name of Struct.
@@ -31,7 +35,7 @@ type FieldError struct {
 	// text is not printed.
 	Cause error
 	// Name, when set, spells the fields in the message (a command names its
-	// flags); by default a field F is spelled Struct.F.
+	// flags); by default a field F is spelled Struct.Path+F.
 	Name func(field string) string
 }
 
@@ -53,7 +57,7 @@ func (e *FieldError) Error() string {
 		if f == "" {
 			f = e.Field
 		}
-		return strings.ReplaceAll(name(f), "%", "%%")
+		return strings.ReplaceAll(name(e.Path+f), "%", "%%")
 	})
 	msg := fmt.Errorf(format, e.Args...).Error()
 	if e.Pkg != "" {
@@ -76,50 +80,49 @@ func (e *FieldError) Unwrap() []error {
 	return errs
 }
 
-// Renamed returns a copy of e in structName whose fields are renamed by
-// rename (a field it returns unchanged keeps its name). A new name may be an
-// expression of fields in braces, as "10 × {FetchBatchSize}".
-func (e *FieldError) Renamed(structName string, rename func(field string) string) *FieldError {
-	c := *e
-	c.Struct = structName
-	spell := func(f string) string {
-		n := rename(f)
-		if strings.Contains(n, "{") {
-			return n
+// Each calls f with every FieldError of err: err itself, the errors it
+// wraps and those joined in it (not the errors a FieldError wraps). A
+// change f makes shows in a wrapping error's text only through
+// errors.Join, which spells its errors when printed; fmt.Errorf spells
+// them at once (Name rebuilds those).
+func Each(err error, f func(*FieldError)) {
+	switch e := err.(type) {
+	case nil:
+	case *FieldError:
+		f(e)
+	case interface{ Unwrap() []error }:
+		for _, x := range e.Unwrap() {
+			Each(x, f)
 		}
-		return "{" + n + "}"
+	default:
+		Each(errors.Unwrap(err), f)
 	}
-	c.Format = fieldRef.ReplaceAllStringFunc(e.Format, func(ref string) string {
-		f := ref[1 : len(ref)-1]
-		if f == "" {
-			f = e.Field
-		}
-		return spell(f)
-	})
-	c.Field = rename(e.Field)
-	if refs := fieldRef.FindAllString(c.Field, 1); len(refs) == 1 {
-		c.Field = refs[0][1 : len(refs[0])-1]
-	}
-	return &c
 }
 
-// Map returns err with every FieldError in it replaced by f's result, keeping
-// the rest: errors joined with errors.Join are mapped one by one, and a
+// Name returns err with the fields of its FieldErrors of structName (""
+// for every one) spelled by name, and without their package prefix: what a
+// command prints, naming its flags. A field name returns "" for keeps its
+// spelling. Errors joined with errors.Join are named one by one, and a
 // wrapping error that prints a prefix before the error it wraps keeps its
-// prefix. An error without a FieldError is returned as it is.
-func Map(err error, f func(*FieldError) error) error {
+// prefix.
+func Name(err error, structName string, name func(field string) string) error {
 	if err == nil {
 		return nil
 	}
 	if fe, ok := err.(*FieldError); ok {
-		return f(fe)
+		if structName != "" && fe.Struct != structName {
+			return fe
+		}
+		c := *fe
+		c.Pkg, c.Name = "", func(f string) string { return cmp.Or(name(f), fe.Struct+"."+f) }
+		return &c
 	}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		errs := j.Unwrap()
 		out := make([]error, len(errs))
 		changed := false
 		for i, e := range errs {
-			out[i] = Map(e, f)
+			out[i] = Name(e, structName, name)
 			changed = changed || out[i] != e
 		}
 		if !changed {
@@ -132,14 +135,14 @@ func Map(err error, f func(*FieldError) error) error {
 		return err
 	}
 	msg, tail := err.Error(), inner.Error()
-	mapped := Map(inner, f)
-	if mapped == inner || !strings.HasSuffix(msg, tail) {
+	named := Name(inner, structName, name)
+	if named == inner || !strings.HasSuffix(msg, tail) {
 		return err
 	}
-	return &prefixed{prefix: msg[:len(msg)-len(tail)], err: mapped}
+	return &prefixed{prefix: msg[:len(msg)-len(tail)], err: named}
 }
 
-// prefixed is a wrapping error rebuilt around its mapped inner error.
+// prefixed is a wrapping error rebuilt around its named inner error.
 type prefixed struct {
 	prefix string
 	err    error
@@ -147,20 +150,3 @@ type prefixed struct {
 
 func (p *prefixed) Error() string { return p.prefix + p.err.Error() }
 func (p *prefixed) Unwrap() error { return p.err }
-
-// Name returns err with the fields of its FieldErrors spelled by name, and
-// without their package prefix: what a command prints, naming its flags.
-// A field name returns "" for is spelled Struct.Field as before.
-func Name(err error, name func(field string) string) error {
-	return Map(err, func(fe *FieldError) error {
-		c := *fe
-		c.Pkg = ""
-		c.Name = func(f string) string {
-			if n := name(f); n != "" {
-				return n
-			}
-			return fe.Struct + "." + f
-		}
-		return &c
-	})
-}

@@ -19,41 +19,44 @@ func TestFieldErrorSpellsItsFields(t *testing.T) {
 	require.EqualError(t, wrapped, "cannot connect at Config.URL nats://x: EOF")
 }
 
-// TestMapKeepsJoinsAndPrefixes: renaming reaches every FieldError of a joined
-// list, also behind a wrapping prefix, and keeps the rest of the text.
-func TestMapKeepsJoinsAndPrefixes(t *testing.T) {
+// TestNameKeepsJoinsAndPrefixes: naming reaches every FieldError of the
+// struct named in a joined list, also behind a wrapping prefix, and keeps
+// the rest of the text; a field may be named by an expression.
+func TestNameKeepsJoinsAndPrefixes(t *testing.T) {
 	t.Parallel()
 	plain := errors.New("not a setting")
 	err := fmt.Errorf("consumer: %w", errors.Join(
-		Errorf("inbox", "Config", "BatchSize", "{} must be between 1 and %d, got %d", 1000, -1),
+		Errorf("", "consumer.Config", "FetchBatchSize", "{} must be between 1 and %d, got %d", 10000, -1),
 		plain,
-		Errorf("", "NATSSubscriberConfig", "MaxAckPending", "{} %d must be positive", -10),
+		Errorf("", "nats.Config", "MaxAckPending", "{} %d must be positive", -10),
 	))
-	public := Map(err, func(fe *FieldError) error {
-		return fe.Renamed("ConsumerConfig", func(f string) string {
-			switch f {
-			case "BatchSize":
-				return "WorkerBatchSize"
-			case "MaxAckPending":
-				return "10 × {FetchBatchSize}"
-			}
-			return f
-		})
-	})
-	require.EqualError(t, public, "consumer: inbox: ConsumerConfig.WorkerBatchSize must be between 1 and 1000, got -1\n"+
-		"not a setting\n10 × ConsumerConfig.FetchBatchSize -10 must be positive")
-	require.ErrorIs(t, public, plain)
-
-	flags := map[string]string{"WorkerBatchSize": "--worker-batch-size (W)", "FetchBatchSize": "--batch-size (B)"}
-	named := Name(public, func(f string) string { return flags[f] })
-	require.EqualError(t, named, "consumer: --worker-batch-size (W) must be between 1 and 1000, got -1\n"+
+	flags := map[string]string{"FetchBatchSize": "--batch-size (B)", "MaxAckPending": "10 × --batch-size (B)"}
+	named := Name(err, "consumer.Config", func(f string) string { return flags[f] })
+	require.EqualError(t, named, "consumer: --batch-size (B) must be between 1 and 10000, got -1\n"+
+		"not a setting\nnats.Config.MaxAckPending -10 must be positive")
+	require.ErrorIs(t, named, plain)
+	named = Name(named, "", func(f string) string { return flags[f] })
+	require.EqualError(t, named, "consumer: --batch-size (B) must be between 1 and 10000, got -1\n"+
 		"not a setting\n10 × --batch-size (B) -10 must be positive")
 	var fe *FieldError
 	require.ErrorAs(t, named, &fe)
-	require.Equal(t, "WorkerBatchSize", fe.Field)
+	require.Equal(t, "FetchBatchSize", fe.Field)
 
-	require.Same(t, plain, Map(plain, func(*FieldError) error { return nil }), "an error without a FieldError is kept")
-	require.NoError(t, Map(nil, func(*FieldError) error { return plain }))
+	require.Same(t, plain, Name(plain, "", func(string) string { return "x" }), "an error without a FieldError is kept")
+	require.NoError(t, Name(nil, "", func(string) string { return "x" }))
+}
+
+// TestEachMovesFieldsUnderAPath: a struct's errors re-homed under a field
+// of another (InboxConfig's as consumer.Config.Inbox's) spell every field
+// they name with the path, and are named by it.
+func TestEachMovesFieldsUnderAPath(t *testing.T) {
+	t.Parallel()
+	err := errors.Join(Errorf("inbox", "InboxConfig", "HandlerTimeout", "{} (%s) must be shorter than {Lease} (%s)", "10s", "1s"))
+	Each(err, func(fe *FieldError) { fe.Pkg, fe.Struct, fe.Path = "", "consumer.Config", "Inbox." })
+	require.EqualError(t, err, "consumer.Config.Inbox.HandlerTimeout (10s) must be shorter than consumer.Config.Inbox.Lease (1s)")
+	flags := map[string]string{"Inbox.Lease": "--lease (L)"}
+	require.EqualError(t, Name(err, "consumer.Config", func(f string) string { return flags[f] }),
+		"consumer.Config.Inbox.HandlerTimeout (10s) must be shorter than --lease (L) (1s)")
 }
 
 // TestNameKeepsUnknownFields: a field the command has no flag for keeps its
@@ -61,6 +64,6 @@ func TestMapKeepsJoinsAndPrefixes(t *testing.T) {
 func TestNameKeepsUnknownFields(t *testing.T) {
 	t.Parallel()
 	err := Name(Errorf("relay", "Config", "QueryTimeout", "{} must be positive, got %s", "0s"),
-		func(string) string { return "" })
+		"Config", func(string) string { return "" })
 	require.EqualError(t, err, "Config.QueryTimeout must be positive, got 0s")
 }

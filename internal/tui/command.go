@@ -128,12 +128,12 @@ screens.`,
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&refresh, "refresh", cli.EnvDuration("TUI_REFRESH", 2*time.Second), "how often the console reloads (TUI_REFRESH)")
-	f.DurationVar(&window, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", pgrelay.DefaultDedupWindow), "the inbox's dedup window, as the consumer runs it: retention deadlines, advice and f (DEDUP_WINDOW)")
-	f.IntVar(&recordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", pgrelay.DefaultDuplicatesMax), "the duplicate record's cap, as the consumer runs it (DEDUP_RECORD_MAX)")
+	f.DurationVar(&refresh, "refresh", cli.EnvDuration("TUI_REFRESH", 2*time.Second), "how often the console reloads (env TUI_REFRESH)")
+	f.DurationVar(&window, "dedup-window", cli.EnvDuration("DEDUP_WINDOW", pgrelay.DefaultDedupWindow), "the inbox's dedup window, as the consumer runs it: retention deadlines, advice and f (env DEDUP_WINDOW)")
+	f.IntVar(&recordMax, "dedup-record-max", cli.EnvInt("DEDUP_RECORD_MAX", pgrelay.DefaultDuplicatesMax), "the duplicate record's cap, as the consumer runs it (env DEDUP_RECORD_MAX)")
 	f.StringVar(&metricsURL, "metrics-url", "", "a consumer's /metrics URL, for its process counters (for example http://127.0.0.1:9090/metrics)")
 	f.StringVar(&natsURL, "nats-url", "", "NATS server, to read the stream's MaxAge and duplicate window for the advice (NATS_URL is not read: pass it)")
-	f.StringVar(&stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "the JetStream stream (CONSUMER_STREAM)")
+	f.StringVar(&stream, "stream", cli.EnvString("CONSUMER_STREAM", "PGRELAY"), "the JetStream stream (env CONSUMER_STREAM)")
 	f.StringVar(&actor, "actor", defaultActor(), "who operates (recorded in the audit table)")
 	f.StringVar(&dir, "export-dir", ".", "where s writes the statistics JSON file")
 	return cmd

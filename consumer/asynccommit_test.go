@@ -58,7 +58,7 @@ func TestAsyncCommitLostInACrashIsRedelivered(t *testing.T) {
 		URL: url, Stream: stream, SubjectPrefix: prefix, Durable: "test",
 		AckWait: 2 * time.Second, MaxAckPending: 200, MaxPayloadBytes: 1 << 20,
 	}, cfg: Config{
-		Pool: pool, BatchSize: 20, MaxWait: 100 * time.Millisecond,
+		Pool: pool, FetchBatchSize: 20, MaxWait: 100 * time.Millisecond,
 		RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond, StatsInterval: -1,
 		AsyncCommit:     true,
 		AsyncFlushAfter: time.Hour, // never forced: only the server's own flushes count
@@ -72,7 +72,7 @@ func TestAsyncCommitLostInACrashIsRedelivered(t *testing.T) {
 		},
 		Logger: logtest.New(t),
 	}}
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -120,7 +120,7 @@ func TestAsyncCommitSettles(t *testing.T) {
 		b := setup(t)
 		b.cfg.AsyncCommit = true
 		b.cfg.IngestLoops = loops
-		c, err := New(b.config())
+		c, err := newConsumer(b.config())
 		require.NoError(t, err)
 		stop := b.start(t, c)
 		const orders = 40
@@ -198,7 +198,7 @@ func TestAsyncCommitRoundTrips(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, trips := testdb.RoundTripPool(t, 0)
-	c, err := New(Config{
+	c, err := newConsumer(Config{
 		Pool:          pool,
 		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
 		StatsInterval: -1,

@@ -57,7 +57,7 @@ func TestOrderedThroughTheBroker(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq) VALUES ($1, $2)`, ev.Key, ev.KeySeq)
 		return err
 	})
-	c, err := New(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	b.start(t, c)
 
@@ -110,7 +110,7 @@ func TestOrderedWithContentHashThroughTheBroker(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO applied (key, seq) VALUES ($1, $2)`, ev.Key, ev.KeySeq)
 		return err
 	})
-	c, err := New(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	b.start(t, c)
 

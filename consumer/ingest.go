@@ -1,13 +1,11 @@
-// Package consumer is the consumer service: it fetches deliveries from a
-// broker.Subscriber (NATS JetStream, Kafka, RabbitMQ), stores each fetched
-// batch in the inbox in one transaction (deduplicated by event id), commits,
-// and only then acknowledges the batch. The inbox workers, running in the
-// same process, then apply each event's side effect exactly once.
-//
-// A crash between the commit and the acknowledgement only causes a
-// redelivery, which the inbox absorbs. A message the consumer cannot use is
-// never dropped: it is stored dead with the reason and its raw bytes, then
-// acknowledged.
+// The consumer's engine: it fetches deliveries from the subscriber, stores
+// each fetched batch in the inbox in one transaction (deduplicated), commits,
+// and only then acknowledges the batch; the inbox workers, in the same
+// process, apply each event's side effect exactly once. A crash between the
+// commit and the acknowledgement only causes a redelivery, which the inbox
+// absorbs. A message the consumer cannot use is never dropped: it is stored
+// dead with the reason and its raw bytes, then acknowledged.
+
 package consumer
 
 import (
@@ -30,95 +28,38 @@ import (
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// Consumer moves deliveries from its subscriber into the inbox and runs the inbox
-// workers. Create it with New and start it with Run.
-type Consumer struct {
-	cfg    Config
-	log    *slog.Logger
-	worker *pgrelay.InboxWorker // nil when Config.DisableWorkers
-	acks   *acker               // set while ingest runs with Config.AsyncCommit
-	// walReaderOpen tells whether the acker's connection is open.
-	walReaderOpen atomic.Bool
-	stats         counters
-	ready         atomic.Bool
-	// hitRatio holds the float64 bits of the dedup hit ratio over the last
-	// completed rate interval (see DedupHitRatio).
-	hitRatio atomic.Uint64
-	// rateLast is closeRateInterval's state (the counts at the last interval's
-	// end); only the rate watcher touches it.
-	rateLast rateCounts
-
-	// crashAfterCommit, when set (tests only), is called after a batch
-	// committed and before it is acknowledged; returning true abandons the
-	// batch unacknowledged, as a process crash at that point would.
-	crashAfterCommit func() bool
-	// beforeStore, when set (tests only), is called before each attempt to
-	// store messages, so a test can break the database connection there.
-	beforeStore func([]pgrelay.Incoming)
-}
-
-// IngestCounts are the consumer's running counters since it started.
-type IngestCounts struct {
-	// Fetched counts deliveries fetched from the broker, redeliveries included.
-	Fetched int64 `json:"fetched"`
-	// Inserted counts messages stored as new inbox rows (dead ones included).
-	Inserted int64 `json:"inserted"`
-	// Duplicates counts fetched messages whose event id the inbox already held.
-	Duplicates int64 `json:"duplicates"`
-	// Dead counts new inbox rows stored dead at ingest (malformed input).
-	Dead int64 `json:"dead"`
-	// Acked counts messages acknowledged after their batch committed.
-	Acked int64 `json:"acked"`
-	// StoreErrors counts failed attempts to store a batch.
-	StoreErrors int64 `json:"store_errors"`
-	// FetchErrors counts failed fetches (broker unreachable, for example).
-	FetchErrors int64 `json:"fetch_errors"`
-	// Conflicts counts deliveries whose dedup key was stored with a
-	// different payload (every handler together).
-	Conflicts int64 `json:"conflicts"`
-	// AppliedOnReceive counts events whose handler ran in the transaction
-	// that stored them (Config.NoApplyOnReceive).
-	AppliedOnReceive int64 `json:"applied_on_receive"`
-	// Unacked counts deliveries left unacknowledged while the consumer runs:
-	// the database refused them even as dead letters. The broker delivers
-	// them again (NATS after its ack wait, RabbitMQ when the channel closes,
-	// Kafka after a rebalance or restart; until then a Kafka partition's
-	// committed offset stays before the record).
-	Unacked int64 `json:"unacked"`
-}
-
 type counters struct {
 	fetched, inserted, duplicates, dead, acked, storeErrors, fetchErrors, conflicts, appliedOnReceive, unacked atomic.Int64
 }
 
-// New validates cfg (after WithDefaults) and builds a consumer. It does not
-// connect to anything yet: Run does, and keeps retrying.
-func New(cfg Config) (*Consumer, error) {
-	cfg = cfg.WithDefaults()
+// newConsumer defaults and validates cfg and builds the consumer without
+// its metrics (New adds them); every invalid setting is reported, each
+// naming its Config field. It does not connect to anything yet.
+func newConsumer(cfg Config) (*Consumer, error) {
+	cfg = cfg.withDefaults()
 	errs := cfg.validate()
 	var w *pgrelay.InboxWorker
-	if !cfg.DisableWorkers {
+	if !cfg.disableWorkers {
 		var err error
 		if w, err = pgrelay.NewInboxWorker(cfg.Inbox); err != nil {
-			// The inbox names its own fields "inbox: Config.X"; here they
-			// are Config.Inbox.X, which tells them from the consumer's own.
-			errs = errors.Join(errs, setting.Map(err, func(fe *setting.FieldError) error {
-				c := fe.Renamed("Config", func(f string) string { return "Inbox." + f })
-				c.Pkg = ""
-				return c
-			}))
+			// The inbox names its fields InboxConfig.X; here they are
+			// consumer.Config.Inbox.X.
+			setting.Each(err, func(fe *setting.FieldError) {
+				fe.Pkg, fe.Struct, fe.Path = "", "consumer.Config", "Inbox."
+			})
+			errs = append(errs, err)
 		}
 	}
 	if errs != nil {
-		return nil, fmt.Errorf("consumer: %w", errs)
+		return nil, fmt.Errorf("consumer: %w", errors.Join(errs...))
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w}
-	return c, nil
+	return &Consumer{cfg: cfg, targets: cfg.targets(), log: cfg.Logger.With(slog.String("logger", "consumer")), worker: w,
+		started: make(chan struct{})}, nil
 }
 
 // Stats returns a snapshot of the consumer's counters.
-func (c *Consumer) Stats() IngestCounts {
-	return IngestCounts{
+func (c *Consumer) Stats() Stats {
+	return Stats{
 		Fetched:     c.stats.fetched.Load(),
 		Inserted:    c.stats.inserted.Load(),
 		Duplicates:  c.stats.duplicates.Load(),
@@ -133,25 +74,26 @@ func (c *Consumer) Stats() IngestCounts {
 	}
 }
 
-// DedupHitRatio returns the share of deliveries absorbed as duplicates over
+// dedupHitRatio returns the share of deliveries absorbed as duplicates over
 // the last completed rate interval (Config.RateInterval) in which anything
 // arrived: duplicates divided by messages stored or absorbed in it; 0 until
 // then. A quiet interval keeps the last value rather than reading as 0.
-func (c *Consumer) DedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
+func (c *Consumer) dedupHitRatio() float64 { return math.Float64frombits(c.hitRatio.Load()) }
 
 // Ready reports whether the consumer's last fetch succeeded: it is attached
 // to its broker and fetching.
 func (c *Consumer) Ready() bool { return c.ready.Load() }
 
-// Run consumes until ctx is cancelled, then shuts down gracefully: it stops
-// fetching, stores and acknowledges the batches in hand, and stops the inbox
-// workers. It returns nil after a graceful shutdown. Broker and database
-// outages are retried with backoff, never returned; what a retry cannot fix
-// is: a subscriber that cannot be created (Config.Subscribe fails: a broker
-// that cannot be reached at start-up is reported with its cause) and a
-// permanent fetch error (broker.IsTerminal: a setting to fix, such as a
-// stream that outlives the dedup window).
-func (c *Consumer) Run(ctx context.Context) error {
+// consume runs the ingest and the inbox workers until ctx is cancelled,
+// then shuts down gracefully: it stops fetching, stores and acknowledges the
+// batches in hand, and stops the inbox workers. It returns nil after a
+// graceful shutdown. Broker and database outages are retried with backoff,
+// never returned; what a retry cannot fix is: a subscriber that cannot be
+// created (Config.Subscribe fails: a broker that cannot be reached at
+// start-up is reported with its cause) and a permanent fetch error
+// (broker.IsTerminal: a setting to fix, such as a stream that outlives the
+// dedup window).
+func (c *Consumer) consume(ctx context.Context) error {
 	// A fatal ingest error (a refused setting) stops the workers too.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -190,7 +132,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 		}
 	}()
 	defer c.ready.Store(false)
-	c.log.Info("ingest started", slog.Int("batch_size", c.cfg.BatchSize), slog.Duration("max_wait", c.cfg.MaxWait),
+	c.log.Info("ingest started", slog.Int("batch_size", c.cfg.FetchBatchSize), slog.Duration("max_wait", c.cfg.MaxWait),
 		slog.Int("ingest_loops", c.cfg.IngestLoops))
 	// With one ingest loop this goroutine fetches, stores, commits and
 	// acknowledges one batch at a time. With more, it only fetches
@@ -225,7 +167,7 @@ func (c *Consumer) ingest(ctx context.Context) error {
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		ds, err := sub.Fetch(ctx, c.cfg.BatchSize, c.cfg.MaxWait)
+		ds, err := sub.Fetch(ctx, c.cfg.FetchBatchSize, c.cfg.MaxWait)
 		c.stats.fetched.Add(int64(len(ds)))
 		if err != nil {
 			c.ready.Store(false)
@@ -321,7 +263,7 @@ func (c *Consumer) handle(ctx context.Context, ds []broker.Delivery) {
 
 // inProgress postpones the redelivery of ds while storing them is retried.
 func (c *Consumer) inProgress(ctx context.Context, ds []broker.Delivery) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 	defer cancel()
 	for _, d := range ds {
 		_ = d.InProgress(ctx) // best effort: a redelivery is absorbed anyway
@@ -365,7 +307,7 @@ func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply
 	if c.beforeStore != nil {
 		c.beforeStore(incoming)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 	defer cancel()
 	if c.worker != nil {
 		// The rows stored are stamped with the transaction's start: the
@@ -376,14 +318,14 @@ func (c *Consumer) store(ctx context.Context, incoming []pgrelay.Incoming, apply
 	var applied *pgrelay.Applied
 	err := c.beginFunc(ctx, mark, func(tx pgx.Tx) error {
 		var err error
-		opts := pgrelay.ReceiveOptions{Targets: c.cfg.Targets, NoDuplicateRecord: c.cfg.NoDuplicateRecord}
+		opts := pgrelay.ReceiveOptions{Targets: c.targets, NoDuplicateRecord: c.cfg.noDuplicateRecord}
 		if apply {
-			res, applied, err = c.worker.ReceiveApply(ctx, tx, incoming, opts, c.cfg.ObserveReceive)
+			res, applied, err = c.worker.ReceiveApply(ctx, tx, incoming, opts, c.cfg.observeReceive)
 		} else {
 			start := time.Now()
 			res, err = pgrelay.ReceiveWith(ctx, tx, incoming, opts)
-			if c.cfg.ObserveReceive != nil {
-				c.cfg.ObserveReceive(time.Since(start))
+			if c.cfg.observeReceive != nil {
+				c.cfg.observeReceive(time.Since(start))
 			}
 		}
 		if err == nil && (res.Inserted > 0 || res.SeqsWoken > 0) && c.worker == nil {
@@ -567,7 +509,7 @@ func (c *Consumer) logStats(ctx context.Context) {
 // watchDupRate computes the dedup hit ratio every rate interval and warns
 // when it is above Config.DupRateWarn.
 func (c *Consumer) watchDupRate(ctx context.Context) {
-	_ = wait.Tick(ctx, c.cfg.RateInterval, func() error {
+	_ = wait.Tick(ctx, c.cfg.rateInterval, func() error {
 		c.closeRateInterval()
 		return nil
 	})
@@ -595,7 +537,7 @@ func (c *Consumer) closeRateInterval() {
 		c.log.Warn("high duplicate rate",
 			slog.Float64("rate", ratio), slog.Float64("threshold", c.cfg.DupRateWarn),
 			slog.Int64("duplicates", dd), slog.Int64("delivered", df),
-			slog.Duration("interval", c.cfg.RateInterval))
+			slog.Duration("interval", c.cfg.rateInterval))
 	}
 }
 
@@ -614,8 +556,8 @@ func (c *Consumer) statsFields() []any {
 // database's inbox (Config.Direct), retrying while the database is down,
 // then waits for ctx to end: the workers do the rest.
 func (c *Consumer) direct(ctx context.Context) error {
-	for attempt := 0; c.cfg.Register != nil; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.storeTimeout)
 		err := c.cfg.Register(rctx)
 		cancel()
 		if err == nil {
@@ -626,12 +568,11 @@ func (c *Consumer) direct(ctx context.Context) error {
 			return nil
 		}
 	}
-	handlers := make([]string, len(c.cfg.Targets))
-	for i, t := range c.cfg.Targets {
+	handlers := make([]string, len(c.targets))
+	for i, t := range c.targets {
 		handlers[i] = t.Handler
 	}
-	c.log.Info("direct: the relay stores into this inbox; running the workers only", slog.Any("handlers", handlers),
-		slog.Any("topics", c.cfg.DirectTopics))
+	c.log.Info("direct: the relay stores into this inbox; running the workers only", slog.Any("handlers", handlers))
 	c.ready.Store(true)
 	defer c.ready.Store(false)
 	<-ctx.Done()

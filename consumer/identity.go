@@ -26,8 +26,8 @@ func (c *Consumer) reportIdentity(res pgrelay.ReceiveResult) {
 	}
 	for h, n := range perHandler {
 		c.stats.conflicts.Add(int64(n))
-		if c.cfg.ObserveConflicts != nil {
-			c.cfg.ObserveConflicts(h, n)
+		if c.cfg.observeConflicts != nil {
+			c.cfg.observeConflicts(h, n)
 		}
 	}
 	for _, f := range res.KeyFailures {

@@ -268,10 +268,10 @@ func newAcker(c *Consumer) *acker {
 		dial:       dialWAL(c.cfg.Pool),
 		ack:        c.ackNow,
 		log:        c.log,
-		poll:       c.cfg.AsyncPollInterval,
+		poll:       c.cfg.asyncPollInterval,
 		flushAfter: c.cfg.AsyncFlushAfter,
-		maxPending: c.cfg.AsyncMaxPending,
-		timeout:    c.cfg.StoreTimeout,
+		maxPending: c.cfg.asyncMaxPending,
+		timeout:    c.cfg.storeTimeout,
 		retry:      c.cfg.RetryMin,
 		open:       &c.walReaderOpen,
 	}
@@ -453,7 +453,7 @@ func (a *acker) dropAll(what string, err error) {
 
 // ackNow acknowledges stored deliveries.
 func (c *Consumer) ackNow(ds []broker.Delivery) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.storeTimeout)
 	defer cancel()
 	for _, d := range ds {
 		if err := d.Ack(ctx); err != nil {

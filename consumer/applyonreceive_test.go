@@ -25,7 +25,7 @@ func TestApplyOnReceive(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		b := setup(t)
 		b.cfg.NoApplyOnReceive = off
-		c, err := New(b.config())
+		c, err := newConsumer(b.config())
 		require.NoError(t, err)
 		stop := b.start(t, c)
 
@@ -69,7 +69,7 @@ func TestApplyOnReceiveFailureLeavesTheEventToTheWorkers(t *testing.T) {
 		}
 		return nil
 	})
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 
@@ -132,7 +132,7 @@ func TestRedeliveryIsNotAppliedOnReceive(t *testing.T) {
 		}}}
 		cfg := b.cfg
 		cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
-		c, err := New(cfg)
+		c, err := newConsumer(cfg)
 		require.NoError(t, err)
 		stop := b.start(t, c)
 		require.Eventually(t, func() bool {
@@ -185,9 +185,9 @@ func TestFullFetchIsAppliedOnReceive(t *testing.T) {
 	}
 	sub := &oneShotSubscriber{ds: ds}
 	cfg := b.cfg
-	cfg.BatchSize = n // the fetch fills its batch
+	cfg.FetchBatchSize = n // the fetch fills its batch
 	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
-	c, err := New(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, func() bool { return acked.Load() == n }, 10*time.Second, 5*time.Millisecond)
@@ -226,7 +226,7 @@ func TestApplyOnReceiveWhileWorkersAreBusy(t *testing.T) {
 	sub.push(orderCreated(t, "slow", false, &acked)) // a redelivery: stored pending, a worker runs it
 	cfg := b.cfg
 	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
-	c, err := New(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	select {

@@ -63,8 +63,8 @@ func keyed(id, key string, seq int64) pgrelay.Message {
 func TestOversizedKeyGoesDeadAndTheBatchGoesThrough(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cfg.DisableWorkers = true
-	c, err := New(b.config())
+	b.cfg.disableWorkers = true
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	long := incompressible(3000)
 	var a ackedDeliveries
@@ -113,8 +113,8 @@ func TestProgramLimitIsARefusal(t *testing.T) {
 func TestDeadAtIngestKeepsItsKeySequence(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cfg.DisableWorkers = true
-	c, err := New(b.config())
+	b.cfg.disableWorkers = true
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	bad := keyed("s-2", "s", 2)
 	bad.EventType = "Step\x00" // refused by Receive: stored dead, the text cleaned
@@ -212,8 +212,8 @@ func TestRefusedEvenDeadIsCountedAndLogged(t *testing.T) {
 		CREATE TRIGGER refuse_poison BEFORE INSERT ON pgrelay.inbox FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
 	require.NoError(t, err)
 	core, logs := logtest.Observe(slog.LevelError)
-	b.cfg.DisableWorkers, b.cfg.Logger = true, core
-	c, err := New(b.config())
+	b.cfg.disableWorkers, b.cfg.Logger = true, core
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	var a ackedDeliveries
 	c.handle(ctx, a.deliveries(keyed("ok-1", "k", 1), keyed("poison", "k", 2), keyed("ok-3", "k", 3)))

@@ -71,12 +71,12 @@ func setup(t *testing.T) *testBundle {
 		MaxAckPending:   200,
 		MaxPayloadBytes: 1 << 20,
 	}, cfg: Config{
-		Pool:          pool,
-		BatchSize:     20,
-		MaxWait:       100 * time.Millisecond,
-		RetryMin:      10 * time.Millisecond,
-		RetryMax:      200 * time.Millisecond,
-		StatsInterval: -1,
+		Pool:           pool,
+		FetchBatchSize: 20,
+		MaxWait:        100 * time.Millisecond,
+		RetryMin:       10 * time.Millisecond,
+		RetryMax:       200 * time.Millisecond,
+		StatsInterval:  -1,
 		Inbox: pgrelay.InboxConfig{
 			Handler:       ledger.Handler{},
 			PollInterval:  50 * time.Millisecond,
@@ -126,7 +126,7 @@ func (b *testBundle) start(t *testing.T, c *Consumer) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	go func() { done <- c.consume(ctx) }()
 	var stopped bool
 	stop = func() error {
 		if stopped {
@@ -182,7 +182,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	total := b.publishOrders(t, orders)
 
 	b.nats.AckWait = time.Second
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	var crashes atomic.Int32
 	c.crashAfterCommit = func() bool { return crashes.Add(1) <= 3 }
@@ -209,7 +209,7 @@ func TestDuplicatesAbsorbed(t *testing.T) {
 		b.publish(t, "paid-"+order, "again-paid-"+order, ledger.EventOrderPaid,
 			ledger.OrderPaid{OrderID: order, AmountCents: int64(100 + i), Currency: "EUR"})
 	}
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, b.settled(t, orders, total, 2*orders), 30*time.Second, 50*time.Millisecond)
@@ -222,7 +222,7 @@ func TestDuplicatesAbsorbed(t *testing.T) {
 func TestGracefulStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -236,33 +236,38 @@ func TestGracefulStop(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	_, err := New(Config{})
+	_, err := newConsumer(Config{})
 	require.ErrorContains(t, err, "Config.Pool is required")
 	require.ErrorContains(t, err, "Config.Subscribe is required")
 	require.ErrorContains(t, err, "Config.Inbox.Handler is required")
 
 	pool := &pgxpool.Pool{}
 	sub := func(context.Context) (broker.Subscriber, error) { return nil, nil }
-	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, BatchSize: 20000})
-	require.ErrorContains(t, err, "Config.BatchSize 20000 must be between 1 and 10000")
-	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, MaxWait: time.Millisecond})
+	_, err = newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, FetchBatchSize: 20000})
+	require.ErrorContains(t, err, "consumer.Config.FetchBatchSize 20000 must be between 1 and 10000")
+	_, err = newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, MaxWait: time.Millisecond})
 	require.ErrorContains(t, err, "Config.MaxWait")
 	for _, bad := range []float64{-0.1, 1.5, math.NaN()} {
-		_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, DupRateWarn: bad})
+		_, err = newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, DupRateWarn: bad})
 		require.ErrorContains(t, err, "Config.DupRateWarn")
 	}
-	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, DupRateWarn: 1})
+	_, err = newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, DupRateWarn: 1})
 	require.NoError(t, err)
 
 	// Direct: no subscriber, and workers to run.
 	handler := pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error { return nil })
-	_, err = New(Config{Pool: pool, Direct: true, Subscribe: sub, Inbox: pgrelay.InboxConfig{Handler: handler}})
-	require.ErrorContains(t, err, "Config.Subscribe must be nil with Config.Direct")
-	_, err = New(Config{Pool: pool, Direct: true, DisableWorkers: true})
-	require.ErrorContains(t, err, "Config.Direct with Config.DisableWorkers would run nothing")
-	_, err = New(Config{Pool: pool, Subscribe: sub, DirectTopics: []string{"orders"}, Inbox: pgrelay.InboxConfig{Handler: handler}})
-	require.ErrorContains(t, err, "Config.DirectTopics is set without Config.Direct")
-	_, err = New(Config{Pool: pool, Direct: true, DirectTopics: []string{"orders"}, Inbox: pgrelay.InboxConfig{Handler: handler}})
+	_, err = newConsumer(Config{Pool: pool, Direct: true, Subscribe: sub, Inbox: pgrelay.InboxConfig{Handler: handler}})
+	require.ErrorContains(t, err, "consumer.Config.Subscribe must be nil with consumer.Config.Direct")
+	register := func(context.Context) error { return nil }
+	_, err = newConsumer(Config{Pool: pool, Direct: true, Register: register, disableWorkers: true})
+	require.ErrorContains(t, err, "consumer.Config.Direct without the workers would run nothing")
+	// Direct without Register: nothing would record the handlers for the
+	// relay, which stores nothing for them.
+	_, err = newConsumer(Config{Pool: pool, Direct: true, Inbox: pgrelay.InboxConfig{Handler: handler}})
+	require.ErrorContains(t, err, "consumer.Config.Register is required with consumer.Config.Direct: postgres.RegisterTargets")
+	_, err = newConsumer(Config{Pool: pool, Subscribe: sub, Register: register, Inbox: pgrelay.InboxConfig{Handler: handler}})
+	require.ErrorContains(t, err, "consumer.Config.Register is set without consumer.Config.Direct")
+	_, err = newConsumer(Config{Pool: pool, Direct: true, Register: register, Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.NoError(t, err)
 }
 
@@ -282,7 +287,7 @@ func TestReconnects(t *testing.T) {
 	nc, js := testnats.Connect(t, url)
 	b.js = js
 
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -321,7 +326,7 @@ func TestReconnects(t *testing.T) {
 func TestReattachesAfterDurableDeleted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -354,7 +359,7 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 	require.NoError(t, err)
 
 	b.nats.AckWait = time.Second
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	var crashes atomic.Int32
 	c.crashAfterCommit = func() bool { return crashes.Add(1) == 1 }
@@ -376,7 +381,7 @@ func TestNoIDRedeliveryDedups(t *testing.T) {
 func TestStoreEachIsolatesARefusedMessage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	msg := func(id, topic string) pgrelay.Incoming {
 		return pgrelay.Incoming{Message: pgrelay.Message{EventID: id, Topic: topic, EventType: "T", Payload: []byte("raw"), OccurredAt: time.Now()}}
@@ -419,8 +424,8 @@ func TestTransientFailureAfterRefusalIsNotDead(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	b.cfg.Pool, b.cfg.DisableWorkers = pool, true
-	c, err := New(b.config())
+	b.cfg.Pool, b.cfg.disableWorkers = pool, true
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 
 	var terminated atomic.Bool
@@ -473,7 +478,7 @@ func TestStopFinishesBatchInHand(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.publishOrders(t, 5)
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -484,7 +489,7 @@ func TestStopFinishesBatchInHand(t *testing.T) {
 		}
 		return false
 	}
-	require.NoError(t, c.Run(ctx))
+	require.NoError(t, c.consume(ctx))
 	s := c.Stats()
 	require.Positive(t, s.Fetched)
 	require.Equal(t, s.Fetched, s.Acked, "the batch in hand was acknowledged")
@@ -507,7 +512,7 @@ func TestShortFetchWaitStrandsNothing(t *testing.T) {
 	b := setup(t)
 	b.cfg.MaxWait = 10 * time.Millisecond
 	b.nats.AckWait = time.Minute
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 
@@ -524,7 +529,7 @@ func TestLoneMessageIsNotHeldForABatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.cfg.MaxWait = 6 * time.Second
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 
@@ -557,10 +562,10 @@ func TestStreamOutlivingDedupWindowRefused(t *testing.T) {
 	b.streamWithMaxAge(t, 0)
 	for _, window := range []time.Duration{0, time.Hour} {
 		b.nats.DedupWindow = window
-		c, err := New(b.config())
+		c, err := newConsumer(b.config())
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		err = c.Run(ctx)
+		err = c.consume(ctx)
 		cancel()
 		require.Error(t, err, "the consumer must refuse the stream")
 		var rw *pgnats.ReplayWindowError
@@ -575,7 +580,7 @@ func TestStreamOutlivingDedupWindowRefused(t *testing.T) {
 	}
 
 	b.nats.DedupWindow, b.nats.AllowReplayBeyondDedupWindow = 0, true
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond, "allowed explicitly, it runs")
@@ -618,7 +623,7 @@ func TestLostDurableReplaysNothingPastTheWindow(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return got
 	}
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	for i := range 3 {
@@ -653,7 +658,7 @@ func TestCreateStreamWithTheRelaysSettings(t *testing.T) {
 	b.nats.Stream, b.nats.SubjectPrefix, b.nats.FilterSubject = b.stream, b.prefix, ""
 	b.nats.CreateStream, b.nats.DedupWindow = true, 2*time.Hour
 	t.Cleanup(func() { _ = b.js.DeleteStream(context.Background(), b.stream) })
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, c.Ready, 10*time.Second, 10*time.Millisecond)
@@ -702,7 +707,7 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 		return n
 	}
 	publishNoID(`{"first":true}`)
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, func() bool { return dead() == 1 }, 30*time.Second, 20*time.Millisecond)
@@ -716,7 +721,7 @@ func TestFallbackIDsOfARecreatedStreamAreNew(t *testing.T) {
 	require.NoError(t, err)
 	publishNoID(`{"second":true}`)
 
-	c, err = New(b.config())
+	c, err = newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	require.Eventually(t, func() bool { return dead() == 2 }, 30*time.Second, 20*time.Millisecond,
@@ -746,15 +751,15 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 	b.cfg.Logger = core
 	// The test closes the rate intervals itself; the watcher's own ticker
 	// never fires.
-	b.cfg.RateInterval = time.Hour
+	b.cfg.rateInterval = time.Hour
 	b.cfg.DupRateWarn = 0.5
 	var receives atomic.Int64
-	b.cfg.ObserveReceive = func(d time.Duration) {
+	b.cfg.observeReceive = func(d time.Duration) {
 		if d > 0 {
 			receives.Add(1)
 		}
 	}
-	c, err := New(b.config())
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	for i := range 4 {
@@ -786,7 +791,7 @@ func TestDuplicateLogLinesHitRatioAndReceiveTiming(t *testing.T) {
 	// Quiet intervals follow: the ratio stays the last one measured.
 	c.closeRateInterval()
 	c.closeRateInterval()
-	require.Equal(t, 1.0, c.DedupHitRatio(), "DedupHitRatio does not report the all-duplicates interval")
+	require.Equal(t, 1.0, c.dedupHitRatio(), "DedupHitRatio does not report the all-duplicates interval")
 	require.GreaterOrEqual(t, receives.Load(), int64(2), "Receive statements not timed")
 }
 
@@ -797,8 +802,8 @@ func TestDupRateWarnDisabledAtZero(t *testing.T) {
 	b := setup(t)
 	core, logs := logtest.Observe(slog.LevelDebug)
 	b.cfg.Logger = core
-	b.cfg.RateInterval = time.Hour // the test closes the intervals itself
-	c, err := New(b.config())
+	b.cfg.rateInterval = time.Hour // the test closes the intervals itself
+	c, err := newConsumer(b.config())
 	require.NoError(t, err)
 	b.start(t, c)
 	b.publish(t, "e-0", "m-0", "Unknown", map[string]any{})
@@ -807,7 +812,7 @@ func TestDupRateWarnDisabledAtZero(t *testing.T) {
 	b.publish(t, "e-0", "m-0-again", "Unknown", map[string]any{})
 	require.Eventually(t, func() bool { return c.Stats().Duplicates == 1 }, 30*time.Second, 20*time.Millisecond)
 	c.closeRateInterval()
-	require.Equal(t, 1.0, c.DedupHitRatio(), "the all-duplicates interval was closed")
+	require.Equal(t, 1.0, c.dedupHitRatio(), "the all-duplicates interval was closed")
 	require.Zero(t, logs.FilterMessage("high duplicate rate").Len())
 	require.Equal(t, 1, logs.FilterMessage("duplicate blocked").Len())
 }

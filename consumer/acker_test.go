@@ -233,14 +233,12 @@ func TestAsyncCommitSettingsValidated(t *testing.T) {
 	t.Parallel()
 	pool := &pgxpool.Pool{}
 	sub := func(context.Context) (broker.Subscriber, error) { return nil, nil }
-	_, err := New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, AsyncCommit: true})
+	_, err := newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, AsyncCommit: true})
 	require.NoError(t, err)
-	_, err = New(Config{Pool: pool, Subscribe: sub, DisableWorkers: true, AsyncCommit: true,
-		AsyncFlushAfter: -time.Millisecond, AsyncPollInterval: time.Microsecond, AsyncMaxPending: -1})
+	_, err = newConsumer(Config{Pool: pool, Subscribe: sub, disableWorkers: true, AsyncCommit: true, AsyncFlushAfter: -time.Millisecond})
 	require.ErrorContains(t, err, "Config.AsyncFlushAfter -1ms must be positive")
-	require.ErrorContains(t, err, "Config.AsyncPollInterval 1µs must be at least 100µs")
-	require.ErrorContains(t, err, "Config.AsyncMaxPending -1 must be positive")
 	handler := pgrelay.HandlerFunc(func(context.Context, pgx.Tx, *pgrelay.InboxEvent) error { return nil })
-	_, err = New(Config{Pool: pool, Direct: true, AsyncCommit: true, Inbox: pgrelay.InboxConfig{Handler: handler}})
+	_, err = newConsumer(Config{Pool: pool, Direct: true, Register: func(context.Context) error { return nil }, AsyncCommit: true,
+		Inbox: pgrelay.InboxConfig{Handler: handler}})
 	require.ErrorContains(t, err, "Config.AsyncCommit is for the batches")
 }

@@ -73,10 +73,10 @@ func TestIngestLoopsStoreAtOnceWithoutDeadlocks(t *testing.T) {
 	}
 	cfg := b.cfg
 	cfg.Subscribe = func(context.Context) (broker.Subscriber, error) { return sub, nil }
-	cfg.DisableWorkers = true
-	cfg.BatchSize = ids
+	cfg.disableWorkers = true
+	cfg.FetchBatchSize = ids
 	cfg.IngestLoops = 4
-	c, err := New(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	// Each pair's two stores start together: the first waits for the
 	// second, which only a concurrent loop can start.

@@ -37,13 +37,13 @@ func testApplyOnReceiveRoundTrips(t *testing.T, mode pgx.QueryExecMode) {
 	defer cancel()
 	pool, trips := testdb.RoundTripPool(t, mode)
 
-	c, err := New(Config{
-		Pool:          pool,
-		Subscribe:     func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
-		BatchSize:     20,
-		StatsInterval: -1,
-		Inbox:         pgrelay.InboxConfig{Handler: ledgertest.Traced{Trips: trips}},
-		Logger:        logtest.New(t),
+	c, err := newConsumer(Config{
+		Pool:           pool,
+		Subscribe:      func(context.Context) (broker.Subscriber, error) { return &oneShotSubscriber{}, nil },
+		FetchBatchSize: 20,
+		StatsInterval:  -1,
+		Inbox:          pgrelay.InboxConfig{Handler: ledgertest.Traced{Trips: trips}},
+		Logger:         logtest.New(t),
 	})
 	require.NoError(t, err)
 

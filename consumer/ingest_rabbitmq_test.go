@@ -79,7 +79,7 @@ func TestRabbitMQRepublishAbsorbedByInbox(t *testing.T) {
 		})
 		return sub, err
 	}
-	c, err := New(cfg)
+	c, err := newConsumer(cfg)
 	require.NoError(t, err)
 	stop := b.start(t, c)
 	require.Eventually(t, func() bool {
