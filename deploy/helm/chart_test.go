@@ -6,7 +6,6 @@
 package helm
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -37,6 +36,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/pgrelay/pgrelay/internal/proc"
 )
 
 const chartDir = "pgrelay"
@@ -698,42 +699,17 @@ func help(t *testing.T, bin string, sub ...string) helpText {
 	return h
 }
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
+// bins are cmd/relay and cmd/consumer of this checkout, built once per run.
+var bins = proc.NewBinaries("./cmd/relay", "./cmd/consumer")
 
-// binaries builds cmd/relay and cmd/consumer of this checkout once per run,
-// into a directory TestMain removes.
 func binaries(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "pgrelay-helm-bin")
-		if buildErr != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-o", binDir+string(filepath.Separator), "./cmd/relay", "./cmd/consumer")
-		cmd.Dir = filepath.Join("..", "..")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/relay ./cmd/consumer: %v\n%s", err, out.String())
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binDir
+	return bins.Dir(t)
 }
 
 func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
+	bins.Remove()
 	os.Exit(code)
 }
