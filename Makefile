@@ -6,9 +6,11 @@ export DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 
 ## MODULES: the library's module (the root) and the modules that require it
 ## through `replace github.com/pgrelay/pgrelay => ../` (docs/architecture.md,
-## "Modules and dependencies"): the integration suite, the fault suite and the
-## benchmark. unit, lint and tidy-check run in each.
-MODULES := . integration integration/chaos bench
+## "Modules and dependencies"): the integration suite, the fault suite, the
+## benchmark and the Helm chart's test (deploy/helm: helm lint, the chart
+## rendered and checked against the binaries' flags; no cluster). unit, lint
+## and tidy-check run in each.
+MODULES := . integration integration/chaos bench deploy/helm
 
 .PHONY: test check unit generate lint fmt tidy-check sqlc-check build size-check containers compose-check images
 

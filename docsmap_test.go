@@ -14,7 +14,7 @@ import (
 
 // TestArchitectureNamesEveryPackage: docs/architecture.md's package map names
 // every package of the library's module and of the modules beside it
-// (integration, integration/chaos, bench), as `path`, `path/` or, under
+// (integration, integration/chaos, bench, deploy/helm), as `path`, `path/` or, under
 // internal/, by the path below it.
 func TestArchitectureNamesEveryPackage(t *testing.T) {
 	doc, err := os.ReadFile("docs/architecture.md")
@@ -22,7 +22,7 @@ func TestArchitectureNamesEveryPackage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var pkgs []string
-	for _, dir := range []string{".", "integration", "integration/chaos", "bench"} {
+	for _, dir := range []string{".", "integration", "integration/chaos", "bench", "deploy/helm"} {
 		out, err := exec.CommandContext(ctx, "go", "list", "./...").Output()
 		if dir != "." {
 			out, err = exec.CommandContext(ctx, "go", "-C", dir, "list", "./...").Output()
