@@ -380,7 +380,7 @@ func checkObjects(t *testing.T, vals map[string]any, objs []object) {
 		for _, p := range []struct {
 			what, path string
 			probe      *corev1.Probe
-		}{{"liveness", "/healthz", c.LivenessProbe}, {"readiness", "/readyz", c.ReadinessProbe}} {
+		}{{"liveness", "/livez", c.LivenessProbe}, {"readiness", "/readyz", c.ReadinessProbe}} {
 			if p.probe == nil || p.probe.HTTPGet == nil {
 				t.Errorf("Deployment %s: no HTTP %s probe", d.Name, p.what)
 				continue

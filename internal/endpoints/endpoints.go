@@ -25,7 +25,7 @@ import (
 // Flags are the operator settings both services take on their command
 // line.
 type Flags struct {
-	// MetricsAddr serves /metrics, /healthz and /readyz; empty disables.
+	// MetricsAddr serves /metrics, /livez (/healthz) and /readyz; empty disables.
 	MetricsAddr string
 	// AdminAddr serves the admin API; empty disables.
 	AdminAddr string

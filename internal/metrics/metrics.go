@@ -8,7 +8,7 @@
 // database with a timeout and cache the result for a few seconds. Every series
 // exists from start-up with the value zero, including every label value of
 // the bounded reason labels, so that rate() and alerts work before the first
-// event. Server serves /metrics, /healthz and /readyz.
+// event. Server serves /metrics, /livez (/healthz) and /readyz.
 //
 // Metric names and help texts are listed in docs/architecture.md
 // ("Operations").

@@ -281,8 +281,10 @@ func TestHealthAndReadiness(t *testing.T) {
 	code, body = get("/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, `"broker":"nats: no servers available"`)
-	code, _ = get("/healthz")
-	require.Equal(t, http.StatusOK, code, "liveness does not depend on the broker")
+	for _, live := range []string{"/livez", "/healthz"} {
+		code, _ = get(live)
+		require.Equal(t, http.StatusOK, code, "%s: liveness does not depend on the broker", live)
+	}
 
 	mu.Lock()
 	brokerErr = nil

@@ -80,7 +80,7 @@ func (c ServerConfig) validate() error {
 	return nil
 }
 
-// Server serves /metrics (Prometheus), /healthz (the process is up) and
+// Server serves /metrics (Prometheus), /livez and /healthz (the process is up) and
 // /readyz (every check passes).
 type Server struct {
 	cfg     ServerConfig
@@ -100,10 +100,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ErrorHandling: promhttp.ContinueOnError,
 		Timeout:       30 * time.Second,
 	}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	alive := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
-	})
+	}
+	mux.HandleFunc("GET /livez", alive) // Kubernetes' name
+	mux.HandleFunc("GET /healthz", alive)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	s.handler = recoverer(cfg.Logger, mux)
 	return s, nil

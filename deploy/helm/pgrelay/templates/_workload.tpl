@@ -62,7 +62,7 @@ spec:
               containerPort: {{ $v.metricsPort }}
               protocol: TCP
           livenessProbe:
-            httpGet: {path: /healthz, port: metrics}
+            httpGet: {path: /livez, port: metrics}
             initialDelaySeconds: 10
             periodSeconds: 10
             timeoutSeconds: 3
