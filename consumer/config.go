@@ -138,7 +138,7 @@ type Config struct {
 	// wait jittered ×0.5–1.5. Defaults DefaultRetryMin and DefaultRetryMax.
 	RetryMin, RetryMax time.Duration
 
-	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9091".
+	// MetricsAddr serves /metrics, /livez (also /healthz) and /readyz, for example ":9091".
 	// Default "": not served.
 	MetricsAddr string
 	// AdminAddr serves the admin API (stats, dead letters, replay), for

@@ -123,7 +123,7 @@ type Config struct {
 	// negative: never.
 	WALTruncateInterval time.Duration
 
-	// MetricsAddr serves /metrics, /healthz and /readyz, for example ":9090".
+	// MetricsAddr serves /metrics, /livez (also /healthz) and /readyz, for example ":9090".
 	// Default "": not served.
 	MetricsAddr string
 	// AdminAddr serves the admin API (outbox stats, dead events, retry), for

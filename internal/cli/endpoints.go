@@ -11,7 +11,7 @@ import (
 // the same names (Inbox.Retention.Window and .DuplicatesMax).
 func EndpointOptions(f *endpoints.Flags, metricsAddr, adminAddr string, withRetention bool) Options {
 	opts := Options{
-		{"metrics-addr", "METRICS_ADDR", "MetricsAddr", &f.MetricsAddr, metricsAddr, "address serving /metrics, /healthz and /readyz; empty disables"},
+		{"metrics-addr", "METRICS_ADDR", "MetricsAddr", &f.MetricsAddr, metricsAddr, "address serving /metrics, /livez (also /healthz) and /readyz; empty disables"},
 		{"admin-addr", "ADMIN_ADDR", "AdminAddr", &f.AdminAddr, adminAddr, "address of the admin API (loopback unless --admin-token is set); empty disables"},
 		{"admin-token", "ADMIN_TOKEN", "AdminToken", &f.AdminToken, "", "bearer token the admin API requires; required off loopback"},
 	}
