@@ -33,9 +33,9 @@ type settings struct {
 	databaseURLs  []string
 	databasesFile string
 	maxConnsTotal int
-	broker      string
-	brokers     map[string]cli.RelaySide
-	wire        cli.Wire
+	broker        string
+	brokers       map[string]cli.RelaySide
+	wire          cli.Wire
 	// cfg holds the relay.Config fields the options set.
 	cfg          relay.Config
 	migrate      bool
