@@ -91,3 +91,15 @@ func TestRelayProcessServesManyDatabases(t *testing.T) {
 		require.Zero(t, count(i, owned), "leases released")
 	}
 }
+
+// TestMaxConnsTotal: databases whose pools together exceed
+// --max-conns-total are refused at start, naming it.
+func TestMaxConnsTotal(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	args := []string{"run", "--max-conns-total", "100"}
+	for range 3 {
+		args = append(args, "--database-url", testdb.NewURL(t))
+	}
+	require.ErrorContains(t, execute(context.Background(), args...),
+		"3 databases need up to 114 connections (each pool's pool_max_conns, at least 36, plus its LISTEN and lock connections), over --max-conns-total (RELAY_MAX_CONNS_TOTAL) 100")
+}
