@@ -128,6 +128,15 @@ func TestFairShareAcrossDatabases(t *testing.T) {
 	}
 	start := time.Now()
 	runRelay(t, cfg)
+	// The trickle starts once the relay holds the other databases'
+	// partitions: the start-up is not what is measured.
+	for _, d := range bs[1:] {
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, d.pool.QueryRow(ctx, `SELECT count(*) FROM pgrelay.relay_partitions WHERE owner IS NOT NULL`).Scan(&n))
+			return n == 16
+		}, 10*time.Second, 5*time.Millisecond)
+	}
 
 	// A trickle into the two other databases while the backlog drains:
 	// one event every 10ms into each.
@@ -186,7 +195,7 @@ func TestSetDatabasesAddsAndRemoves(t *testing.T) {
 	// Another relay serving db1 only shares its partitions.
 	other := bs[1].testConfig(t, b.publisher(t), nil)
 	other.Lease, other.HeartbeatInterval = 20*time.Second, 200*time.Millisecond
-	e, _ := start(t, other)
+	e, stopOther := start(t, other)
 	owned := func(d *bundle, node string) int {
 		var n int
 		require.NoError(t, d.pool.QueryRow(context.Background(),
@@ -211,7 +220,36 @@ func TestSetDatabasesAddsAndRemoves(t *testing.T) {
 	bs[0].enqueue(t, msgs(50, "", "kept")...)
 	bs[0].waitCount(t, "published", 50, 20*time.Second)
 
+	// A database failing its check is skipped and named; the others are
+	// served on.
+	stopOther()
+	_, err := bs[1].pool.Exec(ctx, `DROP SCHEMA pgrelay CASCADE`)
+	require.NoError(t, err)
+	err = r.SetDatabases(ctx, dbs)
+	require.ErrorContains(t, err, "database db1: ")
+	require.ErrorContains(t, err, "not migrated")
+	require.Equal(t, []string{"db0", "db2"}, r.Databases())
+
 	// An invalid list changes nothing.
 	require.ErrorContains(t, r.SetDatabases(ctx, []Database{dbs[0], {Name: "db0", Pool: bs[2].pool}}), `names "db0" twice`)
 	require.Equal(t, []string{"db0", "db2"}, r.Databases())
+}
+
+// TestStartNamesTheDatabaseNotMigrated: one database of several without
+// pgrelay's schema stops the start, named.
+func TestStartNamesTheDatabaseNotMigrated(t *testing.T) {
+	b := setup(t)
+	dbs, bs := b.more(t, 1)
+	_, err := bs[1].pool.Exec(context.Background(), `DROP SCHEMA pgrelay CASCADE`)
+	require.NoError(t, err)
+	cfg := b.testConfig(t, b.publisher(t), nil)
+	cfg.Pool, cfg.Databases = nil, dbs
+	r, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	require.ErrorContains(t, err, "relay.Config.Databases: database db1: ")
+	require.ErrorContains(t, err, "not migrated")
+	t.Log(err)
 }

@@ -2,7 +2,9 @@
 // committed to the outbox (pgrelay.Enqueue) to a broker, each key's events in
 // commit order, and marks them published. Several relays may run against one
 // database: they share the outbox partitions through leases, and a crashed
-// relay's partitions are taken over once its leases expire. Prometheus
+// relay's partitions are taken over once its leases expire. One relay may
+// serve many databases (Config.Databases), each with its own partitions and
+// leases, sharing the broker fairly (Config.InFlightEvents). Prometheus
 // metrics, health checks and the admin API are opt-in (Config.MetricsAddr,
 // Config.AdminAddr).
 //
