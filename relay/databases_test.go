@@ -101,6 +101,23 @@ func TestOneRelayManyDatabases(t *testing.T) {
 		require.Contains(t, string(body), fmt.Sprintf(`relay_published_total{database=%q} %d`, d.Name, each))
 		require.Contains(t, string(body), fmt.Sprintf(`relay_partitions_held{database=%q} 16`, d.Name))
 	}
+
+	// /readyz names a database that does not answer.
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + r.MetricsAddr().String() + "/readyz")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, text := readyz()
+	require.Equal(t, http.StatusOK, code, text)
+	bs[2].pool.Close()
+	code, text = readyz()
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, text, "database db2: ")
+	require.NotContains(t, text, "database db1")
 }
 
 // TestFairShareAcrossDatabases: one database's backlog of 20,000 rows does
