@@ -34,7 +34,7 @@ type Config struct {
 	// with its own partitions and leases, instead of Pool (give one or the
 	// other): Pool is shorthand for one Database named after its database
 	// name, with ListenConnConfig. Names are unique, 1-63 of
-	// [A-Za-z0-9_.-] (the metrics' database label).
+	// [A-Za-z0-9_.-] (the metrics' database label). Capture "wal" serves one.
 	Databases []Database
 	// InFlightEvents is how many events the relay has handed to the broker
 	// and not yet seen acknowledged, all databases together: while k
@@ -297,7 +297,7 @@ func (c Config) Validate() error {
 		check(err == nil && !loopback && c.AdminToken == "", "AdminToken", "{} is required: {AdminAddr} %q is not a loopback address", c.AdminAddr)
 	}
 	check(c.AdminToken != "" && len(c.AdminToken) < 16, "AdminToken", "{} must be at least 16 characters")
-	errs = append(errs, c.validateStandbyNames(), c.validateCapture(), validateDatabases(c.Pool, c.Databases))
+	errs = append(errs, c.validateStandbyNames(), c.validateCapture(), validateDatabases(c.Pool, c.Databases, c.Capture))
 	return errors.Join(errs...)
 }
 

@@ -38,9 +38,13 @@ var databaseName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
 func ValidDatabaseName(name string) bool { return databaseName.MatchString(name) }
 
 // validateDatabases checks Config.Pool and Config.Databases together.
-func validateDatabases(pool *pgxpool.Pool, dbs []Database) error {
+func validateDatabases(pool *pgxpool.Pool, dbs []Database, capture string) error {
 	if pool != nil && len(dbs) > 0 {
 		return bad("Databases", "{} and {Pool} are both set: give one or the other")
+	}
+	if capture == CaptureWAL && len(dbs) > 1 {
+		// Replication slots are named per server, not per database.
+		return bad("Databases", "{} names %d databases: {Capture} %q serves one", len(dbs), capture)
 	}
 	var errs []error
 	seen := map[string]bool{}
@@ -320,7 +324,7 @@ func (r *Relay) halt(d *dbRun) {
 // skipped and named in the error returned; the others are served. The
 // list is checked as Config.Databases; an invalid one changes nothing.
 func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
-	if err := validateDatabases(nil, dbs); err != nil {
+	if err := validateDatabases(nil, dbs, r.cfg.Capture); err != nil {
 		return err
 	}
 	if len(dbs) == 0 {

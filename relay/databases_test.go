@@ -270,3 +270,28 @@ func TestStartNamesTheDatabaseNotMigrated(t *testing.T) {
 	require.ErrorContains(t, err, "not migrated")
 	t.Log(err)
 }
+
+// TestDatabasesValidation: each invalid list names relay.Config.Databases.
+func TestDatabasesValidation(t *testing.T) {
+	p1, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/a")
+	require.NoError(t, err)
+	defer p1.Close()
+	p2, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/b")
+	require.NoError(t, err)
+	defer p2.Close()
+	cases := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Pool: p1, Databases: []Database{{Name: "a", Pool: p2}}}, "relay.Config.Databases and relay.Config.Pool are both set"},
+		{Config{Databases: []Database{{Name: "a", Pool: p1}, {Name: "a", Pool: p2}}}, `relay.Config.Databases names "a" twice`},
+		{Config{Databases: []Database{{Name: "a b", Pool: p1}}}, `relay.Config.Databases[0].Name "a b" must be 1-63 of`},
+		{Config{Databases: []Database{{Name: "a"}}}, "relay.Config.Databases[0].Pool (a) is required"},
+		{Config{Databases: []Database{{Name: "a", Pool: p1}, {Name: "b", Pool: p1}}}, "relay.Config.Databases: a and b share one Pool"},
+		{Config{Databases: []Database{{Name: "a", Pool: p1}, {Name: "b", Pool: p2}}, Capture: CaptureWAL}, `relay.Config.Databases names 2 databases: relay.Config.Capture "wal" serves one`},
+	}
+	for _, c := range cases {
+		require.ErrorContains(t, c.cfg.Validate(), c.want)
+	}
+	require.NoError(t, Config{Databases: []Database{{Name: "a", Pool: p1}, {Name: "b.2-x", Pool: p2}}}.Validate())
+}
