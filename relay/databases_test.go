@@ -295,3 +295,36 @@ func TestDatabasesValidation(t *testing.T) {
 	}
 	require.NoError(t, Config{Databases: []Database{{Name: "a", Pool: p1}, {Name: "b.2-x", Pool: p2}}}.Validate())
 }
+
+// TestGateSharesEventsInFlight: a database alone may fill the budget; once
+// another publishes, the first gets no new batch past its share, and the
+// other's batch goes through at once.
+func TestGateSharesEventsInFlight(t *testing.T) {
+	g := newGate(1000)
+	ctx := context.Background()
+	require.NoError(t, g.acquire(ctx, "a", 500))
+	require.NoError(t, g.acquire(ctx, "a", 500)) // alone: the whole budget
+	third := make(chan error, 1)
+	go func() { third <- g.acquire(ctx, "a", 500) }()
+	require.Never(t, func() bool { return len(third) > 0 }, 50*time.Millisecond, time.Millisecond, "over the budget")
+	require.NoError(t, g.acquire(ctx, "b", 1)) // b's first batch: at once
+	g.release("a", 500)
+	require.Never(t, func() bool { return len(third) > 0 }, 50*time.Millisecond, time.Millisecond,
+		"a holds 500, its share of two databases")
+	g.release("b", 1)
+	select {
+	case err := <-third:
+		require.NoError(t, err, "b done: a's share is the budget again")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a's batch was not let through")
+	}
+	// A waiting batch gives up with its context.
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, g.acquire(cctx, "a", 500), context.DeadlineExceeded)
+	g.release("a", 500)
+	g.release("a", 500)
+	require.Empty(t, g.inflight)
+	require.Empty(t, g.queue)
+	require.Empty(t, g.turn)
+}
