@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -269,6 +270,9 @@ type dbRun struct {
 	metrics *collectors
 	stop    context.CancelFunc
 	done    chan struct{}
+	// failed is set when the engine ended on an error after SetDatabases
+	// started it: it is no longer served, and listed again it restarts.
+	failed atomic.Bool
 }
 
 // newDB builds d's engine, its metrics registered under d's label.
@@ -351,7 +355,7 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	var kept []*dbRun
 	have := map[string]bool{}
 	for _, d := range current {
-		if w, ok := wanted[d.db.Name]; ok && w.Pool == d.db.Pool {
+		if w, ok := wanted[d.db.Name]; ok && w.Pool == d.db.Pool && !d.failed.Load() {
 			kept = append(kept, d)
 			have[d.db.Name] = true
 			continue
@@ -369,7 +373,10 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 			err = r.checkDatabase(ctx, "Databases", w)
 		}
 		if err == nil {
-			err = r.start(runCtx, d, r.failedLater)
+			err = r.start(runCtx, d, func(err error) {
+				d.failed.Store(true)
+				r.log.Error("database stopped; the others are served on", slog.Any("error", err))
+			})
 		}
 		if err != nil {
 			r.log.Error("database skipped", slog.String("database", w.Name), slog.Any("error", err))
@@ -385,20 +392,16 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	return errors.Join(errs...)
 }
 
-// failedLater logs the failure of an engine started by SetDatabases: the
-// other databases are served on.
-func (r *Relay) failedLater(err error) {
-	r.log.Error("database stopped; the others are served on", slog.Any("error", err))
-}
-
 // Databases returns the names of the databases the relay publishes, in
 // order.
 func (r *Relay) Databases() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	names := make([]string, len(r.dbs))
-	for i, d := range r.dbs {
-		names[i] = d.db.Name
+	names := make([]string, 0, len(r.dbs))
+	for _, d := range r.dbs {
+		if !d.failed.Load() {
+			names = append(names, d.db.Name)
+		}
 	}
 	return names
 }
