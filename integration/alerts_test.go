@@ -290,7 +290,7 @@ evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
-      - series: 'relay_wal_gap{job="relay", instance="r1"}'
+      - series: 'relay_wal_gap{job="relay", instance="r1", database="orders"}'
         values: '0 0 1 1'
     alert_rule_test:
       - eval_time: 1m
@@ -299,7 +299,7 @@ tests:
       - eval_time: 2m
         alertname: PgrelayWALGap
         exp_alerts:
-          - exp_labels: {severity: critical, job: relay, instance: r1}
+          - exp_labels: {severity: critical, job: relay, instance: r1, database: orders}
             exp_annotations:
               summary: "r1: WAL capture stopped at a gap"
               description: "The relay's error log names the events read from no slot (LSN range, time); re-emit them and run relay wal accept-gap (docs/wal.md#failover)."

@@ -155,7 +155,7 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, i int) error {
 	})
 }
 
-var standbyWaitLine = regexp.MustCompile(`(?m)^relay_standby_wait_seconds (\S+)$`)
+var standbyWaitLine = regexp.MustCompile(`(?m)^relay_standby_wait_seconds(?:\{[^}]*\})? (\S+)$`)
 
 // standbyWait reads relay_standby_wait_seconds from the relay's /metrics; -1
 // when it cannot.

@@ -15,7 +15,7 @@ import (
 // read it for the worker) and marks it. It returns the number of rows read.
 // A failure advances bo, so that the retry time recorded on the rows is the
 // one the worker waits for.
-func (r *Relay) runBatch(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
+func (r *engine) runBatch(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
 	n, err := r.runBatchOnce(w, log, bo, inflight, handed)
 	if err != nil && !errors.Is(err, errFenced) && !bo.advanced {
 		bo.Next()
@@ -33,7 +33,7 @@ type pendingMark struct {
 
 // awaitMark waits for the mark in flight, if any, and returns its error
 // (errFenced when the partition was taken over).
-func (r *Relay) awaitMark(w *worker, log *slog.Logger, m *pendingMark) error {
+func (r *engine) awaitMark(w *worker, log *slog.Logger, m *pendingMark) error {
 	if m.done == nil {
 		return nil
 	}
@@ -52,7 +52,7 @@ func (r *Relay) awaitMark(w *worker, log *slog.Logger, m *pendingMark) error {
 // one: the next batch holds only rows after it (each key's earlier rows are
 // acknowledged), and its own mark waits for this one, so a fenced or failed
 // mark stops the partition before anything later is marked.
-func (r *Relay) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
+func (r *engine) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
 	var rows []db.PendingBatchRow
 	var readStart time.Time
 	if handed != nil {
@@ -100,7 +100,7 @@ func (r *Relay) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, infl
 // readBatch reads the partition's next pending rows, in id order, past the
 // batch whose mark is in flight. readStart is when the read was sent: the
 // rows' DbNow is no earlier than that instant.
-func (r *Relay) readBatch(w *worker, inflight *pendingMark) (rows []db.PendingBatchRow, readStart time.Time, err error) {
+func (r *engine) readBatch(w *worker, inflight *pendingMark) (rows []db.PendingBatchRow, readStart time.Time, err error) {
 	exclude := inflight.ids
 	if exclude == nil {
 		exclude = []int64{}
@@ -131,7 +131,7 @@ func rowIDs(rows []db.PendingBatchRow) []int64 {
 // through the marker, which sends it in one statement with the marks of
 // other partitions handed to it meanwhile; it returns errFenced when another
 // relay owns the partition now.
-func (r *Relay) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, out outcomes) error {
+func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, out outcomes) error {
 	if len(out.markIDs) == 0 {
 		return nil
 	}
@@ -187,6 +187,6 @@ type retryBackoff struct {
 	advanced bool // Next was called during the current batch
 }
 
-func (r *Relay) newBackoff() *retryBackoff {
+func (r *engine) newBackoff() *retryBackoff {
 	return &retryBackoff{Backoff: wait.New(r.backoffPolicy())}
 }

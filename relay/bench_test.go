@@ -28,7 +28,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 		}
 		obs := &countingObserver{}
 		cfg := bt.testConfig(nil, bt.publisherB(b), obs)
-		r, err := New(cfg)
+		r, err := newEngine(cfg)
 		require.NoError(b, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)

@@ -57,7 +57,7 @@ func runChild() int {
 			cfg.NodeID = id
 		}
 	}
-	r, err := New(cfg)
+	r, err := newEngine(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/admin/adminhttp"
@@ -29,6 +30,19 @@ type Config struct {
 	// Give it PoolConns(partitions) connections; the relay dials two more,
 	// for LISTEN and for its lock session (unless NoListen).
 	Pool *pgxpool.Pool
+	// Databases are the databases whose outboxes the relay publishes, each
+	// with its own partitions and leases, instead of Pool (give one or the
+	// other): Pool is shorthand for one Database named after its database
+	// name, with ListenConnConfig. Names are unique, 1-63 of
+	// [A-Za-z0-9_.-] (the metrics' database label). Capture "wal" serves one.
+	Databases []Database
+	// InFlightEvents is how many events the relay has handed to the broker
+	// and not yet seen acknowledged, all databases together: while k
+	// databases publish, each may have InFlightEvents/k in flight (always one
+	// batch), so one database's backlog fills only its share of the broker's
+	// pipe and another's batch waits behind about InFlightEvents events at
+	// most. Default DefaultInFlightEvents (2,000).
+	InFlightEvents int
 	// Publisher publishes the events, for example nats.NewPublisher's,
 	// kafka.NewPublisher's or rabbitmq.NewPublisher's. Required. The relay
 	// does not close it.
@@ -149,6 +163,12 @@ type Config struct {
 	walStandbyPoll time.Duration
 	walLockTimeout time.Duration
 
+	// Set by New for each database's engine: its name, where its metrics
+	// are registered, and the gate its publishing passes.
+	database   string
+	registerer prometheus.Registerer
+	gate       *gate
+
 	hooks hooks
 }
 
@@ -194,6 +214,7 @@ const (
 	DefaultRetentionInterval  = time.Minute
 	DefaultRetentionBatchSize = 1000
 	DefaultStartupTimeout     = 30 * time.Second
+	DefaultInFlightEvents     = 2000
 )
 
 // withDefaults returns the config with every zero field set to its default.
@@ -222,6 +243,7 @@ func (c Config) withDefaults() Config {
 	c.RetentionInterval = or(c.RetentionInterval, DefaultRetentionInterval)
 	c.RetentionBatchSize = or(c.RetentionBatchSize, DefaultRetentionBatchSize)
 	c.StartupTimeout = or(c.StartupTimeout, DefaultStartupTimeout)
+	c.InFlightEvents = or(c.InFlightEvents, DefaultInFlightEvents)
 	return c.captureDefaults()
 }
 
@@ -260,6 +282,7 @@ func (c Config) Validate() error {
 		"{} (%s) must be positive and at most {BackoffMax} (%s)", c.BackoffMin, c.BackoffMax)
 	check(c.RetentionInterval <= 0, "RetentionInterval", "{} must be positive, got %s", c.RetentionInterval)
 	check(c.RetentionBatchSize < 1, "RetentionBatchSize", "{} must be positive, got %d", c.RetentionBatchSize)
+	check(c.InFlightEvents < 1, "InFlightEvents", "{} must be positive, got %d", c.InFlightEvents)
 	check(c.StartupTimeout < 0, "StartupTimeout", "{} %s must be positive", c.StartupTimeout)
 	for _, f := range []struct{ field, addr string }{{"MetricsAddr", c.MetricsAddr}, {"AdminAddr", c.AdminAddr}} {
 		if f.addr == "" {
@@ -274,7 +297,7 @@ func (c Config) Validate() error {
 		check(err == nil && !loopback && c.AdminToken == "", "AdminToken", "{} is required: {AdminAddr} %q is not a loopback address", c.AdminAddr)
 	}
 	check(c.AdminToken != "" && len(c.AdminToken) < 16, "AdminToken", "{} must be at least 16 characters")
-	errs = append(errs, c.validateStandbyNames(), c.validateCapture())
+	errs = append(errs, c.validateStandbyNames(), c.validateCapture(), validateDatabases(c.Pool, c.Databases, c.Capture))
 	return errors.Join(errs...)
 }
 

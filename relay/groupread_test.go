@@ -61,7 +61,7 @@ func (b *bundle) distinctPartitionKeys(t *testing.T, n int) ([]string, []int32) 
 
 // lingering reports whether p's worker lingers for another 100 ms at least
 // (or is being read for).
-func (b *bundle) lingering(r *Relay, p int32) bool {
+func (b *bundle) lingering(r *engine, p int32) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.workers[p]
@@ -151,7 +151,7 @@ func TestStoppedWorkerNeverPublishesPolledRows(t *testing.T) {
 			b := setup(t)
 			p := b.partitionOf(t, "victim")
 			var armed, fired, stall, ended atomic.Bool
-			var rp atomic.Pointer[Relay]
+			var rp atomic.Pointer[engine]
 			var once sync.Once
 			cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 			cfg.PollInterval = time.Hour

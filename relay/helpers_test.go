@@ -101,9 +101,9 @@ func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs relayObserve
 }
 
 // start runs a relay until the returned stop is called (or the test ends).
-func start(t *testing.T, cfg Config) (r *Relay, stop func()) {
+func start(t *testing.T, cfg Config) (r *engine, stop func()) {
 	t.Helper()
-	r, err := New(cfg)
+	r, err := newEngine(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -14,7 +14,7 @@ import (
 
 // tick registers this relay, renews its leases, and gives up or acquires
 // partitions so that it owns its fair share.
-func (r *Relay) tick(ctx context.Context) error {
+func (r *engine) tick(ctx context.Context) error {
 	if h := r.cfg.hooks.beforeHeartbeat; h != nil {
 		h()
 	}
@@ -52,7 +52,7 @@ func (r *Relay) tick(ctx context.Context) error {
 // renew registers this relay (heartbeat) and renews the leases it holds under
 // s (nil: lease only); it returns them with the deadline they last until on
 // this process's clock.
-func (r *Relay) renew(qctx context.Context, s *lockSession) ([]db.RenewLeasesRow, time.Duration, error) {
+func (r *engine) renew(qctx context.Context, s *lockSession) ([]db.RenewLeasesRow, time.Duration, error) {
 	if err := r.q.HeartbeatNode(qctx, r.cfg.Pool, db.HeartbeatNodeParams{NodeID: r.cfg.NodeID, LockKey: s.lockKey()}); err != nil {
 		return nil, 0, fmt.Errorf("heartbeat: %w", err)
 	}
@@ -70,7 +70,7 @@ func (r *Relay) renew(qctx context.Context, s *lockSession) ([]db.RenewLeasesRow
 // keepRenewed stops the workers whose lease was not renewed at their epoch
 // (lost), extends the others' to deadline, starts a worker for a lease held
 // with none (under s), and returns the partitions this relay now works.
-func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, deadline time.Duration, s *lockSession) []int32 {
+func (r *engine) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, deadline time.Duration, s *lockSession) []int32 {
 	held := make(map[int32]int64, len(renewed))
 	for _, l := range renewed {
 		held[l.Partition] = l.Epoch
@@ -108,7 +108,7 @@ func (r *Relay) keepRenewed(ctx context.Context, renewed []db.RenewLeasesRow, de
 }
 
 // fairShare returns how many partitions each live relay should hold.
-func (r *Relay) fairShare(qctx context.Context) (int, error) {
+func (r *engine) fairShare(qctx context.Context) (int, error) {
 	live, err := r.q.CountLiveNodes(qctx, r.cfg.Pool, r.cfg.Lease.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("count relays: %w", err)
@@ -127,7 +127,7 @@ func (r *Relay) fairShare(qctx context.Context) (int, error) {
 
 // rebalance gives up the partitions owned beyond share, or acquires free or
 // expired ones, or those of an ended lock session, up to it, under s.
-func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int, s *lockSession) error {
+func (r *engine) rebalance(ctx, qctx context.Context, owned []int32, share int, s *lockSession) error {
 	switch {
 	case len(owned) > share:
 		// Give up the highest partitions beyond the fair share; each worker
@@ -160,7 +160,7 @@ func (r *Relay) rebalance(ctx, qctx context.Context, owned []int32, share int, s
 }
 
 // reportHeld tells the observer how many partitions are being worked.
-func (r *Relay) reportHeld() {
+func (r *engine) reportHeld() {
 	r.mu.Lock()
 	working := 0
 	for _, w := range r.workers {
@@ -174,7 +174,7 @@ func (r *Relay) reportHeld() {
 
 // checkPoolSize warns, once per share, when the pool is too small for the
 // partitions the relay is to own.
-func (r *Relay) checkPoolSize(share int) {
+func (r *engine) checkPoolSize(share int) {
 	have, want := int(r.cfg.Pool.Config().MaxConns), PoolConns(share)
 	if have >= want || share == r.poolWarnedShare {
 		return
@@ -199,12 +199,12 @@ var errSessionLapsed = errors.New("lock session not confirmed: the batch was not
 
 // leaseDeadline is the end of a lease renewed or taken by a statement sent
 // now, on the monotonic clock.
-func (r *Relay) leaseDeadline() time.Duration {
+func (r *engine) leaseDeadline() time.Duration {
 	return time.Since(r.clock) + r.cfg.Lease
 }
 
 // leaseEnd returns when w's lease ends at the latest, as a time carrying a
 // monotonic reading.
-func (r *Relay) leaseEnd(w *worker) time.Time {
+func (r *engine) leaseEnd(w *worker) time.Time {
 	return r.clock.Add(time.Duration(w.leaseUntil.Load()))
 }

@@ -22,7 +22,7 @@ import (
 // worker per partition at a time, each awaiting its previous mark, so this
 // is a safeguard.)
 type marker struct {
-	r *Relay
+	r *engine
 
 	mu      sync.Mutex
 	queue   []*markRequest

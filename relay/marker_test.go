@@ -36,7 +36,7 @@ func (c *markTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // one pending row in each of its partitions, which "test" leases at epoch 7.
 type markFixture struct {
 	b      *bundle
-	r      *Relay
+	r      *engine
 	obs    *countingObserver
 	tracer *markTracer
 	parts  []int32
@@ -97,7 +97,7 @@ func newMarkFixture(t *testing.T, partitions int, queryTimeout time.Duration) *m
 			}
 		})
 	}
-	f.r, err = New(cfg)
+	f.r, err = newEngine(cfg)
 	require.NoError(t, err)
 	return f
 }
@@ -350,7 +350,7 @@ func TestIdleMarkerSendsOnTheCallersGoroutine(t *testing.T) {
 	ids := rowIDs(f.rows[p])
 	err := f.r.mark(&worker{partition: p, epoch: 7}, slog.New(slog.DiscardHandler), f.rows[p], outcomes{markIDs: ids, deadIDs: []int64{}, reasons: []string{}, published: len(ids)})
 	require.NoError(t, err)
-	require.Contains(t, stack, "relay.(*Relay).mark(", "the mark statement's goroutine")
+	require.Contains(t, stack, "relay.(*engine).mark(", "the mark statement's goroutine")
 	require.Equal(t, []string{"published", "published"}, f.statuses(t)[p])
 	f.r.marker.mu.Lock()
 	defer f.r.marker.mu.Unlock()

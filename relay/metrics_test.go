@@ -46,17 +46,19 @@ func TestMetricsFollowTheRealRelay(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 	require.Eventually(t, func() bool { return r.MetricsAddr() != nil }, 10*time.Second, 10*time.Millisecond)
 
+	// Every series carries the database's label: Pool's database name.
+	label := fmt.Sprintf(`{database=%q}`, pool.Config().ConnConfig.Database)
 	var m map[string]float64
 	require.Eventually(t, func() bool {
 		m = scrape(t, "http://"+r.MetricsAddr().String()+"/metrics")
-		return m["relay_published_total"] == 5 && m["outbox_pending_rows"] == 0
+		return m["relay_published_total"+label] == 5 && m["outbox_pending_rows"+label] == 0
 	}, 20*time.Second, 20*time.Millisecond, "the relay never published the 5 rows")
-	require.GreaterOrEqual(t, m["relay_outbox_lag_seconds_count"], 1.0)
-	require.GreaterOrEqual(t, m["relay_publish_duration_seconds_count"], 1.0)
-	require.Positive(t, m["relay_lease_acquired_total"])
-	require.Zero(t, m["relay_publish_duplicates_total"])
-	require.Zero(t, m["relay_fenced_total"])
-	require.Zero(t, m["outbox_oldest_pending_age_seconds"])
+	require.GreaterOrEqual(t, m["relay_outbox_lag_seconds_count"+label], 1.0)
+	require.GreaterOrEqual(t, m["relay_publish_duration_seconds_count"+label], 1.0)
+	require.Positive(t, m["relay_lease_acquired_total"+label])
+	require.Zero(t, m["relay_publish_duplicates_total"+label])
+	require.Zero(t, m["relay_fenced_total"+label])
+	require.Zero(t, m["outbox_oldest_pending_age_seconds"+label])
 }
 
 // scrape reads the series of a /metrics page.

@@ -17,7 +17,7 @@ import (
 // publishBatch publishes rows while w's lease lasts and returns each row's
 // result; errLeaseExpired when the lease may have ended before publishing.
 // readStart is when the rows were read (see expiredRows).
-func (r *Relay) publishBatch(w *worker, log *slog.Logger, rows []db.PendingBatchRow, readStart time.Time) ([]broker.Result, error) {
+func (r *engine) publishBatch(w *worker, log *slog.Logger, rows []db.PendingBatchRow, readStart time.Time) ([]broker.Result, error) {
 	if h := r.cfg.hooks.beforePublish; h != nil {
 		h(w.partition)
 	}
@@ -121,7 +121,7 @@ func brokerMessages(rows []db.PendingBatchRow, expired []bool) (results []broker
 
 // publish calls the Publisher until leaseEnd, turning a panic into a
 // transient failure of the whole batch.
-func (r *Relay) publish(msgs []pgrelay.Message, leaseEnd time.Time) (results []broker.Result) {
+func (r *engine) publish(msgs []pgrelay.Message, leaseEnd time.Time) (results []broker.Result) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
 	defer cancel()
 	ctx, cancelLease := context.WithDeadline(ctx, leaseEnd)
@@ -135,6 +135,15 @@ func (r *Relay) publish(msgs []pgrelay.Message, leaseEnd time.Time) (results []b
 			}
 		}
 	}()
+	// The database's share of the events in flight first (gate).
+	if err := r.cfg.gate.acquire(ctx, r.cfg.database, len(msgs)); err != nil {
+		results = make([]broker.Result, len(msgs))
+		for i := range results {
+			results[i].Err = fmt.Errorf("waiting for the database's share of relay.Config.InFlightEvents: %w", err)
+		}
+		return results
+	}
+	defer r.cfg.gate.release(r.cfg.database, len(msgs))
 	results = r.cfg.Publisher.Publish(ctx, msgs)
 	if len(results) != len(msgs) {
 		err := fmt.Errorf("publisher returned %d results for %d messages", len(results), len(msgs))
@@ -202,7 +211,7 @@ func outcomesOf(log *slog.Logger, rows []db.PendingBatchRow, results []broker.Re
 
 // retryLater records a transient failure on the rows it left pending, to be
 // retried after the partition's next backoff, and returns it.
-func (r *Relay) retryLater(w *worker, log *slog.Logger, bo *retryBackoff, rest []int64, transient error) error {
+func (r *engine) retryLater(w *worker, log *slog.Logger, bo *retryBackoff, rest []int64, transient error) error {
 	r.cfg.obs.PublishFailed(int(w.partition), len(rest), transient)
 	retryAt := time.Now().Add(bo.Next())
 	bo.advanced = true

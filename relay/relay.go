@@ -6,32 +6,23 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/maintenance"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/notifier"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
-// Relay publishes the outbox; create it with New and run it with Run.
-type Relay struct {
+// engine publishes the outbox of one database (Config.Pool); a Relay runs
+// one per database.
+type engine struct {
 	cfg Config
 	q   *db.Queries
 	log *slog.Logger
-
-	// reg holds the metrics MetricsAddr serves; ops runs the operator
-	// endpoints once started is closed.
-	reg     *prometheus.Registry
-	running atomic.Bool
-	started chan struct{}
-	ops     *endpoints.Running
 
 	// notifier wakes the partition workers on outbox inserts and the
 	// heartbeat when a peer released partitions.
@@ -82,9 +73,11 @@ type Relay struct {
 // partitions on a 6-connection pool the relay drained 40–80 % slower.
 func PoolConns(partitions int) int { return 2*partitions + 4 }
 
-// New checks cfg and builds a relay; it connects to nothing until Run.
-// Every invalid setting is reported, each naming its Config field.
-func New(cfg Config) (*Relay, error) {
+// newEngine checks cfg and builds the engine of cfg.Pool; it connects to
+// nothing until run. Every invalid setting is reported, each naming its
+// Config field. Its metrics are registered on cfg.registerer (none: a
+// registry of its own).
+func newEngine(cfg Config) (*engine, error) {
 	err := cfg.Validate()
 	if cfg.Pool == nil {
 		err = errors.Join(bad("Pool", "{} is required"), err)
@@ -95,7 +88,10 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg := metrics.NewRegistry()
+	reg := cfg.registerer
+	if reg == nil {
+		reg = metrics.NewRegistry()
+	}
 	if cfg.obs == nil {
 		cfg.obs = metrics.NewRelayObserver(reg)
 	}
@@ -103,12 +99,14 @@ func New(cfg Config) (*Relay, error) {
 		cfg.walObs = metrics.NewWALObserver(reg)
 	}
 	cfg = cfg.withDefaults()
-	r := &Relay{
+	log := cfg.log.With(slog.String("logger", "relay")).With(slog.String("node", cfg.NodeID))
+	if cfg.database != "" {
+		log = log.With(slog.String("database", cfg.database))
+	}
+	r := &engine{
 		cfg:     cfg,
 		q:       db.New(),
-		log:     cfg.log.With(slog.String("logger", "relay")).With(slog.String("node", cfg.NodeID)),
-		reg:     reg,
-		started: make(chan struct{}),
+		log:     log,
 		workers: map[int32]*worker{},
 		clock:   time.Now(),
 		kick:    make(chan struct{}, 1),
@@ -139,12 +137,12 @@ func New(cfg Config) (*Relay, error) {
 }
 
 // NodeID returns the name this relay owns partitions under.
-func (r *Relay) NodeID() string { return r.cfg.NodeID }
+func (r *engine) NodeID() string { return r.cfg.NodeID }
 
 // run relays until ctx is cancelled, then finishes the batches in flight,
 // releases its leases and returns nil. Database and broker failures are
 // retried with backoff; they never end run.
-func (r *Relay) run(ctx context.Context) error {
+func (r *engine) run(ctx context.Context) error {
 	if r.cfg.Capture == CaptureWAL {
 		return r.runWAL(ctx)
 	}
@@ -214,7 +212,7 @@ func (r *Relay) run(ctx context.Context) error {
 
 // shutdown stops every worker, waits for the batches in flight, and releases
 // the leases so that other relays take the partitions over at once.
-func (r *Relay) shutdown() {
+func (r *engine) shutdown() {
 	r.mu.Lock()
 	var parts []int32
 	for p, w := range r.workers {
@@ -247,7 +245,7 @@ func (r *Relay) shutdown() {
 
 // backoffPolicy is the relay's backoff: from BackoffMin, doubling up to
 // BackoffMax, ±10%.
-func (r *Relay) backoffPolicy() wait.Policy {
+func (r *engine) backoffPolicy() wait.Policy {
 	return wait.Policy{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Spread: jitterSpread}
 }
 

@@ -2,7 +2,9 @@
 // committed to the outbox (pgrelay.Enqueue) to a broker, each key's events in
 // commit order, and marks them published. Several relays may run against one
 // database: they share the outbox partitions through leases, and a crashed
-// relay's partitions are taken over once its leases expire. Prometheus
+// relay's partitions are taken over once its leases expire. One relay may
+// serve many databases (Config.Databases), each with its own partitions and
+// leases, sharing the broker fairly (Config.InFlightEvents). Prometheus
 // metrics, health checks and the admin API are opt-in (Config.MetricsAddr,
 // Config.AdminAddr).
 //
@@ -20,55 +22,188 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
-// Run checks the database (reachable and migrated), binds MetricsAddr and
-// AdminAddr, then relays until ctx is cancelled and stops gracefully: the
-// batches in flight are published and marked, the partition leases released
-// so that other relays take them over at once. It returns nil after a
-// graceful stop. Broker and database outages while running are retried.
+// Relay publishes the outboxes of its databases; create it with New and
+// run it with Run.
+type Relay struct {
+	cfg Config // NodeID set; Pool normalised into Databases
+	log *slog.Logger
+	// field is the Config field the databases were given in: "Pool" or
+	// "Databases".
+	field string
+	gate  *gate
+	// reg holds the metrics MetricsAddr serves; ops runs the operator
+	// endpoints once started is closed.
+	reg     *prometheus.Registry
+	running atomic.Bool
+	started chan struct{}
+	ops     *endpoints.Running
+
+	// setMu serializes SetDatabases; mu guards dbs, the databases served,
+	// and runCtx, Run's context.
+	setMu  sync.Mutex
+	mu     sync.Mutex
+	dbs    []*dbRun
+	runCtx context.Context
+}
+
+// New checks cfg and builds a relay; it connects to nothing until Run.
+// Every invalid setting is reported, each naming its Config field.
+func New(cfg Config) (*Relay, error) {
+	err := cfg.Validate()
+	if cfg.Pool == nil && len(cfg.Databases) == 0 {
+		err = errors.Join(bad("Pool", "{} is required (or {Databases})"), err)
+	}
+	if cfg.Publisher == nil {
+		err = errors.Join(bad("Publisher", "{} is required"), err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	field := "Databases"
+	if cfg.Pool != nil {
+		field = "Pool"
+	}
+	def := cfg.withDefaults()
+	cfg.NodeID, cfg.log = def.NodeID, def.log // one name and one logger for every database
+	cfg.Databases, cfg.Pool, cfg.ListenConnConfig = cfg.databases(), nil, nil
+	r := &Relay{
+		cfg:     cfg,
+		field:   field,
+		log:     def.log.With(slog.String("logger", "relay")).With(slog.String("node", def.NodeID)),
+		gate:    newGate(def.InFlightEvents),
+		reg:     metrics.NewRegistry(),
+		started: make(chan struct{}),
+	}
+	for _, d := range cfg.Databases {
+		run, err := r.newDB(d)
+		if err != nil {
+			return nil, err
+		}
+		r.dbs = append(r.dbs, run)
+	}
+	r.gate.serve(len(r.dbs))
+	return r, nil
+}
+
+// NodeID returns the name this relay owns partitions under.
+func (r *Relay) NodeID() string { return r.cfg.NodeID }
+
+// Run checks every database (reachable and migrated; the first failing one
+// is named in the error), binds MetricsAddr and AdminAddr, then relays
+// until ctx is cancelled and stops gracefully: the batches in flight are
+// published and marked, the partition leases released so that other relays
+// take them over at once. It returns nil after a graceful stop. Broker and
+// database outages while running are retried.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run was already called; create another Relay")
 	}
-	if err := r.checkDatabase(ctx); err != nil {
-		return err
+	for _, d := range r.dbs {
+		if err := r.checkDatabase(ctx, r.field, d.db); err != nil {
+			return err
+		}
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	checks := map[string]metrics.Check{"database": metrics.PingCheck(r.cfg.Pool)}
+	checks := map[string]metrics.Check{"database": r.ping}
 	if r.cfg.BrokerCheck != nil {
 		checks["broker"] = r.cfg.BrokerCheck
 	}
+	first := r.dbs[0].db.Pool // the admin API's
 	ops, err := endpoints.Start(ctx, endpoints.Config{
 		Flags:  endpoints.Flags{MetricsAddr: r.cfg.MetricsAddr, AdminAddr: r.cfg.AdminAddr, AdminToken: r.cfg.AdminToken},
 		Struct: "relay.Config",
-		Pool:   r.cfg.Pool, Registry: r.reg, Outbox: true, Logger: r.log, Checks: checks,
+		Pool:   first, Registry: r.reg, Logger: r.log, Checks: checks,
 	})
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	r.ops = ops
+	failed := make(chan error, len(r.dbs))
+	r.mu.Lock()
+	r.runCtx = ctx
+	var runErr error
+	for _, d := range r.dbs {
+		if err := r.start(ctx, d, func(err error) { failed <- err }); err != nil {
+			runErr = err
+			break
+		}
+	}
+	r.mu.Unlock()
 	close(r.started)
-	runErr := r.run(ctx)
-	stop() // Run returned on its own: stop the operator endpoints too
+	if runErr == nil {
+		select {
+		case <-ctx.Done():
+		case runErr = <-failed: // at start: fail fast, as with one database
+		}
+	}
+	stop()
+	r.setMu.Lock() // no SetDatabases from here on
+	r.mu.Lock()
+	dbs := r.dbs
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, d := range dbs {
+		if d.done != nil {
+			wg.Go(func() { r.halt(d) })
+		}
+	}
+	wg.Wait()
+	r.setMu.Unlock()
 	return errors.Join(runErr, ops.Wait())
 }
 
-// checkDatabase fails start-up when the database cannot be reached or lacks
-// the migrations.
-func (r *Relay) checkDatabase(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartupTimeout)
+// ping is /readyz's database check: every database served answers, or the
+// error names those that do not.
+func (r *Relay) ping(ctx context.Context) error {
+	r.mu.Lock()
+	dbs := r.dbs
+	r.mu.Unlock()
+	errs := make([]error, len(dbs))
+	var wg sync.WaitGroup
+	for i, d := range dbs {
+		wg.Go(func() {
+			if err := metrics.PingCheck(d.db.Pool)(ctx); err != nil {
+				errs[i] = fmt.Errorf("database %s: %w", d.db.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// checkDatabase fails when d cannot be reached or lacks the migrations.
+func (r *Relay) checkDatabase(ctx context.Context, field string, d Database) error {
+	ctx, cancel := context.WithTimeout(ctx, or(r.cfg.StartupTimeout, DefaultStartupTimeout))
 	defer cancel()
-	if err := pooler.CheckStart(ctx, r.cfg.Pool); err != nil {
-		return bad("Pool", "{}: %w", err)
+	if err := pooler.CheckStart(ctx, d.Pool); err != nil {
+		return bad(field, "{}: database %s: %w", d.Name, err)
 	}
 	return nil
+}
+
+// WALStatus returns the first database's replication slot status as of the
+// last heartbeat, and false when the relay does not capture from the WAL
+// (or has not looked yet).
+func (r *Relay) WALStatus() (WALSlotStatus, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.dbs) == 0 {
+		return WALSlotStatus{}, false
+	}
+	return r.dbs[0].e.WALStatus()
 }
 
 // MetricsAddr returns the address the metrics server listens on once Run has

@@ -99,10 +99,10 @@ func (s *lockSession) lockKey() *int64 {
 
 // locking reports whether the relay holds a lock session: it needs a
 // connection of its own to PostgreSQL, as LISTEN does.
-func (r *Relay) locking() bool { return !r.cfg.NoListen }
+func (r *engine) locking() bool { return !r.cfg.NoListen }
 
 // session returns the current lock session (nil: none now).
-func (r *Relay) session() *lockSession {
+func (r *engine) session() *lockSession {
 	r.lockMu.Lock()
 	defer r.lockMu.Unlock()
 	return r.sess
@@ -116,7 +116,7 @@ type endedOwner struct {
 
 // keepLock holds the relay's lock session until ctx ends, dialling again with
 // backoff whenever it fails.
-func (r *Relay) keepLock(ctx context.Context) {
+func (r *engine) keepLock(ctx context.Context) {
 	// The session is one connection: it is dialled again at most
 	// lockRedialMax apart, so that the relay works again soon after
 	// PostgreSQL is back (a failover, a restart), whatever BackoffMax says.
@@ -141,7 +141,7 @@ func (r *Relay) keepLock(ctx context.Context) {
 // holdLock dials the lock connection, takes a new key, registers it, and
 // checks the session every lockCheckEvery until the connection fails or ctx
 // ends. The session ends with it: its workers stop.
-func (r *Relay) holdLock(ctx context.Context) error {
+func (r *engine) holdLock(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	cc := r.cfg.ListenConnConfig
@@ -203,7 +203,7 @@ func (r *Relay) holdLock(ctx context.Context) error {
 }
 
 // endSession ends s and stops the workers started under it.
-func (r *Relay) endSession(s *lockSession) {
+func (r *engine) endSession(s *lockSession) {
 	s.end()
 	r.lockMu.Lock()
 	if r.sess == s {
@@ -222,7 +222,7 @@ func (r *Relay) endSession(s *lockSession) {
 // noteEnded records the other relays' sessions seen ended in the last check,
 // keeping when each was first seen, and asks for a heartbeat lockValidFor
 // after a new one: the partitions held under it can be taken then.
-func (r *Relay) noteEnded(rows []db.EndedLockSessionsRow) {
+func (r *engine) noteEnded(rows []db.EndedLockSessionsRow) {
 	now := time.Now()
 	r.lockMu.Lock()
 	defer r.lockMu.Unlock()
@@ -242,7 +242,7 @@ func (r *Relay) noteEnded(rows []db.EndedLockSessionsRow) {
 
 // takeable returns the ended sessions first seen at least lockValidFor ago,
 // as AcquirePartitions takes them.
-func (r *Relay) takeable() (owners []string, keys []int64) {
+func (r *engine) takeable() (owners []string, keys []int64) {
 	r.lockMu.Lock()
 	defer r.lockMu.Unlock()
 	owners, keys = []string{}, []int64{}

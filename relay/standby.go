@@ -22,7 +22,7 @@ const (
 // the commits of the batch read before: one wait per batch. It waits as
 // long as the partition's lease lasts (errLeaseExpired after it) and until
 // the worker stops; nothing is published meanwhile.
-func (r *Relay) awaitStandbys(w *worker, log *slog.Logger) error {
+func (r *engine) awaitStandbys(w *worker, log *slog.Logger) error {
 	names := r.cfg.StandbyNames
 	if len(names) == 0 {
 		return nil
@@ -80,7 +80,7 @@ func (r *Relay) awaitStandbys(w *worker, log *slog.Logger) error {
 // checkStandbys refuses to start when Config.StandbyNames is set and the
 // role cannot see pg_stat_replication's LSN columns (every batch would wait
 // for ever), and logs the standbys connected now.
-func (r *Relay) checkStandbys(ctx context.Context) error {
+func (r *engine) checkStandbys(ctx context.Context) error {
 	if len(r.cfg.StandbyNames) == 0 {
 		return nil
 	}

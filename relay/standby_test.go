@@ -33,7 +33,7 @@ func TestStandbyNamesNeedsTheStatsRole(t *testing.T) {
 
 	cfg := b.testConfig(t, b.publisher(t), nil)
 	cfg.Pool, cfg.StandbyNames = pool, []string{"standby"}
-	r, err := New(cfg)
+	r, err := newEngine(cfg)
 	require.NoError(t, err)
 	err = r.run(ctx)
 	require.ErrorContains(t, err, "StandbyNames: the database role cannot see the standbys' positions in pg_stat_replication")

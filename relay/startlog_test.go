@@ -67,7 +67,7 @@ func TestStartupLogLineHasEachKeyOnce(t *testing.T) {
 			cfg := b.testConfig(t, b.publisher(t), nil)
 			cfg.Capture = capture
 			cfg.log = zapslog.New(zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&sink), zapcore.InfoLevel))) // the commands' JSON logger
-			r, err := New(cfg)
+			r, err := newEngine(cfg)
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})

@@ -13,7 +13,7 @@ import (
 )
 
 // kickHeartbeat asks Run for a heartbeat now; requests coalesce.
-func (r *Relay) kickHeartbeat() {
+func (r *engine) kickHeartbeat() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
@@ -21,7 +21,7 @@ func (r *Relay) kickHeartbeat() {
 }
 
 // wakeAll nudges every partition worker to look for rows now.
-func (r *Relay) wakeAll() {
+func (r *engine) wakeAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.workers {
@@ -31,7 +31,7 @@ func (r *Relay) wakeAll() {
 
 // wakePartitions nudges the workers of the partitions named in a
 // notification payload ("3,7,12"); a payload it cannot parse wakes them all.
-func (r *Relay) wakePartitions(payload string) {
+func (r *engine) wakePartitions(payload string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range strings.Split(payload, ",") {
@@ -61,7 +61,7 @@ const (
 )
 
 // lingerFor returns how long a worker that found rows lingers.
-func (r *Relay) lingerFor() time.Duration {
+func (r *engine) lingerFor() time.Duration {
 	if d := r.cfg.hooks.lingerFor; d > 0 {
 		return d
 	}
@@ -88,7 +88,7 @@ type polled struct {
 // (lingerUntil to its deadline again), so that the next round reads them
 // too. It costs nothing while no partition has had rows in the last
 // lingerFor.
-func (r *Relay) pollBusy(ctx context.Context) {
+func (r *engine) pollBusy(ctx context.Context) {
 	var claimed []claim
 	var parts []int32
 	for ctx.Err() == nil {
@@ -131,7 +131,7 @@ type claim struct {
 // (parts[i] is claimed[i]'s) in one statement, hands each worker with rows
 // its batch, and gives the others (all of them when the read failed) their
 // linger back.
-func (r *Relay) readLingering(ctx context.Context, claimed []claim, parts []int32) error {
+func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int32) error {
 	byPart := make(map[int32][]db.PendingBatchRow, len(parts))
 	readStart := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
@@ -182,7 +182,7 @@ func (r *Relay) readLingering(ctx context.Context, claimed []claim, parts []int3
 // at once at shutdown, when the read is cancelled). A stopping worker
 // returns nil, dropping any rows handed to it: a worker stopped (its lease
 // lost, say) while pollBusy read its partition never publishes them.
-func (r *Relay) linger(w *worker, until time.Time) *polled {
+func (r *engine) linger(w *worker, until time.Time) *polled {
 	u := until.UnixNano()
 	w.lingerUntil.Store(u)
 	select {
@@ -230,7 +230,7 @@ func (r *Relay) linger(w *worker, until time.Time) *polled {
 
 // sleepOrWake waits for d, a nudge or the worker's end. It reports whether a
 // nudge ended the wait.
-func (r *Relay) sleepOrWake(w *worker, d time.Duration) bool {
+func (r *engine) sleepOrWake(w *worker, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -249,7 +249,7 @@ func (r *Relay) sleepOrWake(w *worker, d time.Duration) bool {
 // the partition before it was armed (so it will not notify) and be committing
 // only now; once it has ended, the next read sees its rows. Later inserts see
 // the partition armed and notify.
-func (r *Relay) arm(w *worker) (nudged bool, err error) {
+func (r *engine) arm(w *worker) (nudged bool, err error) {
 	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	if err := r.q.ArmWakeup(qctx, r.cfg.Pool, w.partition); err != nil {

@@ -90,7 +90,7 @@ type walTx struct {
 
 // walSource is the WAL capture of one relay.
 type walSource struct {
-	r       *Relay
+	r       *engine
 	log     *slog.Logger
 	connCfg *pgconn.Config
 	// senderTimeout is the server's wal_sender_timeout (0: none).
@@ -110,7 +110,7 @@ type serverID struct {
 
 // runWAL runs the WAL capture until ctx ends (nil) or the slot is lost or
 // misconfigured (an error).
-func (r *Relay) runWAL(ctx context.Context) error {
+func (r *engine) runWAL(ctx context.Context) error {
 	cfg := r.cfg.walConnConfig
 	if cfg == nil && r.cfg.ListenConnConfig != nil {
 		cfg = &r.cfg.ListenConnConfig.Config
@@ -1026,7 +1026,7 @@ func (w *walSource) monitor(ctx context.Context, cancel context.CancelCauseFunc)
 // WALStatus returns the replication slot's status as of the last heartbeat,
 // and false when the relay does not capture from the WAL (or has not looked
 // yet).
-func (r *Relay) WALStatus() (WALSlotStatus, bool) {
+func (r *engine) WALStatus() (WALSlotStatus, bool) {
 	r.walMu.Lock()
 	w := r.wal
 	r.walMu.Unlock()
@@ -1039,7 +1039,7 @@ func (r *Relay) WALStatus() (WALSlotStatus, bool) {
 }
 
 // observeSlot reports st to Config's walObs, if any.
-func (r *Relay) observeSlot(st WALSlotStatus) {
+func (r *engine) observeSlot(st WALSlotStatus) {
 	if o := r.cfg.walObs; o != nil {
 		o.WALSlot(st.LagBytes, st.LagSeconds, st.Reading, st.WALStatus, st.Gap != "")
 	}

@@ -130,7 +130,7 @@ func TestWALRelayNeedsTheKeys(t *testing.T) {
 	defer pool.Close()
 	cfg := b.walConfig(t, b.publisher(t), nil)
 	cfg.Pool = pool
-	r, err := New(cfg)
+	r, err := newEngine(cfg)
 	require.NoError(t, err)
 	err = r.run(ctx)
 	require.ErrorContains(t, err, "pgrelay.wal_keys; the relay's role needs SELECT on it")

@@ -27,7 +27,7 @@ func (b *bundle) waitHistory(t *testing.T, lsn int64) string {
 }
 
 // waitGap waits until r refuses over a gap and returns the message.
-func waitGap(t *testing.T, r *Relay) string {
+func waitGap(t *testing.T, r *engine) string {
 	t.Helper()
 	var gap string
 	require.Eventually(t, func() bool { s, ok := r.WALStatus(); gap = s.Gap; return ok && gap != "" }, 30*time.Second, 20*time.Millisecond,

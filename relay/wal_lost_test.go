@@ -123,7 +123,7 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 	rec := &walStatusRecorder{}
 	cfg := b.walConfig(t, flaky, nil)
 	cfg.walObs = rec
-	r, err := New(cfg)
+	r, err := newEngine(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -169,7 +169,7 @@ func TestWALSlotLostWhileStreaming(t *testing.T) {
 
 	// The broker is back: a relay started now refuses as well, publishes
 	// nothing and leaves the lost slot in place for the recovery.
-	r2, err := New(b.walConfig(t, b.publisher(t), nil))
+	r2, err := newEngine(b.walConfig(t, b.publisher(t), nil))
 	require.NoError(t, err)
 	err = r2.run(ctx)
 	require.ErrorIs(t, err, errSlotLost)
@@ -205,7 +205,7 @@ func TestWALLostSlotRecoveryFromArchive(t *testing.T) {
 	flaky := &flakyPublisher{Publisher: b.publisher(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	r, err := New(b.walConfig(t, flaky, nil))
+	r, err := newEngine(b.walConfig(t, flaky, nil))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.run(ctx) }()

@@ -43,7 +43,7 @@ func runWALChild() int {
 	}
 	conn := pool.Config().ConnConfig.Config.Copy()
 	conn.RuntimeParams["application_name"] = os.Getenv("CHILD_NAME")
-	r, err := New(Config{
+	r, err := newEngine(Config{
 		Pool: pool, Publisher: pub, NodeID: os.Getenv("CHILD_NAME"), Capture: CaptureWAL,
 		HeartbeatInterval: 300 * time.Millisecond, Lease: time.Second, BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
 		walConnConfig: conn, walStandbyPoll: 100 * time.Millisecond,

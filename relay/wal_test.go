@@ -191,7 +191,7 @@ func (b *bundle) slotStatusRow(t *testing.T) (bool, error) {
 // relay does not create its slot unless WAL.AllowUnboundedSlot says so.
 func TestWALRefusesUnboundedSlot(t *testing.T) {
 	b, _ := walSetup(t, "wal_level = logical")
-	r, err := New(b.walConfig(t, b.publisher(t), nil))
+	r, err := newEngine(b.walConfig(t, b.publisher(t), nil))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -304,7 +304,7 @@ func TestWALLostSlotFailsLoudly(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, DefaultWALSlot).Scan(&status))
 	require.Equal(t, "lost", status)
 
-	r, err := New(b.walConfig(t, b.publisher(t), nil))
+	r, err := newEngine(b.walConfig(t, b.publisher(t), nil))
 	require.NoError(t, err)
 	err = r.run(ctx)
 	require.ErrorIs(t, err, errSlotLost)
@@ -320,7 +320,7 @@ func hdr(m received, name string) string {
 
 // waitReading waits until r streams its slot: events emitted before the
 // slot exists are not in it.
-func waitReading(t *testing.T, r *Relay) {
+func waitReading(t *testing.T, r *engine) {
 	t.Helper()
 	require.Eventually(t, func() bool { s, ok := r.WALStatus(); return ok && s.Reading }, 20*time.Second, 20*time.Millisecond)
 }

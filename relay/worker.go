@@ -22,7 +22,7 @@ type worker struct {
 	// batch is published only while it is valid.
 	sess *lockSession
 	// leaseUntil is when the lease ends at the latest, as a duration since
-	// Relay.clock: a batch is published only before it.
+	// engine.clock: a batch is published only before it.
 	leaseUntil atomic.Int64
 	// lingerUntil (UnixNano) is when the worker, idle after finding rows,
 	// stops relying on pollBusy and arms the partition's wake-up; 0: not
@@ -52,7 +52,7 @@ func (w *worker) nudge() {
 }
 
 // stop asks the worker to stop after its current batch; with release it then
-// gives its lease up. Called with Relay.mu held.
+// gives its lease up. Called with engine.mu held.
 func (w *worker) stop(release bool) {
 	if w.ctx.Err() == nil {
 		w.release = release
@@ -62,7 +62,7 @@ func (w *worker) stop(release bool) {
 
 // startWorker starts publishing partition p at epoch, leased under s (nil:
 // lease only). Called without r.mu.
-func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration, s *lockSession) {
+func (r *engine) startWorker(parent context.Context, p int32, epoch int64, leaseUntil time.Duration, s *lockSession) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	w := &worker{partition: p, epoch: epoch, sess: s, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), released: make(chan struct{}, 1), done: make(chan struct{})}
 	w.leaseUntil.Store(int64(leaseUntil))
@@ -110,7 +110,7 @@ func (r *Relay) startWorker(parent context.Context, p int32, epoch int64, leaseU
 // workSafely runs the worker, turning a panic (in an Observer, say) into the
 // worker's end: the lease stays held, and the next heartbeat starts a new
 // worker for it.
-func (r *Relay) workSafely(w *worker) {
+func (r *engine) workSafely(w *worker) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("partition worker panicked; restarting it at the next heartbeat", slog.Any("partition", w.partition), slog.Any("panic", p))
@@ -120,7 +120,7 @@ func (r *Relay) workSafely(w *worker) {
 	r.work(w)
 }
 
-func (r *Relay) work(w *worker) {
+func (r *engine) work(w *worker) {
 	log := r.log.With(slog.Any("partition", w.partition), slog.Int64("epoch", w.epoch))
 	bo := r.newBackoff()
 	// armed is set once this worker armed the partition's wake-up and then
@@ -216,7 +216,7 @@ func (r *Relay) work(w *worker) {
 // probe of the pending index, NextDue). A row due far in the future thus
 // costs nothing while it waits: no claim reads it, and the worker polls at
 // its usual pace.
-func (r *Relay) idleFor(w *worker, log *slog.Logger) time.Duration {
+func (r *engine) idleFor(w *worker, log *slog.Logger) time.Duration {
 	d := wait.Jitter(r.cfg.PollInterval, jitterSpread)
 	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
 	dueUs, err := r.q.NextDue(qctx, r.cfg.Pool, w.partition)

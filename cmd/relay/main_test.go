@@ -42,7 +42,7 @@ func TestSettingsErrorsNameTheSetting(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run"}, "--database-url (DATABASE_URL) is required"},
+		{[]string{"run"}, "--database-url (DATABASE_URL) or --databases-file (RELAY_DATABASES_FILE) is required"},
 		{[]string{"run", "--database-url", "postgres://x", "--batch-size", "-1"}, "--batch-size (RELAY_BATCH_SIZE)"},
 		{[]string{"run", "--database-url", "postgres://x", "--lease", "5s", "--heartbeat", "10s"}, "--heartbeat (RELAY_HEARTBEAT)"},
 		{[]string{"run", "--database-url", "postgres://x", "--retention-batch", "-1"}, "--retention-batch (RELAY_RETENTION_BATCH)"},

@@ -3,8 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,9 +26,14 @@ import (
 // settings are the command line, each defaulted from its environment variable.
 type settings struct {
 	databaseURL string
-	broker      string
-	brokers     map[string]cli.RelaySide
-	wire        cli.Wire
+	// databaseURLs are relay run's --database-url, databasesFile and
+	// maxConnsTotal its other database settings (databases.go).
+	databaseURLs  []string
+	databasesFile string
+	maxConnsTotal int
+	broker        string
+	brokers       map[string]cli.RelaySide
+	wire          cli.Wire
 	// cfg holds the relay.Config fields the options set.
 	cfg          relay.Config
 	migrate      bool
@@ -45,7 +55,9 @@ const (
 func options(s *settings) cli.Options {
 	c := &s.cfg
 	return append(cli.Options{
-		cli.Opt("database-url", "DATABASE_URL", "Pool", &s.databaseURL, "", "PostgreSQL URL of the database holding the outbox; required"),
+		cli.Opt("database-url", "DATABASE_URL", "Pool", newURLList(&s.databaseURL, &s.databaseURLs), "", "PostgreSQL URL of a database holding an outbox; relay run: repeatable, each named by its database name"),
+		cli.Opt("databases-file", "RELAY_DATABASES_FILE", "Databases", &s.databasesFile, "", "file naming databases to relay, a line name=postgres://... each (# comments); re-read on SIGHUP"),
+		cli.Opt("max-conns-total", "RELAY_MAX_CONNS_TOTAL", "", &s.maxConnsTotal, 400, "most database connections of all the databases' pools together (each at least "+strconv.Itoa(relay.PoolConns(defaultPartitions))+", plus 2 beside it); more is refused at start and at reload"),
 		cli.Opt("node-id", "RELAY_NODE_ID", "NodeID", &c.NodeID, "", "unique name of this relay in the lease table; default <hostname>-<pid>-<random>"),
 		cli.Opt("batch-size", "RELAY_BATCH_SIZE", "BatchSize", &c.BatchSize, relay.DefaultBatchSize, "rows published and marked at once per partition, 1-10000"),
 		cli.Opt("lease", "RELAY_LEASE", "Lease", &c.Lease, relay.DefaultLease, "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md)"),
@@ -134,8 +146,9 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
-	if s.databaseURL == "" {
-		return errors.New(opts.Name("Pool") + " is required")
+	list, err := databaseList(s.databaseURLs, s.databasesFile)
+	if err != nil {
+		return err
 	}
 	side, err := cli.SelectBroker(s.broker, s.brokers)
 	if err != nil {
@@ -145,7 +158,7 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 		return err
 	}
 	if d, ok := side.(cli.DatabaseDefault); ok {
-		d.DefaultDatabase(s.databaseURL)
+		d.DefaultDatabase(list[0].url)
 	}
 	if err := side.Check(); err != nil {
 		return err
@@ -189,21 +202,23 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	// Enough connections for one relay owning every partition of a default
-	// install (16): its partition workers read and mark at once (the LISTEN
-	// connection is dialled beside the pool). pgxpool opens them only as
-	// needed.
-	pool, err := cli.OpenPool(startCtx, s.databaseURL, dbs, int32(relay.PoolConns(defaultPartitions)))
+	if rcfg.ListenConnConfig != nil && len(list) > 1 {
+		return errors.New("--listen-url (DB_LISTEN_URL) names one database's direct connection: it cannot serve several databases")
+	}
+	open, _, err := openDatabases(startCtx, list, nil, dbs, s.maxConnsTotal)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := dbs.Reach(startCtx, pool); err != nil {
-		return err
-	}
+	defer func() {
+		for _, o := range open {
+			o.pool.Close()
+		}
+	}()
 	if s.migrate {
-		if err := cli.MigrateUp(startCtx, s.databaseURL); err != nil {
-			return err
+		for _, e := range list {
+			if err := cli.MigrateUp(startCtx, e.url); err != nil {
+				return fmt.Errorf("database %s: %w", e.name, err)
+			}
 		}
 	}
 
@@ -217,14 +232,41 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 		pub = otelpgrelay.NewPublisher(pub, otelpgrelay.WithTracerProvider(tp), otelpgrelay.WithSystem(s.broker))
 	}
 
-	rcfg.Pool, rcfg.Publisher, rcfg.BrokerCheck = pool, pub, bc.Healthy
+	listen := rcfg.ListenConnConfig
+	if len(list) == 1 && list[0].from == urlSetting {
+		rcfg.Pool = open[list[0].name].pool // errors name --database-url
+	} else {
+		rcfg.Databases, rcfg.ListenConnConfig = relayDatabases(list, open, listen), nil
+	}
+	rcfg.Publisher, rcfg.BrokerCheck = pub, bc.Healthy
 	r, err := relay.New(rcfg)
 	if err != nil {
 		return opts.NameErrors(err, "relay.Config")
 	}
 	cancel()
-	// Run checks the database (reachable, migrated) once, then relays.
-	return cli.SchemaAdvice(opts.NameErrors(r.Run(ctx), "relay.Config"), "relay migrate up (or relay run --migrate)")
+	// SIGHUP re-reads the databases: added ones start, removed ones are
+	// released.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	s.db = dbs // resolved
+	reloaded := make(chan struct{})
+	go func() {
+		defer close(reloaded)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				open = reload(ctx, r, s, open, listen, log)
+			}
+		}
+	}()
+	// Run checks each database (reachable, migrated) once, then relays.
+	err = r.Run(ctx)
+	stop()
+	<-reloaded
+	return cli.SchemaAdvice(opts.NameErrors(err, "relay.Config"), "relay migrate up (or relay run --migrate)")
 }
 
 // splitNames splits a comma-separated list, each name trimmed; "" is none.

@@ -40,6 +40,8 @@ func Bind(f *pflag.FlagSet, opts Options) map[string]string {
 	for _, o := range opts {
 		usage := o.Usage + " (env " + o.Env + ")"
 		switch p := o.Ptr.(type) {
+		case pflag.Value: // defaulted from its environment variable itself
+			f.Var(p, o.Flag, usage)
 		case *string:
 			f.StringVar(p, o.Flag, EnvString(o.Env, o.Def.(string)), usage)
 		case *int:
