@@ -41,7 +41,8 @@ type Config struct {
 	// databases publish, each may have InFlightEvents/k in flight (always one
 	// batch), so one database's backlog fills only its share of the broker's
 	// pipe and another's batch waits behind about InFlightEvents events at
-	// most. Default DefaultInFlightEvents (2,000).
+	// most. A relay serving one database is not bounded. Default
+	// DefaultInFlightEvents (2,000).
 	InFlightEvents int
 	// Publisher publishes the events, for example nats.NewPublisher's,
 	// kafka.NewPublisher's or rabbitmq.NewPublisher's. Required. The relay
