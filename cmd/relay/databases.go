@@ -17,12 +17,18 @@ import (
 	"github.com/pgrelay/pgrelay/relay"
 )
 
-// The settings naming relay run's databases.
-const (
-	urlSetting   = "--database-url (DATABASE_URL)"
-	fileSetting  = "--databases-file (RELAY_DATABASES_FILE)"
-	totalSetting = "--max-conns-total (RELAY_MAX_CONNS_TOTAL)"
-)
+// dbNames spells the settings naming relay run's databases, as the options
+// table does.
+type dbNames struct{ url, file, total string }
+
+func namesOf(opts cli.Options, s *settings) dbNames {
+	return dbNames{url: opts.Of(s.urls), file: opts.Of(&s.databasesFile), total: opts.Of(&s.maxConnsTotal)}
+}
+
+// errListenOne refuses --listen-url with several databases.
+func errListenOne() error {
+	return errors.New("--listen-url (DB_LISTEN_URL) names one database's direct connection: it cannot serve several databases")
+}
 
 // urlList is --database-url: repeatable for relay run; the last one given is
 // also databaseURL, the one URL of the commands that take one. DATABASE_URL
@@ -33,11 +39,14 @@ type urlList struct {
 	set  bool // a flag was given
 }
 
-func newURLList(last *string, all *[]string) *urlList {
-	if v := os.Getenv("DATABASE_URL"); v != "" {
-		*last, *all = v, []string{v}
+func newURLList(last *string, all *[]string) *urlList { return &urlList{last: last, all: all} }
+
+// Default is the environment variable's value (cli.Bind): replaced by the
+// first flag given.
+func (u *urlList) Default(v string) {
+	if v != "" {
+		*u.last, *u.all = v, []string{v}
 	}
-	return &urlList{last: last, all: all}
 }
 
 func (u *urlList) Set(v string) error {
@@ -57,7 +66,7 @@ type dbEntry struct{ name, url, from string }
 
 // databaseList is relay run's databases: the --database-url URLs, each named
 // by its database name, and the --databases-file lines.
-func databaseList(urls []string, file string) ([]dbEntry, error) {
+func databaseList(n dbNames, urls []string, file string) ([]dbEntry, error) {
 	var list []dbEntry
 	for _, u := range urls {
 		if u == "" {
@@ -65,23 +74,23 @@ func databaseList(urls []string, file string) ([]dbEntry, error) {
 		}
 		cfg, err := pgurl.Parse(u)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", urlSetting, err)
+			return nil, fmt.Errorf("%s: %w", n.url, err)
 		}
 		name := cfg.ConnConfig.Database // as relay.Config.Pool is named
 		if !relay.ValidDatabaseName(name) {
 			name = "default"
 		}
-		list = append(list, dbEntry{name: name, url: u, from: urlSetting})
+		list = append(list, dbEntry{name: name, url: u, from: n.url})
 	}
 	if file != "" {
-		fromFile, err := readDatabasesFile(file)
+		fromFile, err := readDatabasesFile(n, file)
 		if err != nil {
 			return nil, err
 		}
 		list = append(list, fromFile...)
 	}
 	if len(list) == 0 {
-		return nil, errors.New(urlSetting + " or " + fileSetting + " is required")
+		return nil, errors.New(n.url + " or " + n.file + " is required")
 	}
 	names, urls2 := map[string]dbEntry{}, map[string]dbEntry{}
 	for _, e := range list {
@@ -90,7 +99,7 @@ func databaseList(urls []string, file string) ([]dbEntry, error) {
 		}
 		if prev, ok := names[e.name]; ok {
 			return nil, fmt.Errorf("database %s is named twice: by %s and by %s (a URL given by %s is named by its database name; name them in %s)",
-				e.name, prev.from, e.from, urlSetting, fileSetting)
+				e.name, prev.from, e.from, n.url, n.file)
 		}
 		names[e.name], urls2[e.url] = e, e
 	}
@@ -99,25 +108,25 @@ func databaseList(urls []string, file string) ([]dbEntry, error) {
 
 // readDatabasesFile reads --databases-file: a line "name=postgres://..." per
 // database; blank lines and lines starting with # are skipped.
-func readDatabasesFile(path string) ([]dbEntry, error) {
+func readDatabasesFile(n dbNames, path string) ([]dbEntry, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", fileSetting, err)
+		return nil, fmt.Errorf("%s: %w", n.file, err)
 	}
 	defer f.Close()
 	var list []dbEntry
 	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
 			continue
 		}
-		at := fmt.Sprintf("%s %s:%d", fileSetting, path, n)
-		name, u, ok := strings.Cut(line, "=")
+		at := fmt.Sprintf("%s %s:%d", n.file, path, line)
+		name, u, ok := strings.Cut(text, "=")
 		name, u = strings.TrimSpace(name), strings.TrimSpace(u)
 		switch {
 		case !ok || u == "":
-			return nil, fmt.Errorf("%s: want name=postgres://..., got %q", at, line)
+			return nil, fmt.Errorf("%s: want name=postgres://..., got %q", at, text)
 		case !relay.ValidDatabaseName(name):
 			return nil, fmt.Errorf("%s: name %q must be 1-63 of [A-Za-z0-9_.-], not starting with '.' or '-'", at, name)
 		}
@@ -127,7 +136,7 @@ func readDatabasesFile(path string) ([]dbEntry, error) {
 		list = append(list, dbEntry{name: name, url: u, from: at})
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", fileSetting, err)
+		return nil, fmt.Errorf("%s: %w", n.file, err)
 	}
 	return list, nil
 }
@@ -142,7 +151,7 @@ type openDB struct {
 // and URL are unchanged; it checks that all of them together stay within
 // maxTotal connections. It returns the databases now, and the pools it
 // opened (closed by the caller should the list not be used).
-func openDatabases(ctx context.Context, list []dbEntry, open map[string]openDB, dbs cli.DBSettings, maxTotal int) (now map[string]openDB, opened []*pgxpool.Pool, err error) {
+func openDatabases(ctx context.Context, n dbNames, list []dbEntry, open map[string]openDB, dbs cli.DBSettings, maxTotal int) (now map[string]openDB, opened []*pgxpool.Pool, err error) {
 	defer func() {
 		if err != nil {
 			for _, p := range opened {
@@ -176,7 +185,7 @@ func openDatabases(ctx context.Context, list []dbEntry, open map[string]openDB, 
 	}
 	if total > maxTotal {
 		return nil, opened, fmt.Errorf("%d databases need up to %d connections (each pool's pool_max_conns, at least %d, plus its LISTEN and lock connections), over %s %d: raise it, or spread the databases over more relays",
-			len(list), total, relay.PoolConns(defaultPartitions), totalSetting, maxTotal)
+			len(list), total, relay.PoolConns(defaultPartitions), n.total, maxTotal)
 	}
 	return now, opened, nil
 }
@@ -194,13 +203,13 @@ func relayDatabases(list []dbEntry, open map[string]openDB, listen *pgx.ConnConf
 // ones and releases the removed ones; a database that fails is logged and
 // skipped. It returns the pools open now.
 func reload(ctx context.Context, r *relay.Relay, s settings, open map[string]openDB, listen *pgx.ConnConfig, log *slog.Logger) map[string]openDB {
-	list, err := databaseList(s.databaseURLs, s.databasesFile)
+	list, err := databaseList(s.names, s.databaseURLs, s.databasesFile)
 	if err == nil && s.db.ListenURL != "" && len(list) > 1 {
-		err = errors.New("--listen-url (DB_LISTEN_URL) names one database's direct connection: it cannot serve several databases")
+		err = errListenOne()
 	}
 	var now map[string]openDB
 	if err == nil {
-		now, _, err = openDatabases(ctx, list, open, s.db, s.maxConnsTotal)
+		now, _, err = openDatabases(ctx, s.names, list, open, s.db, s.maxConnsTotal)
 	}
 	if err != nil {
 		log.Error("reload: the databases are unchanged", slog.Any("error", err))

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -31,6 +30,8 @@ type settings struct {
 	databaseURLs  []string
 	databasesFile string
 	maxConnsTotal int
+	urls          *urlList
+	names         dbNames
 	broker        string
 	brokers       map[string]cli.RelaySide
 	wire          cli.Wire
@@ -55,7 +56,7 @@ const (
 func options(s *settings) cli.Options {
 	c := &s.cfg
 	return append(cli.Options{
-		cli.Opt("database-url", "DATABASE_URL", "Pool", newURLList(&s.databaseURL, &s.databaseURLs), "", "PostgreSQL URL of a database holding an outbox; relay run: repeatable, each named by its database name"),
+		cli.Opt("database-url", "DATABASE_URL", "Pool", s.urls, "", "PostgreSQL URL of a database holding an outbox; relay run: repeatable, each named by its database name"),
 		cli.Opt("databases-file", "RELAY_DATABASES_FILE", "Databases", &s.databasesFile, "", "file naming databases to relay, a line name=postgres://... each (# comments); re-read on SIGHUP"),
 		cli.Opt("max-conns-total", "RELAY_MAX_CONNS_TOTAL", "", &s.maxConnsTotal, 400, "most database connections of all the databases' pools together (each at least "+strconv.Itoa(relay.PoolConns(defaultPartitions))+", plus 2 beside it); more is refused at start and at reload"),
 		cli.Opt("node-id", "RELAY_NODE_ID", "NodeID", &c.NodeID, "", "unique name of this relay in the lease table; default <hostname>-<pid>-<random>"),
@@ -99,7 +100,9 @@ Pgrelay-* headers.`,
 		// main prints the error once, prefixed with the command's name.
 		SilenceErrors: true,
 	}
+	s.urls = newURLList(&s.databaseURL, &s.databaseURLs)
 	opts := options(&s)
+	s.names = namesOf(opts, &s)
 	cli.Bind(root.PersistentFlags(), opts[:1]) // --database-url, for every command
 	var envKinds map[string]string
 
@@ -146,7 +149,7 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 	if err := cli.ValidateEnv(cli.DBEnvKinds); err != nil {
 		return err
 	}
-	list, err := databaseList(s.databaseURLs, s.databasesFile)
+	list, err := databaseList(s.names, s.databaseURLs, s.databasesFile)
 	if err != nil {
 		return err
 	}
@@ -203,9 +206,9 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if rcfg.ListenConnConfig != nil && len(list) > 1 {
-		return errors.New("--listen-url (DB_LISTEN_URL) names one database's direct connection: it cannot serve several databases")
+		return errListenOne()
 	}
-	open, _, err := openDatabases(startCtx, list, nil, dbs, s.maxConnsTotal)
+	open, _, err := openDatabases(startCtx, s.names, list, nil, dbs, s.maxConnsTotal)
 	if err != nil {
 		return err
 	}
@@ -233,7 +236,7 @@ func runRelay(parent context.Context, s settings, opts cli.Options, pollInterval
 	}
 
 	listen := rcfg.ListenConnConfig
-	if len(list) == 1 && list[0].from == urlSetting {
+	if len(list) == 1 && list[0].from == s.names.url {
 		rcfg.Pool = open[list[0].name].pool // errors name --database-url
 	} else {
 		rcfg.Databases, rcfg.ListenConnConfig = relayDatabases(list, open, listen), nil

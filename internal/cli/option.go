@@ -40,7 +40,10 @@ func Bind(f *pflag.FlagSet, opts Options) map[string]string {
 	for _, o := range opts {
 		usage := o.Usage + " (env " + o.Env + ")"
 		switch p := o.Ptr.(type) {
-		case pflag.Value: // defaulted from its environment variable itself
+		case pflag.Value: // defaulted by its Default method, when it has one
+			if d, ok := p.(interface{ Default(string) }); ok {
+				d.Default(os.Getenv(o.Env))
+			}
 			f.Var(p, o.Flag, usage)
 		case *string:
 			f.StringVar(p, o.Flag, EnvString(o.Env, o.Def.(string)), usage)
