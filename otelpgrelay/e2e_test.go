@@ -136,8 +136,12 @@ func pipeline(t *testing.T, ctx context.Context, pool *pgxpool.Pool, e env, opts
 	}
 	r, err := relay.New(rcfg)
 	require.NoError(t, err)
-	c, err := consumer.New(consumer.Config{Pool: pool, MaxWait: 50 * time.Millisecond, Logger: log, Subscribe: e.subscribe, Direct: e.subscribe == nil,
-		Inbox: pgrelay.InboxConfig{Handler: h, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond}})
+	ccfg := consumer.Config{Pool: pool, MaxWait: 50 * time.Millisecond, Logger: log, Subscribe: e.subscribe, Direct: e.subscribe == nil,
+		Inbox: pgrelay.InboxConfig{Handler: h, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond}}
+	if ccfg.Direct { // broker/postgres stores into the inbox: the handler is registered
+		ccfg.Register = postgres.RegisterTargets(pool, nil, pgrelay.Target{Handler: pgrelay.DefaultHandlerName})
+	}
+	c, err := consumer.New(ccfg)
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
