@@ -28,9 +28,8 @@ type Config struct {
 	// is stored in one transaction. Default 100.
 	BatchSize int
 	// MaxWait is how long an idle fetch waits for a first message (a fetch
-	// takes what is available at once, up to BatchSize, without waiting for a
-	// full batch). It also bounds how long shutdown waits for the fetch in
-	// flight. Default 500ms.
+	// never waits for a full batch: see the broker's Fetch). It also bounds
+	// how long shutdown waits for the fetch in flight. Default 500ms.
 	MaxWait time.Duration
 	// StoreTimeout bounds one batch's inbox transaction. Default 15s.
 	StoreTimeout time.Duration
