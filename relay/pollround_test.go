@@ -102,19 +102,22 @@ func TestPollPausesLongerAfterFewRows(t *testing.T) {
 	require.Equal(t, busyPollCoalesce, busyPollPause(1))
 	var counting atomic.Bool
 	var mu sync.Mutex
-	var last time.Time
-	var gaps []time.Duration
+	var ended time.Time // when the last read that found rows returned
+	var pauses []time.Duration
 	_, _, round := lingerK(t, 4, func(cfg *Config) {
-		cfg.hooks.pollRead = func(_ []int32, rows int) {
+		cfg.hooks.pollStart = func() {
 			mu.Lock()
 			defer mu.Unlock()
-			now := time.Now()
-			if counting.Load() && !last.IsZero() {
-				gaps = append(gaps, now.Sub(last))
+			if counting.Load() && !ended.IsZero() {
+				pauses = append(pauses, time.Since(ended))
 			}
-			last = time.Time{}
+			ended = time.Time{}
+		}
+		cfg.hooks.pollRead = func(_ []int32, rows int) {
 			if rows > 0 {
-				last = now
+				mu.Lock()
+				ended = time.Now()
+				mu.Unlock()
 			}
 		}
 	})
@@ -125,6 +128,6 @@ func TestPollPausesLongerAfterFewRows(t *testing.T) {
 	counting.Store(false)
 	mu.Lock()
 	defer mu.Unlock()
-	require.NotEmpty(t, gaps)
-	require.GreaterOrEqual(t, slices.Min(gaps), busyPollCoalesce, "times from a read that found rows to the next read: %v", gaps)
+	require.NotEmpty(t, pauses)
+	require.GreaterOrEqual(t, slices.Min(pauses), busyPollCoalesce, "from the end of a read that found rows to the next read: %v", pauses)
 }

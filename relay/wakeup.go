@@ -64,7 +64,7 @@ const wakeInterval = 1 * time.Millisecond
 const (
 	lingerFor        = 250 * time.Millisecond
 	busyPollInterval = 2 * time.Millisecond
-	busyPollCoalesce = 4 * time.Millisecond
+	busyPollCoalesce = 3 * time.Millisecond
 	busyPollFull     = 16
 )
 
@@ -194,6 +194,9 @@ type claim struct {
 // linger back. It returns the number of rows read.
 func (r *Relay) readLingering(ctx context.Context, claimed []claim, parts []int32) (int, error) {
 	byPart := make(map[int32][]db.PendingBatchRow, len(parts))
+	if h := r.cfg.hooks.pollStart; h != nil {
+		h()
+	}
 	readStart := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	rows, err := r.q.PendingBatchMany(qctx, r.cfg.Pool, db.PendingBatchManyParams{Partitions: parts, BatchSize: int32(r.cfg.BatchSize)})
