@@ -64,7 +64,7 @@ const wakeInterval = 1 * time.Millisecond
 const (
 	lingerFor        = 250 * time.Millisecond
 	busyPollInterval = 2 * time.Millisecond
-	busyPollCoalesce = 3 * time.Millisecond
+	busyPollCoalesce = 4 * time.Millisecond
 	busyPollFull     = 16
 )
 

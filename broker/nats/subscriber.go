@@ -18,7 +18,6 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/setting"
-	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
 // subConfig configures a NATS JetStream subscriber: a durable pull
@@ -248,10 +247,10 @@ func (s *Subscriber) Close() error {
 // is refused with a permanent *ReplayWindowError (broker.IsTerminal): a setting to
 // fix, not an outage to wait out.
 //
-// It waits up to maxWait for the first message, then takes up to max-1
-// more: those available at once when the server has a full batch pending,
-// else fetchLinger later (see fetch). maxWait is a pull-request expiry on
-// the server (FetchMaxWait), not a client deadline: a client that gave up before the
+// It waits up to maxWait for the first message, then takes whatever else is
+// available, up to max, so a lone message is returned at once instead of
+// waiting for a full batch. maxWait is a pull-request expiry on the server
+// (FetchMaxWait), not a client deadline: a client that gave up before the
 // server would leave the messages delivered in between unacknowledged until
 // AckWait. A stop (ctx done) therefore waits for the fetch in progress, at
 // most maxWait, and returns what it received.
@@ -304,30 +303,16 @@ func (s *Subscriber) checkDurable(ctx context.Context) error {
 	}
 }
 
-// fetchLinger is how long a fetch that has its first message waits before
-// it asks for the rest, when the server said fewer than a full batch were
-// pending: the messages a relay publishes together (one poll's rows, across
-// partitions) arrive a fraction of a millisecond apart, and each batch costs
-// pull requests, an inbox transaction and the wake-ups around them. The wait
-// is the client's: a pull request expiring this soon can expire before the
-// server reads it, which nats-server 2.9 then never answers (the fetch
-// returns after a second).
-const fetchLinger = 500 * time.Microsecond
-
-// fetch asks for one message (waiting up to maxWait), then for the rest, at
-// once when its metadata says a full batch is pending, else after
-// fetchLinger. Two pull requests a batch: one first asking for everything
-// available returned empty whenever the consumer had caught up, a third
-// request for every batch at moderate loads.
+// fetch asks for one message (waiting up to maxWait), then for whatever
+// else is available, up to max: two pull requests a batch. (Asking first for
+// everything available came back empty whenever the consumer had caught up:
+// a third request for nearly every batch at moderate loads.)
 func (s *Subscriber) fetch(ctx context.Context, max int, maxWait time.Duration) ([]jetstream.Msg, error) {
 	msgs, err := s.pull(ctx, func() (jetstream.MessageBatch, error) {
 		return s.cons.Fetch(1, jetstream.FetchMaxWait(maxWait))
 	}, nil)
 	if err != nil || len(msgs) == 0 || max == 1 {
 		return msgs, err
-	}
-	if md, err := msgs[0].Metadata(); err == nil && md.NumPending < uint64(max-1) {
-		wait.Sleep(ctx, fetchLinger)
 	}
 	return s.pull(ctx, func() (jetstream.MessageBatch, error) { return s.cons.FetchNoWait(max - 1) }, msgs)
 }
