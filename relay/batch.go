@@ -55,8 +55,12 @@ func (r *engine) awaitMark(w *worker, log *slog.Logger, m *pendingMark) error {
 func (r *engine) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inflight *pendingMark, handed *polled) (int, error) {
 	var rows []db.PendingBatchRow
 	var readStart time.Time
+	// round is the poll round of a handed batch until its mark takes it
+	// over; a batch not marked through it arrives when this returns.
+	var round *pollRound
+	defer func() { round.arrive() }()
 	if handed != nil {
-		rows, readStart = handed.rows, handed.readStart
+		rows, readStart, round = handed.rows, handed.readStart, handed.round
 	} else {
 		var err error
 		if rows, readStart, err = r.readBatch(w, inflight); err != nil {
@@ -83,12 +87,13 @@ func (r *engine) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inf
 	if err := r.awaitMark(w, log, inflight); err != nil {
 		return len(rows), err
 	}
-	mark := func() error { return r.mark(w, log, rows, out) }
 	if out.transient == nil && len(rows) == r.cfg.BatchSize && w.ctx.Err() == nil {
-		inflight.start(log, ids, mark)
+		inflight.start(log, ids, func() error { return r.mark(w, log, rows, out, nil) })
 		return len(rows), nil
 	}
-	if err := mark(); err != nil {
+	rd := round
+	round = nil
+	if err := r.mark(w, log, rows, out, rd); err != nil {
 		return len(rows), err
 	}
 	if out.transient != nil {
@@ -129,10 +134,12 @@ func rowIDs(rows []db.PendingBatchRow) []int64 {
 
 // mark records the batch's published and dead rows, fenced by w's epoch,
 // through the marker, which sends it in one statement with the marks of
-// other partitions handed to it meanwhile; it returns errFenced when another
-// relay owns the partition now.
-func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, out outcomes) error {
+// other partitions handed to it meanwhile (and those of round, the poll
+// round the batch came in, if any); it returns errFenced when another relay
+// owns the partition now.
+func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, out outcomes, round *pollRound) error {
 	if len(out.markIDs) == 0 {
+		round.arrive()
 		return nil
 	}
 	if h := r.cfg.hooks.beforeMark; h != nil {
@@ -140,7 +147,7 @@ func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, ou
 	}
 	res := r.marker.mark(&markRequest{
 		partition: w.partition, epoch: w.epoch, ids: out.markIDs, deadIDs: out.deadIDs, reasons: out.reasons,
-		async: r.cfg.AsyncMarks,
+		async: r.cfg.AsyncMarks, round: round,
 	})
 	if res.err != nil {
 		return fmt.Errorf("mark %d rows: %w", len(out.markIDs), res.err)

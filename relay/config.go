@@ -186,6 +186,8 @@ type hooks struct {
 	// pollRead runs in pollBusy after its read of the lingering
 	// partitions (rows in all), before it hands their rows over.
 	pollRead func(partitions []int32, rows int)
+	// pollStart runs in pollBusy right before each read.
+	pollStart func()
 	// lingerWoke runs each time a lingering worker wakes up.
 	lingerWoke func(partition int32)
 	// The WAL capture's: before each status update, before each publish,

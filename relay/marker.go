@@ -37,7 +37,10 @@ type markRequest struct {
 	deadIDs   []int64  // never nil
 	reasons   []string // never nil; one per deadIDs
 	async     bool     // may commit without waiting for its WAL flush
-	done      chan markResult
+	// round is the poll round of the batch (nil: none); the request
+	// arrives in it once queued.
+	round *pollRound
+	done  chan markResult
 }
 
 // markResult is a mark's outcome: how many of its rows were marked (0: the
@@ -53,16 +56,22 @@ type markResult struct {
 // (no goroutine to start and hand over to and back, per mark): the
 // statements carrying its mark, then, if marks were queued meanwhile, it
 // hands them to a goroutine and returns.
+//
+// A mark of a poll round that finds the marker idle first waits for the
+// round's other marks (pollRound.wait, at most roundWait), so that they go
+// in its statement.
 func (m *marker) mark(req *markRequest) markResult {
 	req.done = make(chan markResult, 1)
 	m.mu.Lock()
 	m.queue = append(m.queue, req)
+	req.round.arrive()
 	if m.running {
 		m.mu.Unlock()
 		return <-req.done
 	}
 	m.running = true
 	m.mu.Unlock()
+	req.round.wait()
 	m.run(req)
 	return <-req.done
 }

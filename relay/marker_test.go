@@ -115,7 +115,7 @@ func (f *markFixture) markAll(t *testing.T) map[int32]error {
 		defer wg.Done()
 		w := &worker{partition: p, epoch: 7}
 		ids := rowIDs(f.rows[p])
-		err := f.r.mark(w, slog.New(slog.DiscardHandler), f.rows[p], outcomes{markIDs: ids, deadIDs: []int64{}, reasons: []string{}, published: len(ids)})
+		err := f.r.mark(w, slog.New(slog.DiscardHandler), f.rows[p], outcomes{markIDs: ids, deadIDs: []int64{}, reasons: []string{}, published: len(ids)}, nil)
 		mu.Lock()
 		errs[p] = err
 		mu.Unlock()
@@ -348,7 +348,7 @@ func TestIdleMarkerSendsOnTheCallersGoroutine(t *testing.T) {
 	}
 	p := f.parts[0]
 	ids := rowIDs(f.rows[p])
-	err := f.r.mark(&worker{partition: p, epoch: 7}, slog.New(slog.DiscardHandler), f.rows[p], outcomes{markIDs: ids, deadIDs: []int64{}, reasons: []string{}, published: len(ids)})
+	err := f.r.mark(&worker{partition: p, epoch: 7}, slog.New(slog.DiscardHandler), f.rows[p], outcomes{markIDs: ids, deadIDs: []int64{}, reasons: []string{}, published: len(ids)}, nil)
 	require.NoError(t, err)
 	require.Contains(t, stack, "relay.(*engine).mark(", "the mark statement's goroutine")
 	require.Equal(t, []string{"published", "published"}, f.statuses(t)[p])

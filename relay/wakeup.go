@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -53,12 +54,27 @@ func (r *engine) wakePartitions(payload string) {
 const wakeInterval = 1 * time.Millisecond
 
 // lingerFor is how long a worker that found rows stays awake, read for by
-// pollBusy, before it arms its partition's wake-up; busyPollInterval is how
-// often pollBusy reads, with one statement for all lingering partitions.
+// pollBusy, before it arms its partition's wake-up. pollBusy reads all
+// lingering partitions with one statement, busyPollInterval after a read
+// that found at least busyPollFull rows, busyPollCoalesce after one that
+// found fewer: at moderate loads each read (and the publishes and the one
+// mark that follow it) then carries a few events instead of one or two,
+// for at most busyPollCoalesce of added latency; under load the reads come
+// as often as before.
 const (
 	lingerFor        = 250 * time.Millisecond
 	busyPollInterval = 2 * time.Millisecond
+	busyPollCoalesce = 4 * time.Millisecond
+	busyPollFull     = 16
 )
+
+// busyPollPause is how long pollBusy waits after a read that found rows.
+func busyPollPause(rows int) time.Duration {
+	if rows >= busyPollFull {
+		return busyPollInterval
+	}
+	return busyPollCoalesce
+}
 
 // lingerFor returns how long a worker that found rows lingers.
 func (r *engine) lingerFor() time.Duration {
@@ -73,10 +89,54 @@ func (r *engine) lingerFor() time.Duration {
 const lingerClaimed = -1
 
 // polled is a batch pollBusy read for a lingering worker. readStart is when
-// the read was sent, as readBatch's: the rows' DbNow is no earlier.
+// the read was sent, as readBatch's: the rows' DbNow is no earlier. round
+// is the read's batches, whose marks the marker sends together.
 type polled struct {
 	rows      []db.PendingBatchRow
 	readStart time.Time
+	round     *pollRound
+}
+
+// pollRound is the batches one pollBusy read handed to workers. The marker
+// holds the first of their marks until each of the round's workers has
+// handed its own mark over or given its batch up (arrive), for at most
+// roundWait, so that one statement marks the round: the workers publish at
+// the same time, and their marks otherwise went out as two statements or
+// more (the first alone, the others queued behind it).
+type pollRound struct {
+	left atomic.Int32
+	all  chan struct{} // closed when every batch arrived
+}
+
+// roundWait bounds how long the marker holds a round's first mark for the
+// others (a slow publish, a worker stopping).
+const roundWait = 2 * time.Millisecond
+
+func newPollRound(n int) *pollRound {
+	p := &pollRound{all: make(chan struct{})}
+	p.left.Store(int32(n))
+	return p
+}
+
+// arrive records that one of the round's batches was marked or given up;
+// each batch arrives once. A nil round is no round.
+func (p *pollRound) arrive() {
+	if p != nil && p.left.Add(-1) == 0 {
+		close(p.all)
+	}
+}
+
+// wait waits until every batch of the round arrived or roundWait passed.
+func (p *pollRound) wait() {
+	if p == nil {
+		return
+	}
+	t := time.NewTimer(roundWait)
+	defer t.Stop()
+	select {
+	case <-p.all:
+	case <-t.C:
+	}
 }
 
 // pollBusy reads, every busyPollInterval while any worker lingers, the next
@@ -110,14 +170,15 @@ func (r *engine) pollBusy(ctx context.Context) {
 			}
 			continue
 		}
-		if err := r.readLingering(ctx, claimed, parts); err != nil && ctx.Err() == nil {
+		rows, err := r.readLingering(ctx, claimed, parts)
+		if err != nil && ctx.Err() == nil {
 			// The lingering workers read on their own at the end of
 			// their linger.
 			r.log.Debug("reading busy partitions failed", slog.Any("error", err))
 			wait.Sleep(ctx, lingerFor)
 			continue
 		}
-		wait.Sleep(ctx, busyPollInterval)
+		wait.Sleep(ctx, busyPollPause(rows))
 	}
 }
 
@@ -130,9 +191,12 @@ type claim struct {
 // readLingering reads the next batch of each claimed worker's partition
 // (parts[i] is claimed[i]'s) in one statement, hands each worker with rows
 // its batch, and gives the others (all of them when the read failed) their
-// linger back.
-func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int32) error {
+// linger back. It returns the number of rows read.
+func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int32) (int, error) {
 	byPart := make(map[int32][]db.PendingBatchRow, len(parts))
+	if h := r.cfg.hooks.pollStart; h != nil {
+		h()
+	}
 	readStart := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	rows, err := r.q.PendingBatchMany(qctx, r.cfg.Pool, db.PendingBatchManyParams{Partitions: parts, BatchSize: int32(r.cfg.BatchSize)})
@@ -150,6 +214,10 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 			h(parts, len(rows))
 		}
 	}
+	var round *pollRound
+	if len(byPart) > 1 {
+		round = newPollRound(len(byPart))
+	}
 	for i, c := range claimed {
 		got := byPart[parts[i]]
 		if err == nil {
@@ -160,7 +228,7 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 		if len(got) > 0 {
 			// Never blocks: the worker stays claimed until it takes its
 			// batch, so it holds at most one.
-			c.w.handoff <- polled{rows: got, readStart: readStart}
+			c.w.handoff <- polled{rows: got, readStart: readStart, round: round}
 			continue
 		}
 		c.w.lingerUntil.Store(c.until)
@@ -170,9 +238,9 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("read pending rows of %d partitions: %w", len(parts), err)
+		return 0, fmt.Errorf("read pending rows of %d partitions: %w", len(parts), err)
 	}
-	return nil
+	return len(rows), nil
 }
 
 // linger leaves w to pollBusy until until, a nudge or w's end, and returns
@@ -192,6 +260,7 @@ func (r *engine) linger(w *worker, until time.Time) *polled {
 	take := func(got polled) *polled {
 		w.lingerUntil.Store(0)
 		if w.stopping() {
+			got.round.arrive()
 			return nil
 		}
 		return &got

@@ -132,8 +132,14 @@ func (r *engine) work(w *worker) {
 	// idles, backs off or ends.
 	inflight := &pendingMark{}
 	defer func() { _ = r.awaitMark(w, log, inflight) }()
-	// handed is the batch pollBusy read for the worker while it lingered.
+	// handed is the batch pollBusy read for the worker while it lingered;
+	// runBatch marks it or gives it up, and so does the worker's end.
 	var handed *polled
+	defer func() {
+		if handed != nil {
+			handed.round.arrive()
+		}
+	}()
 	for w.ctx.Err() == nil {
 		n, err := r.runBatch(w, log, bo, inflight, handed)
 		handed = nil
