@@ -342,6 +342,8 @@ func (r *Relay) halt(d *dbRun) {
 // under a name restarts it). A database that fails its check is logged,
 // skipped and named in the error returned; the others are served. The
 // list is checked as Config.Databases; an invalid one changes nothing.
+// Called before Run has started (it checks its databases first), it waits
+// for that, or for ctx.
 func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	if err := validateDatabases(nil, dbs, r.cfg.Capture); err != nil {
 		return err
@@ -351,8 +353,8 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	}
 	select {
 	case <-r.started:
-	default:
-		return errors.New("relay: SetDatabases: Run has not started")
+	case <-ctx.Done(): // Run checks the databases first: a reload sent meanwhile waits
+		return fmt.Errorf("relay: SetDatabases: Run has not started: %w", ctx.Err())
 	}
 	r.setMu.Lock()
 	defer r.setMu.Unlock()
