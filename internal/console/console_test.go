@@ -148,6 +148,12 @@ func TestPages(t *testing.T) {
 	require.Contains(t, body, "since=")
 	code, _ = c.get("/console/dead/inbox/nope")
 	require.Equal(t, http.StatusNotFound, code)
+	// One database: no selector, links as they were; naming another is 404.
+	require.NotContains(t, body, `id="databases"`)
+	require.NotContains(t, body, "database=")
+	code, body = c.get("/console/?database=other")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body, "this process serves one database")
 }
 
 // TestActionNeedsReviewAndCSRF: a requeue runs only with the CSRF token and
