@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -97,39 +95,14 @@ func databaseList(urls []string, file string) ([]dbEntry, error) {
 	return list, nil
 }
 
-// readDatabasesFile reads --databases-file: a line "name=postgres://..." per
-// database; blank lines and lines starting with # are skipped.
+// readDatabasesFile reads --databases-file.
 func readDatabasesFile(path string) ([]dbEntry, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", fileSetting, err)
+	named, err := pgurl.ReadNamed(path, fileSetting)
+	list := make([]dbEntry, len(named))
+	for i, n := range named {
+		list[i] = dbEntry{name: n.Name, url: n.URL, from: n.From}
 	}
-	defer f.Close()
-	var list []dbEntry
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		at := fmt.Sprintf("%s %s:%d", fileSetting, path, n)
-		name, u, ok := strings.Cut(line, "=")
-		name, u = strings.TrimSpace(name), strings.TrimSpace(u)
-		switch {
-		case !ok || u == "":
-			return nil, fmt.Errorf("%s: want name=postgres://..., got %q", at, line)
-		case !relay.ValidDatabaseName(name):
-			return nil, fmt.Errorf("%s: name %q must be 1-63 of [A-Za-z0-9_.-], not starting with '.' or '-'", at, name)
-		}
-		if _, err := pgurl.Parse(u); err != nil {
-			return nil, fmt.Errorf("%s: database %s: %w", at, name, err)
-		}
-		list = append(list, dbEntry{name: name, url: u, from: at})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", fileSetting, err)
-	}
-	return list, nil
+	return list, err
 }
 
 // openDB is a database's pool, opened from its URL.
