@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,30 +31,60 @@ func TestAdminServesEveryDatabase(t *testing.T) {
 	_, err := bs[1].pool.Exec(context.Background(), `UPDATE pgrelay.outbox SET status = 'dead', dead_at = now(), last_error = 'poison' WHERE event_id = 'ev-db1-0'`)
 	require.NoError(t, err)
 
-	get := func(path string) (int, string) {
-		t.Helper()
+	fetch := func(path string) (int, string, error) {
 		resp, err := http.Get("http://" + r.AdminAddr().String() + path)
-		require.NoError(t, err)
+		if err != nil {
+			return 0, "", err
+		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(body)
+		return resp.StatusCode, string(body), err
 	}
-	published := func(query string) int64 {
+	get := func(path string) (int, string) {
 		t.Helper()
-		code, body := get("/v1/stats" + query)
-		require.Equal(t, http.StatusOK, code, body)
+		code, body, err := fetch(path)
+		require.NoError(t, err)
+		return code, body
+	}
+	// count is the database's outbox rows (published or dead) as /v1/stats
+	// reports them, or -1.
+	count := func(query string) int64 {
+		code, body, err := fetch("/v1/stats" + query)
 		var st struct {
 			Outbox struct {
 				ByStatus map[string]int64 `json:"by_status"`
 			} `json:"outbox"`
 		}
-		require.NoError(t, json.Unmarshal([]byte(body), &st))
+		if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+			return -1
+		}
 		return st.Outbox.ByStatus["published"] + st.Outbox.ByStatus["dead"]
+	}
+	published := func(query string) int64 {
+		t.Helper()
+		n := count(query)
+		require.NotEqual(t, int64(-1), n, "GET /v1/stats%s", query)
+		return n
 	}
 	require.EqualValues(t, 1, published(""), "no database named: the first")
 	for i := range bs {
 		require.EqualValues(t, i+1, published("?database="+dbs[i].Name), "database db%d", i)
+	}
+	// Requests to several databases at once each get their own.
+	var wg sync.WaitGroup
+	counts := make([][]int64, len(bs))
+	for i := range bs {
+		wg.Go(func() {
+			for range 20 {
+				counts[i] = append(counts[i], count("?database="+dbs[i].Name))
+			}
+		})
+	}
+	wg.Wait()
+	for i := range bs {
+		for _, n := range counts[i] {
+			require.EqualValues(t, i+1, n, "database db%d", i)
+		}
 	}
 	code, body := get("/v1/outbox/dead?database=db1")
 	require.Equal(t, http.StatusOK, code, body)

@@ -18,12 +18,12 @@ type Databases struct {
 	Service func(name string) (*Service, bool)
 }
 
-// One is the Databases of a process serving s alone, unnamed: a request
-// naming no database gets it.
-func One(s *Service) Databases {
+// One is the Databases of a process serving s alone, under name (may be
+// ""): a request naming no database gets it too.
+func One(name string, s *Service) Databases {
 	return Databases{
-		Names:   func() []string { return []string{""} },
-		Service: func(name string) (*Service, bool) { return s, name == "" },
+		Names:   func() []string { return []string{name} },
+		Service: func(n string) (*Service, bool) { return s, n == name },
 	}
 }
 

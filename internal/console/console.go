@@ -107,7 +107,7 @@ func New(cfg Config) (*Console, error) {
 		if cfg.Service == nil {
 			return nil, errors.New("console: Config.Service (or Databases) is required")
 		}
-		cfg.Databases = admin.One(cfg.Service)
+		cfg.Databases = admin.One("", cfg.Service)
 	}
 	if cfg.Program == "" {
 		cfg.Program = "pgrelay"

@@ -48,7 +48,7 @@ type Config struct {
 	// Databases, when set, lists the databases the admin API and the
 	// console serve now, in order (the first is the default), and Lookup
 	// finds one's pool by name; both are asked on every request, so the set
-	// may change. Default: Pool alone.
+	// may change. Default: Pool alone, named after its database.
 	Databases func() []string
 	// Lookup finds a database's pool by name; set with Databases.
 	Lookup func(name string) (*pgxpool.Pool, bool)
@@ -89,15 +89,16 @@ func (c Config) databases() (admin.Databases, error) {
 	acfg := admin.Config{Pool: c.Pool, Logger: c.Logger, Counters: c.Counters}
 	if c.Databases == nil {
 		svc, err := admin.New(acfg)
-		return admin.One(svc), err
+		return admin.One(c.Pool.Config().ConnConfig.Database, svc), err
 	}
 	return admin.Databases{Names: c.Databases, Service: func(name string) (*admin.Service, bool) {
 		pool, ok := c.Lookup(name)
 		if !ok {
 			return nil, false
 		}
-		acfg.Pool = pool
-		svc, err := admin.New(acfg)
+		one := acfg
+		one.Pool = pool
+		svc, err := admin.New(one)
 		return svc, err == nil
 	}}, nil
 }

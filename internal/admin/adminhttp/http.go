@@ -56,7 +56,7 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 		c.ShutdownTimeout = 10 * time.Second
 	}
 	if c.Databases.Names == nil && c.Service != nil {
-		c.Databases = admin.One(c.Service)
+		c.Databases = admin.One("", c.Service)
 	}
 	return c
 }
