@@ -97,7 +97,7 @@ func (c Config) databases() (admin.Databases, error) {
 			return nil, false
 		}
 		one := acfg
-		one.Pool = pool
+		one.Pool, one.Database = pool, name
 		svc, err := admin.New(one)
 		return svc, err == nil
 	}}, nil
