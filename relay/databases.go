@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"sync/atomic"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 )
 
 // Database is one database whose outbox a Relay publishes (Config.Databases).
@@ -33,10 +33,8 @@ type Database struct {
 	ListenConnConfig *pgx.ConnConfig
 }
 
-var databaseName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
-
 // ValidDatabaseName reports whether name can name a Database.
-func ValidDatabaseName(name string) bool { return databaseName.MatchString(name) }
+func ValidDatabaseName(name string) bool { return pgurl.ValidName(name) }
 
 // validateDatabases checks Config.Pool and Config.Databases together.
 func validateDatabases(pool *pgxpool.Pool, dbs []Database, capture string) error {
