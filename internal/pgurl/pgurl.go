@@ -15,6 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// DatabaseURLSetting names the commands' database URL setting, its flag and
+// environment variable, in their messages.
+const DatabaseURLSetting = "--database-url (DATABASE_URL)"
+
 // ErrNoTargetSessionAttrs refuses several hosts without
 // target_session_attrs: pgx would connect to the first that answers, a
 // standby as well, where pgrelay cannot write.

@@ -50,9 +50,9 @@ type cliEnv struct {
 
 func (c *cliEnv) service(ctx context.Context, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
 	if *c.databaseURL == "" {
-		return nil, nil, errors.New("--database-url (DATABASE_URL) is required")
+		return nil, nil, errors.New(pgurl.DatabaseURLSetting + " is required")
 	}
-	return open(ctx, *c.databaseURL, "--database-url (DATABASE_URL)", counters)
+	return open(ctx, *c.databaseURL, pgurl.DatabaseURLSetting, counters)
 }
 
 // open connects to the database at url (given by setting).
