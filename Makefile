@@ -147,7 +147,8 @@ demo-short: build
 ## chaos: the fault suite with its exactly-once checker (real relay and
 ## consumer processes, a private PostgreSQL cluster, a broker, toxiproxy
 ## links). Short by default (NATS: a fixed seed and a random one; RabbitMQ and
-## PostgreSQL as the broker: one shorter run each; about five minutes); `make chaos DURATION=20m` runs one long
+## PostgreSQL as the broker: one shorter run each; about five minutes), then TestChaosManyDatabases (three
+## relays over many databases, about two minutes); `make chaos DURATION=20m` runs one long
 ## run, SEED=n replays one, BROKER=nats|rabbitmq|postgres picks the broker of every run
 ## (BROKER=rabbitmq also restarts RabbitMQ with rabbitmqctl; AMQP_URL, default
 ## the local server). The suite is the module integration/chaos.
@@ -155,7 +156,7 @@ DURATION ?=
 SEED     ?=
 BROKER   ?=
 chaos:
-	$(GO) -C integration/chaos test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^TestChaos$$' . \
+	$(GO) -C integration/chaos test -count=1 -v -timeout $(if $(DURATION),3h,20m) -run '^(TestChaos|TestChaosManyDatabases)$$' . \
 		$(if $(DURATION),-chaos.duration=$(DURATION)) $(if $(SEED),-chaos.seed=$(SEED)) $(if $(BROKER),-chaos.broker=$(BROKER))
 
 ## fuzz: a bounded run of every fuzz target over untrusted input (their seed

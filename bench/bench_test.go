@@ -90,6 +90,7 @@ func TestQuick(t *testing.T) {
 		require.Greater(t, cpu, 0.0, "the components of run %s", run)
 	}
 	require.NotNil(t, res.lookup(cpuFigureID("floor_one", cpuPostgres)))
+	require.NotNil(t, res.lookup("relay_drain_databases"), "the relay drain over many databases at once")
 	require.NotNil(t, res.lookup(cpuFigureID("load_200", cpuBusy)))
 	require.Contains(t, res.Settings, "observer")
 	for _, name := range []string{"results.json", "results.txt", "results.svg"} {

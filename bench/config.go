@@ -61,6 +61,9 @@ type Config struct {
 	// RelayInstances are the relay counts of the scale measurement. Default
 	// 1, 2 and 4 (quick mode: 1 and 2).
 	RelayInstances []int
+	// RelayDatabases is how many databases the relay group's many-databases
+	// drain hands one relay at once, Events rows each. Default 10.
+	RelayDatabases int
 	// Only, when not empty, restricts the run to these groups: floor, relay,
 	// inbox, e2e, scale, cost, wal. The wal group (a private wal_level =
 	// logical cluster) runs only when named.
@@ -158,6 +161,9 @@ func (c Config) WithDefaults() Config {
 			c.TunedMaxWait = -1
 		}
 	}
+	if c.RelayDatabases == 0 {
+		c.RelayDatabases = 10
+	}
 	if len(c.RelayInstances) == 0 {
 		if c.Quick {
 			c.RelayInstances = []int{1, 2}
@@ -218,6 +224,9 @@ func (c Config) validate() error {
 		if l < 1 || l > 1_000_000 {
 			return fmt.Errorf("bench: Loads (-loads) must be in 1..1000000 events/s, got %d", l)
 		}
+	}
+	if c.RelayDatabases < 2 || c.RelayDatabases > 50 {
+		return fmt.Errorf("bench: RelayDatabases (-relay-databases) must be in 2..50, got %d", c.RelayDatabases)
 	}
 	for _, n := range c.RelayInstances {
 		if n < 1 || n > 16 {

@@ -82,6 +82,7 @@ func (b *bench) declareFigures() {
 	} else {
 		add("relay_drain", "relay", "relay drain (backlog → "+b.cfg.Broker+", marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
 	}
+	add("relay_drain_databases", "relay", "relay drain, "+strconv.Itoa(b.cfg.RelayDatabases)+" databases at once (one relay), against one database", unitRate, "in-process", "relay_drain", nil, "")
 	add("relay_drain_default", "relay", "relay drain, the relay's default batch ("+strconv.Itoa(relay.DefaultBatchSize)+")", unitRate, "in-process", "floor_relay", nil, "")
 	add("inbox_drain", "inbox", "inbox drain (claim, ledger credit, mark)", unitRate, "in-process", "floor_inbox_process_batch", ratio(0.5, "≥ 0.5× inbox floor"), "")
 	add("inbox_keyed_unordered", "inbox-ordered", "inbox drain, keyed events with sequences, unordered handler", unitRate, "in-process", "", nil, "")

@@ -64,6 +64,7 @@ func mainErr() error {
 	fs.BoolVar(&cfg.CostStatements, "cost-statements", false, "cost group: load pg_stat_statements and print each load's statements per event (costs the server CPU)")
 	fs.StringVar(&cfg.CostCapture, "cost-capture", "", "cost group: only this capture mode, table or wal (default both)")
 	costFloor := fs.Bool("cost-floor", true, "cost group: measure the combined floor on its cluster first")
+	fs.IntVar(&cfg.RelayDatabases, "relay-databases", 0, "databases of the relay group's many-databases drain, -events rows each, drained by one relay at once (default 10)")
 	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: floor, producer, relay, inbox, inbox-ordered, e2e, scale, cost (default all), and wal and horizon (only when named: each starts a private cluster)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit of each single measurement (default 5m, quick 1m)")
@@ -164,7 +165,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	b.res.Settings = map[string]any{
 		"repeats": cfg.Repeats, "events": cfg.Events, "batch_size": cfg.BatchSize, "workers": cfg.Workers,
 		"prefill": cfg.Prefill, "load_duration": cfg.LoadDuration.String(), "loads": cfg.Loads,
-		"relay_instances": cfg.RelayInstances, "only": cfg.Only, "tuned_max_wait": cfg.TunedMaxWait.String(),
+		"relay_instances": cfg.RelayInstances, "relay_databases": cfg.RelayDatabases, "only": cfg.Only, "tuned_max_wait": cfg.TunedMaxWait.String(),
 		"broker": cfg.Broker,
 	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -188,6 +189,11 @@ func (b *bench) relayDrain(ctx context.Context, pool *pgxpool.Pool, n int, opts 
 	return end.Sub(committed), nil
 }
 
+// relayDatabaseConns is the pool of each database of the many-databases
+// drain: relay.PoolConns(16) shared out, at least 4, so that k databases stay
+// within a server's default 100 connections beside the rest of the bench.
+func relayDatabaseConns(k int) int { return max(4, relay.PoolConns(16)/k) }
+
 func openPool(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, error) {
 	return openTracedPool(ctx, url, maxConns, nil)
 }
@@ -207,6 +213,7 @@ func openTracedPool(ctx context.Context, url string, maxConns int, t *sqlTrace) 
 
 func (b *bench) runRelayGroup(ctx context.Context) {
 	n := b.cfg.Events
+	var loads []string // the load average after each many-databases drain
 	for range b.cfg.Repeats {
 		b.attempt(ctx, "relay floor", []string{"floor_relay_mark", "floor_broker", "floor_relay"}, func(ctx context.Context) error {
 			mark, pub, err := b.relayFloors(ctx, n, b.cfg.BatchSize)
@@ -231,6 +238,17 @@ func (b *bench) runRelayGroup(ctx context.Context) {
 			b.sample("relay_drain", rate(n, d))
 			return nil
 		})
+		b.attempt(ctx, "relay drain, many databases", []string{"relay_drain_databases"}, func(ctx context.Context) error {
+			k := b.cfg.RelayDatabases
+			d, err := b.relayDrainDatabases(ctx, k, n, relayDatabaseConns(k))
+			if err != nil {
+				return err
+			}
+			b.sample("relay_drain_databases", rate(k*n, d))
+			loads = append(loads, loadAvg())
+			fmt.Printf("relay drain, %d databases of %d events at once: %.0f/s  [load %s]\n", k, n, rate(k*n, d), loads[len(loads)-1])
+			return nil
+		})
 		b.attempt(ctx, "relay drain, default batch", []string{"relay_drain_default"}, func(ctx context.Context) error {
 			pool, err := b.outboxDB(ctx, 0)
 			if err != nil {
@@ -245,6 +263,9 @@ func (b *bench) runRelayGroup(ctx context.Context) {
 			return nil
 		})
 	}
+	k := b.cfg.RelayDatabases
+	b.note("relay_drain_databases", fmt.Sprintf("%d databases of %d events each, committed before SetDatabases hands them to 1 relay (batch %d; a pool of %d connections each: the server's connections are shared); time from that call, each database's start included, to none pending in any; message count checked; load average after each: %s",
+		k, n, b.cfg.BatchSize, relayDatabaseConns(k), strings.Join(loads, " | ")))
 	b.note("relay_drain", fmt.Sprintf("backlog of %d committed in one tx; 1 relay, batch %d, pool of relay.PoolConns(16) connections; time from commit to none pending; message count at the %s destination checked", n, b.cfg.BatchSize, b.cfg.Broker))
 }
 

@@ -235,7 +235,7 @@ func firstWords(s string, n int) string {
 }
 
 func settingsLine(s map[string]any) string {
-	keys := []string{"repeats", "events", "batch_size", "workers", "prefill", "load_duration", "loads", "relay_instances"}
+	keys := []string{"repeats", "events", "batch_size", "workers", "prefill", "load_duration", "loads", "relay_instances", "relay_databases"}
 	var parts []string
 	for _, k := range keys {
 		if v, ok := s[k]; ok {

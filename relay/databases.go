@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"sync/atomic"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay/internal/metrics"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 )
 
 // Database is one database whose outbox a Relay publishes (Config.Databases).
@@ -33,10 +33,8 @@ type Database struct {
 	ListenConnConfig *pgx.ConnConfig
 }
 
-var databaseName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
-
 // ValidDatabaseName reports whether name can name a Database.
-func ValidDatabaseName(name string) bool { return databaseName.MatchString(name) }
+func ValidDatabaseName(name string) bool { return pgurl.ValidName(name) }
 
 // validateDatabases checks Config.Pool and Config.Databases together.
 func validateDatabases(pool *pgxpool.Pool, dbs []Database, capture string) error {
@@ -342,6 +340,8 @@ func (r *Relay) halt(d *dbRun) {
 // under a name restarts it). A database that fails its check is logged,
 // skipped and named in the error returned; the others are served. The
 // list is checked as Config.Databases; an invalid one changes nothing.
+// Called before Run has started (it checks its databases first), it waits
+// for that, or for ctx.
 func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	if err := validateDatabases(nil, dbs, r.cfg.Capture); err != nil {
 		return err
@@ -351,8 +351,8 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	}
 	select {
 	case <-r.started:
-	default:
-		return errors.New("relay: SetDatabases: Run has not started")
+	case <-ctx.Done(): // Run checks the databases first: a reload sent meanwhile waits
+		return fmt.Errorf("relay: SetDatabases: Run has not started: %w", ctx.Err())
 	}
 	r.setMu.Lock()
 	defer r.setMu.Unlock()

@@ -341,3 +341,48 @@ func TestGateSharesEventsInFlight(t *testing.T) {
 	require.Empty(t, g.queue)
 	require.Empty(t, g.turn)
 }
+
+// TestSetDatabasesBeforeRunStarted: SetDatabases (SIGHUP's) called while
+// Run is still checking the databases waits for Run to start them, instead
+// of failing: a reload sent to a relay starting up is not lost.
+func TestSetDatabasesBeforeRunStarted(t *testing.T) {
+	b := setup(t)
+	dbs, bs := b.more(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Run's check reads the migrations' table: while it is locked, Run
+	// waits there, not started.
+	lock, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	_, err = lock.Exec(ctx, `LOCK TABLE pgrelay.goose_db_version IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	cfg := b.testConfig(t, b.publisher(t), nil)
+	cfg.Pool, cfg.Databases = nil, dbs[:1]
+	r, err := New(cfg)
+	require.NoError(t, err)
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() { stopRun(); require.NoError(t, <-done) }()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'pgrelay.goose_db_version'::regclass`).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 10*time.Millisecond, "Run's check waits for the lock")
+	require.False(t, isStarted(r))
+
+	set := make(chan error, 1)
+	go func() { set <- r.SetDatabases(ctx, dbs) }()
+	select {
+	case err := <-set:
+		t.Fatalf("SetDatabases returned before Run started: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, lock.Rollback(ctx))
+	require.NoError(t, <-set)
+	require.Equal(t, []string{"db0", "db1"}, r.Databases())
+	bs[1].enqueue(t, msgs(10, "", "added")...)
+	bs[1].waitCount(t, "published", 10, 20*time.Second)
+}

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgrelay/pgrelay/internal/endpoints"
@@ -121,11 +122,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.BrokerCheck != nil {
 		checks["broker"] = r.cfg.BrokerCheck
 	}
-	first := r.dbs[0].db.Pool // the admin API's
 	ops, err := endpoints.Start(ctx, endpoints.Config{
-		Flags:  endpoints.Flags{MetricsAddr: r.cfg.MetricsAddr, AdminAddr: r.cfg.AdminAddr, AdminToken: r.cfg.AdminToken},
-		Struct: "relay.Config",
-		Pool:   first, Registry: r.reg, Logger: r.log, Checks: checks,
+		Flags:     endpoints.Flags{MetricsAddr: r.cfg.MetricsAddr, AdminAddr: r.cfg.AdminAddr, AdminToken: r.cfg.AdminToken},
+		Struct:    "relay.Config",
+		Databases: r.Databases, Lookup: r.pool, // as SetDatabases leaves them
+		Registry: r.reg, Logger: r.log, Checks: checks,
 	})
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
@@ -163,6 +164,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Wait()
 	r.setMu.Unlock()
 	return errors.Join(runErr, ops.Wait())
+}
+
+// pool returns the pool of the database served under name.
+func (r *Relay) pool(name string) (*pgxpool.Pool, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range r.dbs {
+		if d.db.Name == name && !d.failed.Load() {
+			return d.db.Pool, true
+		}
+	}
+	return nil, false
 }
 
 // ping is /readyz's database check: every database served answers, or the

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -106,39 +103,14 @@ func databaseList(n dbNames, urls []string, file string) ([]dbEntry, error) {
 	return list, nil
 }
 
-// readDatabasesFile reads --databases-file: a line "name=postgres://..." per
-// database; blank lines and lines starting with # are skipped.
+// readDatabasesFile reads --databases-file.
 func readDatabasesFile(n dbNames, path string) ([]dbEntry, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", n.file, err)
+	named, err := pgurl.ReadNamed(path, n.file)
+	list := make([]dbEntry, len(named))
+	for i, e := range named {
+		list[i] = dbEntry{name: e.Name, url: e.URL, from: e.From}
 	}
-	defer f.Close()
-	var list []dbEntry
-	sc := bufio.NewScanner(f)
-	for line := 1; sc.Scan(); line++ {
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") {
-			continue
-		}
-		at := fmt.Sprintf("%s %s:%d", n.file, path, line)
-		name, u, ok := strings.Cut(text, "=")
-		name, u = strings.TrimSpace(name), strings.TrimSpace(u)
-		switch {
-		case !ok || u == "":
-			return nil, fmt.Errorf("%s: want name=postgres://..., got %q", at, text)
-		case !relay.ValidDatabaseName(name):
-			return nil, fmt.Errorf("%s: name %q must be 1-63 of [A-Za-z0-9_.-], not starting with '.' or '-'", at, name)
-		}
-		if _, err := pgurl.Parse(u); err != nil {
-			return nil, fmt.Errorf("%s: database %s: %w", at, name, err)
-		}
-		list = append(list, dbEntry{name: name, url: u, from: at})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", n.file, err)
-	}
-	return list, nil
+	return list, err
 }
 
 // openDB is a database's pool, opened from its URL.

@@ -421,6 +421,7 @@ func inboxCounts(rows []db.ChaosInboxEventsRow) []idCount {
 // streamMsg is one stored message's identity.
 type streamMsg struct {
 	seq            uint64
+	subject        string // empty where the broker has none (RabbitMQ)
 	msgID, eventID string
 	key            string
 	stored         time.Time // when the broker stored it; zero when unknown
@@ -455,7 +456,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]str
 				return nil, err
 			}
 			h := m.Headers()
-			out = append(out, streamMsg{seq: md.Sequence.Stream, msgID: h.Get(nats.MsgIDHeader), eventID: h.Get(event.HeaderEventID), key: h.Get(event.HeaderKey), stored: md.Timestamp})
+			out = append(out, streamMsg{seq: md.Sequence.Stream, subject: m.Subject(), msgID: h.Get(nats.MsgIDHeader), eventID: h.Get(event.HeaderEventID), key: h.Get(event.HeaderKey), stored: md.Timestamp})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, fmt.Errorf("chaos: read stream: %w", err)

@@ -25,10 +25,11 @@ import (
 // with pgrelay.Enqueue. It talks to PostgreSQL directly; its transactions
 // still fail while PostgreSQL restarts, and are then retried.
 type producer struct {
-	pool *pgxpool.Pool
-	seed uint64
-	rate int
-	say  func(string, ...any)
+	pool  *pgxpool.Pool
+	seed  uint64
+	rate  int
+	say   func(string, ...any)
+	topic string // the events' topic: "orders"
 
 	// emit writes the events to the WAL (a WAL capture run), under ids
 	// derived from the order, so that a retry after an ambiguous commit
@@ -132,7 +133,7 @@ type order struct {
 }
 
 func newProducer(pool *pgxpool.Pool, seed uint64, rate int, say func(string, ...any)) *producer {
-	return &producer{pool: pool, seed: seed, rate: rate, say: say, ways: newRand(seed, 3)}
+	return &producer{pool: pool, seed: seed, rate: rate, say: say, topic: "orders", ways: newRand(seed, 3)}
 }
 
 func (p *producer) run(ctx context.Context) {
@@ -210,7 +211,7 @@ func (p *producer) create(ctx context.Context, o order, withEvent bool, w way) e
 			return err
 		}
 		err = p.write(ctx, tx, pgrelay.Message{
-			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderCreated,
+			EventID: id, Topic: p.topic, Key: o.id, EventType: ledger.EventOrderCreated,
 			Payload: mustJSON(ledger.OrderCreated{OrderID: o.id, CustomerID: o.customer, AmountCents: o.amount, Currency: "EUR"}),
 			// One order in eight is created delayed: its OrderCreated
 			// holds the order's OrderPaid behind it.
@@ -223,7 +224,7 @@ func (p *producer) create(ctx context.Context, o order, withEvent bool, w way) e
 			return err
 		}
 		return p.write(ctx, tx, pgrelay.Message{
-			EventID: paidID, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
+			EventID: paidID, Topic: p.topic, Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload: mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 		}, !w.table)
 	})
@@ -276,7 +277,7 @@ func (p *producer) pay(ctx context.Context, o order, withEvent bool, w way) erro
 		}
 		enqueued = true
 		return p.write(ctx, tx, pgrelay.Message{
-			EventID: id, Topic: "orders", Key: o.id, EventType: ledger.EventOrderPaid,
+			EventID: id, Topic: p.topic, Key: o.id, EventType: ledger.EventOrderPaid,
 			Payload:   mustJSON(ledger.OrderPaid{OrderID: o.id, AmountCents: o.amount, Currency: "EUR"}),
 			ExpiresAt: p.expiryOf(o),
 		}, w.table)

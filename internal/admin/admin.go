@@ -49,6 +49,9 @@ var (
 type Config struct {
 	// Pool is the database the operations run against. Required.
 	Pool *pgxpool.Pool
+	// Database names it where a process serves several (a relay's
+	// database): a dry run's confirmation is bound to it. Default: "".
+	Database string
 	// Logger receives one line per changing operation. Default: a no-op logger.
 	Logger *slog.Logger
 	// QueryTimeout bounds each operation's database work. Default: 30s.
@@ -554,7 +557,7 @@ func (s *Service) applyToDead(ctx context.Context, tx pgx.Tx, src Source, f Filt
 	if err != nil {
 		return nil, err
 	}
-	if err := confirm.check(res.Action, src, actor, reason, picked); err != nil {
+	if err := confirm.check(s.cfg.Database, res.Action, src, actor, reason, picked); err != nil {
 		return nil, err
 	}
 	if len(picked) == 0 {
@@ -562,7 +565,7 @@ func (s *Service) applyToDead(ctx context.Context, tx pgx.Tx, src Source, f Filt
 	}
 	if res.DryRun {
 		expires := s.cfg.Now().Add(s.cfg.ConfirmTTL).Truncate(time.Second)
-		res.Confirm = confirmToken(res.Action, src, actor, reason, picked, expires)
+		res.Confirm = confirmToken(s.cfg.Database, res.Action, src, actor, reason, picked, expires)
 		res.ConfirmExpires = &expires
 	}
 	var k deadKeys

@@ -24,26 +24,26 @@ var ErrStale = errors.New("admin: the confirmation is stale")
 // A confirmation binds a run to exactly the events its dry run showed: a dry
 // run that selects events returns one (Result.Confirm), and a requeue or
 // purge given it (RequeueRequest.Confirm, PurgeRequest.Confirm) acts only when
-// it selects the same events, for the same action, source, actor and reason,
-// before it expires; otherwise it changes nothing and returns ErrStale. It is
+// it selects the same events, for the same database (Config.Database),
+// action, source, actor and reason, before it expires; otherwise it changes nothing and returns ErrStale. It is
 // "v1.COUNT.EXPIRES.DIGEST": a digest of what was reviewed, not a credential.
 
 // ConfirmTTL is how long a dry run's confirmation stays valid.
 func (s *Service) ConfirmTTL() time.Duration { return s.cfg.ConfirmTTL }
 
 // confirmToken returns the confirmation of picked, valid until expires.
-func confirmToken(action string, src Source, actor, reason string, picked []DeadLetter, expires time.Time) string {
-	return fmt.Sprintf("v1.%d.%d.%s", len(picked), expires.Unix(), confirmDigest(action, src, actor, reason, picked, expires.Unix()))
+func confirmToken(database, action string, src Source, actor, reason string, picked []DeadLetter, expires time.Time) string {
+	return fmt.Sprintf("v1.%d.%d.%s", len(picked), expires.Unix(), confirmDigest(database, action, src, actor, reason, picked, expires.Unix()))
 }
 
-func confirmDigest(action string, src Source, actor, reason string, picked []DeadLetter, expires int64) string {
+func confirmDigest(database, action string, src Source, actor, reason string, picked []DeadLetter, expires int64) string {
 	keys := make([]string, 0, len(picked))
 	for _, d := range picked {
 		keys = append(keys, strings.Join([]string{d.Handler, d.DedupKey, strconv.FormatInt(d.ID, 10), d.EventID}, "\x00"))
 	}
 	slices.SortFunc(keys, cmp.Compare)
 	h := sha256.New()
-	for _, p := range append([]string{"pgrelay confirm v1", action, string(src), actor, reason, strconv.FormatInt(expires, 10)}, keys...) {
+	for _, p := range append([]string{"pgrelay confirm v1", database, action, string(src), actor, reason, strconv.FormatInt(expires, 10)}, keys...) {
 		fmt.Fprintf(h, "%d:%s;", len(p), p)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
@@ -79,11 +79,11 @@ func parseConfirm(token string, now time.Time) (*parsedConfirm, error) {
 }
 
 // check refuses picked unless it is exactly what the confirmation reviewed.
-func (c *parsedConfirm) check(action string, src Source, actor, reason string, picked []DeadLetter) error {
+func (c *parsedConfirm) check(database, action string, src Source, actor, reason string, picked []DeadLetter) error {
 	if c == nil {
 		return nil
 	}
-	want := fmt.Sprintf("v1.%d.%d.%s", c.count, c.expires, confirmDigest(action, src, actor, reason, picked, c.expires))
+	want := fmt.Sprintf("v1.%d.%d.%s", c.count, c.expires, confirmDigest(database, action, src, actor, reason, picked, c.expires))
 	if want != c.token {
 		return fmt.Errorf("%w: nothing was done: the events it selects now (%d) are not the %d reviewed, or the action, actor or reason changed; review it again (dry run)",
 			ErrStale, len(picked), c.count)

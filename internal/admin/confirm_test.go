@@ -117,3 +117,30 @@ func TestConfirmBindsTheReviewedOutboxEvents(t *testing.T) {
 	require.ErrorIs(t, err, admin.ErrStale)
 	require.Equal(t, before, admintest.SnapshotOutbox(t, b.Pool), "nothing was requeued")
 }
+
+// TestConfirmBindsTheDatabase: two databases hold the same dead events; a
+// dry run's confirmation on one does not purge the other's.
+func TestConfirmBindsTheDatabase(t *testing.T) {
+	t.Parallel()
+	a, b := admintest.Setup(t), admintest.Setup(t)
+	ctx := context.Background()
+	svc := map[string]*admin.Service{}
+	for name, bd := range map[string]*admintest.Bundle{"a": a, "b": b} {
+		admintest.Fixtures(t, bd.Pool)
+		s, err := admin.New(admin.Config{Pool: bd.Pool, Database: name})
+		require.NoError(t, err)
+		svc[name] = s
+	}
+	zero := time.Duration(0)
+	req := admin.PurgeRequest{Filter: admin.Filter{Topic: "orders"}, OlderThan: &zero, Actor: "bob", Reason: "junk", DryRun: true}
+	dry, err := svc["a"].Purge(ctx, admin.SourceInbox, req)
+	require.NoError(t, err)
+	require.Equal(t, []string{"d-orders-1", "d-orders-2"}, admintest.AffectedIDs(dry))
+	before := admintest.Snapshot(t, b.Pool)
+	req.DryRun, req.Confirm = false, dry.Confirm
+	_, err = svc["b"].Purge(ctx, admin.SourceInbox, req)
+	require.ErrorIs(t, err, admin.ErrStale)
+	require.Equal(t, before, admintest.Snapshot(t, b.Pool), "nothing purged in b")
+	_, err = svc["a"].Purge(ctx, admin.SourceInbox, req)
+	require.NoError(t, err)
+}

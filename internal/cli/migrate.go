@@ -38,7 +38,7 @@ applied exactly once. The same files work with the goose CLI:
 	run := func(f func(ctx context.Context, p *goose.Provider) error) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, _ []string) error {
 			if *databaseURL == "" {
-				return errors.New("--database-url (DATABASE_URL) is required")
+				return errors.New(pgurl.DatabaseURLSetting + " is required")
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 			defer cancel()
@@ -154,7 +154,7 @@ itself. See docs/schema.md.`,
 func openMigrationPool(ctx context.Context, databaseURL string, force bool) (*pgxpool.Pool, error) {
 	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return nil, fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 	}
 	if cfg.MaxConns < 2 {
 		cfg.MaxConns = 2
@@ -165,7 +165,7 @@ func openMigrationPool(ctx context.Context, databaseURL string, force bool) (*pg
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return nil, fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 	}
 	if err := checkDirect(ctx, pool); err != nil {
 		pool.Close()
@@ -179,7 +179,7 @@ func openMigrationPool(ctx context.Context, databaseURL string, force bool) (*pg
 // which a pooler in transaction mode would spread over server connections
 // (and could leave the lock held on one of them).
 func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
-	const direct = "migrations need a direct connection to PostgreSQL, not one through a connection pooler: give --database-url (DATABASE_URL) the server's own address (see docs/pooler.md)"
+	const direct = "migrations need a direct connection to PostgreSQL, not one through a connection pooler: give " + pgurl.DatabaseURLSetting + " the server's own address (see docs/pooler.md)"
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	c, err := pool.Acquire(ctx)
@@ -187,12 +187,12 @@ func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
 		if r := pooler.Refused(err, direct); r != nil {
 			return r
 		}
-		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+		return fmt.Errorf(pgurl.DatabaseURLSetting+": cannot reach PostgreSQL: %w", err)
 	}
 	defer c.Release()
 	behind, err := pooler.Behind(ctx, c.Conn())
 	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 	}
 	if behind {
 		return fmt.Errorf("%s; the server process serving this connection is not the one named at start-up, as behind a pooler", direct)

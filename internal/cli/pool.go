@@ -225,7 +225,7 @@ func (s DBSettings) Apply(cfg *pgxpool.Config) {
 func OpenPool(ctx context.Context, databaseURL string, s DBSettings, minConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgurl.Parse(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return nil, fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 	}
 	if cfg.MaxConns < minConns {
 		cfg.MaxConns = minConns
@@ -233,7 +233,7 @@ func OpenPool(ctx context.Context, databaseURL string, s DBSettings, minConns in
 	s.Apply(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return nil, fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 	}
 	return pool, nil
 }
@@ -251,12 +251,12 @@ func (s DBSettings) Reach(ctx context.Context, pool *pgxpool.Pool) error {
 	behind, err := pooler.PoolBehind(ctx, pool)
 	if err != nil {
 		if r := pooler.Refused(err, "set --pooler (DB_POOLER) to its pool mode, transaction or session (see docs/pooler.md)"); r != nil {
-			return fmt.Errorf("--database-url (DATABASE_URL): %w", r)
+			return fmt.Errorf(pgurl.DatabaseURLSetting+": %w", r)
 		}
-		return fmt.Errorf("--database-url (DATABASE_URL): cannot reach PostgreSQL: %w", err)
+		return fmt.Errorf(pgurl.DatabaseURLSetting+": cannot reach PostgreSQL: %w", err)
 	}
 	if behind {
-		return fmt.Errorf("--database-url (DATABASE_URL) goes through a connection pooler (the server process serving it is not the one named at start-up): " +
+		return fmt.Errorf(pgurl.DatabaseURLSetting + " goes through a connection pooler (the server process serving it is not the one named at start-up): " +
 			"set --pooler (DB_POOLER) to its pool mode, transaction or session (see docs/pooler.md)")
 	}
 	return nil

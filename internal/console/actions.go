@@ -66,9 +66,10 @@ func (a actRequest) Fields() [][2]string {
 	return out
 }
 
-// token binds a confirmation to exactly this request until expires.
-func (c *Console) token(a actRequest, expires int64) string {
-	parts := []string{"act", strconv.FormatInt(expires, 10)}
+// token binds a confirmation to exactly this request, on this database,
+// until expires.
+func (c *Console) token(database string, a actRequest, expires int64) string {
+	parts := []string{"act", strconv.FormatInt(expires, 10), database}
 	for _, f := range a.Fields() {
 		parts = append(parts, f[0], f[1])
 	}
@@ -77,10 +78,10 @@ func (c *Console) token(a actRequest, expires int64) string {
 
 // confirmed checks the confirmation token posted with a: 0 when it is
 // valid, else the status and why not.
-func (c *Console) confirmed(a actRequest, token string) (int, string) {
+func (c *Console) confirmed(database string, a actRequest, token string) (int, string) {
 	exp, _, _ := strings.Cut(token, ".")
 	expires, err := strconv.ParseInt(exp, 10, 64)
-	if err != nil || subtle.ConstantTimeCompare([]byte(token), []byte(c.token(a, expires))) != 1 {
+	if err != nil || subtle.ConstantTimeCompare([]byte(token), []byte(c.token(database, a, expires))) != 1 {
 		return http.StatusForbidden, "refused: this action was not reviewed as it stands (review it first; the confirmation is bound to the exact filter, actor and reason)"
 	}
 	if c.cfg.Now().Unix() >= expires {
@@ -145,7 +146,7 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 	case "review":
 		c.review(w, r, a)
 	case "run":
-		if status, why := c.confirmed(a, r.PostForm.Get("confirm")); status != 0 {
+		if status, why := c.confirmed(r.URL.Query().Get("database"), a, r.PostForm.Get("confirm")); status != 0 {
 			c.refuse(w, r, status, why)
 			return
 		}
@@ -190,7 +191,7 @@ func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.R
 			return nil, nil, err
 		}
 		if a.Op == opRequeue {
-			res, err := c.cfg.Service.Requeue(ctx, src, admin.RequeueRequest{Filter: f, All: a.All, Actor: a.Actor, Reason: a.Reason,
+			res, err := svc(ctx).Requeue(ctx, src, admin.RequeueRequest{Filter: f, All: a.All, Actor: a.Actor, Reason: a.Reason,
 				DryRun: dryRun, Confirm: a.Reviewed})
 			return res, nil, err
 		}
@@ -198,7 +199,7 @@ func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.R
 		if err != nil {
 			return nil, nil, err
 		}
-		res, err := c.cfg.Service.Purge(ctx, src, admin.PurgeRequest{Filter: f, OlderThan: older, Actor: a.Actor, Reason: a.Reason,
+		res, err := svc(ctx).Purge(ctx, src, admin.PurgeRequest{Filter: f, OlderThan: older, Actor: a.Actor, Reason: a.Reason,
 			DryRun: dryRun, Confirm: a.Reviewed})
 		return res, nil, err
 	case opSkipDead, opSkipGap:
@@ -210,14 +211,14 @@ func (c *Console) exec(ctx context.Context, a actRequest, dryRun bool) (*admin.R
 		var err error
 		if a.Op == opSkipDead {
 			req.EventID = a.Filter.EventID
-			res, err = c.cfg.Service.SkipDead(ctx, req)
+			res, err = svc(ctx).SkipDead(ctx, req)
 		} else {
 			if gap, gerr := c.gap(ctx, a); gerr != nil || gap != a.Reviewed {
 				return nil, nil, cmp.Or(gerr, fmt.Errorf("%w: nothing was skipped: the gap of key %q is now %s, not the %s reviewed; review it again",
 					admin.ErrStale, a.GapKey, cmp.Or(gap, "closed"), a.Reviewed))
 			}
 			req.Key = a.GapKey
-			res, err = c.cfg.Service.SkipGap(ctx, req)
+			res, err = svc(ctx).SkipGap(ctx, req)
 		}
 		return nil, &res, err
 	}
@@ -239,14 +240,14 @@ func (c *Console) review(w http.ResponseWriter, r *http.Request, a actRequest) {
 	d.Result = res
 	switch a.Op {
 	case opSkipDead:
-		ev, err := c.cfg.Service.Show(r.Context(), admin.SourceInbox, a.Filter.EventID, a.Filter.Handler)
+		ev, err := svc(r.Context()).Show(r.Context(), admin.SourceInbox, a.Filter.EventID, a.Filter.Handler)
 		if err != nil {
 			c.fail(w, r, err)
 			return
 		}
 		d.Event = ev
 	case opSkipGap:
-		keys, err := c.cfg.Service.Waiting(r.Context(), a.Filter.Handler, 0)
+		keys, err := svc(r.Context()).Waiting(r.Context(), a.Filter.Handler, 0)
 		if err != nil {
 			c.fail(w, r, err)
 			return
@@ -267,7 +268,7 @@ func (c *Console) review(w http.ResponseWriter, r *http.Request, a actRequest) {
 		d.Req.Reviewed = gapRange(d.Key)
 	}
 	if res == nil || res.Count > 0 {
-		d.Confirm = c.token(d.Req, c.cfg.Now().Add(c.cfg.Service.ConfirmTTL()).Unix())
+		d.Confirm = c.token(r.URL.Query().Get("database"), d.Req, c.cfg.Now().Add(svc(r.Context()).ConfirmTTL()).Unix())
 	}
 	c.render(w, r, http.StatusOK, "confirm", "Confirm "+d.Verb, show(confirmPage, d))
 }
@@ -295,7 +296,7 @@ func gapRange(k *pgrelay.WaitingKey) string {
 
 // gap returns the sequences of a's gap now ("" when the key has none).
 func (c *Console) gap(ctx context.Context, a actRequest) (string, error) {
-	keys, err := c.cfg.Service.Waiting(ctx, a.Filter.Handler, 0)
+	keys, err := svc(ctx).Waiting(ctx, a.Filter.Handler, 0)
 	if err != nil {
 		return "", err
 	}

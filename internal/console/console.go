@@ -60,8 +60,13 @@ type BrokerSettings struct {
 
 // Config configures the console.
 type Config struct {
-	// Service runs the reads and the actions. Required.
+	// Service runs the reads and the actions. Required unless Databases
+	// is set.
 	Service *admin.Service
+	// Databases, when set, are the databases served: a page names one with
+	// its database parameter (none: the first), carried in its links; with
+	// more than one a selector is shown. Default: Service alone.
+	Databases admin.Databases
 	// Program is "consumer" or "relay" (shown in the title). Default
 	// "pgrelay".
 	Program string
@@ -98,8 +103,11 @@ const Prefix = "/console/"
 
 // New checks cfg and returns a Console.
 func New(cfg Config) (*Console, error) {
-	if cfg.Service == nil {
-		return nil, errors.New("console: Config.Service is required")
+	if cfg.Databases.Names == nil {
+		if cfg.Service == nil {
+			return nil, errors.New("console: Config.Service (or Databases) is required")
+		}
+		cfg.Databases = admin.One("", cfg.Service)
 	}
 	if cfg.Program == "" {
 		cfg.Program = "pgrelay"
@@ -166,8 +174,31 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("GET "+Prefix+"relay", c.relay)
 	mux.HandleFunc("GET "+Prefix+"audit", c.audit)
 	mux.HandleFunc("POST "+Prefix+"act", c.act)
-	return c.guard(mux)
+	return c.guard(c.pick(mux))
 }
+
+type serviceKey struct{}
+
+// pick finds the database the request names (its database parameter, in
+// the URL; none is the first) and refuses an unknown one, naming those
+// served. The sign-in page and the stylesheet need none.
+func (c *Console) pick(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == Prefix+"login" || r.URL.Path == Prefix+"logout" || strings.HasPrefix(r.URL.Path, Prefix+"static/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		s, err := c.cfg.Databases.Pick(r.URL.Query().Get("database"))
+		if err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), serviceKey{}, s)))
+	})
+}
+
+// svc is the Service of the request's database (pick).
+func svc(ctx context.Context) *admin.Service { return ctx.Value(serviceKey{}).(*admin.Service) }
 
 // guard applies the token rules, the Host check and the POST checks, and
 // recovers from panics.

@@ -148,6 +148,12 @@ func TestPages(t *testing.T) {
 	require.Contains(t, body, "since=")
 	code, _ = c.get("/console/dead/inbox/nope")
 	require.Equal(t, http.StatusNotFound, code)
+	// One database: no selector, links as they were; naming another is 404.
+	require.NotContains(t, body, `id="databases"`)
+	require.NotContains(t, body, "database=")
+	code, body = c.get("/console/?database=other")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body, "this process serves one database")
 }
 
 // TestActionNeedsReviewAndCSRF: a requeue runs only with the CSRF token and
@@ -438,4 +444,50 @@ func TestGapSkipBoundToTheReviewedGap(t *testing.T) {
 	require.Equal(t, http.StatusConflict, code, body)
 	require.Contains(t, body, "not the 1…3 reviewed")
 	require.Equal(t, before, admintest.Snapshot(t, b.Pool))
+}
+
+// TestConfirmationBoundToDatabase: of two databases holding the same dead
+// event, a requeue reviewed on one cannot be run on the other with its
+// confirmation; run on its own, it changes that database only.
+func TestConfirmationBoundToDatabase(t *testing.T) {
+	t.Parallel()
+	bs := map[string]*admintest.Bundle{"a": admintest.Setup(t), "b": admintest.Setup(t)}
+	for _, b := range bs {
+		admintest.Fixtures(t, b.Pool)
+	}
+	con, err := console.New(console.Config{Databases: admin.Databases{
+		Names: func() []string { return []string{"a", "b"} },
+		Service: func(name string) (*admin.Service, bool) {
+			b, ok := bs[name]
+			if !ok {
+				return nil, false
+			}
+			return b.Svc, true
+		}}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv.URL)
+	_, page := c.get("/console/dead/inbox/d-orders-2?database=a")
+	require.Contains(t, page, `action="/console/act?database=a"`)
+	form := url.Values{"op": {"requeue"}, "source": {"inbox"}, "event_id": {"d-orders-2"}, "handler": {"default"},
+		"actor": {"alice"}, "reason": {"fixed"}, "step": {"review"}, "csrf": {find(t, csrfRe, page)}}
+	code, body, _ := c.do(http.MethodPost, "/console/act?database=a", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Dry run: 1 event(s) would be requeued")
+	form.Set("step", "run")
+	confirmed(t, form, body)
+
+	code, body, _ = c.do(http.MethodPost, "/console/act?database=b", form)
+	require.Equal(t, http.StatusForbidden, code, body)
+	st, _, _ := admintest.StatusOf(t, bs["b"].Pool, "d-orders-2")
+	require.Equal(t, "dead", st, "database b untouched")
+
+	code, body, _ = c.do(http.MethodPost, "/console/act?database=a", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "1 event(s) requeued")
+	st, _, _ = admintest.StatusOf(t, bs["a"].Pool, "d-orders-2")
+	require.Equal(t, "pending", st)
+	st, _, _ = admintest.StatusOf(t, bs["b"].Pool, "d-orders-2")
+	require.Equal(t, "dead", st)
 }

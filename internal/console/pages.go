@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -29,6 +30,10 @@ type page struct {
 	Refresh int
 	Now     time.Time
 	Errors  []string
+	// Database is the database the request named ("": the first);
+	// Databases lists those served when there are several (a selector).
+	Database  string
+	Databases []string
 	// write writes the whole page (show binds a page function to its data).
 	write func(*hw, *page)
 }
@@ -44,12 +49,70 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int,
 	p.Signed = c.cfg.Token != "" && c.authenticated(r)
 	p.Now = c.cfg.Now()
 	p.Actor = actor(r)
+	if d := r.URL.Query().Get("database"); d != "" {
+		if _, ok := c.cfg.Databases.Service(d); ok {
+			p.Database = d // an unknown one's 404 page links to the default
+		}
+	}
+	if names := c.cfg.Databases.Names(); len(names) > 1 {
+		p.Databases = names
+	}
 	var buf hw
 	p.write(&buf, p)
+	out := buf.String()
+	if p.Database != "" {
+		out = withDatabase(out, p.Database)
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = io.WriteString(w, buf.String())
+	_, _ = io.WriteString(w, out)
+}
+
+// withDatabase carries the page's database in every console link and
+// form of the page: a database parameter added to each URL (the
+// selector's already name one; the stylesheet needs none) and, as a GET
+// form's action loses its query, a hidden field in each of those.
+func withDatabase(page, name string) string {
+	param := "database=" + html.EscapeString(url.QueryEscape(name))
+	var b strings.Builder
+	for {
+		i := strings.Index(page, `="`+Prefix)
+		if i < 0 {
+			break
+		}
+		i += 2
+		n := strings.IndexByte(page[i:], '"')
+		if n < 0 {
+			break
+		}
+		b.WriteString(page[:i])
+		v := page[i : i+n]
+		if !strings.HasPrefix(v, Prefix+"static/") && !strings.Contains(v, "database=") {
+			v, frag, hasFrag := strings.Cut(v, "#")
+			sep := "?"
+			if strings.Contains(v, "?") {
+				sep = "&amp;"
+			}
+			b.WriteString(v + sep + param)
+			if hasFrag {
+				b.WriteString("#" + frag)
+			}
+		} else {
+			b.WriteString(v)
+		}
+		page = page[i+n:]
+	}
+	b.WriteString(page)
+	const get = `<form method="get" `
+	hidden := `<input type="hidden" name="database" value="` + html.EscapeString(name) + `">`
+	parts := strings.Split(b.String(), get)
+	for k := 1; k < len(parts); k++ {
+		if j := strings.IndexByte(parts[k], '>'); j >= 0 {
+			parts[k] = parts[k][:j+1] + hidden + parts[k][j+1:]
+		}
+	}
+	return strings.Join(parts, get)
 }
 
 // fail renders an operation's error: a bad request, a missing event, or
@@ -102,17 +165,17 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	p := &page{Title: "Overview", Refresh: 30}
 	d := &overviewData{}
 	var err error
-	if d.Stats, err = c.cfg.Service.Stats(ctx); err != nil {
+	if d.Stats, err = svc(ctx).Stats(ctx); err != nil {
 		p.Errors = append(p.Errors, "stats: "+err.Error())
 	}
-	if d.Dedup, err = c.cfg.Service.Dedup(ctx, 10); err != nil {
+	if d.Dedup, err = svc(ctx).Dedup(ctx, 10); err != nil {
 		p.Errors = append(p.Errors, "dedup: "+err.Error())
 	} else {
 		for _, h := range d.Dedup.Hourly {
 			d.DedupHours = append(d.DedupHours, h.Duplicates)
 		}
 	}
-	if d.Throughput, err = c.cfg.Service.Throughput(ctx, 60); err != nil {
+	if d.Throughput, err = svc(ctx).Throughput(ctx, 60); err != nil {
 		p.Errors = append(p.Errors, "throughput: "+err.Error())
 	}
 	d.HasProcess = c.cfg.Gatherer != nil
@@ -305,7 +368,7 @@ func (c *Console) listDead(r *http.Request, f filterForm) ([]admin.DeadLetter, e
 	var out []admin.DeadLetter
 	seen := map[string]bool{}
 	for _, flt := range filters {
-		list, err := c.cfg.Service.ListDead(r.Context(), admin.Source(f.Source), flt)
+		list, err := svc(r.Context()).ListDead(r.Context(), admin.Source(f.Source), flt)
 		if err != nil {
 			return nil, err
 		}
@@ -329,7 +392,7 @@ func (c *Console) deadList(w http.ResponseWriter, r *http.Request) {
 	}
 	d := &deadListData{Filter: f, List: list}
 	p := &page{Title: "Dead letters", write: show(deadPage, d)}
-	if st, err := c.cfg.Service.Stats(r.Context()); err == nil {
+	if st, err := svc(r.Context()).Stats(r.Context()); err == nil {
 		d.Counts = map[string]int64{"inbox": st.Inbox.ByStatus["dead"], "outbox": st.Outbox.ByStatus["dead"]}
 		for _, h := range st.Inbox.Handlers {
 			d.Handlers = append(d.Handlers, h.Handler)
@@ -352,7 +415,7 @@ type kv struct{ K, V string }
 
 func (c *Console) deadDetail(w http.ResponseWriter, r *http.Request) {
 	src := admin.Source(r.PathValue("source"))
-	ev, err := c.cfg.Service.Show(r.Context(), src, r.PathValue("id"), r.URL.Query().Get("handler"))
+	ev, err := svc(r.Context()).Show(r.Context(), src, r.PathValue("id"), r.URL.Query().Get("handler"))
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -363,7 +426,7 @@ func (c *Console) deadDetail(w http.ResponseWriter, r *http.Request) {
 	}
 	sortKV(d.Headers)
 	p := &page{Title: "Event " + ev.EventID, write: show(eventPage, d)}
-	if d.Audit, err = c.cfg.Service.Audit(r.Context(), ev.EventID, src, 50); err != nil {
+	if d.Audit, err = svc(r.Context()).Audit(r.Context(), ev.EventID, src, 50); err != nil {
 		p.Errors = append(p.Errors, "audit: "+err.Error())
 	}
 	c.renderPage(w, r, http.StatusOK, "event", p)
@@ -378,7 +441,7 @@ type orderedData struct {
 
 func (c *Console) ordered(w http.ResponseWriter, r *http.Request) {
 	h := r.URL.Query().Get("handler")
-	keys, err := c.cfg.Service.Waiting(r.Context(), h, 500)
+	keys, err := svc(r.Context()).Waiting(r.Context(), h, 500)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -401,14 +464,14 @@ type conflictsData struct {
 func (c *Console) conflicts(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := conflictsData{Handler: q.Get("handler"), EventID: q.Get("event_id")}
-	list, err := c.cfg.Service.ListConflicts(r.Context(), d.Handler, d.EventID, 100)
+	list, err := svc(r.Context()).ListConflicts(r.Context(), d.Handler, d.EventID, 100)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
 	for _, cf := range list {
 		row := conflictRow{Conflict: cf, Incoming: prettyPayload(cf.Payload, cf.PayloadEncoding)}
-		stored, err := c.cfg.Service.Show(r.Context(), admin.SourceInbox, cf.StoredEventID, cf.Handler)
+		stored, err := svc(r.Context()).Show(r.Context(), admin.SourceInbox, cf.StoredEventID, cf.Handler)
 		if err != nil {
 			row.StoredMissing = err.Error()
 		} else {
@@ -437,7 +500,7 @@ type advice struct {
 }
 
 func (c *Console) relay(w http.ResponseWriter, r *http.Request) {
-	ov, err := c.cfg.Service.Outbox(r.Context())
+	ov, err := svc(r.Context()).Outbox(r.Context())
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -491,7 +554,7 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	list, err := c.cfg.Service.Audit(r.Context(), d.EventID, admin.Source(d.Source), limit)
+	list, err := svc(r.Context()).Audit(r.Context(), d.EventID, admin.Source(d.Source), limit)
 	if err != nil {
 		c.fail(w, r, err)
 		return

@@ -129,6 +129,9 @@ func head(w *hw, p *page) {
 	w.raw(">Relay</a>\n", `    <a href="/console/audit"`)
 	w.on(p.Nav == "audit")
 	w.raw(">Audit</a>\n  </nav>\n  ")
+	if len(p.Databases) > 1 {
+		databaseNav(w, p)
+	}
 	if p.Signed {
 		w.raw(`<form method="post" action="/console/logout" class="signout">`)
 		w.hidden("csrf", p.CSRF)
@@ -143,6 +146,24 @@ func head(w *hw, p *page) {
 		w.raw("</p>")
 	}
 	w.raw("\n")
+}
+
+// databaseNav is the database selector: each database's link to this
+// page's section.
+func databaseNav(w *hw, p *page) {
+	section := map[string]string{"dead": "dead", "event": "dead", "ordered": "ordered", "conflicts": "conflicts",
+		"relay": "relay", "audit": "audit"}[p.Nav]
+	w.raw(`<nav class="databases" id="databases">Database`)
+	for i, n := range p.Databases {
+		w.raw(` <a href="/console/`, section, `?database=`)
+		w.query(n)
+		w.raw(`"`)
+		w.on(n == p.Database || p.Database == "" && i == 0)
+		w.raw(">")
+		w.esc(n)
+		w.raw("</a>")
+	}
+	w.raw("</nav>\n  ")
 }
 
 func foot(w *hw, p *page) {

@@ -43,8 +43,15 @@ type Flags struct {
 type Config struct {
 	// Flags are the operator settings.
 	Flags Flags
-	// Pool is the service's database. Required.
+	// Pool is the service's database. Required unless Databases is set.
 	Pool *pgxpool.Pool
+	// Databases, when set, lists the databases the admin API and the
+	// console serve now, in order (the first is the default), and Lookup
+	// finds one's pool by name; both are asked on every request, so the set
+	// may change. Default: Pool alone, named after its database.
+	Databases func() []string
+	// Lookup finds a database's pool by name; set with Databases.
+	Lookup func(name string) (*pgxpool.Pool, bool)
 	// Registry is the service's registry; the DB gauges are registered on
 	// it. Required.
 	Registry *prometheus.Registry
@@ -76,6 +83,26 @@ func (c Config) addrError(field, addr string, err error) error {
 	return fmt.Errorf("%s %q: %w", flag, addr, err)
 }
 
+// databases are the admin operations' databases: Pool alone, or those
+// Databases lists, each a Service over its pool as Lookup finds it now.
+func (c Config) databases() (admin.Databases, error) {
+	acfg := admin.Config{Pool: c.Pool, Logger: c.Logger, Counters: c.Counters}
+	if c.Databases == nil {
+		svc, err := admin.New(acfg)
+		return admin.One(c.Pool.Config().ConnConfig.Database, svc), err
+	}
+	return admin.Databases{Names: c.Databases, Service: func(name string) (*admin.Service, bool) {
+		pool, ok := c.Lookup(name)
+		if !ok {
+			return nil, false
+		}
+		one := acfg
+		one.Pool, one.Database = pool, name
+		svc, err := admin.New(one)
+		return svc, err == nil
+	}}, nil
+}
+
 // Running is a service's operator endpoints: the metrics and health server and
 // the admin API. Table upkeep is the services' own (the inbox worker's
 // inbox.Cleaner, the relay's outbox cleaner).
@@ -91,8 +118,8 @@ type Running struct {
 // here, naming its flag) and starts serving until ctx is cancelled. Wait
 // returns once everything stopped.
 func Start(ctx context.Context, cfg Config) (*Running, error) {
-	if cfg.Pool == nil || cfg.Registry == nil {
-		return nil, errors.New("endpoints: Config.Pool and Config.Registry are required")
+	if (cfg.Pool == nil && cfg.Databases == nil) || cfg.Registry == nil || (cfg.Databases == nil) != (cfg.Lookup == nil) {
+		return nil, errors.New("endpoints: Config.Pool (or Databases and Lookup) and Config.Registry are required")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -137,7 +164,7 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		runners = append(runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	}
 	if cfg.Flags.AdminAddr != "" {
-		svc, err := admin.New(admin.Config{Pool: cfg.Pool, Logger: cfg.Logger, Counters: cfg.Counters})
+		dbs, err := cfg.databases()
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -146,13 +173,13 @@ func Start(ctx context.Context, cfg Config) (*Running, error) {
 		if cfg.Inbox {
 			program = "consumer"
 		}
-		con, err := console.New(console.Config{Service: svc, Program: program, Token: cfg.Flags.AdminToken,
+		con, err := console.New(console.Config{Databases: dbs, Program: program, Token: cfg.Flags.AdminToken,
 			Gatherer: cfg.Registry, DedupWindow: cfg.Flags.DedupWindow, Broker: cfg.Broker, Logger: cfg.Logger})
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
-		srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Service: svc, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken,
+		srv, err := adminhttp.NewServer(adminhttp.ServerConfig{Databases: dbs, Addr: cfg.Flags.AdminAddr, Token: cfg.Flags.AdminToken,
 			Logger: cfg.Logger, Console: con.Handler()})
 		if err != nil {
 			closeAll()

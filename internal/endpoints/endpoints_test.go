@@ -52,6 +52,16 @@ func TestOpsServeAndStop(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats")
 	require.Equal(t, http.StatusOK, code, body)
+	// One database, named after its database name: named or not, it answers.
+	name := pool.Config().ConnConfig.Database
+	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/databases")
+	require.Equal(t, http.StatusOK, code, body)
+	require.JSONEq(t, `[{"name": "`+name+`", "default": true}]`, body)
+	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats?database="+name)
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats?database=other")
+	require.Equal(t, http.StatusNotFound, code, body)
+	require.Contains(t, body, "(databases: "+name+")")
 	// The web console is served on the same address (/ leads to it).
 	code, body = get(t, "http://"+ops.AdminAddr().String()+"/")
 	require.Equal(t, http.StatusOK, code, body)

@@ -3,13 +3,21 @@
 package pgurl
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"net/url"
+	"os"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// DatabaseURLSetting names the commands' database URL setting, its flag and
+// environment variable, in their messages.
+const DatabaseURLSetting = "--database-url (DATABASE_URL)"
 
 // ErrNoTargetSessionAttrs refuses several hosts without
 // target_session_attrs: pgx would connect to the first that answers, a
@@ -101,4 +109,48 @@ func split(s string) (scheme, user, hosts, path, query string, ok bool) {
 		return scheme, user, hosts, rest[:j], rest[j:], true
 	}
 	return scheme, user, hosts, rest, "", true
+}
+
+var databaseName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
+
+// ValidName reports whether name can name one of a relay's databases: 1-63
+// of [A-Za-z0-9_.-], not starting with '.' or '-'.
+func ValidName(name string) bool { return databaseName.MatchString(name) }
+
+// Named is a database URL and its name, read from From ("SETTING FILE:LINE").
+type Named struct{ Name, URL, From string }
+
+// ReadNamed reads a file naming databases, a line "name=postgres://..."
+// each (blank lines and lines starting with # skipped); errors name setting.
+func ReadNamed(path, setting string) ([]Named, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", setting, err)
+	}
+	defer f.Close()
+	var list []Named
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		at := fmt.Sprintf("%s %s:%d", setting, path, n)
+		name, u, ok := strings.Cut(line, "=")
+		name, u = strings.TrimSpace(name), strings.TrimSpace(u)
+		switch {
+		case !ok || u == "":
+			return nil, fmt.Errorf("%s: want name=postgres://..., got %q", at, line)
+		case !ValidName(name):
+			return nil, fmt.Errorf("%s: name %q must be 1-63 of [A-Za-z0-9_.-], not starting with '.' or '-'", at, name)
+		}
+		if _, err := Parse(u); err != nil {
+			return nil, fmt.Errorf("%s: database %s: %w", at, name, err)
+		}
+		list = append(list, Named{Name: name, URL: u, From: at})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", setting, err)
+	}
+	return list, nil
 }

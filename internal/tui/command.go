@@ -17,6 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
@@ -49,7 +50,7 @@ screens.`,
 				return err
 			}
 			if *databaseURL == "" {
-				return errors.New("--database-url (DATABASE_URL) is required")
+				return errors.New(pgurl.DatabaseURLSetting + " is required")
 			}
 			if window < pgrelay.MinDedupWindow {
 				return fmt.Errorf("--dedup-window (DEDUP_WINDOW) must be at least %s, got %s", pgrelay.MinDedupWindow, window)
@@ -65,11 +66,11 @@ screens.`,
 			defer cancel()
 			pool, err := pooler.NewPool(cctx, *databaseURL)
 			if err != nil {
-				return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+				return fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 			}
 			defer pool.Close()
 			if err := pool.Ping(cctx); err != nil {
-				return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+				return fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
 			}
 			svc, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second})
 			if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgrelay/pgrelay/internal/admin"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
@@ -49,17 +50,22 @@ type cliEnv struct {
 
 func (c *cliEnv) service(ctx context.Context, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
 	if *c.databaseURL == "" {
-		return nil, nil, errors.New("--database-url (DATABASE_URL) is required")
+		return nil, nil, errors.New(pgurl.DatabaseURLSetting + " is required")
 	}
+	return open(ctx, *c.databaseURL, pgurl.DatabaseURLSetting, counters)
+}
+
+// open connects to the database at url (given by setting).
+func open(ctx context.Context, url, setting string, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pool, err := pooler.NewPool(cctx, *c.databaseURL)
+	pool, err := pooler.NewPool(cctx, url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", setting, err)
 	}
 	if err := pool.Ping(cctx); err != nil {
 		pool.Close()
-		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", setting, err)
 	}
 	svc, err := admin.New(admin.Config{Pool: pool, Counters: counters})
 	if err != nil {
@@ -99,7 +105,7 @@ func printJSON(w io.Writer, v any) error {
 
 func (c *cliEnv) statsCommand() *cobra.Command {
 	var asJSON bool
-	var metricsURL string
+	var metricsURL, databasesFile string
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show inbox and outbox counts by status, table sizes, lag and dedup hit rate",
@@ -119,9 +125,56 @@ running consumer's counters: pass its metrics endpoint with --metrics-url.`,
 		}
 		return writeStats(cmd.OutOrStdout(), st)
 	})
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if databasesFile == "" {
+			return run(cmd, args)
+		}
+		return statsEach(cmd, databasesFile, asJSON)
+	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().StringVar(&databasesFile, "databases-file", "", "instead of --database-url, each database of a file as relay run's --databases-file reads it (lines name=postgres://...)")
 	cmd.Flags().StringVar(&metricsURL, "metrics-url", "", "a consumer's /metrics URL, for the dedup hit rate (for example http://127.0.0.1:9090/metrics)")
 	return cmd
+}
+
+// statsEach prints the stats of each database the file names, headed by
+// its name (JSON: a list of {"database", "stats"}).
+func statsEach(cmd *cobra.Command, file string, asJSON bool) error {
+	named, err := pgurl.ReadNamed(file, "--databases-file")
+	if err != nil {
+		return err
+	}
+	type one struct {
+		Database string       `json:"database"`
+		Stats    *admin.Stats `json:"stats"`
+	}
+	var all []one
+	for _, n := range named {
+		svc, closeFn, err := open(cmd.Context(), n.URL, n.From, nil)
+		if err != nil {
+			return fmt.Errorf("database %s: %w", n.Name, err)
+		}
+		st, err := svc.Stats(cmd.Context())
+		closeFn()
+		if err != nil {
+			return fmt.Errorf("database %s: %w", n.Name, err)
+		}
+		all = append(all, one{n.Name, st})
+	}
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), all)
+	}
+	for i, o := range all {
+		if i > 0 {
+			fmt.Fprintln(cmd.OutOrStdout())
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "== %s\n", o.Database)
+		if err := writeStats(cmd.OutOrStdout(), o.Stats); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func writeStats(w io.Writer, st *admin.Stats) error {

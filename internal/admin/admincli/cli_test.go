@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -133,6 +135,40 @@ func TestCLI(t *testing.T) {
 
 	_, err = runCLI(t, "", "stats")
 	require.ErrorContains(t, err, "DATABASE_URL")
+}
+
+// TestCLIStatsEachDatabase: stats --databases-file prints each database's
+// stats, headed by its name, in the file's order.
+func TestCLIStatsEachDatabase(t *testing.T) {
+	t.Parallel()
+	withDead, empty := testdb.NewURL(t), testdb.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), withDead)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	admintest.Fixtures(t, pool)
+	file := filepath.Join(t.TempDir(), "dbs")
+	require.NoError(t, os.WriteFile(file, []byte("# two\norders="+withDead+"\n\nbilling="+empty+"\n"), 0o600))
+
+	out, err := runCLI(t, "", "stats", "--databases-file", file, "--json")
+	require.NoError(t, err)
+	var each []struct {
+		Database string      `json:"database"`
+		Stats    admin.Stats `json:"stats"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &each), out)
+	require.Len(t, each, 2, out)
+	require.Equal(t, "orders", each[0].Database)
+	require.Equal(t, "billing", each[1].Database)
+	require.Equal(t, int64(3), each[0].Stats.Inbox.ByStatus["dead"])
+	require.Zero(t, each[1].Stats.Inbox.ByStatus["dead"])
+
+	out, err = runCLI(t, "", "stats", "--databases-file", file)
+	require.NoError(t, err)
+	require.Regexp(t, `(?s)^== orders\n.*\n\n== billing\n`, out)
+
+	require.NoError(t, os.WriteFile(file, []byte("orders="+withDead+"\nbad name=x\n"), 0o600))
+	_, err = runCLI(t, "", "stats", "--databases-file", file)
+	require.ErrorContains(t, err, "--databases-file "+file+`:2: name "bad name" must be`)
 }
 
 // TestCLIConfirm: the dry run's --confirm token purges exactly the events the

@@ -21,8 +21,12 @@ import (
 
 // ServerConfig configures the admin HTTP API.
 type ServerConfig struct {
-	// Service runs the operations. Required.
+	// Service runs the operations. Required unless Databases is set.
 	Service *admin.Service
+	// Databases, when set, are the databases served: a request names one
+	// with its database parameter (none: the first), GET /v1/databases
+	// lists them. Default: Service alone.
+	Databases admin.Databases
 	// Addr is the listen address. Default: 127.0.0.1:9091 (loopback only).
 	Addr string
 	// Token is the bearer token every request must present
@@ -51,12 +55,15 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
+	if c.Databases.Names == nil && c.Service != nil {
+		c.Databases = admin.One("", c.Service)
+	}
 	return c
 }
 
 func (c ServerConfig) validate() error {
-	if c.Service == nil {
-		return errors.New("admin: ServerConfig.Service is required")
+	if c.Service == nil && c.Databases.Names == nil {
+		return errors.New("admin: ServerConfig.Service (or Databases) is required")
 	}
 	loopback, err := IsLoopback(c.Addr)
 	if err != nil {
@@ -160,7 +167,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/inbox/gaps", s.handleGaps)
 	mux.HandleFunc("POST /v1/inbox/gaps/skip", s.handleGapSkip)
 	mux.HandleFunc("POST /v1/inbox/dead/skip", s.handleDeadSkip)
-	api := s.recoverer(s.browserGuard(s.authenticate(mux)))
+	mux.HandleFunc("GET /v1/databases", s.handleDatabases)
+	api := s.recoverer(s.browserGuard(s.authenticate(s.pick(mux))))
 	if s.cfg.Console == nil {
 		return api
 	}
@@ -216,6 +224,29 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+type serviceKey struct{}
+
+// pick finds the database the request names (its database parameter; none
+// is the first) and refuses an unknown one with 404, naming those served.
+func (s *Server) pick(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		svc, err := s.cfg.Databases.Pick(r.URL.Query().Get("database"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), serviceKey{}, svc)))
+	})
+}
+
+// service is the Service of the request's database (pick).
+func service(r *http.Request) *admin.Service { return r.Context().Value(serviceKey{}).(*admin.Service) }
+
+// handleDatabases lists the databases served, each pinged.
+func (s *Server) handleDatabases(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.cfg.Databases.Status(r.Context()))
+}
+
 func (s *Server) recoverer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -266,7 +297,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) {
-	st, err := s.cfg.Service.Stats(r.Context())
+	st, err := service(r).Stats(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -305,7 +336,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, err := s.cfg.Service.ListDead(r.Context(), admin.Source(r.PathValue("source")), f)
+	list, err := service(r).ListDead(r.Context(), admin.Source(r.PathValue("source")), f)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -314,7 +345,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleShow(w http.ResponseWriter, r *http.Request) {
-	d, err := s.cfg.Service.Show(r.Context(), admin.Source(r.PathValue("source")), r.PathValue("id"), r.URL.Query().Get("handler"))
+	d, err := service(r).Show(r.Context(), admin.Source(r.PathValue("source")), r.PathValue("id"), r.URL.Query().Get("handler"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -339,7 +370,7 @@ func (s *Server) handleRequeue(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.cfg.Service.Requeue(r.Context(), admin.Source(r.PathValue("source")), req)
+	res, err := service(r).Requeue(r.Context(), admin.Source(r.PathValue("source")), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -372,7 +403,7 @@ func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request) {
 		}
 		req.OlderThan = &d
 	}
-	res, err := s.cfg.Service.Purge(r.Context(), admin.Source(r.PathValue("source")), req)
+	res, err := service(r).Purge(r.Context(), admin.Source(r.PathValue("source")), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -387,7 +418,7 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, err := s.cfg.Service.Audit(r.Context(), q.Get("event_id"), admin.Source(q.Get("source")), limit)
+	list, err := service(r).Audit(r.Context(), q.Get("event_id"), admin.Source(q.Get("source")), limit)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -413,7 +444,7 @@ func (s *Server) handleDedup(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	rep, err := s.cfg.Service.Dedup(r.Context(), n)
+	rep, err := service(r).Dedup(r.Context(), n)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -433,7 +464,7 @@ func (s *Server) handleDedupReset(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	id, err := s.cfg.Service.ResetDedupStats(r.Context(), body.Actor, body.Reason)
+	id, err := service(r).ResetDedupStats(r.Context(), body.Actor, body.Reason)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -447,7 +478,7 @@ func (s *Server) handleInboxKeys(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	keys, err := s.cfg.Service.InboxKeys(r.Context(), r.URL.Query().Get("search"), n)
+	keys, err := service(r).InboxKeys(r.Context(), r.URL.Query().Get("search"), n)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -456,7 +487,7 @@ func (s *Server) handleInboxKeys(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleOutbox(w http.ResponseWriter, r *http.Request) {
-	ov, err := s.cfg.Service.Outbox(r.Context())
+	ov, err := service(r).Outbox(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -473,7 +504,7 @@ func (s *Server) handleConflicts(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, err := s.cfg.Service.ListConflicts(r.Context(), q.Get("handler"), q.Get("event_id"), limit)
+	list, err := service(r).ListConflicts(r.Context(), q.Get("handler"), q.Get("event_id"), limit)
 	if err != nil {
 		s.fail(w, r, err)
 		return

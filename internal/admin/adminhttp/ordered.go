@@ -14,7 +14,7 @@ func (s *Server) handleGaps(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	keys, err := s.cfg.Service.Waiting(r.Context(), r.URL.Query().Get("handler"), n)
+	keys, err := service(r).Waiting(r.Context(), r.URL.Query().Get("handler"), n)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -30,7 +30,7 @@ func (s *Server) handleGapSkip(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.cfg.Service.SkipGap(r.Context(), body)
+	res, err := service(r).SkipGap(r.Context(), body)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -46,7 +46,7 @@ func (s *Server) handleDeadSkip(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.cfg.Service.SkipDead(r.Context(), body)
+	res, err := service(r).SkipDead(r.Context(), body)
 	if err != nil {
 		s.fail(w, r, err)
 		return
