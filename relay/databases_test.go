@@ -43,22 +43,7 @@ func runRelay(t *testing.T, cfg Config) (*Relay, func()) {
 	t.Helper()
 	r, err := New(cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				t.Errorf("relay %s did not stop", r.NodeID())
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop := runUntilStopped(t, r.NodeID(), r.Run)
 	require.Eventually(t, func() bool { return isStarted(r) }, 20*time.Second, 10*time.Millisecond)
 	return r, stop
 }

@@ -100,14 +100,13 @@ func (b *bundle) testConfig(t *testing.T, pub broker.Publisher, obs relayObserve
 	}
 }
 
-// start runs a relay until the returned stop is called (or the test ends).
-func start(t *testing.T, cfg Config) (r *engine, stop func()) {
+// runUntilStopped runs run until the returned stop (or the test's end),
+// which waits for it to return nil.
+func runUntilStopped(t *testing.T, node string, run func(context.Context) error) (stop func()) {
 	t.Helper()
-	r, err := newEngine(cfg)
-	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.run(ctx) }()
+	go func() { done <- run(ctx) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -116,11 +115,20 @@ func start(t *testing.T, cfg Config) (r *engine, stop func()) {
 			case err := <-done:
 				require.NoError(t, err)
 			case <-time.After(30 * time.Second):
-				t.Errorf("relay %s did not stop", r.NodeID())
+				t.Errorf("relay %s did not stop", node)
 			}
 		})
 	}
 	t.Cleanup(stop)
+	return stop
+}
+
+// start runs a relay until the returned stop is called (or the test ends).
+func start(t *testing.T, cfg Config) (r *engine, stop func()) {
+	t.Helper()
+	r, err := newEngine(cfg)
+	require.NoError(t, err)
+	stop = runUntilStopped(t, r.NodeID(), r.run)
 	return r, stop
 }
 
