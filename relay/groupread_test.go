@@ -96,6 +96,7 @@ func TestLingeringPartitionsReadInOneStatement(t *testing.T) {
 	// Long enough that no worker's linger ends (and the worker reads on
 	// its own) while the test's transactions commit on a loaded machine.
 	cfg.hooks.lingerFor = 10 * time.Second
+	cfg.hooks.lingerMinRows = 1 // linger after a single row
 	r, _ := start(t, cfg)
 	keys, parts := b.distinctPartitionKeys(t, k)
 	one := func(prefix string) []pgrelay.Message {
@@ -156,6 +157,7 @@ func TestStoppedWorkerNeverPublishesPolledRows(t *testing.T) {
 			cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 			cfg.PollInterval = time.Hour
 			cfg.hooks.lingerFor = 10 * time.Second
+			cfg.hooks.lingerMinRows = 1 // linger after a single row
 			cfg.hooks.pollRead = func(partitions []int32, rows int) {
 				if !armed.Load() || rows == 0 || !slices.Contains(partitions, p) {
 					return
@@ -248,6 +250,7 @@ func TestLingeringWorkersSleepThroughEmptyPolls(t *testing.T) {
 	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 	cfg.PollInterval = time.Hour // only a notification or the busy poll finds rows
 	cfg.hooks.lingerFor = 10 * time.Second
+	cfg.hooks.lingerMinRows = 1 // linger after a single row
 	var counting atomic.Bool
 	var wakes, emptyPolls atomic.Int64
 	cfg.hooks.lingerWoke = func(int32) {

@@ -22,6 +22,7 @@ func lingerK(t *testing.T, k int, mod func(*Config)) (b *bundle, parts []int32, 
 	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 	cfg.PollInterval = time.Hour // only a notification or the busy poll finds rows
 	cfg.hooks.lingerFor = 10 * time.Second
+	cfg.hooks.lingerMinRows = 1 // linger after a single row
 	mod(&cfg)
 	r, _ := start(t, cfg)
 	keys, parts := b.distinctPartitionKeys(t, k)

@@ -42,6 +42,9 @@ type engine struct {
 	kick chan struct{}
 	// busy wakes pollBusy when a worker starts lingering.
 	busy chan struct{}
+	// recent counts the rows the workers read lately: they linger only
+	// while the engine is busy (wakeup.go).
+	recent rowMeter
 	// marker sends the workers' marks, coalesced.
 	marker *marker
 	// sent holds the rows the broker confirmed and no mark has recorded yet

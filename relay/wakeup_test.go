@@ -4,11 +4,13 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/notifier"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
@@ -127,6 +129,11 @@ func TestSteadyTrickleNeitherNotifiesNorWaits(t *testing.T) {
 	require.NoError(t, err)
 	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 	cfg.PollInterval = time.Hour // only a notification or the busy poll finds rows
+	// Each event waits for the one before to be published: a trickle of
+	// 25-50 a second, at lingerMinRows itself on a loaded machine. Busy
+	// enough to linger from the first row (the quiet case:
+	// TestQuietEngineArmsInsteadOfPolling).
+	cfg.hooks.lingerMinRows = 1
 	start(t, cfg)
 	// The relay has armed every partition once it found them empty.
 	require.Eventually(t, func() bool {
@@ -158,4 +165,41 @@ func TestSteadyTrickleNeitherNotifiesNorWaits(t *testing.T) {
 	t.Logf("%d events, one every 20 ms: %d notifications, slowest publish %s", events, notified, slowest)
 	require.LessOrEqual(t, notified, 2, "producers notified while the relay was busy with their partition")
 	require.Less(t, slowest, lingerFor, "an event waited for more than a poll")
+}
+
+// TestQuietEngineArmsInsteadOfPolling: below lingerMinRows rows a window,
+// a worker that found rows arms its partition at once instead of lingering,
+// so pollBusy never reads, and each event is published on its notification.
+// (Lingering after every row, a trickle of a few events a second kept
+// pollBusy reading every few milliseconds: on a relay serving ten databases
+// at 10 events a second each, PostgreSQL spent most of a core on it.)
+func TestQuietEngineArmsInsteadOfPolling(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var polls atomic.Int64
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.PollInterval = time.Hour // only a notification or the busy poll finds rows
+	cfg.hooks.pollStart = func() { polls.Add(1) }
+	start(t, cfg)
+	const events = 8 // 150 ms apart: at most 4 in two windows of lingerFor
+	for i := range events {
+		b.enqueue(t, pgrelay.Message{EventID: "quiet-" + strconv.Itoa(i), Topic: "orders", Key: "k" + strconv.Itoa(i)})
+		b.waitCount(t, "published", i+1, 5*time.Second)
+		time.Sleep(150 * time.Millisecond)
+	}
+	require.Zero(t, polls.Load(), "pollBusy read partitions of an engine with %d events a second", 1000/150)
+}
+
+func TestRowMeterCountsTwoWindows(t *testing.T) {
+	t.Parallel()
+	var m rowMeter
+	w := 100 * time.Millisecond
+	t0 := time.Now()
+	m.add(3, t0, w)
+	m.add(4, t0.Add(50*time.Millisecond), w)
+	require.Equal(t, 7, m.rows(t0.Add(99*time.Millisecond), w))
+	m.add(5, t0.Add(150*time.Millisecond), w) // the next window
+	require.Equal(t, 12, m.rows(t0.Add(190*time.Millisecond), w))
+	require.Equal(t, 5, m.rows(t0.Add(210*time.Millisecond), w), "the first window rolled out")
+	require.Zero(t, m.rows(t0.Add(time.Second), w), "a long gap empties both")
 }

@@ -166,19 +166,20 @@ func (r *engine) work(w *worker) {
 		if n > 0 {
 			armed = false // a notification may have been spent on these rows
 			lastRows = time.Now()
+			r.recent.add(n, lastRows, r.lingerFor())
 		}
 		if n == r.cfg.BatchSize {
 			continue
 		}
 		if !armed {
-			// Rows came within the last lingerFor: stay awake and let
-			// pollBusy look for more every busyPollInterval instead of
-			// arming. A producer whose insert finds its partition armed
-			// notifies, and PostgreSQL serializes notifying commits
-			// (including their WAL flush): under a steady stream of small
-			// transactions, re-arming after every batch made nearly every
-			// producer commit notify, one at a time.
-			if until := lastRows.Add(r.lingerFor()); time.Now().Before(until) {
+			// Rows came within the last lingerFor, and the engine is busy:
+			// stay awake and let pollBusy look for more every
+			// busyPollInterval instead of arming. A producer whose insert
+			// finds its partition armed notifies, and PostgreSQL serializes
+			// notifying commits (including their WAL flush): under a steady
+			// stream of small transactions, re-arming after every batch
+			// made nearly every producer commit notify, one at a time.
+			if now, until := time.Now(), lastRows.Add(r.lingerFor()); now.Before(until) && r.busyLately(now) {
 				// A lingering worker has no mark in flight: it follows a
 				// batch smaller than BatchSize, whose mark was awaited
 				// above, so pollBusy reads for it excluding nothing. Were a
