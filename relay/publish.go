@@ -21,6 +21,11 @@ func (r *engine) publishBatch(w *worker, log *slog.Logger, rows []db.PendingBatc
 	if h := r.cfg.hooks.beforePublish; h != nil {
 		h(w.partition)
 	}
+	// A batch starts publishing only under a confirmed lock session (see
+	// below); one that lapsed because its check is slow is waited for.
+	if w.sess != nil && !w.sess.valid() {
+		w.sess.await(w.ctx, lockValidFor)
+	}
 	results, msgs, idx := brokerMessages(rows, expiredRows(rows, readStart, r.sent.has))
 	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
 	// failed heartbeats) must not publish the batch it read before: another

@@ -51,9 +51,13 @@ type lockSession struct {
 	mu    sync.Mutex
 	until time.Time // a batch may start publishing before it
 	ended bool      // the connection failed or was closed
+	// changed is closed, and replaced, at each confirmation and at the end.
+	changed chan struct{}
 }
 
-func newLockSession(key int64) *lockSession { return &lockSession{key: key} }
+func newLockSession(key int64) *lockSession {
+	return &lockSession{key: key, changed: make(chan struct{})}
+}
 
 // confirm records that the session was alive when a statement sent at sent
 // was answered.
@@ -63,13 +67,42 @@ func (s *lockSession) confirm(sent time.Time) {
 	if !s.ended && sent.Add(lockValidFor).After(s.until) {
 		s.until = sent.Add(lockValidFor)
 	}
+	close(s.changed)
+	s.changed = make(chan struct{})
 }
 
 // end marks the session failed: no batch starts publishing under it any more.
 func (s *lockSession) end() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.ended {
+		close(s.changed)
+	}
 	s.ended, s.until = true, time.Time{}
+}
+
+// await waits, for at most d or until ctx ends, for s to be valid, and
+// reports whether it is. A check slower than lockValidFor (PostgreSQL busy)
+// leaves the session unconfirmed until its answer arrives: a batch then
+// waits for that answer instead of failing and backing off.
+func (s *lockSession) await(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		valid, ended, changed := !s.ended && time.Now().Before(s.until), s.ended, s.changed
+		s.mu.Unlock()
+		if valid || ended {
+			return valid
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return s.valid()
+		}
+	}
 }
 
 // valid reports whether a batch may start publishing under s now.
