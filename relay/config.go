@@ -183,6 +183,8 @@ type hooks struct {
 	afterRead       func(partition int32, rows int)
 	// lingerFor replaces the constant lingerFor when positive.
 	lingerFor time.Duration
+	// schemaInterval replaces the constant schemaInterval when positive.
+	schemaInterval time.Duration
 	// pollRead runs in pollBusy after its read of the lingering
 	// partitions (rows in all), before it hands their rows over.
 	pollRead func(partitions []int32, rows int)
