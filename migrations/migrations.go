@@ -87,6 +87,32 @@ func Up(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
+// Status is a database's pgrelay schema measured against the embedded
+// migrations.
+type Status struct {
+	// Current is the highest migration version applied (0: none).
+	Current int64 `json:"version"`
+	// Latest is the highest embedded migration version.
+	Latest int64 `json:"latest"`
+	// Pending lists the embedded versions not applied, in order.
+	Pending []int64 `json:"pending"`
+}
+
+// Behind reports whether some embedded migration is not applied.
+func (s Status) Behind() bool { return len(s.Pending) > 0 }
+
+// Require returns a *SchemaError when a migration up to version minimum is
+// not applied; minimum 0 requires every embedded migration.
+func (s Status) Require(minimum int64) error {
+	if minimum <= 0 || minimum > s.Latest {
+		minimum = s.Latest
+	}
+	if len(s.Pending) == 0 || s.Pending[0] > minimum {
+		return nil
+	}
+	return &SchemaError{Current: s.Current, Required: s.Latest, Minimum: minimum, Pending: s.Pending}
+}
+
 // SchemaError reports a database whose schema lacks migrations this build
 // needs.
 type SchemaError struct {
@@ -94,6 +120,9 @@ type SchemaError struct {
 	Current int64
 	// Required is the highest embedded migration version.
 	Required int64
+	// Minimum is the version up to which the caller needs every migration:
+	// Required, unless it runs on an older schema too (the relay).
+	Minimum int64
 	// Pending lists the embedded versions not applied, in order.
 	Pending []int64
 }
@@ -107,37 +136,51 @@ func (e *SchemaError) Error() string {
 	if e.Current == 0 {
 		state = "not migrated (no pgrelay migration applied)"
 	}
+	if e.Minimum > 0 && e.Minimum < e.Required {
+		return fmt.Sprintf("database schema is %s, this build needs version %d at least (latest %d; pending: %s)",
+			state, e.Minimum, e.Required, strings.Join(pending, ", "))
+	}
 	return fmt.Sprintf("database schema is %s, this build needs version %d (pending: %s)",
 		state, e.Required, strings.Join(pending, ", "))
 }
 
 // Check reports a *SchemaError when the database has not applied every
-// embedded migration. It only reads: unlike goose's own checks it creates no
-// schema or version table, so it is safe beside a concurrent `migrate up`.
-// An installation made before pgrelay had a schema of its own is read as
-// adopting it would (its versions whose objects exist).
+// embedded migration (ReadStatus, then Status.Require(0)).
 func Check(ctx context.Context, db *sql.DB) error {
-	p, err := NewProvider(db)
+	st, err := ReadStatus(ctx, db)
 	if err != nil {
 		return err
 	}
+	return st.Require(0)
+}
+
+// ReadStatus reads the database's schema version. It only reads: unlike
+// goose's own checks it creates no schema or version table, so it is safe
+// beside a concurrent `migrate up`. An installation made before pgrelay had
+// a schema of its own is read as adopting it would (its versions whose
+// objects exist).
+func ReadStatus(ctx context.Context, db *sql.DB) (Status, error) {
+	p, err := NewProvider(db)
+	if err != nil {
+		return Status{}, err
+	}
 	store, err := database.NewStore(database.DialectPostgres, TableName)
 	if err != nil {
-		return fmt.Errorf("migrations: store: %w", err)
+		return Status{}, fmt.Errorf("migrations: store: %w", err)
 	}
 	applied := map[int64]bool{}
 	ext, ok := store.(database.StoreExtender)
 	if !ok {
-		return errors.New("migrations: the postgres store cannot check for its table")
+		return Status{}, errors.New("migrations: the postgres store cannot check for its table")
 	}
 	exists, err := ext.TableExists(ctx, db)
 	if err != nil {
-		return fmt.Errorf("migrations: read the schema version: %w", err)
+		return Status{}, fmt.Errorf("migrations: read the schema version: %w", err)
 	}
 	if exists {
 		rows, err := store.ListMigrations(ctx, db)
 		if err != nil {
-			return fmt.Errorf("migrations: read the schema version: %w", err)
+			return Status{}, fmt.Errorf("migrations: read the schema version: %w", err)
 		}
 		// Newest first: a version's latest row says whether it is applied.
 		for _, r := range rows {
@@ -148,26 +191,23 @@ func Check(ctx context.Context, db *sql.DB) error {
 	} else {
 		old, err := adoptableVersions(ctx, db)
 		if err != nil {
-			return err
+			return Status{}, err
 		}
 		for _, v := range old {
 			applied[v] = true
 		}
 	}
-	e := &SchemaError{}
+	st := Status{Pending: []int64{}}
 	for v := range applied {
-		if applied[v] && v > e.Current {
-			e.Current = v
+		if applied[v] && v > st.Current {
+			st.Current = v
 		}
 	}
 	for _, s := range p.ListSources() {
-		e.Required = max(e.Required, s.Version)
+		st.Latest = max(st.Latest, s.Version)
 		if !applied[s.Version] {
-			e.Pending = append(e.Pending, s.Version)
+			st.Pending = append(st.Pending, s.Version)
 		}
 	}
-	if len(e.Pending) > 0 {
-		return e
-	}
-	return nil
+	return st, nil
 }

@@ -185,6 +185,8 @@ type hooks struct {
 	lingerFor time.Duration
 	// lingerMinRows replaces the constant lingerMinRows when positive.
 	lingerMinRows int
+	// schemaInterval replaces the constant schemaInterval when positive.
+	schemaInterval time.Duration
 	// pollRead runs in pollBusy after its read of the lingering
 	// partitions (rows in all), before it hands their rows over.
 	pollRead func(partitions []int32, rows int)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgrelay/pgrelay/internal/metrics"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Database is one database whose outbox a Relay publishes (Config.Databases).
@@ -286,6 +287,10 @@ type dbRun struct {
 	// failed is set when the engine ended on an error after SetDatabases
 	// started it: it is no longer served, and listed again it restarts.
 	failed atomic.Bool
+	// schema is the database's schema version as last read: by its check,
+	// then by watchSchema alone once started.
+	schema       migrations.Status
+	schemaGauges *metrics.RelaySchema
 }
 
 // newDB builds d's engine, its metrics registered under d's label.
@@ -303,20 +308,29 @@ func (r *Relay) newDB(d Database) (*dbRun, error) {
 		return nil, fmt.Errorf("database %s: %w", d.Name, err)
 	}
 	set.MustRegister(outbox)
-	return &dbRun{db: d, e: e, metrics: set}, nil
+	return &dbRun{db: d, e: e, metrics: set, schemaGauges: metrics.NewRelaySchema(set)}, nil
 }
 
-// start runs d's engine until stop; its metrics are served meanwhile. A
-// failure of the engine (at its start: a standby check, the WAL slot) is
-// sent to failed, the database named.
+// start runs d's engine until stop; its metrics are served meanwhile, and
+// its schema version re-read (watchSchema). A failure of the engine (at its
+// start: a standby check, the WAL slot) is sent to failed, the database
+// named.
 func (r *Relay) start(ctx context.Context, d *dbRun, failed func(error)) error {
 	if err := r.labelled(d.db.Name).Register(d.metrics); err != nil {
 		return fmt.Errorf("database %s: metrics: %w", d.db.Name, err)
 	}
+	r.noteSchema(d, d.schema, true)
 	ctx, d.stop = context.WithCancel(ctx)
 	d.done = make(chan struct{})
 	go func() {
 		defer close(d.done)
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		var watch sync.WaitGroup
+		watch.Go(func() { r.watchSchema(watchCtx, d) })
+		defer func() {
+			stopWatch()
+			watch.Wait()
+		}()
 		if err := d.e.run(ctx); err != nil && ctx.Err() == nil {
 			failed(fmt.Errorf("database %s: %w", d.db.Name, err))
 		}
@@ -385,7 +399,7 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 		}
 		d, err := r.newDB(w)
 		if err == nil {
-			err = r.checkDatabase(ctx, "Databases", w)
+			err = r.checkDatabase(ctx, "Databases", d)
 		}
 		if err == nil {
 			err = r.start(runCtx, d, func(err error) {

@@ -101,8 +101,9 @@ func New(cfg Config) (*Relay, error) {
 // NodeID returns the name this relay owns partitions under.
 func (r *Relay) NodeID() string { return r.cfg.NodeID }
 
-// Run checks every database (reachable and migrated; the first failing one
-// is named in the error), binds MetricsAddr and AdminAddr, then relays
+// Run checks every database (reachable and migrated at least to the
+// relay's minimum version; the first failing one is named in the error; one
+// behind the latest migration is served and logged as behind), binds MetricsAddr and AdminAddr, then relays
 // until ctx is cancelled and stops gracefully: the batches in flight are
 // published and marked, the partition leases released so that other relays
 // take them over at once. It returns nil after a graceful stop. Broker and
@@ -112,7 +113,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run was already called; create another Relay")
 	}
 	for _, d := range r.dbs {
-		if err := r.checkDatabase(ctx, r.field, d.db); err != nil {
+		if err := r.checkDatabase(ctx, r.field, d); err != nil {
 			return err
 		}
 	}
@@ -197,13 +198,16 @@ func (r *Relay) ping(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// checkDatabase fails when d cannot be reached or lacks the migrations.
-func (r *Relay) checkDatabase(ctx context.Context, field string, d Database) error {
+// checkDatabase fails when d cannot be reached or lacks a migration up to
+// the relay's minimum (minSchema), and records d's schema version.
+func (r *Relay) checkDatabase(ctx context.Context, field string, d *dbRun) error {
 	ctx, cancel := context.WithTimeout(ctx, or(r.cfg.StartupTimeout, DefaultStartupTimeout))
 	defer cancel()
-	if err := pooler.CheckStart(ctx, d.Pool); err != nil {
-		return bad(field, "{}: database %s: %w", d.Name, err)
+	st, err := pooler.CheckSchema(ctx, d.db.Pool, r.minSchema())
+	if err != nil {
+		return bad(field, "{}: database %s: %w", d.db.Name, err)
 	}
+	d.schema = st
 	return nil
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/pgrelay/pgrelay/internal/pooler"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Databases are the databases a process serves (a relay may serve many),
@@ -48,12 +51,17 @@ type DatabaseStatus struct {
 	Name string `json:"name"`
 	// Default is set on the database a request naming none gets.
 	Default bool `json:"default"`
-	// Error is why the database did not answer a ping; empty when it did.
+	// Error is why the database did not answer a ping, or its schema
+	// version could not be read; empty when it did.
 	Error string `json:"error,omitempty"`
+	// Schema is the database's schema version against this build's
+	// migrations: behind while Pending lists some (a relay serves a database
+	// behind, down to its minimum version; docs/relay.md).
+	Schema *migrations.Status `json:"schema,omitempty"`
 }
 
-// Status pings every database served (each within its QueryTimeout) and
-// lists them in order.
+// Status pings every database served and reads its schema version (each
+// within its QueryTimeout), and lists them in order.
 func (d Databases) Status(ctx context.Context) []DatabaseStatus {
 	names := d.Names()
 	out := make([]DatabaseStatus, 0, len(names))
@@ -63,6 +71,10 @@ func (d Databases) Status(ctx context.Context) []DatabaseStatus {
 			st.Error = "removed"
 		} else if err := s.Ping(ctx); err != nil {
 			st.Error = err.Error()
+		} else if schema, err := s.Schema(ctx); err != nil {
+			st.Error = err.Error()
+		} else {
+			st.Schema = &schema
 		}
 		out = append(out, st)
 	}
@@ -74,4 +86,11 @@ func (s *Service) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	return s.cfg.Pool.Ping(ctx)
+}
+
+// Schema reads the database's schema version, within QueryTimeout.
+func (s *Service) Schema(ctx context.Context) (migrations.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	return pooler.SchemaStatus(ctx, s.cfg.Pool)
 }

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/pgrelay/pgrelay/internal/pooler"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Stats is a snapshot of the inbox (and, where installed, the outbox).
@@ -24,6 +27,9 @@ type Stats struct {
 	// WALSlots lists the database's pgoutput replication slots (a
 	// WAL-capture relay's, docs/wal.md); empty without one.
 	WALSlots []WALSlotStats `json:"wal_slots"`
+	// Schema is the database's schema version against this build's
+	// migrations.
+	Schema migrations.Status `json:"schema"`
 }
 
 // InboxStats describes the inbox table.
@@ -144,6 +150,9 @@ func (s *Service) Stats(ctx context.Context) (*Stats, error) {
 	}
 	if st.Ordered, err = s.orderedStats(ctx); err != nil {
 		return nil, err
+	}
+	if st.Schema, err = pooler.SchemaStatus(ctx, s.cfg.Pool); err != nil {
+		return nil, fmt.Errorf("admin: stats: %w", err)
 	}
 	if s.cfg.Counters != nil {
 		if received, dups, ok := s.cfg.Counters(); ok {

@@ -2,6 +2,7 @@ package endpoints_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"testing"
@@ -56,7 +57,21 @@ func TestOpsServeAndStop(t *testing.T) {
 	name := pool.Config().ConnConfig.Database
 	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/databases")
 	require.Equal(t, http.StatusOK, code, body)
-	require.JSONEq(t, `[{"name": "`+name+`", "default": true}]`, body)
+	var listed []struct {
+		Name    string `json:"name"`
+		Default bool   `json:"default"`
+		Schema  struct {
+			Version, Latest int64
+			Pending         []int64
+		} `json:"schema"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &listed), body)
+	require.Len(t, listed, 1, body)
+	require.Equal(t, name, listed[0].Name)
+	require.True(t, listed[0].Default)
+	require.Positive(t, listed[0].Schema.Latest, body)
+	require.Equal(t, listed[0].Schema.Latest, listed[0].Schema.Version, "a fully migrated database: at the latest version")
+	require.Equal(t, []int64{}, listed[0].Schema.Pending, body)
 	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats?database="+name)
 	require.Equal(t, http.StatusOK, code, body)
 	code, body = get(t, "http://"+ops.AdminAddr().String()+"/v1/stats?database=other")

@@ -161,3 +161,30 @@ func (o *RelayObserver) LeaseLost(int) { o.lost.Inc() }
 
 // PartitionsHeld sets the partitions-held gauge.
 func (o *RelayObserver) PartitionsHeld(n int) { o.held.Set(float64(n)) }
+
+// RelaySchema is a database's schema version as the relay last read it.
+type RelaySchema struct {
+	version, pending prometheus.Gauge
+}
+
+// NewRelaySchema registers the schema gauges on reg.
+func NewRelaySchema(reg prometheus.Registerer) *RelaySchema {
+	s := &RelaySchema{
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_schema_version",
+			Help: "The highest pgrelay migration applied to the database, as the relay last read it (at start, then each minute).",
+		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "relay_schema_pending_migrations",
+			Help: "The relay's embedded migrations the database has not applied: above 0, the database is behind but within the relay's supported range.",
+		}),
+	}
+	reg.MustRegister(s.version, s.pending)
+	return s
+}
+
+// Set records the schema's version and its pending migrations.
+func (s *RelaySchema) Set(version int64, pending int) {
+	s.version.Set(float64(version))
+	s.pending.Set(float64(pending))
+}

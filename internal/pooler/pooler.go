@@ -137,26 +137,43 @@ func Refused(err error, advice string) error {
 	return fmt.Errorf("the server refused the start-up parameter %s, as a connection pooler (PgBouncer) does: %s: %w", p, advice, err)
 }
 
-// CheckStart is the relay's and the consumer's one start-up check: pool
-// reaches PostgreSQL and its database has every migration (running on a
-// partial schema would only loop on errors). Its errors say what to change
-// in the pool's settings; a *migrations.SchemaError is among them when
-// migrations are missing.
+// CheckStart is the consumer's start-up check: pool reaches PostgreSQL and
+// its database has every migration (running on a partial schema would only
+// loop on errors). Its errors say what to change in the pool's settings; a
+// *migrations.SchemaError is among them when migrations are missing.
 func CheckStart(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := CheckSchema(ctx, pool, 0)
+	return err
+}
+
+// CheckSchema is CheckStart for a service that runs on older schemas too
+// (the relay): the database must have every migration up to version
+// minimum (0: every one). It returns the schema's status.
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool, minimum int64) (migrations.Status, error) {
 	if err := pool.Ping(ctx); err != nil {
 		if r := Refused(err, "leave it out of the pool's RuntimeParams (docs/pooler.md)"); r != nil {
-			return r
+			return migrations.Status{}, r
 		}
-		return fmt.Errorf("cannot reach PostgreSQL: %w", err)
+		return migrations.Status{}, fmt.Errorf("cannot reach PostgreSQL: %w", err)
 	}
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	defer sqlDB.Close()
-	if err := migrations.Check(ctx, sqlDB); err != nil {
+	st, err := SchemaStatus(ctx, pool)
+	if err == nil {
+		err = st.Require(minimum)
+	}
+	if err != nil {
 		if StatementClash(err) {
-			return fmt.Errorf("%w: a connection pooler in transaction mode shares server connections: "+
+			return st, fmt.Errorf("%w: a connection pooler in transaction mode shares server connections: "+
 				"set the pool's ConnConfig.DefaultQueryExecMode to pgx.QueryExecModeCacheDescribe (docs/pooler.md)", err)
 		}
-		return fmt.Errorf("%w; apply the migrations first", err)
+		return st, fmt.Errorf("%w; apply the migrations first", err)
 	}
-	return nil
+	return st, nil
+}
+
+// SchemaStatus reads the schema version of pool's database
+// (migrations.ReadStatus).
+func SchemaStatus(ctx context.Context, pool *pgxpool.Pool) (migrations.Status, error) {
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	return migrations.ReadStatus(ctx, sqlDB)
 }

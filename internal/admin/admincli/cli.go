@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/user"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // Commands returns the operator subcommands (stats, dead, outbox, audit,
@@ -218,7 +220,21 @@ func writeStats(w io.Writer, st *admin.Stats) error {
 	}
 	fmt.Fprintln(tw, "\t")
 	fmt.Fprintf(tw, "audit table size\t%s\n", admin.HumanBytes(st.AuditTableBytes))
+	fmt.Fprintf(tw, "schema version\t%s\n", schemaLine(st.Schema))
 	return tw.Flush()
+}
+
+// schemaLine is a schema's version, and the migrations pending when it is
+// behind.
+func schemaLine(s migrations.Status) string {
+	if !s.Behind() {
+		return fmt.Sprintf("%d (latest)", s.Current)
+	}
+	pending := make([]string, len(s.Pending))
+	for i, v := range s.Pending {
+		pending[i] = strconv.FormatInt(v, 10)
+	}
+	return fmt.Sprintf("%d, behind latest %d (pending: %s)", s.Current, s.Latest, strings.Join(pending, ", "))
 }
 
 func secs(s float64) string {

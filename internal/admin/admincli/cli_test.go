@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // runCLI runs the operator subcommands against the database at url, as the
@@ -146,6 +149,18 @@ func TestCLIStatsEachDatabase(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	admintest.Fixtures(t, pool)
+	// billing one migration behind.
+	emptyPool, err := pgxpool.New(context.Background(), empty)
+	require.NoError(t, err)
+	t.Cleanup(emptyPool.Close)
+	sqlDB := stdlib.OpenDBFromPool(emptyPool)
+	defer sqlDB.Close()
+	p, err := migrations.NewProvider(sqlDB)
+	require.NoError(t, err)
+	sources := p.ListSources()
+	last, before := sources[len(sources)-1].Version, sources[len(sources)-2].Version
+	_, err = p.Down(context.Background())
+	require.NoError(t, err)
 	file := filepath.Join(t.TempDir(), "dbs")
 	require.NoError(t, os.WriteFile(file, []byte("# two\norders="+withDead+"\n\nbilling="+empty+"\n"), 0o600))
 
@@ -165,6 +180,9 @@ func TestCLIStatsEachDatabase(t *testing.T) {
 	out, err = runCLI(t, "", "stats", "--databases-file", file)
 	require.NoError(t, err)
 	require.Regexp(t, `(?s)^== orders\n.*\n\n== billing\n`, out)
+	require.Regexp(t, fmt.Sprintf(`(?s)== orders\n.*schema version +%d \(latest\)\n.*== billing\n.*schema version +%d, behind latest %d \(pending: %d\)\n`,
+		last, before, last, last), out)
+	require.Equal(t, []int64{last}, each[1].Stats.Schema.Pending)
 
 	require.NoError(t, os.WriteFile(file, []byte("orders="+withDead+"\nbad name=x\n"), 0o600))
 	_, err = runCLI(t, "", "stats", "--databases-file", file)
