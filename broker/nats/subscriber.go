@@ -164,6 +164,11 @@ type Subscriber struct {
 	streamCreated time.Time
 	// checked is when the durable was last known to exist (see Fetch).
 	checked time.Time
+	// pulls is the persistent pull on cons that Fetch takes messages from;
+	// nil until the first Fetch after an attach.
+	pulls *pullStream
+	// wait times Fetch's wait for a first message (reused).
+	wait *time.Timer
 }
 
 // durableCheckInterval is how often an idle subscriber checks that its
@@ -233,9 +238,13 @@ func (s *Subscriber) Retention(ctx context.Context) (broker.Retention, error) {
 		DuplicateWindow: info.Config.Duplicates}, nil
 }
 
-// Close flushes the acknowledgements sent so far and closes the connection.
-// Unacknowledged messages are redelivered after AckWait.
+// Close hands back the messages received and not yet fetched (redelivered at
+// once), flushes the acknowledgements sent so far and closes the connection.
+// Fetched messages not acknowledged are redelivered after AckWait.
 func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	s.stopPulls()
+	s.mu.Unlock()
 	_ = s.nc.FlushTimeout(2 * time.Second)
 	s.nc.Close()
 	return nil
@@ -247,13 +256,12 @@ func (s *Subscriber) Close() error {
 // is refused with a permanent *ReplayWindowError (broker.IsTerminal): a setting to
 // fix, not an outage to wait out.
 //
-// It waits up to maxWait for the first message, then takes whatever else is
-// available, up to max, so a lone message is returned at once instead of
-// waiting for a full batch. maxWait is a pull-request expiry on the server
-// (FetchMaxWait), not a client deadline: a client that gave up before the
-// server would leave the messages delivered in between unacknowledged until
-// AckWait. A stop (ctx done) therefore waits for the fetch in progress, at
-// most maxWait, and returns what it received.
+// Messages come from one persistent pull subscription on the durable (see
+// pullStream), not from a pull request per batch. Fetch waits up to maxWait
+// for the first message, then takes whatever else has arrived, up to max, so
+// a lone message is returned at once instead of waiting for a full batch. A
+// stop (ctx done) ends the wait at once: what has arrived stays for the next
+// Fetch, and Close hands it back to the server.
 func (s *Subscriber) Fetch(ctx context.Context, max int, maxWait time.Duration) ([]broker.Delivery, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -268,11 +276,14 @@ func (s *Subscriber) Fetch(ctx context.Context, max int, maxWait time.Duration) 
 		s.checked = time.Now()
 	case err == nil && time.Since(s.checked) >= durableCheckInterval:
 		err = s.checkDurable(ctx)
-	case errors.Is(err, nats.ErrNoResponders):
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoHeartbeat):
 		// Servers before 2.10 answer a pull on a deleted durable with "no
-		// responders" instead of leaving it unanswered: ask whether the
-		// durable is gone; otherwise the error stays a transient one.
-		if cerr := s.checkDurable(ctx); cerr != nil {
+		// responders" instead of leaving it unanswered; later ones stop
+		// sending heartbeats. Ask whether the durable is gone; otherwise
+		// "no responders" stays a transient error, and the client has
+		// already sent a new pull request after missed heartbeats.
+		cerr := s.checkDurable(ctx)
+		if cerr != nil || errors.Is(err, jetstream.ErrNoHeartbeat) {
 			err = cerr
 		}
 	}
@@ -281,6 +292,7 @@ func (s *Subscriber) Fetch(ctx context.Context, max int, maxWait time.Duration) 
 		// The durable (or its stream) is gone, for example deleted by an
 		// operator or lost with a memory-backed server: attach again at the
 		// next Fetch rather than fetch from nothing forever.
+		s.stopPulls()
 		s.cons = nil
 	}
 	return s.deliveries(msgs), err
@@ -303,40 +315,158 @@ func (s *Subscriber) checkDurable(ctx context.Context) error {
 	}
 }
 
-// fetch asks for one message (waiting up to maxWait), then for whatever
-// else is available, up to max: two pull requests a batch. (Asking first for
-// everything available came back empty whenever the consumer had caught up:
-// a third request for nearly every batch at moderate loads.)
-func (s *Subscriber) fetch(ctx context.Context, max int, maxWait time.Duration) ([]jetstream.Msg, error) {
-	msgs, err := s.pull(ctx, func() (jetstream.MessageBatch, error) {
-		return s.cons.Fetch(1, jetstream.FetchMaxWait(maxWait))
-	}, nil)
-	if err != nil || len(msgs) == 0 || max == 1 {
-		return msgs, err
-	}
-	return s.pull(ctx, func() (jetstream.MessageBatch, error) { return s.cons.FetchNoWait(max - 1) }, msgs)
+// pullStream is a persistent pull subscription on the durable
+// (jetstream.Consumer.Consume): the client keeps pull requests for half a
+// batch open on the server and asks again when half of those arrived, so a
+// batch costs neither a subscription nor a pull request of its own. What
+// arrived waits in msgs, room for a batch, until Fetch takes it; the client
+// counts a message as arrived only once msgs took it, so a subscriber holds
+// at most one and a half batches it has not handed out. What it holds when
+// the stream stops is handed back to the server (Nak), redelivered at once
+// rather than after AckWait.
+type pullStream struct {
+	cc   jetstream.ConsumeContext
+	msgs chan jetstream.Msg
+	// errs carries the errors the client reports while pulling.
+	errs chan error
+	// stop ends the hand-over: what arrives after it is kept in held.
+	stop chan struct{}
+	mu   sync.Mutex
+	held []jetstream.Msg
 }
 
-// pull runs one fetch request and appends its messages to msgs. The end of a
-// request's wait, or an empty stream, is not an error.
-func (s *Subscriber) pull(ctx context.Context, request func() (jetstream.MessageBatch, error), msgs []jetstream.Msg) ([]jetstream.Msg, error) {
-	batch, err := request()
+// pullStreamExpiry is how long one of the stream's pull requests lasts on the
+// server before the client renews it; heartbeats come every half of it.
+const pullStreamExpiry = 30 * time.Second
+
+// startPulls starts the persistent pull on s.cons for batches of size
+// messages (at most MaxAckPending): half a batch requested from the server,
+// a batch waiting for Fetch.
+func (s *Subscriber) startPulls(size int) (*pullStream, error) {
+	size = min(size, s.cfg.MaxAckPending)
+	half := (size + 1) / 2
+	p := &pullStream{msgs: make(chan jetstream.Msg, size), errs: make(chan error, 8), stop: make(chan struct{})}
+	cc, err := s.cons.Consume(func(m jetstream.Msg) {
+		select {
+		case p.msgs <- m:
+		case <-p.stop:
+			p.mu.Lock()
+			p.held = append(p.held, m)
+			p.mu.Unlock()
+		}
+	},
+		jetstream.PullMaxMessages(half),
+		jetstream.PullExpiry(pullStreamExpiry),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			select {
+			case p.errs <- err:
+			default: // Fetch has not read the earlier ones yet: one is enough
+			}
+		}))
 	if err != nil {
-		if ctx.Err() != nil {
+		return nil, err
+	}
+	p.cc = cc
+	return p, nil
+}
+
+// stopPulls stops the persistent pull, if any, and hands back to the server
+// the messages that arrived and were not fetched (Nak: redelivered at once).
+func (s *Subscriber) stopPulls() {
+	p := s.pulls
+	if p == nil {
+		return
+	}
+	s.pulls = nil
+	close(p.stop)
+	// Draining, not stopping: the messages already on their way are handed
+	// back too. They are handed back once the subscription is gone, when
+	// the server no longer redelivers them to it.
+	p.cc.Drain()
+	select {
+	case <-p.cc.Closed():
+	case <-time.After(2 * time.Second):
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range p.held {
+		_ = m.Nak()
+	}
+	for {
+		select {
+		case m := <-p.msgs:
+			_ = m.Nak()
+		default:
+			return
+		}
+	}
+}
+
+// fetch waits up to maxWait for a first message of the persistent pull, then
+// takes whatever else has arrived, up to max.
+func (s *Subscriber) fetch(ctx context.Context, max int, maxWait time.Duration) ([]jetstream.Msg, error) {
+	if max < 1 {
+		max = 1
+	}
+	if s.pulls == nil {
+		p, err := s.startPulls(max)
+		if err != nil {
+			return nil, err
+		}
+		s.pulls = p
+	}
+	p := s.pulls
+	var first jetstream.Msg
+	select {
+	case first = <-p.msgs:
+	default:
+		if s.wait == nil {
+			s.wait = time.NewTimer(maxWait)
+		} else {
+			s.wait.Reset(maxWait)
+		}
+		select {
+		case first = <-p.msgs:
+		case err := <-p.errs:
+			s.wait.Stop()
+			return nil, s.pullError(err)
+		case <-s.wait.C:
+			return nil, nil
+		case <-ctx.Done():
+			s.wait.Stop()
+			return nil, nil
+		}
+		s.wait.Stop()
+	}
+	msgs := make([]jetstream.Msg, 0, min(max, len(p.msgs)+1))
+	msgs = append(msgs, first)
+	for len(msgs) < max {
+		select {
+		case m := <-p.msgs:
+			msgs = append(msgs, m)
+		default:
 			return msgs, nil
 		}
-		return msgs, err
 	}
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	switch err := batch.Error(); {
-	case err == nil, ctx.Err() != nil,
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
-		errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoMessages):
-		return msgs, nil
+	return msgs, nil
+}
+
+// pullError sorts an error the client reported while pulling. Missed
+// heartbeats are returned for Fetch to ask whether the durable still exists
+// (the client has already asked again); the ones the client recovers from by
+// itself (a leadership change, a server shutting down, which a reconnect
+// follows) are dropped; any other error stops the persistent pull, which the
+// next Fetch starts again.
+func (s *Subscriber) pullError(err error) error {
+	switch {
+	case errors.Is(err, jetstream.ErrNoHeartbeat):
+		return err
+	case errors.Is(err, jetstream.ErrConsumerLeadershipChanged), errors.Is(err, jetstream.ErrServerShutdown),
+		errors.Is(err, jetstream.ErrPinIDMismatch):
+		return nil
 	default:
-		return msgs, err
+		s.stopPulls()
+		return err
 	}
 }
 
