@@ -214,9 +214,10 @@ func TestChaosManyDatabases(t *testing.T) {
 	// load does not dominate: relay's TestFairShareAcrossDatabases and
 	// TestGateSharesEventsInFlight.
 	p99, limit := quantile(b.p99, 0.99), max(burstP99Bound, b.drain+2*b.p99Before)
-	r.say("while %s's burst drained (%s), the %d other databases' %d events: commit → published p99 %s (bound %s; %s before the burst: p99 %s; target 100 ms idle with 10 databases)",
+	load, _ := os.ReadFile("/proc/loadavg")
+	r.say("while %s's burst drained (%s), the %d other databases' %d events: commit → published p99 %s (bound %s; %s before the burst: p99 %s; target 100 ms idle with 10 databases; load average %s)",
 		burst.name, b.drain.Round(time.Millisecond), n-1, b.events, p99.Round(time.Millisecond), limit.Round(time.Millisecond),
-		baselineWindow, b.p99Before.Round(time.Millisecond))
+		baselineWindow, b.p99Before.Round(time.Millisecond), strings.Join(strings.Fields(string(load))[:min(3, len(strings.Fields(string(load))))], " "))
 	if p99 > limit {
 		t.Errorf("the other databases' commit → published p99 %s while %s drained %d events in %s, over %s", p99, burst.name, *flagBurst, b.drain, limit)
 	}
