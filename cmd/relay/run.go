@@ -59,6 +59,7 @@ func options(s *settings) cli.Options {
 		cli.Opt("database-url", "DATABASE_URL", "Pool", s.urls, "", "PostgreSQL URL of a database holding an outbox; relay run: repeatable, each named by its database name"),
 		cli.Opt("databases-file", "RELAY_DATABASES_FILE", "Databases", &s.databasesFile, "", "file naming databases to relay, a line name=postgres://... each (# comments); re-read on SIGHUP"),
 		cli.Opt("max-conns-total", "RELAY_MAX_CONNS_TOTAL", "", &s.maxConnsTotal, 400, "most database connections of all the databases' pools together (each at least "+strconv.Itoa(relay.PoolConns(defaultPartitions))+", plus 2 beside it); more is refused at start and at reload"),
+		cli.Opt("in-flight-events", "RELAY_IN_FLIGHT_EVENTS", "InFlightEvents", &c.InFlightEvents, relay.DefaultInFlightEvents, "with several databases: events handed to the broker and not yet acknowledged, all together; while k databases publish each may have 1/k, so another database's events queue behind at most this many"),
 		cli.Opt("node-id", "RELAY_NODE_ID", "NodeID", &c.NodeID, "", "unique name of this relay in the lease table; default <hostname>-<pid>-<random>"),
 		cli.Opt("batch-size", "RELAY_BATCH_SIZE", "BatchSize", &c.BatchSize, relay.DefaultBatchSize, "rows published and marked at once per partition, 1-10000"),
 		cli.Opt("lease", "RELAY_LEASE", "Lease", &c.Lease, relay.DefaultLease, "partition lease duration: a crashed relay's partitions move after it, or about a second after its lock session ends (docs/relay.md)"),
