@@ -7,12 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -43,22 +41,7 @@ func TestCheck(t *testing.T) {
 	require.Equal(t, sources[len(sources)-2].Version, se.Current)
 	require.ErrorContains(t, se, fmt.Sprintf("at version %d, this build needs version %d", se.Current, last))
 
-	base := testdb.ServerURL(t)
-	name := fmt.Sprintf("pgrelay_check_%d", time.Now().UnixNano())
-	admin, err := pgx.Connect(ctx, base)
-	require.NoError(t, err)
-	defer admin.Close(context.Background())
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, base); err == nil {
-			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			_ = c.Close(ctx)
-		}
-	})
-	empty, err := pgxpool.New(ctx, pgurl.WithDatabase(base, name))
+	empty, err := pgxpool.New(ctx, testdb.EmptyURL(t))
 	require.NoError(t, err)
 	defer empty.Close()
 	edb := stdlib.OpenDBFromPool(empty)

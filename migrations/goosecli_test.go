@@ -10,6 +10,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -26,7 +27,7 @@ func TestGooseCLIWithoutTableRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, existing := range []bool{false, true} {
-		url := emptyDatabase(t)
+		url := testdb.EmptyURL(t)
 		pool, err := pgxpool.New(ctx, url)
 		require.NoError(t, err)
 		defer pool.Close()

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -19,7 +20,7 @@ import (
 // exist, and goes back to event_id as the key once they are gone.
 func TestIdentityMigrationCarriesRowsOver(t *testing.T) {
 	t.Parallel()
-	url := emptyDatabase(t)
+	url := testdb.EmptyURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, url)

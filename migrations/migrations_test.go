@@ -2,7 +2,6 @@ package migrations_test
 
 import (
 	"context"
-	"fmt"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -11,38 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/migrations"
 )
-
-// emptyDatabase creates a database without any migration, dropped at the end.
-func emptyDatabase(t *testing.T) string {
-	t.Helper()
-	base := testdb.ServerURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	name := fmt.Sprintf("pgrelay_m_%d", time.Now().UnixNano())
-	conn, err := pgx.Connect(ctx, base)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, base); err == nil {
-			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			_ = c.Close(ctx)
-		}
-	})
-	return pgurl.WithDatabase(base, name)
-}
 
 // provider opens a goose provider on url; force sets pgrelay.force_down.
 func provider(t *testing.T, url string, force bool) (*pgxpool.Pool, func(context.Context) (int64, error), *providerOps) {
@@ -79,7 +53,7 @@ type providerOps struct {
 // lock every 5 seconds, so this took 5 to 10 seconds.
 func TestConcurrentUpIsQuick(t *testing.T) {
 	t.Parallel()
-	url := emptyDatabase(t)
+	url := testdb.EmptyURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const instances = 4
@@ -201,7 +175,7 @@ func TestDownRefusesToDropData(t *testing.T) {
 // on refuses such rows.
 func TestOccurredAtRangeMigration(t *testing.T) {
 	t.Parallel()
-	url := emptyDatabase(t)
+	url := testdb.EmptyURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// Before version 100 the functions' bodies name pgrelay's objects

@@ -24,7 +24,7 @@ func TestWriteSQL(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	url := emptyDatabase(t)
+	url := testdb.EmptyURL(t)
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
 	defer pool.Close()

@@ -83,6 +83,22 @@ func New(tb testing.TB) *pgxpool.Pool {
 func NewURL(tb testing.TB) string {
 	tb.Helper()
 	base, template := resolve(tb)
+	return create(tb, base, " TEMPLATE "+pgx.Identifier{template}.Sanitize())
+}
+
+// EmptyURL creates a fresh database without any migration (for tests of the
+// migrations themselves) and returns its connection string. The database is
+// dropped when the test ends.
+func EmptyURL(tb testing.TB) string {
+	tb.Helper()
+	base, _ := resolve(tb)
+	return create(tb, base, "")
+}
+
+// create creates a database on base's server (CREATE DATABASE name+options),
+// dropped when the test ends, and returns its URL.
+func create(tb testing.TB, base, options string) string {
+	tb.Helper()
 	name := "pgrelay_t_" + randomSuffix()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -94,7 +110,7 @@ func NewURL(tb testing.TB) string {
 	defer admin.Close(context.Background())
 
 	for attempt := 0; ; attempt++ {
-		_, err = admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", pgx.Identifier{name}.Sanitize(), pgx.Identifier{template}.Sanitize()))
+		_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+options)
 		var pgErr *pgconn.PgError
 		// 55006: the template is briefly in use by another clone; retry.
 		if err != nil && errors.As(err, &pgErr) && pgErr.Code == "55006" && attempt < 100 {

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ledgermigrations "github.com/pgrelay/pgrelay/internal/ledger/migrations"
-	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -27,24 +26,9 @@ import (
 // end, and returns a pool and a *sql.DB over it.
 func emptyDatabase(t *testing.T) (*pgxpool.Pool, *sql.DB) {
 	t.Helper()
-	base := testdb.ServerURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	name := fmt.Sprintf("pgrelay_x_%d", time.Now().UnixNano())
-	conn, err := pgx.Connect(ctx, base)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, base); err == nil {
-			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			_ = c.Close(ctx)
-		}
-	})
-	pool, err := pgxpool.New(ctx, pgurl.WithDatabase(base, name))
+	pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	sqlDB := stdlib.OpenDBFromPool(pool)
