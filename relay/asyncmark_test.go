@@ -117,12 +117,16 @@ func TestNextBatchSkipsTheRowsBeingMarked(t *testing.T) {
 			if err == nil {
 				err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return o.Enqueue(ctx, tx, msgs(5, "order-1", "second")...) })
 			}
+			// From here until release the first batch's mark cannot
+			// complete (beforeMark holds it): a read now is a read while
+			// it is being marked, whether or not the mark's goroutine has
+			// reached beforeMark yet.
+			holding.Store(true)
 			enqueued <- err
 		}
 	}
 	cfg.hooks.beforeMark = func(part int32, _ []int64) {
 		if part == p && marks.Add(1) == 1 {
-			holding.Store(true)
 			select {
 			case <-release:
 			case <-time.After(20 * time.Second):
