@@ -186,6 +186,8 @@ type hooks struct {
 	lingerFor time.Duration
 	// lingerMinRows replaces the constant lingerMinRows when positive.
 	lingerMinRows int
+	// walCoalesce replaces the constant walCoalesce when positive.
+	walCoalesce time.Duration
 	// schemaInterval replaces the constant schemaInterval when positive.
 	schemaInterval time.Duration
 	// pollRead runs in pollBusy after its read of the lingering

@@ -77,6 +77,16 @@ func busyPollPause(rows int) time.Duration {
 	return busyPollCoalesce
 }
 
+// walCoalesce is how long, while the WAL capture is busy, a publish batch of
+// fewer than busyPollFull events waits for more (walSession.gather): as
+// long as the table capture's busy poll waits after a short read.
+func (r *engine) walCoalesce() time.Duration {
+	if d := r.cfg.hooks.walCoalesce; d > 0 {
+		return d
+	}
+	return busyPollCoalesce
+}
+
 // lingerFor returns how long a worker that found rows lingers.
 func (r *engine) lingerFor() time.Duration {
 	if d := r.cfg.hooks.lingerFor; d > 0 {

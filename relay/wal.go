@@ -816,7 +816,6 @@ func (s *walSession) hand(ctx context.Context, tx *walTx, next *time.Time) error
 // BatchSize events, in commit order, and records each batch's end as
 // confirmed once the broker acknowledged all of it.
 func (s *walSession) publishLoop(ctx context.Context) error {
-	r := s.w.r
 	for {
 		var batch []*walTx
 		select {
@@ -825,18 +824,11 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		}
-		n := len(batch[0].msgs)
-	fill:
-		for n < r.cfg.BatchSize {
-			select {
-			case tx := <-s.txs:
-				batch = append(batch, tx)
-				n += len(tx.msgs)
-			default:
-				break fill
-			}
-		}
 		s.oldest.Store(batch[0].commit.UnixNano())
+		batch, ok := s.gather(ctx, batch)
+		if !ok {
+			return nil
+		}
 		if err := s.publishTxs(ctx, batch); err != nil {
 			if ctx.Err() != nil && !errors.Is(err, errStale) {
 				return nil // stopping: the batch is not confirmed
@@ -850,6 +842,48 @@ func (s *walSession) publishLoop(ctx context.Context) error {
 			s.oldest.Store(0)
 		}
 	}
+}
+
+// gather adds to batch the transactions handed over already, up to
+// BatchSize events. As the table capture's busy poll, while the capture is
+// busy (busyLately) a batch of fewer than busyPollFull events waits up to
+// walCoalesce for more, so that one numbering statement and one publish
+// round carry a few events instead of one. ok is false when ctx ended.
+func (s *walSession) gather(ctx context.Context, batch []*walTx) (_ []*walTx, ok bool) {
+	r := s.w.r
+	n := 0
+	for _, tx := range batch {
+		n += len(tx.msgs)
+	}
+	var pause <-chan time.Time
+	if r.busyLately(time.Now()) {
+		t := time.NewTimer(r.walCoalesce())
+		defer t.Stop()
+		pause = t.C
+	}
+	for n < r.cfg.BatchSize {
+		var tx *walTx
+		select {
+		case tx = <-s.txs:
+		default:
+			if pause == nil || n >= busyPollFull {
+				r.recent.add(n, time.Now(), r.lingerFor())
+				return batch, true
+			}
+			select {
+			case tx = <-s.txs:
+			case <-pause:
+				pause = nil
+				continue
+			case <-ctx.Done():
+				return batch, false
+			}
+		}
+		batch = append(batch, tx)
+		n += len(tx.msgs)
+	}
+	r.recent.add(n, time.Now(), r.lingerFor())
+	return batch, true
 }
 
 // publishTxs publishes the events of batch until the broker acknowledged
