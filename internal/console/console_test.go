@@ -124,7 +124,7 @@ func TestPages(t *testing.T) {
 	c := newClient(t, srv.URL)
 	for path, want := range map[string][]string{
 		"/console/":                              {"Inbox", "Outbox", "Dedup", "Per handler", "<svg class=\"chart", `http-equiv="refresh" content="30"`, `<td class="ok">current</td>`},
-		"/console/dead":                          {"d-orders-1", "d-orders-2", "d-users-1", "Dry run"},
+		"/console/dead":                          {"d-orders-1", "d-orders-2", "d-users-1", "Dry run", `name="all"`},
 		"/console/dead?source=inbox&topic=users": {"d-users-1"},
 		"/console/dead?q=d-orders-2":             {"d-orders-2", "link to this filter"},
 		"/console/dead?error=timeout&since=60h":  {"d-orders-1"},
@@ -151,6 +151,7 @@ func TestPages(t *testing.T) {
 	require.Contains(t, body, "retries per minute (this process)", "one database: the process's series")
 	_, body = c.get("/console/dead?source=inbox&topic=users")
 	require.NotContains(t, body, "d-orders-1", "the filter applies")
+	require.NotContains(t, body, `name="all"`, "a filter has a condition")
 	code, body := c.get("/console/dead?since=yesterday")
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body, "since=")
