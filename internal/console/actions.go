@@ -98,7 +98,7 @@ type confirmData struct {
 	Event   *admin.DeadLetter
 	Key     *pgrelay.WaitingKey
 	Confirm string
-	Back    string
+	Back    link
 }
 
 type doneData struct {
@@ -106,8 +106,8 @@ type doneData struct {
 	Verb   string
 	Result *admin.Result
 	Skip   *pgrelay.SkipResult
-	Back   string
-	Audit  string
+	Back   link
+	Audit  link
 }
 
 func verb(op string) string {
@@ -121,23 +121,26 @@ func verb(op string) string {
 	}
 }
 
+// link is a console URL as page.url takes it: a path below Prefix and query
+// pairs.
+type link struct {
+	path  string
+	query []string
+}
+
 // back is where the action's pages link back to.
-func (a actRequest) back() string {
+func (a actRequest) back() link {
 	f := a.Filter
 	switch a.Op {
 	case opSkipGap:
-		return Prefix + "ordered?handler=" + url.QueryEscape(f.Handler)
+		return link{"ordered", []string{"handler", f.Handler}}
 	case opSkipDead:
-		return Prefix + "dead/inbox/" + url.PathEscape(f.EventID) + "?handler=" + url.QueryEscape(f.Handler)
+		return link{eventPath("inbox", f.EventID), []string{"handler", f.Handler}}
 	}
 	if f.EventID != "" && f.Q == "" && f.Topic == "" && f.Type == "" && f.Key == "" && f.Error == "" {
-		u := Prefix + "dead/" + url.PathEscape(f.Source) + "/" + url.PathEscape(f.EventID)
-		if f.Handler != "" {
-			u += "?handler=" + url.QueryEscape(f.Handler)
-		}
-		return u
+		return link{eventPath(f.Source, f.EventID), []string{"handler", f.Handler}}
 	}
-	return Prefix + "dead?" + f.Query()
+	return link{"dead", f.query()}
 }
 
 func (c *Console) act(w http.ResponseWriter, r *http.Request) {
@@ -282,10 +285,7 @@ func (c *Console) run(w http.ResponseWriter, r *http.Request, a actRequest) {
 	http.SetCookie(w, &http.Cookie{Name: actorCookie, Value: url.QueryEscape(a.Actor), Path: Prefix, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: 90 * 24 * 3600})
 	d := doneData{Req: a, Verb: verb(a.Op), Result: res, Skip: skip, Back: a.back()}
-	d.Audit = Prefix + "audit"
-	if a.Filter.EventID != "" {
-		d.Audit += "?event_id=" + url.QueryEscape(a.Filter.EventID)
-	}
+	d.Audit = link{"audit", []string{"event_id", a.Filter.EventID}}
 	c.render(w, r, http.StatusOK, "done", "Done", show(donePage, d))
 }
 

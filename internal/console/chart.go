@@ -12,7 +12,7 @@ import (
 )
 
 // counterSeries are the process counters the console samples, summed over
-// every label but handler.
+// every label but handler and database.
 var counterSeries = []struct{ metric, label string }{
 	{"consumer_processed_total", "processed"},
 	{"consumer_retries_total", "retries"},
@@ -24,9 +24,9 @@ var counterSeries = []struct{ metric, label string }{
 	{"relay_dead_total", "dead"},
 }
 
-// seriesKey names one sampled counter: its label and handler ("" when the
-// metric has none).
-type seriesKey struct{ label, handler string }
+// seriesKey names one sampled counter: its label, handler and database (""
+// when the metric has none).
+type seriesKey struct{ label, handler, database string }
 
 type sample struct {
 	at     time.Time
@@ -66,13 +66,16 @@ func (s *sampler) sample(now time.Time) {
 				continue
 			}
 			for _, m := range f.GetMetric() {
-				h := ""
+				k := seriesKey{label: cs.label}
 				for _, lp := range m.GetLabel() {
-					if lp.GetName() == "handler" {
-						h = lp.GetValue()
+					switch lp.GetName() {
+					case "handler":
+						k.handler = lp.GetValue()
+					case "database":
+						k.database = lp.GetValue()
 					}
 				}
-				vals[seriesKey{cs.label, h}] += m.GetCounter().GetValue()
+				vals[k] += m.GetCounter().GetValue()
 			}
 		}
 	}
@@ -94,8 +97,9 @@ type processSeries struct {
 
 // perMinute returns each sampled counter's increments per minute over the
 // last `minutes` minutes (oldest first, the last one the current minute),
-// and how long the samples cover.
-func (s *sampler) perMinute(now time.Time, minutes int) ([]processSeries, time.Duration) {
+// and how long the samples cover: of database's series only (their
+// database label), or, with database "", of every series, summed.
+func (s *sampler) perMinute(now time.Time, minutes int, database string) ([]processSeries, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.samples) < 2 {
@@ -109,11 +113,15 @@ func (s *sampler) perMinute(now time.Time, minutes int) ([]processSeries, time.D
 		prev, cur := s.samples[i-1], s.samples[i]
 		m := int(cur.at.Truncate(time.Minute).Sub(first) / time.Minute)
 		for k, v := range cur.values {
-			ps := byKey[k]
+			if database != "" && k.database != database {
+				continue
+			}
+			sk := seriesKey{label: k.label, handler: k.handler}
+			ps := byKey[sk]
 			if ps == nil {
 				ps = &processSeries{Label: k.label, Handler: k.handler, Minutes: make([]int64, minutes)}
-				byKey[k] = ps
-				keys = append(keys, k)
+				byKey[sk] = ps
+				keys = append(keys, sk)
 			}
 			d := v - prev.values[k]
 			if d < 0 {

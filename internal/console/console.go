@@ -179,6 +179,12 @@ func (c *Console) routes() http.Handler {
 
 type serviceKey struct{}
 
+// picked is the request's database: its name and Service.
+type picked struct {
+	name string
+	svc  *admin.Service
+}
+
 // pick finds the database the request names (its database parameter, in
 // the URL; none is the first) and refuses an unknown one, naming those
 // served. The sign-in page and the stylesheet need none.
@@ -188,17 +194,24 @@ func (c *Console) pick(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		s, err := c.cfg.Databases.Pick(r.URL.Query().Get("database"))
+		name := r.URL.Query().Get("database")
+		if names := c.cfg.Databases.Names(); name == "" && len(names) > 0 {
+			name = names[0]
+		}
+		s, err := c.cfg.Databases.Pick(name)
 		if err != nil {
 			c.fail(w, r, err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), serviceKey{}, s)))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), serviceKey{}, picked{name, s})))
 	})
 }
 
 // svc is the Service of the request's database (pick).
-func svc(ctx context.Context) *admin.Service { return ctx.Value(serviceKey{}).(*admin.Service) }
+func svc(ctx context.Context) *admin.Service { return ctx.Value(serviceKey{}).(picked).svc }
+
+// database is the name of the request's database (pick).
+func database(ctx context.Context) string { return ctx.Value(serviceKey{}).(picked).name }
 
 // guard applies the token rules, the Host check and the POST checks, and
 // recovers from panics.

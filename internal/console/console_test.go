@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"html"
 	"io"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -21,6 +24,8 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
 	"github.com/pgrelay/pgrelay/internal/console"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 type client struct {
@@ -118,8 +123,8 @@ func TestPages(t *testing.T) {
 	_, srv := start(t, "")
 	c := newClient(t, srv.URL)
 	for path, want := range map[string][]string{
-		"/console/":                              {"Inbox", "Outbox", "Dedup", "Per handler", "<svg class=\"chart", `http-equiv="refresh" content="30"`},
-		"/console/dead":                          {"d-orders-1", "d-orders-2", "d-users-1", "Dry run"},
+		"/console/":                              {"Inbox", "Outbox", "Dedup", "Per handler", "<svg class=\"chart", `http-equiv="refresh" content="30"`, `<td class="ok">current</td>`},
+		"/console/dead":                          {"d-orders-1", "d-orders-2", "d-users-1", "Dry run", `name="all"`},
 		"/console/dead?source=inbox&topic=users": {"d-users-1"},
 		"/console/dead?q=d-orders-2":             {"d-orders-2", "link to this filter"},
 		"/console/dead?error=timeout&since=60h":  {"d-orders-1"},
@@ -141,8 +146,12 @@ func TestPages(t *testing.T) {
 		_, body := c.get("/console/")
 		return strings.Contains(body, "this process's counters over")
 	}, 10*time.Second, 50*time.Millisecond)
-	_, body := c.get("/console/dead?source=inbox&topic=users")
+	_, body := c.get("/console/")
+	require.NotContains(t, body, "schema-behind")
+	require.Contains(t, body, "retries per minute (this process)", "one database: the process's series")
+	_, body = c.get("/console/dead?source=inbox&topic=users")
 	require.NotContains(t, body, "d-orders-1", "the filter applies")
+	require.NotContains(t, body, `name="all"`, "a filter has a condition")
 	code, body := c.get("/console/dead?since=yesterday")
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body, "since=")
@@ -490,4 +499,71 @@ func TestConfirmationBoundToDatabase(t *testing.T) {
 	require.Equal(t, "pending", st)
 	st, _, _ = admintest.StatusOf(t, bs["b"].Pool, "d-orders-2")
 	require.Equal(t, "dead", st)
+}
+
+// TestOverviewOfEachDatabase: a process serving two databases, one a
+// migration behind: the overview lists both with their schema versions and
+// warns of the one behind; its process charts count the selected database's
+// series only (the metrics' database label).
+func TestOverviewOfEachDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a := admintest.Setup(t)
+	u := testdb.EmptyURL(t)
+	pool, err := pgxpool.New(ctx, u)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	p, err := migrations.NewProvider(sqlDB)
+	require.NoError(t, err)
+	sources := p.ListSources()
+	latest, previous := sources[len(sources)-1].Version, sources[len(sources)-2].Version
+	_, err = p.UpTo(ctx, previous)
+	require.NoError(t, err)
+	behind, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second})
+	require.NoError(t, err)
+
+	reg := prometheus.NewRegistry()
+	dead := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_dead_total"}, []string{"database"})
+	errs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relay_publish_errors_total"}, []string{"database"})
+	reg.MustRegister(dead, errs)
+	svcs := map[string]*admin.Service{"a": a.Svc, "b": behind}
+	con, err := console.New(console.Config{Program: "relay", Gatherer: reg, SampleEvery: 20 * time.Millisecond,
+		Databases: admin.Databases{Names: func() []string { return []string{"a", "b"} },
+			Service: func(n string) (*admin.Service, bool) { s, ok := svcs[n]; return s, ok }}})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	go func() { _ = con.Run(runCtx) }()
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv.URL)
+
+	// Counted once the samples cover some time, so that every increment
+	// falls between two samples.
+	require.Eventually(t, func() bool {
+		_, body := c.get("/console/?database=b")
+		return strings.Contains(body, "this process's counters of database b over")
+	}, 10*time.Second, 50*time.Millisecond)
+	dead.WithLabelValues("a").Add(2)
+	errs.WithLabelValues("a").Add(1)
+	dead.WithLabelValues("b").Add(5)
+	errs.WithLabelValues("b").Add(4)
+	for db, want := range map[string]string{"a": "<b>1</b> retries · <b>2</b> dead letters", "b": "<b>4</b> retries · <b>5</b> dead letters"} {
+		var body string
+		require.Eventually(t, func() bool {
+			_, body = c.get("/console/?database=" + db)
+			return strings.Contains(body, want)
+		}, 10*time.Second, 50*time.Millisecond, "database %s: want %q", db, want)
+		require.Contains(t, body, "dead letters per minute (this process, database "+db+")")
+	}
+
+	code, body := c.get("/console/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, fmt.Sprintf(`Database <b>b</b> is behind: schema version %d of %d, 1 migration(s) pending`, previous, latest))
+	require.Equal(t, 1, strings.Count(body, `id="schema-behind"`), "a is current")
+	require.Regexp(t, fmt.Sprintf(`<tr><td>a \(default\)</td><td>%d</td><td>%d</td><td>0</td><td class="ok">current</td></tr>`, latest, latest), body)
+	require.Regexp(t, fmt.Sprintf(`<tr><td>b</td><td>%d</td><td>%d</td><td>1</td><td class="warn">behind</td></tr>`, previous, latest), body)
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -30,8 +29,9 @@ type page struct {
 	Refresh int
 	Now     time.Time
 	Errors  []string
-	// Database is the database the request named ("": the first);
-	// Databases lists those served when there are several (a selector).
+	// Database is the database the request named ("": none, the first),
+	// carried by every console link of the page (url); Databases lists
+	// those served when there are several (a selector).
 	Database  string
 	Databases []string
 	// write writes the whole page (show binds a page function to its data).
@@ -59,60 +59,10 @@ func (c *Console) renderPage(w http.ResponseWriter, r *http.Request, status int,
 	}
 	var buf hw
 	p.write(&buf, p)
-	out := buf.String()
-	if p.Database != "" {
-		out = withDatabase(out, p.Database)
-	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = io.WriteString(w, out)
-}
-
-// withDatabase carries the page's database in every console link and
-// form of the page: a database parameter added to each URL (the
-// selector's already name one; the stylesheet needs none) and, as a GET
-// form's action loses its query, a hidden field in each of those.
-func withDatabase(page, name string) string {
-	param := "database=" + html.EscapeString(url.QueryEscape(name))
-	var b strings.Builder
-	for {
-		i := strings.Index(page, `="`+Prefix)
-		if i < 0 {
-			break
-		}
-		i += 2
-		n := strings.IndexByte(page[i:], '"')
-		if n < 0 {
-			break
-		}
-		b.WriteString(page[:i])
-		v := page[i : i+n]
-		if !strings.HasPrefix(v, Prefix+"static/") && !strings.Contains(v, "database=") {
-			v, frag, hasFrag := strings.Cut(v, "#")
-			sep := "?"
-			if strings.Contains(v, "?") {
-				sep = "&amp;"
-			}
-			b.WriteString(v + sep + param)
-			if hasFrag {
-				b.WriteString("#" + frag)
-			}
-		} else {
-			b.WriteString(v)
-		}
-		page = page[i+n:]
-	}
-	b.WriteString(page)
-	const get = `<form method="get" `
-	hidden := `<input type="hidden" name="database" value="` + html.EscapeString(name) + `">`
-	parts := strings.Split(b.String(), get)
-	for k := 1; k < len(parts); k++ {
-		if j := strings.IndexByte(parts[k], '>'); j >= 0 {
-			parts[k] = parts[k][:j+1] + hidden + parts[k][j+1:]
-		}
-	}
-	return strings.Join(parts, get)
+	_, _ = io.WriteString(w, buf.String())
 }
 
 // fail renders an operation's error: a bad request, a missing event, or
@@ -150,6 +100,12 @@ type overviewData struct {
 	// RetriesTotal and DeadTotal add up Retries and Dead.
 	RetriesTotal, DeadTotal int64
 	DedupHours              []int64
+	// Databases are those served with their schema versions, as GET
+	// /v1/databases lists them.
+	Databases []admin.DatabaseStatus
+	// ProcessDatabase names the database whose series the process charts
+	// show when several are served ("": one, the process's series).
+	ProcessDatabase string
 }
 
 type handlerRow struct {
@@ -178,8 +134,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	if d.Throughput, err = svc(ctx).Throughput(ctx, 60); err != nil {
 		p.Errors = append(p.Errors, "throughput: "+err.Error())
 	}
+	d.Databases = c.cfg.Databases.Status(ctx)
+	if len(d.Databases) > 1 {
+		d.ProcessDatabase = database(ctx)
+	}
 	d.HasProcess = c.cfg.Gatherer != nil
-	d.Process, d.Covered = c.samples.perMinute(c.cfg.Now(), 60)
+	d.Process, d.Covered = c.samples.perMinute(c.cfg.Now(), 60, d.ProcessDatabase)
 	d.Retries, d.Dead = make([]int64, 60), make([]int64, 60)
 	for _, ps := range d.Process {
 		var into []int64
@@ -279,34 +239,27 @@ func readFilter(v url.Values) filterForm {
 	return f
 }
 
-// Values returns the form as URL parameters (empty ones left out), for
-// stable links and hidden fields.
-func (f filterForm) Values() url.Values {
-	v := url.Values{}
+// Fields lists the non-empty parameters, for hidden inputs.
+func (f filterForm) Fields() [][2]string {
+	var out [][2]string
 	for _, kv := range [][2]string{{"source", f.Source}, {"q", f.Q}, {"handler", f.Handler}, {"event_id", f.EventID},
 		{"topic", f.Topic}, {"type", f.Type}, {"key", f.Key}, {"error", f.Error}, {"since", f.Since},
 		{"until", f.Until}, {"limit", f.Limit}} {
 		if kv[1] != "" {
-			v.Set(kv[0], kv[1])
-		}
-	}
-	return v
-}
-
-// Fields lists the non-empty parameters, for hidden inputs.
-func (f filterForm) Fields() [][2]string {
-	var out [][2]string
-	v := f.Values()
-	for _, k := range []string{"source", "q", "handler", "event_id", "topic", "type", "key", "error", "since", "until", "limit"} {
-		if s := v.Get(k); s != "" {
-			out = append(out, [2]string{k, s})
+			out = append(out, kv)
 		}
 	}
 	return out
 }
 
-// Query is the form as a query string.
-func (f filterForm) Query() string { return f.Values().Encode() }
+// query is Fields as the query pairs of page.url, for stable links.
+func (f filterForm) query() []string {
+	var out []string
+	for _, kv := range f.Fields() {
+		out = append(out, kv[0], kv[1])
+	}
+	return out
+}
 
 // filters turns the form into admin filters: one, or two when q searches
 // both the event id and the key.

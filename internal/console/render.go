@@ -14,8 +14,8 @@ import (
 // executing a template reaches reflect.Value.MethodByName, which turns off
 // the linker's dead-code elimination of methods for the whole program (about
 // a sixth of each binary). Every value goes through esc (text and quoted
-// attributes, the same characters html/template escapes) or, inside a URL,
-// through url.PathEscape / url.QueryEscape first.
+// attributes, the same characters html/template escapes); a console URL is
+// built by page.url (url.PathEscape / url.QueryEscape first).
 
 // hw accumulates a page.
 type hw struct{ strings.Builder }
@@ -60,12 +60,6 @@ func (w *hw) esc(s string) {
 // num writes an integer.
 func (w *hw) num(n int64) { w.WriteString(strconv.FormatInt(n, 10)) }
 
-// path writes s as one escaped URL path segment.
-func (w *hw) path(s string) { w.esc(url.PathEscape(s)) }
-
-// query writes s as an escaped URL query value.
-func (w *hw) query(s string) { w.esc(url.QueryEscape(s)) }
-
 // on writes ` class="on"` when cond holds.
 func (w *hw) on(cond bool) {
 	if cond {
@@ -80,6 +74,53 @@ func (w *hw) hidden(name, value string) {
 	w.raw(`" value="`)
 	w.esc(value)
 	w.raw(`">`)
+}
+
+// url is the console URL of path (below Prefix, its segments escaped) with
+// the query pairs given (name, value; an empty value is left out) and the
+// page's database when the request named one. Every console link and POST
+// action of a page is built by it; GET forms carry the database by getForm.
+func (p *page) url(path string, query ...string) string {
+	return consoleURL(p.Database, path, query...)
+}
+
+// consoleURL is url for the named database ("": none).
+func consoleURL(database, path string, query ...string) string {
+	var b strings.Builder
+	b.WriteString(Prefix + path)
+	sep := "?"
+	add := func(k, v string) {
+		if v != "" {
+			b.WriteString(sep + url.QueryEscape(k) + "=" + url.QueryEscape(v))
+			sep = "&"
+		}
+	}
+	for i := 0; i+1 < len(query); i += 2 {
+		add(query[i], query[i+1])
+	}
+	add("database", database)
+	return b.String()
+}
+
+// href writes p.url(path, query...) escaped for an attribute.
+func (w *hw) href(p *page, path string, query ...string) { w.esc(p.url(path, query...)) }
+
+// getForm opens a GET form to path. A browser replaces the query of a GET
+// form's action with the form's fields, so the page's database goes in a
+// hidden field.
+func getForm(w *hw, p *page, path, attrs string) {
+	w.raw(`<form method="get" action="`, Prefix, path, `"`, attrs, ">")
+	if p.Database != "" {
+		w.hidden("database", p.Database)
+	}
+}
+
+// postForm opens a POST form to path, the database in its action's query
+// (where the request's database is read).
+func postForm(w *hw, p *page, path, attrs string) {
+	w.raw(`<form method="post" action="`)
+	w.href(p, path)
+	w.raw(`"`, attrs, ">")
 }
 
 func (w *hw) stamp(t any)                             { w.esc(stamp(t)) }
@@ -99,7 +140,9 @@ func errorPage(w *hw, p *page, d errorData) {
 	head(w, p)
 	w.raw("\n", `<p class="err" id="error">`)
 	w.esc(d.Message)
-	w.raw("</p>\n", `<p><a href="/console/">Back to the overview</a></p>`, "\n")
+	w.raw("</p>\n", `<p><a href="`)
+	w.href(p, "")
+	w.raw(`">Back to the overview</a></p>`, "\n")
 	foot(w, p)
 }
 
@@ -115,25 +158,27 @@ func head(w *hw, p *page) {
 	w.esc(p.Title)
 	w.raw(" · pgrelay ")
 	w.esc(p.Program)
-	w.raw("</title>\n", `<link rel="stylesheet" href="/console/static/console.css">`, "\n</head>\n<body>\n",
-		`<header class="top">`, "\n", `  <a class="brand" href="/console/">pgrelay <span>`)
+	w.raw("</title>\n", `<link rel="stylesheet" href="`, Prefix, `static/console.css">`, "\n</head>\n<body>\n",
+		`<header class="top">`, "\n", `  <a class="brand" href="`)
+	w.href(p, "")
+	w.raw(`">pgrelay <span>`)
 	w.esc(p.Program)
-	w.raw("</span></a>\n  <nav>\n", `    <a href="/console/"`)
-	w.on(p.Nav == "overview")
-	w.raw(">Overview</a>\n", `    <a href="/console/dead"`)
-	w.on(p.Nav == "dead" || p.Nav == "event")
-	w.raw(">Dead letters</a>\n", `    <a href="/console/ordered"`)
-	w.on(p.Nav == "ordered" || p.Nav == "conflicts")
-	w.raw(">Ordered keys</a>\n", `    <a href="/console/relay"`)
-	w.on(p.Nav == "relay")
-	w.raw(">Relay</a>\n", `    <a href="/console/audit"`)
-	w.on(p.Nav == "audit")
-	w.raw(">Audit</a>\n  </nav>\n  ")
+	w.raw("</span></a>\n  <nav>")
+	for _, n := range []struct{ path, label string }{{"", "Overview"}, {"dead", "Dead letters"}, {"ordered", "Ordered keys"},
+		{"relay", "Relay"}, {"audit", "Audit"}} {
+		w.raw("\n", `    <a href="`)
+		w.href(p, n.path)
+		w.raw(`"`)
+		s, ok := section(p.Nav)
+		w.on(ok && s == n.path)
+		w.raw(">", n.label, "</a>")
+	}
+	w.raw("\n  </nav>\n  ")
 	if len(p.Databases) > 1 {
 		databaseNav(w, p)
 	}
 	if p.Signed {
-		w.raw(`<form method="post" action="/console/logout" class="signout">`)
+		postForm(w, p, "logout", ` class="signout"`)
 		w.hidden("csrf", p.CSRF)
 		w.raw(`<button>Sign out</button></form>`)
 	}
@@ -148,15 +193,33 @@ func head(w *hw, p *page) {
 	w.raw("\n")
 }
 
+// section is the path of the navigation entry a page is under; false for
+// a page under none (an error, a confirmation).
+func section(nav string) (string, bool) {
+	switch nav {
+	case "overview":
+		return "", true
+	case "dead", "event":
+		return "dead", true
+	case "ordered", "conflicts":
+		return "ordered", true
+	case "relay", "audit":
+		return nav, true
+	}
+	return "", false
+}
+
 // databaseNav is the database selector: each database's link to this
-// page's section.
+// page's section (conflicts its own), each naming its database.
 func databaseNav(w *hw, p *page) {
-	section := map[string]string{"dead": "dead", "event": "dead", "ordered": "ordered", "conflicts": "conflicts",
-		"relay": "relay", "audit": "audit"}[p.Nav]
+	to, _ := section(p.Nav)
+	if p.Nav == "conflicts" {
+		to = "conflicts"
+	}
 	w.raw(`<nav class="databases" id="databases">Database`)
 	for i, n := range p.Databases {
-		w.raw(` <a href="/console/`, section, `?database=`)
-		w.query(n)
+		w.raw(` <a href="`)
+		w.esc(consoleURL(n, to))
 		w.raw(`"`)
 		w.on(n == p.Database || p.Database == "" && i == 0)
 		w.raw(">")
@@ -178,16 +241,9 @@ func actorInput(w *hw, actor string) {
 	w.raw(`"></label>`)
 }
 
-// eventLink writes the href of an event's page.
-func eventLink(w *hw, source, eventID, handler string) {
-	w.raw(`/console/dead/`)
-	w.path(source)
-	w.raw("/")
-	w.path(eventID)
-	if handler != "" {
-		w.raw("?handler=")
-		w.query(handler)
-	}
+// eventPath is the path of an event's page.
+func eventPath(source, eventID string) string {
+	return "dead/" + url.PathEscape(source) + "/" + url.PathEscape(eventID)
 }
 
 func loginPage(w *hw, p *page, d loginData) {
@@ -198,14 +254,16 @@ func loginPage(w *hw, p *page, d loginData) {
 		w.esc(d.Error)
 		w.raw(`</p>`)
 	}
-	w.raw("\n", `<form method="post" action="/console/login" class="card narrow">`, "\n  ")
+	w.raw("\n")
+	postForm(w, p, "login", ` class="card narrow"`)
+	w.raw("\n  ")
 	w.hidden("next", d.Next)
 	w.raw("\n", `  <label>Admin token <input type="password" name="token" id="token" autocomplete="current-password" required></label>`,
 		"\n", `  <button id="signin">Sign in</button>`, "\n</form>\n")
 	foot(w, p)
 }
 
-func auditTable(w *hw, list []admin.AuditEntry) {
+func auditTable(w *hw, p *page, list []admin.AuditEntry) {
 	w.raw(`<div class="scroll"><table class="audit stack">`, "\n",
 		`<thead><tr><th>#</th><th>when</th><th>who</th><th>did</th><th>source</th><th>event</th><th>handler</th><th>why</th><th>before</th></tr></thead>`,
 		"\n<tbody>")
@@ -227,7 +285,7 @@ func auditTable(w *hw, list []admin.AuditEntry) {
 			w.raw("*")
 		} else {
 			w.raw(`<a href="`)
-			eventLink(w, a.Source, a.EventID, a.Handler)
+			w.href(p, eventPath(a.Source, a.EventID), "handler", a.Handler)
 			w.raw(`">`)
 			w.esc(a.EventID)
 			w.raw("</a>")
@@ -253,7 +311,8 @@ func auditTable(w *hw, list []admin.AuditEntry) {
 
 func auditPage(w *hw, p *page, d auditData) {
 	head(w, p)
-	w.raw(`<form method="get" action="/console/audit" class="filters">`, "\n", `  <label>Event <input name="event_id" value="`)
+	getForm(w, p, "audit", ` class="filters"`)
+	w.raw("\n", `  <label>Event <input name="event_id" value="`)
 	w.esc(d.EventID)
 	w.raw(`"></label>`, "\n", `  <label>Source <select name="source"><option value="">any</option><option`)
 	if d.Source == "inbox" {
@@ -264,13 +323,32 @@ func auditPage(w *hw, p *page, d auditData) {
 		w.raw(" selected")
 	}
 	w.raw(">outbox</option></select></label>\n  <button>Filter</button>\n</form>\n", `<div id="audit">`)
-	auditTable(w, d.List)
+	auditTable(w, p, d.List)
 	w.raw("</div>\n")
 	foot(w, p)
 }
 
 func overviewPage(w *hw, p *page, d *overviewData) {
 	head(w, p)
+	for _, db := range d.Databases {
+		if st := db.Schema; st != nil && st.Behind() {
+			w.raw(`<p class="advice" id="schema-behind">`)
+			if db.Name == "" {
+				w.raw("The database")
+			} else {
+				w.raw("Database <b>")
+				w.esc(db.Name)
+				w.raw("</b>")
+			}
+			w.raw(" is behind: schema version ")
+			w.num(st.Current)
+			w.raw(" of ")
+			w.num(st.Latest)
+			w.raw(", ")
+			w.num(int64(len(st.Pending)))
+			w.raw(" migration(s) pending. Apply them (<code>migrate up</code>) once every process using it runs this version.</p>\n")
+		}
+	}
 	if st := d.Stats; st != nil {
 		w.raw("\n", `<section class="cards">`, "\n", `  <div class="card"><h2>Inbox</h2>`, "\n    ")
 		statusList(w, admin.InboxStatuses, st.Inbox.ByStatus)
@@ -320,8 +398,11 @@ func overviewPage(w *hw, p *page, d *overviewData) {
 		w.num(o.Behind)
 		w.raw("</dd><dt>held</dt><dd>")
 		w.num(o.Held)
-		w.raw("</dd></dl>\n", `    <p class="sub"><a href="/console/ordered">waiting keys</a> · <a href="/console/conflicts">key conflicts</a></p>`,
-			"\n  </div>\n</section>\n")
+		w.raw("</dd></dl>\n", `    <p class="sub"><a href="`)
+		w.href(p, "ordered")
+		w.raw(`">waiting keys</a> · <a href="`)
+		w.href(p, "conflicts")
+		w.raw(`">key conflicts</a></p>`, "\n  </div>\n</section>\n")
 	}
 	w.raw("\n", `<section class="cards">`, "\n", `  <div class="card wide"><h2>Published by the relays, last hour</h2>`, "\n    ")
 	if d.Outbox != nil {
@@ -334,18 +415,26 @@ func overviewPage(w *hw, p *page, d *overviewData) {
 	}
 	w.raw("\n  </div>\n", `  <div class="card wide"><h2>Retries and dead letters, last hour</h2>`, "\n    ")
 	if d.HasProcess {
-		w.chart("retries per minute (this process)", d.Retries, "retry")
-		w.chart("dead letters per minute (this process)", d.Dead, "dead")
+		of := "this process"
+		if d.ProcessDatabase != "" {
+			of += ", database " + d.ProcessDatabase
+		}
+		w.chart("retries per minute ("+of+")", d.Retries, "retry")
+		w.chart("dead letters per minute ("+of+")", d.Dead, "dead")
 		w.raw("\n", `    <p class="sub"><b>`)
 		w.num(d.RetriesTotal)
 		w.raw("</b> retries · <b>")
 		w.num(d.DeadTotal)
-		w.raw("</b> dead letters · ")
+		w.raw("</b> dead letters · this process's counters")
+		if d.ProcessDatabase != "" {
+			w.raw(" of database ")
+			w.esc(d.ProcessDatabase)
+		}
 		if d.Covered != 0 {
-			w.raw("this process's counters over ")
+			w.raw(" over ")
 			w.esc(fmtDur(d.Covered))
 		} else {
-			w.raw("this process's counters: collecting (a sample every few seconds)")
+			w.raw(": collecting (a sample every few seconds)")
 		}
 		w.raw(" · retries are handler retries or transient publish errors</p>")
 	} else {
@@ -355,8 +444,8 @@ func overviewPage(w *hw, p *page, d *overviewData) {
 		`<thead><tr><th>handler</th><th>pending</th><th>processing</th><th>processed</th><th>dead</th><th>processed, last hour</th><th>retries (process)</th></tr></thead>`,
 		"\n<tbody>")
 	for _, h := range d.Handlers {
-		w.raw("<tr>\n", `<td><a href="/console/dead?source=inbox&amp;handler=`)
-		w.query(h.Handler)
+		w.raw("<tr>\n", `<td><a href="`)
+		w.href(p, "dead", "source", "inbox", "handler", h.Handler)
 		w.raw(`">`)
 		w.esc(h.Handler)
 		w.raw("</a></td>\n<td>")
@@ -367,8 +456,8 @@ func overviewPage(w *hw, p *page, d *overviewData) {
 		w.num(h.ByStatus["processed"])
 		w.raw("</td>\n<td>")
 		if n := h.ByStatus["dead"]; n > 0 {
-			w.raw(`<a href="/console/dead?source=inbox&amp;handler=`)
-			w.query(h.Handler)
+			w.raw(`<a href="`)
+			w.href(p, "dead", "source", "inbox", "handler", h.Handler)
 			w.raw(`">`)
 			w.num(n)
 			w.raw("</a>")
@@ -418,8 +507,42 @@ func overviewPage(w *hw, p *page, d *overviewData) {
 		}
 		w.raw("\n</tbody></table></div>")
 	}
-	w.raw("\n")
+	schemaTable(w, d.Databases)
 	foot(w, p)
+}
+
+// schemaTable lists the databases served with their schema versions.
+func schemaTable(w *hw, dbs []admin.DatabaseStatus) {
+	w.raw("\n<h2>Schema</h2>\n", `<div class="scroll"><table id="schema"><thead><tr><th>database</th><th>version</th><th>latest</th><th>pending</th><th></th></tr></thead><tbody>`, "\n")
+	for _, db := range dbs {
+		w.raw("<tr><td>")
+		w.esc(db.Name)
+		if db.Default && len(dbs) > 1 {
+			w.raw(" (default)")
+		}
+		w.raw("</td>")
+		switch st := db.Schema; {
+		case st == nil:
+			w.raw(`<td colspan="4" class="s-dead">`)
+			w.esc(db.Error)
+			w.raw("</td>")
+		default:
+			w.raw("<td>")
+			w.num(st.Current)
+			w.raw("</td><td>")
+			w.num(st.Latest)
+			w.raw("</td><td>")
+			w.num(int64(len(st.Pending)))
+			if st.Behind() {
+				w.raw(`</td><td class="warn">behind`)
+			} else {
+				w.raw(`</td><td class="ok">current`)
+			}
+			w.raw("</td>")
+		}
+		w.raw("</tr>\n")
+	}
+	w.raw("</tbody></table></div>\n")
 }
 
 // statusList writes the status counts of the overview's cards.
@@ -446,7 +569,9 @@ func deadPage(w *hw, p *page, d *deadListData) {
 	f := d.Filter
 	inboxSrc := f.Source == "inbox"
 	head(w, p)
-	w.raw("\n", `<p class="tabs">`, "\n", `  <a href="/console/dead?source=inbox"`)
+	w.raw("\n", `<p class="tabs">`, "\n", `  <a href="`)
+	w.href(p, "dead", "source", "inbox")
+	w.raw(`"`)
 	w.on(inboxSrc)
 	w.raw(">Inbox")
 	if len(d.Counts) > 0 {
@@ -454,7 +579,9 @@ func deadPage(w *hw, p *page, d *deadListData) {
 		w.num(d.Counts["inbox"])
 		w.raw(")")
 	}
-	w.raw("</a>\n", `  <a href="/console/dead?source=outbox"`)
+	w.raw("</a>\n", `  <a href="`)
+	w.href(p, "dead", "source", "outbox")
+	w.raw(`"`)
 	w.on(f.Source == "outbox")
 	w.raw(">Outbox")
 	if len(d.Counts) > 0 {
@@ -462,7 +589,9 @@ func deadPage(w *hw, p *page, d *deadListData) {
 		w.num(d.Counts["outbox"])
 		w.raw(")")
 	}
-	w.raw("</a>\n</p>\n", `<form method="get" action="/console/dead" class="filters" id="filters">`, "\n  ")
+	w.raw("</a>\n</p>\n")
+	getForm(w, p, "dead", ` class="filters" id="filters"`)
+	w.raw("\n  ")
 	w.hidden("source", f.Source)
 	input := func(label, name, value, extra string) {
 		w.raw("\n  <label>", label, ` <input name="`, name, `" value="`)
@@ -489,16 +618,16 @@ func deadPage(w *hw, p *page, d *deadListData) {
 	input("Dead since", "since", f.Since, ` placeholder="24h or 2026-01-02T15:04"`)
 	input("until", "until", f.Until, ` placeholder="1h or RFC 3339"`)
 	input("Limit", "limit", f.Limit, ` size="5" inputmode="numeric"`)
-	w.raw("\n", `  <button>Filter</button> <a href="/console/dead?source=`)
-	w.query(f.Source)
+	w.raw("\n", `  <button>Filter</button> <a href="`)
+	w.href(p, "dead", "source", f.Source)
 	w.raw(`">clear</a>`, "\n</form>\n", `<p class="sub">`)
 	w.num(int64(len(d.List)))
 	w.raw(" dead ")
 	w.esc(f.Source)
 	w.raw(" event(s)")
-	if q := f.Query(); q != "" {
-		w.raw(` · <a href="/console/dead?`)
-		w.esc(q)
+	if q := f.query(); len(q) > 0 {
+		w.raw(` · <a href="`)
+		w.href(p, "dead", q...)
 		w.raw(`">link to this filter</a>`)
 	}
 	w.raw("</p>\n", `<div class="scroll"><table id="dead-list" class="stack">`, "\n<thead><tr><th>event</th>")
@@ -508,7 +637,7 @@ func deadPage(w *hw, p *page, d *deadListData) {
 	w.raw("<th>topic</th><th>type</th><th>key</th><th>att.</th><th>dead</th><th>reason</th></tr></thead>\n<tbody>")
 	for _, e := range d.List {
 		w.raw("<tr>\n", `<td><a class="ev" href="`)
-		eventLink(w, string(e.Source), e.EventID, e.Handler)
+		w.href(p, eventPath(string(e.Source), e.EventID), "handler", e.Handler)
 		w.raw(`">`)
 		w.esc(e.EventID)
 		w.raw("</a></td>\n")
@@ -538,7 +667,8 @@ func deadPage(w *hw, p *page, d *deadListData) {
 	}
 	w.raw("</tbody>\n</table></div>\n")
 	if len(d.List) > 0 {
-		w.raw(`<form method="post" action="/console/act" class="card bulk" id="bulk">`, "\n  <h2>Act on this filter</h2>\n  ")
+		postForm(w, p, "act", ` class="card bulk" id="bulk"`)
+		w.raw("\n  <h2>Act on this filter</h2>\n  ")
 		w.hidden("csrf", p.CSRF)
 		w.hidden("step", "review")
 		w.raw("\n  ")
@@ -552,7 +682,7 @@ func deadPage(w *hw, p *page, d *deadListData) {
 		w.raw("</p>\n",
 			`  <label class="opt"><input type="radio" name="op" value="requeue" checked> requeue (back to pending, attempts reset)</label>`, "\n",
 			`  <label class="opt"><input type="radio" name="op" value="purge"> purge (delete) dead for at least <input name="older_than" value="0s" size="6"></label>`, "\n  ")
-		if f.Query() == "" {
+		if len(f.query()) == 2 {
 			w.raw(`<label class="opt"><input type="checkbox" name="all" value="1"> every dead letter (no filter)</label>`)
 		}
 		w.raw("\n  ")
@@ -584,8 +714,8 @@ func eventPage(w *hw, p *page, d *deadDetailData) {
 		if len(e.OtherHandlers) > 0 {
 			w.raw(" (also: ")
 			for _, h := range e.OtherHandlers {
-				w.raw(`<a href="?handler=`)
-				w.query(h)
+				w.raw(`<a href="`)
+				w.href(p, eventPath(string(e.Source), e.EventID), "handler", h)
 				w.raw(`">`)
 				w.esc(h)
 				w.raw("</a> ")
@@ -679,7 +809,8 @@ func eventPage(w *hw, p *page, d *deadDetailData) {
 	}
 	w.raw("\n")
 	if e.Status == "dead" {
-		w.raw(`<form method="post" action="/console/act" class="card" id="act">`, "\n  <h2>Act on this event</h2>\n  ")
+		postForm(w, p, "act", ` class="card" id="act"`)
+		w.raw("\n  <h2>Act on this event</h2>\n  ")
 		w.hidden("csrf", p.CSRF)
 		w.hidden("step", "review")
 		w.raw("\n  ")
@@ -700,20 +831,18 @@ func eventPage(w *hw, p *page, d *deadDetailData) {
 			`  <button id="review">Review…</button>`, "\n</form>")
 	}
 	w.raw("\n<h2>History</h2>\n")
-	auditTable(w, d.Audit)
+	auditTable(w, p, d.Audit)
 	w.raw("\n")
 	foot(w, p)
 }
 
 func orderedPage(w *hw, p *page, d orderedData) {
 	head(w, p)
-	w.raw(`<form method="get" action="/console/ordered" class="filters">`, "\n", `  <label>Handler <input name="handler" value="`)
+	getForm(w, p, "ordered", ` class="filters"`)
+	w.raw("\n", `  <label>Handler <input name="handler" value="`)
 	w.esc(d.Handler)
-	w.raw(`"></label><button>Filter</button>`, "\n", `  <a href="/console/conflicts`)
-	if d.Handler != "" {
-		w.raw("?handler=")
-		w.query(d.Handler)
-	}
+	w.raw(`"></label><button>Filter</button>`, "\n", `  <a href="`)
+	w.href(p, "conflicts", "handler", d.Handler)
 	w.raw(`">key conflicts</a>`, "\n</form>\n",
 		`<p class="sub">Keys of ordered handlers whose events wait: a <b>gap</b> waits for a sequence that never arrived; a <b>parked</b> key waits behind a dead event; <b>behind</b> keys wait for one in flight.</p>`, "\n",
 		`<div class="scroll"><table id="keys">`, "\n",
@@ -744,7 +873,8 @@ func orderedPage(w *hw, p *page, d orderedData) {
 		w.raw("</td>\n<td>")
 		switch k.State {
 		case "gap":
-			w.raw(`<form method="post" action="/console/act" class="inline">`, "\n  ")
+			postForm(w, p, "act", ` class="inline"`)
+			w.raw("\n  ")
 			w.hidden("csrf", p.CSRF)
 			w.hidden("step", "review")
 			w.hidden("op", "skip-gap")
@@ -756,10 +886,8 @@ func orderedPage(w *hw, p *page, d orderedData) {
 			actorInput(w, p.Actor)
 			w.raw(`<input name="reason" placeholder="why (audited)" required><button>Skip gap…</button></form>`, "\n")
 		case "parked":
-			w.raw(`<a href="/console/dead?source=inbox&amp;handler=`)
-			w.query(k.Handler)
-			w.raw(`&amp;key=`)
-			w.query(k.Key)
+			w.raw(`<a href="`)
+			w.href(p, "dead", "source", "inbox", "handler", k.Handler, "key", k.Key)
 			w.raw(`">dead event</a>`)
 		}
 		w.raw("</td>\n</tr>")
@@ -787,10 +915,8 @@ func conflictsPage(w *hw, p *page, d conflictsData) {
 		w.esc(c.Topic)
 		w.raw(" ")
 		w.esc(c.EventType)
-		w.raw("</p>\n", `  <div class="side">`, "\n", `    <div><h3>stored: <a href="/console/dead/inbox/`)
-		w.path(c.StoredEventID)
-		w.raw("?handler=")
-		w.query(c.Handler)
+		w.raw("</p>\n", `  <div class="side">`, "\n", `    <div><h3>stored: <a href="`)
+		w.href(p, eventPath("inbox", c.StoredEventID), "handler", c.Handler)
 		w.raw(`">`)
 		w.esc(c.StoredEventID)
 		w.raw("</a></h3>\n      ")
@@ -870,7 +996,9 @@ func relayPage(w *hw, p *page, d relayData) {
 		w.secs(pt.LagSeconds)
 		w.raw("</td><td>")
 		if pt.Dead > 0 {
-			w.raw(`<a href="/console/dead?source=outbox">`)
+			w.raw(`<a href="`)
+			w.href(p, "dead", "source", "outbox")
+			w.raw(`">`)
 			w.num(pt.Dead)
 			w.raw("</a>")
 		} else {
@@ -1006,7 +1134,8 @@ func confirmPage(w *hw, p *page, d confirmData) {
 	}
 	w.raw(".</p>\n")
 	if d.Confirm != "" {
-		w.raw(`<form method="post" action="/console/act" class="card" id="confirm">`, "\n  ")
+		postForm(w, p, "act", ` class="card" id="confirm"`)
+		w.raw("\n  ")
 		w.hidden("csrf", p.CSRF)
 		w.hidden("step", "run")
 		w.hidden("confirm", d.Confirm)
@@ -1017,11 +1146,11 @@ func confirmPage(w *hw, p *page, d confirmData) {
 		w.raw("\n", `  <button id="confirm-run" class="danger">Confirm: `)
 		w.esc(d.Verb)
 		w.raw(`</button> <a href="`)
-		w.esc(d.Back)
+		w.href(p, d.Back.path, d.Back.query...)
 		w.raw(`">cancel</a>`, "\n</form>")
 	} else {
 		w.raw(`<p>Nothing to do. <a href="`)
-		w.esc(d.Back)
+		w.href(p, d.Back.path, d.Back.query...)
 		w.raw(`">Back</a></p>`)
 	}
 	w.raw("\n")
@@ -1065,9 +1194,9 @@ func donePage(w *hw, p *page, d doneData) {
 		w.raw(" waiting event(s) woken.</p>")
 	}
 	w.raw("\n", `<p><a href="`)
-	w.esc(d.Back)
+	w.href(p, d.Back.path, d.Back.query...)
 	w.raw(`" id="back">Back</a> · <a href="`)
-	w.esc(d.Audit)
+	w.href(p, d.Audit.path, d.Audit.query...)
 	w.raw(`">audit</a></p>`, "\n")
 	foot(w, p)
 }
