@@ -26,6 +26,7 @@ import (
 	"github.com/pgrelay/pgrelay/consumer"
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
@@ -275,7 +276,7 @@ func TestScenarioConflictListed(t *testing.T) {
 
 	var out bytes.Buffer
 	url := e.url
-	for _, cmd := range admincli.Commands(&url) {
+	for _, cmd := range admincli.Commands(pgurl.One(&url)) {
 		if cmd.Name() != "conflicts" {
 			continue
 		}

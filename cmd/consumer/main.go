@@ -33,6 +33,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/handlers"
 	"github.com/pgrelay/pgrelay/internal/ledger"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/pooler"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
@@ -144,11 +145,11 @@ the reason and acknowledged, never dropped.`,
 	envKinds = cli.Bind(f, opts[3:])
 	cli.BindDBFlags(f, &s.db, opts.Name("Inbox.Lease"))
 
-	migrate := cli.MigrateCommand(&s.databaseURL)
+	migrate := cli.MigrateCommand(pgurl.One(&s.databaseURL))
 	addExampleSchemaFlag(migrate, &s.databaseURL, opts.Name("Pool"))
 	root.AddCommand(run, migrate, cli.HealthCommand("consumer", defaultMetricsAddr))
-	root.AddCommand(admincli.Commands(&s.databaseURL)...)
-	root.AddCommand(tui.Command("consumer", &s.databaseURL))
+	root.AddCommand(admincli.Commands(pgurl.One(&s.databaseURL))...)
+	root.AddCommand(tui.Command("consumer", pgurl.One(&s.databaseURL)))
 	return root
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/endpoints"
 	"github.com/pgrelay/pgrelay/internal/otelenv"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/tui"
 	"github.com/pgrelay/pgrelay/otelpgrelay"
 	"github.com/pgrelay/pgrelay/relay"
@@ -104,7 +105,7 @@ Pgrelay-* headers.`,
 	s.urls = newURLList(&s.databaseURL, &s.databaseURLs)
 	opts := options(&s)
 	s.names = namesOf(opts, &s)
-	cli.Bind(root.PersistentFlags(), opts[:1]) // --database-url, for every command
+	cli.Bind(root.PersistentFlags(), opts[:2]) // --database-url, --databases-file: every command's databases
 	var envKinds map[string]string
 
 	run := &cobra.Command{
@@ -131,13 +132,28 @@ needs only PostgreSQL.`,
 	cli.BindBrokerFlag(f, &s.broker, brokers)
 	s.brokers = cli.BindRelaySides(f, brokers)
 	cli.BindWireFlags(f, &s.wire)
-	envKinds = cli.Bind(f, opts[1:])
+	envKinds = cli.Bind(f, opts[2:])
 	cli.BindDBFlags(f, &s.db, opts.Name("Lease"))
 
-	root.AddCommand(run, cli.MigrateCommand(&s.databaseURL), cli.HealthCommand("relay", defaultMetricsAddr))
-	root.AddCommand(admincli.Commands(&s.databaseURL)...)
-	root.AddCommand(tui.Command("relay", &s.databaseURL))
+	dbs := func() ([]pgurl.Named, error) { return s.databases() }
+	root.AddCommand(run, cli.MigrateCommand(dbs), cli.HealthCommand("relay", defaultMetricsAddr))
+	root.AddCommand(admincli.Commands(dbs)...)
+	root.AddCommand(tui.Command("relay", dbs))
 	return root
+}
+
+// databases are the databases relay run would serve, for the operator
+// commands: they act on one (--database), the console shows each.
+func (s *settings) databases() ([]pgurl.Named, error) {
+	list, err := databaseList(s.names, s.databaseURLs, s.databasesFile)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]pgurl.Named, len(list))
+	for i, e := range list {
+		out[i] = pgurl.Named{Name: e.name, URL: e.url, From: e.from}
+	}
+	return out, nil
 }
 
 // runRelay validates the settings, connects, and relays until ctx or a

@@ -32,6 +32,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -59,11 +60,17 @@ var valueSets = []struct {
 	{"defaults", ``, nil},
 	{"consumer off", `consumer: {enabled: false}`, nil},
 	{"existing secret", `secret: {existingSecret: pgrelay-connections}`, nil},
+	{"own service account, network policy", `
+serviceAccount: {create: false, name: ops}
+networkPolicy: {enabled: true, from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}, podSelector: {matchLabels: {app: prometheus}}}]}
+`, nil},
 	{"servicemonitor", `metrics: {annotations: false, serviceMonitor: {enabled: true, labels: {release: kps}}}`, nil},
 	{"rabbitmq, one replica, no example schema", `
 broker: rabbitmq
 secret: {data: {AMQP_URL: "amqp://guest:guest@rabbitmq:5672/", NATS_URL: "", ADMIN_TOKEN: t, DB_LISTEN_URL: "postgres://direct/db", PG_TARGET_URL: "postgres://other/db"}}
 migrations: {exampleSchema: false}
+serviceAccount: {name: pgrelay-sa}
+networkPolicy: {enabled: true, egress: [{ports: [{port: 5432}, {port: 53, protocol: UDP}]}]}
 relay: {replicas: 1, metricsPort: 9300, env: {RELAY_PUBLISH_TIMEOUT: 20s, ADMIN_ADDR: ":9190", RELAY_BATCH_SIZE: 16777216, RELAY_ASYNC_MARKS: true, LOG_FORMAT: null}}
 consumer: {replicas: 1, metricsPort: 9301, env: {CONSUMER_HANDLER: http, CONSUMER_HTTP_URL: "http://app/events", CONSUMER_DUP_RATE_WARN: 0.25}}
 `, map[string]map[string]string{
@@ -270,6 +277,10 @@ func decode(t *testing.T, source, doc string, hook *release.Hook) object {
 		obj = &corev1.Service{}
 	case "v1 Secret":
 		obj = &corev1.Secret{}
+	case "v1 ServiceAccount":
+		obj = &corev1.ServiceAccount{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		obj = &networkingv1.NetworkPolicy{}
 	case "policy/v1 PodDisruptionBudget":
 		obj = &policyv1.PodDisruptionBudget{}
 	case "monitoring.coreos.com/v1 ServiceMonitor":
@@ -505,13 +516,136 @@ func checkObjects(t *testing.T, vals map[string]any, objs []object) {
 		t.Errorf("the Secret's hook weight %d is not below the migration Job's %d: the Job could start first", secretHook.Weight, jobs[0].hook.Weight)
 	}
 	for _, o := range objs {
-		if o.hook != nil && o.kind != "Job" && o.kind != "Secret" {
+		if o.hook != nil && o.kind != "Job" && o.kind != "Secret" && o.kind != "ServiceAccount" {
 			t.Errorf("%s %s is a hook", o.kind, o.name)
 		}
 	}
 	h := checkContainer(t, "Job "+j.Name, j.Spec.Template.Spec.Containers[0], secretName)
 	if !slices.Equal(h.args, []string{"migrate", "up"}) {
 		t.Errorf("Job %s runs %s %v, want migrate up", j.Name, h.bin, h.args)
+	}
+	checkServiceAccount(t, get, byKind["ServiceAccount"], jobs[0], deployments, j.Spec.Template.Spec)
+	checkNetworkPolicies(t, get, byKind["NetworkPolicy"], deployments)
+}
+
+// checkServiceAccount: the relay's, the consumer's and the migration Job's
+// pods run as the chart's ServiceAccount (serviceAccount.create, the
+// default), created as a hook before the Job, or as serviceAccount.name;
+// none mounts a token.
+func checkServiceAccount(t *testing.T, get func(string) any, sas []object, job object, deployments map[string]*appsv1.Deployment, jobSpec corev1.PodSpec) {
+	t.Helper()
+	create := get("serviceAccount.create") != false
+	want, _ := get("serviceAccount.name").(string)
+	switch {
+	case !create && len(sas) > 0:
+		t.Errorf("serviceAccount.create false, yet the chart renders ServiceAccount %s", sas[0].name)
+	case !create && want == "":
+		want = "default"
+	case create && len(sas) != 1:
+		t.Fatalf("want one ServiceAccount, got %d", len(sas))
+	case create:
+		sa := sas[0].obj.(*corev1.ServiceAccount)
+		if want != "" && sa.Name != want {
+			t.Errorf("ServiceAccount %s, want serviceAccount.name %s", sa.Name, want)
+		}
+		want = sa.Name
+		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			t.Errorf("ServiceAccount %s: automountServiceAccountToken %v, want false", sa.Name, sa.AutomountServiceAccountToken)
+		}
+		if sas[0].hook == nil {
+			t.Errorf("ServiceAccount %s is no hook: the migration Job, a pre-install hook, would run before it exists", sa.Name)
+		} else {
+			checkHook(t, sas[0].hook)
+			if sas[0].hook.Weight >= job.hook.Weight {
+				t.Errorf("the ServiceAccount's hook weight %d is not below the migration Job's %d", sas[0].hook.Weight, job.hook.Weight)
+			}
+		}
+	}
+	pods := map[string]corev1.PodSpec{"Job " + job.name: jobSpec}
+	for _, d := range deployments {
+		pods["Deployment "+d.Name] = d.Spec.Template.Spec
+	}
+	for what, spec := range pods {
+		if spec.ServiceAccountName != want {
+			t.Errorf("%s: serviceAccountName %q, want %q", what, spec.ServiceAccountName, want)
+		}
+		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+			t.Errorf("%s mounts a service account token", what)
+		}
+	}
+}
+
+// checkNetworkPolicies: with networkPolicy.enabled, one NetworkPolicy per
+// Deployment selects its pods and lets in only its metrics port (and its
+// ADMIN_ADDR's port), from networkPolicy.from; egress is restricted only when
+// networkPolicy.egress lists rules.
+func checkNetworkPolicies(t *testing.T, get func(string) any, nps []object, deployments map[string]*appsv1.Deployment) {
+	t.Helper()
+	if get("networkPolicy.enabled") != true {
+		if len(nps) > 0 {
+			t.Errorf("networkPolicy.enabled false, yet the chart renders NetworkPolicy %s", nps[0].name)
+		}
+		return
+	}
+	from, _ := get("networkPolicy.from").([]any)
+	egress, _ := get("networkPolicy.egress").([]any)
+	covered := map[string]bool{}
+	for _, o := range nps {
+		np := o.obj.(*networkingv1.NetworkPolicy)
+		d := selected(deployments, np.Spec.PodSelector.MatchLabels)
+		if d == nil {
+			t.Errorf("NetworkPolicy %s selects no Deployment", np.Name)
+			continue
+		}
+		covered[d.Name] = true
+		c := d.Spec.Template.Spec.Containers[0]
+		allowed := map[int]bool{containerPort(c, intstr.FromString("metrics")): true}
+		if addr, ok := envValue(c, "ADMIN_ADDR"); ok && addr != "" {
+			p, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
+			allowed[p] = true
+		}
+		types := np.Spec.PolicyTypes
+		if !slices.Contains(types, networkingv1.PolicyTypeIngress) {
+			t.Errorf("NetworkPolicy %s: policyTypes %v lack Ingress", np.Name, types)
+		}
+		if slices.Contains(types, networkingv1.PolicyTypeEgress) != (len(egress) > 0) || len(np.Spec.Egress) != len(egress) {
+			t.Errorf("NetworkPolicy %s: policyTypes %v with %d egress rules, networkPolicy.egress has %d", np.Name, types, len(np.Spec.Egress), len(egress))
+		}
+		if len(np.Spec.Ingress) != 1 {
+			t.Fatalf("NetworkPolicy %s: %d ingress rules, want 1", np.Name, len(np.Spec.Ingress))
+		}
+		rule := np.Spec.Ingress[0]
+		got := map[int]bool{}
+		for _, p := range rule.Ports {
+			if p.Port == nil {
+				t.Errorf("NetworkPolicy %s: a rule open to every port", np.Name)
+				continue
+			}
+			n := containerPort(c, *p.Port)
+			if p.Port.Type == intstr.Int {
+				n = p.Port.IntValue()
+			}
+			if !allowed[n] {
+				t.Errorf("NetworkPolicy %s lets in port %s, neither the metrics port nor ADMIN_ADDR's", np.Name, p.Port.String())
+			}
+			got[n] = true
+		}
+		if !maps.Equal(got, allowed) {
+			t.Errorf("NetworkPolicy %s lets in ports %v, want %v", np.Name, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(allowed)))
+		}
+		if len(rule.From) != len(from) {
+			t.Errorf("NetworkPolicy %s: %d peers, networkPolicy.from has %d", np.Name, len(rule.From), len(from))
+		}
+		for _, peer := range rule.From {
+			if peer.NamespaceSelector == nil && peer.PodSelector == nil {
+				t.Errorf("NetworkPolicy %s: a peer without a selector", np.Name)
+			}
+		}
+	}
+	for _, d := range deployments {
+		if !covered[d.Name] {
+			t.Errorf("networkPolicy.enabled, but no NetworkPolicy selects Deployment %s", d.Name)
+		}
 	}
 }
 

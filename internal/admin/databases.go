@@ -81,6 +81,9 @@ func (d Databases) Status(ctx context.Context) []DatabaseStatus {
 	return out
 }
 
+// Database is the name the Service was given (Config.Database).
+func (s *Service) Database() string { return s.cfg.Database }
+
 // Ping checks that the database answers, within QueryTimeout.
 func (s *Service) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)

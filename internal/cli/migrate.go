@@ -20,8 +20,9 @@ import (
 )
 
 // MigrateCommand returns the `migrate` subcommand (up, down, status, sql) over the
-// embedded migrations. databaseURL is read when the command runs.
-func MigrateCommand(databaseURL *string) *cobra.Command {
+// embedded migrations. dbs is read when the command runs: with several
+// databases, --database names the one to migrate, and the output names it.
+func MigrateCommand(dbs pgurl.Databases) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply, roll back, list or print the database migrations",
@@ -35,14 +36,26 @@ applied exactly once. The same files work with the goose CLI:
   goose -dir migrations -table pgrelay.goose_db_version postgres "$DATABASE_URL" up`,
 	}
 	var force bool
+	var database, prefix string
+	cmd.PersistentFlags().StringVar(&database, strings.TrimPrefix(pgurl.DatabaseFlag, "--"), "",
+		"the database to migrate, by name, when several are given (relay: --database-url repeated, --databases-file)")
 	run := func(f func(ctx context.Context, p *goose.Provider) error) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, _ []string) error {
-			if *databaseURL == "" {
-				return errors.New(pgurl.DatabaseURLSetting + " is required")
+			list, err := dbs()
+			if err != nil {
+				return err
+			}
+			target, err := pgurl.Pick(list, database)
+			if err != nil {
+				return err
+			}
+			prefix = ""
+			if len(list) > 1 {
+				prefix = "database " + target.Name + ": "
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 			defer cancel()
-			pool, err := openMigrationPool(ctx, *databaseURL, force)
+			pool, err := openMigrationPool(ctx, target.URL, force)
 			if err != nil {
 				return err
 			}
@@ -58,10 +71,10 @@ applied exactly once. The same files work with the goose CLI:
 	}
 	out := func(cmd *cobra.Command, results []*goose.MigrationResult) {
 		for _, r := range results {
-			fmt.Fprintln(cmd.OutOrStdout(), r.String())
+			fmt.Fprintln(cmd.OutOrStdout(), prefix+r.String())
 		}
 		if len(results) == 0 {
-			fmt.Fprintln(cmd.OutOrStdout(), "no migrations to run")
+			fmt.Fprintln(cmd.OutOrStdout(), prefix+"no migrations to run")
 		}
 	}
 	up := &cobra.Command{Use: "up", Short: "Apply every pending migration", Args: cobra.NoArgs}
@@ -97,7 +110,7 @@ PGOPTIONS="-c pgrelay.force_down=on".`}
 			if s.State == goose.StateApplied {
 				applied = "applied " + s.AppliedAt.Format(time.RFC3339)
 			}
-			fmt.Fprintf(status.OutOrStdout(), "%-6d %-40s %s\n", s.Source.Version, s.Source.Path, applied)
+			fmt.Fprintf(status.OutOrStdout(), "%s%-6d %-40s %s\n", prefix, s.Source.Version, s.Source.Path, applied)
 		}
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay/internal/cli"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/migrations"
 )
 
@@ -18,7 +19,7 @@ func TestMigrateSQL(t *testing.T) {
 	t.Parallel()
 	run := func(args ...string) (string, error) {
 		var url string // no database needed
-		cmd := cli.MigrateCommand(&url)
+		cmd := cli.MigrateCommand(pgurl.One(&url))
 		var out bytes.Buffer
 		cmd.SetArgs(append([]string{"sql"}, args...))
 		cmd.SetOut(&out)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -35,7 +36,7 @@ func TestMigrateDownRefusalSaysWhatAndWhy(t *testing.T) {
 		return v
 	}
 	migrate := func(args ...string) (string, error) {
-		cmd := MigrateCommand(&url)
+		cmd := MigrateCommand(pgurl.One(&url))
 		var out bytes.Buffer
 		cmd.SetOut(&out)
 		cmd.SetErr(&out)
@@ -81,7 +82,7 @@ func TestMigrateUpFailureNamesTheMigration(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	migrate := func(args ...string) error {
-		cmd := MigrateCommand(&url)
+		cmd := MigrateCommand(pgurl.One(&url))
 		cmd.SetOut(&bytes.Buffer{})
 		cmd.SetErr(&bytes.Buffer{})
 		cmd.SetArgs(args)

@@ -17,6 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/cli"
 	"github.com/pgrelay/pgrelay/internal/logtest"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
 
@@ -191,7 +192,7 @@ func TestMigrateDownForce(t *testing.T) {
 
 	down := func(args ...string) error {
 		u := url
-		cmd := cli.MigrateCommand(&u)
+		cmd := cli.MigrateCommand(pgurl.One(&u))
 		cmd.SetArgs(append([]string{"down"}, args...))
 		cmd.SetOut(io.Discard)
 		cmd.SilenceUsage, cmd.SilenceErrors = true, true

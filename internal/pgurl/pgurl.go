@@ -154,3 +154,49 @@ func ReadNamed(path, setting string) ([]Named, error) {
 	}
 	return list, nil
 }
+
+// DatabaseFlag is the flag of the operator commands naming the database to
+// act on among several.
+const DatabaseFlag = "--database"
+
+// Databases lists the databases an operator command may act on, in order;
+// an error when the settings naming them are wrong. None given is an error
+// naming the settings.
+type Databases func() ([]Named, error)
+
+// One is the Databases of a binary serving the database at *url alone
+// (read when called), named by its database name.
+func One(url *string) Databases {
+	return func() ([]Named, error) {
+		if *url == "" {
+			return nil, errors.New(DatabaseURLSetting + " is required")
+		}
+		name := ""
+		if cfg, err := Parse(*url); err == nil {
+			name = cfg.ConnConfig.Database
+		}
+		return []Named{{Name: name, URL: *url, From: DatabaseURLSetting}}, nil
+	}
+}
+
+// Pick returns the database of list named name; "" picks the only one. With
+// several and none named it refuses, naming DatabaseFlag: an operation must
+// not act on one of them by its place in the settings.
+func Pick(list []Named, name string) (Named, error) {
+	names := make([]string, len(list))
+	for i, n := range list {
+		if name != "" && n.Name == name {
+			return n, nil
+		}
+		names[i] = n.Name
+	}
+	switch {
+	case name != "":
+		return Named{}, fmt.Errorf("%s %s: no such database (given: %s)", DatabaseFlag, name, strings.Join(names, ", "))
+	case len(list) == 1:
+		return list[0], nil
+	case len(list) == 0:
+		return Named{}, errors.New("no database given")
+	}
+	return Named{}, fmt.Errorf("%d databases are given (%s): name the one to act on with %s", len(list), strings.Join(names, ", "), DatabaseFlag)
+}

@@ -26,8 +26,8 @@ import (
 var EnvKinds = map[string]string{"DEDUP_WINDOW": "duration", "DEDUP_RECORD_MAX": "int", "TUI_REFRESH": "duration"}
 
 // Command returns the "tui" subcommand of service ("relay" or "consumer"). It
-// connects to the database at *databaseURL (read when it runs).
-func Command(service string, databaseURL *string) *cobra.Command {
+// connects to each database of dbs (read when it runs) and shows them all.
+func Command(service string, dbs pgurl.Databases) *cobra.Command {
 	var (
 		refresh             time.Duration
 		window              time.Duration
@@ -43,14 +43,17 @@ config & tuning panels with the outbox below; narrow ones (80x24) show tabs
 switched with 1-4. Press h for the keys. Purging a dead key (d) and resetting
 the dedup counters (Ctrl+R) ask first and are recorded in the replay audit
 table with --actor, like the CLI's operations. docs/console.md shows the
-screens.`,
+screens. Given several databases (relay: --database-url repeated,
+--databases-file), a row shows each one's lag, pending and dead events; n and
+p select the one the panels show and the operations act on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.ValidateEnv(EnvKinds); err != nil {
 				return err
 			}
-			if *databaseURL == "" {
-				return errors.New(pgurl.DatabaseURLSetting + " is required")
+			list, err := dbs()
+			if err != nil {
+				return err
 			}
 			if window < pgrelay.MinDedupWindow {
 				return fmt.Errorf("--dedup-window (DEDUP_WINDOW) must be at least %s, got %s", pgrelay.MinDedupWindow, window)
@@ -64,32 +67,29 @@ screens.`,
 			ctx := cmd.Context()
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			pool, err := pooler.NewPool(cctx, *databaseURL)
-			if err != nil {
-				return fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
-			}
-			defer pool.Close()
-			if err := pool.Ping(cctx); err != nil {
-				return fmt.Errorf(pgurl.DatabaseURLSetting+": %w", err)
-			}
-			svc, err := admin.New(admin.Config{Pool: pool, QueryTimeout: 10 * time.Second})
-			if err != nil {
-				return err
-			}
-			cleaner, err := pgrelay.NewInboxCleaner(pool, pgrelay.InboxRetentionConfig{Window: window, DuplicatesMax: recordMax}, nil)
-			if err != nil {
-				return err
-			}
 			cfg := Config{
-				Service: service, Admin: svc, Retention: cleaner.RunOnce, DedupWindow: window,
+				Service: service, DedupWindow: window,
 				DedupRecordMax: recordMax, Actor: actor, ExportDir: dir, Refresh: refresh,
-				Settings: []Setting{
-					{"database", redact(*databaseURL)},
-					{"dedup window", fmtDur(window)},
-					{"dedup record max", fmt.Sprint(recordMax)},
-					{"refresh", refresh.String()},
-					{"actor", actor},
-				},
+			}
+			var where []string
+			for _, n := range list {
+				if len(list) == 1 {
+					n.Name = "" // nothing to tell apart
+				}
+				db, closeFn, err := openDatabase(cctx, n, window, recordMax)
+				if err != nil {
+					return err
+				}
+				defer closeFn()
+				cfg.Databases = append(cfg.Databases, db)
+				where = append(where, strings.TrimPrefix(n.Name+" ", " ")+redact(n.URL))
+			}
+			cfg.Settings = []Setting{
+				{"database", strings.Join(where, ", ")},
+				{"dedup window", fmtDur(window)},
+				{"dedup record max", fmt.Sprint(recordMax)},
+				{"refresh", refresh.String()},
+				{"actor", actor},
 			}
 			if metricsURL != "" {
 				cfg.Counters = admin.ScrapeCounters(ctx, metricsURL)
@@ -138,6 +138,32 @@ screens.`,
 	f.StringVar(&actor, "actor", defaultActor(), "who operates (recorded in the audit table)")
 	f.StringVar(&dir, "export-dir", ".", "where s writes the statistics JSON file")
 	return cmd
+}
+
+// openDatabase connects to db and returns the console's Database for it,
+// and what closes it.
+func openDatabase(ctx context.Context, db pgurl.Named, window time.Duration, recordMax int) (Database, func(), error) {
+	what := db.From
+	if db.Name != "" {
+		what = "database " + db.Name + " (" + db.From + ")"
+	}
+	pool, err := pooler.NewPool(ctx, db.URL)
+	if err != nil {
+		return Database{}, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return Database{}, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	svc, err := admin.New(admin.Config{Pool: pool, Database: db.Name, QueryTimeout: 10 * time.Second})
+	if err == nil {
+		var cleaner *pgrelay.InboxCleaner
+		if cleaner, err = pgrelay.NewInboxCleaner(pool, pgrelay.InboxRetentionConfig{Window: window, DuplicatesMax: recordMax}, nil); err == nil {
+			return Database{Name: db.Name, Admin: svc, Retention: cleaner.RunOnce}, pool.Close, nil
+		}
+	}
+	pool.Close()
+	return Database{}, nil, err
 }
 
 func defaultActor() string {

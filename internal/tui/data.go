@@ -38,28 +38,50 @@ type ProcessCounters struct {
 	Duplicates float64 `json:"duplicates"`
 }
 
-// Snapshot is one refresh's data. A part that could not be read is nil and
-// its error is in Errors.
+// Snapshot is one refresh's data: the selected database's, and with several
+// databases a row of each. A part that could not be read is nil and its error
+// is in Errors.
 type Snapshot struct {
-	At      time.Time             `json:"at"`
-	Stats   *admin.Stats          `json:"stats,omitempty"`
-	Dedup   *admin.DedupReport    `json:"dedup,omitempty"`
-	Keys    []admin.InboxKey      `json:"keys,omitempty"`
-	Outbox  *admin.OutboxOverview `json:"outbox,omitempty"`
-	Stream  *StreamInfo           `json:"stream,omitempty"`
-	Process *ProcessCounters      `json:"process,omitempty"`
-	Errors  []string              `json:"errors,omitempty"`
+	At time.Time `json:"at"`
+	// Database is the selected database's name ("" when it is the only one).
+	Database string `json:"database,omitempty"`
+	// Databases are every database's row, with several; else empty.
+	Databases []DatabaseRow         `json:"databases,omitempty"`
+	Stats     *admin.Stats          `json:"stats,omitempty"`
+	Dedup     *admin.DedupReport    `json:"dedup,omitempty"`
+	Keys      []admin.InboxKey      `json:"keys,omitempty"`
+	Outbox    *admin.OutboxOverview `json:"outbox,omitempty"`
+	Stream    *StreamInfo           `json:"stream,omitempty"`
+	Process   *ProcessCounters      `json:"process,omitempty"`
+	Errors    []string              `json:"errors,omitempty"`
+}
+
+// DatabaseRow is one database's line of the databases panel: its counts by
+// status and lags (Stats), or why they could not be read (Error).
+type DatabaseRow struct {
+	Name  string       `json:"name"`
+	Stats *admin.Stats `json:"stats,omitempty"`
+	Error string       `json:"error,omitempty"`
+}
+
+// Database is one database the console shows.
+type Database struct {
+	// Name tells it apart from the others; "" when it is the only one.
+	Name string
+	// Admin runs the reads and the operator operations. Required.
+	Admin *admin.Service
+	// Retention runs inbox retention once and returns the rows deleted (the
+	// f key). Default nil: f reports that retention is unavailable.
+	Retention func(ctx context.Context) (int64, error)
 }
 
 // Config configures the console.
 type Config struct {
 	// Service names the program ("consumer" or "relay"), shown in the title.
 	Service string
-	// Admin runs the reads and the operator operations. Required.
-	Admin *admin.Service
-	// Retention runs inbox retention once and returns the rows deleted (the
-	// f key). Default nil: f reports that retention is unavailable.
-	Retention func(ctx context.Context) (int64, error)
+	// Databases are the databases shown, in order; the first is selected
+	// at the start. At least one.
+	Databases []Database
 	// Stream reads the stream's settings. Default nil: unknown.
 	Stream func(ctx context.Context) (*StreamInfo, error)
 	// Counters reads a consumer's process counters (its metrics endpoint).
@@ -111,9 +133,18 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
+	if len(c.Databases) == 0 {
+		return errors.New("tui: Config.Databases is required")
+	}
+	for i, d := range c.Databases {
+		if d.Admin == nil {
+			return fmt.Errorf("tui: Config.Databases[%d].Admin is required", i)
+		}
+		if len(c.Databases) > 1 && d.Name == "" {
+			return fmt.Errorf("tui: Config.Databases[%d] has no Name: several databases are told apart by it", i)
+		}
+	}
 	switch {
-	case c.Admin == nil:
-		return errors.New("tui: Config.Admin is required")
 	case c.Actor == "":
 		return errors.New("tui: Config.Actor is required (it is recorded in the audit table)")
 	case c.Refresh < 100*time.Millisecond:
@@ -124,23 +155,39 @@ func (c Config) validate() error {
 	return nil
 }
 
-// load reads one snapshot. Each part fails on its own.
-func load(ctx context.Context, cfg Config, search string) *Snapshot {
-	snap := &Snapshot{At: cfg.Now()}
+// load reads one snapshot of database db (an index of cfg.Databases). Each
+// part fails on its own.
+func load(ctx context.Context, cfg Config, db int, search string) *Snapshot {
+	d := cfg.Databases[db]
+	snap := &Snapshot{At: cfg.Now(), Database: d.Name}
 	fail := func(what string, err error) {
 		snap.Errors = append(snap.Errors, what+": "+err.Error())
 	}
 	var err error
-	if snap.Stats, err = cfg.Admin.Stats(ctx); err != nil {
+	if snap.Stats, err = d.Admin.Stats(ctx); err != nil {
 		fail("stats", err)
 	}
-	if snap.Dedup, err = cfg.Admin.Dedup(ctx, 50); err != nil {
+	if len(cfg.Databases) > 1 {
+		statsErr := err
+		for i, other := range cfg.Databases {
+			st, err := snap.Stats, statsErr
+			if i != db {
+				st, err = other.Admin.Stats(ctx)
+			}
+			row := DatabaseRow{Name: other.Name, Stats: st}
+			if err != nil {
+				row.Error = err.Error()
+			}
+			snap.Databases = append(snap.Databases, row)
+		}
+	}
+	if snap.Dedup, err = d.Admin.Dedup(ctx, 50); err != nil {
 		fail("dedup", err)
 	}
-	if snap.Keys, err = cfg.Admin.InboxKeys(ctx, search, 100); err != nil {
+	if snap.Keys, err = d.Admin.InboxKeys(ctx, search, 100); err != nil {
 		fail("keys", err)
 	}
-	if snap.Outbox, err = cfg.Admin.Outbox(ctx); err != nil {
+	if snap.Outbox, err = d.Admin.Outbox(ctx); err != nil {
 		fail("outbox", err)
 	}
 	if cfg.Stream != nil {

@@ -32,8 +32,13 @@ const (
 
 // Messages.
 type (
-	snapshotMsg struct{ snap *Snapshot }
-	tickMsg     struct{}
+	// snapshotMsg is a snapshot of database db (an index of
+	// Config.Databases).
+	snapshotMsg struct {
+		snap *Snapshot
+		db   int
+	}
+	tickMsg struct{}
 	// doneMsg reports an operation's outcome on the status line.
 	doneMsg struct {
 		status string
@@ -55,17 +60,25 @@ type Model struct {
 	cfg           Config
 	width, height int
 	focus         int
-	snap          *Snapshot
-	loading       bool
-	cursor        int
-	search        textinput.Model
-	searching     bool
-	query         string
-	detail        *admin.DeadLetter
-	confirm       *confirmation
-	help          bool
-	status        string
-	statusErr     bool
+	// db is the selected database (an index of cfg.Databases): the panels
+	// show it and the operations act on it.
+	db int
+	// snap is the selected database's latest snapshot; nil until one
+	// arrives.
+	snap *Snapshot
+	// rows are the databases panel's rows (several databases), from the
+	// latest snapshot of any of them.
+	rows      []DatabaseRow
+	loading   bool
+	cursor    int
+	search    textinput.Model
+	searching bool
+	query     string
+	detail    *admin.DeadLetter
+	confirm   *confirmation
+	help      bool
+	status    string
+	statusErr bool
 }
 
 // New returns the console's model.
@@ -91,12 +104,41 @@ func (m Model) tick() tea.Cmd {
 }
 
 func (m Model) fetch() tea.Cmd {
-	cfg, query := m.cfg, m.query
+	cfg, db, query := m.cfg, m.db, m.query
 	return func() tea.Msg {
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 		defer cancel()
-		return snapshotMsg{snap: load(ctx, cfg, query)}
+		return snapshotMsg{snap: load(ctx, cfg, db, query), db: db}
 	}
+}
+
+// database is the selected database.
+func (m Model) database() Database { return m.cfg.Databases[m.db] }
+
+// several reports whether the console shows several databases.
+func (m Model) several() bool { return len(m.cfg.Databases) > 1 }
+
+// in is " in database NAME" with several databases, for the prompts and
+// the status line of an operation on the selected one; else "".
+func (m Model) in() string {
+	if !m.several() {
+		return ""
+	}
+	return " in database " + m.database().Name
+}
+
+// selectDatabase selects database i and loads it.
+func (m Model) selectDatabase(i int) (tea.Model, tea.Cmd) {
+	if !m.several() {
+		m.setStatus("one database: nothing to switch to", true)
+		return m, nil
+	}
+	n := len(m.cfg.Databases)
+	m.db = (i%n + n) % n
+	m.snap, m.detail, m.cursor = nil, nil, 0
+	m.loading = true
+	m.setStatus("database "+m.database().Name, false)
+	return m, m.fetch()
 }
 
 // operation runs f with a timeout as a command reporting on the status line.
@@ -133,6 +175,12 @@ func (m Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.width, m.height = msg.Width, msg.Height
 		return m, nil
 	case snapshotMsg:
+		if msg.snap != nil && len(msg.snap.Databases) > 0 {
+			m.rows = msg.snap.Databases
+		}
+		if msg.db != m.db {
+			return m, nil // loaded before a switch: the new one's is on its way
+		}
 		m.loading = false
 		if m.status == statusRefreshing {
 			m.setStatus("", false) // done: the header shows when
@@ -231,6 +279,10 @@ func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 		m.focus = (m.focus + panelCount - 1) % panelCount
 	case "1", "2", "3", "4":
 		m.focus = int(k[0] - '1')
+	case "n":
+		return m.selectDatabase(m.db + 1)
+	case "p":
+		return m.selectDatabase(m.db - 1)
 	case "k":
 		m.focus = panelKeys
 	case "o":
@@ -268,7 +320,7 @@ func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 			m.setStatus("no key selected", true)
 			return m, nil
 		}
-		svc, timeout := m.cfg.Admin, m.cfg.Timeout
+		svc, timeout := m.database().Admin, m.cfg.Timeout
 		return m, func() tea.Msg {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
@@ -285,31 +337,31 @@ func (m Model) key(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 			m.setStatus("statistics exported to "+path, false)
 		}
 	case "f":
-		if m.cfg.Retention == nil {
+		run, in := m.database().Retention, m.in()
+		if run == nil {
 			m.setStatus("retention is not available here", true)
 			return m, nil
 		}
-		run := m.cfg.Retention
 		m.confirm = &confirmation{
-			prompt: fmt.Sprintf("Run inbox retention now? It deletes processed events older than the dedup window (%s) and prunes the duplicate record.", fmtDur(m.cfg.DedupWindow)),
+			prompt: fmt.Sprintf("Run inbox retention now%s? It deletes processed events older than the dedup window (%s) and prunes the duplicate record.", in, fmtDur(m.cfg.DedupWindow)),
 			run: m.operation(func(ctx context.Context) (string, error) {
 				n, err := run(ctx)
 				if err != nil {
-					return "retention", err
+					return "retention" + in, err
 				}
-				return fmt.Sprintf("retention deleted %d processed event(s)", n), nil
+				return fmt.Sprintf("retention deleted %d processed event(s)%s", n, in), nil
 			}),
 		}
 	case "ctrl+r":
-		svc, actor := m.cfg.Admin, m.cfg.Actor
+		svc, actor, in := m.database().Admin, m.cfg.Actor, m.in()
 		m.confirm = &confirmation{
-			prompt: fmt.Sprintf("Reset the dedup counters? This empties the duplicate record and the 24 h counts; recorded in the audit table as %s.", actor),
+			prompt: fmt.Sprintf("Reset the dedup counters%s? This empties the duplicate record and the 24 h counts; recorded in the audit table as %s.", in, actor),
 			run: m.operation(func(ctx context.Context) (string, error) {
 				id, err := svc.ResetDedupStats(ctx, actor, "reset from the operator console")
 				if err != nil {
-					return "reset", err
+					return "reset" + in, err
 				}
-				return fmt.Sprintf("dedup counters reset (audit #%d)", id), nil
+				return fmt.Sprintf("dedup counters reset%s (audit #%d)", in, id), nil
 			}),
 		}
 	}
@@ -331,22 +383,22 @@ func (m Model) askPurge() (tea.Model, tea.Cmd) {
 		m.setStatus(fmt.Sprintf("%s is %s: only dead events can be purged", id, status), true)
 		return m, nil
 	}
-	svc, actor := m.cfg.Admin, m.cfg.Actor
+	svc, actor, in := m.database().Admin, m.cfg.Actor, m.in()
 	m.detail = nil
 	m.confirm = &confirmation{
-		prompt: fmt.Sprintf("Purge dead event %s? It is deleted and a redelivery would be received as new; recorded in the audit table as %s.", id, actor),
+		prompt: fmt.Sprintf("Purge dead event %s%s? It is deleted and a redelivery would be received as new; recorded in the audit table as %s.", id, in, actor),
 		run: m.operation(func(ctx context.Context) (string, error) {
 			zero := time.Duration(0)
 			res, err := svc.Purge(ctx, admin.SourceInbox, admin.PurgeRequest{
 				Filter: admin.Filter{EventID: id, Handler: handler}, OlderThan: &zero, Actor: actor,
 				Reason: "purged from the operator console"})
 			if err != nil {
-				return "purge " + id, err
+				return "purge " + id + in, err
 			}
 			if res.Count == 0 {
-				return "purge " + id, errors.New("no longer dead: nothing purged")
+				return "purge " + id + in, errors.New("no longer dead: nothing purged")
 			}
-			return fmt.Sprintf("purged %s (audit #%d)", id, res.Events[0].AuditID), nil
+			return fmt.Sprintf("purged %s%s (audit #%d)", id, in, res.Events[0].AuditID), nil
 		}),
 	}
 	return m, nil

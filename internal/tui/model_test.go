@@ -34,8 +34,8 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	cleaner, err := pgrelay.NewInboxCleaner(pool, pgrelay.InboxRetentionConfig{Window: 2 * time.Hour, DuplicatesMax: 100}, nil)
 	require.NoError(t, err)
-	return &bundle{pool: pool, svc: svc, cfg: Config{Service: "consumer", Admin: svc, Actor: actor,
-		DedupWindow: 2 * time.Hour, DedupRecordMax: 100, Retention: cleaner.RunOnce, ExportDir: t.TempDir(),
+	return &bundle{pool: pool, svc: svc, cfg: Config{Service: "consumer", Databases: []Database{{Admin: svc, Retention: cleaner.RunOnce}}, Actor: actor,
+		DedupWindow: 2 * time.Hour, DedupRecordMax: 100, ExportDir: t.TempDir(),
 		Settings: []Setting{{"dedup window", "2h00m"}}}}
 }
 
@@ -89,6 +89,19 @@ func drain(t *testing.T, m Model, cmd tea.Cmd) Model {
 		m, cmd = next.(Model), c
 	}
 	return m
+}
+
+// twoDatabases is a console over two databases, orders and billing, each
+// with its own pool and Service, as relay tui opens them.
+func twoDatabases(t *testing.T) (cfg Config, orders, billing *pgxpool.Pool) {
+	t.Helper()
+	a, b := setup(t), setup(t)
+	a.cfg.Databases[0].Name = "orders"
+	b.cfg.Databases[0].Name = "billing"
+	cfg = a.cfg
+	cfg.Service = "relay"
+	cfg.Databases = append(cfg.Databases, b.cfg.Databases[0])
+	return cfg, a.pool, b.pool
 }
 
 func refresh(t *testing.T, m Model) Model {
@@ -409,4 +422,88 @@ func TestKeyHintsAt60x20(t *testing.T) {
 		m = press(t, m, key)
 		hints(bottom(m))
 	}
+}
+
+// TestSeveralDatabases: with two databases the console shows a row of each
+// (outbox lag, pending and dead; inbox lag, pending and dead) and the
+// selected one's name in the header; n and p switch the database the panels
+// show, and an operation's confirmation and outcome name the database it acts
+// on, which is the only one it changes.
+func TestSeveralDatabases(t *testing.T) {
+	t.Parallel()
+	cfg, orders, billing := twoDatabases(t)
+	ctx := context.Background()
+	storeDead(t, orders, "evt-orders-dead")
+	storeDead(t, billing, "evt-billing-dead")
+	_, err := billing.Exec(ctx, `INSERT INTO pgrelay.outbox (topic, key, payload) VALUES ('invoices', 'k', 'x'), ('invoices', 'k', 'y')`)
+	require.NoError(t, err)
+
+	for _, size := range [][2]int{{80, 24}, {200, 60}} {
+		w, h := size[0], size[1]
+		m := refresh(t, newModel(t, cfg, w, h))
+		v := checkScreen(t, m, w, h)
+		require.Contains(t, v, "Databases")
+		rows := map[string]string{}
+		for _, l := range strings.Split(v, "\n") {
+			for _, name := range []string{"orders", "billing"} {
+				if i := strings.Index(l, name+" "); i >= 0 && strings.Contains(l, "│") && !strings.Contains(l, "console") && rows[name] == "" {
+					rows[name] = strings.Fields(l[i:])[0] + " " + strings.Join(strings.Fields(strings.Trim(l[i+len(name):], "│ ")), " ")
+				}
+			}
+		}
+		require.Equal(t, "orders 0s 0 0 0s 0 1", rows["orders"], v)
+		require.Regexp(t, `^billing \d+s 2 0 0s 0 1$`, rows["billing"], v)
+		require.Contains(t, strings.Split(v, "\n")[0], "orders", "the header names the selected database")
+		require.Contains(t, v, "> orders")
+	}
+
+	m := refresh(t, newModel(t, cfg, 80, 24))
+	m = press(t, m, "k")
+	v := checkScreen(t, m, 80, 24)
+	require.Contains(t, v, "> evt-orders-dead")
+	require.NotContains(t, v, "evt-billing-dead")
+
+	m = press(t, m, "n")
+	v = checkScreen(t, m, 80, 24)
+	require.Contains(t, strings.Split(v, "\n")[0], "billing")
+	require.Contains(t, v, "> billing")
+	require.Contains(t, v, "> evt-billing-dead")
+	require.NotContains(t, v, "evt-orders-dead")
+
+	m = press(t, m, "d")
+	v = checkScreen(t, m, 80, 24)
+	require.Contains(t, v, "Purge dead event evt-billing-dead in database billing?")
+	m = press(t, m, "y")
+	require.Contains(t, checkScreen(t, m, 80, 24), "purged evt-billing-dead in database billing (audit #")
+	require.Equal(t, []string{"evt-billing-dead " + actor}, auditRows(t, billing, "purge"))
+	require.Empty(t, auditRows(t, orders, "purge"))
+
+	m = press(t, m, "ctrl+r")
+	require.Contains(t, checkScreen(t, m, 80, 24), "Reset the dedup counters in database billing?")
+	m = press(t, m, "n")
+	m = press(t, m, "f")
+	require.Contains(t, checkScreen(t, m, 80, 24), "Run inbox retention now in database billing?")
+	m = press(t, m, "n")
+
+	m = press(t, m, "p") // back to orders, wrapping around
+	v = checkScreen(t, m, 80, 24)
+	require.Contains(t, strings.Split(v, "\n")[0], "orders")
+	require.Contains(t, v, "> evt-orders-dead")
+
+	// A snapshot loaded before a switch updates the rows only.
+	stale := fixedSnapshot()
+	stale.Keys = []admin.InboxKey{{EventID: "evt-stale", Status: "dead"}}
+	m = update(t, m, snapshotMsg{snap: stale, db: 1})
+	require.NotContains(t, checkScreen(t, m, 80, 24), "evt-stale")
+}
+
+// TestOneDatabaseHasNoDatabasesPanel: one database shows no databases panel
+// and n reports there is nothing to switch to.
+func TestOneDatabaseHasNoDatabasesPanel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := refresh(t, newModel(t, b.cfg, 80, 24))
+	require.NotContains(t, checkScreen(t, m, 80, 24), "Databases")
+	m = press(t, m, "n")
+	require.Contains(t, checkScreen(t, m, 80, 24), "one database: nothing to switch to")
 }

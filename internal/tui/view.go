@@ -33,15 +33,71 @@ func (m Model) View() string {
 		body = m.overlay(w, h-2, "Keys", helpText)
 	case m.detail != nil:
 		body = m.overlay(w, h-2, "Event "+m.detail.EventID, m.detailText(min(w-6, 100)))
-	case m.wide():
-		body = m.wideBody(w, h-2)
 	default:
-		body = m.narrowBody(w, h-2)
+		bh := h - 2
+		var top string
+		if m.several() {
+			lines := m.databaseLines(bh / 4)
+			top = box("Databases (n/p switch)", lines, w, len(lines)+2, false) + "\n"
+			bh -= len(lines) + 2
+		}
+		if m.wide() {
+			body = top + m.wideBody(w, bh)
+		} else {
+			body = top + m.narrowBody(w, bh)
+		}
 	}
 	return m.header(w) + "\n" + fit(body, w, h-2) + "\n" + m.footer(w)
 }
 
+// databaseLines are the databases panel's lines: a row per database with
+// its outbox and inbox lag, pending and dead counts, the selected one marked,
+// at most rows of them (scrolled to the selected one).
+func (m Model) databaseLines(rows int) []string {
+	nameW := 12
+	for _, d := range m.cfg.Databases {
+		nameW = max(nameW, min(lipgloss.Width(d.Name), 24))
+	}
+	lines := []string{fmt.Sprintf("  %-*s %10s %7s %5s  %9s %7s %5s", nameW, "DATABASE", "OUTBOX LAG", "PENDING", "DEAD", "INBOX LAG", "PENDING", "DEAD")}
+	rows = max(rows-1, 1)
+	start := 0
+	if m.db >= rows {
+		start = m.db - rows + 1
+	}
+	for i := start; i < len(m.cfg.Databases) && i < start+rows; i++ {
+		name := m.cfg.Databases[i].Name
+		mark := "  "
+		if i == m.db {
+			mark = "> "
+		}
+		line := mark + fmt.Sprintf("%-*s ", nameW, ansi.Truncate(name, nameW, "…"))
+		var row *DatabaseRow
+		for j := range m.rows {
+			if m.rows[j].Name == name {
+				row = &m.rows[j]
+			}
+		}
+		switch {
+		case row == nil:
+			line += "loading…"
+		case row.Stats == nil:
+			line += errorStyle.Render("unreadable: " + row.Error)
+		default:
+			st := row.Stats
+			line += fmt.Sprintf("%10s %7d %5d  %9s %7d %5d",
+				fmtDur(secs(st.Outbox.OldestPendingSeconds)), st.Outbox.ByStatus["pending"], st.Outbox.ByStatus["dead"],
+				fmtDur(secs(st.Inbox.OldestClaimableSeconds)), st.Inbox.ByStatus["pending"], st.Inbox.ByStatus["dead"])
+		}
+		if i == m.db {
+			line = focusStyle.Render(line)
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
 const helpText = `Tab / 1-4   switch panel (Stats, Keys, Outbox, Config)
+n / p       next / previous database (several served)
 k o c       Keys, Outbox, Config
 Up / Down   move in Keys
 /           search keys (Enter applies, Esc clears)
@@ -56,6 +112,11 @@ q           quit`
 
 func (m Model) header(w int) string {
 	left := titleStyle.Render("pgrelay " + m.cfg.Service + " console")
+	db := ""
+	if m.several() {
+		db = focusStyle.Render(m.database().Name) + " "
+		left += " · " + db
+	}
 	right := "h help · q quit"
 	if m.snap != nil {
 		right = "refreshed " + m.snap.At.Format("15:04:05") + " · " + right
@@ -72,7 +133,7 @@ func (m Model) header(w int) string {
 				tabs[i] = fmt.Sprintf(" %d %s ", i+1, n)
 			}
 		}
-		left = titleStyle.Render("pgrelay") + " " + strings.Join(tabs, "")
+		left = titleStyle.Render("pgrelay") + " " + db + strings.Join(tabs, "")
 		right = "h help"
 		if m.loading {
 			right = "… " + right

@@ -25,12 +25,12 @@ import (
 )
 
 // Commands returns the operator subcommands (stats, dead, outbox, audit,
-// conflicts). They
-// connect to the database at *databaseURL (read when a command runs) and call
-// the same Service methods as the HTTP API. Output is a table, or JSON with
-// --json.
-func Commands(databaseURL *string) []*cobra.Command {
-	c := &cliEnv{databaseURL: databaseURL}
+// conflicts, gaps, wal). They connect to one of the databases dbs lists (read
+// when a command runs): with several, the one --database names (stats
+// without it: each), and name it in what they print. They call the same
+// Service methods as the HTTP API. Output is a table, or JSON with --json.
+func Commands(dbs pgurl.Databases) []*cobra.Command {
+	c := &cliEnv{dbs: dbs}
 	outbox := &cobra.Command{
 		Use:   "outbox",
 		Short: "Operate on the outbox (dead letters)",
@@ -43,22 +43,48 @@ func Commands(databaseURL *string) []*cobra.Command {
 	conflicts.AddCommand(c.conflictsList())
 	dead := c.deadCommand(admin.SourceInbox)
 	dead.AddCommand(c.deadSkipCommand())
-	return []*cobra.Command{c.statsCommand(), dead, outbox, c.auditCommand(), conflicts, c.gapsCommand(), c.walCommand()}
+	cmds := []*cobra.Command{c.statsCommand(), dead, outbox, c.auditCommand(), conflicts, c.gapsCommand(), c.walCommand()}
+	for _, cmd := range cmds {
+		cmd.PersistentFlags().StringVar(&c.database, strings.TrimPrefix(pgurl.DatabaseFlag, "--"), "",
+			"the database to act on, by name, when several are given (relay: --database-url repeated, --databases-file)")
+	}
+	return cmds
 }
 
 type cliEnv struct {
-	databaseURL *string
+	dbs pgurl.Databases
+	// database is --database.
+	database string
 }
 
+// service opens the database --database names, or the only one.
 func (c *cliEnv) service(ctx context.Context, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
-	if *c.databaseURL == "" {
-		return nil, nil, errors.New(pgurl.DatabaseURLSetting + " is required")
+	list, err := c.dbs()
+	if err != nil {
+		return nil, nil, err
 	}
-	return open(ctx, *c.databaseURL, pgurl.DatabaseURLSetting, counters)
+	db, err := pgurl.Pick(list, c.database)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(list) == 1 {
+		db.Name = "" // one database: nothing to tell apart
+	}
+	return open(ctx, db, counters)
 }
 
-// open connects to the database at url (given by setting).
-func open(ctx context.Context, url, setting string, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
+// prefix is "database NAME: " for a Service of one of several databases,
+// which every line reporting a change starts with.
+func prefix(svc *admin.Service) string {
+	if svc.Database() == "" {
+		return ""
+	}
+	return "database " + svc.Database() + ": "
+}
+
+// open connects to db (Name "" when it is the only one).
+func open(ctx context.Context, db pgurl.Named, counters func() (float64, float64, bool)) (*admin.Service, func(), error) {
+	url, setting := db.URL, db.From
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pool, err := pooler.NewPool(cctx, url)
@@ -69,7 +95,7 @@ func open(ctx context.Context, url, setting string, counters func() (float64, fl
 		pool.Close()
 		return nil, nil, fmt.Errorf("%s: %w", setting, err)
 	}
-	svc, err := admin.New(admin.Config{Pool: pool, Counters: counters})
+	svc, err := admin.New(admin.Config{Pool: pool, Database: db.Name, Counters: counters})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -107,14 +133,15 @@ func printJSON(w io.Writer, v any) error {
 
 func (c *cliEnv) statsCommand() *cobra.Command {
 	var asJSON bool
-	var metricsURL, databasesFile string
+	var metricsURL string
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show inbox and outbox counts by status, table sizes, lag and dedup hit rate",
 		Long: `Show inbox and outbox counts by status, table sizes, the oldest pending
 events, the consumer's lag (the oldest inbox event ready to run) and the
 relay's lag (the oldest outbox row waiting to be published). The dedup hit rate comes from a
-running consumer's counters: pass its metrics endpoint with --metrics-url.`,
+running consumer's counters: pass its metrics endpoint with --metrics-url.
+Given several databases and no --database, the stats of each.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.RunE = c.runWith(&metricsURL, func(cmd *cobra.Command, _ []string, svc *admin.Service) error {
@@ -129,31 +156,30 @@ running consumer's counters: pass its metrics endpoint with --metrics-url.`,
 	})
 	run := cmd.RunE
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if databasesFile == "" {
+		list, err := c.dbs()
+		if err != nil {
+			return err
+		}
+		if len(list) == 1 || c.database != "" {
 			return run(cmd, args)
 		}
-		return statsEach(cmd, databasesFile, asJSON)
+		return statsEach(cmd, list, asJSON)
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	cmd.Flags().StringVar(&databasesFile, "databases-file", "", "instead of --database-url, each database of a file as relay run's --databases-file reads it (lines name=postgres://...)")
 	cmd.Flags().StringVar(&metricsURL, "metrics-url", "", "a consumer's /metrics URL, for the dedup hit rate (for example http://127.0.0.1:9090/metrics)")
 	return cmd
 }
 
-// statsEach prints the stats of each database the file names, headed by
-// its name (JSON: a list of {"database", "stats"}).
-func statsEach(cmd *cobra.Command, file string, asJSON bool) error {
-	named, err := pgurl.ReadNamed(file, "--databases-file")
-	if err != nil {
-		return err
-	}
+// statsEach prints the stats of each database of named, headed by its name
+// (JSON: a list of {"database", "stats"}).
+func statsEach(cmd *cobra.Command, named []pgurl.Named, asJSON bool) error {
 	type one struct {
 		Database string       `json:"database"`
 		Stats    *admin.Stats `json:"stats"`
 	}
 	var all []one
 	for _, n := range named {
-		svc, closeFn, err := open(cmd.Context(), n.URL, n.From, nil)
+		svc, closeFn, err := open(cmd.Context(), n, nil)
 		if err != nil {
 			return fmt.Errorf("database %s: %w", n.Name, err)
 		}
@@ -417,16 +443,17 @@ func (c *cliEnv) deadShow(src admin.Source) *cobra.Command {
 	return cmd
 }
 
-// writeResult prints a requeue's or purge's result as a table, or as JSON.
-func writeResult(w io.Writer, res *admin.Result, asJSON bool) error {
+// writeResult prints a requeue's or purge's result as a table, or as JSON;
+// the lines saying what changed, or would change, start with prefix.
+func writeResult(w io.Writer, res *admin.Result, asJSON bool, prefix string) error {
 	if asJSON {
 		return printJSON(w, res)
 	}
 	verb := map[string]string{"requeue": "requeued", "purge": "purged"}[res.Action]
 	if res.DryRun {
-		fmt.Fprintf(w, "dry run: would have %s %d dead %s event(s); nothing changed\n", verb, res.Count, res.Source)
+		fmt.Fprintf(w, "%sdry run: would have %s %d dead %s event(s); nothing changed\n", prefix, verb, res.Count, res.Source)
 	} else {
-		fmt.Fprintf(w, "%s %d dead %s event(s)\n", verb, res.Count, res.Source)
+		fmt.Fprintf(w, "%s%s %d dead %s event(s)\n", prefix, verb, res.Count, res.Source)
 	}
 	if res.Count > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -442,8 +469,8 @@ func writeResult(w io.Writer, res *admin.Result, asJSON bool) error {
 		fmt.Fprintf(w, "the limit of %d was reached: more events may match; run the command again\n", res.Limit)
 	}
 	if res.Confirm != "" {
-		fmt.Fprintf(w, "to %s exactly these, run the same command without --dry-run and with --confirm %s (until %s)\n",
-			res.Action, res.Confirm, res.ConfirmExpires.UTC().Format(time.RFC3339))
+		fmt.Fprintf(w, "%sto %s exactly these, run the same command without --dry-run and with --confirm %s (until %s)\n",
+			prefix, res.Action, res.Confirm, res.ConfirmExpires.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -485,7 +512,7 @@ events it showed, or nothing when they changed or the token expired (10m).`, src
 		if err != nil {
 			return err
 		}
-		return writeResult(cmd.OutOrStdout(), res, asJSON)
+		return writeResult(cmd.OutOrStdout(), res, asJSON, prefix(svc))
 	})
 	return cmd
 }
@@ -525,7 +552,7 @@ the events it showed, or nothing when they changed or the token expired (10m).`,
 		if err != nil {
 			return err
 		}
-		return writeResult(cmd.OutOrStdout(), res, asJSON)
+		return writeResult(cmd.OutOrStdout(), res, asJSON, prefix(svc))
 	})
 	return cmd
 }

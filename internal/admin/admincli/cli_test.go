@@ -21,6 +21,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/admin"
 	"github.com/pgrelay/pgrelay/internal/admin/admincli"
 	"github.com/pgrelay/pgrelay/internal/admin/admintest"
+	"github.com/pgrelay/pgrelay/internal/pgurl"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 	"github.com/pgrelay/pgrelay/migrations"
 )
@@ -29,8 +30,14 @@ import (
 // binaries do, and returns stdout and the error.
 func runCLI(t *testing.T, url string, args ...string) (string, error) {
 	t.Helper()
+	return runCLIOn(t, pgurl.One(&url), args...)
+}
+
+// runCLIOn runs the operator subcommands over the databases dbs lists.
+func runCLIOn(t *testing.T, dbs pgurl.Databases, args ...string) (string, error) {
+	t.Helper()
 	root := &cobra.Command{Use: "consumer", SilenceUsage: true, SilenceErrors: true}
-	root.AddCommand(admincli.Commands(&url)...)
+	root.AddCommand(admincli.Commands(dbs)...)
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
@@ -140,8 +147,9 @@ func TestCLI(t *testing.T) {
 	require.ErrorContains(t, err, "DATABASE_URL")
 }
 
-// TestCLIStatsEachDatabase: stats --databases-file prints each database's
-// stats, headed by its name, in the file's order.
+// TestCLIStatsEachDatabase: given several databases (a file, as relay's
+// --databases-file) and no --database, stats prints each database's stats,
+// headed by its name, in the file's order.
 func TestCLIStatsEachDatabase(t *testing.T) {
 	t.Parallel()
 	withDead, empty := testdb.NewURL(t), testdb.NewURL(t)
@@ -164,7 +172,8 @@ func TestCLIStatsEachDatabase(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "dbs")
 	require.NoError(t, os.WriteFile(file, []byte("# two\norders="+withDead+"\n\nbilling="+empty+"\n"), 0o600))
 
-	out, err := runCLI(t, "", "stats", "--databases-file", file, "--json")
+	fromFile := func() ([]pgurl.Named, error) { return pgurl.ReadNamed(file, "--databases-file") }
+	out, err := runCLIOn(t, fromFile, "stats", "--json")
 	require.NoError(t, err)
 	var each []struct {
 		Database string      `json:"database"`
@@ -177,7 +186,7 @@ func TestCLIStatsEachDatabase(t *testing.T) {
 	require.Equal(t, int64(3), each[0].Stats.Inbox.ByStatus["dead"])
 	require.Zero(t, each[1].Stats.Inbox.ByStatus["dead"])
 
-	out, err = runCLI(t, "", "stats", "--databases-file", file)
+	out, err = runCLIOn(t, fromFile, "stats")
 	require.NoError(t, err)
 	require.Regexp(t, `(?s)^== orders\n.*\n\n== billing\n`, out)
 	require.Regexp(t, fmt.Sprintf(`(?s)== orders\n.*schema version +%d \(latest\)\n.*== billing\n.*schema version +%d, behind latest %d \(pending: %d\)\n`,
@@ -185,7 +194,7 @@ func TestCLIStatsEachDatabase(t *testing.T) {
 	require.Equal(t, []int64{last}, each[1].Stats.Schema.Pending)
 
 	require.NoError(t, os.WriteFile(file, []byte("orders="+withDead+"\nbad name=x\n"), 0o600))
-	_, err = runCLI(t, "", "stats", "--databases-file", file)
+	_, err = runCLIOn(t, fromFile, "stats")
 	require.ErrorContains(t, err, "--databases-file "+file+`:2: name "bad name" must be`)
 }
 

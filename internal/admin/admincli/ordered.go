@@ -82,8 +82,8 @@ sequence is in the inbox (dead: use "dead skip"). Recorded in the audit table.`,
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "key %s: skipped sequences %d-%d; %d waiting event(s) made due\n",
-			res.Key, res.From, res.To, res.Woken)
+		fmt.Fprintf(cmd.OutOrStdout(), "%skey %s: skipped sequences %d-%d; %d waiting event(s) made due\n",
+			prefix(svc), res.Key, res.From, res.To, res.Woken)
 		return nil
 	})
 	gaps.AddCommand(list, skip)
@@ -111,8 +111,8 @@ sequence of its key. Recorded in the audit table.`,
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "key %s: skipped dead sequence %d; %d waiting event(s) made due\n",
-			res.Key, res.From, res.Woken)
+		fmt.Fprintf(cmd.OutOrStdout(), "%skey %s: skipped dead sequence %d; %d waiting event(s) made due\n",
+			prefix(svc), res.Key, res.From, res.Woken)
 		return nil
 	})
 	return cmd

@@ -35,8 +35,8 @@ Who accepted the gap, when and why is kept in pgrelay.wal_gaps.`,
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "slot %s: accepted the gap %s-%s (last confirmed position recorded at %s; %s)\n",
-			g.Slot, g.FromLSN, g.ToLSN, g.ConfirmedAt.UTC().Format(time.RFC3339), g.Cause)
+		fmt.Fprintf(cmd.OutOrStdout(), "%sslot %s: accepted the gap %s-%s (last confirmed position recorded at %s; %s)\n",
+			prefix(svc), g.Slot, g.FromLSN, g.ToLSN, g.ConfirmedAt.UTC().Format(time.RFC3339), g.Cause)
 		return nil
 	})
 	wal.AddCommand(accept)

@@ -70,3 +70,12 @@ prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
+
+{{/* The pods' ServiceAccount: serviceAccount.name, or the chart's name when it creates one, or the namespace's default. */}}
+{{- define "pgrelay.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "pgrelay.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}

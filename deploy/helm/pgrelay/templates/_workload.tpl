@@ -37,6 +37,7 @@ spec:
       {{- end }}
     spec:
       terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+      serviceAccountName: {{ include "pgrelay.serviceAccountName" $root }}
       automountServiceAccountToken: false
       {{- with $root.Values.imagePullSecrets }}
       imagePullSecrets:
