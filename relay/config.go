@@ -36,14 +36,16 @@ type Config struct {
 	// name, with ListenConnConfig. Names are unique, 1-63 of
 	// [A-Za-z0-9_.-] (the metrics' database label). Capture "wal" serves one.
 	Databases []Database
-	// InFlightEvents is how many events the relay has handed to the broker
-	// and not yet seen acknowledged, all databases together: while k
-	// databases publish, each may have InFlightEvents/k in flight (always one
-	// batch), so one database's backlog fills only its share of the broker's
-	// pipe and another's batch waits behind about InFlightEvents events at
-	// most. A relay serving one database is not bounded. Default
-	// DefaultInFlightEvents (500: at 2,000 another database's events queued
-	// behind a backlog about twice as long, for a drain about 15 % faster).
+	// InFlightEvents is how many events the relay fleet has handed to the
+	// broker and not yet seen acknowledged, all databases together: each
+	// relay takes InFlightEvents/N, N the most relays alive in any of its
+	// databases, and while k of its databases publish, each may have 1/k of
+	// that in flight (always one batch). So one database's backlog fills
+	// only its share of the broker's pipe, and another's batch waits behind
+	// about InFlightEvents events at most. A relay serving one database is
+	// not bounded. Default DefaultInFlightEvents (500: at 2,000 another
+	// database's events queued behind a backlog about twice as long, for a
+	// drain about 15 % faster).
 	InFlightEvents int
 	// Publisher publishes the events, for example nats.NewPublisher's,
 	// kafka.NewPublisher's or rabbitmq.NewPublisher's. Required. The relay

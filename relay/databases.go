@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -90,13 +91,17 @@ func (c Config) databases() []Database {
 // share waits; as events are acknowledged the waiting batches are let
 // through in turn, one per database per round, each database's in order.
 // A backlog thus fills at most its share of the broker's pipe, and a batch
-// of another database waits behind at most about budget events.
+// of another database waits behind at most about budget events. The budget
+// is the fleet's: N relays publishing into one broker put N relays' events
+// in flight ahead of a quiet database's, so each relay takes budget/N, N
+// being the most relays alive in any of its databases (fleet).
 type gate struct {
 	mu       sync.Mutex
 	budget   int
 	inflight map[string]int      // each database's events in flight
 	queue    map[string][]*entry // each database's waiting batches, in order
 	turn     []string            // the databases with batches waiting, next first
+	relays   map[string]int      // the relays alive in each database, as last counted
 	// shared is set while the relay serves several databases: with one,
 	// nothing is bounded (its partitions' batches all go out at once, as
 	// they would without the gate).
@@ -109,15 +114,41 @@ type entry struct {
 }
 
 func newGate(budget int) *gate {
-	return &gate{budget: budget, inflight: map[string]int{}, queue: map[string][]*entry{}}
+	return &gate{budget: budget, inflight: map[string]int{}, queue: map[string][]*entry{}, relays: map[string]int{}}
 }
 
-// serve tells the gate how many databases the relay serves.
-func (g *gate) serve(databases int) {
+// serve tells the gate which databases the relay serves.
+func (g *gate) serve(databases []string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.shared = databases > 1
+	g.shared = len(databases) > 1
+	for d := range g.relays {
+		if !slices.Contains(databases, d) {
+			delete(g.relays, d)
+		}
+	}
 	g.grant()
+}
+
+// fleet records how many relays are alive in database (its relay table's
+// heartbeats, as the partitions' fair share counts them).
+func (g *gate) fleet(database string, relays int) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.relays[database] = relays
+	g.grant()
+}
+
+// share returns this relay's part of the fleet's budget.
+func (g *gate) share() int {
+	n := 1
+	for _, r := range g.relays {
+		n = max(n, r)
+	}
+	return max(1, g.budget/n)
 }
 
 // fits reports whether database may put n more events in flight.
@@ -134,7 +165,7 @@ func (g *gate) fits(database string, n int) bool {
 	if _, ok := g.inflight[database]; !ok && len(g.queue[database]) == 0 {
 		active++ // database itself, about to be
 	}
-	return g.inflight[database] == 0 || g.inflight[database]+n <= g.budget/active
+	return g.inflight[database] == 0 || g.inflight[database]+n <= g.share()/active
 }
 
 // acquire waits until database may publish a batch of n events, or for
@@ -418,8 +449,17 @@ func (r *Relay) SetDatabases(ctx context.Context, dbs []Database) error {
 	r.mu.Lock()
 	r.dbs = kept
 	r.mu.Unlock()
-	r.gate.serve(len(kept))
+	r.gate.serve(names(kept))
 	return errors.Join(errs...)
+}
+
+// names returns the names of dbs, in order.
+func names(dbs []*dbRun) []string {
+	out := make([]string, len(dbs))
+	for i, d := range dbs {
+		out[i] = d.db.Name
+	}
+	return out
 }
 
 // Databases returns the names of the databases the relay publishes, in

@@ -105,6 +105,31 @@ func TestOneRelayManyDatabases(t *testing.T) {
 	require.NotContains(t, text, "database db1")
 }
 
+// TestFleetSharesTheInFlightBudget: two relays serving the same two
+// databases each take half of InFlightEvents (counted from the relays alive
+// in the databases, as the partitions' fair share), and the one left takes
+// it all again once the other stopped.
+func TestFleetSharesTheInFlightBudget(t *testing.T) {
+	b := setup(t)
+	dbs, _ := b.more(t, 1)
+	cfg := b.testConfig(t, b.publisher(t), nil)
+	cfg.Pool, cfg.Databases, cfg.InFlightEvents = nil, dbs, 600
+	cfg1, cfg2 := cfg, cfg
+	cfg1.NodeID, cfg2.NodeID = "fleet-1", "fleet-2"
+	share := func(r *Relay) int {
+		r.gate.mu.Lock()
+		defer r.gate.mu.Unlock()
+		return r.gate.share()
+	}
+	r1, _ := runRelay(t, cfg1)
+	r2, stop2 := runRelay(t, cfg2)
+	for _, r := range []*Relay{r1, r2} {
+		require.Eventually(t, func() bool { return share(r) == 300 }, 20*time.Second, 20*time.Millisecond, "two relays alive: half each")
+	}
+	stop2()
+	require.Eventually(t, func() bool { return share(r1) == 600 }, 30*time.Second, 20*time.Millisecond, "alone again: the whole budget")
+}
+
 // TestFairShareAcrossDatabases: one database's backlog of 20,000 rows does
 // not hold back two others receiving a trickle; their commit → published
 // p99 stays low while the backlog drains. FAIRNESS_INFLIGHT=100000 runs it
@@ -294,12 +319,12 @@ func TestGateSharesEventsInFlight(t *testing.T) {
 	// A relay serving one database: nothing bounded (16 batches of 500 in
 	// flight at once, as without the gate).
 	one := newGate(1000)
-	one.serve(1)
+	one.serve([]string{"a"})
 	for range 16 {
 		require.NoError(t, one.acquire(ctx, "a", 500))
 	}
 	g := newGate(1000)
-	g.serve(2)
+	g.serve([]string{"a", "b"})
 	require.NoError(t, g.acquire(ctx, "a", 500))
 	require.NoError(t, g.acquire(ctx, "a", 500)) // alone: the whole budget
 	third := make(chan error, 1)
@@ -325,6 +350,35 @@ func TestGateSharesEventsInFlight(t *testing.T) {
 	require.Empty(t, g.inflight)
 	require.Empty(t, g.queue)
 	require.Empty(t, g.turn)
+}
+
+// TestGateBudgetIsTheFleets: with N relays alive (the most counted in any
+// of the relay's databases), a relay takes budget/N: N relays publishing a
+// backlog into one broker keep about budget events ahead of another
+// database's, not N times it. A database no longer served no longer counts.
+func TestGateBudgetIsTheFleets(t *testing.T) {
+	ctx := context.Background()
+	g := newGate(900)
+	g.serve([]string{"a", "b"})
+	g.fleet("a", 1)
+	g.fleet("b", 3)
+	require.NoError(t, g.acquire(ctx, "a", 200))
+	require.NoError(t, g.acquire(ctx, "a", 100)) // 300: the whole of 900/3
+	next := make(chan error, 1)
+	go func() { next <- g.acquire(ctx, "a", 100) }()
+	require.Never(t, func() bool { return len(next) > 0 }, 50*time.Millisecond, time.Millisecond,
+		"three relays alive: this one's share is 300")
+	g.fleet("b", 2) // one relay left: 450 each
+	select {
+	case err := <-next:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the share did not grow when a relay left")
+	}
+	g.fleet("b", 9)
+	g.serve([]string{"a", "c"}) // b removed: its count goes with it
+	require.Equal(t, 900, g.share())
+	require.NoError(t, g.acquire(ctx, "a", 500))
 }
 
 // TestSetDatabasesBeforeRunStarted: SetDatabases (SIGHUP's) called while

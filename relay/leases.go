@@ -120,6 +120,7 @@ func (r *engine) fairShare(qctx context.Context) (int, error) {
 	if live < 1 {
 		live = 1
 	}
+	r.cfg.gate.fleet(r.cfg.database, int(live))
 	share := (int(total) + int(live) - 1) / int(live)
 	r.checkPoolSize(share)
 	return share, nil

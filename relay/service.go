@@ -94,7 +94,7 @@ func New(cfg Config) (*Relay, error) {
 		}
 		r.dbs = append(r.dbs, run)
 	}
-	r.gate.serve(len(r.dbs))
+	r.gate.serve(names(r.dbs))
 	return r, nil
 }
 
