@@ -812,35 +812,170 @@ func (s *walSession) hand(ctx context.Context, tx *walTx, next *time.Time) error
 	}
 }
 
+// walLanes is how many lanes publish the WAL capture's events at once. A
+// key's events always take the same lane (laneOf), and each lane publishes
+// its part of batch after batch in commit order, so a key's events reach the
+// broker in commit order, as the table capture's partitions publish theirs.
+const walLanes = 16
+
+// walNumberChunk is how many events one numbering statement takes at most.
+const walNumberChunk = 1000
+
+// walAhead is how many batches may be numbered and handed to the lanes
+// before the oldest of them is acknowledged in full.
+const walAhead = 4
+
+// walBatch is a batch handed to the lanes: confirmed once every lane
+// acknowledged its part, and every batch before it was confirmed.
+type walBatch struct {
+	end    pglogrepl.LSN // end of its last transaction
+	commit time.Time     // commit of its first
+	left   atomic.Int32  // parts not yet acknowledged
+	done   chan struct{} // closed when none is left
+}
+
+func (b *walBatch) arrive() {
+	if b.left.Add(-1) == 0 {
+		close(b.done)
+	}
+}
+
+// walPart is a lane's part of a batch, numbered, in commit order.
+type walPart struct {
+	b    *walBatch
+	msgs []pgrelay.Message
+	ends []pglogrepl.LSN
+}
+
+// laneOf is the lane publishing m: by its key (its event id when it has
+// none), so that a key's events keep their order.
+func laneOf(m *pgrelay.Message) int {
+	k := m.Key
+	if k == "" {
+		k = m.EventID
+	}
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(k); i++ {
+		h = (h ^ uint32(k[i])) * 16777619
+	}
+	return int(h % walLanes)
+}
+
 // publishLoop publishes the handed transactions in batches of up to
-// BatchSize events, in commit order, and records each batch's end as
-// confirmed once the broker acknowledged all of it.
-func (s *walSession) publishLoop(ctx context.Context) error {
+// BatchSize events, in commit order: it numbers each batch (publishTxs's
+// numbering), hands each lane its part, and records a batch's end as
+// confirmed once the lanes acknowledged all of it and all before it. Up to
+// walAhead batches are in the lanes at once, so the broker's round trips of
+// one batch overlap the numbering and the publishing of the next.
+func (s *walSession) publishLoop(parent context.Context) (err error) {
+	ctx, cancel := context.WithCancelCause(parent)
+	lanes := make([]chan walPart, walLanes)
+	var wg sync.WaitGroup
+	for i := range lanes {
+		lanes[i] = make(chan walPart, walAhead)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range lanes[i] {
+				if ctx.Err() != nil {
+					continue // stopping: nothing more is published
+				}
+				if err := s.publishPart(ctx, p); err != nil {
+					cancel(err)
+					continue
+				}
+				p.b.arrive()
+			}
+		}()
+	}
+	defer func() {
+		for _, l := range lanes {
+			close(l)
+		}
+		cancel(nil)
+		wg.Wait()
+	}()
+	stopped := func() error {
+		cause := context.Cause(ctx)
+		if parent.Err() != nil && !errors.Is(cause, errStale) {
+			return nil // stopping: what is in the lanes is not confirmed
+		}
+		return cause
+	}
+	var ahead []*walBatch // handed to the lanes, not yet confirmed, in order
 	for {
-		var batch []*walTx
+		for len(ahead) > 0 && isClosed(ahead[0].done) {
+			s.confirm(ahead[0], ahead[1:])
+			ahead = ahead[1:]
+		}
+		var front chan struct{}
+		if len(ahead) > 0 {
+			front = ahead[0].done
+		}
+		if len(ahead) >= walAhead {
+			select {
+			case <-front:
+				continue
+			case <-ctx.Done():
+				return stopped()
+			}
+		}
+		var tx *walTx
 		select {
-		case tx := <-s.txs:
-			batch = append(batch, tx)
+		case tx = <-s.txs:
+		case <-front:
+			continue
 		case <-ctx.Done():
-			return nil
+			return stopped()
 		}
-		s.oldest.Store(batch[0].commit.UnixNano())
-		batch, ok := s.gather(ctx, batch)
+		if len(ahead) == 0 {
+			s.oldest.Store(tx.commit.UnixNano())
+		}
+		batch, ok := s.gather(ctx, []*walTx{tx})
 		if !ok {
-			return nil
+			return stopped()
 		}
-		if err := s.publishTxs(ctx, batch); err != nil {
-			if ctx.Err() != nil && !errors.Is(err, errStale) {
-				return nil // stopping: the batch is not confirmed
+		b := &walBatch{end: batch[len(batch)-1].end, commit: batch[0].commit, done: make(chan struct{})}
+		b.left.Store(1) // publishTxs's own, until every part is handed over
+		ahead = append(ahead, b)
+		err := s.publishTxs(ctx, batch, func(lane int, p walPart) {
+			p.b = b
+			b.left.Add(1)
+			select {
+			case lanes[lane] <- p:
+			case <-ctx.Done():
+				b.left.Add(-1)
+			}
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return stopped()
 			}
 			return err
 		}
-		last := batch[len(batch)-1]
-		s.w.log.Debug("batch acknowledged", slog.Int("transactions", len(batch)), slog.Any("end", last.end))
-		s.confirmed.Store(uint64(last.end))
-		if s.confirmed.Load() == s.handed.Load() {
-			s.oldest.Store(0)
-		}
+		b.arrive()
+	}
+}
+
+// confirm records b, acknowledged in full, as confirmed; next are the
+// batches after it in the lanes.
+func (s *walSession) confirm(b *walBatch, next []*walBatch) {
+	s.w.log.Debug("batch acknowledged", slog.Any("end", b.end))
+	s.confirmed.Store(uint64(b.end))
+	switch {
+	case s.confirmed.Load() == s.handed.Load():
+		s.oldest.Store(0)
+	case len(next) > 0:
+		s.oldest.Store(next[0].commit.UnixNano())
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -886,13 +1021,14 @@ func (s *walSession) gather(ctx context.Context, batch []*walTx) (_ []*walTx, ok
 	return batch, true
 }
 
-// publishTxs publishes the events of batch until the broker acknowledged
-// every one (or refused it for good), retrying transient failures with
-// backoff. Before each publish it drops the events that expired and numbers
-// the keyed ones (numberKeySeqs). It returns early only when ctx ends or the
-// session went stale or lost the slot: then nothing of the batch is
-// confirmed.
-func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
+// publishTxs numbers the events of batch in chunks of up to BatchSize and
+// hands each chunk's lane parts over (hand) as soon as it is numbered. Before
+// numbering it drops the events that expired (dropExpired), then numbers the
+// keyed ones (numberKeySeqs), retrying a transient failure with backoff. It
+// returns early only when ctx ends or the session went stale or lost the
+// slot: then the rest of the batch is not handed over, and the batch is
+// never confirmed.
+func (s *walSession) publishTxs(ctx context.Context, batch []*walTx, hand func(lane int, p walPart)) error {
 	r := s.w.r
 	log := s.w.log
 	var msgs []pgrelay.Message
@@ -909,15 +1045,11 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 		r.cfg.obs.MarkedDead(walPartition, dead)
 	}
 	bo := r.newBackoff()
-	for start := 0; start < len(msgs); start += r.cfg.BatchSize {
-		end := min(start+r.cfg.BatchSize, len(msgs))
-		// The chunk's own copy: expired events leave it for good, and a
-		// retry publishes the rest again, in order.
+	for start := 0; start < len(msgs); start += walNumberChunk {
+		end := min(start+walNumberChunk, len(msgs))
+		// The chunk's own copy: expired events leave it for good.
 		chunk, chunkEnds := slices.Clone(msgs[start:end]), slices.Clone(ends[start:end])
 		for {
-			if h := r.cfg.hooks.walBeforePublish; h != nil {
-				h(len(chunk))
-			}
 			if err := s.checkFresh(); err != nil {
 				return err
 			}
@@ -925,27 +1057,61 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
 				break
 			}
-			if err := s.numberKeySeqs(ctx, chunk, chunkEnds); err != nil {
-				if errors.Is(err, errNotHolder) {
-					return err
-				}
-				if serverStopping(err) {
-					return fmt.Errorf("%w: %w", errServerStopping, err)
-				}
-				log.Warn("numbering key sequences failed; retrying the batch", slog.Int("events", len(chunk)), slog.Any("error", err))
-				if !wait.Sleep(ctx, bo.Next()) {
-					return ctx.Err()
-				}
-				continue
-			}
-			// One that expired during the numbering's round trip is not
-			// published either (its number is then a gap, as an expired
-			// outbox row's is).
-			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
+			err := s.numberKeySeqs(ctx, chunk, chunkEnds)
+			if err == nil {
 				break
+			}
+			if errors.Is(err, errNotHolder) {
+				return err
+			}
+			if serverStopping(err) {
+				return fmt.Errorf("%w: %w", errServerStopping, err)
+			}
+			log.Warn("numbering key sequences failed; retrying the batch", slog.Int("events", len(chunk)), slog.Any("error", err))
+			if !wait.Sleep(ctx, bo.Next()) {
+				return ctx.Err()
+			}
+		}
+		// The chunk's parts go to their lanes at once: the lanes publish
+		// them while the next chunk is numbered.
+		var parts [walLanes]walPart
+		for i := range chunk {
+			l := laneOf(&chunk[i])
+			parts[l].msgs = append(parts[l].msgs, chunk[i])
+			parts[l].ends = append(parts[l].ends, chunkEnds[i])
+		}
+		for l, p := range parts {
+			if len(p.msgs) > 0 {
+				hand(l, p)
+			}
+		}
+	}
+	return nil
+}
+
+// publishPart publishes a lane's part of a batch until the broker
+// acknowledged every event (or refused it for good), in chunks of up to
+// BatchSize, retrying transient failures with backoff. It returns early
+// only when ctx ends or the session went stale: then the part is not
+// acknowledged and its batch never confirmed.
+func (s *walSession) publishPart(ctx context.Context, p walPart) error {
+	r := s.w.r
+	log := s.w.log
+	bo := r.newBackoff()
+	for start := 0; start < len(p.msgs); start += r.cfg.BatchSize {
+		end := min(start+r.cfg.BatchSize, len(p.msgs))
+		chunk, chunkEnds := slices.Clone(p.msgs[start:end]), slices.Clone(p.ends[start:end])
+		for {
+			if h := r.cfg.hooks.walBeforePublish; h != nil {
+				h(len(chunk))
 			}
 			if err := s.checkFresh(); err != nil {
 				return err
+			}
+			// One that expired since it was numbered is not published (its
+			// number is then a gap, as an expired outbox row's is).
+			if chunk, chunkEnds = s.dropExpired(chunk, chunkEnds); len(chunk) == 0 {
+				break
 			}
 			t0 := time.Now()
 			results := r.publish(chunk, time.Now().Add(r.cfg.PublishTimeout))
@@ -982,7 +1148,7 @@ func (s *walSession) publishTxs(ctx context.Context, batch []*walTx) error {
 				r.cfg.obs.MarkedDead(walPartition, terminal)
 			}
 			if published > 0 {
-				r.cfg.obs.Published(walPartition, published, dups, time.Since(batch[0].commit))
+				r.cfg.obs.Published(walPartition, published, dups, time.Since(p.b.commit))
 			}
 			break
 		}
