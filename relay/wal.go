@@ -867,7 +867,7 @@ func laneOf(m *pgrelay.Message) int {
 // confirmed once the lanes acknowledged all of it and all before it. Up to
 // walAhead batches are in the lanes at once, so the broker's round trips of
 // one batch overlap the numbering and the publishing of the next.
-func (s *walSession) publishLoop(parent context.Context) (err error) {
+func (s *walSession) publishLoop(parent context.Context) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	lanes := make([]chan walPart, walLanes)
 	var wg sync.WaitGroup
@@ -996,14 +996,14 @@ func (s *walSession) gather(ctx context.Context, batch []*walTx) (_ []*walTx, ok
 		defer t.Stop()
 		pause = t.C
 	}
+fill:
 	for n < r.cfg.BatchSize {
 		var tx *walTx
 		select {
 		case tx = <-s.txs:
 		default:
 			if pause == nil || n >= busyPollFull {
-				r.recent.add(n, time.Now(), r.lingerFor())
-				return batch, true
+				break fill
 			}
 			select {
 			case tx = <-s.txs:
@@ -1021,8 +1021,8 @@ func (s *walSession) gather(ctx context.Context, batch []*walTx) (_ []*walTx, ok
 	return batch, true
 }
 
-// publishTxs numbers the events of batch in chunks of up to BatchSize and
-// hands each chunk's lane parts over (hand) as soon as it is numbered. Before
+// publishTxs numbers the events of batch in chunks of up to walNumberChunk
+// and hands each chunk's lane parts over (hand) as soon as it is numbered. Before
 // numbering it drops the events that expired (dropExpired), then numbers the
 // keyed ones (numberKeySeqs), retrying a transient failure with backoff. It
 // returns early only when ctx ends or the session went stale or lost the
