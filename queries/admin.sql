@@ -183,9 +183,12 @@ FROM gone g
 RETURNING *;
 
 -- name: AdminNotifyOutbox :exec
--- AdminNotifyOutbox wakes the relays for the given partitions (the payload
--- format of the outbox insert trigger: a comma-separated partition list).
-SELECT pg_catalog.pg_notify('pgrelay_outbox', pg_catalog.array_to_string(@partitions::int[], ','));
+-- AdminNotifyOutbox wakes the relays for the given partitions, whose
+-- requeued rows are pending again below where their claims start the scan:
+-- "requeue:" and a comma-separated partition list (the outbox insert
+-- trigger's payload is the list alone). A relay that does not know the
+-- prefix wakes all its partitions.
+SELECT pg_catalog.pg_notify('pgrelay_outbox', 'requeue:' OPERATOR(pg_catalog.||) pg_catalog.array_to_string(@partitions::int[], ','));
 
 -- name: AdminNow :one
 -- AdminNow reads the database's clock (the transaction's start time): purge

@@ -33,12 +33,15 @@
 -- before a row's expires_at against it, and marks the row dead with the
 -- reason 'expired' instead of publishing it once that time has passed.
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       EXISTS (SELECT 1 FROM pgrelay.outbox w
+               WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
 FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
-       AND o.not_before IS NULL AND o.id <> ALL(@exclude::bigint[])
+       AND o.not_before IS NULL AND o.id > @after::bigint AND o.id <> ALL(@exclude::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
              WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
@@ -74,16 +77,19 @@ LIMIT @batch_size;
 -- for workers with no mark in flight: there is no exclude list. The rows come
 -- ordered by partition, then id; db_now is the statement's now(), as in
 -- PendingBatch.
-SELECT p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
-FROM pg_catalog.unnest(@partitions::int[]) AS p
+SELECT t.p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       EXISTS (SELECT 1 FROM pgrelay.outbox w
+               WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
+FROM (SELECT pg_catalog.unnest(@partitions::int[]) AS p, pg_catalog.unnest(@afters::bigint[]) AS after) AS t
 CROSS JOIN LATERAL (
     SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
     FROM (
         (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
-           AND o.not_before IS NULL
+           AND o.not_before IS NULL AND o.id > t.after
            AND ((SELECT w.not_before FROM pgrelay.outbox w
                  WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()
                  ORDER BY w.not_before LIMIT 1) IS NULL
@@ -171,7 +177,8 @@ WITH lease AS (
             CASE WHEN @async_commit::bool THEN 'off' ELSE pg_catalog.current_setting('synchronous_commit') END, true)) IS NOT NULL
     RETURNING o.partition
 )
-SELECT m.partition::int AS partition, pg_catalog.count(*)::bigint AS marked
+SELECT m.partition::int AS partition, pg_catalog.count(*)::bigint AS marked,
+       pg_catalog.pg_current_xact_id()::text::bigint AS xid
 FROM marked m
 GROUP BY m.partition;
 

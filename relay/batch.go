@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/db"
@@ -103,20 +104,23 @@ func (r *engine) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inf
 }
 
 // readBatch reads the partition's next pending rows, in id order, past the
-// batch whose mark is in flight. readStart is when the read was sent: the
-// rows' DbNow is no earlier than that instant.
+// batch whose mark is in flight and from the partition's scan floor.
+// readStart is when the read was sent: the rows' DbNow is no earlier than
+// that instant.
 func (r *engine) readBatch(w *worker, inflight *pendingMark) (rows []db.PendingBatchRow, readStart time.Time, err error) {
 	exclude := inflight.ids
 	if exclude == nil {
 		exclude = []int64{}
 	}
 	readStart = time.Now()
+	after := r.floorStart(w, readStart)
 	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
-	rows, err = r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
+	rows, err = r.q.PendingBatch(qctx, r.cfg.Pool, db.PendingBatchParams{Partition: w.partition, After: after, BatchSize: int32(r.cfg.BatchSize), Exclude: exclude})
 	cancel()
 	if err != nil {
 		return nil, readStart, fmt.Errorf("read pending rows: %w", err)
 	}
+	w.floor.read(after, time.Since(readStart), rows, exclude)
 	if h := r.cfg.hooks.afterRead; h != nil {
 		h(w.partition, len(rows))
 	}
@@ -159,6 +163,7 @@ func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, ou
 		r.cfg.obs.Fenced(int(w.partition))
 		return errFenced
 	}
+	w.floor.marked(slices.Max(rowIDs(rows)), res.xid)
 	if out.published > 0 {
 		r.cfg.obs.Published(int(w.partition), out.published, out.dups, time.Since(rows[0].CreatedAt))
 	}
@@ -169,6 +174,19 @@ func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, ou
 		r.cfg.obs.Expired(int(w.partition), out.expired)
 	}
 	return nil
+}
+
+// floorStart returns where w's claim beginning at now starts its scan (see
+// scanFloor); with Config's hook floorOff, always from the start.
+func (r *engine) floorStart(w *worker, now time.Time) int64 {
+	var after int64
+	if !r.cfg.hooks.floorOff {
+		after = w.floor.start(now)
+	}
+	if h := r.cfg.hooks.claimFrom; h != nil {
+		h(w.partition, after)
+	}
+	return after
 }
 
 // start runs mark in the background as the mark of the batch of ids.

@@ -208,6 +208,12 @@ type hooks struct {
 	// pgrelay.outbox_wal, before its TRUNCATE.
 	walBeforeTruncate func()
 	beforeMark        func(partition int32, ids []int64)
+	// floorOff makes every claim scan from the start (no scanFloor);
+	// floorFullEvery replaces floorFullEvery and floorMaxEvery when
+	// positive; claimFrom runs before each claim with where it starts.
+	floorOff       bool
+	floorFullEvery time.Duration
+	claimFrom      func(partition int32, after int64)
 	// beforeMarkStatement runs in the marker before each statement, with
 	// the partitions whose marks it carries.
 	beforeMarkStatement func(partitions []int32)

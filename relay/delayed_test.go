@@ -284,7 +284,7 @@ func TestClaimSkipsFarFutureRows(t *testing.T) {
 
 	// The busy poll's read runs the same query per partition.
 	ex = &testdb.Explain{DBTX: b.pool}
-	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{p}, BatchSize: 500})
+	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{p}, Afters: []int64{0}, BatchSize: 500})
 	require.ErrorIs(t, err, testdb.ErrExplained)
 	root = ex.Root(t)
 	require.Zero(t, root.ActualRows, "nothing is due")
@@ -293,7 +293,7 @@ func TestClaimSkipsFarFutureRows(t *testing.T) {
 	require.LessOrEqual(t, buffers, 12, "the busy poll walked the far-future rows: %s", ex.JSON)
 	// Four partitions, p among them: each costs what p alone does.
 	ex = &testdb.Explain{DBTX: b.pool}
-	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{p, (p + 1) % 16, (p + 2) % 16, (p + 3) % 16}, BatchSize: 500})
+	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{p, (p + 1) % 16, (p + 2) % 16, (p + 3) % 16}, Afters: make([]int64, 4), BatchSize: 500})
 	require.ErrorIs(t, err, testdb.ErrExplained)
 	root = ex.Root(t)
 	buffers = root.SharedHit + root.SharedRead

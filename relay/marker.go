@@ -48,6 +48,7 @@ type markRequest struct {
 // error.
 type markResult struct {
 	marked int64
+	xid    int64 // the statement's transaction (see scanFloor)
 	err    error
 }
 
@@ -128,7 +129,7 @@ func (m *marker) take() []*markRequest {
 // send marks batch in one statement and hands each mark its outcome: a
 // statement's failure is every mark's.
 func (m *marker) send(batch []*markRequest) {
-	results := make(map[int32]int64, len(batch))
+	results := make(map[int32]db.MarkOutcomesManyRow, len(batch))
 	err := func() (err error) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -168,7 +169,7 @@ func (m *marker) send(batch []*markRequest) {
 			return err
 		}
 		for _, row := range rows {
-			results[row.Partition] = row.Marked
+			results[row.Partition] = row
 		}
 		return nil
 	}()
@@ -177,6 +178,7 @@ func (m *marker) send(batch []*markRequest) {
 			req.done <- markResult{err: err}
 			continue
 		}
-		req.done <- markResult{marked: results[req.partition]}
+		res := results[req.partition]
+		req.done <- markResult{marked: res.Marked, xid: res.Xid}
 	}
 }

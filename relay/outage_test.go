@@ -228,7 +228,7 @@ func TestClaimIsOBatchOnLargeOutbox(t *testing.T) {
 
 	// The busy poll's read runs the same query per partition.
 	ex = &testdb.Explain{DBTX: pool}
-	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{part}, BatchSize: 500})
+	_, err = db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{part}, Afters: []int64{0}, BatchSize: 500})
 	require.ErrorIs(t, err, testdb.ErrExplained)
 	root = ex.Root(t)
 	buffers = root.SharedHit + root.SharedRead
@@ -325,7 +325,7 @@ func TestClaimStaysOnPendingIndexWhileDraining(t *testing.T) {
 
 	// The busy poll's read runs the same query per partition.
 	ex := &testdb.Explain{DBTX: pool}
-	_, err := db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{part}, BatchSize: 500})
+	_, err := db.New().PendingBatchMany(ctx, ex, db.PendingBatchManyParams{Partitions: []int32{part}, Afters: []int64{0}, BatchSize: 500})
 	require.ErrorIs(t, err, testdb.ErrExplained)
 	root = ex.Root(t)
 	require.True(t, root.Uses("outbox_pending_idx"), "the busy poll must use the pending partial index: %s", ex.JSON)

@@ -33,10 +33,13 @@ func (r *engine) wakeAll() {
 
 // wakePartitions nudges the workers of the partitions named in a
 // notification payload ("3,7,12"); a payload it cannot parse wakes them all.
+// "requeue:3,7" (AdminNotifyOutbox) names partitions with rows requeued
+// below their scan floor: their next claims start from the start.
 func (r *engine) wakePartitions(payload string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, s := range strings.Split(payload, ",") {
+	list, requeue := strings.CutPrefix(payload, "requeue:")
+	for _, s := range strings.Split(list, ",") {
 		p, err := strconv.ParseInt(s, 10, 32)
 		if err != nil {
 			for _, w := range r.workers {
@@ -45,6 +48,9 @@ func (r *engine) wakePartitions(payload string) {
 			return
 		}
 		if w := r.workers[int32(p)]; w != nil {
+			if requeue {
+				w.floor.rescan()
+			}
 			w.nudge()
 		}
 	}
@@ -265,16 +271,21 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 		h()
 	}
 	readStart := time.Now()
+	afters := make([]int64, len(claimed))
+	for i, c := range claimed {
+		afters[i] = r.floorStart(c.w, readStart)
+	}
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	rows, err := r.q.PendingBatchMany(qctx, r.cfg.Pool, db.PendingBatchManyParams{Partitions: parts, BatchSize: int32(r.cfg.BatchSize)})
+	rows, err := r.q.PendingBatchMany(qctx, r.cfg.Pool, db.PendingBatchManyParams{Partitions: parts, Afters: afters, BatchSize: int32(r.cfg.BatchSize)})
 	cancel()
+	took := time.Since(readStart)
 	if err == nil {
 		for _, row := range rows {
 			byPart[row.Partition] = append(byPart[row.Partition], db.PendingBatchRow{
 				ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType,
 				Payload: row.Payload, Headers: row.Headers, OccurredAt: row.OccurredAt, CreatedAt: row.CreatedAt,
 				KeySeq: row.KeySeq, ExpiresAt: row.ExpiresAt, Traceparent: row.Traceparent, Tracestate: row.Tracestate,
-				DbNow: row.DbNow,
+				DbNow: row.DbNow, SnapshotXmin: row.SnapshotXmin, Waiting: row.Waiting,
 			})
 		}
 		if h := r.cfg.hooks.pollRead; h != nil {
@@ -288,6 +299,7 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 	for i, c := range claimed {
 		got := byPart[parts[i]]
 		if err == nil {
+			c.w.floor.read(afters[i], took, got, nil)
 			if h := r.cfg.hooks.afterRead; h != nil {
 				h(parts[i], len(got))
 			}

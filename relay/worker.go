@@ -39,6 +39,8 @@ type worker struct {
 	release  bool // set before cancel: release the lease when done
 	wake     chan struct{}
 	done     chan struct{}
+	// floor is where the partition's claims start their scan.
+	floor scanFloor
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -66,6 +68,7 @@ func (r *engine) startWorker(parent context.Context, p int32, epoch int64, lease
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	w := &worker{partition: p, epoch: epoch, sess: s, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), handoff: make(chan polled, 1), released: make(chan struct{}, 1), done: make(chan struct{})}
 	w.leaseUntil.Store(int64(leaseUntil))
+	w.floor.fullEvery, w.floor.maxEvery = r.cfg.hooks.floorFullEvery, r.cfg.hooks.floorFullEvery
 	r.mu.Lock()
 	prev := r.workers[p]
 	r.workers[p] = w

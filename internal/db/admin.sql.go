@@ -474,11 +474,14 @@ func (q *Queries) AdminNotifyInbox(ctx context.Context, db DBTX) error {
 }
 
 const adminNotifyOutbox = `-- name: AdminNotifyOutbox :exec
-SELECT pg_catalog.pg_notify('pgrelay_outbox', pg_catalog.array_to_string($1::int[], ','))
+SELECT pg_catalog.pg_notify('pgrelay_outbox', 'requeue:' OPERATOR(pg_catalog.||) pg_catalog.array_to_string($1::int[], ','))
 `
 
-// AdminNotifyOutbox wakes the relays for the given partitions (the payload
-// format of the outbox insert trigger: a comma-separated partition list).
+// AdminNotifyOutbox wakes the relays for the given partitions, whose
+// requeued rows are pending again below where their claims start the scan:
+// "requeue:" and a comma-separated partition list (the outbox insert
+// trigger's payload is the list alone). A relay that does not know the
+// prefix wakes all its partitions.
 func (q *Queries) AdminNotifyOutbox(ctx context.Context, db DBTX, partitions []int32) error {
 	_, err := db.Exec(ctx, adminNotifyOutbox, partitions)
 	return err

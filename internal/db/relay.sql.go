@@ -285,7 +285,8 @@ WITH lease AS (
             CASE WHEN $7::bool THEN 'off' ELSE pg_catalog.current_setting('synchronous_commit') END, true)) IS NOT NULL
     RETURNING o.partition
 )
-SELECT m.partition::int AS partition, pg_catalog.count(*)::bigint AS marked
+SELECT m.partition::int AS partition, pg_catalog.count(*)::bigint AS marked,
+       pg_catalog.pg_current_xact_id()::text::bigint AS xid
 FROM marked m
 GROUP BY m.partition
 `
@@ -303,6 +304,7 @@ type MarkOutcomesManyParams struct {
 type MarkOutcomesManyRow struct {
 	Partition int32
 	Marked    int64
+	Xid       int64
 }
 
 // MarkOutcomesMany marks the published batches of several partitions in one
@@ -355,7 +357,7 @@ func (q *Queries) MarkOutcomesMany(ctx context.Context, db DBTX, arg MarkOutcome
 	items := []MarkOutcomesManyRow{}
 	for rows.Next() {
 		var i MarkOutcomesManyRow
-		if err := rows.Scan(&i.Partition, &i.Marked); err != nil {
+		if err := rows.Scan(&i.Partition, &i.Marked, &i.Xid); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -396,12 +398,15 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 
 const pendingBatch = `-- name: PendingBatch :many
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       EXISTS (SELECT 1 FROM pgrelay.outbox w
+               WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
 FROM (
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
-       AND o.not_before IS NULL AND o.id <> ALL($2::bigint[])
+       AND o.not_before IS NULL AND o.id > $2::bigint AND o.id <> ALL($3::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
              WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
@@ -410,12 +415,12 @@ FROM (
                              AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                              AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
      ORDER BY o.partition, o.not_before, o.id
-     LIMIT $3)
+     LIMIT $4)
     UNION ALL
     (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
-       AND o.not_before <= pg_catalog.now() AND o.id <> ALL($2::bigint[])
+       AND o.not_before <= pg_catalog.now() AND o.id <> ALL($3::bigint[])
        AND ((SELECT w.not_before FROM pgrelay.outbox w
              WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()
              ORDER BY w.not_before LIMIT 1) IS NULL
@@ -425,30 +430,33 @@ FROM (
                              AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
 ) AS b
 ORDER BY b.id
-LIMIT $3
+LIMIT $4
 `
 
 type PendingBatchParams struct {
 	Partition int32
+	After     int64
 	Exclude   []int64
 	BatchSize int32
 }
 
 type PendingBatchRow struct {
-	ID          int64
-	EventID     string
-	Topic       string
-	Key         string
-	EventType   string
-	Payload     []byte
-	Headers     json.RawMessage
-	OccurredAt  time.Time
-	CreatedAt   time.Time
-	KeySeq      *int64
-	ExpiresAt   *time.Time
-	Traceparent *string
-	Tracestate  *string
-	DbNow       time.Time
+	ID           int64
+	EventID      string
+	Topic        string
+	Key          string
+	EventType    string
+	Payload      []byte
+	Headers      json.RawMessage
+	OccurredAt   time.Time
+	CreatedAt    time.Time
+	KeySeq       *int64
+	ExpiresAt    *time.Time
+	Traceparent  *string
+	Tracestate   *string
+	DbNow        time.Time
+	SnapshotXmin int64
+	Waiting      bool
 }
 
 // PendingBatch reads the oldest due pending rows of one partition, in id
@@ -485,7 +493,12 @@ type PendingBatchRow struct {
 // before a row's expires_at against it, and marks the row dead with the
 // reason 'expired' instead of publishing it once that time has passed.
 func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchParams) ([]PendingBatchRow, error) {
-	rows, err := db.Query(ctx, pendingBatch, arg.Partition, arg.Exclude, arg.BatchSize)
+	rows, err := db.Query(ctx, pendingBatch,
+		arg.Partition,
+		arg.After,
+		arg.Exclude,
+		arg.BatchSize,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -508,6 +521,8 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 			&i.Traceparent,
 			&i.Tracestate,
 			&i.DbNow,
+			&i.SnapshotXmin,
+			&i.Waiting,
 		); err != nil {
 			return nil, err
 		}
@@ -520,16 +535,19 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 }
 
 const pendingBatchMany = `-- name: PendingBatchMany :many
-SELECT p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now
-FROM pg_catalog.unnest($1::int[]) AS p
+SELECT t.p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
+       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       EXISTS (SELECT 1 FROM pgrelay.outbox w
+               WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
+FROM (SELECT pg_catalog.unnest($1::int[]) AS p, pg_catalog.unnest($2::bigint[]) AS after) AS t
 CROSS JOIN LATERAL (
     SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
     FROM (
         (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
-           AND o.not_before IS NULL
+           AND o.not_before IS NULL AND o.id > t.after
            AND ((SELECT w.not_before FROM pgrelay.outbox w
                  WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()
                  ORDER BY w.not_before LIMIT 1) IS NULL
@@ -538,7 +556,7 @@ CROSS JOIN LATERAL (
                                  AND h.not_before IS NOT NULL AND h.not_before > pg_catalog.now()
                                  AND (h.expires_at IS NULL OR h.expires_at > h.not_before)))
          ORDER BY o.partition, o.not_before, o.id
-         LIMIT $2)
+         LIMIT $3)
         UNION ALL
         (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
          FROM pgrelay.outbox o
@@ -553,32 +571,35 @@ CROSS JOIN LATERAL (
                                  AND (h.expires_at IS NULL OR h.expires_at > h.not_before))))
     ) AS c
     ORDER BY c.id
-    LIMIT $2
+    LIMIT $3
 ) AS b
 ORDER BY 1, b.id
 `
 
 type PendingBatchManyParams struct {
 	Partitions []int32
+	Afters     []int64
 	BatchSize  int32
 }
 
 type PendingBatchManyRow struct {
-	Partition   int32
-	ID          int64
-	EventID     string
-	Topic       string
-	Key         string
-	EventType   string
-	Payload     []byte
-	Headers     json.RawMessage
-	OccurredAt  time.Time
-	CreatedAt   time.Time
-	KeySeq      *int64
-	ExpiresAt   *time.Time
-	Traceparent *string
-	Tracestate  *string
-	DbNow       time.Time
+	Partition    int32
+	ID           int64
+	EventID      string
+	Topic        string
+	Key          string
+	EventType    string
+	Payload      []byte
+	Headers      json.RawMessage
+	OccurredAt   time.Time
+	CreatedAt    time.Time
+	KeySeq       *int64
+	ExpiresAt    *time.Time
+	Traceparent  *string
+	Tracestate   *string
+	DbNow        time.Time
+	SnapshotXmin int64
+	Waiting      bool
 }
 
 // PendingBatchMany reads, in one statement, what PendingBatch reads for each
@@ -591,7 +612,7 @@ type PendingBatchManyRow struct {
 // ordered by partition, then id; db_now is the statement's now(), as in
 // PendingBatch.
 func (q *Queries) PendingBatchMany(ctx context.Context, db DBTX, arg PendingBatchManyParams) ([]PendingBatchManyRow, error) {
-	rows, err := db.Query(ctx, pendingBatchMany, arg.Partitions, arg.BatchSize)
+	rows, err := db.Query(ctx, pendingBatchMany, arg.Partitions, arg.Afters, arg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
@@ -615,6 +636,8 @@ func (q *Queries) PendingBatchMany(ctx context.Context, db DBTX, arg PendingBatc
 			&i.Traceparent,
 			&i.Tracestate,
 			&i.DbNow,
+			&i.SnapshotXmin,
+			&i.Waiting,
 		); err != nil {
 			return nil, err
 		}

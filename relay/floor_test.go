@@ -1,0 +1,226 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgrelay/pgrelay"
+	"github.com/pgrelay/pgrelay/internal/db"
+	"github.com/pgrelay/pgrelay/internal/testdb"
+)
+
+// floorProbe records where each claim of partition p starts its scan.
+type floorProbe struct {
+	mu    sync.Mutex
+	p     int32
+	after int64 // the highest start seen
+}
+
+func (f *floorProbe) hook(p int32, after int64) {
+	if p != f.p {
+		return
+	}
+	f.mu.Lock()
+	f.after = max(f.after, after)
+	f.mu.Unlock()
+}
+
+func (f *floorProbe) highest() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.after
+}
+
+// keysOf returns n event ids, unkeyed (no key lock), in partition p.
+func (b *bundle) keysOf(t *testing.T, p int32, prefix string, n int) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		if k := fmt.Sprintf("%s-%d", prefix, i); b.partitionOf(t, k) == p {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func (b *bundle) idOf(t *testing.T, eventID string) int64 {
+	var id int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id FROM pgrelay.outbox WHERE event_id = $1`, eventID).Scan(&id))
+	return id
+}
+
+func (b *bundle) statusOf(t *testing.T, eventID string) string {
+	var s string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT status FROM pgrelay.outbox WHERE event_id = $1`, eventID).Scan(&s))
+	return s
+}
+
+// TestScanFloorWaitsForEarlierTransactions: a row whose transaction drew
+// its id before later rows were published, and committed after, is still
+// published, although the claims' floor moves past the later rows. With
+// no claim from the start for an hour, only the floor's wait for that
+// transaction (the claim's snapshot xmin against the mark's xid) keeps it
+// readable. "insert in progress" pauses the insert itself after the
+// outbox's trigger drew the row's id and before the row is written: only
+// the trigger taking the xid first (migration 00121) makes the
+// transaction visible to the relay's claims then.
+func TestScanFloorWaitsForEarlierTransactions(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"open transaction", "insert in progress"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			const p = 0
+			ids := b.keysOf(t, p, "floor", 7)
+			if mode == "insert in progress" {
+				_, err := b.pool.Exec(ctx, `
+CREATE FUNCTION public.pause_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.event_id = '`+ids[0]+`' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER zz_pause_insert BEFORE INSERT ON pgrelay.outbox FOR EACH ROW EXECUTE FUNCTION public.pause_insert();`)
+				require.NoError(t, err)
+				// nextval writes WAL (and so takes an xid) for one call in
+				// 32 only: this one, so that the early row's does not.
+				_, err = b.pool.Exec(ctx, `SELECT nextval('pgrelay.outbox_id_seq')`)
+				require.NoError(t, err)
+			}
+			probe := &floorProbe{p: p}
+			cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+			cfg.hooks.floorFullEvery = time.Hour
+			cfg.hooks.claimFrom = probe.hook
+			start(t, cfg)
+
+			// The early transaction: it draws its row's id, then stalls.
+			gate, err := b.pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer gate.Release()
+			if mode == "insert in progress" {
+				_, err = gate.Exec(ctx, `SELECT pg_advisory_lock(4242)`)
+				require.NoError(t, err)
+			}
+			early, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = early.Rollback(ctx) }()
+			inserted := make(chan error, 1)
+			go func() {
+				_, err := early.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, event_type, payload) VALUES ($1, 'orders', 'OrderPaid', '{}')`, ids[0])
+				inserted <- err
+			}()
+			if mode == "open transaction" {
+				require.NoError(t, <-inserted)
+			} else {
+				require.Eventually(t, func() bool {
+					var waiting bool
+					require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted)`).Scan(&waiting))
+					return waiting
+				}, 10*time.Second, 5*time.Millisecond, "the early insert waits in its trigger")
+			}
+
+			// Later rows, one batch at a time, published and marked; the
+			// floor moves up to below the early row at most.
+			for _, id := range ids[1:4] {
+				b.enqueue(t, pgrelay.Message{EventID: id, Topic: "orders"})
+				require.Eventually(t, func() bool { return b.statusOf(t, id) == "published" }, 10*time.Second, 5*time.Millisecond)
+			}
+			if mode == "insert in progress" {
+				_, err = gate.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
+				require.NoError(t, err)
+				require.NoError(t, <-inserted)
+			}
+			var earlyID int64
+			require.NoError(t, early.QueryRow(ctx, `SELECT id FROM pgrelay.outbox WHERE event_id = $1`, ids[0]).Scan(&earlyID))
+			require.Less(t, earlyID, b.idOf(t, ids[1]), "the early row drew the lowest id")
+			require.NoError(t, early.Commit(ctx))
+			require.Less(t, probe.highest(), earlyID, "the floor never passed the early row")
+			require.Eventually(t, func() bool { return b.statusOf(t, ids[0]) == "published" }, 5*time.Second, 10*time.Millisecond,
+				"the early row is published (floor at %d)", probe.highest())
+
+			// Once it has ended, the floor moves past the later rows.
+			for _, id := range ids[4:] {
+				b.enqueue(t, pgrelay.Message{EventID: id, Topic: "orders"})
+				require.Eventually(t, func() bool { return b.statusOf(t, id) == "published" }, 10*time.Second, 5*time.Millisecond)
+			}
+			require.Eventually(t, func() bool { return probe.highest() >= b.idOf(t, ids[4]) }, 5*time.Second, 5*time.Millisecond,
+				"the floor moves on (at %d)", probe.highest())
+		})
+	}
+}
+
+// TestScanFloorPassesPublishedRows: while a transaction holds the xmin
+// horizon (a REPEATABLE READ snapshot, no xid), the claims of a partition
+// start past the rows already published, and that start is what keeps the
+// claim off their dead index entries: the same claim from the start reads
+// far more buffers. A requeue's notification sends the next claim back to
+// the start: the requeued row, below the floor, is published again at once.
+func TestScanFloorPassesPublishedRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const p = 0
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `SELECT count(*) FROM pgrelay.relay_partitions`)
+	require.NoError(t, err)
+
+	probe := &floorProbe{p: p}
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.BatchSize = 100
+	cfg.hooks.floorFullEvery = time.Hour
+	cfg.hooks.claimFrom = probe.hook
+	start(t, cfg)
+
+	ids := b.keysOf(t, p, "held", 2000)
+	var first int64
+	for round := range 20 {
+		var batch []pgrelay.Message
+		for _, id := range ids[round*100 : (round+1)*100] {
+			batch = append(batch, pgrelay.Message{EventID: id, Topic: "orders"})
+		}
+		b.enqueue(t, batch...)
+		if round == 0 {
+			first = b.idOf(t, ids[99])
+		}
+		last := ids[(round+1)*100-1]
+		require.Eventually(t, func() bool { return b.statusOf(t, last) == "published" }, 10*time.Second, 5*time.Millisecond)
+	}
+	require.Eventually(t, func() bool { return probe.highest() >= first }, 5*time.Second, 5*time.Millisecond,
+		"the claims start past the first round's rows (highest start %d, first round up to %d)", probe.highest(), first)
+
+	// Under the held horizon the dead entries stay; from the floor the claim
+	// reads a fraction of the buffers a claim from the start reads.
+	buffers := func(after int64) int {
+		ex := &testdb.Explain{DBTX: b.pool}
+		_, err := db.New().PendingBatch(ctx, ex, db.PendingBatchParams{Partition: p, After: after, BatchSize: 100, Exclude: []int64{}})
+		require.ErrorIs(t, err, testdb.ErrExplained)
+		root := ex.Root(t)
+		return root.SharedHit + root.SharedRead
+	}
+	fromStart, fromFloor := buffers(0), buffers(probe.highest())
+	t.Logf("claim of partition %d: %d buffers from the start, %d from the floor %d", p, fromStart, fromFloor, probe.highest())
+	require.Less(t, fromFloor*4, fromStart, "the floor keeps the claim off the published rows' entries")
+
+	// A requeued row below the floor is published again at once.
+	requeued := ids[0]
+	_, err = b.pool.Exec(ctx, `UPDATE pgrelay.outbox SET status = 'dead', last_error = 'test' WHERE event_id = $1`, requeued)
+	require.NoError(t, err)
+	q := db.New()
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := q.AdminRequeueOutboxDead(ctx, tx, db.AdminRequeueOutboxDeadParams{Actor: "test", Reason: "test", Ids: []int64{b.idOf(t, requeued)}}); err != nil {
+			return err
+		}
+		return q.AdminNotifyOutbox(ctx, tx, []int32{p})
+	}))
+	require.Eventually(t, func() bool { return b.statusOf(t, requeued) == "published" }, 3*time.Second, 10*time.Millisecond,
+		"the requeued row is published again")
+}
