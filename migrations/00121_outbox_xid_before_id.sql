@@ -9,8 +9,8 @@ SELECT set_config('search_path', CASE WHEN to_regclass('pgrelay.inbox_releases')
 -- call a transaction gets its xid at the row's heap insert, after the
 -- trigger drew the id (nextval takes one only for the one call in 32 that
 -- writes WAL), and a claim in between could not know it was there. The xid
--- is the one the insert would take a moment later; the relay's minimum
--- schema (relay/schema.go) is this version.
+-- is the one the insert would take a moment later. A relay serving a
+-- database below this version has no floor: its claims scan from the start.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION outbox_before_insert() RETURNS trigger LANGUAGE plpgsql
 SET enable_seqscan = off SET search_path = pg_catalog, pgrelay AS $$

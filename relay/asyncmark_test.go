@@ -42,6 +42,9 @@ func TestMarkCommitsAsynchronouslyForItsTransactionOnly(t *testing.T) {
 		marked, err := db.New().MarkOutcomesMany(ctx, tx, db.MarkOutcomesManyParams{Partitions: []int32{p}, Owner: "test", Epochs: []int64{7},
 			Ids: []int64{id}, DeadIds: []int64{}, DeadReasons: []string{}, AsyncCommit: async})
 		require.NoError(t, err)
+		require.Len(t, marked, 1)
+		require.Positive(t, marked[0].Xid, "the mark's transaction")
+		marked[0].Xid = 0
 		require.Equal(t, []db.MarkOutcomesManyRow{{Partition: p, Marked: 1}}, marked)
 		var inTx string
 		require.NoError(t, tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inTx))

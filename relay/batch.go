@@ -177,10 +177,11 @@ func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, ou
 }
 
 // floorStart returns where w's claim beginning at now starts its scan (see
-// scanFloor); with Config's hook floorOff, always from the start.
+// scanFloor); from the start on a schema below floorSchema, and with
+// Config's hook floorOff.
 func (r *engine) floorStart(w *worker, now time.Time) int64 {
 	var after int64
-	if !r.cfg.hooks.floorOff {
+	if r.floorReady.Load() && !r.cfg.hooks.floorOff {
 		after = w.floor.start(now)
 	}
 	if h := r.cfg.hooks.claimFrom; h != nil {

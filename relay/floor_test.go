@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/internal/db"
 	"github.com/pgrelay/pgrelay/internal/testdb"
+	"github.com/pgrelay/pgrelay/migrations"
 )
 
 // floorProbe records where each claim of partition p starts its scan.
@@ -74,7 +76,10 @@ func TestScanFloorWaitsForEarlierTransactions(t *testing.T) {
 	for _, mode := range []string{"open transaction", "insert in progress"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
+			// A private cluster: the floor waits for every transaction of
+			// the server that may have drawn a lower id, and other tests'
+			// transactions would hold it.
+			b, _ := walSetup(t, "")
 			ctx := context.Background()
 			const p = 0
 			ids := b.keysOf(t, p, "floor", 7)
@@ -162,7 +167,7 @@ CREATE TRIGGER zz_pause_insert BEFORE INSERT ON pgrelay.outbox FOR EACH ROW EXEC
 // the start: the requeued row, below the floor, is published again at once.
 func TestScanFloorPassesPublishedRows(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, _ := walSetup(t, "") // a private cluster, as above
 	ctx := context.Background()
 	const p = 0
 	holder, err := b.pool.Begin(ctx)
@@ -223,4 +228,38 @@ func TestScanFloorPassesPublishedRows(t *testing.T) {
 	}))
 	require.Eventually(t, func() bool { return b.statusOf(t, requeued) == "published" }, 3*time.Second, 10*time.Millisecond,
 		"the requeued row is published again")
+}
+
+// TestScanFloorNeedsItsMigration: on a database whose outbox trigger does
+// not take the xid first (migrated down below floorSchema), the claims scan
+// from the start: the floor's reasoning does not hold there.
+func TestScanFloorNeedsItsMigration(t *testing.T) {
+	t.Parallel()
+	b, _ := walSetup(t, "") // a private cluster, as above
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sqlDB := stdlib.OpenDBFromPool(b.pool)
+	defer sqlDB.Close()
+	mp, err := migrations.NewProvider(sqlDB)
+	require.NoError(t, err)
+	_, err = mp.DownTo(ctx, floorSchema-1)
+	require.NoError(t, err)
+
+	const p = 0
+	probe := &floorProbe{p: p}
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.hooks.floorFullEvery = time.Hour
+	cfg.hooks.claimFrom = probe.hook
+	start(t, cfg)
+	ids := b.keysOf(t, p, "old", 200)
+	for round := range 10 {
+		var batch []pgrelay.Message
+		for _, id := range ids[round*20 : (round+1)*20] {
+			batch = append(batch, pgrelay.Message{EventID: id, Topic: "orders"})
+		}
+		b.enqueue(t, batch...)
+		last := ids[(round+1)*20-1]
+		require.Eventually(t, func() bool { return b.statusOf(t, last) == "published" }, 10*time.Second, 5*time.Millisecond)
+	}
+	require.Zero(t, probe.highest(), "every claim scans from the start")
 }

@@ -328,6 +328,9 @@ func TestCombinedMarkAndRenewalDoNotDeadlock(t *testing.T) {
 	marked, err := db.New().MarkOutcomesMany(ctx, tx, db.MarkOutcomesManyParams{Owner: "me", Partitions: parts, Epochs: []int64{7, 7},
 		Ids: ids, DeadIds: []int64{}, DeadReasons: []string{}})
 	require.NoError(t, err, "the combined mark")
+	for i := range marked {
+		marked[i].Xid = 0 // the mark's transaction (scanFloor)
+	}
 	require.ElementsMatch(t, []db.MarkOutcomesManyRow{{Partition: low, Marked: 1}, {Partition: high, Marked: 1}}, marked)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-renewed, "the renewal")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,9 @@ type engine struct {
 	recent rowMeter
 	// marker sends the workers' marks, coalesced.
 	marker *marker
+	// floorReady is set while the database's schema has floorSchema: the
+	// claims then start at their partition's scan floor (floor.go).
+	floorReady atomic.Bool
 	// sent holds the rows the broker confirmed and no mark has recorded yet
 	// (the mark failed, or the worker stopped first): read again, they are
 	// published again, never marked expired (sent.go).
@@ -152,6 +156,7 @@ func (r *engine) run(ctx context.Context) error {
 	if err := r.checkStandbys(ctx); err != nil {
 		return err
 	}
+	r.readFloorSchema(ctx)
 	r.log.Info("relay starting", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)

@@ -17,10 +17,9 @@ import (
 // queries/metrics.sql's OutboxGauges, the SQL in relay/*.go): the tests
 // migrate a database to exactly minSchemaTable and publish from it.
 const (
-	// minSchemaTable: 00121_outbox_xid_before_id (the scan floor, floor.go,
-	// relies on it), besides 00118_relay_lock_keys (relay_nodes.lock_key,
+	// minSchemaTable: 00118_relay_lock_keys (relay_nodes.lock_key,
 	// relay_partitions.owner_lock_key, read and written by every relay).
-	minSchemaTable int64 = 121
+	minSchemaTable int64 = 118
 	// minSchemaWAL: 00120_wal_slot_history (wal_slot_history, wal_gaps),
 	// besides 00116's wal_keys, 00109's wal_seq_assignments and 00108's
 	// outbox_wal.
@@ -51,6 +50,7 @@ func schemaAttrs(name string, st migrations.Status, minimum int64) []any {
 // below the minimum (rolled back while served) an error.
 func (r *Relay) noteSchema(d *dbRun, st migrations.Status, first bool) {
 	d.schemaGauges.Set(st.Current, len(st.Pending))
+	d.e.floorReady.Store(st.Current >= floorSchema)
 	was := d.schema
 	d.schema = st
 	if !first && was.Current == st.Current && slices.Equal(was.Pending, st.Pending) {
