@@ -47,13 +47,16 @@ type horizonSample struct {
 }
 
 // horizonState reads, in one statement, everything a sample shows from the
-// database. The pending counts use the partial pending indexes, so they walk
-// the same dead entries the claims walk: a sample costs what one claim costs.
+// database. The pending counts walk the partial pending indexes from the
+// start, every dead entry included, so under a held horizon a sample takes a
+// second or more: the oldest rows' ages are taken at the statement's start
+// (statement_timestamp, when its snapshot was taken), not when each subquery
+// ran (clock_timestamp counted the sample's own time into the lag).
 const horizonState = `SELECT
  (SELECT count(*) FROM pgrelay.outbox WHERE status = 'pending'),
- (SELECT greatest(coalesce(extract(epoch FROM clock_timestamp() - min(created_at)) * 1000, 0), 0)::float8 FROM pgrelay.outbox WHERE status = 'pending'),
+ (SELECT greatest(coalesce(extract(epoch FROM statement_timestamp() - min(created_at)) * 1000, 0), 0)::float8 FROM pgrelay.outbox WHERE status = 'pending'),
  (SELECT count(*) FROM pgrelay.inbox WHERE status = 'pending'),
- (SELECT greatest(coalesce(extract(epoch FROM clock_timestamp() - min(received_at)) * 1000, 0), 0)::float8 FROM pgrelay.inbox WHERE status = 'pending'),
+ (SELECT greatest(coalesce(extract(epoch FROM statement_timestamp() - min(received_at)) * 1000, 0), 0)::float8 FROM pgrelay.inbox WHERE status = 'pending'),
  (SELECT count(*) FROM ledger_entries),
  coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'pgrelay' AND relname = 'outbox'), 0),
  coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'pgrelay' AND relname = 'inbox'), 0),
@@ -208,13 +211,17 @@ func (b *bench) horizon(ctx context.Context) (err error) {
 			continue
 		}
 		nextSample = nextSample.Add(sampleEvery)
+		// Produced as the sample's snapshot is taken: under a held horizon
+		// the sample takes seconds, and counting produced after it showed
+		// those seconds' events as a backlog.
+		sampledProduced := produced.Load()
 		s, stmts, err := p.horizonSample(ctx, prevStmts)
 		if err != nil {
 			return err
 		}
 		prevStmts = stmts
 		s.at = now.Sub(start)
-		s.produced = produced.Load()
+		s.produced = sampledProduced
 		s.appliedRate = float64(s.applied-prevApplied) / (s.at - prevAt).Seconds()
 		prevApplied, prevAt = s.applied, s.at
 		switch {

@@ -41,10 +41,15 @@ import (
 // nothing back; one that writes holds the floor where it is until it ends
 // (the claims then scan as before it). The floor lives in the worker: a
 // new leaseholder starts from the start. Rows put back to pending below it
-// (relay requeue) are read by a claim from the start: at least every
-// floorFullEvery, or every 20 times as long as the last one took, at most
-// every floorMaxEvery, and at once when the requeue's notification
-// (AdminNotifyOutbox) arrives.
+// (relay requeue) are read by a claim from the start: at once when the
+// requeue's notification (AdminNotifyOutbox) arrives, or the LISTEN
+// connection is re-established (notifications meanwhile are lost), and
+// otherwise (a requeue by hand, say) at least every floorFullEvery, or
+// floorFullFactor times as long as the last one took, at most every
+// floorMaxEvery. A claim from the start walks every dead entry: under a
+// 10-minute hold at 1,000 events/s about 200 ms, so with 20 times (the
+// inbox's claimFloor) the 16 partitions' claims from the start took most
+// of a core.
 type scanFloor struct {
 	mu    sync.Mutex
 	after int64 // claims read rows without a delay with id > after
@@ -59,8 +64,9 @@ type scanFloor struct {
 }
 
 const (
-	floorFullEvery = 5 * time.Second
-	floorMaxEvery  = time.Minute
+	floorFullEvery  = 5 * time.Second
+	floorFullFactor = 300
+	floorMaxEvery   = time.Minute
 	// floorSchema is the migration the floor's reasoning needs
 	// (00121_outbox_xid_before_id): on a database below it (served, see
 	// minSchemaTable) every claim scans from the start.
@@ -98,7 +104,7 @@ func (f *scanFloor) read(from int64, took time.Duration, rows []db.PendingBatchR
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if from == 0 {
-		f.every = 20 * took
+		f.every = floorFullFactor * took
 	}
 	if len(rows) == 0 {
 		return

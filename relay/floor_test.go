@@ -263,3 +263,43 @@ func TestScanFloorNeedsItsMigration(t *testing.T) {
 	}
 	require.Zero(t, probe.highest(), "every claim scans from the start")
 }
+
+// TestScanFloorUnderConcurrentProducers: producers committing one row per
+// transaction as fast as they can, keyed and not, while the claims' floor
+// moves (no claim from the start for an hour): every row is published, in
+// its key's order, none waits for a claim from the start.
+func TestScanFloorUnderConcurrentProducers(t *testing.T) {
+	t.Parallel()
+	b, _ := walSetup(t, "") // a private cluster, as above
+	probe := &floorProbe{p: 0}
+	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
+	cfg.hooks.floorFullEvery = time.Hour
+	cfg.hooks.claimFrom = probe.hook
+	start(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				key := ""
+				if g%2 == 0 {
+					key = fmt.Sprintf("k%d", i%7)
+				}
+				_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, event_type, payload) VALUES ($1, 'orders', $2, 'OrderPaid', '{}')`,
+					fmt.Sprintf("p%d-%d", g, i), key)
+				if ctx.Err() != nil {
+					return
+				}
+				require.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pgrelay.outbox`).Scan(&n))
+	require.Eventually(t, func() bool { return b.count(t, "pending") == 0 }, 3*time.Second, 10*time.Millisecond,
+		"every row is published without a claim from the start (%d pending of %d)", b.count(t, "pending"), n)
+	require.Positive(t, probe.highest(), "the floor moved")
+	t.Logf("%d rows, partition 0's floor at %d", n, probe.highest())
+}

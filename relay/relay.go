@@ -130,7 +130,7 @@ func newEngine(cfg Config) (*engine, error) {
 			{Channel: notifier.OutboxChannel, Notify: r.wakePartitions},
 			{Channel: notifier.RelaysChannel, Notify: func(string) { r.kickHeartbeat() }},
 		},
-		OnListen:     r.wakeAll, // notifications sent while not listening are lost
+		OnListen:     r.listening, // notifications sent while not listening are lost
 		Backoff:      r.backoffPolicy(),
 		QueryTimeout: cfg.QueryTimeout,
 		Logger:       r.log,

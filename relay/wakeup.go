@@ -22,11 +22,14 @@ func (r *engine) kickHeartbeat() {
 	}
 }
 
-// wakeAll nudges every partition worker to look for rows now.
-func (r *engine) wakeAll() {
+// listening runs each time the LISTEN connection is (re-)established: the
+// notifications sent meanwhile are lost, a requeue's among them, so every
+// worker looks again, from the start (scanFloor).
+func (r *engine) listening() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.workers {
+		w.floor.rescan()
 		w.nudge()
 	}
 }

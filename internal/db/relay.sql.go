@@ -318,7 +318,8 @@ type MarkOutcomesManyRow struct {
 // partition, and a statement holds at most one mark per partition). A relay
 // that lost a partition marks none of its rows, the other partitions' rows
 // are marked all the same, and a takeover waits for an in-flight mark to
-// commit. The result is the number of rows marked per partition; a
+// commit. The result is the number of rows marked per partition (and the
+// statement's xid, which the scan floor waits for: relay/floor.go); a
 // partition missing from it marked nothing (fenced). The lease rows are
 // locked in partition order, as RenewLeases locks them, so a combined mark
 // and a renewal never deadlock.
@@ -478,7 +479,11 @@ type PendingBatchRow struct {
 // by (partition, not_before, id), which only this index provides, and the
 // second has no order of its own (TestClaimStaysOnPendingIndexWhileDraining).
 // exclude (never NULL; empty for none) skips the previous batch's rows while
-// their mark is still in flight.
+// their mark is still in flight. The first branch starts past @after, the
+// partition's scan floor (relay/floor.go; 0: from the start), so a held
+// xmin horizon's dead entries of published rows are not walked; the rows
+// carry what the floor needs: the snapshot's xmin (the oldest xid still
+// running) and whether a delayed row holds a key (waiting).
 //
 // A row whose key has an earlier pending row not due yet is held (per-key
 // order), unless that row expires before it falls due (it can never be
@@ -608,7 +613,8 @@ type PendingBatchManyRow struct {
 // and limit rules, so the same plan per partition; TestClaimSkipsFarFutureRows
 // and TestClaimStaysOnPendingIndexWhileDraining check both). It is the
 // relay's poll of its lingering partitions (Relay.pollBusy), which reads only
-// for workers with no mark in flight: there is no exclude list. The rows come
+// for workers with no mark in flight: there is no exclude list. @afters[i]
+// is @partitions[i]'s scan floor (as PendingBatch's @after). The rows come
 // ordered by partition, then id; db_now is the statement's now(), as in
 // PendingBatch.
 func (q *Queries) PendingBatchMany(ctx context.Context, db DBTX, arg PendingBatchManyParams) ([]PendingBatchManyRow, error) {
