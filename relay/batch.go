@@ -183,6 +183,9 @@ func (r *engine) floorStart(w *worker, now time.Time) int64 {
 	var after int64
 	if r.floorReady.Load() && !r.cfg.hooks.floorOff {
 		after = w.floor.start(now)
+	} else {
+		// Nothing learnt without the floor is kept for when it is on.
+		w.floor.reset()
 	}
 	if h := r.cfg.hooks.claimFrom; h != nil {
 		h(w.partition, after)

@@ -89,6 +89,14 @@ func (f *scanFloor) start(now time.Time) int64 {
 	return f.after
 }
 
+// reset forgets the floor: the next claim starts from the start, and
+// nothing learnt before counts.
+func (f *scanFloor) reset() {
+	f.mu.Lock()
+	f.after, f.cand.id, f.cand.xid, f.lastFull = 0, 0, 0, time.Time{}
+	f.mu.Unlock()
+}
+
 // rescan makes the next claim start from the start.
 func (f *scanFloor) rescan() {
 	f.mu.Lock()

@@ -303,3 +303,43 @@ func TestScanFloorUnderConcurrentProducers(t *testing.T) {
 	require.Positive(t, probe.highest(), "the floor moved")
 	t.Logf("%d rows, partition 0's floor at %d", n, probe.highest())
 }
+
+// TestScanFloorRules: the floor's arithmetic, without a database.
+func TestScanFloorRules(t *testing.T) {
+	t.Parallel()
+	rows := func(xmin int64, waiting bool, ids ...int64) []db.PendingBatchRow {
+		out := make([]db.PendingBatchRow, len(ids))
+		for i, id := range ids {
+			out[i] = db.PendingBatchRow{ID: id, SnapshotXmin: xmin, Waiting: waiting}
+		}
+		return out
+	}
+	now := time.Now()
+	f := &scanFloor{fullEvery: time.Hour, maxEvery: time.Hour}
+	require.Zero(t, f.start(now), "the first claim starts from the start")
+	f.read(0, time.Millisecond, rows(100, false, 10, 11), nil)
+	f.marked(11, 120)
+	f.read(0, 0, rows(119, false, 20), nil)
+	require.Zero(t, f.start(now), "xid 119 may still commit a row below 11")
+	f.read(0, 0, rows(120, true, 20), nil)
+	require.Zero(t, f.start(now), "a delayed row holds a key: rows below may be held")
+	f.read(0, 0, rows(120, false, 20, 21), []int64{15, 16})
+	require.EqualValues(t, 11, f.start(now), "settled up to 11, nothing pending below it")
+
+	f.marked(21, 130)
+	f.read(11, 0, rows(131, false, 18, 25), []int64{22})
+	require.EqualValues(t, 17, f.start(now), "the lowest row returned bounds it")
+	f.marked(25, 140)
+	f.read(17, 0, rows(140, false, 30), []int64{19})
+	require.EqualValues(t, 18, f.start(now), "and so does the batch whose mark is in flight")
+
+	f.rescan()
+	require.Zero(t, f.start(now), "after a rescan, from the start")
+	f.read(0, 0, rows(150, false, 5, 40), nil)
+	require.EqualValues(t, 4, f.start(now), "a requeued row below the floor lowers it")
+
+	f.reset()
+	require.Zero(t, f.start(now))
+	f.read(0, 0, rows(1000, false, 50), nil)
+	require.Zero(t, f.start(now), "reset forgets the waiting candidate too")
+}
