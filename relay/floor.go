@@ -1,13 +1,10 @@
 package relay
 
 import (
-	"context"
-	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/pgrelay/pgrelay/internal/db"
-	"github.com/pgrelay/pgrelay/internal/pooler"
 )
 
 // scanFloor keeps a partition's claims from walking the pending index's
@@ -148,17 +145,4 @@ func (f *scanFloor) marked(id, xid int64) {
 	if f.cand.xid == 0 && xid > 0 && id > f.after {
 		f.cand.id, f.cand.xid = id, xid
 	}
-}
-
-// readFloorSchema turns the scan floor on when the database has
-// floorSchema; the relay's schema re-reads (noteSchema) keep it current.
-func (r *engine) readFloorSchema(ctx context.Context) {
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	defer cancel()
-	st, err := pooler.SchemaStatus(qctx, r.cfg.Pool)
-	if err != nil {
-		r.log.Warn("could not read the database schema version; the claims scan from the start until it is read", slog.Any("error", err))
-		return
-	}
-	r.floorReady.Store(st.Current >= floorSchema)
 }

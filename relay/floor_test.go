@@ -231,8 +231,9 @@ func TestScanFloorPassesPublishedRows(t *testing.T) {
 }
 
 // TestScanFloorNeedsItsMigration: on a database whose outbox trigger does
-// not take the xid first (migrated down below floorSchema), the claims scan
-// from the start: the floor's reasoning does not hold there.
+// not take the xid first (migrated down below floorSchema), a Relay's claims
+// scan from the start: the floor's reasoning does not hold there. Migrated
+// up while served, the floor is on from the next schema read.
 func TestScanFloorNeedsItsMigration(t *testing.T) {
 	t.Parallel()
 	b, _ := walSetup(t, "") // a private cluster, as above
@@ -250,9 +251,10 @@ func TestScanFloorNeedsItsMigration(t *testing.T) {
 	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
 	cfg.hooks.floorFullEvery = time.Hour
 	cfg.hooks.claimFrom = probe.hook
-	start(t, cfg)
-	ids := b.keysOf(t, p, "old", 200)
-	for round := range 10 {
+	cfg.hooks.schemaInterval = 100 * time.Millisecond
+	runRelay(t, cfg)
+	ids := b.keysOf(t, p, "old", 400)
+	publish := func(round int) {
 		var batch []pgrelay.Message
 		for _, id := range ids[round*20 : (round+1)*20] {
 			batch = append(batch, pgrelay.Message{EventID: id, Topic: "orders"})
@@ -261,7 +263,20 @@ func TestScanFloorNeedsItsMigration(t *testing.T) {
 		last := ids[(round+1)*20-1]
 		require.Eventually(t, func() bool { return b.statusOf(t, last) == "published" }, 10*time.Second, 5*time.Millisecond)
 	}
+	for round := range 10 {
+		publish(round)
+	}
 	require.Zero(t, probe.highest(), "every claim scans from the start")
+
+	_, err = mp.Up(ctx)
+	require.NoError(t, err)
+	round := 10
+	require.Eventually(t, func() bool {
+		publish(round)
+		round++
+		return probe.highest() > 0 || round == 20
+	}, 30*time.Second, time.Millisecond)
+	require.Positive(t, probe.highest(), "migrated, the floor moves")
 }
 
 // TestScanFloorUnderConcurrentProducers: producers committing one row per

@@ -128,6 +128,9 @@ func start(t *testing.T, cfg Config) (r *engine, stop func()) {
 	t.Helper()
 	r, err := newEngine(cfg)
 	require.NoError(t, err)
+	// The Relay sets it from the database's schema (noteSchema); the tests'
+	// engines run on the latest.
+	r.floorReady.Store(true)
 	stop = runUntilStopped(t, r.NodeID(), r.run)
 	return r, stop
 }

@@ -48,8 +48,9 @@ type engine struct {
 	recent rowMeter
 	// marker sends the workers' marks, coalesced.
 	marker *marker
-	// floorReady is set while the database's schema has floorSchema: the
-	// claims then start at their partition's scan floor (floor.go).
+	// floorReady is set while the database's schema has floorSchema (the
+	// Relay's schema reads, noteSchema): the claims then start at their
+	// partition's scan floor (floor.go).
 	floorReady atomic.Bool
 	// sent holds the rows the broker confirmed and no mark has recorded yet
 	// (the mark failed, or the worker stopped first): read again, they are
@@ -156,7 +157,6 @@ func (r *engine) run(ctx context.Context) error {
 	if err := r.checkStandbys(ctx); err != nil {
 		return err
 	}
-	r.readFloorSchema(ctx)
 	r.log.Info("relay starting", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
 	bg.Add(4)
