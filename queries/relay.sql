@@ -35,14 +35,15 @@
 -- EXISTS" it chose a sequential scan for the first waiting row once many were
 -- waiting (361 buffers on a 33,000-row outbox). db_now is the database's clock: the relay measures the time left
 -- before a row's expires_at against it, and marks the row dead with the
--- reason 'expired' instead of publishing it once that time has passed.
+-- reason 'expired' instead of publishing it once that time has passed,
+-- unless sent: a relay handed the row to the broker before (NoteSending).
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       b.expires_at, b.traceparent, b.tracestate, (b.published_at IS NOT NULL)::boolean AS sent, pg_catalog.now()::timestamptz AS db_now,
        pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
        EXISTS (SELECT 1 FROM pgrelay.outbox w
                WHERE w.partition = @partition::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
 FROM (
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id > @after::bigint AND o.id <> ALL(@exclude::bigint[])
@@ -56,7 +57,7 @@ FROM (
      ORDER BY o.partition, o.not_before, o.id
      LIMIT @batch_size)
     UNION ALL
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
      FROM pgrelay.outbox o
      WHERE o.partition = @partition::int AND o.status = 'pending'
        AND o.not_before <= pg_catalog.now() AND o.id <> ALL(@exclude::bigint[])
@@ -80,18 +81,17 @@ LIMIT @batch_size;
 -- relay's poll of its lingering partitions (Relay.pollBusy), which reads only
 -- for workers with no mark in flight: there is no exclude list. @afters[i]
 -- is @partitions[i]'s scan floor (as PendingBatch's @after). The rows come
--- ordered by partition, then id; db_now is the statement's now(), as in
--- PendingBatch.
+-- ordered by partition, then id; db_now and sent are as in PendingBatch.
 SELECT t.p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       b.expires_at, b.traceparent, b.tracestate, (b.published_at IS NOT NULL)::boolean AS sent, pg_catalog.now()::timestamptz AS db_now,
        pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
        EXISTS (SELECT 1 FROM pgrelay.outbox w
                WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
 FROM (SELECT pg_catalog.unnest(@partitions::int[]) AS p, pg_catalog.unnest(@afters::bigint[]) AS after) AS t
 CROSS JOIN LATERAL (
-    SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
+    SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate, c.published_at
     FROM (
-        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
            AND o.not_before IS NULL AND o.id > t.after
@@ -105,7 +105,7 @@ CROSS JOIN LATERAL (
          ORDER BY o.partition, o.not_before, o.id
          LIMIT @batch_size)
         UNION ALL
-        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
            AND o.not_before <= pg_catalog.now()
@@ -129,6 +129,31 @@ ORDER BY 1, b.id;
 SELECT coalesce((extract(epoch FROM pg_catalog.min(o.not_before) - pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, -1)::bigint AS due_in_us
 FROM pgrelay.outbox o
 WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > pg_catalog.now();
+
+-- name: NoteSending :one
+-- NoteSending records on the given pending rows of a partition, those that
+-- expire, that a relay is about to hand them to the broker: published_at,
+-- NULL on a pending row until then, takes the time (the mark sets it again,
+-- or clears it on a row it marks dead). Once noted, a row read again after
+-- its expires_at is published again, not marked dead as expired: whether
+-- the broker holds it is unknown (a mark lost or fenced after the broker
+-- confirmed it, a publish that timed out), and a consumer never applies it
+-- after its expiry anyway. Fenced as MarkOutcomesMany: held is false when
+-- @owner no longer owns the partition at @epoch, and nothing is noted.
+WITH lease AS (
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
+    WHERE rp.partition = @partition AND rp.owner = @owner::text AND rp.epoch = @epoch
+    FOR SHARE
+), noted AS (
+    UPDATE pgrelay.outbox o
+    SET published_at = pg_catalog.now()
+    FROM lease
+    -- The primary key, not the pending index (as MarkOutcomesMany).
+    WHERE o.partition = lease.partition AND o.id = ANY(@ids::bigint[]) AND coalesce(o.status, '') = 'pending'
+      AND o.published_at IS NULL
+    RETURNING o.id
+)
+SELECT EXISTS (SELECT 1 FROM lease) AS held;
 
 -- name: MarkOutcomesMany :many
 -- MarkOutcomesMany marks the published batches of several partitions in one

@@ -71,6 +71,10 @@ func (r *engine) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inf
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	// Noted before the standbys' wait, which then covers the note too.
+	if err := r.noteSending(w, rows, readStart); err != nil {
+		return len(rows), err
+	}
 	if err := r.awaitStandbys(w, log); err != nil {
 		return len(rows), err
 	}
@@ -83,7 +87,6 @@ func (r *engine) runBatchOnce(w *worker, log *slog.Logger, bo *retryBackoff, inf
 		h(w.partition, ids)
 	}
 	out := outcomesOf(log, rows, results)
-	r.sent.add(out.sentIDs)
 	// The previous batch's mark first: this batch is marked only after it.
 	if err := r.awaitMark(w, log, inflight); err != nil {
 		return len(rows), err
@@ -156,8 +159,6 @@ func (r *engine) mark(w *worker, log *slog.Logger, rows []db.PendingBatchRow, ou
 	if res.err != nil {
 		return fmt.Errorf("mark %d rows: %w", len(out.markIDs), res.err)
 	}
-	// Marked, or fenced (the new owner publishes and marks them).
-	r.sent.remove(out.sentIDs)
 	if res.marked == 0 {
 		log.Warn("mark fenced: another relay owns the partition now; it republishes the batch", slog.Int("rows", len(out.markIDs)))
 		r.cfg.obs.Fenced(int(w.partition))

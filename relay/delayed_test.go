@@ -311,35 +311,53 @@ func TestClaimSkipsFarFutureRows(t *testing.T) {
 }
 
 // TestSentEventIsNotMarkedExpired: an event the broker confirmed whose mark
-// fails (the connection reset under it), read again after its expires_at,
-// is published again and marked published, not dead as expired: the broker
-// holds it, and the outbox says so.
+// is lost, read again after its expires_at, is published again and marked
+// published, not dead as expired: the broker holds it, and the outbox says
+// so. The mark fails (the connection reset under it), or is fenced (the
+// partition taken over meanwhile: its next owner knows nothing the relay
+// kept in memory; here the same relay takes it back once the taker's lease
+// lapses). Both are red without the note NoteSending leaves on the row
+// before publishing.
 func TestSentEventIsNotMarkedExpired(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	expires := b.dbNow(t).Add(time.Second)
-	b.enqueue(t, pgrelay.Message{EventID: "sent-1", Topic: "orders", Key: "k", ExpiresAt: expires})
-	cfg := b.testConfig(t, b.publisher(t), &countingObserver{})
-	pool, err := pgxpool.New(context.Background(), b.dbURL+"&application_name=relay_under_test")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	cfg.Pool = pool
-	var once sync.Once
-	cfg.hooks.beforeMark = func(int32, []int64) {
-		once.Do(func() {
-			// Past the expiry, then the relay's sessions end: the mark
-			// meets a dead connection.
-			time.Sleep(time.Until(expires) + 200*time.Millisecond)
-			_, err := b.pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE datname = current_database() AND application_name = 'relay_under_test'`)
-			assert.NoError(t, err)
+	for _, how := range []string{"mark failed", "mark fenced"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			expires := b.dbNow(t).Add(time.Second)
+			b.enqueue(t, pgrelay.Message{EventID: "sent-1", Topic: "orders", Key: "k", ExpiresAt: expires})
+			obs := &countingObserver{}
+			cfg := b.testConfig(t, b.publisher(t), obs)
+			pool, err := pgxpool.New(context.Background(), b.dbURL+"&application_name=relay_under_test")
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			cfg.Pool = pool
+			var once sync.Once
+			cfg.hooks.beforeMark = func(p int32, _ []int64) {
+				once.Do(func() {
+					time.Sleep(time.Until(expires) + 200*time.Millisecond) // past the expiry
+					var err error
+					if how == "mark failed" {
+						// The relay's sessions end: the mark meets a dead connection.
+						_, err = b.pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+							WHERE datname = current_database() AND application_name = 'relay_under_test'`)
+					} else {
+						_, err = b.pool.Exec(context.Background(), `UPDATE pgrelay.relay_partitions
+							SET owner = 'taker', epoch = epoch + 1, lease_until = now() + interval '1 second' WHERE partition = $1`, p)
+					}
+					assert.NoError(t, err)
+				})
+			}
+			start(t, cfg)
+			require.Eventually(t, func() bool { return b.count(t, "pending") == 0 }, 30*time.Second, 20*time.Millisecond)
+			var status, reason string
+			require.NoError(t, b.pool.QueryRow(context.Background(),
+				`SELECT status, coalesce(last_error, '') FROM pgrelay.outbox WHERE event_id = 'sent-1'`).Scan(&status, &reason))
+			require.Equal(t, "published", status, "the broker has it (last_error %q)", reason)
+			require.Equal(t, uint64(1), b.streamMsgs(t), "published again, absorbed as a duplicate")
+			if how == "mark fenced" {
+				require.Positive(t, obs.fenced.Load(), "the mark was fenced")
+			}
 		})
 	}
-	start(t, cfg)
-	require.Eventually(t, func() bool { return b.count(t, "pending") == 0 }, 30*time.Second, 20*time.Millisecond)
-	var status, reason string
-	require.NoError(t, b.pool.QueryRow(context.Background(),
-		`SELECT status, coalesce(last_error, '') FROM pgrelay.outbox WHERE event_id = 'sent-1'`).Scan(&status, &reason))
-	require.Equal(t, "published", status, "the broker has it (last_error %q)", reason)
-	require.Equal(t, uint64(1), b.streamMsgs(t), "published again, absorbed as a duplicate")
 }

@@ -26,7 +26,7 @@ func (r *engine) publishBatch(w *worker, log *slog.Logger, rows []db.PendingBatc
 	if w.sess != nil && !w.sess.valid() {
 		w.sess.await(w.ctx, lockValidFor)
 	}
-	results, msgs, idx := brokerMessages(rows, expiredRows(rows, readStart, r.sent.has))
+	results, msgs, idx := brokerMessages(rows, expiredRows(rows, readStart))
 	// A relay paused past its lease (a stop-the-world pause, a suspended VM,
 	// failed heartbeats) must not publish the batch it read before: another
 	// relay may have taken the partition and published these rows, and once
@@ -68,13 +68,14 @@ var errExpired = broker.Terminal(errors.New(event.ReasonExpired))
 // which is no less than the time since the read's now() was taken. The
 // estimate errs towards later, so a row is never published after its
 // expires_at; it may be marked expired up to the read's round trip early. A
-// row sent already (the broker confirmed it, no mark recorded it) is not
-// expired: it is published again and marked published.
-func expiredRows(rows []db.PendingBatchRow, readStart time.Time, sent func(int64) bool) []bool {
+// row sent already (Sent: a relay noted it before handing it to the broker,
+// see noteSending) is not expired: whether the broker holds it is unknown,
+// so it is published again and marked published.
+func expiredRows(rows []db.PendingBatchRow, readStart time.Time) []bool {
 	var expired []bool
 	since := time.Since(readStart)
 	for i, row := range rows {
-		if row.ExpiresAt == nil || row.DbNow.Add(since).Before(*row.ExpiresAt) || sent(row.ID) {
+		if row.ExpiresAt == nil || row.Sent || row.DbNow.Add(since).Before(*row.ExpiresAt) {
 			continue
 		}
 		if expired == nil {
@@ -83,6 +84,37 @@ func expiredRows(rows []db.PendingBatchRow, readStart time.Time, sent func(int64
 		expired[i] = true
 	}
 	return expired
+}
+
+// noteSending records on the rows that expire, before any is handed to the
+// broker, that they are being sent (NoteSending): once the broker may hold
+// a row, no relay marks it dead as expired, not this one after a failed
+// mark nor another after a fenced one. Rows noted already, and those
+// expired by now (marked dead without publishing), are left alone; a batch
+// without expiring rows costs nothing. errFenced when the partition has
+// another owner: nothing is published.
+func (r *engine) noteSending(w *worker, rows []db.PendingBatchRow, readStart time.Time) error {
+	expired := expiredRows(rows, readStart)
+	var ids []int64
+	for i, row := range rows {
+		if row.ExpiresAt != nil && !row.Sent && (expired == nil || !expired[i]) {
+			ids = append(ids, row.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
+	held, err := r.q.NoteSending(qctx, r.cfg.Pool, db.NoteSendingParams{Partition: w.partition, Owner: r.cfg.NodeID, Epoch: w.epoch, Ids: ids})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("note %d expiring rows as sent: %w", len(ids), err)
+	}
+	if !held {
+		r.cfg.obs.Fenced(int(w.partition))
+		return errFenced
+	}
+	return nil
 }
 
 // brokerMessages returns the messages to publish for rows (msgs[j] is
@@ -163,7 +195,6 @@ func (r *engine) publish(msgs []pgrelay.Message, leaseEnd time.Time) (results []
 // outcomes is what publishing a batch came to, row by row.
 type outcomes struct {
 	markIDs   []int64  // published or dead: marked
-	sentIDs   []int64  // published rows that expire (see sentRows)
 	deadIDs   []int64  // rejected permanently
 	reasons   []string // why each of deadIDs was rejected
 	failedIDs []int64  // failed transiently: left pending
@@ -202,9 +233,6 @@ func outcomesOf(log *slog.Logger, rows []db.PendingBatchRow, results []broker.Re
 			out.dead++
 			log.Warn("event rejected permanently; marked dead", slog.String("event_id", rows[i].EventID), slog.Any("error", res.Err))
 			continue
-		}
-		if rows[i].ExpiresAt != nil {
-			out.sentIDs = append(out.sentIDs, rows[i].ID)
 		}
 		out.published++
 		if res.Duplicate {

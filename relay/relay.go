@@ -52,10 +52,6 @@ type engine struct {
 	// Relay's schema reads, noteSchema): the claims then start at their
 	// partition's scan floor (floor.go).
 	floorReady atomic.Bool
-	// sent holds the rows the broker confirmed and no mark has recorded yet
-	// (the mark failed, or the worker stopped first): read again, they are
-	// published again, never marked expired (sent.go).
-	sent sentRows
 	// poolWarnedShare is the share last warned about as too large for the
 	// pool (0: none); touched by Run's goroutine only.
 	poolWarnedShare int

@@ -288,7 +288,7 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 				ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, EventType: row.EventType,
 				Payload: row.Payload, Headers: row.Headers, OccurredAt: row.OccurredAt, CreatedAt: row.CreatedAt,
 				KeySeq: row.KeySeq, ExpiresAt: row.ExpiresAt, Traceparent: row.Traceparent, Tracestate: row.Tracestate,
-				DbNow: row.DbNow, SnapshotXmin: row.SnapshotXmin, Waiting: row.Waiting,
+				Sent: row.Sent, DbNow: row.DbNow, SnapshotXmin: row.SnapshotXmin, Waiting: row.Waiting,
 			})
 		}
 		if h := r.cfg.hooks.pollRead; h != nil {

@@ -385,6 +385,51 @@ func (q *Queries) NextDue(ctx context.Context, db DBTX, partition int32) (int64,
 	return due_in_us, err
 }
 
+const noteSending = `-- name: NoteSending :one
+WITH lease AS (
+    SELECT rp.partition FROM pgrelay.relay_partitions rp
+    WHERE rp.partition = $1 AND rp.owner = $2::text AND rp.epoch = $3
+    FOR SHARE
+), noted AS (
+    UPDATE pgrelay.outbox o
+    SET published_at = pg_catalog.now()
+    FROM lease
+    -- The primary key, not the pending index (as MarkOutcomesMany).
+    WHERE o.partition = lease.partition AND o.id = ANY($4::bigint[]) AND coalesce(o.status, '') = 'pending'
+      AND o.published_at IS NULL
+    RETURNING o.id
+)
+SELECT EXISTS (SELECT 1 FROM lease) AS held
+`
+
+type NoteSendingParams struct {
+	Partition int32
+	Owner     string
+	Epoch     int64
+	Ids       []int64
+}
+
+// NoteSending records on the given pending rows of a partition, those that
+// expire, that a relay is about to hand them to the broker: published_at,
+// NULL on a pending row until then, takes the time (the mark sets it again,
+// or clears it on a row it marks dead). Once noted, a row read again after
+// its expires_at is published again, not marked dead as expired: whether
+// the broker holds it is unknown (a mark lost or fenced after the broker
+// confirmed it, a publish that timed out), and a consumer never applies it
+// after its expiry anyway. Fenced as MarkOutcomesMany: held is false when
+// @owner no longer owns the partition at @epoch, and nothing is noted.
+func (q *Queries) NoteSending(ctx context.Context, db DBTX, arg NoteSendingParams) (bool, error) {
+	row := db.QueryRow(ctx, noteSending,
+		arg.Partition,
+		arg.Owner,
+		arg.Epoch,
+		arg.Ids,
+	)
+	var held bool
+	err := row.Scan(&held)
+	return held, err
+}
+
 const notifyRelays = `-- name: NotifyRelays :exec
 SELECT pg_catalog.pg_notify('pgrelay_relays', $1::text)
 `
@@ -399,12 +444,12 @@ func (q *Queries) NotifyRelays(ctx context.Context, db DBTX, payload string) err
 
 const pendingBatch = `-- name: PendingBatch :many
 SELECT b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       b.expires_at, b.traceparent, b.tracestate, (b.published_at IS NOT NULL)::boolean AS sent, pg_catalog.now()::timestamptz AS db_now,
        pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
        EXISTS (SELECT 1 FROM pgrelay.outbox w
                WHERE w.partition = $1::int AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
 FROM (
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
        AND o.not_before IS NULL AND o.id > $2::bigint AND o.id <> ALL($3::bigint[])
@@ -418,7 +463,7 @@ FROM (
      ORDER BY o.partition, o.not_before, o.id
      LIMIT $4)
     UNION ALL
-    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+    (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
      FROM pgrelay.outbox o
      WHERE o.partition = $1::int AND o.status = 'pending'
        AND o.not_before <= pg_catalog.now() AND o.id <> ALL($3::bigint[])
@@ -455,6 +500,7 @@ type PendingBatchRow struct {
 	ExpiresAt    *time.Time
 	Traceparent  *string
 	Tracestate   *string
+	Sent         bool
 	DbNow        time.Time
 	SnapshotXmin int64
 	Waiting      bool
@@ -496,7 +542,8 @@ type PendingBatchRow struct {
 // EXISTS" it chose a sequential scan for the first waiting row once many were
 // waiting (361 buffers on a 33,000-row outbox). db_now is the database's clock: the relay measures the time left
 // before a row's expires_at against it, and marks the row dead with the
-// reason 'expired' instead of publishing it once that time has passed.
+// reason 'expired' instead of publishing it once that time has passed,
+// unless sent: a relay handed the row to the broker before (NoteSending).
 func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchParams) ([]PendingBatchRow, error) {
 	rows, err := db.Query(ctx, pendingBatch,
 		arg.Partition,
@@ -525,6 +572,7 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 			&i.ExpiresAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.Sent,
 			&i.DbNow,
 			&i.SnapshotXmin,
 			&i.Waiting,
@@ -541,15 +589,15 @@ func (q *Queries) PendingBatch(ctx context.Context, db DBTX, arg PendingBatchPar
 
 const pendingBatchMany = `-- name: PendingBatchMany :many
 SELECT t.p::int AS partition, b.id, b.event_id, b.topic, b.key, b.event_type, b.payload, b.headers, b.occurred_at, b.created_at, b.key_seq,
-       b.expires_at, b.traceparent, b.tracestate, pg_catalog.now()::timestamptz AS db_now,
+       b.expires_at, b.traceparent, b.tracestate, (b.published_at IS NOT NULL)::boolean AS sent, pg_catalog.now()::timestamptz AS db_now,
        pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint AS snapshot_xmin,
        EXISTS (SELECT 1 FROM pgrelay.outbox w
                WHERE w.partition = p AND w.status = 'pending' AND w.not_before > pg_catalog.now()) AS waiting
 FROM (SELECT pg_catalog.unnest($1::int[]) AS p, pg_catalog.unnest($2::bigint[]) AS after) AS t
 CROSS JOIN LATERAL (
-    SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate
+    SELECT c.id, c.event_id, c.topic, c.key, c.event_type, c.payload, c.headers, c.occurred_at, c.created_at, c.key_seq, c.expires_at, c.traceparent, c.tracestate, c.published_at
     FROM (
-        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
            AND o.not_before IS NULL AND o.id > t.after
@@ -563,7 +611,7 @@ CROSS JOIN LATERAL (
          ORDER BY o.partition, o.not_before, o.id
          LIMIT $3)
         UNION ALL
-        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate
+        (SELECT o.id, o.event_id, o.topic, o.key, o.event_type, o.payload, o.headers, o.occurred_at, o.created_at, o.key_seq, o.expires_at, o.traceparent, o.tracestate, o.published_at
          FROM pgrelay.outbox o
          WHERE o.partition = p AND o.status = 'pending'
            AND o.not_before <= pg_catalog.now()
@@ -602,6 +650,7 @@ type PendingBatchManyRow struct {
 	ExpiresAt    *time.Time
 	Traceparent  *string
 	Tracestate   *string
+	Sent         bool
 	DbNow        time.Time
 	SnapshotXmin int64
 	Waiting      bool
@@ -615,8 +664,7 @@ type PendingBatchManyRow struct {
 // relay's poll of its lingering partitions (Relay.pollBusy), which reads only
 // for workers with no mark in flight: there is no exclude list. @afters[i]
 // is @partitions[i]'s scan floor (as PendingBatch's @after). The rows come
-// ordered by partition, then id; db_now is the statement's now(), as in
-// PendingBatch.
+// ordered by partition, then id; db_now and sent are as in PendingBatch.
 func (q *Queries) PendingBatchMany(ctx context.Context, db DBTX, arg PendingBatchManyParams) ([]PendingBatchManyRow, error) {
 	rows, err := db.Query(ctx, pendingBatchMany, arg.Partitions, arg.Afters, arg.BatchSize)
 	if err != nil {
@@ -641,6 +689,7 @@ func (q *Queries) PendingBatchMany(ctx context.Context, db DBTX, arg PendingBatc
 			&i.ExpiresAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.Sent,
 			&i.DbNow,
 			&i.SnapshotXmin,
 			&i.Waiting,
