@@ -253,10 +253,22 @@ func TestChaosManyDatabases(t *testing.T) {
 
 	// A database removed once its producer stopped and its outbox drained:
 	// nobody serves it any more.
+	// Drained for a second on end: the producer's last transaction, its
+	// context cancelled while its COMMIT was on the wire, can still commit
+	// after the producer returned (a row then appeared pending after the
+	// removal, served by nobody, and the drain below never ended).
 	removed.stopProducer()
+	var drainedSince time.Time
 	must(waitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := db.New().ChaosProgress(ctx, removed.pool)
-		return p.OutboxPending == 0, err
+		if err != nil || p.OutboxPending != 0 {
+			drainedSince = time.Time{}
+			return false, err
+		}
+		if drainedSince.IsZero() {
+			drainedSince = time.Now()
+		}
+		return time.Since(drainedSince) >= time.Second, nil
 	}), removed.name+"'s outbox drained before its removal")
 	must(writeDatabasesFile(file, slices.DeleteFunc(slices.Clone(dbs), func(d *chaosDB) bool { return d == removed })), "write the databases file")
 	sighup()
