@@ -16,7 +16,7 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
-func newNATS(t *testing.T) (*nats.Publisher, jetstream.Stream) {
+func newNATS(t testing.TB) (*nats.Publisher, jetstream.Stream) {
 	t.Helper()
 	url := testnats.URL(t)
 	stream, prefix := testnats.Stream(t, url)

@@ -10,21 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgrelay/pgrelay"
-	"github.com/pgrelay/pgrelay/broker/nats"
-	"github.com/pgrelay/pgrelay/internal/testnats"
 )
 
 // BenchmarkPublishBatch publishes batches of 100 events of 100 keys (a
 // relay's batch under a backlog) to JetStream and reports this process's CPU
 // per message (user + system, from getrusage) beside the time per batch.
 func BenchmarkPublishBatch(b *testing.B) {
-	url := testnats.URL(b)
-	stream, prefix := testnats.Stream(b, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	p, err := nats.NewPublisher(ctx, nats.Config{URL: url, Stream: stream, SubjectPrefix: prefix, AckTimeout: 5 * time.Second})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = p.Close() })
+	p, _ := newNATS(b)
 	const batch = 100
 	occurred := time.Now()
 	msgs := make([]pgrelay.Message, batch)
