@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
+
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -15,6 +15,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/rounds"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -126,74 +127,61 @@ func (p *Publisher) Ping(ctx context.Context) error { return p.cl.Ping(ctx) }
 // partition, but a record handed over in the instant after that failure and
 // before its report would start a fresh buffer and be stored ahead of the
 // failed one.
+//
+// It runs on the caller's goroutine, in rounds (internal/rounds): each round
+// hands every key's next record to the producer, as many keys as
+// MaxInFlight leaves room for, then awaits their acknowledgements.
 func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
-	results := make([]broker.Result, len(msgs))
-	byKey := make(map[string][]int)
-	var keys []string
-	for i, m := range msgs {
-		if _, ok := byKey[m.Key]; !ok {
-			keys = append(keys, m.Key)
-		}
-		byKey[m.Key] = append(byKey[m.Key], i)
+	return rounds.Publish(msgs, func(i int, mayBlock bool) rounds.Await {
+		return p.start(ctx, msgs[i], mayBlock)
+	})
+}
+
+// failed is the Await of a record that failed before it was sent.
+func failed(err error) rounds.Await {
+	return func() broker.Result { return broker.Result{Err: err} }
+}
+
+// start hands m's record to the producer and returns what awaits its
+// acknowledgement, or nil when MaxInFlight keys are in flight and mayBlock
+// is false.
+func (p *Publisher) start(ctx context.Context, m pgrelay.Message, mayBlock bool) rounds.Await {
+	rec, err := p.wireRecord(m)
+	if err == nil {
+		err = p.check(rec)
 	}
-	var wg sync.WaitGroup
-	for _, k := range keys {
+	if err != nil {
+		return failed(err)
+	}
+	select {
+	case p.slots <- struct{}{}:
+	default:
+		if !mayBlock {
+			return nil
+		}
 		select {
 		case p.slots <- struct{}{}:
 		case <-ctx.Done():
-			for _, i := range byKey[k] {
-				results[i].Err = fmt.Errorf("not sent: %w", ctx.Err())
-			}
-			continue
+			return failed(fmt.Errorf("not sent: %w", ctx.Err()))
 		}
-		wg.Go(func() {
-			defer func() { <-p.slots }()
-			p.publishKey(ctx, msgs, byKey[k], results)
-		})
 	}
-	wg.Wait()
-	return results
-}
-
-// publishKey publishes msgs[idx...] (one key's events, in order), each once
-// the previous one is acknowledged, and writes their outcomes into results.
-func (p *Publisher) publishKey(ctx context.Context, msgs []pgrelay.Message, idx []int, results []broker.Result) {
 	done := make(chan error, 1)
-	for n, i := range idx {
-		rec, err := p.wireRecord(msgs[i])
-		if err == nil {
-			err = p.check(rec)
-		}
-		if err == nil {
-			p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
-			select {
-			case err = <-done:
-				if err != nil {
-					err = p.classify(rec, err)
-				}
-			case <-ctx.Done():
-				// A record already sent is not withdrawn (idempotence): it
-				// may still be stored, ahead of anything sent later, and the
-				// relay's retry of it is a duplicate the inbox absorbs.
-				err = fmt.Errorf("kafka: waiting for the acknowledgement: %w", ctx.Err())
+	p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
+	return func() broker.Result {
+		defer func() { <-p.slots }()
+		select {
+		case err := <-done:
+			if err != nil {
+				return broker.Result{Err: p.classify(rec, err)}
 			}
+			return broker.Result{}
+		case <-ctx.Done():
+			// A record already sent is not withdrawn (idempotence): it
+			// may still be stored, ahead of anything sent later, and the
+			// relay's retry of it is a duplicate the inbox absorbs.
+			return broker.Result{Err: fmt.Errorf("kafka: waiting for the acknowledgement: %w", ctx.Err())}
 		}
-		if err == nil {
-			continue
-		}
-		results[i].Err = err
-		if broker.IsTerminal(err) {
-			continue // dead-lettered by the relay; the key goes on
-		}
-		for _, j := range idx[n+1:] {
-			results[j].Err = notSent(msgs[i].Key, err)
-		}
-		return
 	}
-}
-
-func notSent(key string, err error) error {
-	return fmt.Errorf("not sent: an earlier event of key %q failed: %w", key, err)
 }
 
 // check refuses, without sending it, a record no broker will accept.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
+	"github.com/pgrelay/pgrelay/internal/rounds"
 	"github.com/pgrelay/pgrelay/internal/setting"
 )
 
@@ -186,77 +187,29 @@ func (p *Publisher) Conn() *nats.Conn { return p.nc }
 // after a transient failure. So a later event of a key is never stored while an
 // earlier one failed: the relay retries from the failed one, in order.
 //
-// It all runs on the caller's goroutine, in rounds: each round sends every
-// key's next message asynchronously, then awaits their acknowledgements. A
-// goroutine per key (as before) grew a fresh stack for each key of each
-// batch: the stack copies and the scheduling took about a tenth of the
-// publisher's CPU (BenchmarkPublishBatch).
+// It runs on the caller's goroutine, in rounds (internal/rounds): each round
+// sends every key's next message asynchronously, then awaits their
+// acknowledgements.
 func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
-	results := make([]broker.Result, len(msgs))
-	// queues[k] holds the indexes of the k-th key's messages, in order.
-	var queues [][]int
-	slot := make(map[string]int, len(msgs))
-	for i, m := range msgs {
-		k, ok := slot[m.Key]
-		if !ok {
-			k = len(queues)
-			slot[m.Key] = k
-			queues = append(queues, nil)
+	return rounds.Publish(msgs, func(i int, _ bool) rounds.Await {
+		nm, err := p.wireMessage(msgs[i])
+		if err != nil {
+			return func() broker.Result { return broker.Result{Err: err} } // permanent: dead-lettered
 		}
-		queues[k] = append(queues[k], i)
-	}
-	type sent struct {
-		queue []int // the key's messages after this one
-		i     int
-		nm    *nats.Msg
-		f     jetstream.PubAckFuture
-		err   error
-	}
-	round := make([]sent, 0, len(queues))
-	for len(queues) > 0 {
-		round = round[:0]
-		for _, q := range queues {
-			for len(q) > 0 {
-				i := q[0]
-				q = q[1:]
-				nm, err := p.wireMessage(msgs[i])
-				if err != nil {
-					results[i].Err = err // permanent: dead-lettered, the key goes on
-					continue
-				}
-				f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].EventID))
-				round = append(round, sent{queue: q, i: i, nm: nm, f: f, err: err})
-				break
-			}
-		}
-		queues = queues[:0]
-		for _, s := range round {
-			err := s.err
+		f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].EventID))
+		return func() broker.Result {
 			if err == nil {
 				select {
-				case ack := <-s.f.Ok():
-					results[s.i].Duplicate = ack.Duplicate
-				case err = <-s.f.Err():
+				case ack := <-f.Ok():
+					return broker.Result{Duplicate: ack.Duplicate}
+				case err = <-f.Err():
 				case <-ctx.Done():
 					err = fmt.Errorf("waiting for the acknowledgement: %w", ctx.Err())
 				}
 			}
-			if err != nil {
-				results[s.i].Err = p.classify(ctx, s.nm, err)
-				if !broker.IsTerminal(results[s.i].Err) {
-					for _, j := range s.queue {
-						results[j].Err = fmt.Errorf("not sent: an earlier event of key %q failed: %w", msgs[s.i].Key, results[s.i].Err)
-					}
-					continue
-				}
-				// The relay dead-letters this one and moves on to the next.
-			}
-			if len(s.queue) > 0 {
-				queues = append(queues, s.queue)
-			}
+			return broker.Result{Err: p.classify(ctx, nm, err)}
 		}
-	}
-	return results
+	})
 }
 
 func (p *Publisher) toNATS(m pgrelay.Message) *nats.Msg {

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/pgrelay/pgrelay"
 	"github.com/pgrelay/pgrelay/broker"
 	"github.com/pgrelay/pgrelay/internal/logbridge"
+	"github.com/pgrelay/pgrelay/internal/rounds"
 	"github.com/pgrelay/pgrelay/internal/wait"
 )
 
@@ -232,65 +234,63 @@ func (p *Publisher) discard(s *pubSession) {
 // confirmed, and a key's remaining messages are not sent after a transient
 // failure. So a later event of a key is never stored while an earlier one
 // failed: the relay retries from the failed one, in order.
+//
+// It runs on the caller's goroutine, in rounds (internal/rounds): each round
+// publishes every key's next message, as many as the window has room for,
+// then awaits their confirms.
 func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broker.Result {
-	results := make([]broker.Result, len(msgs))
-	byKey := make(map[string][]int)
-	var keys []string
-	for i, m := range msgs {
-		if _, ok := byKey[m.Key]; !ok {
-			keys = append(keys, m.Key)
-		}
-		byKey[m.Key] = append(byKey[m.Key], i)
-	}
-	var wg sync.WaitGroup
-	for _, k := range keys {
-		wg.Go(func() { p.publishKey(ctx, msgs, byKey[k], results) })
-	}
-	wg.Wait()
-	return results
+	return rounds.Publish(msgs, func(i int, mayBlock bool) rounds.Await {
+		return p.start(ctx, msgs[i], mayBlock)
+	})
 }
 
-// publishKey publishes msgs[idx...] (one key's messages, in order) and writes
-// their outcomes into results.
-func (p *Publisher) publishKey(ctx context.Context, msgs []pgrelay.Message, idx []int, results []broker.Result) {
-	for n, i := range idx {
-		err := p.publishOne(ctx, msgs[i])
-		if err == nil || broker.IsTerminal(err) {
-			// A permanent failure: the relay dead-letters this one and
-			// moves on to the next.
-			results[i].Err = err
-			continue
-		}
-		results[i].Err = err
-		for _, j := range idx[n+1:] {
-			results[j].Err = fmt.Errorf("not sent: an earlier event of key %q failed: %w", msgs[i].Key, err)
-		}
-		return
-	}
+// failed is the Await of a message that failed before it was sent.
+func failed(err error) rounds.Await {
+	return func() broker.Result { return broker.Result{Err: err} }
 }
 
-// publishOne publishes m and waits for its confirm.
-func (p *Publisher) publishOne(ctx context.Context, m pgrelay.Message) error {
+// start publishes m and returns what awaits its confirm, or nil when the
+// window is full and mayBlock is false.
+func (p *Publisher) start(ctx context.Context, m pgrelay.Message, mayBlock bool) rounds.Await {
 	s, err := p.session(ctx)
 	if err != nil {
-		return err
+		return failed(err)
 	}
 	pub, rk, err := p.wireEncode(m, s.frameMax, int(p.maxBytes.Load()))
 	if err != nil {
-		return err
+		return failed(err)
 	}
 	select {
 	case p.window <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("rabbitmq: waiting for room among the messages in flight: %w", ctx.Err())
+	default:
+		if !mayBlock {
+			return nil
+		}
+		select {
+		case p.window <- struct{}{}:
+		case <-ctx.Done():
+			return failed(fmt.Errorf("rabbitmq: waiting for room among the messages in flight: %w", ctx.Err()))
+		}
 	}
-	defer func() { <-p.window }()
 	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, rk, true, false, pub)
 	if err != nil {
+		<-p.window
 		p.discard(s)
-		return fmt.Errorf("rabbitmq: publish: %w", err)
+		return failed(fmt.Errorf("rabbitmq: publish: %w", err))
 	}
-	t := time.NewTimer(p.cfg.ConfirmTimeout)
+	deadline := time.Now().Add(p.cfg.ConfirmTimeout)
+	return func() broker.Result {
+		err := p.confirmed(ctx, s, dc, deadline, rk, pub.MessageId, len(m.Payload))
+		<-p.window
+		return broker.Result{Err: err}
+	}
+}
+
+// confirmed waits until deadline for the confirm of a message published on
+// s and tells its outcome.
+func (p *Publisher) confirmed(ctx context.Context, s *pubSession, dc *amqp.DeferredConfirmation, deadline time.Time,
+	rk, messageID string, size int) error {
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case <-dc.Done():
@@ -302,9 +302,9 @@ func (p *Publisher) publishOne(ctx context.Context, m pgrelay.Message) error {
 		p.discard(s)
 		return fmt.Errorf("rabbitmq: no confirm within %s (Config.ConfirmTimeout)", p.cfg.ConfirmTimeout)
 	}
-	ret, known := s.returned(rk, pub.MessageId)
+	ret, known := s.returned(rk, messageID)
 	if !dc.Acked() {
-		return p.nacked(s, len(m.Payload))
+		return p.nacked(s, size)
 	}
 	if !known {
 		// Confirmed, but whether it was routed is unknown: publish again
