@@ -188,6 +188,8 @@ type hooks struct {
 	lingerFor time.Duration
 	// lingerMinRows replaces the constant lingerMinRows when positive.
 	lingerMinRows int
+	// roundWait replaces the constant roundWait when positive.
+	roundWait time.Duration
 	// walCoalesce replaces the constant walCoalesce when positive.
 	walCoalesce time.Duration
 	// schemaInterval replaces the constant schemaInterval when positive.

@@ -96,6 +96,15 @@ func (r *engine) walCoalesce() time.Duration {
 	return busyPollCoalesce
 }
 
+// roundWait returns how long the marker holds a poll round's first mark for
+// the others.
+func (r *engine) roundWait() time.Duration {
+	if d := r.cfg.hooks.roundWait; d > 0 {
+		return d
+	}
+	return roundWait
+}
+
 // lingerFor returns how long a worker that found rows lingers.
 func (r *engine) lingerFor() time.Duration {
 	if d := r.cfg.hooks.lingerFor; d > 0 {
@@ -182,14 +191,15 @@ type polled struct {
 type pollRound struct {
 	left atomic.Int32
 	all  chan struct{} // closed when every batch arrived
+	hold time.Duration // how long the first mark waits for the others
 }
 
 // roundWait bounds how long the marker holds a round's first mark for the
 // others (a slow publish, a worker stopping).
 const roundWait = 2 * time.Millisecond
 
-func newPollRound(n int) *pollRound {
-	p := &pollRound{all: make(chan struct{})}
+func newPollRound(n int, hold time.Duration) *pollRound {
+	p := &pollRound{all: make(chan struct{}), hold: hold}
 	p.left.Store(int32(n))
 	return p
 }
@@ -202,12 +212,12 @@ func (p *pollRound) arrive() {
 	}
 }
 
-// wait waits until every batch of the round arrived or roundWait passed.
+// wait waits until every batch of the round arrived or its hold passed.
 func (p *pollRound) wait() {
 	if p == nil {
 		return
 	}
-	t := time.NewTimer(roundWait)
+	t := time.NewTimer(p.hold)
 	defer t.Stop()
 	select {
 	case <-p.all:
@@ -297,7 +307,7 @@ func (r *engine) readLingering(ctx context.Context, claimed []claim, parts []int
 	}
 	var round *pollRound
 	if len(byPart) > 1 {
-		round = newPollRound(len(byPart))
+		round = newPollRound(len(byPart), r.roundWait())
 	}
 	for i, c := range claimed {
 		got := byPart[parts[i]]
