@@ -9,36 +9,6 @@ import (
 	"context"
 )
 
-const createLedgerOrder = `-- name: CreateLedgerOrder :execrows
-INSERT INTO ledger_orders (order_id, customer_id, amount_cents, currency, event_id)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (order_id) DO NOTHING
-`
-
-type CreateLedgerOrderParams struct {
-	OrderID     string
-	CustomerID  string
-	AmountCents int64
-	Currency    string
-	EventID     string
-}
-
-// CreateLedgerOrder records an order from its OrderCreated event. A replay of
-// the same order is a no-op.
-func (q *Queries) CreateLedgerOrder(ctx context.Context, db DBTX, arg CreateLedgerOrderParams) (int64, error) {
-	result, err := db.Exec(ctx, createLedgerOrder,
-		arg.OrderID,
-		arg.CustomerID,
-		arg.AmountCents,
-		arg.Currency,
-		arg.EventID,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const createLedgerOrders = `-- name: CreateLedgerOrders :execrows
 INSERT INTO ledger_orders (order_id, customer_id, amount_cents, currency, event_id)
 SELECT pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::bigint[]),
@@ -63,34 +33,6 @@ func (q *Queries) CreateLedgerOrders(ctx context.Context, db DBTX, arg CreateLed
 		arg.AmountCents,
 		arg.Currencies,
 		arg.EventIds,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const creditLedger = `-- name: CreditLedger :execrows
-INSERT INTO ledger_entries (event_id, order_id, customer_id, amount_cents, currency)
-VALUES ($1, $2, $3, $4, $5)
-`
-
-type CreditLedgerParams struct {
-	EventID     string
-	OrderID     string
-	CustomerID  string
-	AmountCents int64
-	Currency    string
-}
-
-// CreditLedger credits an order once per OrderPaid event.
-func (q *Queries) CreditLedger(ctx context.Context, db DBTX, arg CreditLedgerParams) (int64, error) {
-	result, err := db.Exec(ctx, creditLedger,
-		arg.EventID,
-		arg.OrderID,
-		arg.CustomerID,
-		arg.AmountCents,
-		arg.Currency,
 	)
 	if err != nil {
 		return 0, err
@@ -128,24 +70,6 @@ func (q *Queries) CreditLedgerBatch(ctx context.Context, db DBTX, arg CreditLedg
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const getLedgerOrder = `-- name: GetLedgerOrder :one
-SELECT order_id, customer_id, amount_cents, currency, event_id, created_at FROM ledger_orders WHERE order_id = $1
-`
-
-func (q *Queries) GetLedgerOrder(ctx context.Context, db DBTX, orderID string) (LedgerOrder, error) {
-	row := db.QueryRow(ctx, getLedgerOrder, orderID)
-	var i LedgerOrder
-	err := row.Scan(
-		&i.OrderID,
-		&i.CustomerID,
-		&i.AmountCents,
-		&i.Currency,
-		&i.EventID,
-		&i.CreatedAt,
-	)
-	return i, err
 }
 
 const ledgerSchemaPresent = `-- name: LedgerSchemaPresent :one

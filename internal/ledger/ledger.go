@@ -110,8 +110,11 @@ func (Handler) HandleBatch(ctx context.Context, tx pgx.Tx, evs []*pgrelay.InboxE
 	return nil
 }
 
-// Handle applies one event to the ledger inside tx.
+// Handle applies one event to the ledger inside tx, with the statements
+// HandleBatch runs for a batch: one round trip for an OrderPaid, whose
+// order's customer the credit reads in the same statement.
 func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) error {
+	q := db.New()
 	switch ev.EventType {
 	case EventOrderCreated:
 		var p OrderCreated
@@ -121,9 +124,9 @@ func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) er
 		if p.AmountCents < 0 {
 			return pgrelay.Permanent(fmt.Errorf("%s payload: amount_cents is negative (%d)", ev.EventType, p.AmountCents))
 		}
-		if _, err := db.New().CreateLedgerOrder(ctx, tx, db.CreateLedgerOrderParams{
-			OrderID: p.OrderID, CustomerID: p.CustomerID, AmountCents: p.AmountCents,
-			Currency: p.Currency, EventID: ev.EventID,
+		if _, err := q.CreateLedgerOrders(ctx, tx, db.CreateLedgerOrdersParams{
+			OrderIds: []string{p.OrderID}, CustomerIds: []string{p.CustomerID}, AmountCents: []int64{p.AmountCents},
+			Currencies: []string{p.Currency}, EventIds: []string{ev.EventID},
 		}); err != nil {
 			return fmt.Errorf("ledger: create order %s: %w", p.OrderID, err)
 		}
@@ -133,18 +136,14 @@ func (Handler) Handle(ctx context.Context, tx pgx.Tx, ev *pgrelay.InboxEvent) er
 		if err := decode(ev.Payload, &p, "order_id", "amount_cents", "currency"); err != nil {
 			return pgrelay.Permanent(fmt.Errorf("%s payload: %w", ev.EventType, err))
 		}
-		order, err := db.New().GetLedgerOrder(ctx, tx, p.OrderID)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return pgrelay.Defer(DependencyKey(p.OrderID))
-		}
+		n, err := q.CreditLedgerBatch(ctx, tx, db.CreditLedgerBatchParams{
+			EventIds: []string{ev.EventID}, OrderIds: []string{p.OrderID}, AmountCents: []int64{p.AmountCents}, Currencies: []string{p.Currency},
+		})
 		if err != nil {
-			return fmt.Errorf("ledger: get order %s: %w", p.OrderID, err)
-		}
-		if _, err := db.New().CreditLedger(ctx, tx, db.CreditLedgerParams{
-			EventID: ev.EventID, OrderID: p.OrderID, CustomerID: order.CustomerID,
-			AmountCents: p.AmountCents, Currency: p.Currency,
-		}); err != nil {
 			return fmt.Errorf("ledger: credit order %s: %w", p.OrderID, err)
+		}
+		if n == 0 {
+			return pgrelay.Defer(DependencyKey(p.OrderID)) // the order does not exist yet
 		}
 		return nil
 	default:
