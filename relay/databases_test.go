@@ -130,7 +130,7 @@ func TestFleetSharesTheInFlightBudget(t *testing.T) {
 	require.Eventually(t, func() bool { return share(r1) == 600 }, 30*time.Second, 20*time.Millisecond, "alone again: the whole budget")
 }
 
-// TestFairShareAcrossDatabases: one database's backlog of 20,000 rows does
+// TestFairShareAcrossDatabases: one database's backlog of 60,000 rows does
 // not hold back two others receiving a trickle; their commit → published
 // p99 stays low while the backlog drains. FAIRNESS_INFLIGHT=100000 runs it
 // with the gate wide open (no fairness), to compare.
@@ -140,7 +140,7 @@ func TestFairShareAcrossDatabases(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key, payload)
-		SELECT 'backlog-' || g, 'orders', 'key-' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 20000) AS g`)
+		SELECT 'backlog-' || g, 'orders', 'key-' || (g % 1000), convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 60000) AS g`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `ANALYZE pgrelay.outbox`)
 	require.NoError(t, err)
@@ -186,7 +186,7 @@ func TestFairShareAcrossDatabases(t *testing.T) {
 			}
 		})
 	}
-	b.waitCount(t, "published", 20000, 90*time.Second)
+	b.waitCount(t, "published", 60000, 90*time.Second)
 	drained := time.Since(start)
 	close(stopTrickle)
 	wg.Wait()
@@ -201,7 +201,7 @@ func TestFairShareAcrossDatabases(t *testing.T) {
 			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at)),
 			percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))
 			FROM pgrelay.outbox WHERE created_at < $1`, start.Add(drained)).Scan(&n, &p50, &p99))
-		t.Logf("%s: %d trickle events during the %s drain of db0's 20,000: commit → published p50 %.1f ms, p99 %.1f ms (InFlightEvents %d)",
+		t.Logf("%s: %d trickle events during the %s drain of db0's 60,000: commit → published p50 %.1f ms, p99 %.1f ms (InFlightEvents %d)",
 			dbs[i+1].Name, n, drained.Round(time.Millisecond), p50*1000, p99*1000, or(cfg.InFlightEvents, DefaultInFlightEvents))
 		require.Greater(t, n, 50, "the trickle ran during the drain")
 		worst = max(worst, p99)

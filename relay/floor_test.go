@@ -270,6 +270,9 @@ func TestScanFloorNeedsItsMigration(t *testing.T) {
 
 	_, err = mp.Up(ctx)
 	require.NoError(t, err)
+	// Past a few schema reads, so that the rounds below are not all over
+	// before the relay learns of the migration (they take a few ms each).
+	time.Sleep(5 * cfg.hooks.schemaInterval)
 	round := 10
 	require.Eventually(t, func() bool {
 		publish(round)
