@@ -130,6 +130,23 @@ SELECT coalesce((extract(epoch FROM pg_catalog.min(o.not_before) - pg_catalog.no
 FROM pgrelay.outbox o
 WHERE o.partition = @partition::int AND o.status = 'pending' AND o.not_before > pg_catalog.now();
 
+-- name: SweepIdle :many
+-- SweepIdle is the poll of the idle partitions, one statement for all of
+-- them (Relay.sweepIdle): for each of @partitions, whether its claim would
+-- find a row, a pending one without a delay past @afters[i] (its scan floor,
+-- as PendingBatch's @after) or a delayed one now due, and, as NextDue, how
+-- long until its earliest delayed row falls due, in microseconds (-1: none
+-- waits). Three probes of outbox_pending_idx per partition.
+SELECT t.p::int AS partition,
+       (EXISTS (SELECT 1 FROM pgrelay.outbox o
+                WHERE o.partition = t.p AND o.status = 'pending' AND o.not_before IS NULL AND o.id > t.after)
+        OR EXISTS (SELECT 1 FROM pgrelay.outbox o
+                   WHERE o.partition = t.p AND o.status = 'pending' AND o.not_before <= pg_catalog.now()))::boolean AS ready,
+       coalesce((extract(epoch FROM (SELECT pg_catalog.min(o.not_before) FROM pgrelay.outbox o
+                                     WHERE o.partition = t.p AND o.status = 'pending' AND o.not_before > pg_catalog.now())
+                                    - pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, -1)::bigint AS due_in_us
+FROM (SELECT pg_catalog.unnest(@partitions::int[]) AS p, pg_catalog.unnest(@afters::bigint[]) AS after) AS t;
+
 -- name: NoteSending :one
 -- NoteSending records on the given pending rows of a partition, those that
 -- expire, that a relay is about to hand them to the broker: published_at,

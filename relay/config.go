@@ -188,6 +188,9 @@ type hooks struct {
 	lingerFor time.Duration
 	// lingerMinRows replaces the constant lingerMinRows when positive.
 	lingerMinRows int
+	// sweep runs after each sweepIdle statement, with the partitions it
+	// polled.
+	sweep func(partitions []int32)
 	// roundWait replaces the constant roundWait when positive.
 	roundWait time.Duration
 	// walCoalesce replaces the constant walCoalesce when positive.

@@ -155,8 +155,9 @@ func (r *engine) run(ctx context.Context) error {
 	}
 	r.log.Info("relay starting", slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 	var bg sync.WaitGroup
-	bg.Add(4)
+	bg.Add(5)
 	go func() { defer bg.Done(); r.pollBusy(ctx) }()
+	go func() { defer bg.Done(); r.sweepIdle(ctx) }()
 	go func() {
 		defer bg.Done()
 		if r.notifier != nil {

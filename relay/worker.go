@@ -41,6 +41,9 @@ type worker struct {
 	done     chan struct{}
 	// floor is where the partition's claims start their scan.
 	floor scanFloor
+	// idle is set while the worker waits with nothing to do (idleWait):
+	// sweepIdle polls its partition for it.
+	idle atomic.Bool
 }
 
 func (w *worker) stopping() bool { return w.ctx.Err() != nil }
@@ -215,19 +218,19 @@ func (r *engine) work(w *worker) {
 				continue // look again: rows committed while arming
 			}
 		}
-		if r.sleepOrWake(w, r.idleFor(w, log)) {
-			armed = false // the notification disarmed the partition
+		if r.idleWait(w, log) {
+			armed = false // a notification may have disarmed the partition
 		}
 	}
 }
 
-// idleFor returns how long an idle worker sleeps: PollInterval (jittered),
-// or less when the partition's earliest delayed row falls due sooner (one
-// probe of the pending index, NextDue). A row due far in the future thus
-// costs nothing while it waits: no claim reads it, and the worker polls at
-// its usual pace.
+// idleFor returns how long an idle worker sleeps: until its partition's
+// earliest delayed row falls due (one probe of the pending index, NextDue),
+// at most idleSafety PollIntervals; sweepIdle polls the partition meanwhile.
+// A row due far in the future thus costs nothing while it waits: no claim
+// reads it.
 func (r *engine) idleFor(w *worker, log *slog.Logger) time.Duration {
-	d := wait.Jitter(r.cfg.PollInterval, jitterSpread)
+	d := idleSafety * r.cfg.PollInterval
 	qctx, cancel := context.WithTimeout(w.ctx, r.cfg.QueryTimeout)
 	dueUs, err := r.q.NextDue(qctx, r.cfg.Pool, w.partition)
 	cancel()

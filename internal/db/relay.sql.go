@@ -893,6 +893,55 @@ func (q *Queries) StandbysFlushed(ctx context.Context, db DBTX, arg StandbysFlus
 	return i, err
 }
 
+const sweepIdle = `-- name: SweepIdle :many
+SELECT t.p::int AS partition,
+       (EXISTS (SELECT 1 FROM pgrelay.outbox o
+                WHERE o.partition = t.p AND o.status = 'pending' AND o.not_before IS NULL AND o.id > t.after)
+        OR EXISTS (SELECT 1 FROM pgrelay.outbox o
+                   WHERE o.partition = t.p AND o.status = 'pending' AND o.not_before <= pg_catalog.now()))::boolean AS ready,
+       coalesce((extract(epoch FROM (SELECT pg_catalog.min(o.not_before) FROM pgrelay.outbox o
+                                     WHERE o.partition = t.p AND o.status = 'pending' AND o.not_before > pg_catalog.now())
+                                    - pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, -1)::bigint AS due_in_us
+FROM (SELECT pg_catalog.unnest($1::int[]) AS p, pg_catalog.unnest($2::bigint[]) AS after) AS t
+`
+
+type SweepIdleParams struct {
+	Partitions []int32
+	Afters     []int64
+}
+
+type SweepIdleRow struct {
+	Partition int32
+	Ready     bool
+	DueInUs   int64
+}
+
+// SweepIdle is the poll of the idle partitions, one statement for all of
+// them (Relay.sweepIdle): for each of @partitions, whether its claim would
+// find a row, a pending one without a delay past @afters[i] (its scan floor,
+// as PendingBatch's @after) or a delayed one now due, and, as NextDue, how
+// long until its earliest delayed row falls due, in microseconds (-1: none
+// waits). Three probes of outbox_pending_idx per partition.
+func (q *Queries) SweepIdle(ctx context.Context, db DBTX, arg SweepIdleParams) ([]SweepIdleRow, error) {
+	rows, err := db.Query(ctx, sweepIdle, arg.Partitions, arg.Afters)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []SweepIdleRow{}
+	for rows.Next() {
+		var i SweepIdleRow
+		if err := rows.Scan(&i.Partition, &i.Ready, &i.DueInUs); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const tryLockKey = `-- name: TryLockKey :one
 SELECT pg_catalog.pg_try_advisory_lock($1::bigint) AS locked
 `
