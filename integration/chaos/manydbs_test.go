@@ -38,7 +38,7 @@ var (
 const (
 	// burstRows are inserted into one database in one statement mid-run
 	// (-chaos.burst).
-	burstRows = 20000
+	burstRows = 60000
 	// burstP99Bound bounds the other databases' commit → published p99
 	// while the burst drains, on a loaded 2-core machine (or more on one
 	// loaded further: see its use).
@@ -80,7 +80,7 @@ func (d *chaosDB) stopProducer() {
 // of a private PostgreSQL cluster through one --databases-file, a producer
 // and a consumer (inbox and ledger in that database) per database, on one
 // NATS stream (a subject per database). Mid-run: one database receives a
-// burst of 20,000 events in one statement while the others' commit →
+// burst of 60,000 events in one statement while the others' commit →
 // published p99 is measured (printed, bounded); a relay is SIGKILLed and
 // restarted; a database is added to the file and the relays sent SIGHUP (all three take
 // its partitions, its events are applied once); one is removed the same way
