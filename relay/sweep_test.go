@@ -91,14 +91,22 @@ func TestSweepFindsWhatNoNotificationAnnounced(t *testing.T) {
 		default:
 		}
 	}
+	nextSweep := func() {
+		t.Helper()
+		select {
+		case <-swept:
+		case <-time.After(3 * cfg.PollInterval):
+			t.Fatal("no sweep of the idle partitions")
+		}
+	}
 	b.armedIdle(t, cfg)
 	ids := b.keysIn(t, 3, "quiet", 2)
 	_, err := b.pool.Exec(ctx, `UPDATE pgrelay.relay_wakeups SET armed = false WHERE partition = 3`)
 	require.NoError(t, err)
 
 	// Right after a sweep: the next one comes a PollInterval later.
-	<-swept
-	<-swept
+	nextSweep()
+	nextSweep()
 	inserted := time.Now()
 	b.enqueue(t, pgrelay.Message{EventID: ids[0], Topic: "orders", Key: ids[0]})
 	require.Eventually(t, func() bool { return b.statusOf(t, ids[0]) == "published" }, 3*cfg.PollInterval, 10*time.Millisecond,
@@ -109,7 +117,7 @@ func TestSweepFindsWhatNoNotificationAnnounced(t *testing.T) {
 	// sweep sees it due before the one after, and wakes the worker then.
 	_, err = b.pool.Exec(ctx, `UPDATE pgrelay.relay_wakeups SET armed = false WHERE partition = 3`)
 	require.NoError(t, err)
-	<-swept
+	nextSweep()
 	due := time.Now().Add(cfg.PollInterval + cfg.PollInterval/2)
 	b.enqueue(t, pgrelay.Message{EventID: ids[1], Topic: "orders", Key: ids[1], NotBefore: due})
 	require.Eventually(t, func() bool { return b.statusOf(t, ids[1]) == "published" }, 4*cfg.PollInterval, 10*time.Millisecond)
