@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
