@@ -219,11 +219,7 @@ func (r *engine) run(ctx context.Context) error {
 // the leases so that other relays take the partitions over at once.
 func (r *engine) shutdown() {
 	r.mu.Lock()
-	var parts []int32
-	for p, w := range r.workers {
-		if !w.stopping() {
-			parts = append(parts, p)
-		}
+	for _, w := range r.workers {
 		w.stop(false)
 	}
 	r.mu.Unlock()
@@ -231,12 +227,21 @@ func (r *engine) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.QueryTimeout)
 	defer cancel()
 	// One transaction, so that a peer woken by the notification already
-	// counts one relay fewer when it computes its share.
+	// counts one relay fewer when it computes its share. Every lease still
+	// naming this relay is released, not only those of its last workers: a
+	// worker whose lock session ended left its lease to the next session,
+	// which will not come.
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		if len(parts) > 0 {
-			if _, err := r.q.ReleasePartitions(ctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: parts}); err != nil {
-				return fmt.Errorf("release leases: %w", err)
-			}
+		total, err := r.q.CountPartitions(ctx, tx)
+		if err != nil {
+			return fmt.Errorf("count partitions: %w", err)
+		}
+		all := make([]int32, total)
+		for i := range all {
+			all[i] = int32(i)
+		}
+		if _, err := r.q.ReleasePartitions(ctx, tx, db.ReleasePartitionsParams{Owner: r.cfg.NodeID, Partitions: all}); err != nil {
+			return fmt.Errorf("release leases: %w", err)
 		}
 		if err := r.q.DeleteNode(ctx, tx, r.cfg.NodeID); err != nil {
 			return fmt.Errorf("unregister: %w", err)
