@@ -136,11 +136,6 @@ func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broke
 	})
 }
 
-// failed is the Await of a record that failed before it was sent.
-func failed(err error) rounds.Await {
-	return func() broker.Result { return broker.Result{Err: err} }
-}
-
 // start hands m's record to the producer and returns what awaits its
 // acknowledgement, or nil when MaxInFlight keys are in flight and mayBlock
 // is false.
@@ -150,19 +145,14 @@ func (p *Publisher) start(ctx context.Context, m pgrelay.Message, mayBlock bool)
 		err = p.check(rec)
 	}
 	if err != nil {
-		return failed(err)
+		return rounds.Err(err)
 	}
-	select {
-	case p.slots <- struct{}{}:
-	default:
-		if !mayBlock {
-			return nil
-		}
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			return failed(fmt.Errorf("not sent: %w", ctx.Err()))
-		}
+	took, err := rounds.Take(ctx, p.slots, mayBlock)
+	if err != nil {
+		return rounds.Err(fmt.Errorf("not sent: %w", err))
+	}
+	if !took {
+		return nil // no room: the next round
 	}
 	done := make(chan error, 1)
 	p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })

@@ -194,7 +194,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broke
 	return rounds.Publish(msgs, func(i int, _ bool) rounds.Await {
 		nm, err := p.wireMessage(msgs[i])
 		if err != nil {
-			return func() broker.Result { return broker.Result{Err: err} } // permanent: dead-lettered
+			return rounds.Err(err) // permanent: dead-lettered
 		}
 		f, err := p.js.PublishMsgAsync(nm, jetstream.WithMsgID(msgs[i].EventID))
 		return func() broker.Result {

@@ -244,39 +244,29 @@ func (p *Publisher) Publish(ctx context.Context, msgs []pgrelay.Message) []broke
 	})
 }
 
-// failed is the Await of a message that failed before it was sent.
-func failed(err error) rounds.Await {
-	return func() broker.Result { return broker.Result{Err: err} }
-}
-
 // start publishes m and returns what awaits its confirm, or nil when the
 // window is full and mayBlock is false.
 func (p *Publisher) start(ctx context.Context, m pgrelay.Message, mayBlock bool) rounds.Await {
 	s, err := p.session(ctx)
 	if err != nil {
-		return failed(err)
+		return rounds.Err(err)
 	}
 	pub, rk, err := p.wireEncode(m, s.frameMax, int(p.maxBytes.Load()))
 	if err != nil {
-		return failed(err)
+		return rounds.Err(err)
 	}
-	select {
-	case p.window <- struct{}{}:
-	default:
-		if !mayBlock {
-			return nil
-		}
-		select {
-		case p.window <- struct{}{}:
-		case <-ctx.Done():
-			return failed(fmt.Errorf("rabbitmq: waiting for room among the messages in flight: %w", ctx.Err()))
-		}
+	took, err := rounds.Take(ctx, p.window, mayBlock)
+	if err != nil {
+		return rounds.Err(fmt.Errorf("rabbitmq: waiting for room among the messages in flight: %w", err))
+	}
+	if !took {
+		return nil // no room: the next round
 	}
 	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, rk, true, false, pub)
 	if err != nil {
 		<-p.window
 		p.discard(s)
-		return failed(fmt.Errorf("rabbitmq: publish: %w", err))
+		return rounds.Err(fmt.Errorf("rabbitmq: publish: %w", err))
 	}
 	deadline := time.Now().Add(p.cfg.ConfirmTimeout)
 	return func() broker.Result {

@@ -11,6 +11,7 @@
 package rounds
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/pgrelay/pgrelay"
@@ -29,10 +30,36 @@ type Await func() broker.Result
 // goes in the next round. With mayBlock true it must not return nil.
 type Send func(i int, mayBlock bool) Await
 
-// Failed is the outcome given to a key's messages after one of them failed
+// notSent is the outcome given to a key's messages after one of them failed
 // transiently.
-func Failed(key string, err error) error {
+func notSent(key string, err error) error {
 	return fmt.Errorf("not sent: an earlier event of key %q failed: %w", key, err)
+}
+
+// Err is the Await of a message that failed before it was sent.
+func Err(err error) Await {
+	return func() broker.Result { return broker.Result{Err: err} }
+}
+
+// Take takes a slot of slots, a publisher's bound on its messages in flight
+// (release it once the message's outcome is known). With mayBlock false it
+// takes none when none is free and returns false; otherwise it waits for
+// one, or returns ctx's error.
+func Take(ctx context.Context, slots chan struct{}, mayBlock bool) (bool, error) {
+	select {
+	case slots <- struct{}{}:
+		return true, nil
+	default:
+	}
+	if !mayBlock {
+		return false, nil
+	}
+	select {
+	case slots <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
 }
 
 // Publish publishes msgs with send and returns one result per message, in
@@ -72,7 +99,7 @@ func Publish(msgs []pgrelay.Message, send Send) []broker.Result {
 			results[s.i] = s.await()
 			if err := results[s.i].Err; err != nil && !broker.IsTerminal(err) {
 				for _, j := range s.rest {
-					results[j].Err = Failed(msgs[s.i].Key, err)
+					results[j].Err = notSent(msgs[s.i].Key, err)
 				}
 				continue
 			}

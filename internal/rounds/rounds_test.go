@@ -1,6 +1,7 @@
 package rounds
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -116,5 +117,24 @@ func TestFullWindowEndsTheRound(t *testing.T) {
 		if e == "a2" && i < 2 {
 			t.Fatalf("a2 started in the first round: %v", f.started)
 		}
+	}
+}
+
+func TestTakeEndsTheRoundOrWaits(t *testing.T) {
+	slots := make(chan struct{}, 1)
+	if took, err := Take(context.Background(), slots, false); !took || err != nil {
+		t.Fatalf("a free slot: took %v, %v", took, err)
+	}
+	if took, err := Take(context.Background(), slots, false); took || err != nil {
+		t.Fatalf("no free slot, may not block: took %v, %v; want no slot and no error (the next round)", took, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if took, err := Take(ctx, slots, true); took || !errors.Is(err, context.Canceled) {
+		t.Fatalf("no free slot, may block, ctx done: took %v, %v", took, err)
+	}
+	<-slots
+	if took, err := Take(context.Background(), slots, true); !took || err != nil {
+		t.Fatalf("a slot freed: took %v, %v", took, err)
 	}
 }
