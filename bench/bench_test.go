@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -17,6 +18,19 @@ import (
 	"github.com/pgrelay/pgrelay/internal/testcluster"
 	"github.com/pgrelay/pgrelay/internal/testdb"
 )
+
+// TestMain runs the minimal pipeline's processes when the cost group starts
+// this test binary as one of them (bench/minimal.go), the tests otherwise.
+func TestMain(m *testing.M) {
+	if ran, err := runMinimal(); ran {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // TestQuick runs the benchmark's quick mode against the test server and
 // checks that it measured every figure it declared and wrote its outputs.
@@ -164,6 +178,8 @@ func TestQuickCost(t *testing.T) {
 	require.Contains(t, ids, "cost_table_200_total")
 	require.Contains(t, ids, "cost_wal_idle_total")
 	require.Contains(t, ids, "cost_wal_flat")
+	require.Contains(t, ids, "cost_minimal_200_total")
+	require.Contains(t, ids, "cost_minimal_flat")
 }
 
 // TestQuickHorizon runs the horizon group with a held horizon of a few

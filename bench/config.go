@@ -95,8 +95,9 @@ type Config struct {
 	// and prints each load's statements per event (it costs the server
 	// some CPU: off for the figures). Default false.
 	CostStatements bool
-	// CostCapture limits the cost group to one capture mode, table or wal.
-	// Default "": both.
+	// CostCapture limits the cost group to one capture mode: table, wal or
+	// minimal (the minimal pipeline, bench/minimal.go). Default "": all
+	// three.
 	CostCapture string
 	// CostNoFloor skips the cost group's floor (before/after comparisons).
 	CostNoFloor bool

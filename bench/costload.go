@@ -51,6 +51,11 @@ const costIdle = 10 * time.Second
 // whose backends are not the relay's or the consumer's.
 const benchAppName = "pgrelay-bench"
 
+// costModes are the pipelines the cost group measures: the relay and the
+// consumer with the table outbox, with WAL capture, and the minimal
+// pipeline (bench/minimal.go), the floor of both.
+var costModes = []string{relay.CaptureTable, relay.CaptureWAL, captureMinimal}
+
 // costComponents are the measured components, in report order; their sum is
 // the total the targets name.
 var costComponents = []string{"relay", "consumer", "pg", "nats"}
@@ -98,42 +103,70 @@ func (b *bench) declareCostFigures(add func(id, group, name, unit, mode, floor s
 	names := map[string]string{"relay": "relay", "consumer": "consumer", "pg": "PostgreSQL backends of relay+consumer", "nats": "nats-server"}
 	add("cost_floor_one", "cost", "combined floor, 1/tx (private cluster)", unitRate, "sql", "", nil, "")
 	for _, m := range []string{relay.CaptureTable, relay.CaptureWAL} {
-		for _, c := range costComponents {
-			add("cost_"+m+"_idle_"+c, "cost", m+" capture, idle: "+names[c], "cpu-s/s", "process", "", nil, "")
-		}
-		add("cost_"+m+"_idle_total", "cost", m+" capture, idle: total", "cpu-s/s", "process", "", nil, "")
-		for _, l := range b.costLoads() {
-			ls := itoa(l)
-			pre := "cost_" + m + "_" + ls
-			for _, c := range costComponents {
-				add(pre+"_"+c, "cost", "  "+m+" "+ls+"/s: "+names[c], unitCPUEvent, "process", "", nil, "")
-			}
-			var tot, p50, p99, ach *Target
-			switch {
-			case l == 500:
-				tot, p50, p99 = atMost(0.6, "≤ 0.6 cpu-ms"), atMost(5, "p50 ≤ 5 ms"), atMost(20, "p99 ≤ 20 ms")
-			case l == 2000:
-				tot = atMost(0.5, "≤ 0.5 cpu-ms")
-			case l == 5000 && m == relay.CaptureWAL:
-				ach = atLeast(3500, "≥ 3,500/s")
-			}
-			add(pre+"_total", "cost", m+" capture, "+ls+"/s offered, 1/tx: total CPU per event", unitCPUEvent, "process", "", tot, "")
-			add(pre+"_producer", "cost", "  (not in total) the producer's backends", unitCPUEvent, "process", "", nil, "")
-			add(pre+"_achieved", "cost", "  reached (credited in the window)", unitRate, "process", "", ach, "")
-			add(pre+"_p50", "cost", "  commit→credit p50", unitMs, "process", "", p50, "")
-			add(pre+"_p99", "cost", "  commit→credit p99", unitMs, "process", "", p99, "")
-		}
-		var t *Target
-		if m == relay.CaptureWAL {
-			t = ratio(0.6, "≥ 0.6× 1-event floor")
-		} else {
-			t = ratio(0.4, "≥ 0.4× 1-event floor")
-		}
-		add("cost_"+m+"_flat", "cost", m+" capture, end to end flat out, 1/tx", unitRate, "process", "cost_floor_one", t, "")
-		add("cost_"+m+"_flat_total", "cost", "  total CPU per event flat out", unitCPUEvent, "process", "", nil, "")
+		b.declareCostMode(add, m, names, ratio, atMost, atLeast)
 	}
+	b.declareCostMinimal(add, names)
 	add("rss_relay", "cost", "relay peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
 	add("rss_consumer", "cost", "consumer peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
+}
+
+// declareCostMinimal adds the minimal pipeline's figures: the floor of each
+// load's and of flat out's, beside the table and WAL figures.
+func (b *bench) declareCostMinimal(add func(id, group, name, unit, mode, floor string, target *Target, note string), names map[string]string) {
+	m := captureMinimal
+	for _, l := range b.costLoads() {
+		ls := itoa(l)
+		pre := "cost_" + m + "_" + ls
+		for _, c := range costComponents {
+			add(pre+"_"+c, "cost", "  minimal "+ls+"/s: "+names[c], unitCPUEvent, "process", "", nil, "")
+		}
+		add(pre+"_total", "cost", "minimal pipeline (floor), "+ls+"/s offered, 1/tx: total CPU per event", unitCPUEvent, "process", "", nil,
+			"bench/minimal.go: the same hops with the fewest round trips and no guarantees (no leases, fencing, order, retries; marked before published)")
+		add(pre+"_producer", "cost", "  (not in total) the producer's backends", unitCPUEvent, "process", "", nil, "")
+		add(pre+"_achieved", "cost", "  reached (credited in the window)", unitRate, "process", "", nil, "")
+		add(pre+"_p50", "cost", "  commit→credit p50", unitMs, "process", "", nil, "")
+		add(pre+"_p99", "cost", "  commit→credit p99", unitMs, "process", "", nil, "")
+	}
+	add("cost_"+m+"_flat", "cost", "minimal pipeline (floor), end to end flat out, 1/tx", unitRate, "process", "cost_floor_one", nil, "")
+	add("cost_"+m+"_flat_total", "cost", "  total CPU per event flat out", unitCPUEvent, "process", "", nil, "")
+}
+
+// declareCostMode adds the figures of one capture mode of the binaries.
+func (b *bench) declareCostMode(add func(id, group, name, unit, mode, floor string, target *Target, note string), m string, names map[string]string,
+	ratio, atMost, atLeast func(v float64, text string) *Target) {
+	for _, c := range costComponents {
+		add("cost_"+m+"_idle_"+c, "cost", m+" capture, idle: "+names[c], "cpu-s/s", "process", "", nil, "")
+	}
+	add("cost_"+m+"_idle_total", "cost", m+" capture, idle: total", "cpu-s/s", "process", "", nil, "")
+	for _, l := range b.costLoads() {
+		ls := itoa(l)
+		pre := "cost_" + m + "_" + ls
+		for _, c := range costComponents {
+			add(pre+"_"+c, "cost", "  "+m+" "+ls+"/s: "+names[c], unitCPUEvent, "process", "", nil, "")
+		}
+		var tot, p50, p99, ach *Target
+		switch {
+		case l == 500:
+			tot, p50, p99 = atMost(0.6, "≤ 0.6 cpu-ms"), atMost(5, "p50 ≤ 5 ms"), atMost(20, "p99 ≤ 20 ms")
+		case l == 2000:
+			tot = atMost(0.5, "≤ 0.5 cpu-ms")
+		case l == 5000 && m == relay.CaptureWAL:
+			ach = atLeast(3500, "≥ 3,500/s")
+		}
+		add(pre+"_total", "cost", m+" capture, "+ls+"/s offered, 1/tx: total CPU per event", unitCPUEvent, "process", "", tot, "")
+		add(pre+"_producer", "cost", "  (not in total) the producer's backends", unitCPUEvent, "process", "", nil, "")
+		add(pre+"_achieved", "cost", "  reached (credited in the window)", unitRate, "process", "", ach, "")
+		add(pre+"_p50", "cost", "  commit→credit p50", unitMs, "process", "", p50, "")
+		add(pre+"_p99", "cost", "  commit→credit p99", unitMs, "process", "", p99, "")
+	}
+	var t *Target
+	if m == relay.CaptureWAL {
+		t = ratio(0.6, "≥ 0.6× 1-event floor")
+	} else {
+		t = ratio(0.4, "≥ 0.4× 1-event floor")
+	}
+	add("cost_"+m+"_flat", "cost", m+" capture, end to end flat out, 1/tx", unitRate, "process", "cost_floor_one", t, "")
+	add("cost_"+m+"_flat_total", "cost", "  total CPU per event flat out", unitCPUEvent, "process", "", nil, "")
 }
 
 // costEnv is the group's private cluster and nats-server.
@@ -314,13 +347,22 @@ func (b *bench) startCostPipeline(ctx context.Context, env *costEnv, capture str
 	if capture == relay.CaptureWAL {
 		relayEnv = append(relayEnv, "RELAY_CAPTURE=wal", "RELAY_WAL_SLOT="+walSlot(url))
 	}
-	rp, err := startProcess("relay", b.bins.relay, []string{"run"}, relayEnv)
+	relayBin, relayArgs, consumerBin, consumerArgs := b.bins.relay, []string{"run"}, b.bins.consumer, []string{"run"}
+	if capture == captureMinimal {
+		self, err := os.Executable()
+		if err != nil {
+			p.close()
+			return nil, err
+		}
+		relayBin, relayArgs, consumerBin, consumerArgs = self, []string{minimalRelayCmd}, self, []string{minimalConsumerCmd}
+	}
+	rp, err := startProcess("relay", relayBin, relayArgs, relayEnv)
 	if err != nil {
 		p.close()
 		return nil, err
 	}
 	p.procs["relay"] = rp
-	cp, err := startProcess("consumer", b.bins.consumer, []string{"run"}, append(slices.Clone(common), "DATABASE_URL="+withAppName(url, "pgrelay-consumer"),
+	cp, err := startProcess("consumer", consumerBin, consumerArgs, append(slices.Clone(common), "DATABASE_URL="+withAppName(url, "pgrelay-consumer"),
 		"CONSUMER_STREAM="+stream, "CONSUMER_SUBJECT_PREFIX="+prefix, "CONSUMER_DURABLE=bench", "CONSUMER_HTTP_ADDR=127.0.0.1:0", "CONSUMER_STATS_INTERVAL_SEC=-1"))
 	if err != nil {
 		p.close()
@@ -689,7 +731,7 @@ func (b *bench) runCostGroup(ctx context.Context) {
 			fmt.Fprintf(out, "cost rep %d: combined floor 1/tx %.0f/s  [load %s]\n", rep+1, v, loadAvg())
 			return nil
 		})
-		for _, m := range []string{relay.CaptureTable, relay.CaptureWAL} {
+		for _, m := range costModes {
 			if b.cfg.CostCapture != "" && b.cfg.CostCapture != m {
 				continue
 			}
@@ -715,35 +757,11 @@ func (b *bench) costRun(ctx context.Context, env *costEnv, m string, out *os.Fil
 		return err
 	}
 	defer p.close()
-	// Idle.
-	idle := costIdle
-	if b.cfg.Quick {
-		idle = 2 * time.Second
+	if m != captureMinimal { // the minimal relay polls without pause: no idle figure
+		if err := b.costIdle(ctx, p, m, out); err != nil {
+			return err
+		}
 	}
-	time.Sleep(idle / 5)
-	from, err := p.readCPU(ctx)
-	if err != nil {
-		return err
-	}
-	select {
-	case <-time.After(idle):
-	case <-ctx.Done():
-		return ctx.Err()
-	case err := <-p.failed:
-		return fmt.Errorf("service stopped: %v", err)
-	}
-	to, err := p.readCPU(ctx)
-	if err != nil {
-		return err
-	}
-	u := to.since(from)
-	secs := u.dur.Seconds()
-	for _, c := range costComponents {
-		b.sample("cost_"+m+"_idle_"+c, u.secs[c]/secs)
-	}
-	b.sample("cost_"+m+"_idle_total", u.total()/secs)
-	fmt.Fprintf(out, "cost %s idle: cpu-s/s relay %.4f consumer %.4f pg %.4f nats %.4f total %.4f (pg rest %.4f)  [load %s]\n",
-		m, u.secs["relay"]/secs, u.secs["consumer"]/secs, u.secs["pg"]/secs, u.secs["nats"]/secs, u.total()/secs, u.secs["pgrest"]/secs, loadAvg())
 	for _, l := range b.costLoads() {
 		if b.cfg.CostStatements {
 			if _, err := p.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
@@ -785,10 +803,46 @@ func (b *bench) costRun(ctx context.Context, env *costEnv, m string, out *os.Fil
 	fmt.Fprintf(out, "cost %s flat out 1/tx: %.0f/s, %.3f cpu-ms/event (relay %.3f consumer %.3f pg %.3f nats %.3f); p50 %.1f ms p99 %.1f ms  [load %s]\n",
 		m, thr, tot, r.use.secs["relay"]*1000/float64(r.produced), r.use.secs["consumer"]*1000/float64(r.produced), r.use.secs["pg"]*1000/float64(r.produced), r.use.secs["nats"]*1000/float64(r.produced),
 		ms(percentile(r.latencies, 50)), ms(percentile(r.latencies, 99)), loadAvg())
+	if m == captureMinimal {
+		return nil // the binaries' memory only
+	}
 	for name, pr := range p.procs {
 		if rss, err := pr.peakRSS(); err == nil {
 			b.sample("rss_"+name, rss)
 		}
 	}
+	return nil
+}
+
+// costIdle measures the pipeline with nothing to do: CPU-seconds per second.
+func (b *bench) costIdle(ctx context.Context, p *costPipeline, m string, out *os.File) error {
+	idle := costIdle
+	if b.cfg.Quick {
+		idle = 2 * time.Second
+	}
+	time.Sleep(idle / 5)
+	from, err := p.readCPU(ctx)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-time.After(idle):
+	case <-ctx.Done():
+		return ctx.Err()
+	case err := <-p.failed:
+		return fmt.Errorf("service stopped: %v", err)
+	}
+	to, err := p.readCPU(ctx)
+	if err != nil {
+		return err
+	}
+	u := to.since(from)
+	secs := u.dur.Seconds()
+	for _, c := range costComponents {
+		b.sample("cost_"+m+"_idle_"+c, u.secs[c]/secs)
+	}
+	b.sample("cost_"+m+"_idle_total", u.total()/secs)
+	fmt.Fprintf(out, "cost %s idle: cpu-s/s relay %.4f consumer %.4f pg %.4f nats %.4f total %.4f (pg rest %.4f)  [load %s]\n",
+		m, u.secs["relay"]/secs, u.secs["consumer"]/secs, u.secs["pg"]/secs, u.secs["nats"]/secs, u.total()/secs, u.secs["pgrest"]/secs, loadAvg())
 	return nil
 }

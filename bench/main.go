@@ -27,6 +27,13 @@ import (
 )
 
 func main() {
+	if ran, err := runMinimal(); ran {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := mainErr(); err != nil {
 		msg := err.Error()
 		if !strings.HasPrefix(msg, "bench:") {
@@ -62,7 +69,7 @@ func mainErr() error {
 	fs.StringVar(&loads, "loads", "", "comma-separated offered loads in events/s (default 500,5000; quick 200)")
 	fs.StringVar(&costLoads, "cost-loads", "", "comma-separated offered loads of the cost group in events/s (default 500,2000,5000; quick 200)")
 	fs.BoolVar(&cfg.CostStatements, "cost-statements", false, "cost group: load pg_stat_statements and print each load's statements per event (costs the server CPU)")
-	fs.StringVar(&cfg.CostCapture, "cost-capture", "", "cost group: only this capture mode, table or wal (default both)")
+	fs.StringVar(&cfg.CostCapture, "cost-capture", "", "cost group: only this capture mode: table, wal or minimal, the floor pipeline (default all three)")
 	costFloor := fs.Bool("cost-floor", true, "cost group: measure the combined floor on its cluster first")
 	fs.IntVar(&cfg.RelayDatabases, "relay-databases", 0, "databases of the relay group's many-databases drain, -events rows each, drained by one relay at once (default 10)")
 	fs.StringVar(&relays, "relays", "", "comma-separated relay instance counts (default 1,2,4; quick 1,2)")
