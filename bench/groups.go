@@ -80,7 +80,7 @@ func (b *bench) declareFigures() {
 		// The floors publish to NATS: no ratio against them.
 		add("relay_drain", "relay", "relay drain (backlog → Kafka, kfake unless -kafka-brokers, marked)", unitRate, "in-process", "", nil, "")
 	} else {
-		add("relay_drain", "relay", "relay drain (backlog → "+b.cfg.Broker+", marked)", unitRate, "in-process", "floor_relay", ratio(0.6, "≥ 0.6× relay floor"), "")
+		add("relay_drain", "relay", "relay drain (backlog → "+b.cfg.Broker+", marked)", unitRate, "in-process", "floor_relay", ratio(0.8, "≥ 0.8× relay floor"), "")
 	}
 	add("relay_drain_databases", "relay", "relay drain, "+strconv.Itoa(b.cfg.RelayDatabases)+" databases at once (one relay), against one database", unitRate, "in-process", "relay_drain", nil, "")
 	add("relay_drain_default", "relay", "relay drain, the relay's default batch ("+strconv.Itoa(relay.DefaultBatchSize)+")", unitRate, "in-process", "floor_relay", nil, "")

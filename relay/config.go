@@ -197,6 +197,9 @@ type hooks struct {
 	walCoalesce time.Duration
 	// schemaInterval replaces the constant schemaInterval when positive.
 	schemaInterval time.Duration
+	// schemaNoted is called with each schema version read, once the engine
+	// acts on it (floorReady set).
+	schemaNoted func(current int64)
 	// pollRead runs in pollBusy after its read of the lingering
 	// partitions (rows in all), before it hands their rows over.
 	pollRead func(partitions []int32, rows int)

@@ -252,6 +252,13 @@ func TestScanFloorNeedsItsMigration(t *testing.T) {
 	cfg.hooks.floorFullEvery = time.Hour
 	cfg.hooks.claimFrom = probe.hook
 	cfg.hooks.schemaInterval = 100 * time.Millisecond
+	migrated := make(chan struct{})
+	var once sync.Once
+	cfg.hooks.schemaNoted = func(v int64) {
+		if v >= floorSchema {
+			once.Do(func() { close(migrated) })
+		}
+	}
 	runRelay(t, cfg)
 	ids := b.keysOf(t, p, "old", 400)
 	publish := func(round int) {
@@ -270,9 +277,13 @@ func TestScanFloorNeedsItsMigration(t *testing.T) {
 
 	_, err = mp.Up(ctx)
 	require.NoError(t, err)
-	// Past a few schema reads, so that the rounds below are not all over
-	// before the relay learns of the migration (they take a few ms each).
-	time.Sleep(5 * cfg.hooks.schemaInterval)
+	// The rounds below take a few ms each: they start once the relay has
+	// read the new version, or they could all be over before it knew.
+	select {
+	case <-migrated:
+	case <-ctx.Done():
+		t.Fatal("the relay never read the migrated schema")
+	}
 	round := 10
 	require.Eventually(t, func() bool {
 		publish(round)

@@ -51,6 +51,9 @@ func schemaAttrs(name string, st migrations.Status, minimum int64) []any {
 func (r *Relay) noteSchema(d *dbRun, st migrations.Status, first bool) {
 	d.schemaGauges.Set(st.Current, len(st.Pending))
 	d.e.floorReady.Store(st.Current >= floorSchema)
+	if h := r.cfg.hooks.schemaNoted; h != nil {
+		h(st.Current)
+	}
 	was := d.schema
 	d.schema = st
 	if !first && was.Current == st.Current && slices.Equal(was.Pending, st.Pending) {
