@@ -102,71 +102,49 @@ func (b *bench) declareCostFigures(add func(id, group, name, unit, mode, floor s
 	atLeast := func(v float64, text string) *Target { return &Target{Kind: ">=", Value: v, Text: text} }
 	names := map[string]string{"relay": "relay", "consumer": "consumer", "pg": "PostgreSQL backends of relay+consumer", "nats": "nats-server"}
 	add("cost_floor_one", "cost", "combined floor, 1/tx (private cluster)", unitRate, "sql", "", nil, "")
-	for _, m := range []string{relay.CaptureTable, relay.CaptureWAL} {
-		b.declareCostMode(add, m, names, ratio, atMost, atLeast)
+	for _, m := range costModes {
+		// The minimal pipeline (the floor) has no idle figure (it polls
+		// without pause) and no target.
+		label, note, target := m+" capture", "", func(t *Target) *Target { return t }
+		if m == captureMinimal {
+			label, note = "minimal pipeline (floor)", "bench/minimal.go: the same hops with the fewest round trips and no guarantee (no leases, fencing, order, retries; marked before published)"
+			target = func(*Target) *Target { return nil }
+		} else {
+			for _, c := range costComponents {
+				add("cost_"+m+"_idle_"+c, "cost", m+" capture, idle: "+names[c], "cpu-s/s", "process", "", nil, "")
+			}
+			add("cost_"+m+"_idle_total", "cost", m+" capture, idle: total", "cpu-s/s", "process", "", nil, "")
+		}
+		for _, l := range b.costLoads() {
+			ls := itoa(l)
+			pre := "cost_" + m + "_" + ls
+			for _, c := range costComponents {
+				add(pre+"_"+c, "cost", "  "+m+" "+ls+"/s: "+names[c], unitCPUEvent, "process", "", nil, "")
+			}
+			var tot, p50, p99, ach *Target
+			switch {
+			case l == 500:
+				tot, p50, p99 = atMost(0.6, "≤ 0.6 cpu-ms"), atMost(5, "p50 ≤ 5 ms"), atMost(20, "p99 ≤ 20 ms")
+			case l == 2000:
+				tot = atMost(0.5, "≤ 0.5 cpu-ms")
+			case l == 5000 && m == relay.CaptureWAL:
+				ach = atLeast(3500, "≥ 3,500/s")
+			}
+			add(pre+"_total", "cost", label+", "+ls+"/s offered, 1/tx: total CPU per event", unitCPUEvent, "process", "", target(tot), note)
+			add(pre+"_producer", "cost", "  (not in total) the producer's backends", unitCPUEvent, "process", "", nil, "")
+			add(pre+"_achieved", "cost", "  reached (credited in the window)", unitRate, "process", "", target(ach), "")
+			add(pre+"_p50", "cost", "  commit→credit p50", unitMs, "process", "", target(p50), "")
+			add(pre+"_p99", "cost", "  commit→credit p99", unitMs, "process", "", target(p99), "")
+		}
+		t := ratio(0.4, "≥ 0.4× 1-event floor")
+		if m == relay.CaptureWAL {
+			t = ratio(0.6, "≥ 0.6× 1-event floor")
+		}
+		add("cost_"+m+"_flat", "cost", label+", end to end flat out, 1/tx", unitRate, "process", "cost_floor_one", target(t), "")
+		add("cost_"+m+"_flat_total", "cost", "  total CPU per event flat out", unitCPUEvent, "process", "", nil, "")
 	}
-	b.declareCostMinimal(add, names)
 	add("rss_relay", "cost", "relay peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
 	add("rss_consumer", "cost", "consumer peak RSS (VmHWM)", unitMiB, "process", "", atMost(100, "≤ 100 MiB"), "")
-}
-
-// declareCostMinimal adds the minimal pipeline's figures: the floor of each
-// load's and of flat out's, beside the table and WAL figures.
-func (b *bench) declareCostMinimal(add func(id, group, name, unit, mode, floor string, target *Target, note string), names map[string]string) {
-	m := captureMinimal
-	for _, l := range b.costLoads() {
-		ls := itoa(l)
-		pre := "cost_" + m + "_" + ls
-		for _, c := range costComponents {
-			add(pre+"_"+c, "cost", "  minimal "+ls+"/s: "+names[c], unitCPUEvent, "process", "", nil, "")
-		}
-		add(pre+"_total", "cost", "minimal pipeline (floor), "+ls+"/s offered, 1/tx: total CPU per event", unitCPUEvent, "process", "", nil,
-			"bench/minimal.go: the same hops with the fewest round trips and no guarantees (no leases, fencing, order, retries; marked before published)")
-		add(pre+"_producer", "cost", "  (not in total) the producer's backends", unitCPUEvent, "process", "", nil, "")
-		add(pre+"_achieved", "cost", "  reached (credited in the window)", unitRate, "process", "", nil, "")
-		add(pre+"_p50", "cost", "  commit→credit p50", unitMs, "process", "", nil, "")
-		add(pre+"_p99", "cost", "  commit→credit p99", unitMs, "process", "", nil, "")
-	}
-	add("cost_"+m+"_flat", "cost", "minimal pipeline (floor), end to end flat out, 1/tx", unitRate, "process", "cost_floor_one", nil, "")
-	add("cost_"+m+"_flat_total", "cost", "  total CPU per event flat out", unitCPUEvent, "process", "", nil, "")
-}
-
-// declareCostMode adds the figures of one capture mode of the binaries.
-func (b *bench) declareCostMode(add func(id, group, name, unit, mode, floor string, target *Target, note string), m string, names map[string]string,
-	ratio, atMost, atLeast func(v float64, text string) *Target) {
-	for _, c := range costComponents {
-		add("cost_"+m+"_idle_"+c, "cost", m+" capture, idle: "+names[c], "cpu-s/s", "process", "", nil, "")
-	}
-	add("cost_"+m+"_idle_total", "cost", m+" capture, idle: total", "cpu-s/s", "process", "", nil, "")
-	for _, l := range b.costLoads() {
-		ls := itoa(l)
-		pre := "cost_" + m + "_" + ls
-		for _, c := range costComponents {
-			add(pre+"_"+c, "cost", "  "+m+" "+ls+"/s: "+names[c], unitCPUEvent, "process", "", nil, "")
-		}
-		var tot, p50, p99, ach *Target
-		switch {
-		case l == 500:
-			tot, p50, p99 = atMost(0.6, "≤ 0.6 cpu-ms"), atMost(5, "p50 ≤ 5 ms"), atMost(20, "p99 ≤ 20 ms")
-		case l == 2000:
-			tot = atMost(0.5, "≤ 0.5 cpu-ms")
-		case l == 5000 && m == relay.CaptureWAL:
-			ach = atLeast(3500, "≥ 3,500/s")
-		}
-		add(pre+"_total", "cost", m+" capture, "+ls+"/s offered, 1/tx: total CPU per event", unitCPUEvent, "process", "", tot, "")
-		add(pre+"_producer", "cost", "  (not in total) the producer's backends", unitCPUEvent, "process", "", nil, "")
-		add(pre+"_achieved", "cost", "  reached (credited in the window)", unitRate, "process", "", ach, "")
-		add(pre+"_p50", "cost", "  commit→credit p50", unitMs, "process", "", p50, "")
-		add(pre+"_p99", "cost", "  commit→credit p99", unitMs, "process", "", p99, "")
-	}
-	var t *Target
-	if m == relay.CaptureWAL {
-		t = ratio(0.6, "≥ 0.6× 1-event floor")
-	} else {
-		t = ratio(0.4, "≥ 0.4× 1-event floor")
-	}
-	add("cost_"+m+"_flat", "cost", m+" capture, end to end flat out, 1/tx", unitRate, "process", "cost_floor_one", t, "")
-	add("cost_"+m+"_flat_total", "cost", "  total CPU per event flat out", unitCPUEvent, "process", "", nil, "")
 }
 
 // costEnv is the group's private cluster and nats-server.
