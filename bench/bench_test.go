@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -22,13 +21,7 @@ import (
 // TestMain runs the minimal pipeline's processes when the cost group starts
 // this test binary as one of them (bench/minimal.go), the tests otherwise.
 func TestMain(m *testing.M) {
-	if ran, err := runMinimal(); ran {
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	exitIfMinimal()
 	os.Exit(m.Run())
 }
 

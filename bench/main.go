@@ -27,13 +27,7 @@ import (
 )
 
 func main() {
-	if ran, err := runMinimal(); ran {
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		return
-	}
+	exitIfMinimal()
 	if err := mainErr(); err != nil {
 		msg := err.Error()
 		if !strings.HasPrefix(msg, "bench:") {

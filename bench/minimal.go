@@ -67,6 +67,20 @@ INSERT INTO ledger_entries (event_id, order_id, customer_id, amount_cents, curre
 SELECT m.event_id, m.order_id, o.customer_id, m.amount_cents, m.currency
 FROM m JOIN ins USING (event_id) JOIN ledger_orders o ON o.order_id = m.order_id`
 
+// exitIfMinimal runs the minimal pipeline's process named by os.Args[1], if
+// it names one, and exits with its outcome; it returns otherwise.
+func exitIfMinimal() {
+	ran, err := runMinimal()
+	if !ran {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
 // runMinimal runs the minimal pipeline's process named by os.Args[1], if
 // it names one; ran reports whether it did.
 func runMinimal() (ran bool, err error) {
@@ -131,6 +145,8 @@ type minimalRow struct {
 
 func minimalRelay(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, prefix string) error {
 	acks := make([]jetstream.PubAckFuture, 0, minimalBatch)
+	pause := time.NewTimer(minimalPoll)
+	defer pause.Stop()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		rows, err := conn.Query(qctx, minimalClaim, minimalBatch)
@@ -159,22 +175,25 @@ func minimalRelay(ctx context.Context, conn *pgx.Conn, js jetstream.JetStream, p
 			}
 			acks = append(acks, f)
 		}
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		for _, f := range acks {
 			select {
 			case <-f.Ok():
 			case err := <-f.Err():
+				cancel()
 				return stopped(ctx, fmt.Errorf("minimal relay: publish: %w", err))
-			case <-ctx.Done():
-				return nil
-			case <-time.After(30 * time.Second):
-				return errors.New("minimal relay: no acknowledgement in 30 s")
+			case <-actx.Done():
+				cancel()
+				return stopped(ctx, errors.New("minimal relay: no acknowledgement in 30 s"))
 			}
 		}
+		cancel()
 		if len(batch) < minimalBatch {
+			pause.Reset(minimalPoll)
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(minimalPoll):
+			case <-pause.C:
 			}
 		}
 	}
