@@ -173,6 +173,20 @@ func TestQuickCost(t *testing.T) {
 	require.Contains(t, ids, "cost_wal_flat")
 	require.Contains(t, ids, "cost_minimal_200_total")
 	require.Contains(t, ids, "cost_minimal_flat")
+	// Each capture's total is compared with the minimal pipeline's at the
+	// same load.
+	byID := make(map[string]*Figure, len(res.Figures))
+	for _, f := range res.Figures {
+		byID[f.ID] = f
+	}
+	for _, m := range []string{"table", "wal"} {
+		f := byID["cost_"+m+"_200_total"]
+		require.Equal(t, "cost_minimal_200_total", f.Floor, "figure %s", f.ID)
+		if byID[f.Floor].Median > 0 {
+			require.InDelta(t, f.Median/byID[f.Floor].Median, f.Ratio, 1e-9, "figure %s", f.ID)
+		}
+	}
+	require.Empty(t, byID["cost_minimal_200_total"].Floor)
 }
 
 // TestQuickHorizon runs the horizon group with a held horizon of a few
